@@ -1,0 +1,1 @@
+"""Placeholder package; see DESIGN.md for what lands here."""

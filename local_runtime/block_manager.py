@@ -1,0 +1,185 @@
+"""Block accounting over llama.cpp's unified KV pool, with full-block prefix sharing.
+
+llama.cpp owns the cells; tandem owns the decision of who may use how many. The
+pool of `num_blocks * block_size` cells is split into fixed-size logical blocks.
+A sequence holds the blocks that cover its computed and scheduled tokens; a
+block is in use while any sequence references it. A full, computed block is
+published under a hash chained over its parent's hash and its tokens, so a new
+sequence with the same prefix references the same blocks (its cells are shared
+with `llama_memory_seq_cp`) instead of recomputing them.
+
+Invariant: the cells llama.cpp holds are never more than the cells of blocks in
+use, so admission by free blocks means `llama_decode` always finds room.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+SeqKey = Hashable
+
+
+@dataclass
+class KVBlock:
+    """One fixed-size group of KV cells, counted by the sequences that use it."""
+
+    block_id: int
+    holders: set = field(default_factory=set)  # sequences referencing the block (ref count = len)
+    block_hash: int | None = None  # set once the block is full and computed
+    token_ids: tuple[int, ...] = ()  # the block's tokens, to verify a hash match exactly
+
+    @property
+    def ref_count(self) -> int:
+        return len(self.holders)
+
+
+@dataclass
+class PrefixHit:
+    """A cached prefix a new sequence can share instead of computing."""
+
+    source: SeqKey  # a live sequence whose cells hold the prefix (the seq_cp source)
+    block_ids: list[int]  # the source's blocks covering the prefix, in order
+    num_tokens: int  # len(block_ids) * block_size
+
+
+def chain_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """Hashes of the full blocks of `token_ids`, each chained over its parent's."""
+    hashes: list[int] = []
+    parent = 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start : start + block_size])))
+        hashes.append(parent)
+    return hashes
+
+
+class BlockManager:
+    """Reference-counted blocks, a free queue, and a hash map of shareable full blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self._free_ids: deque[int] = deque(range(num_blocks))
+        self._tables: dict[SeqKey, list[int]] = {}
+        self._hashed: dict[int, int] = {}  # block hash -> id of a live block with that prefix
+
+    # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free_ids)
+
+    def block_table(self, seq: SeqKey) -> list[int]:
+        return list(self._tables.get(seq, ()))
+
+    def num_blocks_needed(self, seq: SeqKey, num_tokens: int) -> int:
+        """New blocks `seq` must take so that `num_tokens` tokens fit."""
+        have = len(self._tables.get(seq, ()))
+        return max(0, -(-num_tokens // self.block_size) - have)
+
+    def can_allocate(self, seq: SeqKey, num_tokens: int) -> bool:
+        return self.num_blocks_needed(seq, num_tokens) <= self.num_free_blocks
+
+    def find_prefix(self, token_ids: Sequence[int], max_tokens: int) -> PrefixHit | None:
+        """The longest run of live full blocks matching `token_ids`, at most `max_tokens` long."""
+        last_block: KVBlock | None = None
+        num_matched = 0
+        for i, block_hash in enumerate(chain_block_hashes(token_ids, self.block_size)):
+            if (i + 1) * self.block_size > max_tokens:
+                break
+            block_id = self._hashed.get(block_hash)
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            start = i * self.block_size
+            if block.token_ids != tuple(token_ids[start : start + self.block_size]):
+                break  # a hash collision: never share cells that hold other tokens
+            last_block, num_matched = block, i + 1
+        if last_block is None:
+            return None
+        # Any holder of the last block computed the whole chain before it; share exactly
+        # its blocks so the accounted blocks are the blocks whose cells get shared.
+        source = next(iter(last_block.holders))
+        # The cells shared are the source's, but the blocks checked above are whichever
+        # blocks the hash map points at, possibly other sequences' for earlier positions.
+        # Verify the source's own blocks too: under a chain-hash collision its earlier
+        # blocks could hold other tokens, and sharing them would hand over wrong KV.
+        block_ids: list[int] = []
+        for i, block_id in enumerate(self._tables[source][:num_matched]):
+            start = i * self.block_size
+            if self.blocks[block_id].token_ids != tuple(token_ids[start : start + self.block_size]):
+                break
+            block_ids.append(block_id)
+        if not block_ids:
+            return None
+        return PrefixHit(source, block_ids, len(block_ids) * self.block_size)
+
+    # -- changes ---------------------------------------------------------------------------
+
+    def share(self, seq: SeqKey, hit: PrefixHit) -> None:
+        """Start `seq`'s table with the blocks of a prefix hit."""
+        if self._tables.get(seq):
+            raise ValueError(f"sequence {seq!r} already holds blocks; share a prefix only at admission")
+        for block_id in hit.block_ids:
+            self.blocks[block_id].holders.add(seq)
+        self._tables[seq] = list(hit.block_ids)
+
+    def allocate(self, seq: SeqKey, num_tokens: int) -> list[int] | None:
+        """Grow `seq`'s table to fit `num_tokens` tokens; the new block ids, or None if the pool is short."""
+        needed = self.num_blocks_needed(seq, num_tokens)
+        if needed > self.num_free_blocks:
+            return None
+        table = self._tables.setdefault(seq, [])
+        new_ids = [self._free_ids.popleft() for _ in range(needed)]
+        for block_id in new_ids:
+            block = self.blocks[block_id]
+            block.holders.add(seq)
+            table.append(block_id)
+        return new_ids
+
+    def publish_full_blocks(self, seq: SeqKey, token_ids: Sequence[int], num_computed_tokens: int) -> None:
+        """Make `seq`'s full, computed blocks findable by later sequences with the same prefix."""
+        table = self._tables.get(seq, [])
+        num_full = min(num_computed_tokens // self.block_size, len(table))
+        for i, block_hash in enumerate(chain_block_hashes(token_ids[: num_full * self.block_size], self.block_size)):
+            block = self.blocks[table[i]]
+            if block.block_hash is None:
+                block.block_hash = block_hash
+                block.token_ids = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            # Also for blocks hashed earlier: two sequences admitted in one step compute the
+            # same prefix into different blocks and only the first is mapped; once that one
+            # is freed, this re-maps the twin, else the still-live prefix is never shared again.
+            self._hashed.setdefault(block.block_hash, block.block_id)
+
+    def free(self, seq: SeqKey) -> None:
+        """Drop `seq`'s references; blocks nobody holds return to the free queue."""
+        for block_id in self._tables.pop(seq, []):
+            block = self.blocks[block_id]
+            block.holders.discard(seq)
+            if block.holders:
+                continue
+            if block.block_hash is not None and self._hashed.get(block.block_hash) == block_id:
+                del self._hashed[block.block_hash]
+            block.block_hash, block.token_ids = None, ()
+            self._free_ids.append(block_id)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the books do not balance (used by tests and debug builds)."""
+        held = {b for table in self._tables.values() for b in table}
+        free = set(self._free_ids)
+        assert len(free) == len(self._free_ids), "a block is in the free queue twice"
+        assert not (held & free), f"blocks both held and free: {sorted(held & free)}"
+        assert held | free == set(range(self.num_blocks)), "a block is neither held nor free"
+        for block in self.blocks:
+            expected = {s for s, t in self._tables.items() if block.block_id in t}
+            assert block.holders == expected, f"block {block.block_id} holders {block.holders} != {expected}"
+        for block_hash, block_id in self._hashed.items():
+            assert self.blocks[block_id].holders, f"hash {block_hash} points at free block {block_id}"

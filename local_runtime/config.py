@@ -1,0 +1,48 @@
+"""Configuration of the local engine: one validated dataclass."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass
+class LocalEngineConfig:
+    """Everything that sizes and shapes the on-device engine."""
+
+    model_path: str | None = None  # a GGUF file; None means the embedded default
+    model_name: str | None = None  # the id served as `model`; derived from the file when None
+    kv_cache_tokens: int = 8192  # KV cells in the unified pool shared by all sequences
+    block_size: int = 16  # KV cells per block, the unit of admission and prefix sharing
+    max_num_seqs: int = 16  # sequences decoded together (llama.cpp sequence slots)
+    max_num_batched_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
+    max_model_len: int | None = None  # prompt + completion limit; None: min(train context, pool, 4096)
+    max_waiting: int = 256  # queued requests beyond this are refused with 503
+    n_threads: int | None = None  # CPU threads for llama.cpp; None: all cores
+    n_gpu_layers: int = 0  # layers offloaded when llama.cpp was built with a GPU backend
+    flash_attn: bool = True  # llama.cpp flash attention (also on CPU)
+    batch_invariant: bool = True  # a request's greedy output does not depend on what it is batched with
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}"),
+            (self.kv_cache_tokens >= self.block_size, f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one block of {self.block_size}"),
+            (self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
+            (self.max_num_batched_tokens >= self.max_num_seqs, f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) so every running sequence can decode each step"),
+            (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
+            (self.max_model_len is None or 1 <= self.max_model_len <= self.num_blocks * self.block_size, f"max_model_len ({self.max_model_len}) must fit the KV pool ({self.num_blocks * self.block_size} tokens)"),
+            (self.max_num_batched_tokens >= 2, "max_num_batched_tokens must be >= 2"),
+            (not self.batch_invariant or self.flash_attn, "batch_invariant needs flash_attn (only its per-row kernel is invariant)"),
+            (self.n_threads is None or self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache_tokens // self.block_size
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads or os.cpu_count() or 1

@@ -1,0 +1,202 @@
+"""The local engine's synchronous core: `step()` is schedule -> run -> update.
+
+Single-threaded by design: the async wrapper runs it on its own thread and is
+the only caller. Every step is one `llama_decode` carrying each running
+sequence's decode token plus prefill chunks, under the scheduler's token budget.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from local_runtime.block_manager import BlockManager
+from local_runtime.config import LocalEngineConfig
+from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
+from local_runtime.model_files import model_name_for, resolve_model_path
+from local_runtime.request import Request, RequestStatus
+from local_runtime.sampler import sample_batch
+from local_runtime.scheduler import Scheduler, SchedulerOutput
+from sdk.chat_template import render_chat
+from sdk.engine_protocol import (
+    ContextLengthError,
+    EngineStats,
+    GenerationRequest,
+    InvalidRequestError,
+    TokenEvent,
+    TopLogprob,
+)
+
+# The default context limit when the model's own is larger: long enough for chat, and
+# one such request still leaves most of an 8k-cell pool for others.
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+class LocalEngine:
+    """A GGUF model served with tandem's scheduler, block manager and sampler."""
+
+    def __init__(self, config: LocalEngineConfig):
+        self.config = config
+        path = resolve_model_path(config.model_path)
+        self.model_name = config.model_name or model_name_for(config.model_path)
+        self.backend = LlamaBackend(
+            LlamaBackendConfig(
+                model_path=path,
+                n_ctx=config.num_blocks * config.block_size,
+                n_seq_max=config.max_num_seqs,
+                n_batch=config.max_num_batched_tokens,
+                n_threads=config.threads,
+                n_gpu_layers=config.n_gpu_layers,
+                flash_attn=config.flash_attn,
+                batch_invariant=config.batch_invariant and config.n_gpu_layers == 0,
+            )
+        )
+        pool_tokens = config.num_blocks * config.block_size
+        self.max_model_len = config.max_model_len or min(self.backend.n_ctx_train, pool_tokens, DEFAULT_MAX_MODEL_LEN)
+        if self.max_model_len > self.backend.n_ctx_train:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's trained context {self.backend.n_ctx_train}")
+        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.chat_template = self.backend.metadata("tokenizer.chat_template")
+        self._bos_text = self.backend.special_token_text("bos")
+        self._eos_text = self.backend.special_token_text("eos")
+        self.num_prompt_tokens_total = 0
+        self.num_generation_tokens_total = 0
+
+    # -- text in ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.backend.tokenize(text, add_special=add_special, parse_special=False)
+
+    def apply_chat_template(self, messages) -> list[int]:
+        prompt = render_chat(self.chat_template, messages, self._bos_text, self._eos_text)
+        # The template writes its own special tokens; add BOS only if it did not.
+        add_bos = self.backend.adds_bos and not (self._bos_text and prompt.startswith(self._bos_text))
+        return self.backend.tokenize(prompt, add_special=add_bos, parse_special=True)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise InvalidRequestError/ContextLengthError for a request that can never run."""
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty; send at least one token", "prompt")
+        if min(prompt) < 0 or max(prompt) >= self.backend.n_vocab:
+            raise InvalidRequestError(f"prompt token ids must be in [0, {self.backend.n_vocab})", "prompt")
+        total = len(prompt) + request.params.max_tokens
+        if total > self.max_model_len:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{total} tokens ({len(prompt)} in the prompt, {request.params.max_tokens} for the completion). "
+                "Please reduce the prompt or max_tokens.",
+                "max_tokens",
+            )
+
+    def add_request(self, request: GenerationRequest) -> None:
+        self.validate(request)
+        self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), request.params))
+
+    def abort_request(self, request_id: str) -> bool:
+        """Free the request's slot and blocks now; False if it was not here."""
+        return self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED) is not None
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # -- the step --------------------------------------------------------------------------
+
+    def step(self) -> list[TokenEvent]:
+        out = self.scheduler.schedule()
+        for slot in out.cleared_slots:
+            self.backend.clear_slot(slot)
+        for src_slot, dst_slot, num_tokens in out.prefix_copies:
+            self.backend.share_prefix(src_slot, dst_slot, num_tokens)
+        if not out.num_scheduled_tokens:
+            return []
+        sampled_requests, logits = self._run(out)
+        self.scheduler.on_step_done(out)
+        return self._update(sampled_requests, logits)
+
+    def _run(self, out: SchedulerOutput) -> tuple[list[Request], np.ndarray]:
+        """Flatten every scheduled chunk into one batch and decode it."""
+        n = out.total_num_scheduled_tokens
+        token_ids = np.empty(n, dtype=np.int32)
+        positions = np.empty(n, dtype=np.int32)
+        slots = np.empty(n, dtype=np.int32)
+        want_logits = np.zeros(n, dtype=np.int8)
+        sampled_requests = []
+        i = 0
+        for request_id, num_new in out.num_scheduled_tokens.items():
+            request = self.scheduler.requests[request_id]
+            start = request.num_computed_tokens
+            token_ids[i : i + num_new] = request.all_token_ids[start : start + num_new]
+            positions[i : i + num_new] = np.arange(start, start + num_new)
+            slots[i : i + num_new] = request.slot
+            if start + num_new == request.num_tokens:
+                want_logits[i + num_new - 1] = 1
+                sampled_requests.append(request)
+            i += num_new
+        logits = self.backend.decode(token_ids, positions, slots, want_logits)
+        return sampled_requests, logits
+
+    def _update(self, requests: list[Request], logits: np.ndarray) -> list[TokenEvent]:
+        """Sample the next token of every request that caught up, then check its stops."""
+        if not requests:
+            return []
+        sampled = sample_batch(logits, [r.params for r in requests], [r.rng for r in requests])
+        events = []
+        for request, token in zip(requests, sampled):
+            if not request.output_token_ids:
+                self.num_prompt_tokens_total += request.num_prompt_tokens
+            request.output_token_ids.append(token.token_id)
+            self.num_generation_tokens_total += 1
+            text, status = self._check_stop(request, token.token_id)
+            if status is not None:
+                self.scheduler.finish_request(request.request_id, status)
+            events.append(
+                TokenEvent(
+                    request_id=request.request_id,
+                    token_id=token.token_id,
+                    text=text,
+                    logprob=token.logprob,
+                    entropy=token.entropy,
+                    margin=token.margin,
+                    top_logprobs=[
+                        TopLogprob(i, self.backend.token_text(i), lp, self.backend.token_bytes(i))
+                        for i, lp in zip(token.top_ids, token.top_logprobs)
+                    ],
+                    token_bytes=self.backend.token_bytes(token.token_id),
+                    finish_reason=request.finish_reason,
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    num_output_tokens=request.num_output_tokens,
+                )
+            )
+        return events
+
+    def _check_stop(self, request: Request, token_id: int) -> tuple[str, RequestStatus | None]:
+        """The text this token makes final, and the finished status if it ends the request."""
+        params = request.params
+        if (not params.ignore_eos and self.backend.is_end_of_generation(token_id)) or token_id in params.stop_token_ids:
+            return request.text_stream.flush(), RequestStatus.FINISHED_STOPPED
+        text = request.text_stream.push(self.backend.token_bytes(token_id))
+        if request.text_stream.stopped:
+            return text, RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            return text + request.text_stream.flush(), RequestStatus.FINISHED_LENGTH
+        return text, None
+
+    # -- status ----------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_kv_blocks_total=self.block_manager.num_blocks,
+            num_kv_blocks_used=self.block_manager.num_used_blocks,
+            num_prompt_tokens_total=self.num_prompt_tokens_total,
+            num_generation_tokens_total=self.num_generation_tokens_total,
+            num_preemptions_total=self.scheduler.num_preemptions_total,
+            num_prefix_cache_hit_tokens_total=self.scheduler.num_prefix_cache_hit_tokens_total,
+        )
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,232 @@
+"""The one module that talks to llama.cpp (through llama-cpp-python's low-level ctypes API).
+
+One model, one context with `n_seq_max` sequence slots over a unified KV pool,
+one reusable `llama_batch`. Everything above sees plain Python and numpy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+_backend_lock = threading.Lock()
+_backend_initialised = False
+
+
+class LlamaLoadError(RuntimeError):
+    """The GGUF could not be loaded or a context could not be made."""
+
+
+@dataclass
+class LlamaBackendConfig:
+    """How to load the model and size the context."""
+
+    model_path: str
+    n_ctx: int  # KV cells in the unified pool, shared by all slots
+    n_seq_max: int  # sequence slots
+    n_batch: int  # most tokens one llama_decode may carry
+    n_threads: int
+    n_gpu_layers: int = 0
+    flash_attn: bool = True
+    batch_invariant: bool = True  # keep every ubatch on one attention kernel (see below)
+
+
+# llama.cpp's CPU flash attention picks its kernel from the ubatch shape: a tiled kernel
+# from 64 query rows up, a split-KV kernel for exactly one query row over >= 512 cells,
+# and a per-row kernel otherwise. Only the per-row kernel gives a sequence the same
+# numbers whatever else shares its batch (it walks the sequence's own cells in order
+# and skips masked ones), and the weight matmuls are per row already. So in
+# batch-invariant mode ubatches hold at most 63 tokens and a lone token is decoded
+# beside one scratch token. Greedy output then does not depend on batch composition.
+_INVARIANT_MAX_UBATCH = 63
+
+
+def _init_backend_once(llama_cpp) -> None:
+    global _backend_initialised
+    with _backend_lock:
+        if not _backend_initialised:
+            llama_cpp.llama_backend_init()
+            _silence_llama_logs(llama_cpp)
+            _backend_initialised = True
+
+
+def _silence_llama_logs(llama_cpp) -> None:
+    """llama.cpp logs every load step to stderr; keep warnings and errors only."""
+    if os.environ.get("TANDEM_LLAMA_VERBOSE"):
+        return
+
+    @llama_cpp.llama_log_callback
+    def _log(level, text, user_data):  # noqa: ARG001
+        if level in (3, 4):  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+            os.write(2, text)
+
+    _silence_llama_logs.callback = _log  # keep a reference alive for the C side
+    llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
+
+
+class LlamaBackend:
+    """A loaded GGUF model and its multi-sequence context."""
+
+    def __init__(self, config: LlamaBackendConfig):
+        import llama_cpp  # heavy: loads the shared library
+
+        self._lib = llama_cpp
+        self.config = config
+        if not os.path.isfile(config.model_path):
+            raise LlamaLoadError(f"model file not found: {config.model_path}")
+        _init_backend_once(llama_cpp)
+
+        model_params = llama_cpp.llama_model_default_params()
+        # llama.cpp's AMX/repacked buffer types crash in llama_decode on these CPUs.
+        model_params.use_extra_bufts = False
+        model_params.n_gpu_layers = config.n_gpu_layers
+        self.model = llama_cpp.llama_model_load_from_file(config.model_path.encode(), model_params)
+        if not self.model:
+            raise LlamaLoadError(f"llama.cpp could not load {config.model_path} (is it a GGUF file?)")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
+
+        if config.n_batch < 2:
+            raise ValueError("n_batch must be >= 2")
+        # The scratch slot (last sequence id) holds at most one cell, during one decode.
+        self.scratch_slot = config.n_seq_max if config.batch_invariant else None
+        n_slots = config.n_seq_max + (1 if config.batch_invariant else 0)
+        ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.n_ctx = config.n_ctx + (1 if config.batch_invariant else 0)
+        ctx_params.n_batch = config.n_batch
+        ctx_params.n_ubatch = min(config.n_batch, _INVARIANT_MAX_UBATCH) if config.batch_invariant else config.n_batch
+        ctx_params.n_seq_max = n_slots
+        ctx_params.n_threads = config.n_threads
+        ctx_params.n_threads_batch = config.n_threads
+        ctx_params.kv_unified = True  # one pool, shared cells between sequences
+        ctx_params.no_perf = True
+        ctx_params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        self.ctx = llama_cpp.llama_init_from_model(self.model, ctx_params)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise LlamaLoadError(
+                f"llama.cpp could not create a context with n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max}"
+            )
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
+        n = config.n_batch
+        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(n,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
+        self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))
+        self._want_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
+        self._seq_id_rows = [self._batch.seq_id[i] for i in range(n)]
+        self._piece_cache: dict[int, bytes] = {}
+        self._closed = False
+
+    # -- decoding --------------------------------------------------------------------------
+
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, want_logits: np.ndarray) -> np.ndarray:
+        """Run one llama_decode over a flat batch; logits rows for the tokens that asked, in order."""
+        n = len(token_ids)
+        if n == 0 or n > self.config.n_batch:
+            raise ValueError(f"batch of {n} tokens; must be 1..{self.config.n_batch}")
+        self._tokens[:n] = token_ids
+        self._pos[:n] = positions
+        self._n_seq_id[:n] = 1
+        self._want_logits[:n] = want_logits
+        rows = self._seq_id_rows
+        for i, slot in enumerate(slots.tolist()):
+            rows[i][0] = slot
+        padded = n == 1 and self.scratch_slot is not None
+        if padded:  # a second query row keeps llama.cpp off the split-KV kernel
+            self._tokens[1], self._pos[1], self._n_seq_id[1], self._want_logits[1] = token_ids[0], 0, 1, 0
+            rows[1][0] = self.scratch_slot
+        self._batch.n_tokens = n + padded
+        rc = self._lib.llama_decode(self.ctx, self._batch)
+        if padded:
+            self.clear_slot(self.scratch_slot)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc} on a batch of {n} tokens")
+        out_rows = np.flatnonzero(want_logits).tolist()
+        logits = np.empty((len(out_rows), self.n_vocab), dtype=np.float32)
+        for row, batch_index in enumerate(out_rows):
+            ptr = self._lib.llama_get_logits_ith(self.ctx, batch_index)
+            logits[row] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return logits
+
+    def clear_slot(self, slot: int) -> None:
+        """Drop every cell of a sequence slot (cells shared with other slots stay for them)."""
+        self._lib.llama_memory_seq_rm(self.memory, slot, -1, -1)
+
+    def share_prefix(self, src_slot: int, dst_slot: int, num_tokens: int) -> None:
+        """Let `dst_slot` see the cells of positions [0, num_tokens) of `src_slot` without copying."""
+        self._lib.llama_memory_seq_cp(self.memory, src_slot, dst_slot, 0, num_tokens)
+
+    def slot_max_position(self, slot: int) -> int:
+        """Largest position held for a slot, -1 when empty (for tests and checks)."""
+        return self._lib.llama_memory_seq_pos_max(self.memory, slot)
+
+    # -- vocabulary ------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (self._lib.llama_token * capacity)()
+        n = self._lib.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (self._lib.llama_token * capacity)()
+            n = self._lib.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token adds to the text (special tokens render as nothing)."""
+        piece = self._piece_cache.get(token_id)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._lib.llama_token_to_piece(self.vocab, token_id, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lib.llama_token_to_piece(self.vocab, token_id, buf, -n, 0, False)
+            piece = buf.raw[:n]
+            self._piece_cache[token_id] = piece
+        return piece
+
+    def token_text(self, token_id: int) -> str:
+        """A token as text for logprobs listings (special tokens shown by name)."""
+        buf = ctypes.create_string_buffer(128)
+        n = self._lib.llama_token_to_piece(self.vocab, token_id, buf, 128, 0, True)
+        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    def is_end_of_generation(self, token_id: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self.vocab, token_id))
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = self._lib.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            self._lib.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def special_token_text(self, which: str) -> str:
+        """Text of the model's bos/eos token, for chat templates that print them."""
+        fn = {"bos": self._lib.llama_vocab_bos, "eos": self._lib.llama_vocab_eos}[which]
+        token_id = fn(self.vocab)
+        return self.token_text(token_id) if token_id >= 0 else ""
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(self._lib.llama_vocab_get_add_bos(self.vocab))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._lib.llama_batch_free(self._batch)
+        self._lib.llama_free(self.ctx)
+        self._lib.llama_model_free(self.model)

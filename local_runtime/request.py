@@ -1,0 +1,74 @@
+"""A request's life inside the local engine: its tokens, progress and status."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sdk.engine_protocol import SamplingParams
+from sdk.text_stream import TextStream
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered so that `status >= FINISHED_STOPPED` means finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+# The one place finished states become OpenAI's `finish_reason`.
+FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass
+class Request:
+    """Everything the scheduler and the step loop track for one generation."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # catches up with num_tokens; sample when equal
+    status: RequestStatus = RequestStatus.WAITING
+    slot: int | None = None  # llama.cpp sequence id while running
+    arrival_time: float = field(default_factory=time.monotonic)
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at admission
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.params.seed)
+        self.text_stream = TextStream(self.params.stop)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)

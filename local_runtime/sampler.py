@@ -1,0 +1,108 @@
+"""tandem's own sampler over the logits llama.cpp returns (numpy, batched).
+
+Confidence signals (logprob, entropy, top-1/top-2 margin, top alternatives) are
+computed on the model's own distribution (temperature 1, before truncation), so
+they mean the same thing whatever sampling settings a request uses; a greedy
+request still gets useful signals. The token is then picked with the request's
+temperature, top-k and top-p, using the request's own RNG (reproducible per seed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sdk.engine_protocol import SamplingParams
+
+
+@dataclass
+class SampledToken:
+    """The chosen token and the signals of the distribution it came from."""
+
+    token_id: int
+    logprob: float
+    entropy: float
+    margin: float
+    top_ids: list[int]  # alternatives, most likely first
+    top_logprobs: list[float]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64 for stable signals."""
+    x = logits.astype(np.float64, copy=False)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator]) -> list[SampledToken]:
+    """Pick one token per row of `logits` ([n_rows, vocab]) and measure its row's signals."""
+    logprobs = log_softmax(logits)
+    probs = np.exp(logprobs)
+    entropies = -(probs * logprobs).sum(axis=-1)
+    top2 = np.partition(probs, -2, axis=-1)[:, -2:]
+    margins = top2[:, 1] - top2[:, 0]
+    results = []
+    for row, (p, rng) in enumerate(zip(params, rngs)):
+        token_id = _pick(logits[row], logprobs[row], p, rng)
+        top_ids = _top_ids(logprobs[row], p.logprobs or 0)
+        results.append(
+            SampledToken(
+                token_id=token_id,
+                logprob=float(logprobs[row, token_id]),
+                entropy=float(entropies[row]),
+                margin=float(margins[row]),
+                top_ids=top_ids,
+                top_logprobs=[float(logprobs[row, i]) for i in top_ids],
+            )
+        )
+    return results
+
+
+def _top_ids(row_logprobs: np.ndarray, k: int) -> list[int]:
+    if k <= 0:
+        return []
+    ids = np.argpartition(row_logprobs, -k)[-k:]
+    return [int(i) for i in ids[np.argsort(-row_logprobs[ids], kind="stable")]]
+
+
+def _pick(row_logits: np.ndarray, row_logprobs: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
+    if p.is_greedy:
+        return int(np.argmax(row_logits))
+    scaled = row_logits.astype(np.float64) / p.temperature
+    candidate_ids = _truncate(scaled, p.top_k, p.top_p)
+    weights = np.exp(scaled[candidate_ids] - scaled[candidate_ids].max())
+    cdf = np.cumsum(weights)
+    choice = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return int(candidate_ids[min(choice, len(candidate_ids) - 1)])
+
+
+def _truncate(scaled: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """Token ids kept by top-k then top-p, most likely first (exact, without a full sort)."""
+    vocab = scaled.shape[0]
+    if top_k <= 0 and top_p >= 1.0:
+        return np.arange(vocab)
+    if top_k > 0:
+        ids = _largest(scaled, min(top_k, vocab))
+        log_z = np.logaddexp.reduce(scaled[ids])  # top-p applies to the renormalised top-k set
+        return ids if top_p >= 1.0 else _nucleus(scaled, ids, log_z, top_p)
+    # The nucleus is nearly always within the top few dozen tokens: widen until it is.
+    log_z = np.logaddexp.reduce(scaled)
+    m = 64
+    while True:
+        ids = _largest(scaled, min(m, vocab))
+        kept = _nucleus(scaled, ids, log_z, top_p)
+        if len(kept) < len(ids) or len(ids) == vocab:
+            return kept
+        m *= 4
+
+
+def _largest(scaled: np.ndarray, m: int) -> np.ndarray:
+    ids = np.argpartition(scaled, -m)[-m:] if m < scaled.shape[0] else np.arange(scaled.shape[0])
+    return ids[np.argsort(-scaled[ids], kind="stable")]
+
+
+def _nucleus(scaled: np.ndarray, sorted_ids: np.ndarray, log_z: float, top_p: float) -> np.ndarray:
+    """The shortest head of `sorted_ids` whose probability mass reaches top_p (all if it never does)."""
+    mass = np.cumsum(np.exp(scaled[sorted_ids] - log_z))
+    return sorted_ids[: int(np.searchsorted(mass, top_p, side="left")) + 1]

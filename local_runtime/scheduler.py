@@ -1,0 +1,158 @@
+"""Token-budget scheduler for the local engine (vLLM v1's "computed tokens catch up" rule).
+
+Every step each request is given some tokens under one budget: 1 for a decode,
+up to the rest of the budget for a prefill chunk. Running requests go first;
+waiting ones join while budget, sequence slots and KV blocks last. When a
+running request cannot grow, the newest running request is preempted: its
+blocks are freed, its slot's cells cleared, and it is recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from local_runtime.block_manager import BlockManager
+from local_runtime.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """What one step runs. Memory ops apply before the decode, clears first."""
+
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens this step
+    cleared_slots: list[int] = field(default_factory=list)  # slots whose cells to drop (seq_rm)
+    prefix_copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src slot, dst slot, n tokens)
+    preempted_ids: list[str] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens and not self.cleared_slots
+
+
+class Scheduler:
+    """Owns the waiting queue, the running list, the slots and the block manager."""
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._free_slots: deque[int] = deque(range(max_num_seqs))
+        self._slots_to_clear: list[int] = []
+        self.num_preemptions_total = 0
+        self.num_prefix_cache_hit_tokens_total = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """Mark a request finished and release its slot and blocks at once."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._release(request)
+        request.status = status
+        return request
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        preempted_this_step = False
+
+        for request in list(self.running):
+            if request.status != RequestStatus.RUNNING or budget == 0:
+                continue  # preempted earlier in this loop, or no budget left
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while self.block_manager.allocate(request.request_id, request.num_computed_tokens + num_new) is None:
+                victim = self.running[-1]
+                budget += self._preempt(victim, out)
+                preempted_this_step = True
+                if victim is request:
+                    break
+            if request.status != RequestStatus.RUNNING:
+                continue
+            out.num_scheduled_tokens[request.request_id] = num_new
+            budget -= num_new
+
+        # Joining right after a preemption would just thrash the pool.
+        while self.waiting and budget > 0 and self._free_slots and not preempted_this_step:
+            request = self.waiting[0]
+            num_new = self._admit(request, budget, out)
+            if num_new is None:
+                break
+            self.waiting.popleft()
+            out.num_scheduled_tokens[request.request_id] = num_new
+            budget -= num_new
+
+        out.cleared_slots, self._slots_to_clear = self._slots_to_clear, []
+        return out
+
+    def on_step_done(self, out: SchedulerOutput) -> None:
+        """Advance computed tokens and publish newly full blocks for prefix sharing."""
+        for request_id, num_new in out.num_scheduled_tokens.items():
+            request = self.requests.get(request_id)
+            if request is None:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += num_new
+            self.block_manager.publish_full_blocks(request_id, request.all_token_ids, request.num_computed_tokens)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _admit(self, request: Request, budget: int, out: SchedulerOutput) -> int | None:
+        """Take a slot and blocks for the first chunk; None (and no change) if they are short."""
+        # Leave at least the last token to compute: its logits pick the next token.
+        hit = self.block_manager.find_prefix(request.all_token_ids, max_tokens=request.num_tokens - 1)
+        num_cached = hit.num_tokens if hit else 0
+        num_new = min(request.num_tokens - num_cached, budget)
+        needed = -(-(num_cached + num_new) // self.block_manager.block_size) - (len(hit.block_ids) if hit else 0)
+        if needed > self.block_manager.num_free_blocks:
+            return None
+        slot = self._free_slots.popleft()
+        if hit:
+            self.block_manager.share(request.request_id, hit)
+            out.prefix_copies.append((self.requests[hit.source].slot, slot, num_cached))
+            self.num_prefix_cache_hit_tokens_total += num_cached
+        self.block_manager.allocate(request.request_id, num_cached + num_new)
+        request.slot = slot
+        request.num_computed_tokens = num_cached
+        if request.status == RequestStatus.WAITING:
+            request.num_cached_tokens = num_cached
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        return num_new
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> int:
+        """Free a running request for recompute; returns the budget it had been given."""
+        self.running.remove(request)
+        returned_budget = out.num_scheduled_tokens.pop(request.request_id, 0)
+        self._release(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        self.waiting.appendleft(request)
+        out.preempted_ids.append(request.request_id)
+        self.num_preemptions_total += 1
+        return returned_budget
+
+    def _release(self, request: Request) -> None:
+        self.block_manager.free(request.request_id)
+        if request.slot is not None:
+            self._slots_to_clear.append(request.slot)
+            self._free_slots.append(request.slot)
+            request.slot = None

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv and installs tandem into it. Usage: scripts/setup.sh [extra] (e.g. "test").
+# torch 2.13.0 goes in first: pip takes the CPU build from this machine's local wheel, whereas
+# a bare `torch` requirement would pull several GB of CUDA packages from the registry.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extra="${1:-}"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+python -c 'import torch' 2>/dev/null || pip install --quiet torch==2.13.0
+# llama-cpp-python compiles from source the first time (~5 min); pip caches the wheel.
+pip install --quiet -e ".${extra:+[$extra]}"

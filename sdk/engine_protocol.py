@@ -1,0 +1,168 @@
+"""The small contract every tandem engine satisfies, and the types that cross it.
+
+The local runtime (llama.cpp) and the cloud engine (PyTorch) both implement
+`EngineProtocol`; the OpenAI HTTP server, the gRPC service and the router only
+ever talk to this protocol. Keep this module dependency-free (stdlib only) so
+every layer can import it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Protocol, Sequence
+
+# OpenAI caps `top_logprobs` at 20; we do the same so clients get the same limits.
+MAX_TOP_LOGPROBS = 20
+
+
+class EngineError(Exception):
+    """Base class for errors an engine reports to its callers."""
+
+
+class InvalidRequestError(EngineError):
+    """The request can never succeed as sent (HTTP 400, gRPC INVALID_ARGUMENT)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class ContextLengthError(InvalidRequestError):
+    """Prompt plus requested completion do not fit in the model's context."""
+
+
+class EngineOverloadedError(EngineError):
+    """The engine's queue is full; retry later (HTTP 503 + Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineNotReadyError(EngineError):
+    """The engine is still loading or is shutting down."""
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens and when to stop. Validated on construction."""
+
+    max_tokens: int = 16  # upper bound on generated tokens
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # nucleus mass kept, (0, 1]
+    top_k: int = 0  # keep the k most likely tokens; 0 disables
+    seed: int | None = None  # per-request RNG seed for reproducible sampling
+    stop: list[str] = field(default_factory=list)  # stop strings, never included in the output
+    stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end generation
+    ignore_eos: bool = False  # keep going past end-of-generation tokens
+    logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token + k alternatives
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
+        if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 2.0:
+            raise InvalidRequestError(f"temperature must be in [0, 2], got {self.temperature!r}", "temperature")
+        if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k!r}", "top_k")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs!r}", "top_logprobs"
+            )
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise InvalidRequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}", "seed")
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt, already tokenized, to be continued by the engine."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class TopLogprob:
+    """One alternative the sampler considered at a position."""
+
+    token_id: int
+    text: str
+    logprob: float
+    token_bytes: bytes = b""  # raw bytes (a piece of a multi-byte character stays exact)
+
+
+@dataclass
+class TokenEvent:
+    """One generated token, with the text it adds and the signals the router reads.
+
+    `text` is the part of the output that became final with this token; it may be
+    empty while bytes of a multi-byte character or a possible stop string are held back.
+    """
+
+    request_id: str
+    token_id: int
+    text: str
+    logprob: float  # log-probability of the chosen token under the model's distribution
+    entropy: float  # entropy (nats) of the distribution the token was sampled from
+    margin: float  # top-1 minus top-2 probability
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
+    token_bytes: bytes = b""  # raw bytes of the token (OpenAI's logprobs `bytes`)
+    finish_reason: str | None = None  # set on the last event: "stop", "length" or "abort"
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for /metrics and status calls."""
+
+    num_running: int
+    num_waiting: int
+    num_kv_blocks_total: int
+    num_kv_blocks_used: int
+    num_prompt_tokens_total: int
+    num_generation_tokens_total: int
+    num_preemptions_total: int
+    num_prefix_cache_hit_tokens_total: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.num_kv_blocks_used / max(1, self.num_kv_blocks_total)
+
+
+class EngineProtocol(Protocol):
+    """What the OpenAI server, the gRPC service and the router need from an engine."""
+
+    model_name: str  # the id clients put in `model`
+    max_model_len: int  # prompt + completion tokens one request may use
+
+    @property
+    def is_ready(self) -> bool: ...
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+
+    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
+        """Render chat messages with the model's own template and tokenize them.
+
+        Raises InvalidRequestError when the model has no chat template.
+        """
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Stream the request's tokens; the last event carries `finish_reason`."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV blocks at once; a no-op when it is gone."""
+        ...
+
+    def stats(self) -> EngineStats: ...

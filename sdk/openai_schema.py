@@ -1,0 +1,297 @@
+"""The one copy of the OpenAI request/response/error schema, for every tandem server.
+
+Requests ignore unknown fields (OpenAI is lenient there) but are strict about types:
+a string where a number belongs is a 400, never silently coerced. Requests turn
+themselves into engine `SamplingParams`, so both tiers read a request the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from sdk.engine_protocol import ContextLengthError, InvalidRequestError, SamplingParams
+
+MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM allows more; 16 keeps stop matching cheap
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
+MAX_CHOICES = 16  # each choice is its own engine request; more would let one client fill the queue
+_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # OpenAI takes any 64-bit seed
+
+# -- requests ------------------------------------------------------------------------------
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Request):
+    include_usage: bool | None = None  # one last chunk with empty choices and the usage
+
+
+class ContentPart(_Request):
+    type: str
+    text: str | None = None  # other part kinds (images, audio) are refused by the chat template
+
+
+class ChatMessage(_Request):
+    role: str  # checked against the allowed roles by sdk.chat_template
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+
+
+class _SamplingFields(_Request):
+    """Fields chat and completions share; all optional so `null` means the default."""
+
+    model: str | None = None  # None: the first served model (vLLM's lenient default)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # extension (vLLM): keep the k most likely tokens; 0 or -1 disables
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] | None = None  # extension (vLLM)
+    seed: int | None = Field(default=None, ge=_SEED_MIN, le=_SEED_MAX)
+    user: str | None = None  # accepted for compatibility; not used
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool | None = None  # extension (vLLM): keep generating past end-of-text
+
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _check_common(self) -> None:
+        """Refuse what we would otherwise silently ignore, the way OpenAI words it."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise InvalidRequestError(f"{name} is not supported by this server; send 0 or leave it out", name)
+        if self.logit_bias:
+            raise InvalidRequestError("logit_bias is not supported by this server; leave it out", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
+        if len(self.stop_list) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(f"stop accepts at most {MAX_STOP_STRINGS} strings, got {len(self.stop_list)}", "stop")
+
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def _sampling_params(self, max_tokens: int, logprobs: int | None, choice_index: int) -> SamplingParams:
+        seed = self.seed
+        if seed is not None:
+            # Each choice gets its own reproducible stream; numpy wants a non-negative seed.
+            seed = (seed + choice_index) % 2**64
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k in (None, -1) else self.top_k,  # vLLM clients send -1 for off
+            seed=seed,
+            stop=self.stop_list,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=bool(self.ignore_eos),
+            logprobs=logprobs,
+        )
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """Messages as the plain dicts sdk.chat_template expects."""
+        if not self.messages:
+            raise InvalidRequestError("messages must contain at least one message", "messages")
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+    def sampling_params(self, num_prompt_tokens: int, max_model_len: int, choice_index: int = 0) -> SamplingParams:
+        """Engine parameters; the default completion budget is what the context has left."""
+        self._check_common()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs to be true", "top_logprobs")
+        max_tokens = self.max_completion_tokens or self.max_tokens
+        if max_tokens is None:
+            max_tokens = max_model_len - num_prompt_tokens
+            if max_tokens < 1:
+                raise context_length_error(max_model_len, num_prompt_tokens)
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._sampling_params(max_tokens, logprobs, choice_index)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    echo: bool | None = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt, as text or token ids; batched prompts are refused."""
+        prompt = self.prompt
+        if isinstance(prompt, list):
+            if len(prompt) == 0:
+                raise InvalidRequestError("prompt must not be empty", "prompt")
+            if isinstance(prompt[0], (str, list)):
+                if len(prompt) != 1:
+                    raise InvalidRequestError(
+                        f"this server takes one prompt per request, got {len(prompt)}; send them as separate requests",
+                        "prompt",
+                    )
+                return prompt[0]
+        return prompt
+
+    def sampling_params(self, choice_index: int = 0) -> SamplingParams:
+        self._check_common()
+        if self.echo:
+            raise InvalidRequestError("echo is not supported by this server; send false or leave it out", "echo")
+        if self.suffix is not None:
+            raise InvalidRequestError("suffix is not supported by this server; leave it out", "suffix")
+        if self.best_of not in (None, self.num_choices):
+            raise InvalidRequestError("best_of is not supported by this server; leave it out or set it to n", "best_of")
+        return self._sampling_params(self.max_tokens or 16, self.logprobs, choice_index)
+
+
+def context_length_error(max_model_len: int, num_prompt_tokens: int) -> ContextLengthError:
+    """The error for a prompt that leaves no room to generate."""
+    return ContextLengthError(
+        f"This model's maximum context length is {max_model_len} tokens. However, your messages use "
+        f"{num_prompt_tokens} tokens, which leaves no room for a completion. Please reduce the messages.",
+        "messages",
+    )
+
+
+# -- responses -----------------------------------------------------------------------------
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprobEntry(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprobEntry):
+    top_logprobs: list[TopLogprobEntry] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler):
+        # A delta carries only what changed: {"content": "x"}, never {"role": null, ...}.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    """Both the whole response and each streamed chunk: OpenAI uses one object name for both."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=now)
+    owned_by: str = "tandem"
+    max_model_len: int | None = None  # extension (vLLM): prompt + completion limit
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo

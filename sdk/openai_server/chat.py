@@ -1,0 +1,100 @@
+"""POST /v1/chat/completions: messages through the model's chat template, answered as OpenAI does."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sdk.engine_protocol import TokenEvent
+from sdk.openai_schema import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    DeltaMessage,
+    Usage,
+)
+from sdk.openai_server.errors import from_exception
+from sdk.openai_server.generation import ChoiceState, usage_of
+from sdk.openai_server.logprobs import chat_logprobs
+from sdk.openai_server.serving import Job, ServerState, choice_requests, new_id, parse_body, run_job
+from sdk.openai_server.streaming import EventStreamResponse, sse_events
+
+
+async def create_chat_completion(request: Request) -> Response:
+    arrival_time = time.monotonic()
+    state: ServerState = request.app.state.tandem
+    try:
+        body = await parse_body(request, ChatCompletionRequest)
+        model = state.resolve_model(body.model)
+        prompt_token_ids = state.engine.apply_chat_template(body.message_dicts())
+        max_model_len = state.engine.max_model_len
+        response_id = new_id("chatcmpl")
+        generation_requests = choice_requests(
+            response_id, prompt_token_ids, body.num_choices,
+            lambda i: body.sampling_params(len(prompt_token_ids), max_model_len, i),
+        )
+    except Exception as exc:
+        return from_exception(exc).response()
+    job = Job(model, generation_requests, len(prompt_token_ids), arrival_time)
+    created = int(time.time())
+    return await run_job(
+        request, state, job,
+        stream=bool(body.stream),
+        keep_events=bool(body.logprobs),
+        stream_body=lambda first, choices: EventStreamResponse(
+            _chunks(body, job, response_id, created, first, choices)
+        ),
+        complete_body=lambda states: _response(body, job, response_id, created, states),
+    )
+
+
+def _response(
+    body: ChatCompletionRequest, job: Job, response_id: str, created: int, states: Sequence[ChoiceState]
+) -> ChatCompletionResponse:
+    choices = [
+        ChatChoice(
+            index=i,
+            message=ChatResponseMessage(content=state.text),
+            logprobs=chat_logprobs(state.events) if body.logprobs else None,
+            finish_reason=state.finish_reason,
+        )
+        for i, state in enumerate(states)
+    ]
+    return ChatCompletionResponse(
+        id=response_id, created=created, model=job.model, choices=choices, usage=usage_of(job.num_prompt_tokens, states)
+    )
+
+
+def _chunks(body: ChatCompletionRequest, job: Job, response_id: str, created: int, first, choices):
+    def chunk(choice_list: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=response_id, created=created, model=job.model, choices=choice_list, usage=usage)
+
+    def render_event(index: int, event: TokenEvent, state: ChoiceState) -> ChatCompletionChunk | None:
+        if not event.text and event.finish_reason is None and not body.logprobs:
+            return None  # text held back (a partial character or a possible stop string)
+        return chunk([
+            ChatChunkChoice(
+                index=index,
+                delta=DeltaMessage(content=event.text or None),
+                logprobs=chat_logprobs([event]) if body.logprobs else None,
+                finish_reason=event.finish_reason,
+            )
+        ])
+
+    # OpenAI opens every choice with the assistant role and empty content.
+    prelude = [
+        chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+        for i in range(body.num_choices)
+    ]
+    return sse_events(
+        first, choices, body.num_choices, render_event,
+        prelude=prelude,
+        render_usage=(lambda usage: chunk([], usage)) if body.include_usage else None,
+        num_prompt_tokens=job.num_prompt_tokens,
+    )

@@ -1,0 +1,83 @@
+"""POST /v1/completions: a raw prompt (text or token ids) continued, in the legacy OpenAI format."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sdk.engine_protocol import TokenEvent
+from sdk.openai_schema import CompletionChoice, CompletionRequest, CompletionResponse, Usage
+from sdk.openai_server.errors import from_exception
+from sdk.openai_server.generation import ChoiceState, usage_of
+from sdk.openai_server.logprobs import completion_logprobs
+from sdk.openai_server.serving import Job, ServerState, choice_requests, new_id, parse_body, run_job
+from sdk.openai_server.streaming import EventStreamResponse, sse_events
+
+
+async def create_completion(request: Request) -> Response:
+    arrival_time = time.monotonic()
+    state: ServerState = request.app.state.tandem
+    try:
+        body = await parse_body(request, CompletionRequest)
+        model = state.resolve_model(body.model)
+        prompt = body.single_prompt()
+        # Text gets the model's BOS like any tokenizer call; token ids are the caller's exact prompt.
+        prompt_token_ids = state.engine.tokenize(prompt, add_special=True) if isinstance(prompt, str) else prompt
+        response_id = new_id("cmpl")
+        generation_requests = choice_requests(response_id, prompt_token_ids, body.num_choices, body.sampling_params)
+    except Exception as exc:
+        return from_exception(exc).response()
+    job = Job(model, generation_requests, len(prompt_token_ids), arrival_time)
+    created = int(time.time())
+    return await run_job(
+        request, state, job,
+        stream=bool(body.stream),
+        keep_events=body.logprobs is not None,
+        stream_body=lambda first, choices: EventStreamResponse(
+            _chunks(body, job, response_id, created, first, choices)
+        ),
+        complete_body=lambda states: _response(body, job, response_id, created, states),
+    )
+
+
+def _response(
+    body: CompletionRequest, job: Job, response_id: str, created: int, states: Sequence[ChoiceState]
+) -> CompletionResponse:
+    choices = [
+        CompletionChoice(
+            index=i,
+            text=state.text,
+            logprobs=completion_logprobs(state.events) if body.logprobs is not None else None,
+            finish_reason=state.finish_reason,
+        )
+        for i, state in enumerate(states)
+    ]
+    return CompletionResponse(
+        id=response_id, created=created, model=job.model, choices=choices, usage=usage_of(job.num_prompt_tokens, states)
+    )
+
+
+def _chunks(body: CompletionRequest, job: Job, response_id: str, created: int, first, choices):
+    want_logprobs = body.logprobs is not None
+    text_offsets = [0] * body.num_choices  # where each choice's next token starts, for text_offset
+
+    def chunk(choice_list: list[CompletionChoice], usage: Usage | None = None) -> CompletionResponse:
+        return CompletionResponse(id=response_id, created=created, model=job.model, choices=choice_list, usage=usage)
+
+    def render_event(index: int, event: TokenEvent, state: ChoiceState) -> CompletionResponse | None:
+        if not event.text and event.finish_reason is None and not want_logprobs:
+            return None  # text held back (a partial character or a possible stop string)
+        logprobs = None
+        if want_logprobs:
+            logprobs = completion_logprobs([event], text_offsets[index])
+            text_offsets[index] += sum(len(t) for t in logprobs.tokens)
+        return chunk([CompletionChoice(index=index, text=event.text, logprobs=logprobs, finish_reason=event.finish_reason)])
+
+    return sse_events(
+        first, choices, body.num_choices, render_event,
+        render_usage=(lambda usage: chunk([], usage)) if body.include_usage else None,
+        num_prompt_tokens=job.num_prompt_tokens,
+    )

@@ -1,0 +1,121 @@
+"""Prometheus metrics with vLLM's names under a `tandem:` prefix.
+
+Engine counters and gauges are read from `engine.stats()` at scrape time (a custom
+collector), so the engine keeps no Prometheus objects; latency histograms are
+measured here, per request, as the server sees its tokens leave the engine. Each app
+gets its own registry so several apps in one process (tests, the cascade) never clash.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from sdk.engine_protocol import EngineError, EngineProtocol, TokenEvent
+
+PREFIX = "tandem:"
+
+# vLLM's buckets: latencies from a few ms (ITL on a GPU) to minutes (E2E on a phone).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0)
+
+
+class EngineStatsCollector:
+    """Turns one `engine.stats()` snapshot into gauges and counters on every scrape."""
+
+    def __init__(self, engine: EngineProtocol):
+        self.engine = engine
+
+    def collect(self):
+        if not self.engine.is_ready:
+            return  # still loading: no numbers rather than made-up zeros
+        try:
+            stats = self.engine.stats()
+        except EngineError:
+            return
+        gauges = [
+            ("num_requests_running", "Requests decoding in the engine now.", stats.num_running),
+            ("num_requests_waiting", "Requests queued for admission.", stats.num_waiting),
+            ("kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).", stats.kv_usage),
+            ("kv_blocks_used", "KV blocks held by requests or the prefix cache.", stats.num_kv_blocks_used),
+            ("kv_blocks_total", "KV blocks in the pool.", stats.num_kv_blocks_total),
+        ]
+        for name, doc, value in gauges:
+            yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+        counters = [
+            ("prompt_tokens", "Prompt tokens processed.", stats.num_prompt_tokens_total),
+            ("generation_tokens", "Tokens generated.", stats.num_generation_tokens_total),
+            ("num_preemptions", "Requests preempted for lack of KV blocks.", stats.num_preemptions_total),
+            ("prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.", stats.num_prefix_cache_hit_tokens_total),
+        ]
+        for name, doc, value in counters:
+            # The family adds `_total` to the sample name, as Prometheus counters require.
+            yield CounterMetricFamily(PREFIX + name, doc, value=value)
+
+
+class ServerMetrics:
+    """The registry of one app and the per-request measurements the server makes."""
+
+    def __init__(self, engine: EngineProtocol):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(EngineStatsCollector(engine))
+        self.time_to_first_token = Histogram(
+            PREFIX + "time_to_first_token_seconds", "Time from request arrival to its first token.",
+            buckets=TTFT_BUCKETS, registry=self.registry,
+        )
+        self.inter_token_latency = Histogram(
+            PREFIX + "inter_token_latency_seconds", "Time between consecutive tokens of a request.",
+            buckets=ITL_BUCKETS, registry=self.registry,
+        )
+        self.e2e_request_latency = Histogram(
+            PREFIX + "e2e_request_latency_seconds", "Time from request arrival to its last token.",
+            buckets=E2E_BUCKETS, registry=self.registry,
+        )
+        self.request_success = Counter(
+            PREFIX + "request_success", "Requests that finished, by finish reason.",
+            ["finished_reason"], registry=self.registry,
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def timer(self, arrival_time: float) -> "RequestTimer":
+        return RequestTimer(self, arrival_time)
+
+
+class RequestTimer:
+    """Times one engine stream's tokens as they reach the server."""
+
+    def __init__(self, metrics: ServerMetrics, arrival_time: float, clock: Callable[[], float] = time.monotonic):
+        self.metrics = metrics
+        self.arrival_time = arrival_time
+        self.clock = clock
+        self.last_time: float | None = None
+        self.finished = False
+
+    def on_event(self, event: TokenEvent) -> None:
+        now = self.clock()
+        if self.last_time is None:
+            self.metrics.time_to_first_token.observe(now - self.arrival_time)
+        else:
+            self.metrics.inter_token_latency.observe(now - self.last_time)
+        self.last_time = now
+        if event.finish_reason is not None:
+            self.finished = True
+            self.metrics.e2e_request_latency.observe(now - self.arrival_time)
+            self.metrics.request_success.labels(event.finish_reason).inc()
+
+    def on_error(self) -> None:
+        """The engine refused or failed the request: not a finished request, so not counted."""
+        self.finished = True
+
+    def on_close(self) -> None:
+        """The stream ended without a last event: the client left or the engine aborted it."""
+        if not self.finished:
+            self.finished = True
+            self.metrics.request_success.labels("abort").inc()

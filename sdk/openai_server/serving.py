@@ -1,0 +1,105 @@
+"""What chat and completions share: the app's state, body parsing, and the run-then-answer flow."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Sequence, TypeVar
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sdk.engine_protocol import EngineProtocol, GenerationRequest, TokenEvent
+from sdk.openai_server.errors import from_exception, model_not_found
+from sdk.openai_server.generation import (
+    ChoiceState,
+    ClientDisconnected,
+    cancel_on_disconnect,
+    collect_choices,
+    merge_choices,
+)
+from sdk.openai_server.metrics import ServerMetrics
+from sdk.openai_server.streaming import EventStreamResponse
+
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
+
+# Nginx's code for "client closed request"; nobody reads it, but access logs show why.
+CLIENT_CLOSED_STATUS = 499
+
+
+@dataclass
+class ServerState:
+    """One app's engine, names and metrics (kept on app.state so handlers stay plain functions)."""
+
+    engine: EngineProtocol
+    served_model_names: list[str] | None
+    metrics: ServerMetrics
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_names(self) -> list[str]:
+        # Read the engine's name late: it may only be final once the model has loaded.
+        return list(self.served_model_names or [self.engine.model_name])
+
+    def resolve_model(self, requested: str | None) -> str:
+        """The name to echo in responses; 404 for a model this server does not serve."""
+        names = self.model_names
+        if requested is None:
+            return names[0]
+        if requested in names:
+            return requested
+        raise model_not_found(requested)
+
+
+@dataclass
+class Job:
+    """A parsed request ready to run: the model to echo and one engine request per choice."""
+
+    model: str
+    generation_requests: list[GenerationRequest]
+    num_prompt_tokens: int
+    arrival_time: float  # time.monotonic() when the request arrived, for TTFT and E2E
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def choice_requests(request_id: str, prompt_token_ids: list[int], num_choices: int, params_for) -> list[GenerationRequest]:
+    """One engine request per choice; `params_for(i)` gives choice i its own seed."""
+    return [GenerationRequest(f"{request_id}-{i}", list(prompt_token_ids), params_for(i)) for i in range(num_choices)]
+
+
+async def parse_body(request: Request, model_cls: type[RequestModel]) -> RequestModel:
+    """Validate the raw body ourselves: strict types, and malformed JSON as a 400 like any other."""
+    return model_cls.model_validate_json(await request.body())
+
+
+async def run_job(
+    request: Request,
+    state: ServerState,
+    job: Job,
+    *,
+    stream: bool,
+    keep_events: bool,
+    stream_body: Callable[[tuple[int, TokenEvent] | None, object], EventStreamResponse],
+    complete_body: Callable[[Sequence[ChoiceState]], BaseModel],
+) -> Response:
+    """Run a job and answer with a stream or a whole body, cancelling it if the client leaves."""
+    choices = merge_choices(state.engine, job.generation_requests, state.metrics, job.arrival_time)
+    try:
+        if stream:
+            # Pull the first event before the 200 goes out, so a request the engine refuses
+            # (context length, overload) is still answered with its proper status.
+            first = await cancel_on_disconnect(request, anext(choices, None))
+            return stream_body(first, choices)
+        states = await cancel_on_disconnect(request, collect_choices(choices, len(job.generation_requests), keep_events))
+        return Response(complete_body(states).model_dump_json(), media_type="application/json")
+    except ClientDisconnected:
+        await choices.aclose()
+        return Response(status_code=CLIENT_CLOSED_STATUS)
+    except Exception as exc:
+        await choices.aclose()
+        return from_exception(exc).response()

@@ -1,0 +1,100 @@
+"""Server-sent events the way OpenAI streams them, closed promptly when the client leaves.
+
+Starlette only watches for a disconnect under older ASGI versions; under ASGI 2.4 it
+notices one only when the next `send` fails, and it never closes the body iterator.
+An abandoned stream would then keep its engine request (and KV blocks) until
+garbage collection. This response always watches `receive` for the disconnect and
+always closes its generator, whose `finally` closes the engine stream.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import AsyncGenerator, AsyncIterator, Callable, Sequence
+
+import anyio
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from sdk.engine_protocol import TokenEvent
+from sdk.openai_schema import Usage
+from sdk.openai_server.errors import from_exception
+from sdk.openai_server.generation import ChoiceState, usage_of
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: BaseModel | dict) -> str:
+    """One `data:` event carrying a JSON object."""
+    if isinstance(payload, BaseModel):
+        body = payload.model_dump_json()
+    else:
+        body = json.dumps(payload, separators=(",", ":"))
+    return f"data: {body}\n\n"
+
+
+class EventStreamResponse(StreamingResponse):
+    """text/event-stream over an async generator of already formatted events."""
+
+    def __init__(self, events: AsyncGenerator[str, None], headers: dict[str, str] | None = None):
+        # no-cache and X-Accel-Buffering stop proxies from holding tokens back.
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
+        )
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as task_group:
+
+                async def stream_then_stop() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:
+                        pass  # the client vanished while we were sending
+                    task_group.cancel_scope.cancel()
+
+                task_group.start_soon(stream_then_stop)
+                await self.listen_for_disconnect(receive)
+                task_group.cancel_scope.cancel()
+        finally:
+            await self._events.aclose()
+
+
+async def sse_events(
+    first: tuple[int, TokenEvent] | None,
+    choices: AsyncIterator[tuple[int, TokenEvent]],
+    num_choices: int,
+    render_event: Callable[[int, TokenEvent, ChoiceState], BaseModel | None],
+    prelude: Sequence[BaseModel] = (),
+    render_usage: Callable[[Usage], BaseModel] | None = None,
+    num_prompt_tokens: int = 0,
+) -> AsyncGenerator[str, None]:
+    """The SSE body for merged choices: prelude, one chunk per event, usage, [DONE].
+
+    `first` is the event already pulled before the response started (so request
+    errors could still be a 4xx). An engine error after that becomes an error event,
+    since the status line has been sent.
+    """
+    states = [ChoiceState() for _ in range(num_choices)]
+    try:
+        for chunk in prelude:
+            yield sse(chunk)
+        item = first
+        while item is not None:
+            index, event = item
+            states[index].add(event, keep_event=False)
+            chunk = render_event(index, event, states[index])
+            if chunk is not None:
+                yield sse(chunk)
+            item = await anext(choices, None)
+        if render_usage is not None:
+            yield sse(render_usage(usage_of(num_prompt_tokens, states)))
+    except Exception as exc:
+        yield sse(from_exception(exc).body())
+    finally:
+        await choices.aclose()
+    yield DONE

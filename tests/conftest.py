@@ -1,0 +1,73 @@
+"""Shared fixtures: a real `tandem serve` on loopback with the embedded default model."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVER_START_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _log_tail(path: Path, num_lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])
+    except OSError:
+        return "(no log)"
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory) -> str:
+    """Base URL (http://127.0.0.1:PORT) of a `tandem serve` subprocess shared by the session."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("tandem-serve") / "server.log"
+    # The environment must not reconfigure the server under test.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    command = [
+        sys.executable, "-m", "sdk.cli", "serve",
+        "--port", str(port),
+        "--max-model-len", "512",
+        "--kv-cache-tokens", "4096",
+        # One llama.cpp thread: the CI machines have 2 shared cores, and llama.cpp's
+        # spinning worker threads stall for seconds when another process takes a core.
+        "--threads", "1",
+        "--log-level", "warning",
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"tandem serve exited with {process.returncode}:\n{_log_tail(log_path)}")
+            try:
+                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"tandem serve was not healthy after {SERVER_START_TIMEOUT_S}s:\n{_log_tail(log_path)}")
+            time.sleep(0.2)
+        yield base_url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

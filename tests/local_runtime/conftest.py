@@ -1,0 +1,53 @@
+"""Factories for real local engines on the embedded default model."""
+
+from __future__ import annotations
+
+import pytest
+
+from local_runtime.config import LocalEngineConfig
+from local_runtime.engine import LocalEngine
+from sdk.engine_protocol import GenerationRequest, SamplingParams
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in one sentence.",
+    "List three prime numbers.",
+    "Who wrote Hamlet?",
+    "Translate 'good morning' to Spanish.",
+    "What is 12 times 7?",
+    "Describe a cat in detail: its habits, its fur, and what it likes to eat on long winter days.",
+]
+
+
+def make_engine(**overrides) -> LocalEngine:
+    config = dict(kv_cache_tokens=2048, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
+    config.update(overrides)
+    return LocalEngine(LocalEngineConfig(**config))
+
+
+def run_to_completion(engine: LocalEngine, requests: list[GenerationRequest]) -> dict[str, list]:
+    """Submit all requests at once and step until done; the events of each request."""
+    for request in requests:
+        engine.add_request(request)
+    events: dict[str, list] = {r.request_id: [] for r in requests}
+    while engine.has_unfinished_requests():
+        for event in engine.step():
+            events.setdefault(event.request_id, []).append(event)
+    return events
+
+
+def greedy(request_id: str, prompt: list[int], max_tokens: int, **kwargs) -> GenerationRequest:
+    return GenerationRequest(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, **kwargs))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = make_engine()
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(engine):
+    return [engine.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
