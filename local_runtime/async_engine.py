@@ -176,8 +176,7 @@ class AsyncLocalEngine:
                 for request_id in list(engine.scheduler.requests):
                     engine.abort_request(request_id)
                 continue
-            for event in events:
-                self._deliver(event.request_id, event)
+            self._deliver_many(events)
 
     def _add(self, engine: LocalEngine, request: GenerationRequest) -> None:
         if request.request_id not in self._streams:
@@ -197,6 +196,24 @@ class AsyncLocalEngine:
         except RuntimeError:
             pass  # the consumer's event loop is closed; the abort from its finally frees the blocks
 
+    def _deliver_many(self, events: list[TokenEvent]) -> None:
+        """One wake-up per event loop per step, not one per token: the loop shares our two cores."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for event in events:
+            stream = self._streams.get(event.request_id)
+            if stream is not None:
+                by_loop.setdefault(stream[0], []).append((stream[1], event))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:
+                pass  # the consumer's event loop is closed; its abort frees the blocks
+
     def _fail_all(self, exc: BaseException) -> None:
         for request_id in list(self._streams):
             self._deliver(request_id, exc)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)

@@ -48,6 +48,7 @@ class LocalEngine:
                 n_gpu_layers=config.n_gpu_layers,
                 flash_attn=config.flash_attn,
                 batch_invariant=config.batch_invariant and config.n_gpu_layers == 0,
+                pad_single_decodes=config.strict_batch_invariance and config.n_gpu_layers == 0,
             )
         )
         pool_tokens = config.num_blocks * config.block_size

@@ -32,7 +32,8 @@ class LlamaBackendConfig:
     n_threads: int
     n_gpu_layers: int = 0
     flash_attn: bool = True
-    batch_invariant: bool = True  # keep every ubatch on one attention kernel (see below)
+    batch_invariant: bool = True  # keep prefill ubatches on the per-row attention kernel (see below)
+    pad_single_decodes: bool = False  # also keep lone decodes off the split-KV kernel (costs ~40%)
 
 
 # llama.cpp's CPU flash attention picks its kernel from the ubatch shape: a tiled kernel
@@ -40,8 +41,13 @@ class LlamaBackendConfig:
 # and a per-row kernel otherwise. Only the per-row kernel gives a sequence the same
 # numbers whatever else shares its batch (it walks the sequence's own cells in order
 # and skips masked ones), and the weight matmuls are per row already. So in
-# batch-invariant mode ubatches hold at most 63 tokens and a lone token is decoded
-# beside one scratch token. Greedy output then does not depend on batch composition.
+# batch-invariant mode ubatches hold at most 63 tokens (free: decode steps are small
+# anyway), and with `pad_single_decodes` a lone token is decoded beside one scratch
+# token, which costs most of a second row on a compute-bound CPU. Without it a lone
+# decode over >= 512 cells rounds differently from the same decode in a batch.
+# Attention also sums a sequence's cells in cell order, so invariance further needs the
+# cells in position order: llama.cpp refills cells freed by a request that finished
+# mid-flight, which can put a running sequence's next token before its earlier ones.
 _INVARIANT_MAX_UBATCH = 63
 
 
@@ -94,10 +100,10 @@ class LlamaBackend:
         if config.n_batch < 2:
             raise ValueError("n_batch must be >= 2")
         # The scratch slot (last sequence id) holds at most one cell, during one decode.
-        self.scratch_slot = config.n_seq_max if config.batch_invariant else None
-        n_slots = config.n_seq_max + (1 if config.batch_invariant else 0)
+        self.scratch_slot = config.n_seq_max if config.pad_single_decodes else None
+        n_slots = config.n_seq_max + (1 if config.pad_single_decodes else 0)
         ctx_params = llama_cpp.llama_context_default_params()
-        ctx_params.n_ctx = config.n_ctx + (1 if config.batch_invariant else 0)
+        ctx_params.n_ctx = config.n_ctx + (1 if config.pad_single_decodes else 0)
         ctx_params.n_batch = config.n_batch
         ctx_params.n_ubatch = min(config.n_batch, _INVARIANT_MAX_UBATCH) if config.batch_invariant else config.n_batch
         ctx_params.n_seq_max = n_slots

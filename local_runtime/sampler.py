@@ -28,32 +28,34 @@ class SampledToken:
     top_logprobs: list[float]
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64 for stable signals."""
-    x = logits.astype(np.float64, copy=False)
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator]) -> list[SampledToken]:
-    """Pick one token per row of `logits` ([n_rows, vocab]) and measure its row's signals."""
-    logprobs = log_softmax(logits)
-    probs = np.exp(logprobs)
-    entropies = -(probs * logprobs).sum(axis=-1)
-    top2 = np.partition(probs, -2, axis=-1)[:, -2:]
-    margins = top2[:, 1] - top2[:, 0]
+    """Pick one token per row of `logits` ([n_rows, vocab] float32) and measure its row's signals."""
+    rows = np.arange(logits.shape[0])
+    top1_ids = np.argmax(logits, axis=1)
+    shifted = logits - logits[rows, top1_ids][:, None]  # <= 0, so exp cannot overflow
+    exp = np.exp(shifted)
+    log_z = np.log(exp.sum(axis=1, dtype=np.float64))  # float64 sum: 49k terms
+    # H = log Z - E_p[shifted]; a single pass over the row instead of materialising p * log p.
+    entropies = log_z - (exp * shifted).sum(axis=1, dtype=np.float64) / np.exp(log_z)
+    shifted[rows, top1_ids] = -np.inf  # the runner-up, without a full partition
+    margins = 1.0 / np.exp(log_z) - np.exp(shifted.max(axis=1) - log_z)
+    shifted[rows, top1_ids] = 0.0
     results = []
     for row, (p, rng) in enumerate(zip(params, rngs)):
-        token_id = _pick(logits[row], logprobs[row], p, rng)
-        top_ids = _top_ids(logprobs[row], p.logprobs or 0)
+        token_id = int(top1_ids[row]) if p.is_greedy else _sample(logits[row], p, rng)
+        row_logprobs = None
+        top_ids: list[int] = []
+        if p.logprobs:
+            row_logprobs = shifted[row] - log_z[row]
+            top_ids = _top_ids(row_logprobs, p.logprobs)
         results.append(
             SampledToken(
                 token_id=token_id,
-                logprob=float(logprobs[row, token_id]),
-                entropy=float(entropies[row]),
+                logprob=float(shifted[row, token_id] - log_z[row]),
+                entropy=float(max(entropies[row], 0.0)),
                 margin=float(margins[row]),
                 top_ids=top_ids,
-                top_logprobs=[float(logprobs[row, i]) for i in top_ids],
+                top_logprobs=[float(row_logprobs[i]) for i in top_ids] if top_ids else [],
             )
         )
     return results
@@ -66,9 +68,7 @@ def _top_ids(row_logprobs: np.ndarray, k: int) -> list[int]:
     return [int(i) for i in ids[np.argsort(-row_logprobs[ids], kind="stable")]]
 
 
-def _pick(row_logits: np.ndarray, row_logprobs: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
-    if p.is_greedy:
-        return int(np.argmax(row_logits))
+def _sample(row_logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
     scaled = row_logits.astype(np.float64) / p.temperature
     candidate_ids = _truncate(scaled, p.top_k, p.top_p)
     weights = np.exp(scaled[candidate_ids] - scaled[candidate_ids].max())

@@ -356,7 +356,7 @@ def test_a_request_preempts_itself_when_it_is_the_newest():
     sim.assert_drained()
 
 
-def test_preempted_budget_is_returned():
+def test_preempted_request_is_not_scheduled_in_the_step_that_preempts_it():
     sim = Sim(make_scheduler(num_blocks=5, max_num_seqs=3, budget=64))
     a, b = make_requests((4, 12), (4, 12))
     sim.add(a, b)

@@ -1,0 +1,1 @@
+"""Reproducible benchmarks; each writes JSON under bench/results/."""
