@@ -81,8 +81,9 @@ class Scheduler:
                 continue  # preempted earlier in this loop, or no budget left
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             while self.block_manager.allocate(request.request_id, request.num_computed_tokens + num_new) is None:
+                # The newest request sits at or after this one, so it has no budget yet to return.
                 victim = self.running[-1]
-                budget += self._preempt(victim, out)
+                self._preempt(victim, out)
                 preempted_this_step = True
                 if victim is request:
                     break
@@ -138,17 +139,15 @@ class Scheduler:
         self.running.append(request)
         return num_new
 
-    def _preempt(self, request: Request, out: SchedulerOutput) -> int:
-        """Free a running request for recompute; returns the budget it had been given."""
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Free a running request for recompute; it rejoins the front of the queue."""
         self.running.remove(request)
-        returned_budget = out.num_scheduled_tokens.pop(request.request_id, 0)
         self._release(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         self.waiting.appendleft(request)
         out.preempted_ids.append(request.request_id)
         self.num_preemptions_total += 1
-        return returned_budget
 
     def _release(self, request: Request) -> None:
         self.block_manager.free(request.request_id)
