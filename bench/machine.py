@@ -19,10 +19,13 @@ def _cpu_model() -> str:
 
 
 def _git_commit() -> str | None:
+    """HEAD's short hash, with "+dirty" when the measured code differs from it."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+    return head + ("+dirty" if dirty else "")
 
 
 def machine_info() -> dict:
