@@ -176,7 +176,7 @@ class AsyncLocalEngine:
                 for request_id in list(engine.scheduler.requests):
                     engine.abort_request(request_id)
                 continue
-            self._deliver_many(events)
+            self._deliver_many([(event.request_id, event) for event in events])
 
     def _add(self, engine: LocalEngine, request: GenerationRequest) -> None:
         if request.request_id not in self._streams:
@@ -187,22 +187,18 @@ class AsyncLocalEngine:
             self._deliver(request.request_id, exc)
 
     def _deliver(self, request_id: str, item: object) -> None:
-        stream = self._streams.get(request_id)
-        if stream is None:
-            return
-        loop, queue = stream
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:
-            pass  # the consumer's event loop is closed; the abort from its finally frees the blocks
+        self._deliver_many([(request_id, item)])
 
-    def _deliver_many(self, events: list[TokenEvent]) -> None:
-        """One wake-up per event loop per step, not one per token: the loop shares our two cores."""
+    def _deliver_many(self, items: list[tuple[str, object]]) -> None:
+        """Hand (request id, event or error) pairs to their streams with one wake-up per event loop.
+
+        One wake-up per step rather than per token: the event loop shares our two cores.
+        """
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for event in events:
-            stream = self._streams.get(event.request_id)
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
             if stream is not None:
-                by_loop.setdefault(stream[0], []).append((stream[1], event))
+                by_loop.setdefault(stream[0], []).append((stream[1], item))
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)
