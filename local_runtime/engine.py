@@ -18,13 +18,12 @@ from local_runtime.sampler import sample_batch
 from local_runtime.scheduler import Scheduler, SchedulerOutput
 from sdk.chat_template import render_chat
 from sdk.engine_protocol import (
-    ContextLengthError,
     EngineStats,
     GenerationRequest,
-    InvalidRequestError,
     TokenEvent,
-    TopLogprob,
+    validate_generation_request,
 )
+from sdk.token_events import check_stop, make_token_event
 
 # The default context limit when the model's own is larger: long enough for chat, and
 # one such request still leaves most of an 8k-cell pool for others.
@@ -78,19 +77,7 @@ class LocalEngine:
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise InvalidRequestError/ContextLengthError for a request that can never run."""
-        prompt = request.prompt_token_ids
-        if not prompt:
-            raise InvalidRequestError("the prompt is empty; send at least one token", "prompt")
-        if min(prompt) < 0 or max(prompt) >= self.backend.n_vocab:
-            raise InvalidRequestError(f"prompt token ids must be in [0, {self.backend.n_vocab})", "prompt")
-        total = len(prompt) + request.params.max_tokens
-        if total > self.max_model_len:
-            raise ContextLengthError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{total} tokens ({len(prompt)} in the prompt, {request.params.max_tokens} for the completion). "
-                "Please reduce the prompt or max_tokens.",
-                "max_tokens",
-            )
+        validate_generation_request(request, self.backend.n_vocab, self.max_model_len)
 
     def add_request(self, request: GenerationRequest) -> None:
         self.validate(request)
@@ -99,6 +86,10 @@ class LocalEngine:
     def abort_request(self, request_id: str) -> bool:
         """Free the request's slot and blocks now; False if it was not here."""
         return self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED) is not None
+
+    def abort_all(self) -> None:
+        for request_id in list(self.scheduler.requests):
+            self.abort_request(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
@@ -145,45 +136,20 @@ class LocalEngine:
             return []
         sampled = sample_batch(logits, [r.params for r in requests], [r.rng for r in requests])
         events = []
+        backend = self.backend
         for request, token in zip(requests, sampled):
             if not request.output_token_ids:
                 self.num_prompt_tokens_total += request.num_prompt_tokens
             request.output_token_ids.append(token.token_id)
             self.num_generation_tokens_total += 1
-            text, status = self._check_stop(request, token.token_id)
+            text, status = check_stop(
+                request, token.token_id, backend.token_bytes(token.token_id),
+                backend.is_end_of_generation(token.token_id), self.max_model_len,
+            )
             if status is not None:
                 self.scheduler.finish_request(request.request_id, status)
-            events.append(
-                TokenEvent(
-                    request_id=request.request_id,
-                    token_id=token.token_id,
-                    text=text,
-                    logprob=token.logprob,
-                    entropy=token.entropy,
-                    margin=token.margin,
-                    top_logprobs=[
-                        TopLogprob(i, self.backend.token_text(i), lp, self.backend.token_bytes(i))
-                        for i, lp in zip(token.top_ids, token.top_logprobs)
-                    ],
-                    token_bytes=self.backend.token_bytes(token.token_id),
-                    finish_reason=request.finish_reason,
-                    num_prompt_tokens=request.num_prompt_tokens,
-                    num_output_tokens=request.num_output_tokens,
-                )
-            )
+            events.append(make_token_event(request, token, text, backend.token_bytes, backend.token_text))
         return events
-
-    def _check_stop(self, request: Request, token_id: int) -> tuple[str, RequestStatus | None]:
-        """The text this token makes final, and the finished status if it ends the request."""
-        params = request.params
-        if (not params.ignore_eos and self.backend.is_end_of_generation(token_id)) or token_id in params.stop_token_ids:
-            return request.text_stream.flush(), RequestStatus.FINISHED_STOPPED
-        text = request.text_stream.push(self.backend.token_bytes(token_id))
-        if request.text_stream.stopped:
-            return text, RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
-            return text + request.text_stream.flush(), RequestStatus.FINISHED_LENGTH
-        return text, None
 
     # -- status ----------------------------------------------------------------------------
 
@@ -197,6 +163,7 @@ class LocalEngine:
             num_generation_tokens_total=self.num_generation_tokens_total,
             num_preemptions_total=self.scheduler.num_preemptions_total,
             num_prefix_cache_hit_tokens_total=self.scheduler.num_prefix_cache_hit_tokens_total,
+            num_prefix_cache_query_tokens_total=self.scheduler.num_prefix_cache_query_tokens_total,
         )
 
     def close(self) -> None:

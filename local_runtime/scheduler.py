@@ -47,6 +47,7 @@ class Scheduler:
         self._slots_to_clear: list[int] = []
         self.num_preemptions_total = 0
         self.num_prefix_cache_hit_tokens_total = 0
+        self.num_prefix_cache_query_tokens_total = 0
 
     @property
     def num_unfinished(self) -> int:
@@ -126,6 +127,7 @@ class Scheduler:
         if needed > self.block_manager.num_free_blocks:
             return None
         slot = self._free_slots.popleft()
+        self.num_prefix_cache_query_tokens_total += request.num_tokens
         if hit:
             self.block_manager.share(request.request_id, hit)
             out.prefix_copies.append((self.requests[hit.source].slot, slot, num_cached))

@@ -88,6 +88,24 @@ class GenerationRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    priority: int = 0  # lower runs first and is preempted last (engines that support priority)
+
+
+def validate_generation_request(request: GenerationRequest, vocab_size: int, max_model_len: int) -> None:
+    """Raise InvalidRequestError/ContextLengthError for a request that can never run (nothing allocated yet)."""
+    prompt = request.prompt_token_ids
+    if not prompt:
+        raise InvalidRequestError("the prompt is empty; send at least one token", "prompt")
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise InvalidRequestError(f"prompt token ids must be in [0, {vocab_size})", "prompt")
+    total = len(prompt) + request.params.max_tokens
+    if total > max_model_len:
+        raise ContextLengthError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{total} tokens ({len(prompt)} in the prompt, {request.params.max_tokens} for the completion). "
+            "Please reduce the prompt or max_tokens.",
+            "max_tokens",
+        )
 
 
 @dataclass
@@ -133,6 +151,7 @@ class EngineStats:
     num_generation_tokens_total: int
     num_preemptions_total: int
     num_prefix_cache_hit_tokens_total: int
+    num_prefix_cache_query_tokens_total: int = 0  # tokens looked up in the prefix cache (hit rate = hits / queries)
 
     @property
     def kv_usage(self) -> float:

@@ -50,7 +50,8 @@ class EngineStatsCollector:
             ("prompt_tokens", "Prompt tokens processed.", stats.num_prompt_tokens_total),
             ("generation_tokens", "Tokens generated.", stats.num_generation_tokens_total),
             ("num_preemptions", "Requests preempted for lack of KV blocks.", stats.num_preemptions_total),
-            ("prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.", stats.num_prefix_cache_hit_tokens_total),
+            ("prefix_cache_queries", "Tokens looked up in the prefix cache (vLLM's prefix_cache_queries).", stats.num_prefix_cache_query_tokens_total),
+            ("prefix_cache_hits", "Prompt tokens served from the prefix cache (vLLM's prefix_cache_hits).", stats.num_prefix_cache_hit_tokens_total),
         ]
         for name, doc, value in counters:
             # The family adds `_total` to the sample name, as Prometheus counters require.

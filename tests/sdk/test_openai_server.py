@@ -28,7 +28,7 @@ CHAT = [{"role": "user", "content": "Name three colours."}]
 METRIC_NAMES = [
     "tandem:num_requests_running", "tandem:num_requests_waiting", "tandem:kv_cache_usage_perc",
     "tandem:kv_blocks_used", "tandem:kv_blocks_total", "tandem:prompt_tokens_total",
-    "tandem:generation_tokens_total", "tandem:num_preemptions_total", "tandem:prefix_cache_hit_tokens_total",
+    "tandem:generation_tokens_total", "tandem:num_preemptions_total", "tandem:prefix_cache_hits_total", "tandem:prefix_cache_queries_total",
     "tandem:time_to_first_token_seconds_bucket", "tandem:inter_token_latency_seconds_bucket",
     "tandem:e2e_request_latency_seconds_bucket", "tandem:request_success_total",
 ]

@@ -1,0 +1,232 @@
+"""The asyncio face of a step engine: submit, stream token events, cancel.
+
+Both tiers have a synchronous core whose `step()` is schedule -> run -> update
+(`local_runtime.engine.LocalEngine`, `cloud_engine.engine.CloudEngine`). This class
+runs such a core on its own thread (llama_decode and torch kernels release the GIL,
+so the event loop keeps serving while a step computes). Requests and aborts reach
+the loop through an inbox it drains between steps; events go back to each request's
+asyncio queue with `call_soon_threadsafe`, one wake-up per event loop per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from typing import AsyncIterator, Callable, Protocol, Sequence
+
+from sdk.engine_protocol import (
+    EngineNotReadyError,
+    EngineOverloadedError,
+    EngineStats,
+    GenerationRequest,
+    TokenEvent,
+)
+
+logger = logging.getLogger(__name__)
+
+_ABORTED = object()  # ends a stream whose request was cancelled by the engine side
+
+
+class StepEngine(Protocol):
+    """The synchronous engine core this wrapper drives (single-threaded by design)."""
+
+    model_name: str
+    max_model_len: int
+
+    def validate(self, request: GenerationRequest) -> None: ...
+    def add_request(self, request: GenerationRequest) -> None: ...
+    def abort_request(self, request_id: str) -> bool: ...
+    def abort_all(self) -> None: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def step(self) -> list[TokenEvent]: ...
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]: ...
+    def stats(self) -> EngineStats: ...
+    def close(self) -> None: ...
+
+
+class AsyncStepEngine:
+    """Implements sdk.engine_protocol.EngineProtocol over any StepEngine built on the engine thread."""
+
+    def __init__(self, load: Callable[[], StepEngine], model_name: str, max_in_flight: int, max_model_len: int = 0, thread_name: str = "tandem-engine"):
+        self.model_name = model_name
+        self.max_model_len = max_model_len  # final value known once loaded
+        self._load = load
+        self._max_in_flight = max_in_flight
+        self._engine: StepEngine | None = None
+        self._load_error: BaseException | None = None
+        self._wakeup = threading.Condition()
+        self._inbox: deque[tuple[str, object]] = deque()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> "AsyncStepEngine":
+        """Load the model and start stepping, on the engine thread."""
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until loaded; re-raise the load error if loading failed."""
+        with self._wakeup:
+            self._wakeup.wait_for(lambda: self._engine is not None or self._load_error is not None, timeout)
+        if self._load_error is not None:
+            raise self._load_error
+        if self._engine is None:
+            raise TimeoutError("the model did not load in time")
+
+    def shutdown(self) -> None:
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    @property
+    def is_ready(self) -> bool:
+        return self._engine is not None and not self._stopping
+
+    @property
+    def engine(self) -> StepEngine:
+        if self._engine is None or self._stopping:
+            raise EngineNotReadyError("the model is still loading" if not self._stopping else "the engine is shutting down")
+        return self._engine
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    # -- EngineProtocol --------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.engine.tokenize(text, add_special)
+
+    def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
+        return self.engine.apply_chat_template(messages)
+
+    def stats(self) -> EngineStats:
+        # Read without a lock: a snapshot that may be one step stale is fine for metrics.
+        return self.engine.stats()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Validate now (raising before any event), then stream the request's tokens."""
+        engine = self.engine
+        engine.validate(request)
+        if len(self._streams) >= self._max_in_flight:
+            raise EngineOverloadedError(
+                f"the engine has {len(self._streams)} requests in flight; retry shortly", retry_after_s=1.0
+            )
+        if request.request_id in self._streams:
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request.request_id] = (asyncio.get_running_loop(), queue)
+        self._post(("add", request))
+        finished = False
+        try:
+            while True:
+                event = await queue.get()
+                if event is _ABORTED:
+                    return
+                if isinstance(event, BaseException):
+                    raise event
+                finished = event.finish_reason is not None
+                yield event
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request.request_id, None)
+            if not finished:
+                # The consumer went away (client disconnect, cancel): free its blocks now.
+                self._post(("abort", request.request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self._post(("abort", request_id))
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream[1].put_nowait(_ABORTED)
+
+    # -- the engine thread -----------------------------------------------------------------
+
+    def _post(self, item: tuple[str, object]) -> None:
+        with self._wakeup:
+            self._inbox.append(item)
+            self._wakeup.notify_all()
+
+    def _run(self) -> None:
+        try:
+            engine = self._load()
+        except BaseException as exc:  # surfaced to wait_ready and /health
+            logger.exception("loading the model failed")
+            with self._wakeup:
+                self._load_error = exc
+                self._wakeup.notify_all()
+            return
+        self.model_name = engine.model_name
+        self.max_model_len = engine.max_model_len
+        with self._wakeup:
+            self._engine = engine
+            self._wakeup.notify_all()
+        try:
+            self._loop(engine)
+        finally:
+            self._fail_all(EngineNotReadyError("the engine stopped"))
+            engine.close()
+
+    def _loop(self, engine: StepEngine) -> None:
+        while True:
+            with self._wakeup:
+                self._wakeup.wait_for(lambda: self._inbox or self._stopping or engine.has_unfinished_requests())
+                if self._stopping:
+                    return
+                inbox, self._inbox = self._inbox, deque()
+            for kind, payload in inbox:
+                if kind == "add":
+                    self._add(engine, payload)
+                else:
+                    engine.abort_request(payload)
+            if not engine.has_unfinished_requests():
+                continue
+            try:
+                events = engine.step()
+            except Exception as exc:  # a failed step must not kill the loop silently
+                logger.exception("engine step failed; failing in-flight requests")
+                self._fail_all(exc)
+                engine.abort_all()
+                continue
+            self._deliver_many([(event.request_id, event) for event in events])
+
+    def _add(self, engine: StepEngine, request: GenerationRequest) -> None:
+        if request.request_id not in self._streams:
+            return  # cancelled before the engine saw it
+        try:
+            engine.add_request(request)
+        except Exception as exc:
+            self._deliver_many([(request.request_id, exc)])
+
+    def _deliver_many(self, items: list[tuple[str, object]]) -> None:
+        """Hand (request id, event or error) pairs to their streams with one wake-up per event loop.
+
+        One wake-up per step rather than per token: the event loop shares the cores.
+        """
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                by_loop.setdefault(stream[0], []).append((stream[1], item))
+        for loop, loop_items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, loop_items)
+            except RuntimeError:
+                pass  # the consumer's event loop is closed; its abort frees the blocks
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self._deliver_many([(request_id, exc) for request_id in list(self._streams)])
+
+
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)

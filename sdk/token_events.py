@@ -1,0 +1,70 @@
+"""What both engines do after sampling a token: check its stop conditions and build its event.
+
+Shared so that the local and cloud tiers stop at exactly the same places and report
+the same fields; the engines differ only in how they map a token id to bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from sdk.engine_protocol import SamplingParams, TokenEvent, TopLogprob
+from sdk.request_status import RequestStatus
+from sdk.text_stream import TextStream
+
+
+class GeneratingRequest(Protocol):
+    request_id: str
+    params: SamplingParams
+    text_stream: TextStream
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_tokens: int
+
+
+class SampledTokenLike(Protocol):
+    token_id: int
+    logprob: float
+    entropy: float
+    margin: float
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+def check_stop(
+    request: GeneratingRequest, token_id: int, token_bytes: bytes, is_end_of_generation: bool, max_model_len: int
+) -> tuple[str, RequestStatus | None]:
+    """The text this (already appended) token makes final, and the finished status if it ends the request."""
+    params = request.params
+    if (not params.ignore_eos and is_end_of_generation) or token_id in params.stop_token_ids:
+        return request.text_stream.flush(), RequestStatus.FINISHED_STOPPED
+    text = request.text_stream.push(token_bytes)
+    if request.text_stream.stopped:
+        return text, RequestStatus.FINISHED_STOPPED
+    if request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_model_len:
+        return text + request.text_stream.flush(), RequestStatus.FINISHED_LENGTH
+    return text, None
+
+
+def make_token_event(
+    request: GeneratingRequest,
+    token: SampledTokenLike,
+    text: str,
+    token_bytes: Callable[[int], bytes],
+    token_text: Callable[[int], str],
+) -> TokenEvent:
+    """The event for a sampled token, after `check_stop` (so finish_reason is final)."""
+    return TokenEvent(
+        request_id=request.request_id,
+        token_id=token.token_id,
+        text=text,
+        logprob=token.logprob,
+        entropy=token.entropy,
+        margin=token.margin,
+        top_logprobs=[TopLogprob(i, token_text(i), lp, token_bytes(i)) for i, lp in zip(token.top_ids, token.top_logprobs)],
+        token_bytes=token_bytes(token.token_id),
+        finish_reason=request.finish_reason,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_output_tokens=request.num_output_tokens,
+    )
