@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -28,13 +29,35 @@ def _git_commit() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
-def machine_info() -> dict:
-    import llama_cpp
+def _version(module: str) -> str | None:
+    try:
+        return getattr(__import__(module), "__version__", "unknown")
+    except ImportError:
+        return None
 
-    return {
+
+def machine_info() -> dict:
+    info = {
         "cores": os.cpu_count(),
         "cpu_model": _cpu_model(),
         "python": platform.python_version(),
-        "llama_cpp_python": getattr(llama_cpp, "__version__", "unknown"),
+        "llama_cpp_python": _version("llama_cpp"),
+        "torch": _version("torch"),
         "git_commit": _git_commit(),
     }
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def write_report(path: str, report: dict, headline_keys: tuple[str, ...]) -> None:
+    """Write a benchmark's JSON and print its headline figures."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    print(json.dumps({k: report[k] for k in headline_keys}, indent=2))

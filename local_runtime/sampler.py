@@ -9,23 +9,10 @@ temperature, top-k and top-p, using the request's own RNG (reproducible per seed
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from sdk.engine_protocol import SamplingParams
-
-
-@dataclass
-class SampledToken:
-    """The chosen token and the signals of the distribution it came from."""
-
-    token_id: int
-    logprob: float
-    entropy: float
-    margin: float
-    top_ids: list[int]  # alternatives, most likely first
-    top_logprobs: list[float]
+from sdk.token_events import SampledToken
 
 
 def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator]) -> list[SampledToken]:

@@ -6,6 +6,7 @@ the same fields; the engines differ only in how they map a token id to bytes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from sdk.engine_protocol import SamplingParams, TokenEvent, TopLogprob
@@ -23,12 +24,15 @@ class GeneratingRequest(Protocol):
     num_tokens: int
 
 
-class SampledTokenLike(Protocol):
+@dataclass
+class SampledToken:
+    """What a sampler returns per row: the chosen token and the signals of the distribution it came from."""
+
     token_id: int
     logprob: float
     entropy: float
     margin: float
-    top_ids: list[int]
+    top_ids: list[int]  # alternatives, most likely first
     top_logprobs: list[float]
 
 
@@ -49,7 +53,7 @@ def check_stop(
 
 def make_token_event(
     request: GeneratingRequest,
-    token: SampledTokenLike,
+    token: SampledToken,
     text: str,
     token_bytes: Callable[[int], bytes],
     token_text: Callable[[int], str],

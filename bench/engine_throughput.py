@@ -1,0 +1,153 @@
+"""Offline throughput of tandem's cloud engine against HF transformers, measured side by side.
+
+    python -m bench.engine_throughput --json bench/results/engine_throughput.json [--quick]
+
+A heterogeneous workload (prompt lengths 16-512, output lengths 8-256, fixed seed,
+greedy, EOS ignored so every system produces the same tokens count) runs through:
+
+* tandem: `cloud_engine.LLM.generate` with max_num_seqs 32 (continuous batching,
+  chunked prefill, paged KV);
+* HF static: transformers `generate` on left-padded batches of 32 in arrival order; a
+  batch runs until its longest request is done, and only each request's own output
+  tokens count;
+* HF sequential: transformers `generate` one request at a time.
+
+All three use the same weights (the embedded SmolLM2 GGUF, dequantized to the same
+dtype) on the same device. We report output tokens/s over each system's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+import torch
+
+from bench.machine import machine_info, write_report
+from cloud_engine.llm import LLM
+from local_runtime.model_files import default_model_path
+from sdk.engine_protocol import SamplingParams
+
+STATIC_BATCH = 32
+WORDS = (
+    "the a river city model token light engine paper garden music window story number quiet under over "
+    "between people winter summer mountain valley history science market bridge silver orange morning"
+).split()
+
+
+def make_workload(num_requests: int, seed: int, tokenize, max_prompt: int, max_output: int) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length): prompt lengths uniform in [16, max_prompt], outputs in [8, max_output]."""
+    rng = random.Random(seed)
+    work = []
+    for _ in range(num_requests):
+        text = " ".join(rng.choice(WORDS) for _ in range(max_prompt + 16))
+        work.append((tokenize(text)[: rng.randint(16, max_prompt)], rng.randint(8, max_output)))
+    return work
+
+
+def run_tandem(llm: LLM, work) -> dict:
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in work]
+    start = time.perf_counter()
+    outputs = llm.generate([p for p, _ in work], params)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) for o in outputs)
+    return {"requests": len(work), "output_tokens": tokens, "seconds": seconds, "output_tokens_per_s": tokens / seconds}
+
+
+def load_hf(model_path: str, dtype: torch.dtype, device: torch.device):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(model_path), gguf_file=os.path.basename(model_path), dtype=dtype
+    ).to(device)
+    model.eval()
+    model.generation_config.eos_token_id = None  # ignore EOS, as tandem's run does
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@torch.inference_mode()
+def run_hf_static(model, work, batch_size: int, device: torch.device) -> dict:
+    tokens = 0
+    start = time.perf_counter()
+    for i in range(0, len(work), batch_size):
+        batch = work[i : i + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (prompt, _) in enumerate(batch):  # left padding, as decoder-only generation needs
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        longest = max(n for _, n in batch)
+        model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=longest, min_new_tokens=longest, do_sample=False)
+        tokens += sum(n for _, n in batch)
+    seconds = time.perf_counter() - start
+    return {"requests": len(work), "output_tokens": tokens, "seconds": seconds, "output_tokens_per_s": tokens / seconds}
+
+
+@torch.inference_mode()
+def run_hf_sequential(model, work, device: torch.device) -> dict:
+    tokens = 0
+    start = time.perf_counter()
+    for prompt, n in work:
+        out = model.generate(input_ids=torch.tensor([prompt], device=device), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        tokens += out.shape[1] - len(prompt)
+    seconds = time.perf_counter() - start
+    return {"requests": len(work), "output_tokens": tokens, "seconds": seconds, "output_tokens_per_s": tokens / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True, help="where to write the results")
+    parser.add_argument("--quick", action="store_true", help="a smaller workload (under 3 minutes here)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16")
+    args = parser.parse_args()
+
+    num_requests, max_prompt, max_output = (16, 256, 64) if args.quick else (64, 512, 256)
+    model_path = default_model_path()
+    llm = LLM(None, device=args.device, dtype=args.dtype, max_num_seqs=32, max_num_batched_tokens=512, kv_cache_gb=1.0)
+    engine = llm.engine
+    work = make_workload(num_requests, seed=0, tokenize=engine.tokenize, max_prompt=max_prompt, max_output=max_output)
+
+    run_tandem(llm, work[:2])  # warm-up
+    results = {"tandem": run_tandem(llm, work)}
+    print(f"tandem: {results['tandem']['output_tokens_per_s']:.1f} tok/s", flush=True)
+    config = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "block_size": engine.config.block_size,
+              "kv_blocks": engine.num_blocks, "device": str(engine.device), "dtype": str(engine.dtype),
+              "torch_threads": torch.get_num_threads()}
+    device, dtype = engine.device, engine.dtype
+    del llm, engine
+
+    hf = load_hf(model_path, dtype, device)
+    run_hf_sequential(hf, work[:1], device)  # warm-up
+    results["hf_static"] = run_hf_static(hf, work, min(STATIC_BATCH, len(work)), device)
+    print(f"HF static batches of {STATIC_BATCH}: {results['hf_static']['output_tokens_per_s']:.1f} tok/s", flush=True)
+    results["hf_sequential"] = run_hf_sequential(hf, work, device)
+    print(f"HF one at a time: {results['hf_sequential']['output_tokens_per_s']:.1f} tok/s", flush=True)
+
+    tandem_tps = results["tandem"]["output_tokens_per_s"]
+    report = {
+        "benchmark": "engine_throughput",
+        "command": "python -m bench.engine_throughput " + " ".join(sys.argv[1:]),
+        "machine": machine_info(),
+        "model": os.path.basename(model_path) + " (dequantized)",
+        "config": config,
+        "workload": f"{num_requests} requests, seed 0, prompts 16-{max_prompt} tokens, outputs 8-{max_output} tokens, greedy, EOS ignored",
+        "baselines": {
+            "hf_static": f"transformers generate, left-padded static batches of {STATIC_BATCH} in arrival order, each batch runs to its longest output",
+            "hf_sequential": "transformers generate, one request at a time",
+        },
+        "results": results,
+        "ratio_vs_hf_static": tandem_tps / results["hf_static"]["output_tokens_per_s"],
+        "ratio_vs_hf_sequential": tandem_tps / results["hf_sequential"]["output_tokens_per_s"],
+        "targets": {"ratio_vs_hf_static": 3.0, "ratio_vs_hf_sequential": 8.0},
+    }
+    write_report(args.json, report, ("ratio_vs_hf_static", "ratio_vs_hf_sequential"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Portable paged attention: store new K/V in the block caches, attend through block tables.
+
+Pure PyTorch (one `scaled_dot_product_attention` for the whole decode group, one per
+prefill chunk), so it runs on CPU and any GPU. A fused CUDA kernel can replace
+`paged_attention` later behind the same signature and the same cache layout:
+key_cache / value_cache [num_blocks, block_size, num_kv_heads, head_dim].
+
+Index tensors and masks depend only on the batch layout, so they are built once per
+step (`plan_paged_attention`) and cached on the AttentionMetadata for every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from cloud_engine.attention_metadata import AttentionMetadata
+
+_PLAN_KEY = "paged_attention_plan"
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence's chunk of query tokens and where its context lives."""
+
+    query_start: int  # first token of the chunk in the flattened batch
+    query_end: int  # one past its last token
+    context_len: int  # cached + new tokens of the sequence after this step
+    block_ids: torch.Tensor | None  # [num_context_blocks] blocks to gather; None when the chunk is its whole context
+    mask: torch.Tensor | None  # bool [query_len, context_len] causal mask offset by the cached context
+
+
+@dataclass
+class PagedAttentionPlan:
+    """Per-step gather indices and masks shared by every layer."""
+
+    num_decodes: int
+    decode_block_ids: torch.Tensor | None  # [num_decodes * num_decode_blocks] flattened block tables
+    num_decode_blocks: int  # blocks gathered per decode sequence (enough for the longest)
+    decode_mask: torch.Tensor | None  # bool [num_decodes, 1, 1, num_decode_blocks * block_size]: key is in context
+    prefills: list[PrefillChunk]
+
+
+def plan_paged_attention(metadata: AttentionMetadata) -> PagedAttentionPlan:
+    """Build (or fetch the cached) gather plan for this step's batch; no device sync."""
+    cached = metadata.derived.get(_PLAN_KEY)
+    if cached is not None:
+        return cached
+    block_size, num_decodes = metadata.block_size, metadata.num_decodes
+    block_tables, device = metadata.block_tables, metadata.block_tables.device
+    decode_block_ids = decode_mask = None
+    num_decode_blocks = 0
+    if num_decodes:
+        max_len = max(metadata.seq_lens_list[:num_decodes])
+        num_decode_blocks = -(-max_len // block_size)
+        decode_block_ids = block_tables[:num_decodes, :num_decode_blocks].reshape(-1)
+        key_positions = torch.arange(num_decode_blocks * block_size, device=device)
+        decode_mask = (key_positions[None, :] < metadata.seq_lens[:num_decodes, None])[:, None, None, :]
+    prefills = []
+    qsl = metadata.query_start_loc
+    for seq in range(num_decodes, metadata.num_seqs):
+        start, end, context_len = qsl[seq], qsl[seq + 1], metadata.seq_lens_list[seq]
+        query_len = end - start
+        if query_len > context_len:
+            raise ValueError(f"sequence {seq} has {query_len} new tokens but a context of only {context_len}")
+        if query_len == context_len:  # nothing cached before: attend to the new K/V directly
+            prefills.append(PrefillChunk(start, end, context_len, None, None))
+            continue
+        block_ids = block_tables[seq, : -(-context_len // block_size)]
+        # Query i (0-based in the chunk) sits at position context_len - query_len + i.
+        query_positions = torch.arange(context_len - query_len, context_len, device=device)
+        mask = torch.arange(context_len, device=device)[None, :] <= query_positions[:, None]
+        prefills.append(PrefillChunk(start, end, context_len, block_ids, mask))
+    plan = PagedAttentionPlan(num_decodes, decode_block_ids, num_decode_blocks, decode_mask, prefills)
+    metadata.derived[_PLAN_KEY] = plan
+    return plan
+
+
+def write_kv_cache(
+    key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store key/value [num_tokens, num_kv_heads, head_dim] at flat slots block_id * block_size + offset."""
+    num_kv_heads, head_dim = key_cache.shape[-2:]
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Write this step's K/V, then attend every query token to its sequence's context.
+
+    query [num_tokens, num_heads, head_dim]; key, value [num_tokens, num_kv_heads, head_dim];
+    returns [num_tokens, num_heads, head_dim]. Query head h reads K/V head h // (num_heads // num_kv_heads).
+    """
+    write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
+    plan = plan_paged_attention(metadata)
+    outputs = []
+    if plan.num_decodes:
+        outputs.append(_decode_attention(query[: plan.num_decodes], key_cache, value_cache, plan, scale))
+    for chunk in plan.prefills:
+        outputs.append(_prefill_attention(query, key, value, key_cache, value_cache, chunk, scale))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
+
+
+def _decode_attention(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, plan: PagedAttentionPlan, scale: float
+) -> torch.Tensor:
+    num_seqs, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    padded_len = plan.num_decode_blocks * block_size
+    # [seqs, padded_len, kv_heads, dim] -> [seqs, kv_heads, padded_len, dim]
+    keys = key_cache.index_select(0, plan.decode_block_ids).view(num_seqs, padded_len, num_kv_heads, head_dim)
+    values = value_cache.index_select(0, plan.decode_block_ids).view(num_seqs, padded_len, num_kv_heads, head_dim)
+    # GQA without copying K/V: the query heads that share a K/V head become that head's query rows.
+    grouped_query = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        grouped_query, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=plan.decode_mask, scale=scale
+    )
+    return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def _prefill_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
+    start, end = chunk.query_start, chunk.query_end
+    num_heads = query.shape[1]
+    num_kv_heads, head_dim = key_cache.shape[-2:]
+    if chunk.block_ids is None:
+        keys, values = key[start:end], value[start:end]
+    else:
+        keys = key_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.context_len]
+        values = value_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.context_len]
+    out = F.scaled_dot_product_attention(
+        query[start:end].transpose(0, 1),  # [heads, query_len, dim]
+        keys.transpose(0, 1),
+        values.transpose(0, 1),
+        attn_mask=chunk.mask,
+        is_causal=chunk.mask is None,
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    return out.transpose(0, 1)

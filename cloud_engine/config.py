@@ -1,0 +1,48 @@
+"""Configuration of the cloud engine: one validated dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+POLICIES = ("fcfs", "priority")
+
+
+@dataclass
+class CloudEngineConfig:
+    """Everything that sizes and shapes the PyTorch engine."""
+
+    model: str | None = None  # HF directory or GGUF file; None means the embedded default
+    model_name: str | None = None  # the id served as `model`; derived from the source when None
+    dtype: str = "auto"  # weights and KV cache; auto: bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"  # auto: cuda when available
+    block_size: int = 16  # KV slots per block: the unit of allocation and prefix caching
+    kv_cache_gb: float | None = None  # KV cache budget; None: kv_cache_memory_fraction of free memory
+    kv_cache_memory_fraction: float | None = None  # of free device memory after loading; None: 0.9 on CUDA, 0.05 of RAM on CPU
+    max_num_seqs: int = 32  # requests in one step at most
+    max_num_batched_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
+    max_model_len: int | None = None  # prompt + completion limit; None: min(model's own, KV pool, 8192)
+    enable_chunked_prefill: bool = True  # split long prompts across steps, beside running decodes
+    long_prefill_token_threshold: int = 0  # > 0 caps one request's prefill chunk per step
+    enable_prefix_caching: bool = True  # reuse full KV blocks of identical prefixes
+    scheduling_policy: str = "fcfs"  # fcfs, or priority (lower GenerationRequest.priority first)
+    max_waiting: int = 1024  # queued requests beyond this are refused with 503
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
+            (self.device in DEVICES or self.device.startswith("cuda:"), f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}"),
+            (self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}"),
+            (self.kv_cache_gb is None or self.kv_cache_gb > 0, f"kv_cache_gb must be > 0, got {self.kv_cache_gb}"),
+            (self.kv_cache_memory_fraction is None or 0 < self.kv_cache_memory_fraction <= 1, f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}"),
+            (self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
+            (self.max_num_batched_tokens >= self.max_num_seqs, f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) so every running request can decode each step"),
+            (self.max_model_len is None or self.max_model_len >= 1, f"max_model_len must be >= 1, got {self.max_model_len}"),
+            (self.long_prefill_token_threshold >= 0, f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"),
+            (self.scheduling_policy in POLICIES, f"scheduling_policy must be one of {', '.join(POLICIES)}, got {self.scheduling_policy!r}"),
+            (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)

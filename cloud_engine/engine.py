@@ -1,0 +1,203 @@
+"""The cloud engine's synchronous core: `step()` is schedule -> run -> update.
+
+Single-threaded by design: `AsyncCloudEngine` runs it on its own thread, and the offline
+`LLM` calls it in a loop. Each step is one forward pass over a flattened batch of every
+running request's decode token plus prefill chunks, under the scheduler's token budget.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from cloud_engine.block_manager import KVCacheManager
+from cloud_engine.config import CloudEngineConfig
+from cloud_engine.kv_cache import (
+    KVCacheBudgetError,
+    allocate_kv_caches,
+    bytes_per_block,
+    kv_budget_bytes,
+    num_blocks_for_budget,
+)
+from cloud_engine.loader import load_model
+from cloud_engine.model_runner import ModelRunner
+from cloud_engine.request import Request
+from cloud_engine.sampler import make_generator, sample_batch
+from cloud_engine.scheduler import ModelRunnerOutput, Scheduler
+from cloud_engine.token_bytes import build_token_bytes
+from sdk.engine_protocol import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
+from sdk.request_status import RequestStatus
+from sdk.token_events import check_stop, make_token_event
+
+logger = logging.getLogger(__name__)
+
+# The default context limit when the model's own is larger.
+DEFAULT_MAX_MODEL_LEN = 8192
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for but CUDA is not available; use --device cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class CloudEngine:
+    """A PyTorch model served with tandem's paged KV cache, scheduler and sampler."""
+
+    def __init__(self, config: CloudEngineConfig):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        loaded = load_model(config.model, dtype=self.dtype, device=self.device)
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.chat_template = loaded.chat_template
+        self.model_name = config.model_name or loaded.name
+        self.eos_token_ids = set(loaded.eos_token_ids)
+        self.loaded = loaded
+        self.vocab_size = self.model_config.vocab_size
+        self._token_bytes = build_token_bytes(self.tokenizer)
+
+        mc = self.model_config
+        block_bytes = bytes_per_block(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype)
+        self.num_blocks = num_blocks_for_budget(kv_budget_bytes(config, self.device), block_bytes)
+        pool_tokens = self.num_blocks * config.block_size
+        self.max_model_len = config.max_model_len or min(mc.max_position_embeddings, pool_tokens, DEFAULT_MAX_MODEL_LEN)
+        if mc.sliding_window and self.max_model_len > mc.sliding_window:
+            # Attention here is always full; past the window the model would see more than it was trained to.
+            if config.max_model_len:
+                raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's sliding window {mc.sliding_window}")
+            self.max_model_len = mc.sliding_window
+        if self.max_model_len > pool_tokens:
+            raise KVCacheBudgetError(
+                f"the KV cache holds {pool_tokens} tokens ({self.num_blocks} blocks of {config.block_size}), less than "
+                f"max_model_len={self.max_model_len}; raise --kv-cache-gb or lower --max-model-len"
+            )
+        if self.max_model_len > mc.max_position_embeddings:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {mc.max_position_embeddings} positions")
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill a whole prompt must fit one step: max_num_batched_tokens "
+                f"({config.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
+        caches = allocate_kv_caches(mc.num_hidden_layers, self.num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype, self.device)
+        loaded.model.bind_kv_caches(caches)
+        self.runner = ModelRunner(loaded.model, config.block_size, self.device)
+        self.kv_manager = KVCacheManager(self.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.kv_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+            policy=config.scheduling_policy,
+        )
+        self._generators: dict[str, torch.Generator] = {}
+        self.num_prompt_tokens_total = 0
+        self.num_generation_tokens_total = 0
+        logger.info("cloud engine: %s on %s (%s), %d KV blocks of %d", self.model_name, self.device, self.dtype, self.num_blocks, config.block_size)
+
+    # -- text in ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        if add_special:
+            return self.loaded.encode(text)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def apply_chat_template(self, messages) -> list[int]:
+        if not self.chat_template:
+            raise InvalidRequestError(f"model {self.model_name!r} has no chat template; use /v1/completions", "messages")
+        return self.loaded.encode_chat(messages)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._token_bytes[token_id] if 0 <= token_id < len(self._token_bytes) else b""
+
+    def token_text(self, token_id: int) -> str:
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    # -- requests --------------------------------------------------------------------------
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise InvalidRequestError/ContextLengthError for a request that can never run."""
+        validate_generation_request(request, self.vocab_size, self.max_model_len)
+
+    def add_request(self, request: GenerationRequest) -> None:
+        self.validate(request)
+        if request.request_id in self.scheduler.requests:
+            raise InvalidRequestError(f"request id {request.request_id!r} is already in the engine", "request_id")
+        self._generators[request.request_id] = make_generator(request.params.seed, self.device)
+        self.scheduler.add_request(
+            Request(request.request_id, list(request.prompt_token_ids), request.params, priority=request.priority)
+        )
+
+    def abort_request(self, request_id: str) -> bool:
+        """Free the request's blocks now; False if it was not here."""
+        self._generators.pop(request_id, None)
+        return self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED) is not None
+
+    def abort_all(self) -> None:
+        for request_id in list(self.scheduler.requests):
+            self.abort_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- the step --------------------------------------------------------------------------
+
+    def step(self) -> list[TokenEvent]:
+        scheduler_output = self.scheduler.schedule()
+        if not scheduler_output.num_scheduled_tokens:
+            return []
+        requests = self.scheduler.requests
+        batch = self.runner.prepare(scheduler_output.num_scheduled_tokens, requests, self.kv_manager.get_block_ids)
+        logits = self.runner.execute(batch)
+        sampled_requests = [requests[rid] for rid in batch.sampled_request_ids]
+        sampled = sample_batch(logits, [r.params for r in sampled_requests], [self._generators[r.request_id] for r in sampled_requests]) if sampled_requests else []
+        runner_output = ModelRunnerOutput(sampled_token_ids={r.request_id: t.token_id for r, t in zip(sampled_requests, sampled)})
+        self.scheduler.update_from_output(scheduler_output, runner_output)
+        return self._finish_tokens(sampled_requests, sampled)
+
+    def _finish_tokens(self, requests: list[Request], sampled) -> list[TokenEvent]:
+        """Check each new token's stop conditions and build its event."""
+        events = []
+        for request, token in zip(requests, sampled):
+            if request.num_output_tokens == 1:
+                self.num_prompt_tokens_total += request.num_prompt_tokens
+            self.num_generation_tokens_total += 1
+            text, status = check_stop(
+                request, token.token_id, self.token_bytes(token.token_id), token.token_id in self.eos_token_ids, self.max_model_len
+            )
+            if status is not None:
+                self.scheduler.finish_request(request.request_id, status)
+                self._generators.pop(request.request_id, None)
+            events.append(make_token_event(request, token, text, self.token_bytes, self.token_text))
+        return events
+
+    # -- status ----------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_kv_blocks_total=self.num_blocks,
+            num_kv_blocks_used=self.kv_manager.num_used_blocks,
+            num_prompt_tokens_total=self.num_prompt_tokens_total,
+            num_generation_tokens_total=self.num_generation_tokens_total,
+            num_preemptions_total=self.scheduler.num_preemptions_total,
+            num_prefix_cache_hit_tokens_total=self.kv_manager.num_prefix_cache_hits_total,
+            num_prefix_cache_query_tokens_total=self.kv_manager.num_prefix_cache_queries_total,
+        )
+
+    def close(self) -> None:
+        self.abort_all()

@@ -1,0 +1,1 @@
+"""Model code for the cloud engine: configs, the Llama family, rotary embeddings, the architecture registry."""

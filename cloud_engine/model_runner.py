@@ -1,0 +1,90 @@
+"""Turns a SchedulerOutput into one forward pass: flattened tokens, positions and attention metadata.
+
+Decode requests (one new token) go first, then prefill chunks, which is the order the
+attention layer expects (it batches the decode group in one call). Only the last token
+of a request that catches up with its tokens gets logits: that is the row it samples from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cloud_engine.attention_metadata import AttentionMetadata
+from cloud_engine.request import Request
+
+
+@dataclass
+class BatchInputs:
+    """One step's flattened batch, ready for the model."""
+
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    attn_metadata: AttentionMetadata
+    logits_rows: torch.Tensor  # [num_sampled] int64: batch rows whose logits are sampled
+    sampled_request_ids: list[str]  # in the order of logits_rows
+
+
+class ModelRunner:
+    """Owns the model and its bound KV caches; one `execute` per engine step."""
+
+    def __init__(self, model, block_size: int, device: torch.device):
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+
+    def prepare(self, num_scheduled_tokens: dict[str, int], requests: dict[str, Request], block_ids_of) -> BatchInputs:
+        """Build the batch for the scheduled requests; `block_ids_of(request_id)` gives a request's block table."""
+        order = sorted(num_scheduled_tokens, key=lambda rid: num_scheduled_tokens[rid] != 1)  # stable: decodes first
+        num_decodes = sum(1 for rid in order if num_scheduled_tokens[rid] == 1)
+        bs = self.block_size
+        token_chunks, position_chunks, slot_chunks = [], [], []
+        query_start_loc, seq_lens, tables = [0], [], []
+        logits_rows, sampled_ids = [], []
+        for rid in order:
+            request = requests[rid]
+            num_new = num_scheduled_tokens[rid]
+            start = request.num_computed_tokens
+            end = start + num_new
+            table = np.asarray(block_ids_of(rid), dtype=np.int64)
+            positions = np.arange(start, end, dtype=np.int64)
+            token_chunks.append(request.all_token_ids[start:end])
+            position_chunks.append(positions)
+            slot_chunks.append(table[positions // bs] * bs + positions % bs)
+            tables.append(table)
+            seq_lens.append(end)
+            query_start_loc.append(query_start_loc[-1] + num_new)
+            if end == request.num_tokens:
+                logits_rows.append(query_start_loc[-1] - 1)
+                sampled_ids.append(rid)
+        max_blocks = max(len(t) for t in tables)
+        block_tables = np.zeros((len(tables), max_blocks), dtype=np.int64)
+        for row, table in enumerate(tables):
+            block_tables[row, : len(table)] = table
+        to_device = lambda array: torch.from_numpy(array).to(self.device, non_blocking=True)  # noqa: E731
+        metadata = AttentionMetadata(
+            slot_mapping=to_device(np.concatenate(slot_chunks)),
+            block_tables=to_device(block_tables),
+            seq_lens=to_device(np.asarray(seq_lens, dtype=np.int64)),
+            query_start_loc=query_start_loc,
+            seq_lens_list=seq_lens,
+            num_decodes=num_decodes,
+            block_size=bs,
+        )
+        return BatchInputs(
+            input_ids=to_device(np.fromiter((t for chunk in token_chunks for t in chunk), dtype=np.int64)),
+            positions=to_device(np.concatenate(position_chunks)),
+            attn_metadata=metadata,
+            logits_rows=to_device(np.asarray(logits_rows, dtype=np.int64)),
+            sampled_request_ids=sampled_ids,
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: BatchInputs) -> torch.Tensor:
+        """Run the model; float32 logits [num_sampled, vocab] for the sampled rows (maybe zero rows)."""
+        hidden = self.model(batch.input_ids, batch.positions, batch.attn_metadata)
+        if not batch.sampled_request_ids:
+            return hidden.new_empty((0, 0), dtype=torch.float32)
+        return self.model.compute_logits(hidden[batch.logits_rows]).float()

@@ -1,0 +1,277 @@
+"""Token-budget scheduler of the cloud engine: every request's computed tokens catch up with its tokens.
+
+Each step gives requests tokens under one budget (`max_num_batched_tokens`) and at
+most `max_num_seqs` requests: running requests first (1 token for a decode, a
+chunk for a prompt still being prefilled), then waiting ones in queue order, each
+after a prefix-cache lookup, while budget, sequence slots and KV blocks last. A
+long prompt is split over steps beside the running decodes (chunked prefill).
+When a running request cannot get blocks, the least deserving running request is
+preempted: its blocks are freed and it is recomputed later from its tokens.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from cloud_engine.block_manager import KVCacheManager
+from cloud_engine.request import Request
+from sdk.request_status import RequestStatus
+
+POLICIES = ("fcfs", "priority")
+
+
+@dataclass
+class SchedulerOutput:
+    """What one step runs; the engine hands it to the runner and then back to `update_from_output`."""
+
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # request id -> new tokens (batch order)
+    preempted_ids: list[str] = field(default_factory=list)  # freed for recompute this step; drop their runner state
+    new_request_ids: list[str] = field(default_factory=list)  # admitted (or readmitted) this step
+    num_cached_tokens: dict[str, int] = field(default_factory=dict)  # admitted id -> its first tokens, from the prefix cache
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # scheduled id -> blocks added (whole table if admitted)
+    finished_ids: list[str] = field(default_factory=list)  # finished or aborted since the previous step
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What the runner sampled in one step."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)  # one token per request that caught up
+
+
+class WaitingQueue:
+    """Requests waiting for admission: FCFS by arrival, or by (priority, arrival) under policy priority."""
+
+    def __init__(self, policy: str):
+        self.policy = policy
+        self._fifo: deque[Request] = deque()
+        self._heap: list[tuple[int, float, int, Request]] = []
+        self._seq = itertools.count()  # ties after (priority, arrival): insertion order
+
+    def __len__(self) -> int:
+        return len(self._fifo) + len(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        """In admission order."""
+        if self.policy == "fcfs":
+            return iter(list(self._fifo))
+        return iter([entry[-1] for entry in sorted(self._heap)])
+
+    def __contains__(self, request: Request) -> bool:
+        return any(r is request for r in self)
+
+    def add(self, request: Request) -> None:
+        if self.policy == "fcfs":
+            self._fifo.append(request)
+        else:
+            heapq.heappush(self._heap, (request.priority, request.arrival_time, next(self._seq), request))
+
+    def add_preempted(self, request: Request) -> None:
+        """Requeue a preempted request ahead of every request of equal or lower importance."""
+        if self.policy == "fcfs":
+            self._fifo.appendleft(request)
+        else:
+            # Its (priority, arrival) key already puts it ahead of later arrivals of its priority.
+            heapq.heappush(self._heap, (request.priority, request.arrival_time, -next(self._seq), request))
+
+    def peek(self) -> Request:
+        return self._fifo[0] if self.policy == "fcfs" else self._heap[0][-1]
+
+    def pop(self) -> Request:
+        return self._fifo.popleft() if self.policy == "fcfs" else heapq.heappop(self._heap)[-1]
+
+    def remove(self, request: Request) -> None:
+        if self.policy == "fcfs":
+            self._fifo.remove(request)
+        else:
+            self._heap = [entry for entry in self._heap if entry[-1] is not request]
+            heapq.heapify(self._heap)
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; takes KV blocks from the cache manager."""
+
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_chunked_prefill: bool = True,
+        long_prefill_token_threshold: int = 0,
+        policy: str = "fcfs",
+    ):
+        pool_tokens = kv_cache_manager.num_blocks * kv_cache_manager.block_size
+        checks = [
+            (max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {max_num_seqs}"),
+            (max_num_batched_tokens >= 1, f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}"),
+            (max_model_len >= 1, f"max_model_len must be >= 1, got {max_model_len}"),
+            (long_prefill_token_threshold >= 0, f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}"),
+            (policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {policy!r}"),
+            (enable_chunked_prefill or max_num_batched_tokens >= max_model_len,
+             f"without chunked prefill a whole prompt must fit one step: raise max_num_batched_tokens "
+             f"({max_num_batched_tokens}) to max_model_len ({max_model_len}) or enable chunked prefill"),
+            (pool_tokens >= max_model_len,
+             f"the KV cache holds {pool_tokens} tokens, less than max_model_len={max_model_len}: a long "
+             "request could never run; add blocks or lower max_model_len"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        self.kv_cache_manager = kv_cache_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.policy = policy
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
+        self.waiting = WaitingQueue(policy)
+        self.running: list[Request] = []
+        self.num_preemptions_total = 0
+        self._finished_ids: list[str] = []
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.num_unfinished > 0
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request; ValueError for a duplicate id or more than max_model_len tokens."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}; request ids must be unique")
+        if not 1 <= request.num_tokens <= self.max_model_len:
+            raise ValueError(f"request {request.request_id!r} has {request.num_tokens} tokens; need 1..{self.max_model_len}")
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """Mark a request finished, take it out of the queues and free its blocks; None if unknown."""
+        if not status.is_finished:
+            raise ValueError(f"finish_request needs a finished status, got {status.name}")
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self.kv_cache_manager.free(request)
+        request.status = status
+        self._finished_ids.append(request_id)
+        return request
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's tokens per request, taking blocks for them (and preempting when short)."""
+        out = SchedulerOutput(finished_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self.max_num_batched_tokens
+
+        for request in list(self.running):
+            if budget == 0:
+                break
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
+            if num_new == 0:
+                continue
+            while (new_block_ids := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
+                victim = self._pick_victim()
+                budget += out.num_scheduled_tokens.pop(victim.request_id, 0)
+                out.new_block_ids.pop(victim.request_id, None)
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+            if new_block_ids is None:
+                continue
+            out.num_scheduled_tokens[request.request_id] = num_new
+            out.new_block_ids[request.request_id] = new_block_ids
+            budget -= num_new
+
+        # Admitting right after a preemption would only take the blocks back and thrash the pool.
+        while not out.preempted_ids and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting.peek()
+            computed_block_ids, num_cached = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = self._num_new_tokens(request, num_cached, budget)
+            if num_new == 0:
+                break  # head of line: later requests wait for it (FCFS fairness)
+            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new, computed_block_ids)
+            if new_block_ids is None:
+                break
+            self.waiting.pop()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_cached
+            request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
+            out.num_scheduled_tokens[request.request_id] = num_new
+            out.new_block_ids[request.request_id] = list(computed_block_ids) + new_block_ids
+            out.new_request_ids.append(request.request_id)
+            out.num_cached_tokens[request.request_id] = num_cached
+            budget -= num_new
+        return out
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
+        """Advance computed tokens, publish newly full blocks, and append each sampled token."""
+        live = [
+            (self.requests[rid], n)
+            for rid, n in scheduler_output.num_scheduled_tokens.items()
+            if rid in self.requests  # not finished or aborted while the step ran
+        ]
+        # Check everything before changing anything: a runner that samples the wrong requests is a bug.
+        caught_up = {r.request_id for r, n in live if r.num_computed_tokens + n == r.num_tokens}
+        sampled = {rid for rid in runner_output.sampled_token_ids if rid in self.requests}
+        if sampled != caught_up:
+            raise ValueError(
+                f"the runner must sample exactly the requests that caught up with their tokens: "
+                f"expected {sorted(caught_up)}, got {sorted(sampled)}"
+            )
+        for request, num_new in live:
+            request.num_computed_tokens += num_new
+            self.kv_cache_manager.cache_full_blocks(request)
+            if request.request_id in caught_up:
+                request.append_output_token(runner_output.sampled_token_ids[request.request_id])
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _num_new_tokens(self, request: Request, num_computed: int, budget: int) -> int:
+        """Tokens to give a request this step (0: none), from `num_computed` on."""
+        # The KV of position max_model_len and beyond is never computed; the engine stops it there.
+        num_new = min(request.num_tokens, self.max_model_len) - num_computed
+        if num_new <= 0:
+            return 0
+        if not self.enable_chunked_prefill:
+            return num_new if num_new <= budget else 0  # whole or not at all
+        if self.long_prefill_token_threshold:
+            num_new = min(num_new, self.long_prefill_token_threshold)
+        return min(num_new, budget)
+
+    def _pick_victim(self) -> Request:
+        """fcfs: the most recently arrived running request; priority: the least important, then most recent."""
+        if self.policy == "fcfs":
+            return max(reversed(self.running), key=lambda r: r.arrival_time)
+        return max(reversed(self.running), key=lambda r: (r.priority, r.arrival_time))
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Free a running request's blocks; it goes back to the front of the queue for recompute."""
+        self.running.remove(request)
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.add_preempted(request)
+        out.preempted_ids.append(request.request_id)

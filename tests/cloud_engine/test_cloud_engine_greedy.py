@@ -1,0 +1,81 @@
+"""The cloud engine's greedy tokens on the real SmolLM2 weights: equal to HF transformers, and
+independent of batching, chunking and prefix caching."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from cloud_engine.llm import LLM
+from local_runtime.model_files import default_model_path
+from sdk.engine_protocol import SamplingParams
+from tests.local_runtime.conftest import QUESTIONS
+
+pytestmark = pytest.mark.slow
+NUM_TOKENS = 24
+
+
+def greedy(n: int = NUM_TOKENS) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(None, kv_cache_gb=0.25, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024)
+
+
+@pytest.fixture(scope="module")
+def prompts(llm):
+    return [llm.engine.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def hf_tokens(prompts):
+    from transformers import AutoModelForCausalLM
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+    model.generation_config.eos_token_id = None
+    outs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=NUM_TOKENS, do_sample=False, pad_token_id=0)
+            outs.append(out[0, len(prompt):].tolist())
+    return outs
+
+
+def test_greedy_matches_transformers_alone(llm, prompts, hf_tokens):
+    for prompt, expected in zip(prompts, hf_tokens):
+        assert llm.generate([prompt], greedy())[0].token_ids == expected
+
+
+def test_greedy_matches_transformers_batched_together(llm, prompts, hf_tokens):
+    outs = llm.generate(prompts, greedy())
+    assert [o.token_ids for o in outs] == hf_tokens
+    assert llm.engine.kv_manager.num_used_blocks == 0
+
+
+def test_chunked_prefill_matches_unchunked(prompts):
+    long_prompt = [t for p in prompts for t in p][:300]
+    results = []
+    for overrides in (dict(max_num_batched_tokens=16), dict(enable_chunked_prefill=False, max_num_batched_tokens=512)):
+        engine_llm = LLM(None, kv_cache_gb=0.1, max_num_seqs=8, max_model_len=512, enable_prefix_caching=False, **overrides)
+        results.append(engine_llm.generate([long_prompt], greedy())[0].token_ids)
+    assert results[0] == results[1]
+
+
+def test_prefix_cache_hit_gives_the_tokens_of_a_miss(llm, prompts):
+    system = [t for p in prompts for t in p][:160]  # ten full blocks shared by both requests
+    first = llm.generate([system + prompts[0]], greedy())[0]
+    hits_before = llm.engine.kv_manager.num_prefix_cache_hits_total
+    second = llm.generate([system + prompts[0]], greedy())[0]
+    assert llm.engine.kv_manager.num_prefix_cache_hits_total - hits_before >= 160
+    assert second.token_ids == first.token_ids
+
+
+def test_stream_text_equals_detokenised_tokens(llm, prompts):
+    out = llm.generate([prompts[1]], SamplingParams(max_tokens=40, temperature=0.0))[0]
+    assert out.text == llm.engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert out.finish_reason in ("stop", "length")

@@ -1,0 +1,88 @@
+"""The embedded SmolLM2-135M-Instruct GGUF through our loader against transformers' GGUF loader.
+
+Both dequantize the same Q4_1 file to float32, so logits agree closely and greedy
+decoding agrees token for token; transformers undoes llama.cpp's Q/K permutation with
+its own code, which makes it an independent check of ours on a real converted file.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from cloud_engine.loader import load_model
+from local_runtime.model_files import default_model_path
+from tests.cloud_engine.paged_helpers import PagedBatchBuilder, make_kv_caches
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+NUM_GREEDY_STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return load_model(None, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """(transformers model, transformers tokenizer) from the same GGUF file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = os.path.split(default_model_path())
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    return model, tokenizer
+
+
+def test_identity_and_special_tokens(ours):
+    assert ours.name == "smollm2-135m-instruct"
+    assert ours.config.architecture == "llama" and ours.config.tie_word_embeddings
+    assert ours.config.num_attention_heads == 9 and ours.config.num_key_value_heads == 3
+    im_end = ours.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in ours.eos_token_ids and ours.bos_token_id not in ours.eos_token_ids
+    assert not ours.add_bos
+    assert "<|im_start|>" in ours.chat_template
+
+
+def test_chat_prompt_tokenizes_like_transformers(ours, reference):
+    _, hf_tokenizer = reference
+    expected = hf_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+    ids = ours.encode_chat(MESSAGES)
+    assert ids == expected
+    assert ours.tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+    # Raw prompts keep special-token text as text.
+    assert ours.tokenizer.convert_tokens_to_ids("<|im_start|>") not in ours.encode("<|im_start|>", parse_special=False)
+
+
+def test_prefill_logits_and_greedy_decode_match_transformers(ours, reference):
+    hf_model, _ = reference
+    prompt = ours.encode_chat(MESSAGES)
+    model = ours.model
+    model.bind_kv_caches(make_kv_caches(ours.config, num_blocks=32, block_size=16))
+    builder = PagedBatchBuilder(32, 16, seed=7)
+    builder.add_sequence("chat", prompt + [0] * NUM_GREEDY_STEPS)  # placeholders, overwritten as we decode
+    tokens = list(prompt)
+    with torch.inference_mode():
+        batch = builder.step({"chat": len(prompt)})
+        prefill_logits = model.compute_logits(model(batch.input_ids, batch.positions, batch.metadata))
+        expected = hf_model(torch.tensor([prompt])).logits[0]
+        torch.testing.assert_close(prefill_logits, expected, atol=2e-3, rtol=1e-4)
+
+        next_token = int(prefill_logits[-1].argmax())
+        for _ in range(NUM_GREEDY_STEPS - 1):
+            tokens.append(next_token)
+            builder.tokens["chat"][len(tokens) - 1] = next_token
+            batch = builder.step({"chat": 1})
+            next_token = int(model.compute_logits(model(batch.input_ids, batch.positions, batch.metadata))[-1].argmax())
+        tokens.append(next_token)
+
+        reference_tokens = list(prompt)
+        for _ in range(NUM_GREEDY_STEPS):
+            reference_tokens.append(int(hf_model(torch.tensor([reference_tokens])).logits[0, -1].argmax()))
+    assert tokens == reference_tokens
+    assert "Paris" in ours.tokenizer.decode(tokens[len(prompt):])
