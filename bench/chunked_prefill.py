@@ -47,8 +47,9 @@ def run(engine: CloudEngine, steady_tokens: int, long_lengths: list[int], seed: 
     arrived_at: dict[str, float] = {}
     made = 0
     while engine.has_unfinished_requests():
-        if made in arrivals:
-            request = arrivals.pop(made)
+        due = [k for k in arrivals if k <= made]
+        if due:
+            request = arrivals.pop(min(due))
             arrived_at[request.request_id] = time.perf_counter()
             engine.add_request(request)
         events = engine.step()
@@ -84,7 +85,7 @@ def main() -> None:
     results = {}
     for name, overrides in modes.items():
         engine = CloudEngine(CloudEngineConfig(device=args.device, max_num_seqs=32, max_model_len=4096, kv_cache_gb=1.0, **overrides))
-        run(engine, 4, [64], seed=1)  # warm-up
+        run(engine, 12, [64], seed=1)  # warm-up
         results[name] = run(engine, steady_tokens, long_lengths, seed=0)
         print(name, json.dumps(results[name]), flush=True)
         engine.close()
