@@ -81,8 +81,8 @@ def test_prefill_logits_and_greedy_decode_match_transformers(ours, reference):
             next_token = int(model.compute_logits(model(batch.input_ids, batch.positions, batch.metadata))[-1].argmax())
         tokens.append(next_token)
 
-        reference_tokens = list(prompt)
-        for _ in range(NUM_GREEDY_STEPS):
-            reference_tokens.append(int(hf_model(torch.tensor([reference_tokens])).logits[0, -1].argmax()))
+        hf_model.generation_config.eos_token_id = None  # like our loop: argmax every step, EOS included
+        generated = hf_model.generate(torch.tensor([prompt]), max_new_tokens=NUM_GREEDY_STEPS, do_sample=False, pad_token_id=0)
+        reference_tokens = generated[0].tolist()
     assert tokens == reference_tokens
     assert "Paris" in ours.tokenizer.decode(tokens[len(prompt):])
