@@ -12,8 +12,10 @@ greedy, EOS ignored so every system produces the same tokens count) runs through
   tokens count;
 * HF sequential: transformers `generate` one request at a time.
 
-All three use the same weights (the embedded SmolLM2 GGUF, dequantized to the same
-dtype) on the same device. We report output tokens/s over each system's wall time.
+All three use the same weights (the embedded SmolLM2 GGUF, dequantized to fp32) on the
+same device. We report output tokens/s over each system's wall time. Only the default
+fp32 comparison is like for like: asked for bfloat16, transformers 5 keeps a GGUF's
+weights packed and computes in fp32, while tandem runs bf16 matmuls.
 """
 
 from __future__ import annotations
