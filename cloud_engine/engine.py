@@ -21,6 +21,7 @@ from cloud_engine.kv_cache import (
     num_blocks_for_budget,
 )
 from cloud_engine.loader import load_model
+from cloud_engine.loader.tokenizer import encode_prompt
 from cloud_engine.model_runner import ModelRunner
 from cloud_engine.request import Request
 from cloud_engine.sampler import make_generator, sample_batch
@@ -111,9 +112,9 @@ class CloudEngine:
     # -- text in ---------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        if add_special:
-            return self.loaded.encode(text)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """Raw text (special-token text stays plain, as for any user prompt); BOS only with add_special."""
+        loaded = self.loaded
+        return encode_prompt(loaded.tokenizer, text, add_special and loaded.add_bos, loaded.bos_token_id, parse_special=False)
 
     def apply_chat_template(self, messages) -> list[int]:
         if not self.chat_template:

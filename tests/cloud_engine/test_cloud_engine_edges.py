@@ -138,3 +138,4 @@ async def test_async_engine_streams_and_cancel_frees_blocks(tiny_dir):
         assert engine.stats().num_kv_blocks_used == 0
     finally:
         engine.shutdown()
+

@@ -79,3 +79,10 @@ def test_stream_text_equals_detokenised_tokens(llm, prompts):
     out = llm.generate([prompts[1]], SamplingParams(max_tokens=40, temperature=0.0))[0]
     assert out.text == llm.engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     assert out.finish_reason in ("stop", "length")
+
+
+def test_tokenize_keeps_special_token_text_plain_with_or_without_bos(llm):
+    im_start = llm.engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    for add_special in (True, False):
+        assert im_start not in llm.engine.tokenize("<|im_start|>user hi", add_special=add_special)
+    assert im_start in llm.engine.apply_chat_template([{"role": "user", "content": "hi"}])
