@@ -12,10 +12,12 @@ greedy, EOS ignored so every system produces the same tokens count) runs through
   tokens count;
 * HF sequential: transformers `generate` one request at a time.
 
-All three use the same weights (the embedded SmolLM2 GGUF, dequantized to fp32) on the
-same device. We report output tokens/s over each system's wall time. Only the default
-fp32 comparison is like for like: asked for bfloat16, transformers 5 keeps a GGUF's
-weights packed and computes in fp32, while tandem runs bf16 matmuls.
+All three use the same weights (the embedded SmolLM2 GGUF, dequantized) in the same
+dtype on the same device: tandem's default (bfloat16 on CUDA and on CPUs with native
+bf16 such as AVX512-BF16, float32 elsewhere) unless --dtype says otherwise. HF loads the
+GGUF in float32 and is then cast with `.to(dtype)`, because asked for bfloat16 directly
+transformers 5 keeps a GGUF's weights packed and computes in float32. We report output
+tokens/s over each system's wall time.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ def load_hf(model_path: str, dtype: torch.dtype, device: torch.device):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(model_path), gguf_file=os.path.basename(model_path), dtype=dtype
-    ).to(device)
+        os.path.dirname(model_path), gguf_file=os.path.basename(model_path), dtype=torch.float32
+    ).to(device=device, dtype=dtype)  # cast after loading: see the module docstring
     model.eval()
     model.generation_config.eos_token_id = None  # ignore EOS, as tandem's run does
     model.generation_config.pad_token_id = 0
@@ -106,7 +108,7 @@ def main() -> None:
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--quick", action="store_true", help="a smaller workload (under 3 minutes here)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto (tandem's default for the device), float32, bfloat16; both systems use it")
     args = parser.parse_args()
 
     num_requests, max_prompt, max_output = (16, 256, 64) if args.quick else (64, 512, 256)
@@ -120,7 +122,7 @@ def main() -> None:
     print(f"tandem: {results['tandem']['output_tokens_per_s']:.1f} tok/s", flush=True)
     config = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "block_size": engine.config.block_size,
               "kv_blocks": engine.num_blocks, "device": str(engine.device), "dtype": str(engine.dtype),
-              "torch_threads": torch.get_num_threads()}
+              "torch_threads": torch.get_num_threads(), "attention_backend": engine.attention_backend}
     device, dtype = engine.device, engine.dtype
     del llm, engine
 

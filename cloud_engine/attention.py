@@ -7,6 +7,9 @@ key_cache / value_cache [num_blocks, block_size, num_kv_heads, head_dim].
 
 Index tensors and masks depend only on the batch layout, so they are built once per
 step (`plan_paged_attention`) and cached on the AttentionMetadata for every layer.
+
+When the metadata carries a native decode kernel (cloud_engine/kernels, on CPU), the
+decode group reads the block caches in place instead of gathering them.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class PagedAttentionPlan:
     decode_block_ids: torch.Tensor | None  # [num_decodes * num_decode_blocks] flattened block tables
     num_decode_blocks: int  # blocks gathered per decode sequence (enough for the longest)
     decode_mask: torch.Tensor | None  # bool [num_decodes, 1, 1, num_decode_blocks * block_size]: key is in context
+    decode_block_tables: torch.Tensor | None  # [num_decodes, num_decode_blocks] for a native kernel
+    decode_seq_lens: torch.Tensor | None  # [num_decodes]
     prefills: list[PrefillChunk]
 
 
@@ -50,14 +55,17 @@ def plan_paged_attention(metadata: AttentionMetadata) -> PagedAttentionPlan:
         return cached
     block_size, num_decodes = metadata.block_size, metadata.num_decodes
     block_tables, device = metadata.block_tables, metadata.block_tables.device
-    decode_block_ids = decode_mask = None
+    decode_block_ids = decode_mask = decode_tables = decode_lens = None
     num_decode_blocks = 0
     if num_decodes:
         max_len = max(metadata.seq_lens_list[:num_decodes])
         num_decode_blocks = -(-max_len // block_size)
-        decode_block_ids = block_tables[:num_decodes, :num_decode_blocks].reshape(-1)
-        key_positions = torch.arange(num_decode_blocks * block_size, device=device)
-        decode_mask = (key_positions[None, :] < metadata.seq_lens[:num_decodes, None])[:, None, None, :]
+        decode_tables = block_tables[:num_decodes, :num_decode_blocks].contiguous()
+        decode_lens = metadata.seq_lens[:num_decodes]
+        if metadata.decode_kernel is None:  # only the portable path gathers and masks
+            decode_block_ids = decode_tables.reshape(-1)
+            key_positions = torch.arange(num_decode_blocks * block_size, device=device)
+            decode_mask = (key_positions[None, :] < decode_lens[:, None])[:, None, None, :]
     prefills = []
     qsl = metadata.query_start_loc
     for seq in range(num_decodes, metadata.num_seqs):
@@ -73,7 +81,7 @@ def plan_paged_attention(metadata: AttentionMetadata) -> PagedAttentionPlan:
         query_positions = torch.arange(context_len - query_len, context_len, device=device)
         mask = torch.arange(context_len, device=device)[None, :] <= query_positions[:, None]
         prefills.append(PrefillChunk(start, end, context_len, block_ids, mask))
-    plan = PagedAttentionPlan(num_decodes, decode_block_ids, num_decode_blocks, decode_mask, prefills)
+    plan = PagedAttentionPlan(num_decodes, decode_block_ids, num_decode_blocks, decode_mask, decode_tables, decode_lens, prefills)
     metadata.derived[_PLAN_KEY] = plan
     return plan
 
@@ -105,7 +113,12 @@ def paged_attention(
     plan = plan_paged_attention(metadata)
     outputs = []
     if plan.num_decodes:
-        outputs.append(_decode_attention(query[: plan.num_decodes], key_cache, value_cache, plan, scale))
+        decode_query = query[: plan.num_decodes]
+        if metadata.decode_kernel is not None:
+            outputs.append(metadata.decode_kernel(
+                decode_query, key_cache, value_cache, plan.decode_block_tables, plan.decode_seq_lens, scale))
+        else:
+            outputs.append(_decode_attention(decode_query, key_cache, value_cache, plan, scale))
     for chunk in plan.prefills:
         outputs.append(_prefill_attention(query, key, value, key_cache, value_cache, chunk, scale))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
@@ -145,6 +158,8 @@ def _prefill_attention(
     else:
         keys = key_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.context_len]
         values = value_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.context_len]
+    if query.device.type == "cpu":
+        return causal_attention_tiled(query[start:end], keys, values, chunk.context_len - (end - start), scale)
     out = F.scaled_dot_product_attention(
         query[start:end].transpose(0, 1),  # [heads, query_len, dim]
         keys.transpose(0, 1),
@@ -155,3 +170,39 @@ def _prefill_attention(
         enable_gqa=num_heads != num_kv_heads,
     )
     return out.transpose(0, 1)
+
+
+# Query rows per tile of the CPU prefill path: small enough that a tile's float32 scores
+# stay in cache (a 512-row tile measured 3x slower than 64-row tiles on a 2-core EPYC).
+CPU_TILE_ROWS = 64
+
+
+def causal_attention_tiled(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, query_offset: int, scale: float
+) -> torch.Tensor:
+    """Causal attention as tiled matmuls, for CPUs, where it measured 2-3x faster than SDPA.
+
+    query [q, heads, dim]; keys, values [context, kv_heads, dim]; query i sits at position
+    query_offset + i and sees keys 0..query_offset + i. Scores and softmax are float32; the
+    probabilities meet the values in the model dtype, as flash attention does. Returns
+    [q, heads, dim] in the query's dtype. A tile reads only the keys its last row can see.
+    """
+    query_len, num_heads, head_dim = query.shape
+    num_kv_heads = keys.shape[1]
+    group = num_heads // num_kv_heads
+    keys_t = keys.permute(1, 2, 0).float()  # [kv_heads, dim, context]
+    values_h = values.transpose(0, 1)  # [kv_heads, context, dim]
+    out = torch.empty_like(query)
+    hidden = torch.ones(CPU_TILE_ROWS, CPU_TILE_ROWS, dtype=torch.bool, device=query.device).triu_(1)
+    for start in range(0, query_len, CPU_TILE_ROWS):
+        end = min(query_len, start + CPU_TILE_ROWS)
+        rows, visible = end - start, query_offset + end
+        # GQA without copying K/V: a K/V head's query heads become extra rows of its matmul.
+        tile = query[start:end].float().view(rows, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        scores = torch.bmm(tile.reshape(num_kv_heads, group * rows, head_dim), keys_t[:, :, :visible])
+        scores = scores.view(num_kv_heads, group, rows, visible)
+        scores[..., visible - rows :].masked_fill_(hidden[:rows, :rows], float("-inf"))  # the diagonal block
+        probs = torch.softmax(scores.mul_(scale), dim=-1).to(values.dtype)
+        tile_out = torch.bmm(probs.view(num_kv_heads, group * rows, visible), values_h[:, :visible])
+        out[start:end] = tile_out.view(num_kv_heads, group, rows, head_dim).permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim)
+    return out

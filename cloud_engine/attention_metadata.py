@@ -7,6 +7,7 @@ is the concatenation of every scheduled request's new tokens, decode requests fi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,9 @@ class AttentionMetadata:
     seq_lens_list: list[int]  # seq_lens as Python ints (slicing without a device sync)
     num_decodes: int  # the first num_decodes sequences have exactly one query token each
     block_size: int
+    # A native decode-attention kernel (query, key_cache, value_cache, block_tables, seq_lens,
+    # scale) -> output, or None for the portable gather + SDPA path; chosen by the runner.
+    decode_kernel: Callable | None = None
     # Layout-derived tensors (gather indices, masks) that attention builds once per step
     # and every layer reuses; filled lazily by cloud_engine.attention, never by the runner.
     derived: dict = field(default_factory=dict, repr=False, compare=False)

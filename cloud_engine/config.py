@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")  # cloud_engine.kernels.BACKENDS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 POLICIES = ("fcfs", "priority")
@@ -15,7 +16,7 @@ class CloudEngineConfig:
 
     model: str | None = None  # HF directory or GGUF file; None means the embedded default
     model_name: str | None = None  # the id served as `model`; derived from the source when None
-    dtype: str = "auto"  # weights and KV cache; auto: bfloat16 on CUDA, float32 on CPU
+    dtype: str = "auto"  # weights and KV cache; auto: bfloat16 on CUDA and on CPUs with native bf16, else float32
     device: str = "auto"  # auto: cuda when available
     block_size: int = 16  # KV slots per block: the unit of allocation and prefix caching
     kv_cache_gb: float | None = None  # KV cache budget; None: kv_cache_memory_fraction of free memory
@@ -28,6 +29,7 @@ class CloudEngineConfig:
     enable_prefix_caching: bool = True  # reuse full KV blocks of identical prefixes
     scheduling_policy: str = "fcfs"  # fcfs, or priority (lower GenerationRequest.priority first)
     max_waiting: int = 1024  # queued requests beyond this are refused with 503
+    attention_backend: str = "auto"  # decode attention: auto (CPU kernel where it builds), torch (portable), cpu-kernel
 
     def __post_init__(self) -> None:
         checks = [
@@ -41,6 +43,7 @@ class CloudEngineConfig:
             (self.max_model_len is None or self.max_model_len >= 1, f"max_model_len must be >= 1, got {self.max_model_len}"),
             (self.long_prefill_token_threshold >= 0, f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"),
             (self.scheduling_policy in POLICIES, f"scheduling_policy must be one of {', '.join(POLICIES)}, got {self.scheduling_policy!r}"),
+            (self.attention_backend in ATTENTION_BACKENDS, f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
         ]
         for ok, message in checks:

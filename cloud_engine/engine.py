@@ -13,6 +13,9 @@ import torch
 
 from cloud_engine.block_manager import KVCacheManager
 from cloud_engine.config import CloudEngineConfig
+from cloud_engine.cpu_features import has_native_bf16
+from cloud_engine.host_memory import keep_freed_memory_in_heap
+from cloud_engine.kernels import select_decode_kernel
 from cloud_engine.kv_cache import (
     KVCacheBudgetError,
     allocate_kv_caches,
@@ -48,7 +51,7 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or has_native_bf16() else torch.float32
     return _DTYPES[name]
 
 
@@ -59,6 +62,8 @@ class CloudEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory_in_heap()
         loaded = load_model(config.model, dtype=self.dtype, device=self.device)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -66,6 +71,7 @@ class CloudEngine:
         self.model_name = config.model_name or loaded.name
         self.eos_token_ids = set(loaded.eos_token_ids)
         self.loaded = loaded
+        self.num_packed_linears = loaded.model.pack_for_cpu() if self.device.type == "cpu" else 0
         self.vocab_size = self.model_config.vocab_size
         self._token_bytes = build_token_bytes(self.tokenizer)
 
@@ -93,7 +99,10 @@ class CloudEngine:
             )
         caches = allocate_kv_caches(mc.num_hidden_layers, self.num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype, self.device)
         loaded.model.bind_kv_caches(caches)
-        self.runner = ModelRunner(loaded.model, config.block_size, self.device)
+        decode_kernel = select_decode_kernel(
+            config.attention_backend, self.device, self.dtype, mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim)
+        self.attention_backend = "cpu-kernel" if decode_kernel is not None else "torch"
+        self.runner = ModelRunner(loaded.model, config.block_size, self.device, decode_kernel)
         self.kv_manager = KVCacheManager(self.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.kv_manager,
@@ -107,7 +116,8 @@ class CloudEngine:
         self._generators: dict[str, torch.Generator] = {}
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
-        logger.info("cloud engine: %s on %s (%s), %d KV blocks of %d", self.model_name, self.device, self.dtype, self.num_blocks, config.block_size)
+        logger.info("cloud engine: %s on %s (%s, %s attention), %d KV blocks of %d", self.model_name, self.device,
+                    self.dtype, self.attention_backend, self.num_blocks, config.block_size)
 
     # -- text in ---------------------------------------------------------------------------
 

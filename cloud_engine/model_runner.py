@@ -30,10 +30,11 @@ class BatchInputs:
 class ModelRunner:
     """Owns the model and its bound KV caches; one `execute` per engine step."""
 
-    def __init__(self, model, block_size: int, device: torch.device):
+    def __init__(self, model, block_size: int, device: torch.device, decode_kernel=None):
         self.model = model
         self.block_size = block_size
         self.device = device
+        self.decode_kernel = decode_kernel  # native decode attention, or None for the portable path
 
     def prepare(self, num_scheduled_tokens: dict[str, int], requests: dict[str, Request], block_ids_of) -> BatchInputs:
         """Build the batch for the scheduled requests; `block_ids_of(request_id)` gives a request's block table."""
@@ -72,6 +73,7 @@ class ModelRunner:
             seq_lens_list=seq_lens,
             num_decodes=num_decodes,
             block_size=bs,
+            decode_kernel=self.decode_kernel,
         )
         return BatchInputs(
             input_ids=to_device(np.fromiter((t for chunk in token_chunks for t in chunk), dtype=np.int64)),

@@ -33,24 +33,28 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
 @torch.inference_mode()
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[SampledToken]:
     """Pick one token per row of `logits` ([n_rows, vocab] float32) and measure its row's signals."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    probs = logprobs.exp()
-    entropies = (-(probs * logprobs).nan_to_num().sum(dim=-1)).clamp_min(0.0)
-    top2 = probs.topk(2, dim=-1).values
-    margins = top2[:, 0] - top2[:, 1]
-    token_ids = logprobs.argmax(dim=-1)
+    logits = logits.float()
+    # Few full-vocabulary passes (this runs every step for every row): log Z once, then
+    # probabilities, entropy = log Z - sum(p * logit) (0 * -inf terms dropped by nansum),
+    # and the top-2 margin from the top-2 logits.
+    log_z = torch.logsumexp(logits, dim=-1)
+    probs = torch.exp(logits - log_z[:, None])
+    entropies = (log_z - torch.nansum(probs * logits, dim=-1)).clamp_min(0.0)
+    top2 = torch.exp(logits.topk(min(2, logits.shape[-1]), dim=-1).values - log_z[:, None])
+    margins = top2[:, 0] - top2[:, 1] if top2.shape[1] > 1 else top2[:, 0]
+    token_ids = logits.argmax(dim=-1)
     sampled_rows = [row for row, p in enumerate(params) if not p.is_greedy]
     if sampled_rows:
         picked = [_sample_row(logits[row], params[row], generators[row]) for row in sampled_rows]
         token_ids[sampled_rows] = torch.stack(picked)
     rows = torch.arange(logits.shape[0], device=logits.device)
-    chosen_logprobs = logprobs[rows, token_ids]
+    chosen_logprobs = logits[rows, token_ids] - log_z
     max_k = max((p.logprobs or 0) for p in params)
-    top = logprobs.topk(max_k, dim=-1) if max_k else None
+    top = logits.topk(max_k, dim=-1) if max_k else None
     # One device-to-host transfer for everything the events need.
-    host = torch.stack([token_ids.to(logprobs.dtype), chosen_logprobs, entropies, margins]).cpu().tolist()
+    host = torch.stack([token_ids.to(logits.dtype), chosen_logprobs, entropies, margins]).cpu().tolist()
     top_ids = top.indices.cpu().tolist() if top is not None else None
-    top_values = top.values.cpu().tolist() if top is not None else None
+    top_values = (top.values - log_z[:, None]).cpu().tolist() if top is not None else None
     results = []
     for row, p in enumerate(params):
         k = p.logprobs or 0

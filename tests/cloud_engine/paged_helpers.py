@@ -33,9 +33,10 @@ class StepBatch:
 class PagedBatchBuilder:
     """Tracks each sequence's tokens, progress and blocks; `step` lays out one batch, decodes first."""
 
-    def __init__(self, num_blocks: int, block_size: int, seed: int = 0, device="cpu"):
+    def __init__(self, num_blocks: int, block_size: int, seed: int = 0, device="cpu", decode_kernel=None):
         self.block_size = block_size
         self.device = device
+        self.decode_kernel = decode_kernel
         self.free_blocks = list(range(num_blocks))
         random.Random(seed).shuffle(self.free_blocks)
         self.tokens: dict[object, list[int]] = {}
@@ -80,5 +81,6 @@ class PagedBatchBuilder:
             seq_lens_list=seq_lens,
             num_decodes=sum(1 for s in order if num_new_tokens[s] == 1),
             block_size=bs,
+            decode_kernel=self.decode_kernel,
         )
         return StepBatch(as_tensor(ids), as_tensor(positions), metadata, owners)

@@ -29,7 +29,8 @@ def tiny_dir(tmp_path_factory):
 
 
 def make_llm(tiny_dir, **overrides) -> LLM:
-    config = dict(block_size=BLOCK, kv_cache_gb=0.001, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64)
+    # float32: these tests compare recomputed and batched tokens for equality, which bf16 rounding would blur.
+    config = dict(dtype="float32", block_size=BLOCK, kv_cache_gb=0.001, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64)
     config.update(overrides)
     return LLM(tiny_dir, **config)
 
@@ -46,7 +47,7 @@ def greedy(n: int, **kw) -> SamplingParams:
 def test_pool_is_sized_from_the_memory_budget(tiny_dir):
     small, big = make_llm(tiny_dir, kv_cache_gb=0.001), make_llm(tiny_dir, kv_cache_gb=0.002)
     layers, kv_heads, head_dim = 3, 2, 16
-    per_block = 2 * layers * BLOCK * kv_heads * head_dim * 4
+    per_block = 2 * layers * BLOCK * kv_heads * head_dim * small.engine.dtype.itemsize
     assert small.engine.num_blocks == int(0.001 * 1024**3) // per_block
     assert big.engine.num_blocks == int(0.002 * 1024**3) // per_block
 

@@ -23,7 +23,8 @@ def greedy(n: int = NUM_TOKENS) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(None, kv_cache_gb=0.25, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024)
+    # float32 like the HF reference: equality is exact only at the same precision.
+    return LLM(None, dtype="float32", kv_cache_gb=0.25, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_chunked_prefill_matches_unchunked(prompts):
     long_prompt = [t for p in prompts for t in p][:300]
     results = []
     for overrides in (dict(max_num_batched_tokens=16), dict(enable_chunked_prefill=False, max_num_batched_tokens=512)):
-        engine_llm = LLM(None, kv_cache_gb=0.1, max_num_seqs=8, max_model_len=512, enable_prefix_caching=False, **overrides)
+        engine_llm = LLM(None, dtype="float32", kv_cache_gb=0.1, max_num_seqs=8, max_model_len=512, enable_prefix_caching=False, **overrides)
         results.append(engine_llm.generate([long_prompt], greedy())[0].token_ids)
     assert results[0] == results[1]
 

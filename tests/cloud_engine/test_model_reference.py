@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cloud_engine.kernels import cpu_kernels
 from cloud_engine.loader import load_model
 from tests.cloud_engine.paged_helpers import PagedBatchBuilder, make_kv_caches
 from tests.cloud_engine.tiny_models import (
@@ -51,12 +52,23 @@ def reference_logits(hf, token_ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([token_ids])).logits[0].float()
 
 
-def run_schedule(loaded, sequences: dict[str, list[int]], schedule: list[dict[str, int]]) -> dict[str, dict[int, torch.Tensor]]:
+@pytest.fixture(params=["torch", "cpu-kernel"])
+def decode_kernel(request):
+    """Decode attention through the portable path and through the CPU kernel."""
+    if request.param == "torch":
+        return None
+    kernels = cpu_kernels()
+    if kernels is None:
+        pytest.skip("the CPU kernel cannot be built here (no compiler)")
+    return kernels.paged_decode_attention
+
+
+def run_schedule(loaded, sequences: dict[str, list[int]], schedule: list[dict[str, int]], decode_kernel=None) -> dict[str, dict[int, torch.Tensor]]:
     """Run the steps; logits of every row, by sequence and position."""
     model = loaded.model
     dtype = model.model.embed_tokens.weight.dtype
     model.bind_kv_caches(make_kv_caches(loaded.config, NUM_BLOCKS, BLOCK_SIZE, dtype=dtype))
-    builder = PagedBatchBuilder(NUM_BLOCKS, BLOCK_SIZE, seed=1)
+    builder = PagedBatchBuilder(NUM_BLOCKS, BLOCK_SIZE, seed=1, decode_kernel=decode_kernel)
     for seq_id, tokens in sequences.items():
         builder.add_sequence(seq_id, tokens)
     out: dict[str, dict[int, torch.Tensor]] = {seq_id: {} for seq_id in sequences}
@@ -94,16 +106,16 @@ def test_full_prompt_in_one_prefill(tiny_pair):
     assert_matches_reference(hf, sequences, got)
 
 
-def test_chunked_prefill_then_decodes(tiny_pair):
+def test_chunked_prefill_then_decodes(tiny_pair, decode_kernel):
     hf, loaded = tiny_pair
     sequences = {"a": random_tokens(23, seed=2)}
     # Chunks that start and end mid-block, then single-token decode steps.
     schedule = [{"a": 5}, {"a": 7}, {"a": 3}] + [{"a": 1}] * 8
-    got = run_schedule(loaded, sequences, schedule)
+    got = run_schedule(loaded, sequences, schedule, decode_kernel)
     assert_matches_reference(hf, sequences, got)
 
 
-def test_mixed_batches_of_decodes_and_prefill_chunks(tiny_pair):
+def test_mixed_batches_of_decodes_and_prefill_chunks(tiny_pair, decode_kernel):
     hf, loaded = tiny_pair
     sequences = {name: random_tokens(n, seed=10 + i) for i, (name, n) in enumerate(
         [("a", 14), ("b", 9), ("c", 30), ("d", 6), ("e", 12)])}
@@ -114,18 +126,20 @@ def test_mixed_batches_of_decodes_and_prefill_chunks(tiny_pair):
         {"a": 1, "b": 1, "c": 6, "e": 5},
         {"a": 1, "e": 7},
     ]
-    got = run_schedule(loaded, sequences, schedule)
+    got = run_schedule(loaded, sequences, schedule, decode_kernel)
     assert_matches_reference(hf, sequences, got)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_tracks_float32(tiny_pair, dtype):
-    """bf16/fp16 weights, caches and SDPA stay within rounding of HF's float32 logits."""
+    """bf16/fp16 weights, caches and attention stay within rounding of HF's float32 logits."""
     hf, loaded = tiny_pair
     half = load_model(loaded.source, dtype=dtype)
     assert half.model.model.embed_tokens.weight.dtype == dtype
+    kernels = cpu_kernels() if dtype == torch.bfloat16 else None  # the kernel reads bf16 caches, not fp16
     sequences = {"a": random_tokens(15, seed=3), "b": random_tokens(7, seed=4)}
-    got = run_schedule(half, sequences, [{"a": 6, "b": 7}, {"a": 5}, {"a": 4}])
+    schedule = [{"a": 6, "b": 6}, {"a": 5, "b": 1}, {"a": 3}, {"a": 1}]  # b and then a finish with decodes
+    got = run_schedule(half, sequences, schedule, kernels.paged_decode_attention if kernels else None)
     for seq_id, tokens in sequences.items():
         expected = reference_logits(hf, tokens)
         ours = torch.stack([got[seq_id][pos] for pos in range(len(tokens))])

@@ -1,0 +1,61 @@
+"""API keys for the hosted endpoints (HTTP and gRPC): where they come from and how they are checked.
+
+Keys come from a file (one per line; blank lines and `#` comments ignored) and/or an
+environment variable (comma-separated). Presented keys are compared in constant time
+against every configured key, and keys are never logged: only a short fingerprint is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Iterable
+
+API_KEYS_ENV = "TANDEM_API_KEYS"
+
+
+class ApiKeyConfigError(ValueError):
+    """The key file is missing or unreadable, or it holds no key."""
+
+
+def load_api_keys(path: str | None = None, env_var: str = API_KEYS_ENV) -> frozenset[str]:
+    """Keys from `path` and `$env_var`; empty when neither is set (the server then runs without auth)."""
+    keys: set[str] = set()
+    if path:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                lines = handle.read().splitlines()
+        except OSError as error:
+            raise ApiKeyConfigError(f"cannot read API key file {path!r}: {error.strerror}") from error
+        file_keys = {line.strip() for line in lines if line.strip() and not line.strip().startswith("#")}
+        if not file_keys:
+            raise ApiKeyConfigError(f"API key file {path!r} holds no key")
+        keys |= file_keys
+    keys |= {part.strip() for part in os.environ.get(env_var, "").split(",") if part.strip()}
+    return frozenset(keys)
+
+
+def bearer_token(header_value: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` value, or None when absent or malformed."""
+    if not header_value:
+        return None
+    scheme, _, token = header_value.strip().partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def matching_key(presented: str | None, keys: Iterable[str]) -> str | None:
+    """The configured key equal to `presented`, compared in constant time against every key."""
+    if presented is None:
+        return None
+    found = None
+    candidate = presented.encode()
+    for key in keys:  # no early exit: timing does not reveal which key (or how much of one) matched
+        if hmac.compare_digest(candidate, key.encode()):
+            found = key
+    return found
+
+
+def key_fingerprint(key: str) -> str:
+    """A short, non-reversible id for logs and per-key metrics (never the key itself)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:8]

@@ -1,0 +1,128 @@
+"""The CPU attention paths against a float64 dense reference.
+
+The decode kernel (cloud_engine/kernels) reads K/V straight from block caches; the tiled
+prefill path replaces SDPA on CPU. Both must equal plain softmax(q k^T * scale) v over each
+sequence's own context, for any block table, length, head size and GQA group.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cloud_engine.attention import CPU_TILE_ROWS, causal_attention_tiled
+from cloud_engine.kernels import cpu_kernels, select_decode_kernel
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = cpu_kernels()
+    if built is None:
+        pytest.skip("the CPU kernel cannot be built here (no compiler)")
+    return built
+
+
+def dense_attention(query, keys, values, scale, query_offset=0):
+    """float64 causal reference: query [q, H, D], keys/values [ctx, Hkv, D]."""
+    group = query.shape[1] // keys.shape[1]
+    k = keys.double().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, ctx, D]
+    v = values.double().repeat_interleave(group, dim=1).transpose(0, 1)
+    scores = torch.einsum("qhd,hkd->hqk", query.double(), k) * scale
+    positions = torch.arange(query.shape[0])[:, None] + query_offset
+    scores = scores.masked_fill(torch.arange(keys.shape[0])[None, :] > positions, float("-inf"))
+    return torch.einsum("hqk,hkd->qhd", torch.softmax(scores, dim=-1), v)
+
+
+def random_paged_batch(num_seqs, lengths, num_heads, num_kv_heads, head_dim, block_size, dtype, seed):
+    """Caches filled with noise, shuffled block tables; returns what the kernel takes plus per-sequence K/V."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [math.ceil(n / block_size) for n in lengths]
+    max_blocks = max(blocks_per_seq)
+    num_blocks = sum(blocks_per_seq) + 5
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.zeros(num_seqs, max_blocks, dtype=torch.int64)
+    for seq, count in enumerate(blocks_per_seq):
+        tables[seq, :count] = torch.tensor([order.pop() for _ in range(count)])
+    query = torch.randn(num_seqs, num_heads, head_dim, generator=gen).to(dtype)
+    return query, key_cache, value_cache, tables, torch.tensor(lengths, dtype=torch.int64)
+
+
+def context_of(cache, table, length):
+    return cache[table].reshape(-1, *cache.shape[2:])[:length]
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim",
+    [(9, 3, 64), (4, 4, 128), (8, 2, 32), (4, 1, 16)],
+    ids=["gqa3-d64", "mha-d128", "gqa4-d32", "mqa-d16"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_kernel_matches_dense_reference(kernels, num_heads, num_kv_heads, head_dim, dtype):
+    lengths = [1, 5, 16, 17, 40, 100]  # a lone token, part of a block, exactly one, one past, several
+    query, key_cache, value_cache, tables, lens = random_paged_batch(
+        len(lengths), lengths, num_heads, num_kv_heads, head_dim, block_size=16, dtype=dtype, seed=head_dim)
+    scale = head_dim**-0.5
+    out = kernels.paged_decode_attention(query, key_cache, value_cache, tables, lens, scale)
+    assert out.dtype == dtype and out.shape == query.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for seq, length in enumerate(lengths):
+        keys = context_of(key_cache, tables[seq], length)
+        values = context_of(value_cache, tables[seq], length)
+        expected = dense_attention(query[seq : seq + 1], keys, values, scale, query_offset=length - 1)[0]
+        torch.testing.assert_close(out[seq].double(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_decode_kernel_handles_peaked_softmax(kernels):
+    """Large score gaps (exp underflow for all but one key) must not give NaN or drift."""
+    query, key_cache, value_cache, tables, lens = random_paged_batch(2, [33, 7], 2, 1, 64, 4, torch.float32, seed=3)
+    query = query * 40
+    out = kernels.paged_decode_attention(query, key_cache, value_cache, tables, lens, 1.0)
+    for seq, length in enumerate([33, 7]):
+        expected = dense_attention(query[seq : seq + 1], context_of(key_cache, tables[seq], length),
+                                   context_of(value_cache, tables[seq], length), 1.0, length - 1)[0]
+        torch.testing.assert_close(out[seq].double(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_decode_kernel_refuses_tables_outside_the_cache(kernels):
+    query, key_cache, value_cache, tables, lens = random_paged_batch(2, [10, 20], 4, 2, 16, 16, torch.float32, seed=1)
+    bad = tables.clone()
+    bad[1, 1] = key_cache.shape[0]  # one past the last block
+    with pytest.raises(RuntimeError, match="block id outside the cache"):
+        kernels.paged_decode_attention(query, key_cache, value_cache, bad, lens, 0.25)
+    with pytest.raises(RuntimeError, match="outside its block table"):
+        kernels.paged_decode_attention(query, key_cache, value_cache, tables, torch.tensor([10, 33]), 0.25)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        kernels.paged_decode_attention(query.half(), key_cache.half(), value_cache.half(), tables, lens, 0.25)
+
+
+@pytest.mark.parametrize("query_len,query_offset", [(1, 0), (7, 0), (CPU_TILE_ROWS, 0), (150, 0), (20, 35), (130, 77)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_prefill_matches_dense_reference(query_len, query_offset, dtype):
+    """Chunks shorter, equal to and longer than a tile, alone and after a cached context."""
+    gen = torch.Generator().manual_seed(query_len + query_offset)
+    context = query_offset + query_len
+    query = torch.randn(query_len, 6, 32, generator=gen).to(dtype)
+    keys = torch.randn(context, 2, 32, generator=gen).to(dtype)
+    values = torch.randn(context, 2, 32, generator=gen).to(dtype)
+    out = causal_attention_tiled(query, keys, values, query_offset, 32**-0.5)
+    assert out.dtype == dtype and out.shape == query.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), dense_attention(query, keys, values, 32**-0.5, query_offset),
+                               atol=tolerance, rtol=tolerance)
+
+
+def test_backend_selection():
+    cpu = torch.device("cpu")
+    assert select_decode_kernel("torch", cpu, torch.float32, 9, 3, 64) is None
+    assert select_decode_kernel("auto", cpu, torch.float16, 9, 3, 64) is None  # fp16 caches: portable path
+    assert select_decode_kernel("auto", cpu, torch.float32, 4, 2, 8) is None  # head_dim 8: portable path
+    with pytest.raises(ValueError, match="CPU only"):
+        select_decode_kernel("cpu-kernel", torch.device("cuda"), torch.bfloat16, 9, 3, 64)
+    with pytest.raises(ValueError, match="head_dim 8"):
+        select_decode_kernel("cpu-kernel", cpu, torch.float32, 4, 2, 8)
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        select_decode_kernel("flash", cpu, torch.float32, 9, 3, 64)
