@@ -7,7 +7,10 @@ from typing import Optional
 
 import typer
 
+from sdk.cloud_cli import cloud_app
+
 app = typer.Typer(help="tandem: a hybrid on-device-to-cloud LLM runtime.", no_args_is_help=True)
+app.add_typer(cloud_app, name="cloud")
 
 
 class LogLevel(str, enum.Enum):

@@ -50,6 +50,36 @@ class OpenAIError(Exception):
         return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
+def retry_after_header(wait_s: float) -> str:
+    """Whole seconds, rounded up and at least 1, as HTTP's Retry-After wants them."""
+    return str(max(1, math.ceil(wait_s)))
+
+
+def invalid_api_key(presented: bool) -> OpenAIError:
+    """OpenAI's 401; the message never repeats the key that was sent."""
+    if presented:
+        message = "Incorrect API key provided. Check the key sent in the Authorization header."
+    else:
+        message = (
+            "You didn't provide an API key. You need to provide your API key in an Authorization header "
+            "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+        )
+    # WWW-Authenticate: what RFC 6750 asks of a 401 for bearer tokens.
+    return OpenAIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def rate_limited(wait_s: float, per_minute: float) -> OpenAIError:
+    """OpenAI's 429 for a requests-per-minute limit (its `type` names the limit hit: "requests")."""
+    retry_after = retry_after_header(wait_s)
+    return OpenAIError(
+        429,
+        f"Rate limit reached on requests per min (RPM): Limit {per_minute:g}. Please try again in {retry_after}s.",
+        type="requests",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": retry_after},
+    )
+
+
 def model_not_found(model: str) -> OpenAIError:
     return OpenAIError(
         404, f"The model `{model}` does not exist. GET /v1/models lists the served models.", param="model", code="model_not_found"
@@ -65,8 +95,8 @@ def from_exception(exc: BaseException) -> OpenAIError:
     if isinstance(exc, InvalidRequestError):
         return OpenAIError(400, str(exc), param=exc.param)
     if isinstance(exc, EngineOverloadedError):
-        retry_after = str(max(1, math.ceil(exc.retry_after_s)))
-        return OpenAIError(503, str(exc), type="server_overloaded", code="server_overloaded", headers={"Retry-After": retry_after})
+        headers = {"Retry-After": retry_after_header(exc.retry_after_s)}
+        return OpenAIError(503, str(exc), type="server_overloaded", code="server_overloaded", headers=headers)
     if isinstance(exc, EngineNotReadyError):
         return OpenAIError(503, str(exc), type="service_unavailable", code="model_not_ready", headers={"Retry-After": "1"})
     if isinstance(exc, ValidationError):

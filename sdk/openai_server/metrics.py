@@ -24,6 +24,11 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0)
 
 
+# Why a request was refused: no or a wrong API key (401), over its rate limit (429),
+# engine queue full (503).
+REJECTION_REASONS = ("unauthenticated", "rate_limited", "overloaded")
+
+
 class EngineStatsCollector:
     """Turns one `engine.stats()` snapshot into gauges and counters on every scrape."""
 
@@ -80,6 +85,15 @@ class ServerMetrics:
             PREFIX + "request_success", "Requests that finished, by finish reason.",
             ["finished_reason"], registry=self.registry,
         )
+        self.http_rejections = Counter(
+            PREFIX + "http_rejections", "Requests refused before reaching the model, by reason.",
+            ["reason"], registry=self.registry,
+        )
+        for reason in REJECTION_REASONS:
+            self.http_rejections.labels(reason)  # exported at 0 from the start, so rate() works at once
+
+    def count_rejection(self, reason: str) -> None:
+        self.http_rejections.labels(reason).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk.engine_protocol import EngineProtocol, GenerationRequest, TokenEvent
+from sdk.engine_protocol import EngineOverloadedError, EngineProtocol, GenerationRequest, TokenEvent
 from sdk.openai_server.errors import from_exception, model_not_found
 from sdk.openai_server.generation import (
     ChoiceState,
@@ -102,4 +102,6 @@ async def run_job(
         return Response(status_code=CLIENT_CLOSED_STATUS)
     except Exception as exc:
         await choices.aclose()
+        if isinstance(exc, EngineOverloadedError):
+            state.metrics.count_rejection("overloaded")
         return from_exception(exc).response()

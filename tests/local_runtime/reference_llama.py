@@ -6,33 +6,41 @@ import contextlib
 
 
 @contextlib.contextmanager
-def _without_extra_buffer_types():
-    # The high-level API has no switch for use_extra_bufts, and the AMX/repacked buffer
-    # types crash llama_decode on these CPUs; patch the default params while it loads.
-    import llama_cpp
+def without_extra_buffer_types():
+    """While active, every model llama-cpp-python loads skips the extra (AMX/repacked) buffer types.
 
-    original = llama_cpp.llama_model_default_params
+    The high-level API has no switch for use_extra_bufts, and those buffer types crash
+    llama_decode on these CPUs. `Llama` reads the defaults through the `llama_cpp.llama_cpp`
+    module (the package only re-exports them), so both attributes are patched.
+    """
+    import llama_cpp
+    import llama_cpp.llama_cpp as low_level
+
+    original = low_level.llama_model_default_params
 
     def params():
         p = original()
         p.use_extra_bufts = False
         return p
 
-    llama_cpp.llama_model_default_params = params
+    low_level.llama_model_default_params = llama_cpp.llama_model_default_params = params
     try:
         yield
     finally:
-        llama_cpp.llama_model_default_params = original
+        low_level.llama_model_default_params = llama_cpp.llama_model_default_params = original
 
 
 def load_reference_llama(model_path: str, **kwargs):
-    """A `Llama` with tandem's kernel settings (flash attention on, quiet)."""
+    """A `Llama` with tandem's kernel settings (flash attention on, quiet, no extra buffer types)."""
     import llama_cpp
 
     kwargs.setdefault("flash_attn", True)
     kwargs.setdefault("verbose", False)
-    with _without_extra_buffer_types():
-        return llama_cpp.Llama(model_path, **kwargs)
+    with without_extra_buffer_types():
+        llama = llama_cpp.Llama(model_path, **kwargs)
+    if llama.model_params.use_extra_bufts:
+        raise RuntimeError("the reference Llama still uses extra buffer types; the patch missed")
+    return llama
 
 
 def reference_greedy(llama, prompt_token_ids: list[int], max_tokens: int) -> list[int]:

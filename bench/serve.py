@@ -1,0 +1,211 @@
+"""Serving benchmark for any OpenAI-compatible server, with vLLM `bench serve`'s metrics.
+
+    python -m bench.serve --base-url http://127.0.0.1:8000 [--model NAME] [--endpoint chat|completions]
+        [--dataset random|gsm8k|mmlu] [--num-prompts 64] [--random-input-len 128]
+        [--random-output-len 64] [--random-range-ratio 0.0] [--request-rate inf|R]
+        [--burstiness 1.0] [--max-concurrency C] [--seed 0] [--goodput ttft:MS tpot:MS e2el:MS]
+        [--tokenizer PATH.gguf] [--api-key KEY] [--json PATH] [--quick]
+
+    python -m bench.serve --compare-local --json bench/results/serve_local_vs_llama_cpp.json [--quick]
+
+Every request streams (`stream_options.include_usage`) and asks for a fixed output
+length (`ignore_eos` + `min_tokens`; see bench/serve_client.py). Reported: TTFT, TPOT,
+ITL, E2E latency (mean, median, p90, p99 in ms), request / output-token / total-token
+throughput, completed and failed requests with error samples, and goodput (requests/s
+meeting every SLO given). `--model` defaults to the first id of GET /v1/models.
+Token counts: see bench/serve_datasets.py (server usage when sent, else a GGUF
+tokenizer given with --tokenizer, else estimates).
+
+`--compare-local` runs tandem serve and llama-cpp-python's own server
+(`python -m llama_cpp.server`) on the same GGUF (default: the embedded SmolLM2) with the
+same threads, one after the other, under the same workload at 8 concurrent clients, and
+reports `ratio_output_tps_vs_llama_cpp_server` (target >= 1.7). See bench/serve_compare.py.
+
+--quick: 8 prompts of ~64 tokens answering 32 (compare mode: 16 prompts), for a check
+in well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+
+import httpx
+
+from bench.machine import machine_info, write_report
+from bench.serve_client import ClientConfig, arrival_times, run_requests, warm_up
+from bench.serve_datasets import DEFAULT_DATA_DIR, GgufTokenizer, gsm8k_requests, mmlu_requests, random_requests
+from bench.serve_metrics import compute_metrics, parse_goodput
+from bench.serve_report import console, print_summary, request_progress
+
+class BenchmarkError(RuntimeError):
+    """The benchmark cannot run (server unreachable, warm-up refused); the message says why."""
+
+
+HEADLINE_KEYS = ("completed", "failed", "request_throughput", "output_throughput", "ttft_ms_median", "tpot_ms_median")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
+    p.add_argument("--model", help="model id to send; default: the first of GET /v1/models")
+    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    p.add_argument("--dataset", choices=("random", "gsm8k", "mmlu"), default="random")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="RouteLLM's data (gsm8k, mmlu)")
+    p.add_argument("--num-prompts", type=int, help="requests to send (default 64; --quick 8; compare 64/16)")
+    p.add_argument("--random-input-len", type=int, help="prompt tokens (default 128; --quick 64)")
+    p.add_argument("--random-output-len", type=int, help="output tokens (default 64; --quick 32)")
+    p.add_argument("--random-range-ratio", type=float, default=0.0, help="lengths uniform in len*(1-r)..len*(1+r)")
+    p.add_argument("--max-output-len", type=int, default=256, help="gsm8k: cap on the recorded answer lengths")
+    p.add_argument("--mmlu-output-len", type=int, default=32, help="mmlu: output tokens per request")
+    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s, or inf: all at once")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps; 1 = Poisson")
+    p.add_argument("--max-concurrency", type=int, help="most requests in flight (compare mode: 8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask for exactly max_tokens tokens (ignore_eos + min_tokens)")
+    p.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
+    p.add_argument("--tokenizer", help="GGUF whose tokenizer measures prompts (compare mode: the served GGUF)")
+    p.add_argument("--api-key", help="sent as a Bearer token")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--label", help="a name for the server in the report")
+    p.add_argument("--json", help="write the report here (bench.machine.write_report)")
+    p.add_argument("--quick", action="store_true", help="a small run (see above)")
+    p.add_argument("--compare-local", action="store_true", help="tandem serve vs llama_cpp.server, side by side")
+    p.add_argument("--model-path", help="compare mode: the GGUF both servers load (default: the embedded SmolLM2)")
+    p.add_argument("--threads", type=int, help="compare mode: llama.cpp threads of both servers (default: all cores)")
+    args = p.parse_args(argv)
+    args.command_line = "python -m bench.serve " + " ".join(sys.argv[1:] if argv is None else argv)
+    if not args.compare_local and not args.base_url:
+        p.error("--base-url is required (or --compare-local to start the servers here)")
+    quick_or = (lambda quick, full: quick if args.quick else full)
+    if args.num_prompts is None:
+        args.num_prompts = quick_or(16, 64) if args.compare_local else quick_or(8, 64)
+    if args.random_input_len is None:
+        args.random_input_len = 128 if args.compare_local else quick_or(64, 128)
+    if args.random_output_len is None:
+        args.random_output_len = 64 if args.compare_local else quick_or(32, 64)
+    if args.quick and args.dataset == "gsm8k":
+        args.max_output_len = min(args.max_output_len, 64)
+    if args.num_prompts < 1:
+        p.error("--num-prompts must be >= 1")
+    try:
+        args.slos_ms = parse_goodput(args.goodput)
+        arrival_times(1, args.request_rate, args.burstiness)  # validates rate and burstiness
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
+
+
+def build_samples(args: argparse.Namespace, tokenizer: GgufTokenizer | None):
+    """The workload the arguments describe; chat prompts counted with the chat template when a tokenizer is given."""
+    if args.dataset == "random":
+        samples = random_requests(args.num_prompts, args.random_input_len, args.random_output_len,
+                                  args.random_range_ratio, args.seed, tokenizer)
+    elif args.dataset == "gsm8k":
+        samples = gsm8k_requests(args.num_prompts, args.seed, args.max_output_len, tokenizer, args.data_dir)
+    else:
+        samples = mmlu_requests(args.num_prompts, args.seed, args.mmlu_output_len, tokenizer, args.data_dir)
+    if tokenizer is not None and args.endpoint == "chat" and tokenizer.chat_template:
+        for sample in samples:
+            sample.prompt_len = tokenizer.count_chat(sample.prompt)
+    return samples
+
+
+def workload_description(args: argparse.Namespace, tokenizer: GgufTokenizer | None) -> dict:
+    workload = {"dataset": args.dataset, "endpoint": args.endpoint, "num_prompts": args.num_prompts,
+                "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
+                "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed,
+                "temperature": args.temperature, "ignore_eos": args.ignore_eos,
+                "prompt_tokens_counted_by": ("server usage when sent, else " +
+                                             (f"the tokenizer (and chat template) of {tokenizer.model_path}"
+                                              if tokenizer else "an estimate (see bench/serve_datasets.py)"))}
+    if args.dataset == "random":
+        workload.update(random_input_len=args.random_input_len, random_output_len=args.random_output_len,
+                        random_range_ratio=args.random_range_ratio)
+    elif args.dataset == "gsm8k":
+        workload["max_output_len"] = args.max_output_len
+    else:
+        workload["mmlu_output_len"] = args.mmlu_output_len
+    return workload
+
+
+def discover_models(base_url: str, api_key: str | None) -> list[dict]:
+    """GET /v1/models: the server's model entries ([] if it does not answer)."""
+    root = base_url.rstrip("/")
+    root = root[: -len("/v1")] if root.endswith("/v1") else root
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(root + "/v1/models", headers=headers, timeout=10.0, trust_env=False)
+        return response.json().get("data", []) if response.status_code == 200 else []
+    except (httpx.HTTPError, ValueError):
+        return []
+
+
+def benchmark(config: ClientConfig, samples, args: argparse.Namespace, label: str) -> dict:
+    """Warm up, run the workload with a progress bar, and compute the metrics."""
+    check = asyncio.run(warm_up(config, samples[0]))
+    if not check.ok:
+        raise BenchmarkError(f"{label}: the warm-up request to {config.url} failed: {check.error}")
+    times = arrival_times(len(samples), args.request_rate, args.burstiness, args.seed)
+    with request_progress(label, len(samples)) as on_done:
+        results, duration = asyncio.run(run_requests(config, samples, times, args.max_concurrency, on_done))
+    return compute_metrics(results, duration, args.slos_ms)
+
+
+def headline(metrics: dict) -> dict:
+    """Top-level copies of the figures write_report prints."""
+    return {"completed": metrics["completed"], "failed": metrics["failed"],
+            "request_throughput": metrics["request_throughput"], "output_throughput": metrics["output_throughput"],
+            "ttft_ms_median": metrics["ttft_ms"]["median"], "tpot_ms_median": metrics["tpot_ms"]["median"]}
+
+
+def run_single(args: argparse.Namespace) -> dict:
+    tokenizer = GgufTokenizer(args.tokenizer) if args.tokenizer else None
+    models = discover_models(args.base_url, args.api_key)
+    model = args.model or (models[0]["id"] if models else None)
+    if model is None:
+        raise SystemExit(f"--model not given and {args.base_url}/v1/models lists no model; pass --model NAME")
+    config = ClientConfig(args.base_url, model, args.endpoint, args.api_key, args.temperature, args.ignore_eos,
+                          args.timeout)
+    samples = build_samples(args, tokenizer)
+    label = args.label or args.base_url
+    metrics = benchmark(config, samples, args, label)
+    print_summary({label: metrics})
+    return {
+        "benchmark": "serve",
+        "command": args.command_line,
+        "machine": machine_info(),
+        "server": {"label": label, "base_url": args.base_url, "url": config.url, "model": model,
+                   "models_listed": models},
+        "workload": workload_description(args, tokenizer),
+        **headline(metrics),
+        "metrics": metrics,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bench.serve_servers import ServerStartError
+
+    args = parse_args(argv)
+    try:
+        if args.compare_local:
+            from bench.serve_compare import HEADLINE_KEYS as compare_keys
+            from bench.serve_compare import run_compare
+
+            report, keys = run_compare(args), compare_keys
+        else:
+            report, keys = run_single(args), HEADLINE_KEYS
+    except (BenchmarkError, ServerStartError) as exc:
+        raise SystemExit(f"bench.serve: {exc}") from None
+    if args.json:
+        write_report(args.json, report, keys)
+        console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

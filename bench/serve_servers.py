@@ -1,0 +1,149 @@
+"""Start and stop the servers bench.serve compares, as subprocesses on loopback.
+
+`ManagedServer` is a context manager: it starts the command, waits until the server
+answers its readiness URL (tandem: /health 200, which waits for the model; llama-cpp-
+python's server: /v1/models 200, it loads the model before it binds), and on exit
+stops it with SIGTERM (both run uvicorn, which shuts down gracefully), then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerStartError(RuntimeError):
+    """A server exited or never became ready; the message carries its log's tail."""
+
+
+@dataclass
+class ManagedServer:
+    """A server subprocess on 127.0.0.1:port."""
+
+    name: str
+    command: list[str]
+    port: int
+    ready_path: str  # GET here returns 200 once requests can be served
+    description: str  # what it is, for the report
+    env: dict = field(default_factory=dict)  # replaces the inherited environment when set
+    log_path: str = ""
+    process: subprocess.Popen | None = None
+    startup_s: float = 0.0  # start -> ready
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, num_lines: int = 30) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-num_lines:])
+        except OSError:
+            return "(no log)"
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> "ManagedServer":
+        if not self.log_path:
+            self.log_path = os.path.join(tempfile.mkdtemp(prefix=f"bench-serve-{self.name}-"), "server.log")
+        started = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                            env=self.env or None)
+        deadline = started + timeout_s
+        with httpx.Client(trust_env=False, timeout=2.0) as client:
+            while True:
+                if self.process.poll() is not None:
+                    raise ServerStartError(f"{self.name} exited with {self.process.returncode} while starting "
+                                           f"({' '.join(self.command)}):\n{self.log_tail()}")
+                try:
+                    if client.get(self.base_url + self.ready_path).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise ServerStartError(f"{self.name} was not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+                time.sleep(0.2)
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def stop(self) -> int | None:
+        """Stop the server; its exit code (None if it never started)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> "ManagedServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _clean_env() -> dict:
+    # The caller's TANDEM_* settings must not reconfigure a server under measurement.
+    return {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+
+
+def tandem_server(model_path: str | None, threads: int, port: int | None = None, max_num_seqs: int | None = None,
+                  max_model_len: int | None = None, extra_args: list[str] | None = None) -> ManagedServer:
+    """`tandem serve` (the local tier's OpenAI endpoint) on a free port."""
+    port = port or free_port()
+    command = [sys.executable, "-m", "sdk.cli", "serve", "--port", str(port), "--threads", str(threads),
+               "--log-level", "warning"]
+    if model_path:
+        command += ["--model", model_path]
+    if max_num_seqs:
+        command += ["--max-num-seqs", str(max_num_seqs)]
+    if max_model_len:
+        command += ["--max-model-len", str(max_model_len)]
+    command += extra_args or []
+    return ManagedServer("tandem", command, port, "/health", "tandem serve (local_runtime continuous batching over "
+                         "llama.cpp, flash attention, use_extra_bufts off)", env=_clean_env())
+
+
+def llama_cpp_server(model_path: str, threads: int, model_alias: str, port: int | None = None,
+                     n_ctx: int = 4096) -> ManagedServer:
+    """llama-cpp-python's own OpenAI server on the same GGUF, through bench.serve_llama_cpp_server.
+
+    Settings chosen for a fair baseline: the same threads for prompt and decode, flash
+    attention on (as tandem), logits only for the last token (its default `logits_all`
+    computes the 49k-row LM head for every prompt token), no mlock, and
+    `interrupt_requests` off: by default a waiting request cuts the running stream short,
+    which would truncate all but one of 8 concurrent streams.
+    """
+    port = port or free_port()
+    command = [sys.executable, "-m", "bench.serve_llama_cpp_server", "--model", model_path,
+               "--model_alias", model_alias, "--host", "127.0.0.1", "--port", str(port),
+               "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
+               "--flash_attn", "true", "--logits_all", "false", "--use_mlock", "false",
+               "--interrupt_requests", "false", "--verbose", "false"]
+    return ManagedServer("llama_cpp_server", command, port, "/v1/models",
+                         "python -m llama_cpp.server (one Llama, requests served one at a time under a lock; "
+                         "flash attention, logits_all off, interrupt_requests off, use_extra_bufts off)",
+                         env=_clean_env())

@@ -1,0 +1,181 @@
+"""tandem.v1 messages <-> the engine's dataclasses, for the servicer and for the SDK's client.
+
+Server side, every check that can name a field raises InvalidRequestError with that field
+(the proto's own name), so the client learns exactly what to fix; the checks that need the
+model (token ids in range, context length) are left to the engine's own validation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cloud_engine.grpc import tandem_pb2 as pb
+from cloud_engine.grpc.errors import ModelNotFoundError
+from sdk.engine_protocol import (
+    EngineProtocol,
+    GenerationRequest,
+    InvalidRequestError,
+    SamplingParams,
+    TokenEvent,
+    TopLogprob,
+)
+from sdk.openai_schema import MAX_STOP_STRINGS
+
+Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]  # text, token ids, or chat messages
+
+# -- server side: requests in --------------------------------------------------------------
+
+
+def generation_request(message: pb.GenerateRequest, engine: EngineProtocol, engine_request_id: str) -> GenerationRequest:
+    """The engine request for a GenerateRequest (the prompt rendered and tokenized, continuation appended)."""
+    if message.model and message.model != engine.model_name:
+        raise ModelNotFoundError(
+            f"the model {message.model!r} is not served here; ListModels lists the served models", "model"
+        )
+    token_ids = prompt_token_ids(message, engine) + list(message.continuation_token_ids)
+    params = sampling_params(message, len(token_ids), engine.max_model_len)
+    return GenerationRequest(engine_request_id, token_ids, params, priority=message.priority)
+
+
+def prompt_token_ids(message: pb.GenerateRequest, engine: EngineProtocol) -> list[int]:
+    kind = message.WhichOneof("prompt")
+    if kind is None:
+        raise InvalidRequestError("the request has no prompt; set one of messages, prompt_token_ids or text", "prompt")
+    if kind == "messages":
+        if not message.messages.messages:
+            raise InvalidRequestError("messages must contain at least one message", "messages")
+        return engine.apply_chat_template([{"role": m.role, "content": m.content} for m in message.messages.messages])
+    if kind == "prompt_token_ids":
+        if not message.prompt_token_ids.ids:
+            raise InvalidRequestError("prompt_token_ids must contain at least one token id", "prompt_token_ids")
+        return list(message.prompt_token_ids.ids)  # exactly the caller's tokens: no BOS added
+    if not message.text:
+        raise InvalidRequestError("text must not be empty", "text")
+    # Raw text gets the model's BOS like any tokenizer call (as /v1/completions does).
+    return engine.tokenize(message.text, add_special=True)
+
+
+def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
+    """Engine parameters; unset fields take the defaults the .proto documents."""
+    sampling = message.sampling
+    if len(sampling.stop) > MAX_STOP_STRINGS:
+        raise InvalidRequestError(f"stop accepts at most {MAX_STOP_STRINGS} strings, got {len(sampling.stop)}", "stop")
+    if sampling.HasField("max_tokens"):
+        max_tokens = sampling.max_tokens
+    else:
+        # What the context has left; at least 1 so that a prompt filling the whole context
+        # gets the engine's own context-length error, which says how many tokens it has.
+        max_tokens = max(1, max_model_len - num_prompt_tokens)
+    return SamplingParams(  # validates every value, naming the field
+        max_tokens=max_tokens,
+        temperature=sampling.temperature if sampling.HasField("temperature") else 1.0,
+        top_p=sampling.top_p if sampling.HasField("top_p") else 1.0,
+        top_k=sampling.top_k,
+        seed=sampling.seed if sampling.HasField("seed") else None,
+        stop=list(sampling.stop),
+        stop_token_ids=list(sampling.stop_token_ids),
+        ignore_eos=sampling.ignore_eos,
+        logprobs=sampling.top_logprobs or None,
+    )
+
+
+# -- server side: events out ---------------------------------------------------------------
+
+
+def response_from_event(event: TokenEvent, request_id: str) -> pb.GenerateResponse:
+    """One token's response; the last also carries usage and (zero) speculative stats."""
+    response = pb.GenerateResponse(
+        request_id=request_id,
+        token_id=event.token_id,
+        text=event.text,
+        logprob=event.logprob,
+        entropy=event.entropy,
+        margin=event.margin,
+        top_logprobs=[
+            pb.TopLogprob(token_id=t.token_id, text=t.text, logprob=t.logprob, token_bytes=t.token_bytes)
+            for t in event.top_logprobs
+        ],
+        token_bytes=event.token_bytes,
+        finish_reason=event.finish_reason or "",
+    )
+    if event.finish_reason is not None:
+        response.usage.prompt_tokens = event.num_prompt_tokens
+        response.usage.completion_tokens = event.num_output_tokens
+        response.speculative.SetInParent()  # all zeros until the cloud tier decodes speculatively
+    return response
+
+
+# -- client side ---------------------------------------------------------------------------
+
+
+@dataclass
+class CloudTokenEvent(TokenEvent):
+    """A TokenEvent received from the cloud tier, with its speculative stats (last event only)."""
+
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+
+def request_message(
+    prompt: Prompt,
+    params: SamplingParams | None,
+    *,
+    request_id: str = "",
+    model: str = "",
+    continuation_token_ids: Sequence[int] = (),
+    priority: int = 0,
+) -> pb.GenerateRequest:
+    """A GenerateRequest: text, token ids or chat messages, with the engine's SamplingParams."""
+    message = pb.GenerateRequest(
+        request_id=request_id, model=model, continuation_token_ids=list(continuation_token_ids), priority=priority
+    )
+    if isinstance(prompt, str):
+        message.text = prompt
+    elif prompt and all(isinstance(m, Mapping) for m in prompt):
+        for m in prompt:
+            if not isinstance(m.get("content"), str):
+                raise InvalidRequestError("each message needs a role and a string content", "messages")
+            message.messages.messages.add(role=str(m.get("role", "")), content=m["content"])
+    else:
+        message.prompt_token_ids.SetInParent()  # set even when empty, so the server names the empty field
+        message.prompt_token_ids.ids.extend(int(t) for t in prompt)
+    if params is not None:
+        message.sampling.CopyFrom(sampling_message(params))
+    return message
+
+
+def sampling_message(params: SamplingParams) -> pb.SamplingParams:
+    message = pb.SamplingParams(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+        top_logprobs=params.logprobs or 0,
+    )
+    if params.seed is not None:
+        message.seed = params.seed
+    return message
+
+
+def event_from_response(response: pb.GenerateResponse, num_output_tokens: int) -> CloudTokenEvent:
+    """The event for a response; `num_output_tokens` counts this one (the server sends totals only at the end)."""
+    last = bool(response.finish_reason)
+    return CloudTokenEvent(
+        request_id=response.request_id,
+        token_id=response.token_id,
+        text=response.text,
+        logprob=response.logprob,
+        entropy=response.entropy,
+        margin=response.margin,
+        top_logprobs=[TopLogprob(t.token_id, t.text, t.logprob, t.token_bytes) for t in response.top_logprobs],
+        token_bytes=response.token_bytes,
+        finish_reason=response.finish_reason or None,
+        num_prompt_tokens=response.usage.prompt_tokens if last else 0,
+        num_output_tokens=response.usage.completion_tokens if last else num_output_tokens,
+        num_draft_tokens=response.speculative.draft_tokens,
+        num_accepted_tokens=response.speculative.accepted_tokens,
+    )

@@ -1,0 +1,68 @@
+"""Engine errors -> gRPC status codes, in one table shared by the servicer and the SDK's client.
+
+The status message is for people; the trailing metadata below is for programs (the SDK's
+`CloudClient` rebuilds the engine exception from it), so clients never parse messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import grpc
+
+from sdk.engine_protocol import (
+    ContextLengthError,
+    EngineNotReadyError,
+    EngineOverloadedError,
+    InvalidRequestError,
+)
+
+logger = logging.getLogger(__name__)
+
+# Trailing metadata keys (gRPC wants lowercase ASCII).
+ERROR_TYPE_KEY = "tandem-error-type"  # one of the *_TYPE values below
+ERROR_PARAM_KEY = "tandem-error-param"  # the request field at fault (INVALID_ARGUMENT)
+RETRY_AFTER_KEY = "retry-after"  # whole seconds (RESOURCE_EXHAUSTED, UNAVAILABLE)
+
+INVALID_REQUEST_TYPE = "invalid_request"
+CONTEXT_LENGTH_TYPE = "context_length_exceeded"
+OVERLOADED_TYPE = "overloaded"
+NOT_READY_TYPE = "not_ready"
+MODEL_NOT_FOUND_TYPE = "model_not_found"
+
+
+class ModelNotFoundError(InvalidRequestError):
+    """The request names a model this server does not serve (gRPC NOT_FOUND)."""
+
+
+@dataclass
+class RpcStatus:
+    """What the servicer aborts a call with."""
+
+    code: grpc.StatusCode
+    message: str
+    metadata: tuple[tuple[str, str], ...] = ()
+
+
+def status_for(exc: BaseException) -> RpcStatus:
+    """The status for anything a request raised; unexpected errors are logged and never described."""
+    if isinstance(exc, ModelNotFoundError):
+        return RpcStatus(grpc.StatusCode.NOT_FOUND, str(exc), _typed(MODEL_NOT_FOUND_TYPE, exc.param))
+    if isinstance(exc, InvalidRequestError):  # ContextLengthError included
+        kind = CONTEXT_LENGTH_TYPE if isinstance(exc, ContextLengthError) else INVALID_REQUEST_TYPE
+        where = f" (field: {exc.param})" if exc.param else ""
+        return RpcStatus(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}{where}", _typed(kind, exc.param))
+    if isinstance(exc, EngineOverloadedError):
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        return RpcStatus(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), _typed(OVERLOADED_TYPE) + ((RETRY_AFTER_KEY, retry),))
+    if isinstance(exc, EngineNotReadyError):
+        return RpcStatus(grpc.StatusCode.UNAVAILABLE, str(exc), _typed(NOT_READY_TYPE) + ((RETRY_AFTER_KEY, "1"),))
+    # The traceback may hold prompt text or paths: it goes to the log, the client gets a generic line.
+    logger.error("unexpected error while serving a gRPC request", exc_info=exc)
+    return RpcStatus(grpc.StatusCode.INTERNAL, f"the server hit an internal error ({type(exc).__name__}); it was logged")
+
+
+def _typed(kind: str, param: str | None = None) -> tuple[tuple[str, str], ...]:
+    return ((ERROR_TYPE_KEY, kind),) + (((ERROR_PARAM_KEY, param),) if param else ())

@@ -1,0 +1,153 @@
+"""Starting and stopping the cloud tier's gRPC server (grpc.aio) around an engine.
+
+Besides tandem.v1.Tandem the server runs the standard grpc.health.v1 service (NOT_SERVING
+until the engine is ready, for "" and for "tandem.v1.Tandem") and server reflection, and,
+when API keys are configured, checks them on every call except health and reflection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cloud_engine.grpc.auth import ApiKeyInterceptor
+from cloud_engine.grpc.service import SERVICE_NAME, add_tandem_servicer
+from sdk.engine_protocol import EngineProtocol
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default for received messages
+READY_POLL_S = 0.1  # how soon health turns SERVING once the engine has loaded
+HEALTH_POLL_S = 1.0  # afterwards: how soon it turns NOT_SERVING if the engine stops
+HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server, as load balancers ask
+
+
+class GrpcServerStartError(OSError):
+    """The server could not listen on the configured address."""
+
+
+@dataclass
+class GrpcServerConfig:
+    """Where and how the gRPC server listens."""
+
+    host: str = "127.0.0.1"  # loopback by default: expose it on purpose (0.0.0.0, with TLS and keys)
+    port: int = 50051  # 0: any free port (see bound_port)
+    api_keys: frozenset[str] = frozenset()  # empty: no authentication
+    tls_cert_path: str | None = None  # PEM certificate chain; TLS needs both paths
+    tls_key_path: str | None = None  # PEM private key
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # larger requests get RESOURCE_EXHAUSTED from gRPC
+    max_concurrent_streams: int | None = None  # per HTTP/2 connection; None: gRPC's default
+
+    def __post_init__(self) -> None:
+        self.api_keys = frozenset(self.api_keys)
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if (self.tls_cert_path is None) != (self.tls_key_path is None):
+            raise ValueError("TLS needs both tls_cert_path and tls_key_path (or neither, for plaintext)")
+        if self.max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be >= 1, got {self.max_message_bytes}")
+        if self.max_concurrent_streams is not None and self.max_concurrent_streams < 1:
+            raise ValueError(f"max_concurrent_streams must be >= 1, got {self.max_concurrent_streams}")
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass
+class _Running:
+    """What stop_grpc_server and bound_port need to find for a server."""
+
+    health: health.aio.HealthServicer
+    readiness: asyncio.Task
+    port: int
+
+
+_running: weakref.WeakKeyDictionary[grpc.aio.Server, _Running] = weakref.WeakKeyDictionary()
+
+
+async def start_grpc_server(engine: EngineProtocol, config: GrpcServerConfig) -> grpc.aio.Server:
+    """A started server bound to config.address; raises GrpcServerStartError if it cannot listen."""
+    credentials = _server_credentials(config)
+    options = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        # gRPC sets SO_REUSEPORT by default, which would let a second server "bind" a taken port.
+        ("grpc.so_reuseport", 0),
+    ]
+    if config.max_concurrent_streams is not None:
+        options.append(("grpc.max_concurrent_streams", config.max_concurrent_streams))
+    interceptors = [ApiKeyInterceptor(config.api_keys)] if config.api_keys else []
+    server = grpc.aio.server(interceptors=interceptors, options=options)
+
+    add_tandem_servicer(engine, server)
+    health_servicer = health.aio.HealthServicer()
+    for name in HEALTH_SERVICES:  # the servicer starts out SERVING; nothing is served before the engine loads
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+    reflection.enable_server_reflection((SERVICE_NAME, health_name, reflection.SERVICE_NAME), server)
+
+    try:
+        port = server.add_secure_port(config.address, credentials) if credentials else server.add_insecure_port(config.address)
+    except RuntimeError as exc:  # grpc's way of saying the bind failed
+        raise GrpcServerStartError(
+            f"cannot listen on {config.address}: the port is already in use or the address is not available here"
+        ) from exc
+    await server.start()
+    readiness = asyncio.create_task(_track_readiness(engine, health_servicer), name="tandem-grpc-health")
+    _running[server] = _Running(health_servicer, readiness, port)
+    auth = f"{len(config.api_keys)} API key(s)" if config.api_keys else "no authentication"
+    logger.info("gRPC server on %s:%d (%s, %s)", config.host, port, "TLS" if credentials else "plaintext", auth)
+    if config.api_keys and not credentials and config.host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("API keys are checked but travel in plaintext: configure TLS for a non-loopback host")
+    return server
+
+
+async def stop_grpc_server(server: grpc.aio.Server, grace_s: float | None = 5.0) -> None:
+    """Health turns NOT_SERVING first (load balancers stop sending), then calls get grace_s to finish."""
+    running = _running.pop(server, None)
+    if running is not None:
+        running.readiness.cancel()
+        await asyncio.gather(running.readiness, return_exceptions=True)
+        await running.health.enter_graceful_shutdown()
+    await server.stop(grace_s)
+
+
+def bound_port(server: grpc.aio.Server) -> int:
+    """The port a server started by start_grpc_server listens on (the chosen one when port was 0)."""
+    return _running[server].port
+
+
+def _server_credentials(config: GrpcServerConfig) -> grpc.ServerCredentials | None:
+    if config.tls_cert_path is None or config.tls_key_path is None:
+        return None
+    pem = {}
+    for what, path in (("certificate", config.tls_cert_path), ("private key", config.tls_key_path)):
+        try:
+            with open(path, "rb") as handle:
+                pem[what] = handle.read()
+        except OSError as error:
+            raise GrpcServerStartError(f"cannot read the TLS {what} {path!r}: {error.strerror}") from error
+    return grpc.ssl_server_credentials([(pem["private key"], pem["certificate"])])
+
+
+async def _track_readiness(engine: EngineProtocol, health_servicer: health.aio.HealthServicer) -> None:
+    """Mirror engine.is_ready into the health service (polled: any EngineProtocol engine has it)."""
+    serving: bool | None = None
+    while True:
+        ready = bool(engine.is_ready)
+        if ready != serving:
+            status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in HEALTH_SERVICES:
+                await health_servicer.set(name, status)
+            logger.info("gRPC health: %s", "SERVING" if ready else "NOT_SERVING")
+            serving = ready
+        await asyncio.sleep(HEALTH_POLL_S if ready else READY_POLL_S)

@@ -1,0 +1,104 @@
+"""The tandem.v1.Tandem servicer over any EngineProtocol engine (grpc.aio).
+
+Cancellation is the point of the Generate loop: a request whose caller is gone (it
+cancelled, its deadline passed, the connection dropped) holds KV blocks and a decode
+slot until the engine aborts it. grpc.aio cancels the handler's task in all those
+cases, and the `finally` below closes the engine's stream and aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+
+from cloud_engine.grpc import convert
+from cloud_engine.grpc import tandem_pb2 as pb
+from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
+from cloud_engine.grpc.errors import status_for
+from sdk.engine_protocol import EngineProtocol
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Tandem"].full_name  # "tandem.v1.Tandem"
+
+
+class TandemServicer(pb_grpc.TandemServicer):
+    """Generate and ListModels on one engine."""
+
+    def __init__(self, engine: EngineProtocol):
+        self.engine = engine
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
+        # Written with context.write rather than as an async generator, so a cancellation always
+        # lands inside this coroutine (at the engine's queue or at a write) and the finally runs now.
+        request_id = request.request_id or f"tandem-{uuid.uuid4().hex}"
+        # The engine's id is always unique: clients choose theirs independently and may reuse them.
+        engine_request_id = f"{request_id}#{uuid.uuid4().hex[:12]}"
+        engine = self.engine
+        try:
+            events = engine.generate(convert.generation_request(request, engine, engine_request_id))
+        except Exception as exc:
+            await _abort_with(context, exc)  # raises: the call ends here
+            return
+        finished = False
+        error: Exception | None = None
+        try:
+            async for event in events:
+                await context.write(convert.response_from_event(event, request_id))
+                if event.finish_reason is not None:
+                    finished = True
+                    break
+        except Exception as exc:  # raised by the engine (its validation runs at the first event)
+            error = exc
+        finally:
+            await _close(engine, events, engine_request_id, abort=not finished)
+        if context.done():
+            return  # the caller is gone: nobody to tell
+        if error is not None:
+            await _abort_with(context, error)
+        if not finished:
+            # The engine ended the stream without a last event (it aborted the request itself).
+            await context.abort(grpc.StatusCode.ABORTED, "the server stopped this request before it finished")
+
+    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
+        card = pb.ModelCard(id=self.engine.model_name, max_model_len=max(0, self.engine.max_model_len or 0))
+        return pb.ListModelsResponse(models=[card])
+
+
+async def _close(engine: EngineProtocol, events: AsyncIterator, engine_request_id: str, abort: bool) -> None:
+    """Close the engine's stream (freeing its slot) and abort the request if it did not finish.
+
+    Runs to the end even while this task is being cancelled. Closing the stream already aborts
+    an unfinished request in AsyncStepEngine; the explicit abort makes that hold for any
+    EngineProtocol engine (it is a no-op for a request the engine no longer has).
+    """
+    try:
+        await asyncio.shield(_close_and_abort(engine, events, engine_request_id, abort))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("stopping request %s failed", engine_request_id)
+
+
+async def _close_and_abort(engine: EngineProtocol, events: AsyncIterator, engine_request_id: str, abort: bool) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()
+    if abort:
+        await engine.abort(engine_request_id)
+        logger.debug("request %s ended before its last token; aborted in the engine", engine_request_id)
+
+
+async def _abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    status = status_for(exc)
+    await context.abort(status.code, status.message, trailing_metadata=status.metadata)
+
+
+def add_tandem_servicer(engine: EngineProtocol, server: grpc.aio.Server) -> TandemServicer:
+    servicer = TandemServicer(engine)
+    pb_grpc.add_TandemServicer_to_server(servicer, server)
+    return servicer

@@ -1,0 +1,129 @@
+"""`tandem cloud serve`: the cloud engine behind gRPC (tandem.v1) and the OpenAI HTTP API, in one process.
+
+Both servers share one AsyncCloudEngine and one asyncio loop. The model loads on the
+engine thread, so /health answers 503 and gRPC health says NOT_SERVING until it is in.
+SIGTERM/SIGINT: uvicorn stops accepting and drains HTTP, then gRPC health turns
+NOT_SERVING and in-flight streams get a grace period before the engine shuts down.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional
+
+import typer
+
+cloud_app = typer.Typer(help="The cloud tier: serve the PyTorch engine over gRPC and HTTP.", no_args_is_help=True)
+
+
+class LogLevel(str, enum.Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+def _env(name: str) -> str:
+    return f"TANDEM_CLOUD_{name}"
+
+
+@cloud_app.command("serve")
+def serve(
+    model: Optional[str] = typer.Option(None, "--model", envvar=_env("MODEL"), help="HF directory or GGUF file; default: the embedded SmolLM2-135M-Instruct."),
+    model_name: Optional[str] = typer.Option(None, envvar=_env("MODEL_NAME"), help="The id clients send as `model`."),
+    host: str = typer.Option("127.0.0.1", envvar=_env("HOST"), help="Address both servers bind (0.0.0.0 for all; use keys and TLS then)."),
+    port: int = typer.Option(8000, envvar=_env("PORT"), min=0, max=65535, help="OpenAI HTTP API port."),
+    grpc_port: int = typer.Option(50051, envvar=_env("GRPC_PORT"), min=0, max=65535, help="gRPC port."),
+    device: str = typer.Option("auto", envvar=_env("DEVICE"), help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option("auto", envvar=_env("DTYPE"), help="auto, float32, bfloat16, float16."),
+    kv_cache_gb: Optional[float] = typer.Option(None, envvar=_env("KV_CACHE_GB"), min=0.0, help="KV cache budget; default: a fraction of free memory."),
+    max_num_seqs: Optional[int] = typer.Option(None, envvar=_env("MAX_NUM_SEQS"), min=1, help="Requests in one step; default 32."),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, envvar=_env("MAX_NUM_BATCHED_TOKENS"), min=1, help="Token budget of one step; default 512."),
+    max_model_len: Optional[int] = typer.Option(None, envvar=_env("MAX_MODEL_LEN"), min=1, help="Prompt + completion limit."),
+    max_waiting: Optional[int] = typer.Option(None, envvar=_env("MAX_WAITING"), min=0, help="Queued requests beyond this are refused (HTTP 503, gRPC RESOURCE_EXHAUSTED)."),
+    api_key_file: Optional[str] = typer.Option(None, envvar=_env("API_KEY_FILE"), help="File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys)."),
+    rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="HTTP requests per minute per key (per client address without keys)."),
+    tls_cert: Optional[str] = typer.Option(None, envvar=_env("TLS_CERT"), help="PEM certificate chain for gRPC TLS."),
+    tls_key: Optional[str] = typer.Option(None, envvar=_env("TLS_KEY"), help="PEM private key for gRPC TLS."),
+    log_level: LogLevel = typer.Option(LogLevel.info, envvar=_env("LOG_LEVEL"), case_sensitive=False, help="Log level."),
+) -> None:
+    """Serve the cloud engine: gRPC (default :50051) and the OpenAI HTTP API (default :8000)."""
+    import asyncio
+    import logging
+
+    from cloud_engine.async_engine import AsyncCloudEngine
+    from cloud_engine.config import CloudEngineConfig
+    from cloud_engine.grpc.server import GrpcServerConfig
+    from sdk.api_keys import ApiKeyConfigError, load_api_keys
+
+    logging.basicConfig(level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {"kv_cache_gb": kv_cache_gb, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                 "max_model_len": max_model_len, "max_waiting": max_waiting}
+    try:  # every configuration error is reported before anything loads or binds
+        api_keys = load_api_keys(api_key_file)
+        engine_config = CloudEngineConfig(model=model, model_name=model_name, device=device, dtype=dtype,
+                                          **{k: v for k, v in overrides.items() if v is not None})
+        grpc_config = GrpcServerConfig(host=host, port=grpc_port, api_keys=api_keys, tls_cert_path=tls_cert, tls_key_path=tls_key)
+    except (ValueError, ApiKeyConfigError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+    engine = AsyncCloudEngine(engine_config).start()
+    try:
+        failed = asyncio.run(_serve_both(engine, grpc_config, host, port, api_keys, rate_limit, model_name, log_level.value))
+    finally:
+        engine.shutdown()
+    if failed:
+        typer.echo(f"tandem cloud serve: {failed}", err=True)
+        raise typer.Exit(code=1)
+
+
+async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, rate_limit, model_name, log_level: str) -> str | None:
+    """Run uvicorn and the gRPC server until a signal or a failed load; returns why it failed, or None."""
+    import asyncio
+    import contextlib
+    import logging
+    import signal
+
+    import uvicorn
+
+    from cloud_engine.grpc.server import start_grpc_server, stop_grpc_server
+    from sdk.openai_server import create_app
+
+    logger = logging.getLogger("tandem.cloud.serve")
+
+    class HttpServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn would re-raise SIGTERM once HTTP drained, killing the process before
+            # gRPC and the engine drain; the loop's handlers below stop everything in order.
+            yield
+
+    app = create_app(engine, served_model_names=[model_name] if model_name else None, api_keys=api_keys,
+                     rate_limit_per_minute=rate_limit or None, bind_host=host)
+    http = HttpServer(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
+    try:
+        grpc_server = await start_grpc_server(engine, grpc_config)
+    except OSError as exc:
+        return str(exc)
+    failure: list[str] = []
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, lambda: setattr(http, "should_exit", True))
+
+    async def watch_loading() -> None:
+        try:
+            await asyncio.to_thread(engine.wait_ready)
+            logger.info("model %s loaded; gRPC on %s, HTTP on %s:%d", engine.model_name, grpc_config.address, host, port)
+        except BaseException:  # the engine thread logged why
+            failure.append("the model failed to load (see the log above)")
+            http.should_exit = True
+
+    watcher = asyncio.create_task(watch_loading())
+    try:
+        await http.serve()  # returns after SIGINT/SIGTERM (uvicorn's handlers) and the HTTP drain
+        if not http.started and not failure:
+            failure.append(f"the HTTP server could not start on {host}:{port} (see the log above)")
+    finally:
+        watcher.cancel()
+        await stop_grpc_server(grpc_server, grace_s=5.0)
+    return failure[0] if failure else None

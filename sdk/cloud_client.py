@@ -1,0 +1,210 @@
+"""The SDK's client of the cloud tier's gRPC service (tandem.v1): generate, list models, health.
+
+Every failure is raised as a `CloudError` carrying the gRPC status code, and the subclasses
+the cascade router acts on also inherit the engine exception with the same meaning
+(`CloudInvalidArgumentError` is an `InvalidRequestError`, `CloudOverloadedError` an
+`EngineOverloadedError`, ...), so code written against a local engine handles them too.
+
+The channel is opened on first use, in the running event loop; use one client per loop
+and close it (or use `async with`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cloud_engine.grpc import tandem_pb2 as pb
+from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
+from cloud_engine.grpc.convert import CloudTokenEvent, Prompt, event_from_response, request_message
+from cloud_engine.grpc.errors import (
+    CONTEXT_LENGTH_TYPE,
+    ERROR_PARAM_KEY,
+    ERROR_TYPE_KEY,
+    RETRY_AFTER_KEY,
+)
+from sdk.engine_protocol import (
+    ContextLengthError,
+    EngineError,
+    EngineNotReadyError,
+    EngineOverloadedError,
+    InvalidRequestError,
+    SamplingParams,
+)
+
+__all__ = [
+    "CloudClient", "CloudModel", "CloudTokenEvent", "CloudError", "CloudUnauthenticatedError",
+    "CloudUnavailableError", "CloudDeadlineExceededError", "CloudInvalidArgumentError",
+    "CloudContextLengthError", "CloudOverloadedError",
+]  # fmt: skip
+
+
+class CloudError(EngineError):
+    """A call to the cloud tier failed; `code` is the gRPC status code."""
+
+    def __init__(self, message: str, code: grpc.StatusCode, param: str | None = None, retry_after_s: float = 1.0):
+        Exception.__init__(self, message)  # the engine exceptions' own __init__s only set what is set here
+        self.code = code
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+
+class CloudUnauthenticatedError(CloudError):
+    """The API key is missing or wrong (UNAUTHENTICATED): retrying will not help."""
+
+
+class CloudUnavailableError(CloudError, EngineNotReadyError):
+    """The server is unreachable, shutting down or still loading (UNAVAILABLE): try later or elsewhere."""
+
+
+class CloudDeadlineExceededError(CloudError):
+    """The call ran past its deadline (DEADLINE_EXCEEDED); the server aborted the request."""
+
+
+class CloudInvalidArgumentError(CloudError, InvalidRequestError):
+    """The request can never succeed as sent (INVALID_ARGUMENT, or NOT_FOUND for an unknown model)."""
+
+
+class CloudContextLengthError(CloudInvalidArgumentError, ContextLengthError):
+    """Prompt plus completion do not fit in the cloud model's context."""
+
+
+class CloudOverloadedError(CloudError, EngineOverloadedError):
+    """The server's queue is full (RESOURCE_EXHAUSTED); retry after `retry_after_s`."""
+
+
+@dataclass
+class CloudModel:
+    """A model the cloud tier serves."""
+
+    id: str
+    max_model_len: int
+
+
+class CloudClient:
+    """Talks to one tandem.v1 server.
+
+    target: "host:port". api_key: sent as `authorization: Bearer <key>`.
+    tls_root_cert: None for plaintext; PEM bytes or a PEM file path to trust that CA (or
+    self-signed certificate); True for TLS with the system's trusted roots.
+    timeout_s: the default deadline of each call (of a whole Generate stream), None for none.
+    """
+
+    def __init__(self, target: str, api_key: str | None = None, tls_root_cert: bytes | str | os.PathLike | bool | None = None, timeout_s: float | None = None):
+        self.target = target
+        self.timeout_s = timeout_s
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._credentials = _channel_credentials(tls_root_cert)
+        self._channel: grpc.aio.Channel | None = None
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            if self._credentials is None:
+                self._channel = grpc.aio.insecure_channel(self.target)
+            else:
+                self._channel = grpc.aio.secure_channel(self.target, self._credentials)
+        return self._channel
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def __aenter__(self) -> CloudClient:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        model: str = "",
+        request_id: str = "",
+        continuation_token_ids: Sequence[int] = (),
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[CloudTokenEvent]:
+        """Stream the tokens for a prompt: text, token ids, or chat messages ({"role", "content"} dicts).
+
+        params None takes the server's defaults (max_tokens: what the context has left). The
+        last event carries finish_reason and the usage counts. Closing the iterator early
+        cancels the call, which aborts the request on the server.
+        """
+        message = request_message(
+            prompt, params, request_id=request_id, model=model,
+            continuation_token_ids=continuation_token_ids, priority=priority,
+        )  # fmt: skip
+        call = pb_grpc.TandemStub(self.channel).Generate(message, timeout=self._timeout(timeout_s), metadata=self._metadata)
+        num_output_tokens = 0
+        try:
+            async for response in call:
+                num_output_tokens += 1
+                yield event_from_response(response, num_output_tokens)
+        except grpc.aio.AioRpcError as error:
+            raise cloud_error(error, self.target) from None
+        finally:
+            call.cancel()  # a no-op once the stream ended; otherwise the server frees the request
+
+    async def list_models(self, timeout_s: float | None = None) -> list[CloudModel]:
+        try:
+            response = await pb_grpc.TandemStub(self.channel).ListModels(
+                pb.ListModelsRequest(), timeout=self._timeout(timeout_s), metadata=self._metadata
+            )
+        except grpc.aio.AioRpcError as error:
+            raise cloud_error(error, self.target) from None
+        return [CloudModel(card.id, card.max_model_len) for card in response.models]
+
+    async def health(self, service: str = "", timeout_s: float | None = None) -> str:
+        """The grpc.health.v1 status name: "SERVING", "NOT_SERVING", ... ("" asks about the whole server)."""
+        try:
+            response = await health_pb2_grpc.HealthStub(self.channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=self._timeout(timeout_s), metadata=self._metadata
+            )
+        except grpc.aio.AioRpcError as error:
+            raise cloud_error(error, self.target) from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def _timeout(self, timeout_s: float | None) -> float | None:
+        return self.timeout_s if timeout_s is None else timeout_s
+
+
+def cloud_error(error: grpc.aio.AioRpcError, target: str = "") -> CloudError:
+    """The CloudError for a failed call, rebuilt from its status and tandem's trailing metadata."""
+    code = error.code()
+    details = error.details() or code.name
+    metadata = {key: value for key, value in (error.trailing_metadata() or ()) if isinstance(value, str)}
+    param = metadata.get(ERROR_PARAM_KEY)
+    retry_after_s = float(metadata.get(RETRY_AFTER_KEY, "1") or 1)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        cls: type[CloudError] = CloudUnauthenticatedError
+    elif code == grpc.StatusCode.UNAVAILABLE:
+        cls = CloudUnavailableError
+        details = f"the cloud tier at {target} is unavailable: {details}" if target else details
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        cls = CloudDeadlineExceededError
+    elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+        cls = CloudContextLengthError if metadata.get(ERROR_TYPE_KEY) == CONTEXT_LENGTH_TYPE else CloudInvalidArgumentError
+    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and RETRY_AFTER_KEY in metadata:
+        cls = CloudOverloadedError  # the engine's queue; gRPC's own limits (message size) carry no retry-after
+    else:
+        cls = CloudError
+    return cls(details, code, param=param, retry_after_s=retry_after_s)
+
+
+def _channel_credentials(tls_root_cert: bytes | str | os.PathLike | bool | None) -> grpc.ChannelCredentials | None:
+    if tls_root_cert is None or tls_root_cert is False:
+        return None
+    if tls_root_cert is True:
+        return grpc.ssl_channel_credentials()
+    if isinstance(tls_root_cert, bytes):
+        return grpc.ssl_channel_credentials(root_certificates=tls_root_cert)
+    with open(tls_root_cert, "rb") as handle:
+        return grpc.ssl_channel_credentials(root_certificates=handle.read())

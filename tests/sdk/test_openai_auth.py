@@ -1,0 +1,186 @@
+"""API keys, rate limits and the bounded queue of the OpenAI server, over the tiny cloud engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+import httpx
+import openai
+import pytest
+
+from cloud_engine.async_engine import AsyncCloudEngine
+from cloud_engine.config import CloudEngineConfig
+from sdk.api_keys import key_fingerprint
+from sdk.engine_protocol import GenerationRequest, SamplingParams
+from sdk.openai_server import create_app, warn_if_exposed
+from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
+
+KEY, OTHER_KEY, WRONG_KEY = "sk-tandem-good-0123456789", "sk-tandem-other-0123456789", "sk-tandem-wrong-0123456789"
+COMPLETION = {"model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 2, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):  # noqa: F811
+    # One request in flight at most (one running, none waiting): the next one finds the queue full.
+    config = CloudEngineConfig(
+        model=tiny_dir, model_name="tiny", block_size=4, kv_cache_gb=0.001, max_model_len=64, max_num_seqs=1, max_waiting=0
+    )
+    engine = AsyncCloudEngine(config).start()
+    engine.wait_ready(60)
+    yield engine
+    engine.shutdown()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def http(app, key: str | None = None, client_ip: str = "127.0.0.1") -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    transport = httpx.ASGITransport(app=app, client=(client_ip, 50000))
+    return httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers)
+
+
+def rejections(metrics_text: str, reason: str) -> float:
+    match = re.search(rf'^tandem:http_rejections_total{{reason="{reason}"}} (\S+)$', metrics_text, re.M)
+    assert match, f"no {reason} rejections sample in /metrics"
+    return float(match.group(1))
+
+
+def assert_openai_error(response: httpx.Response, status: int, type_: str, code: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert list(body) == ["error"] and set(body["error"]) == {"message", "type", "param", "code"}
+    error = body["error"]
+    assert error["type"] == type_ and error["code"] == code and error["param"] is None and error["message"]
+    return error
+
+
+async def test_keys_guard_the_api_and_metrics_but_not_health(engine, caplog):
+    caplog.set_level(logging.INFO, logger="sdk.openai_server")
+    app = create_app(engine, api_keys=frozenset({KEY, OTHER_KEY}))
+    async with http(app) as anonymous, http(app, WRONG_KEY) as wrong, http(app, KEY) as good:
+        missing = await anonymous.get("/v1/models")
+        assert "didn't provide an API key" in assert_openai_error(missing, 401, "invalid_request_error", "invalid_api_key")["message"]
+        assert missing.headers["www-authenticate"] == "Bearer"
+        refused = await wrong.post("/v1/completions", json=COMPLETION)
+        assert_openai_error(refused, 401, "invalid_request_error", "invalid_api_key")
+        assert WRONG_KEY not in refused.text
+        basic = await anonymous.get("/v1/models", headers={"Authorization": f"Basic {KEY}"})
+        assert basic.status_code == 401
+        assert (await anonymous.get("/metrics")).status_code == 401
+        assert (await anonymous.get("/health")).json() == {"status": "ok"}
+
+        assert (await good.get("/v1/models")).json()["data"][0]["id"] == "tiny"
+        completion = await good.post("/v1/completions", json=COMPLETION)
+        assert completion.status_code == 200 and completion.json()["usage"]["prompt_tokens"] == 3
+        assert (await good.post("/v1/completions", json=COMPLETION, headers={"Authorization": f"Bearer {OTHER_KEY}"})).status_code == 200
+        metrics = await good.get("/metrics")
+        assert metrics.status_code == 200 and rejections(metrics.text, "unauthenticated") == 4
+        assert rejections(metrics.text, "rate_limited") == 0 and rejections(metrics.text, "overloaded") == 0
+    logged = caplog.text
+    assert key_fingerprint(WRONG_KEY) in logged and key_fingerprint(KEY) in logged  # creation lists fingerprints
+    assert all(secret not in logged for secret in (KEY, OTHER_KEY, WRONG_KEY))
+
+
+async def test_without_keys_or_limits_everything_stays_open(engine):
+    async with http(create_app(engine)) as anonymous:
+        assert (await anonymous.post("/v1/completions", json=COMPLETION)).status_code == 200
+        metrics = await anonymous.get("/metrics")
+        assert metrics.status_code == 200 and rejections(metrics.text, "unauthenticated") == 0
+
+
+async def test_rate_limit_is_per_key_with_retry_after_and_recovers(engine):
+    clock = FakeClock()
+    app = create_app(engine, api_keys=frozenset({KEY, OTHER_KEY}), rate_limit_per_minute=30, rate_limit_burst=2, clock=clock)
+    async with http(app, KEY) as first, http(app, OTHER_KEY) as second, http(app, WRONG_KEY) as wrong:
+        assert (await wrong.get("/v1/models")).status_code == 401  # refused before it can spend a bucket
+        assert [(await first.get("/v1/models")).status_code for _ in range(2)] == [200, 200]
+        throttled = await first.post("/v1/completions", json=COMPLETION)
+        error = assert_openai_error(throttled, 429, "requests", "rate_limit_exceeded")
+        assert throttled.headers["retry-after"] == "2" and "try again in 2s" in error["message"]  # 30/min: 2 s a token
+        assert (await second.get("/v1/models")).status_code == 200  # another key is not throttled
+        assert (await first.get("/metrics")).status_code == 200  # scrapes neither spend nor hit the limit
+        clock.now += 1.0
+        assert (await first.get("/v1/models")).headers["retry-after"] == "1"
+        clock.now += 1.0
+        assert (await first.get("/v1/models")).status_code == 200
+        assert rejections((await first.get("/metrics")).text, "rate_limited") == 2
+
+
+async def test_without_keys_the_limit_is_per_client_address(engine):
+    app = create_app(engine, rate_limit_per_minute=1, clock=FakeClock())
+    async with http(app, client_ip="10.0.0.1") as one, http(app, client_ip="10.0.0.2") as two:
+        assert (await one.get("/v1/models")).status_code == 200
+        throttled = await one.get("/v1/models")
+        assert throttled.status_code == 429 and throttled.headers["retry-after"] == "60"
+        assert (await two.get("/v1/models")).status_code == 200
+        assert (await one.get("/health")).status_code == 200
+
+
+async def test_official_client_raises_authentication_and_rate_limit_errors(engine):
+    app = create_app(engine, api_keys=frozenset({KEY}), rate_limit_per_minute=60, rate_limit_burst=1, clock=FakeClock())
+
+    def client(key: str) -> openai.AsyncOpenAI:
+        transport = httpx.ASGITransport(app=app)
+        return openai.AsyncOpenAI(
+            base_url="http://test/v1", api_key=key, max_retries=0, http_client=httpx.AsyncClient(transport=transport)
+        )
+
+    with pytest.raises(openai.AuthenticationError) as denied:
+        await client(WRONG_KEY).completions.create(**COMPLETION)
+    assert denied.value.code == "invalid_api_key" and WRONG_KEY not in str(denied.value)
+    good = client(KEY)
+    assert (await good.completions.create(**COMPLETION)).usage.prompt_tokens == 3
+    with pytest.raises(openai.RateLimitError) as throttled:
+        await good.completions.create(**COMPLETION)
+    assert throttled.value.code == "rate_limit_exceeded" and throttled.value.response.headers["retry-after"] == "1"
+
+
+async def test_a_full_engine_queue_is_503_with_retry_after(engine):
+    app = create_app(engine, api_keys=frozenset({KEY}))
+    held = engine.generate(GenerationRequest("hold-the-only-slot", engine.tokenize("w1 w2"), SamplingParams(max_tokens=8)))
+    try:
+        await asyncio.wait_for(anext(held), 30)  # the one request the engine admits is now in flight
+        async with http(app, KEY) as good:
+            for stream in (False, True):
+                refused = await good.post("/v1/completions", json={**COMPLETION, "stream": stream})
+                assert_openai_error(refused, 503, "server_overloaded", "server_overloaded")
+                assert refused.headers["retry-after"] == "1"
+            assert rejections((await good.get("/metrics")).text, "overloaded") == 2
+    finally:
+        await held.aclose()
+    async with http(app, KEY) as good:
+        assert (await good.post("/v1/completions", json=COMPLETION)).status_code == 200  # the slot came back
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST"])
+def test_loopback_hosts_need_no_warning(host, caplog):
+    assert warn_if_exposed(host, frozenset()) is False
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "192.168.1.5", "tandem.example.com"])
+def test_exposed_hosts_warn_unless_keys_are_set(host, caplog):
+    assert warn_if_exposed(host, frozenset({KEY})) is False
+    assert warn_if_exposed(host, frozenset()) is True
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "without API keys" in caplog.text
+
+
+def test_create_app_warns_about_an_exposed_bind_and_rejects_bad_settings(engine, caplog):
+    create_app(engine, bind_host="0.0.0.0")
+    assert "without API keys" in caplog.text
+    with pytest.raises(TypeError):
+        create_app(engine, api_keys=KEY)  # a string, not a set of keys
+    with pytest.raises(ValueError):
+        create_app(engine, api_keys=frozenset({" "}))
+    with pytest.raises(ValueError):
+        create_app(engine, rate_limit_burst=5)
+    with pytest.raises(ValueError):
+        create_app(engine, rate_limit_per_minute=0)

@@ -1,0 +1,78 @@
+"""The token-bucket request limiter on a fake clock: bursts, refill, per-client buckets, bounded memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdk.openai_server import rate_limit
+from sdk.openai_server.errors import retry_after_header
+from sdk.openai_server.rate_limit import RequestRateLimiter
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_burst_then_refill_at_the_per_minute_rate():
+    clock = FakeClock()
+    limiter = RequestRateLimiter(per_minute=60, burst=3, clock=clock)  # one token a second
+    assert [limiter.acquire("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limiter.acquire("a") == pytest.approx(1.0)
+    clock.now += 0.5
+    assert limiter.acquire("a") == pytest.approx(0.5)  # half a token back; a refusal takes nothing
+    clock.now += 0.5
+    assert limiter.acquire("a") == 0.0
+    assert limiter.acquire("a") == pytest.approx(1.0)
+
+
+def test_burst_defaults_to_the_per_minute_figure_and_waits_scale_with_the_rate():
+    clock = FakeClock()
+    limiter = RequestRateLimiter(per_minute=2, clock=clock)  # one token every 30 s
+    assert limiter.acquire("a") == 0.0 and limiter.acquire("a") == 0.0
+    assert limiter.acquire("a") == pytest.approx(30.0)
+    clock.now += 3600  # a long pause refills only up to the burst
+    assert [limiter.acquire("a") for _ in range(3)][-1] == pytest.approx(30.0)
+
+
+def test_clients_have_their_own_buckets():
+    limiter = RequestRateLimiter(per_minute=60, burst=1, clock=FakeClock())
+    assert limiter.acquire("a") == 0.0
+    assert limiter.acquire("a") > 0
+    assert limiter.acquire("b") == 0.0
+
+
+def test_a_clock_stepping_back_does_not_drain_or_fill_a_bucket():
+    clock = FakeClock()
+    limiter = RequestRateLimiter(per_minute=60, burst=1, clock=clock)
+    limiter.acquire("a")
+    clock.now -= 100
+    assert limiter.acquire("a") == pytest.approx(1.0)
+
+
+def test_idle_buckets_are_dropped_once_there_are_many(monkeypatch):
+    monkeypatch.setattr(rate_limit, "MAX_IDLE_BUCKETS", 3)
+    clock = FakeClock()
+    limiter = RequestRateLimiter(per_minute=60, burst=1, clock=clock)
+    for client in ("a", "b", "c"):
+        limiter.acquire(client)
+    clock.now += 0.5
+    limiter.acquire("d")  # nobody has refilled yet: all kept
+    assert len(limiter._buckets) == 4
+    clock.now += 1.0
+    limiter.acquire("e")  # a, b, c, d are full again and forgotten
+    assert set(limiter._buckets) == {"e"}
+
+
+@pytest.mark.parametrize("per_minute, burst", [(0, None), (-1, None), (float("inf"), None), (60, 0.5), (60, float("nan"))])
+def test_limits_that_would_refuse_everything_or_nothing_are_rejected(per_minute, burst):
+    with pytest.raises(ValueError):
+        RequestRateLimiter(per_minute=per_minute, burst=burst)
+
+
+@pytest.mark.parametrize("wait_s, header", [(0.0, "1"), (0.2, "1"), (1.0, "1"), (1.01, "2"), (29.5, "30")])
+def test_retry_after_is_whole_seconds_rounded_up_and_at_least_one(wait_s, header):
+    assert retry_after_header(wait_s) == header
