@@ -11,3 +11,9 @@ python -m pip install --quiet --upgrade pip
 python -c 'import torch' 2>/dev/null || pip install --quiet torch==2.13.0
 # llama-cpp-python compiles from source the first time (~5 min); pip caches the wheel.
 pip install --quiet -e ".${extra:+[$extra]}"
+# The gpu extra's onnxruntime-gpu shares the `onnxruntime` package with the CPU build that
+# tandem depends on; remove the CPU build and reinstall the GPU one so its files win.
+if [[ ",${extra}," == *",gpu,"* ]]; then
+    pip uninstall --quiet -y onnxruntime
+    pip install --quiet --force-reinstall --no-deps "onnxruntime-gpu>=1.17"
+fi

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import enum
 from typing import Optional
 
 import typer
 
+from sdk.cli_options import LogLevel
 from sdk.cloud_cli import cloud_app
 
 app = typer.Typer(help="tandem: a hybrid on-device-to-cloud LLM runtime.", no_args_is_help=True)
 app.add_typer(cloud_app, name="cloud")
-
-
-class LogLevel(str, enum.Enum):
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
 
 
 def _env(name: str) -> str:

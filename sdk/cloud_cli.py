@@ -8,19 +8,13 @@ NOT_SERVING and in-flight streams get a grace period before the engine shuts dow
 
 from __future__ import annotations
 
-import enum
 from typing import Optional
 
 import typer
 
+from sdk.cli_options import LogLevel
+
 cloud_app = typer.Typer(help="The cloud tier: serve the PyTorch engine over gRPC and HTTP.", no_args_is_help=True)
-
-
-class LogLevel(str, enum.Enum):
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
 
 
 def _env(name: str) -> str:

@@ -30,6 +30,22 @@ def _log_tail(path: Path, num_lines: int = 40) -> str:
         return "(no log)"
 
 
+def wait_until_healthy(process: subprocess.Popen, base_url: str, log_path: Path, name: str) -> None:
+    """Poll GET /health until 200; fail the test with the server's log if it exits or stays unhealthy."""
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"{name} exited with {process.returncode}:\n{_log_tail(log_path)}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name} was not healthy after {SERVER_START_TIMEOUT_S}s:\n{_log_tail(log_path)}")
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="session")
 def server_url(tmp_path_factory) -> str:
     """Base URL (http://127.0.0.1:PORT) of a `tandem serve` subprocess shared by the session."""
@@ -51,18 +67,7 @@ def server_url(tmp_path_factory) -> str:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"tandem serve exited with {process.returncode}:\n{_log_tail(log_path)}")
-            try:
-                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"tandem serve was not healthy after {SERVER_START_TIMEOUT_S}s:\n{_log_tail(log_path)}")
-            time.sleep(0.2)
+        wait_until_healthy(process, base_url, log_path, "tandem serve")
         yield base_url
     finally:
         process.terminate()

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
@@ -19,7 +18,7 @@ import pytest
 from sdk.cloud_client import CloudClient, CloudUnauthenticatedError
 from sdk.engine_protocol import SamplingParams
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
-from tests.conftest import REPO_ROOT, _log_tail, free_port
+from tests.conftest import REPO_ROOT, _log_tail, free_port, wait_until_healthy
 
 pytestmark = pytest.mark.slow
 KEY = "sk-test-cloud"
@@ -39,18 +38,7 @@ def cloud_server(tiny_dir, tmp_path_factory):  # noqa: F811
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
     base_url = f"http://127.0.0.1:{http_port}"
-    deadline = time.monotonic() + 180
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"tandem cloud serve exited with {process.returncode}:\n{_log_tail(log_path)}")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"tandem cloud serve was not healthy after 180 s:\n{_log_tail(log_path)}")
-        time.sleep(0.2)
+    wait_until_healthy(process, base_url, log_path, "tandem cloud serve")
     yield process, base_url, f"127.0.0.1:{grpc_port}", log_path
     if process.poll() is None:
         process.kill()
