@@ -1,0 +1,79 @@
+"""The cascade runner: one chat request through the local tier, and the cloud tier when
+the router escalates, with privacy, hand-off, circuit breaker and cost accounting.
+
+    runner = CascadeRunner(local_engine, CloudClient("host:port"), CascadeConfig())
+    async for event in runner.generate(messages, SamplingParams(max_tokens=64), model="auto:0.4"):
+        ...  # event.text from either tier; the last event carries event.routing
+
+The per-request flow lives in sdk.cascade_request; this module holds what requests share.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from router.circuit_breaker import CircuitBreaker
+from router.costs import CostLedger, CostTable
+from router.decision import parse_model_choice
+from router.privacy import PrivacyRules
+from router.privacy_counters import PrivacyCounters
+from sdk.cascade_config import CascadeConfig
+from sdk.cascade_request import CascadeRequest
+from sdk.cascade_types import CascadeEvent, CascadeResult, RoutingInfo, collect
+from sdk.cloud_client import CloudClient
+from sdk.engine_protocol import EngineProtocol, SamplingParams
+
+__all__ = ["CascadeConfig", "CascadeEvent", "CascadeResult", "CascadeRunner", "RoutingInfo", "collect"]
+
+
+class CascadeRunner:
+    """Routes requests between a local engine and an optional cloud client.
+
+    Shared across requests: the privacy rules and counters, the circuit breaker (so
+    failures of one request spare the next ones a doomed cloud call) and the cost ledger."""
+
+    def __init__(
+        self,
+        local: EngineProtocol,
+        cloud: CloudClient | None,
+        config: CascadeConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,  # the breaker's clock; injectable for tests
+    ):
+        self.local = local
+        self.cloud = cloud  # None: a device-only deployment; escalations degrade to local
+        self.config = config or CascadeConfig()
+        rules_config = {**self.config.privacy}
+        rules_config.setdefault("redact_before_escalation", self.config.redact_before_escalation)
+        self.privacy_rules = PrivacyRules.from_config(rules_config)
+        self.privacy_counters = PrivacyCounters()
+        self.breaker = CircuitBreaker(self.config.breaker_failure_threshold, self.config.breaker_cool_down_s, clock)
+        self.ledger = CostLedger(CostTable.from_config(self.config.prices))
+
+    @property
+    def redact_before_escalation(self) -> bool:
+        return self.privacy_rules.config.redact_before_escalation
+
+    async def generate(
+        self,
+        messages: Sequence,
+        params: SamplingParams,
+        model: str = "auto",
+        private: bool = False,
+        request_id: str | None = None,
+    ) -> AsyncIterator[CascadeEvent]:
+        """Stream the answer (module docstring). Raises InvalidRequestError (400) for a bad
+        model name or a request the cloud calls invalid; cloud outages never raise."""
+        mode, threshold = parse_model_choice(model)  # ModelChoiceError is an InvalidRequestError (400)
+        if threshold is None:
+            threshold = self.config.default_threshold
+        request = CascadeRequest(
+            self, list(messages), params, mode, threshold, private, request_id or f"cascade-{uuid.uuid4().hex}"
+        )
+        async for event in request.run():
+            yield event
+
+    async def complete(self, messages: Sequence, params: SamplingParams, **kwargs) -> CascadeResult:
+        """The whole answer at once (see generate for the arguments)."""
+        return await collect(self.generate(messages, params, **kwargs))

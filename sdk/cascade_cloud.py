@@ -1,0 +1,93 @@
+"""One cloud call of the cascade, with the circuit breaker told of every outcome.
+
+Health failures (unreachable, deadline, overload, server errors) and rejected
+credentials become `CloudFailed`, which the runner turns into a degraded local answer;
+an invalid argument is the caller's error and propagates as the InvalidRequestError it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from router.circuit_breaker import CircuitBreaker
+from router.failure_kinds import FailureKind, classify_failure
+from sdk.cloud_client import CloudClient, CloudError, CloudInvalidArgumentError, CloudTokenEvent
+from sdk.engine_protocol import SamplingParams
+
+# RoutingInfo.degraded_reason for each kind of cloud failure.
+DEGRADED_REASONS = {
+    FailureKind.UNAVAILABLE: "cloud_unavailable",
+    FailureKind.DEADLINE: "cloud_timeout",
+    FailureKind.OVERLOADED: "cloud_overloaded",
+    FailureKind.AUTH: "cloud_auth",
+    FailureKind.INTERNAL: "cloud_error",
+}
+
+
+class CloudFailed(Exception):
+    """The cloud could not answer; `reason` is the degraded_reason to report."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class CloudUsage:
+    """Tokens of one cloud call, for the cost ledger (also when it failed part-way)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def refusal_reason(client: CloudClient | None, breaker: CircuitBreaker) -> str | None:
+    """Why the cloud must not be called now, or None (then a half-open trial is ours: report it)."""
+    if client is None:
+        return "no_cloud"
+    if breaker.auth_disabled:
+        return "cloud_auth"
+    if not breaker.allow():
+        return "circuit_open"
+    return None
+
+
+async def stream_from_cloud(
+    client: CloudClient,
+    breaker: CircuitBreaker,
+    prompt: list[dict],
+    params: SamplingParams,
+    usage: CloudUsage,
+    *,
+    model: str,
+    request_id: str,
+    continuation_token_ids: Sequence[int],
+    timeout_s: float,
+) -> AsyncIterator[CloudTokenEvent]:
+    """The cloud's tokens as they come; call only after refusal_reason() returned None."""
+    reported = False
+    try:
+        async for event in client.generate(
+            prompt, params, model=model, request_id=request_id,
+            continuation_token_ids=continuation_token_ids, timeout_s=timeout_s,
+        ):  # fmt: skip
+            usage.completion_tokens += 1
+            usage.prompt_tokens = event.num_prompt_tokens or usage.prompt_tokens
+            yield event
+        breaker.record_success()
+        reported = True
+    except CloudInvalidArgumentError:
+        breaker.record_failure(FailureKind.INVALID_ARGUMENT)  # frees a half-open trial, counts nothing
+        reported = True
+        raise
+    except CloudError as error:
+        kind = classify_failure(error)
+        if kind is FailureKind.AUTH:
+            breaker.record_auth_failure(error.code.name)  # escalation stays off until breaker.reset()
+        else:
+            breaker.record_failure(kind)
+        reported = True
+        raise CloudFailed(DEGRADED_REASONS.get(kind, "cloud_error")) from error
+    finally:
+        if not reported:  # cancelled or closed early: no outcome, but free a half-open trial
+            breaker.record_abandoned()

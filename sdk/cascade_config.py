@@ -1,0 +1,48 @@
+"""Settings of the cascade runner (sdk.cascade): one validated dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from confidence import FEATURE_NAMES
+from router.decision import HandoffMode, validate_threshold
+from router.streaming_policy import UNCALIBRATED_SCORE_KINDS, DecideAt
+
+
+@dataclass
+class CascadeConfig:
+    """How one deployment routes between the local and the cloud tier."""
+
+    default_threshold: float = 0.5  # used when the model name is plain "auto"
+    min_tokens_k: int = 8  # local tokens before the streaming policy first judges
+    score_kind: str = "mean_prob"  # the confidence feature compared with the threshold
+    decide_at: str = "every_token"  # router.streaming_policy.DecideAt value
+    handoff: str = "restart"  # "restart" (cloud answers anew) or "continue" (cloud goes on after the local prefix)
+    hold_tokens: int | None = None  # restart mode: tokens held back before committing local; None: until decided
+    privacy: dict = field(default_factory=dict)  # router.privacy.PrivacyRules.from_config input
+    redact_before_escalation: bool = False  # escalate rule-matching requests with placeholders instead of keeping them local
+    cloud_timeout_s: float = 30.0  # deadline of one whole cloud stream
+    breaker_failure_threshold: int = 3  # consecutive cloud failures that open the circuit breaker
+    breaker_cool_down_s: float = 30.0  # how long the breaker stays open before a trial call
+    prices: dict = field(default_factory=dict)  # router.costs.CostTable.from_config input
+    cloud_model: str | None = None  # model id on the cloud server; None: the server's default
+
+    def __post_init__(self) -> None:
+        self.default_threshold = validate_threshold(self.default_threshold)
+        if isinstance(self.min_tokens_k, bool) or not isinstance(self.min_tokens_k, int) or self.min_tokens_k < 1:
+            raise ValueError(f"min_tokens_k must be an integer >= 1, got {self.min_tokens_k!r}")
+        if self.score_kind not in FEATURE_NAMES or self.score_kind not in UNCALIBRATED_SCORE_KINDS:
+            # The runner has no calibrator, so only probability-like features make sense against [0, 1].
+            raise ValueError(f"score_kind must be one of {sorted(UNCALIBRATED_SCORE_KINDS)}, got {self.score_kind!r}")
+        self.decide_at = DecideAt(self.decide_at).value
+        self.handoff = HandoffMode(self.handoff).value
+        if self.hold_tokens is not None:
+            if self.handoff == HandoffMode.CONTINUE.value:
+                raise ValueError("hold_tokens applies to restart mode only; continue mode releases tokens as they come")
+            if isinstance(self.hold_tokens, bool) or not isinstance(self.hold_tokens, int) or self.hold_tokens < self.min_tokens_k:
+                # A shorter window would commit local before the first decision at token K.
+                raise ValueError(f"hold_tokens must be None or an integer >= min_tokens_k ({self.min_tokens_k}), got {self.hold_tokens!r}")
+        if not self.cloud_timeout_s > 0:
+            raise ValueError(f"cloud_timeout_s must be > 0 seconds, got {self.cloud_timeout_s!r}")
+        if self.breaker_failure_threshold < 1 or not self.breaker_cool_down_s >= 0:
+            raise ValueError("breaker_failure_threshold must be >= 1 and breaker_cool_down_s >= 0")

@@ -1,0 +1,63 @@
+"""The local tier's part of one cascade request: generate, stop on escalation, resume."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+from sdk.engine_protocol import EngineProtocol, GenerationRequest, SamplingParams, TokenEvent
+
+
+class LocalRun:
+    """Every local token of one request, across the first run and a resumed one."""
+
+    def __init__(self, engine: EngineProtocol, messages: list[dict], params: SamplingParams, request_id: str):
+        self.engine, self.messages, self.params, self.request_id = engine, messages, params, request_id
+        self.prompt_token_ids: list[int] | None = None  # rendered on first use (private requests need it only here)
+        self.events: list[TokenEvent] = []  # every local token generated, released or not
+        self._stream: AsyncIterator[TokenEvent] | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids or ())
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.events)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.events) and self.events[-1].finish_reason is not None
+
+    def _prompt(self) -> list[int]:
+        if self.prompt_token_ids is None:
+            self.prompt_token_ids = list(self.engine.apply_chat_template(self.messages))
+        return self.prompt_token_ids
+
+    async def stream(self) -> AsyncIterator[TokenEvent]:
+        """The local answer, token by token (stop() ends it early)."""
+        self._stream = self.engine.generate(GenerationRequest(self.request_id, self._prompt(), self.params))
+        try:
+            async for event in self._stream:
+                self.events.append(event)
+                yield event
+        finally:
+            await self._stream.aclose()  # the engine frees an unfinished request's KV blocks
+
+    async def stop(self) -> None:
+        """Abort the local request after an escalation: the cloud takes over."""
+        if self._stream is not None and not self.finished:
+            await self.engine.abort(self.request_id)
+            await self._stream.aclose()
+
+    async def resume(self) -> AsyncIterator[TokenEvent]:
+        """Generate the rest of the answer after the tokens already in `events` (none: from scratch)."""
+        remaining = self.params.max_tokens - len(self.events)
+        if self.finished or remaining < 1:
+            return
+        prompt = self._prompt() + [event.token_id for event in self.events]
+        params = dataclasses.replace(self.params, max_tokens=remaining)
+        suffix = "-resume" if self.events else ""
+        async for event in self.engine.generate(GenerationRequest(self.request_id + suffix, prompt, params)):
+            self.events.append(event)
+            yield event

@@ -1,0 +1,180 @@
+"""One request through the cascade (sdk.cascade): route, stream, hand off, fall back.
+
+Cloud failure policy: the breaker is asked *before* the local request is stopped, so a
+refused escalation simply lets the local answer go on (degraded, nothing re-run). A cloud
+call that fails before its first token resumes the local answer where it stopped: the
+prompt plus every local token generated so far is sent back to the local engine
+(llama.cpp reuses the cached prefix), and the held-back tokens are released first. A cloud
+stream that fails after tokens reached the client ends there (finish_reason "abort"):
+the local model cannot continue text from another tokenizer without contradicting it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+from router.chat_text import message_as_dict, message_text_length
+from router.decision import HandoffMode, Reason, RoutingDecision, RoutingMode, Tier
+from router.hold_back import HandoffPlan, HoldBackBuffer
+from router.policy import ForcedTier, PrivateFirst, RequestContext, StreamingPolicy, ThresholdOnePolicy, compose
+from sdk.cascade_cloud import CloudFailed, CloudUsage, refusal_reason, stream_from_cloud
+from sdk.cascade_local import LocalRun
+from sdk.cascade_types import CascadeEvent, RoutingInfo
+from sdk.engine_protocol import SamplingParams
+
+COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
+
+
+class CascadeRequest:
+    """The state of one request; `run()` streams its CascadeEvents."""
+
+    def __init__(self, runner, messages: list, params: SamplingParams, mode: RoutingMode, threshold: float,
+                 private: bool, request_id: str):  # fmt: skip
+        self.runner, self.config, self.params, self.request_id = runner, runner.config, params, request_id
+        self.messages = [message_as_dict(message) for message in messages]
+        self.verdict = runner.privacy_rules.check_messages(self.messages, private=private)
+        # With redaction allowed, matching rules no longer keep the request local; the flag still does.
+        may_redact = runner.redact_before_escalation and not self.verdict.flagged_private
+        self.cloud_messages, self.redactions = (
+            runner.privacy_rules.redact_messages(self.messages) if may_redact else (self.messages, [])
+        )
+        kept_local_rules = () if may_redact else self.verdict.rule_names
+        self.cascade = compose(
+            pre=[PrivateFirst(lambda _text: kept_local_rules), ForcedTier(), ThresholdOnePolicy(threshold)],
+            streaming=StreamingPolicy(threshold, self.config.min_tokens_k, self.config.score_kind,
+                                      decide_at=self.config.decide_at),
+        )  # fmt: skip
+        self.context = RequestContext("\n".join(m.get("content") or "" for m in self.messages if isinstance(m.get("content"), str)),
+                                      mode, flagged_private=private)  # fmt: skip
+        self.threshold = threshold
+        self.cost = runner.ledger.new_request()
+        self.local = LocalRun(runner.local, self.messages, params, request_id)
+        self.degraded_reason: str | None = None
+        self.refused_as_committed = False
+        self.handoff: HandoffMode | None = None
+        self.answered_by = Tier.LOCAL
+        self.finish_reason: str | None = None
+        self.local_committed = False  # the local answer is settled: its tokens go straight to the client
+
+    async def run(self) -> AsyncIterator[CascadeEvent]:
+        pre = self.cascade.before_generation(self.context)
+        if pre is not None and pre.tier is Tier.CLOUD:
+            async for event in self._cloud_then_fallback(plan=None):
+                yield event
+        else:
+            async for event in self._local_first(pre):
+                yield event
+        yield CascadeEvent("", None, self.answered_by.value, self.finish_reason, self._routing_info())
+
+    async def _local_first(self, pre: RoutingDecision | None) -> AsyncIterator[CascadeEvent]:
+        buffer = HoldBackBuffer(self.config.handoff, self.config.hold_tokens)
+        if pre is not None or self.threshold == 0.0:
+            self._settle_local(buffer)  # nothing can escalate: stream the local tokens as they come
+        observing, escalation = True, None
+        async for event in self.local.stream():
+            if observing and (escalation := self.cascade.observe(event)) is not None:
+                if await self._may_hand_off(buffer):
+                    break
+                observing, escalation = False, None  # refused: keep the local answer, stop judging it
+                for held in self._settle_local(buffer):
+                    yield held
+            for released in self._release(buffer, event):
+                yield released
+            self.finish_reason = event.finish_reason
+        if escalation is None and observing:
+            decision = self.cascade.finish()  # the short-answer or decide_at="end" verdict
+            if decision.escalated and await self._may_hand_off(buffer):
+                escalation = decision
+        if escalation is None:
+            for held in self._settle_local(buffer):
+                yield held
+            return
+        await self.local.stop()
+        async for event in self._cloud_then_fallback(plan=buffer.escalate()):
+            yield event
+
+    async def _may_hand_off(self, buffer: HoldBackBuffer) -> bool:
+        """Whether an escalation can go ahead; if not, note why (the local answer stands)."""
+        if not buffer.can_escalate:
+            self.refused_as_committed = True
+            return False
+        self.degraded_reason = refusal_reason(self.runner.cloud, self.runner.breaker)
+        return self.degraded_reason is None
+
+    def _release(self, buffer: HoldBackBuffer, event) -> list[CascadeEvent]:
+        # Call order (router.hold_back): the router has seen this token and did not escalate.
+        pushed = [event] if self.local_committed else buffer.push(event)
+        return [CascadeEvent(e.text, e.token_id, Tier.LOCAL.value) for e in pushed]
+
+    def _settle_local(self, buffer: HoldBackBuffer) -> list[CascadeEvent]:
+        if self.local_committed:
+            return []
+        self.local_committed = True
+        return [CascadeEvent(e.text, e.token_id, Tier.LOCAL.value) for e in buffer.commit_local()]
+
+    async def _cloud_then_fallback(self, plan: HandoffPlan | None) -> AsyncIterator[CascadeEvent]:
+        """Call the cloud (plan None: before any local token); fall back to local on failure."""
+        if plan is not None:
+            self.handoff = plan.mode  # _may_hand_off already asked the breaker
+        else:
+            self.degraded_reason = refusal_reason(self.runner.cloud, self.runner.breaker)
+        num_cloud_tokens = 0
+        if self.degraded_reason is None:
+            if self.redactions:
+                self.runner.privacy_counters.record_redacted(len(self.redactions))
+            prefix = plan.prefix_token_ids if plan is not None and plan.prefix_token_ids else ()
+            params = dataclasses.replace(self.params, max_tokens=max(1, self.params.max_tokens - len(prefix)))
+            usage = CloudUsage()
+            try:
+                async for event in stream_from_cloud(
+                    self.runner.cloud, self.runner.breaker, self.cloud_messages, params, usage,
+                    model=self.config.cloud_model or "", request_id=self.request_id,
+                    continuation_token_ids=prefix, timeout_s=self.config.cloud_timeout_s,
+                ):  # fmt: skip
+                    num_cloud_tokens += 1
+                    self.answered_by, self.finish_reason = Tier.CLOUD, event.finish_reason
+                    yield CascadeEvent(event.text, event.token_id, Tier.CLOUD.value)
+                self.cost.add("cloud", usage.prompt_tokens, usage.completion_tokens)
+                return
+            except CloudFailed as failure:
+                self.degraded_reason = failure.reason
+                self.cost.add("cloud", usage.prompt_tokens, usage.completion_tokens)
+            if num_cloud_tokens:
+                self.finish_reason = "abort"  # the client has cloud text the local model cannot continue
+                return
+        async for event in self._resume_local(plan):
+            yield event
+
+    async def _resume_local(self, plan: HandoffPlan | None) -> AsyncIterator[CascadeEvent]:
+        """The local answer after a failed hand-off: what the client has not seen, then the rest."""
+        self.answered_by = Tier.LOCAL
+        already_released = plan.num_released_tokens if plan is not None else 0
+        for event in self.local.events[already_released:]:
+            yield CascadeEvent(event.text, event.token_id, Tier.LOCAL.value)
+            self.finish_reason = event.finish_reason
+        async for event in self.local.resume():
+            yield CascadeEvent(event.text, event.token_id, Tier.LOCAL.value)
+            self.finish_reason = event.finish_reason
+
+    def _routing_info(self) -> RoutingInfo:
+        decision = self.cascade.finish()
+        escalated = decision.escalated and not self.refused_as_committed
+        if decision.reason == Reason.PRIVATE:
+            self.runner.privacy_counters.record_kept_local(self.verdict.reasons, message_text_length(self.messages))
+        info = RoutingInfo(
+            tier=self.answered_by.value, escalated=escalated,
+            reason=COMMITTED_LOCAL if self.refused_as_committed else decision.reason,
+            confidence=decision.confidence, decided_at_token=decision.decided_at_token,
+            handoff=self.handoff.value if self.handoff is not None else None,
+            degraded=self.degraded_reason is not None, degraded_reason=self.degraded_reason,
+            privacy_reasons=self.verdict.reasons if decision.reason == Reason.PRIVATE else (),
+            num_redactions=len(self.redactions) if self.answered_by is Tier.CLOUD else 0,
+            decided_by=decision.decided_by, detail=decision.detail, cost=self.cost.as_dict(),
+        )  # fmt: skip
+        if self.local.prompt_token_ids is not None:  # the local tier ran (resumed tokens included)
+            self.cost.add("local", self.local.num_prompt_tokens, self.local.num_generated)
+        info.cost = self.cost.as_dict()
+        self.runner.ledger.record(self.cost)
+        return info
+

@@ -1,0 +1,224 @@
+"""The cascade runner over a real local engine (embedded GGUF) and a real gRPC cloud tier
+(the tiny random-weight cloud engine on loopback), recording what the cloud received."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
+from confidence import RunningConfidence
+from local_runtime.async_engine import AsyncLocalEngine
+from local_runtime.config import LocalEngineConfig
+from router.decision import ModelChoiceError
+from sdk.cascade import CascadeConfig, CascadeRunner
+from sdk.cloud_client import CloudClient
+from sdk.engine_protocol import GenerationRequest, InvalidRequestError, SamplingParams
+from tests.cloud_engine.grpc_helpers import long_tiny_dir, make_engine, serve  # noqa: F401  (fixtures)
+from tests.cloud_engine.tiny_models import VOCAB_SIZE
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "Describe a cat in detail: its habits and its fur."}]
+EMAIL = [{"role": "user", "content": "Write to jane.doe@example.com about the meeting."}]
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
+
+
+class RecordingCloudEngine:
+    """The cloud engine, recording each request's messages and continuation ids.
+
+    The tiny model has no chat template and another vocabulary than the local model, so
+    this wrapper renders messages as plain words and folds ids into its vocabulary before
+    the engine sees them; what was *sent* is recorded before that."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.received: list[tuple[list[dict], list[int]]] = []  # (messages, continuation ids)
+        self._template_len = 0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def apply_chat_template(self, messages):
+        self.received.append(([dict(m) for m in messages], []))
+        ids = [1] + self.engine.tokenize(" ".join(m["content"] for m in messages), add_special=False)
+        self._template_len = len(ids)
+        return ids
+
+    def generate(self, request: GenerationRequest):
+        self.received[-1][1].extend(request.prompt_token_ids[self._template_len:])
+        folded = [t % VOCAB_SIZE for t in request.prompt_token_ids]
+        return self.engine.generate(dataclasses.replace(request, prompt_token_ids=folded))
+
+
+@pytest.fixture(scope="module")
+def local_engine():
+    config = LocalEngineConfig(kv_cache_tokens=1024, max_num_seqs=2, max_num_batched_tokens=128, max_model_len=512, n_threads=1)
+    engine = AsyncLocalEngine(config).start()
+    engine.wait_ready(180)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cloud_engine(long_tiny_dir):  # noqa: F811
+    engine = make_engine(long_tiny_dir)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture
+def recording(cloud_engine):
+    return RecordingCloudEngine(cloud_engine)
+
+
+@pytest.fixture
+async def make_runner(recording, serve, local_engine):  # noqa: F811
+    clients = []
+
+    async def make(target: str | None = "serve", **config) -> CascadeRunner:
+        if target == "serve":
+            target = await serve(recording)
+        client = CloudClient(target) if target else None
+        clients.append(client)
+        clock = config.pop("clock", None)
+        extra = {"clock": clock} if clock else {}
+        return CascadeRunner(local_engine, client, CascadeConfig(**config), **extra)
+
+    yield make
+    for client in clients:
+        if client is not None:
+            await client.close()
+
+
+async def reference_scores(local_engine, params=GREEDY) -> list[float]:
+    """mean_prob after each local token, computed independently of the runner."""
+    request = GenerationRequest("reference", local_engine.apply_chat_template(QUESTION), params)
+    running, scores = RunningConfidence(), []
+    async for event in local_engine.generate(request):
+        running.update(event)
+        scores.append(running.score("mean_prob"))
+    return scores
+
+
+def between_threshold(scores: list[float], k: int) -> float:
+    """A threshold the first K prefixes pass and a later one fails, where the answer allows
+    it (the first later dip below every earlier judged score); else the median."""
+    for n in range(k + 1, len(scores) + 1):
+        earlier = min(scores[k - 1 : n - 1])
+        if scores[n - 1] < earlier:
+            return (scores[n - 1] + earlier) / 2
+    judged = sorted(scores[k - 1 :])
+    return judged[len(judged) // 2]
+
+
+async def test_threshold_one_and_forced_cloud_always_reach_the_cloud(make_runner, recording):
+    runner = await make_runner()
+    for model, reason, escalated in [("auto:1", "threshold_one", True), ("cloud", "forced", False)]:
+        result = await runner.complete(QUESTION, GREEDY, model=model)
+        assert (result.routing.tier, result.routing.reason, result.routing.escalated) == ("cloud", reason, escalated)
+        assert set(result.tiers) == {"cloud"} and not result.routing.degraded
+        assert result.routing.cost["cloud"]["completion_tokens"] == len(result.token_ids)
+    assert len(recording.received) == 2 and recording.received[0][0] == QUESTION
+
+
+async def test_threshold_zero_and_forced_local_never_reach_the_cloud(make_runner, recording):
+    runner = await make_runner()
+    for model, reason in [("auto:0", "confident"), ("local", "forced")]:
+        result = await runner.complete(QUESTION, GREEDY, model=model)
+        assert (result.routing.tier, result.routing.reason, result.routing.escalated) == ("local", reason, False)
+        assert set(result.tiers) == {"local"} and result.text
+    assert recording.received == []
+    with pytest.raises(InvalidRequestError):
+        await runner.complete(QUESTION, GREEDY, model="auto:2")
+    assert issubclass(ModelChoiceError, InvalidRequestError)
+
+
+async def test_private_and_pii_requests_never_reach_the_cloud(make_runner, recording):
+    runner = await make_runner()
+    private = await runner.complete(QUESTION, GREEDY, model="auto:1", private=True)
+    email = await runner.complete(EMAIL, GREEDY, model="cloud")
+    assert (private.routing.tier, private.routing.reason, private.routing.privacy_reasons) == ("local", "private", ("private_flag",))
+    assert (email.routing.tier, email.routing.reason, email.routing.privacy_reasons) == ("local", "private", ("email",))
+    assert recording.received == []
+    assert runner.privacy_counters.snapshot().num_requests_kept_local == 2
+
+
+async def test_redaction_sends_only_placeholders(make_runner, recording):
+    runner = await make_runner(redact_before_escalation=True)
+    result = await runner.complete(EMAIL, GREEDY, model="auto:1")
+    assert result.routing.tier == "cloud" and result.routing.num_redactions == 1
+    (sent, _), = recording.received
+    assert "[EMAIL]" in sent[0]["content"] and "jane.doe" not in sent[0]["content"]
+    flagged = await runner.complete(EMAIL, GREEDY, model="auto:1", private=True)  # the flag still wins
+    assert flagged.routing.tier == "local" and len(recording.received) == 1
+
+
+async def test_stopped_cloud_server_degrades_to_local(make_runner, recording):
+    server = await start_grpc_server(recording, GrpcServerConfig(port=0))
+    target = f"127.0.0.1:{bound_port(server)}"
+    await stop_grpc_server(server, grace_s=0)
+    runner = await make_runner(target, min_tokens_k=4)
+    result = await runner.complete(QUESTION, GREEDY, model="auto:1")
+    assert (result.routing.tier, result.routing.degraded, result.routing.degraded_reason) == ("local", True, "cloud_unavailable")
+    assert result.text and set(result.tiers) == {"local"}
+    # Escalating mid-answer: the held-back tokens come out, then the local answer resumes.
+    result = await runner.complete(QUESTION, GREEDY, model="auto:0.9999")
+    assert result.routing.escalated and result.routing.degraded_reason == "cloud_unavailable"
+    assert len(result.token_ids) == GREEDY.max_tokens or result.finish_reason == "stop"
+
+
+async def test_breaker_opens_after_failures_and_closes_after_cool_down(make_runner, serve, recording):  # noqa: F811
+    now = [0.0]
+    runner = await make_runner(f"127.0.0.1:{free_port()}", breaker_failure_threshold=2, breaker_cool_down_s=10, clock=lambda: now[0])
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    reasons = [(await runner.complete(QUESTION, params, model="cloud")).routing.degraded_reason for _ in range(3)]
+    assert reasons == ["cloud_unavailable", "cloud_unavailable", "circuit_open"]
+    runner.cloud = CloudClient(await serve(recording))  # the cloud is back
+    assert (await runner.complete(QUESTION, params, model="cloud")).routing.degraded_reason == "circuit_open"
+    assert recording.received == []
+    now[0] = 10.0
+    result = await runner.complete(QUESTION, params, model="cloud")
+    assert (result.routing.tier, result.routing.degraded) == ("cloud", False)
+    assert runner.breaker.state.value == "closed"
+    await runner.cloud.close()
+
+
+@pytest.mark.parametrize("handoff", ["continue", "restart"])
+async def test_escalation_at_token_k_hands_off(make_runner, recording, local_engine, handoff):
+    k = 4
+    scores = await reference_scores(local_engine)
+    threshold = min(0.9999, max(scores[k - 1:]) + 1e-6)  # every judged prefix falls below it: escalate at K
+    runner = await make_runner(min_tokens_k=k, handoff=handoff)
+    local_ids = [e.token_id async for e in local_engine.generate(
+        GenerationRequest("ids", local_engine.apply_chat_template(QUESTION), GREEDY))]
+    result = await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")
+    routing = result.routing
+    assert (routing.tier, routing.escalated, routing.reason, routing.handoff) == ("cloud", True, "low_confidence", handoff)
+    assert routing.decided_at_token == k and routing.confidence == pytest.approx(scores[k - 1])
+    (_, continuation), = recording.received
+    if handoff == "continue":
+        assert continuation == local_ids[: k - 1]  # the released prefix; the K-th token triggered
+        assert result.tiers[: k - 1] == ["local"] * (k - 1) and result.token_ids[: k - 1] == local_ids[: k - 1]
+        assert set(result.tiers[k - 1:]) == {"cloud"}
+    else:
+        assert continuation == [] and set(result.tiers) == {"cloud"}  # no local token was released
+    assert routing.cost["local"]["completion_tokens"] == k
+
+
+async def test_in_between_threshold_matches_recorded_signals(make_runner, recording, local_engine):
+    k = 4
+    scores = await reference_scores(local_engine)
+    threshold = between_threshold(scores, k)
+    expected_at = next((n for n in range(k, len(scores) + 1) if scores[n - 1] < threshold), None)
+    runner = await make_runner(min_tokens_k=k)
+    routing = (await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")).routing
+    if expected_at is None:
+        assert (routing.tier, routing.escalated, routing.decided_at_token) == ("local", False, len(scores))
+        assert recording.received == []
+    else:
+        assert (routing.tier, routing.escalated, routing.decided_at_token) == ("cloud", True, expected_at)
+        assert routing.confidence == pytest.approx(scores[expected_at - 1])
+        assert len(recording.received) == 1
