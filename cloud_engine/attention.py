@@ -151,7 +151,6 @@ def _prefill_attention(
     scale: float,
 ) -> torch.Tensor:
     start, end = chunk.query_start, chunk.query_end
-    num_heads = query.shape[1]
     num_kv_heads, head_dim = key_cache.shape[-2:]
     if chunk.block_ids is None:
         keys, values = key[start:end], value[start:end]
@@ -160,14 +159,21 @@ def _prefill_attention(
         values = value_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.context_len]
     if query.device.type == "cpu":
         return causal_attention_tiled(query[start:end], keys, values, chunk.context_len - (end - start), scale)
+    return causal_attention_sdpa(query[start:end], keys, values, chunk.mask, scale)
+
+
+def causal_attention_sdpa(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """The portable prefill path (GPUs): one SDPA call; `mask` as in PrefillChunk (None: plain causal)."""
     out = F.scaled_dot_product_attention(
-        query[start:end].transpose(0, 1),  # [heads, query_len, dim]
+        query.transpose(0, 1),  # [heads, query_len, dim]
         keys.transpose(0, 1),
         values.transpose(0, 1),
-        attn_mask=chunk.mask,
-        is_causal=chunk.mask is None,
+        attn_mask=mask,
+        is_causal=mask is None,
         scale=scale,
-        enable_gqa=num_heads != num_kv_heads,
+        enable_gqa=query.shape[1] != keys.shape[1],
     )
     return out.transpose(0, 1)
 

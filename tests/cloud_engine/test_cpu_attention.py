@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from cloud_engine.attention import CPU_TILE_ROWS, causal_attention_tiled
+from cloud_engine.attention import CPU_TILE_ROWS, causal_attention_sdpa, causal_attention_tiled
 from cloud_engine.kernels import cpu_kernels, select_decode_kernel
 
 
@@ -113,6 +113,21 @@ def test_tiled_prefill_matches_dense_reference(query_len, query_offset, dtype):
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.double(), dense_attention(query, keys, values, 32**-0.5, query_offset),
                                atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("query_len,query_offset", [(9, 0), (20, 35)])
+def test_sdpa_prefill_matches_dense_reference(query_len, query_offset):
+    """The GPU prefill path, checked here on CPU: plain causal, and a chunk after cached context (explicit mask)."""
+    gen = torch.Generator().manual_seed(7 + query_offset)
+    context = query_offset + query_len
+    query = torch.randn(query_len, 6, 32, generator=gen)
+    keys, values = torch.randn(context, 2, 32, generator=gen), torch.randn(context, 2, 32, generator=gen)
+    mask = None
+    if query_offset:
+        mask = torch.arange(context)[None, :] <= torch.arange(query_offset, context)[:, None]
+    out = causal_attention_sdpa(query, keys, values, mask, 32**-0.5)
+    torch.testing.assert_close(out.double(), dense_attention(query, keys, values, 32**-0.5, query_offset),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_backend_selection():
