@@ -1,0 +1,91 @@
+"""Client: the synchronous twin of sdk.client.AsyncClient, for apps without an event loop.
+
+It runs its own event loop on a background thread, so the runner's cloud channel (opened on
+first use in the loop that uses it) lives in that loop; close() closes that channel with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+from sdk.cascade import CascadeRunner
+
+
+class _SyncStream:
+    """Chunks of one streamed completion; close() (or leaving a with-block) cancels it."""
+
+    def __init__(self, client: "Client", chunks):
+        self._client, self._chunks = client, chunks
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def __next__(self):
+        try:
+            return self._client._run(anext(self._chunks))
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        self._client._run(self._chunks.aclose())
+
+    def __enter__(self) -> "_SyncStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Completions:
+    def __init__(self, client: "Client"):
+        self._client = client
+
+    def create(self, **kwargs):
+        """Same arguments and results as AsyncClient's; stream=True gives a plain iterator."""
+        result = self._client._run(self._client._async.chat.completions.create(**kwargs))
+        return _SyncStream(self._client, result) if kwargs.get("stream") else result
+
+
+class _Chat:
+    def __init__(self, client: "Client"):
+        self.completions = _Completions(client)
+
+
+class Client:
+    """client.chat.completions.create(...) from synchronous code; use as a context manager or close()."""
+
+    def __init__(self, runner: CascadeRunner):
+        from sdk.client import AsyncClient  # here: sdk.client imports this module
+
+        self.runner = runner
+        self._async = AsyncClient(runner)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-client", daemon=True)
+        self._thread.start()
+        self._closed = False
+        self.chat = _Chat(self)
+
+    def _run(self, coroutine):
+        if self._closed:
+            coroutine.close()
+            raise RuntimeError("this Client is closed")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def close(self) -> None:
+        """Close the cloud channel (bound to this client's loop), then stop the loop thread."""
+        if self._closed:
+            return
+        if self.runner.cloud is not None:
+            self._run(self.runner.cloud.close())
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
