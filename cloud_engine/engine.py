@@ -71,7 +71,7 @@ class CloudEngine:
         self.model_name = config.model_name or loaded.name
         self.eos_token_ids = set(loaded.eos_token_ids)
         self.loaded = loaded
-        self.num_packed_linears = loaded.model.pack_for_cpu() if self.device.type == "cpu" else 0
+        num_packed = loaded.model.pack_for_cpu()  # 0 where packing does not apply (not bf16 on CPU)
         self.vocab_size = self.model_config.vocab_size
         self._token_bytes = build_token_bytes(self.tokenizer)
 
@@ -116,8 +116,8 @@ class CloudEngine:
         self._generators: dict[str, torch.Generator] = {}
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
-        logger.info("cloud engine: %s on %s (%s, %s attention), %d KV blocks of %d", self.model_name, self.device,
-                    self.dtype, self.attention_backend, self.num_blocks, config.block_size)
+        logger.info("cloud engine: %s on %s (%s, %s attention, %d packed linears), %d KV blocks of %d", self.model_name,
+                    self.device, self.dtype, self.attention_backend, num_packed, self.num_blocks, config.block_size)
 
     # -- text in ---------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator
 
-from router.chat_text import message_as_dict, message_text_length
+from router.chat_text import iter_message_texts, message_as_dict, message_text_length
 from router.decision import HandoffMode, Reason, RoutingDecision, RoutingMode, Tier
 from router.hold_back import HandoffPlan, HoldBackBuffer
 from router.policy import ForcedTier, PrivateFirst, RequestContext, StreamingPolicy, ThresholdOnePolicy, compose
@@ -45,8 +45,9 @@ class CascadeRequest:
             streaming=StreamingPolicy(threshold, self.config.min_tokens_k, self.config.score_kind,
                                       decide_at=self.config.decide_at),
         )  # fmt: skip
-        self.context = RequestContext("\n".join(m.get("content") or "" for m in self.messages if isinstance(m.get("content"), str)),
-                                      mode, flagged_private=private)  # fmt: skip
+        # The same texts the privacy rules read (string contents and "text" content parts).
+        prompt_text = "\n".join(text for _, _, text in iter_message_texts(self.messages))
+        self.context = RequestContext(prompt_text, mode, flagged_private=private)
         self.threshold = threshold
         self.cost = runner.ledger.new_request()
         self.local = LocalRun(runner.local, self.messages, params, request_id)
