@@ -20,6 +20,7 @@ from router.decision import parse_model_choice
 from router.privacy import PrivacyRules
 from router.privacy_counters import PrivacyCounters
 from sdk.cascade_config import CascadeConfig
+from sdk.cascade_counts import RouteCounter
 from sdk.cascade_request import CascadeRequest
 from sdk.cascade_types import CascadeEvent, CascadeResult, RoutingInfo, collect
 from sdk.cloud_client import CloudClient
@@ -32,7 +33,8 @@ class CascadeRunner:
     """Routes requests between a local engine and an optional cloud client.
 
     Shared across requests: the privacy rules and counters, the circuit breaker (so
-    failures of one request spare the next ones a doomed cloud call) and the cost ledger."""
+    failures of one request spare the next ones a doomed cloud call), the cost ledger and
+    the routing counts (sdk.cascade_counts)."""
 
     def __init__(
         self,
@@ -44,12 +46,16 @@ class CascadeRunner:
         self.local = local
         self.cloud = cloud  # None: a device-only deployment; escalations degrade to local
         self.config = config or CascadeConfig()
+        if self.config.handoff == "continue" and not getattr(cloud, "supports_continuation", True):
+            # Continuing needs the cloud to take the local token ids (a tandem.v1 server does).
+            raise ValueError(f"{type(cloud).__name__} cannot continue a local answer; use handoff='restart'")
         rules_config = {**self.config.privacy}
         rules_config.setdefault("redact_before_escalation", self.config.redact_before_escalation)
         self.privacy_rules = PrivacyRules.from_config(rules_config)
         self.privacy_counters = PrivacyCounters()
         self.breaker = CircuitBreaker(self.config.breaker_failure_threshold, self.config.breaker_cool_down_s, clock)
         self.ledger = CostLedger(CostTable.from_config(self.config.prices))
+        self.routes = RouteCounter()
 
     @property
     def redact_before_escalation(self) -> bool:

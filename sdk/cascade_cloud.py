@@ -71,7 +71,8 @@ async def stream_from_cloud(
             prompt, params, model=model, request_id=request_id,
             continuation_token_ids=continuation_token_ids, timeout_s=timeout_s,
         ):  # fmt: skip
-            usage.completion_tokens += 1
+            # An HTTP cloud may send fewer chunks than tokens; its own count wins when it has one.
+            usage.completion_tokens = max(usage.completion_tokens + 1, event.num_output_tokens or 0)
             usage.prompt_tokens = event.num_prompt_tokens or usage.prompt_tokens
             yield event
         breaker.record_success()

@@ -177,5 +177,6 @@ class CascadeRequest:
             self.cost.add("local", self.local.num_prompt_tokens, self.local.num_generated)
         info.cost = self.cost.as_dict()
         self.runner.ledger.record(self.cost)
+        self.runner.routes.record(info)
         return info
 

@@ -50,13 +50,16 @@ async def collect(events) -> CascadeResult:
     """Drain a CascadeRunner.generate stream into one result."""
     texts, token_ids, tiers = [], [], []
     final: CascadeEvent | None = None
-    async for event in events:
-        if event.routing is not None:
-            final = event
-            continue
-        texts.append(event.text)
-        token_ids.append(event.token_id)
-        tiers.append(event.tier)
+    try:
+        async for event in events:
+            if event.routing is not None:
+                final = event
+                continue
+            texts.append(event.text)
+            token_ids.append(event.token_id)
+            tiers.append(event.tier)
+    finally:
+        await events.aclose()  # cancelled part-way (a client that left): stop both tiers now
     if final is None:
         raise RuntimeError("the cascade stream ended without its final routing event")
     return CascadeResult("".join(texts), token_ids, tiers, final.finish_reason, final.routing)

@@ -18,15 +18,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 from sdk.cascade import CascadeRunner
-from sdk.cascade_types import CascadeEvent, collect
-from sdk.client_types import (
-    TandemChatCompletion,
-    TandemChatCompletionChunk,
-    build_request,
-    tandem_field,
-    usage_of,
-)
-from sdk.openai_schema import ChatChoice, ChatChunkChoice, ChatResponseMessage, DeltaMessage
+from sdk.cascade_openai import routed_completion, routed_stream
+from sdk.client_types import TandemChatCompletion, TandemChatCompletionChunk, build_request
 
 __all__ = ["AsyncClient", "Client", "TandemChatCompletion", "TandemChatCompletionChunk"]
 
@@ -56,52 +49,10 @@ class AsyncCompletions:
         fields = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed, "stop": stop}
         message_dicts, params = build_request(self._runner.local, model, messages, private, fields)
         response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        events = self._runner.generate(message_dicts, params, model=model, private=private, request_id=response_id)
-        if not stream:
-            result = await collect(events)
-            return TandemChatCompletion(
-                id=response_id,
-                created=created,
-                model=model,
-                choices=[ChatChoice(index=0, message=ChatResponseMessage(content=result.text), finish_reason=result.finish_reason)],
-                usage=usage_of(result.routing, len(result.token_ids)),
-                tandem=tandem_field(result.routing),
-            )
-        # Pull the first event now so a refused request raises from create(), as the server
-        # answers it with a 400 before any chunk goes out.
-        first = await anext(events, None)
-        return _chunks(events, first, response_id, created, model)
-
-
-async def _chunks(
-    events: AsyncIterator[CascadeEvent], first: CascadeEvent | None, response_id: str, created: int, model: str
-) -> AsyncIterator[TandemChatCompletionChunk]:
-    def chunk(delta: DeltaMessage, finish_reason=None, **extra) -> TandemChatCompletionChunk:
-        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason)
-        return TandemChatCompletionChunk(id=response_id, created=created, model=model, choices=[choice], **extra)
-
-    num_tokens = 0
-    try:
-        yield chunk(DeltaMessage(role="assistant", content=""))  # OpenAI opens with the role
-        if first is None:
-            raise RuntimeError("the cascade stream ended without its final routing event")
-        event = first
-        while True:
-            if event.routing is not None:
-                routing = event.routing
-                yield chunk(
-                    DeltaMessage(), event.finish_reason,  # collect() ignores the final event's text too
-                    usage=usage_of(routing, num_tokens), tandem=tandem_field(routing),
-                )
-                return
-            num_tokens += 1
-            if event.text:  # tokens whose text is held back (partial characters) need no chunk
-                yield chunk(DeltaMessage(content=event.text))
-            event = await anext(events, None)
-            if event is None:
-                raise RuntimeError("the cascade stream ended without its final routing event")
-    finally:
-        await events.aclose()  # an app that stops reading early cancels the generation
+        call = routed_stream if stream else routed_completion
+        return await call(
+            self._runner, message_dicts, params, model=model, private=private, response_id=response_id, created=created
+        )
 
 
 class _AsyncChat:

@@ -47,10 +47,9 @@ def build_request(
             error = from_validation_errors(exc.errors(include_url=False))
             raise InvalidRequestError(error.info.message, error.info.param) from None
         raise InvalidRequestError(f"arguments must be JSON values: {exc}", "messages") from None
-    message_dicts = request.message_dicts()
-    # Only a missing max_tokens needs the prompt length (the default is what the context has left).
-    num_prompt_tokens = len(engine.apply_chat_template(message_dicts)) if request.max_tokens is None else 0
-    return message_dicts, request.sampling_params(num_prompt_tokens, engine.max_model_len)
+    from sdk.cascade_openai import prepare  # here: sdk.cascade_openai imports this module
+
+    return prepare(engine, request)
 
 
 def tandem_field(routing: RoutingInfo) -> dict[str, Any]:

@@ -74,23 +74,15 @@ def serve(
 async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, rate_limit, model_name, log_level: str) -> str | None:
     """Run uvicorn and the gRPC server until a signal or a failed load; returns why it failed, or None."""
     import asyncio
-    import contextlib
     import logging
-    import signal
 
     import uvicorn
 
     from cloud_engine.grpc.server import start_grpc_server, stop_grpc_server
     from sdk.openai_server import create_app
+    from sdk.serve_loop import HttpServer, stop_on_signals, watch_loading
 
     logger = logging.getLogger("tandem.cloud.serve")
-
-    class HttpServer(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self):
-            # uvicorn would re-raise SIGTERM once HTTP drained, killing the process before
-            # gRPC and the engine drain; the loop's handlers below stop everything in order.
-            yield
 
     app = create_app(engine, served_model_names=[model_name] if model_name else None, api_keys=api_keys,
                      rate_limit_per_minute=rate_limit or None, bind_host=host)
@@ -99,25 +91,15 @@ async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, rate_
         grpc_server = await start_grpc_server(engine, grpc_config)
     except OSError as exc:
         return str(exc)
-    failure: list[str] = []
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, lambda: setattr(http, "should_exit", True))
-
-    async def watch_loading() -> None:
-        try:
-            await asyncio.to_thread(engine.wait_ready)
-            logger.info("model %s loaded; gRPC on %s, HTTP on %s:%d", engine.model_name, grpc_config.address, host, port)
-        except BaseException:  # the engine thread logged why
-            failure.append("the model failed to load (see the log above)")
-            http.should_exit = True
-
-    watcher = asyncio.create_task(watch_loading())
+    failures: list[str] = []
+    stop_on_signals(http)
+    watcher = asyncio.create_task(watch_loading("cloud", engine, http, failures, logger))
+    logger.info("gRPC on %s, HTTP on %s:%d", grpc_config.address, host, port)
     try:
-        await http.serve()  # returns after SIGINT/SIGTERM (uvicorn's handlers) and the HTTP drain
-        if not http.started and not failure:
-            failure.append(f"the HTTP server could not start on {host}:{port} (see the log above)")
+        await http.serve()  # returns after SIGINT/SIGTERM (stop_on_signals) and the HTTP drain
+        if not http.started and not failures:
+            failures.append(f"the HTTP server could not start on {host}:{port} (see the log above)")
     finally:
         watcher.cancel()
         await stop_grpc_server(grpc_server, grace_s=5.0)
-    return failure[0] if failure else None
+    return failures[0] if failures else None

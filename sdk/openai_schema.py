@@ -110,6 +110,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    private: bool | None = None  # extension (tandem): routed models answer on the device only
 
     def message_dicts(self) -> list[dict[str, Any]]:
         """Messages as the plain dicts sdk.chat_template expects."""

@@ -13,6 +13,7 @@ from sdk.api_keys import key_fingerprint
 from sdk.engine_protocol import EngineNotReadyError, EngineProtocol
 from sdk.openai_schema import ModelCard, ModelList
 from sdk.openai_server.access import AccessControl, warn_if_exposed
+from sdk.openai_server.cascade_metrics import CascadeCollector
 from sdk.openai_server.chat import create_chat_completion
 from sdk.openai_server.completions import create_completion
 from sdk.openai_server.errors import from_exception, install_error_handlers, model_not_found
@@ -32,6 +33,8 @@ def create_app(
     rate_limit_burst: float | None = None,
     bind_host: str | None = None,
     clock: Callable[[], float] = time.monotonic,
+    cascade=None,
+    also_ready: Callable[[], bool] | None = None,
 ) -> FastAPI:
     """An app serving `engine` under `served_model_names` (default: the engine's own model name).
 
@@ -44,6 +47,11 @@ def create_app(
       of up to `rate_limit_burst` (default: the per-minute figure); beyond it, 429 + Retry-After.
       `clock` drives the limiter (tests pass a fake one).
     - `bind_host`: where the caller will listen; without keys beyond loopback, a warning is logged.
+
+    `cascade` (an sdk.cascade.CascadeRunner over this same engine) adds the routed models
+    auto, auto:<threshold>, local and cloud to chat completions (openai_server.routed_chat),
+    its counters to /metrics, and the cloud breaker's state to /health. `also_ready`: a
+    second condition for /health's 200 (tandem serve: the embedded cloud engine has loaded).
     """
     if served_model_names is not None and not served_model_names:
         raise ValueError("served_model_names must name at least one model, or be None to use the engine's name")
@@ -62,7 +70,11 @@ def create_app(
                     ", ".join(sorted(key_fingerprint(key) for key in api_keys)))
 
     app = FastAPI(title="tandem OpenAI-compatible API", version="1")
-    state = ServerState(engine=engine, served_model_names=served_model_names, metrics=ServerMetrics(engine))
+    if cascade is not None and cascade.local is not engine:
+        raise ValueError("the cascade runner must route over the engine this app serves")
+    state = ServerState(engine=engine, served_model_names=served_model_names, metrics=ServerMetrics(engine), cascade=cascade)
+    if cascade is not None:
+        state.metrics.registry.register(CascadeCollector(cascade))
     app.state.tandem = state
     install_error_handlers(app)
     if api_keys or rate_limiter is not None:
@@ -73,9 +85,13 @@ def create_app(
 
     @app.get("/health", summary="200 once the model is loaded, 503 before")
     async def health() -> Response:
-        if not engine.is_ready:
+        if not engine.is_ready or (also_ready is not None and not also_ready()):
             return from_exception(EngineNotReadyError("the model is still loading; retry shortly")).response()
-        return JSONResponse({"status": "ok"})
+        if cascade is None:
+            return JSONResponse({"status": "ok"})
+        # The local tier answers every request; the cloud's state only says whether escalations can go out.
+        cloud = "none" if cascade.cloud is None else cascade.breaker.state.value
+        return JSONResponse({"status": "ok", "local": "ready", "cloud": cloud})
 
     @app.get("/v1/models", summary="The models this server answers to")
     async def list_models() -> Response:

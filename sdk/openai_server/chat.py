@@ -22,6 +22,7 @@ from sdk.openai_schema import (
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
 from sdk.openai_server.logprobs import chat_logprobs
+from sdk.openai_server.routed_chat import create_routed_chat_completion
 from sdk.openai_server.serving import Job, ServerState, choice_requests, new_id, parse_body, run_job
 from sdk.openai_server.streaming import EventStreamResponse, sse_events
 
@@ -31,7 +32,13 @@ async def create_chat_completion(request: Request) -> Response:
     state: ServerState = request.app.state.tandem
     try:
         body = await parse_body(request, ChatCompletionRequest)
-        model = state.resolve_model(body.model)
+        routed = state.routed_mode(body.model) is not None
+        model = (body.model or "auto") if routed else state.resolve_model(body.model)
+    except Exception as exc:
+        return from_exception(exc).response()
+    if routed:
+        return await create_routed_chat_completion(request, state, body, model)
+    try:
         prompt_token_ids = state.engine.apply_chat_template(body.message_dicts())
         max_model_len = state.engine.max_model_len
         response_id = new_id("chatcmpl")

@@ -8,7 +8,8 @@ from typing import Sequence
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk.engine_protocol import TokenEvent
+from router.decision import RoutingMode
+from sdk.engine_protocol import InvalidRequestError, TokenEvent
 from sdk.openai_schema import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
@@ -22,7 +23,7 @@ async def create_completion(request: Request) -> Response:
     state: ServerState = request.app.state.tandem
     try:
         body = await parse_body(request, CompletionRequest)
-        model = state.resolve_model(body.model)
+        model = _completion_model(state, body.model)
         prompt = body.single_prompt()
         # Text gets the model's BOS like any tokenizer call; token ids are the caller's exact prompt.
         prompt_token_ids = state.engine.tokenize(prompt, add_special=True) if isinstance(prompt, str) else prompt
@@ -81,3 +82,17 @@ def _chunks(body: CompletionRequest, job: Job, response_id: str, created: int, f
         render_usage=(lambda usage: chunk([], usage)) if body.include_usage else None,
         num_prompt_tokens=job.num_prompt_tokens,
     )
+
+
+def _completion_model(state: ServerState, requested: str | None) -> str:
+    """Raw-prompt completions run on the local engine: "local" names it, the other routed
+    names are refused (the cascade routes chat conversations, which the cloud can render)."""
+    mode = state.routed_mode(requested, default_auto=False)
+    if mode is None:
+        return state.resolve_model(requested)
+    if mode is RoutingMode.LOCAL:
+        return requested
+    raise InvalidRequestError(
+        f"/v1/completions answers on the local model only; model {requested!r} is routed: "
+        "send chat messages to /v1/chat/completions, or use model 'local'", "model",
+    )  # fmt: skip

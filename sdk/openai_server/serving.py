@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
+from router.decision import RoutingMode, parse_model_choice
 from sdk.engine_protocol import EngineOverloadedError, EngineProtocol, GenerationRequest, TokenEvent
 from sdk.openai_server.errors import from_exception, model_not_found
 from sdk.openai_server.generation import (
@@ -29,23 +30,47 @@ RequestModel = TypeVar("RequestModel", bound=BaseModel)
 CLIENT_CLOSED_STATUS = 499
 
 
+# The cascade's model names (router.decision.RoutingMode), listed when a server routes.
+ROUTED_MODEL_NAMES = ("auto", "local", "cloud")
+
+
 @dataclass
 class ServerState:
-    """One app's engine, names and metrics (kept on app.state so handlers stay plain functions)."""
+    """One app's engine, names and metrics (kept on app.state so handlers stay plain functions).
+
+    With a cascade runner, the routed names (auto, auto:<threshold>, local, cloud) go
+    through it, and the engine's own names still reach the local engine directly."""
 
     engine: EngineProtocol
     served_model_names: list[str] | None
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
+    cascade: Any = None  # sdk.cascade.CascadeRunner (not imported: the plain server stays light)
 
     @property
-    def model_names(self) -> list[str]:
+    def engine_model_names(self) -> list[str]:
         # Read the engine's name late: it may only be final once the model has loaded.
         return list(self.served_model_names or [self.engine.model_name])
 
+    @property
+    def model_names(self) -> list[str]:
+        routed = list(ROUTED_MODEL_NAMES) if self.cascade is not None else []
+        return routed + self.engine_model_names
+
+    def routed_mode(self, requested: str | None, default_auto: bool = True) -> RoutingMode | None:
+        """The cascade mode a request asks for, or None when it goes to the engine itself.
+        A malformed routed name ("auto:x") raises ModelChoiceError, a 400."""
+        if self.cascade is None:
+            return None
+        if requested is None:
+            return RoutingMode.AUTO if default_auto else None
+        if requested.strip().lower().partition(":")[0] not in ROUTED_MODEL_NAMES:
+            return None
+        return parse_model_choice(requested)[0]
+
     def resolve_model(self, requested: str | None) -> str:
-        """The name to echo in responses; 404 for a model this server does not serve."""
-        names = self.model_names
+        """The engine model name to echo in responses; 404 for a model this server does not serve."""
+        names = self.engine_model_names
         if requested is None:
             return names[0]
         if requested in names:

@@ -1,0 +1,90 @@
+"""Cascade answers in OpenAI's shapes: shared by sdk.client (in-process apps) and the HTTP
+server's routed models (`tandem serve` with model auto / local / cloud).
+
+    messages, params = prepare(runner.local, request)           # a validated ChatCompletionRequest
+    reply = await routed_completion(runner, messages, params, model="auto", ...)
+    async for chunk in await routed_stream(runner, messages, params, model="auto", ...): ...
+
+A stream's last chunk carries finish_reason, usage and the `tandem` routing field; the
+HTTP server moves usage into OpenAI's separate usage chunk when the client asked for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from sdk.cascade import CascadeRunner
+from sdk.cascade_types import CascadeEvent, collect
+from sdk.client_types import TandemChatCompletion, TandemChatCompletionChunk, tandem_field, usage_of
+from sdk.engine_protocol import EngineProtocol, SamplingParams
+from sdk.openai_schema import ChatChoice, ChatChunkChoice, ChatCompletionRequest, ChatResponseMessage, DeltaMessage
+
+
+def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> tuple[list[dict], SamplingParams]:
+    """Messages and sampling parameters of a validated request (InvalidRequestError names the param)."""
+    message_dicts = request.message_dicts()
+    # Only a missing max_tokens needs the prompt length (the default is what the context has left).
+    missing_budget = request.max_tokens is None and request.max_completion_tokens is None
+    num_prompt_tokens = len(engine.apply_chat_template(message_dicts)) if missing_budget else 0
+    return message_dicts, request.sampling_params(num_prompt_tokens, engine.max_model_len)
+
+
+async def routed_completion(
+    runner: CascadeRunner, messages: list[dict], params: SamplingParams, *,
+    model: str, private: bool, response_id: str, created: int,
+) -> TandemChatCompletion:  # fmt: skip
+    """The whole answer as one chat.completion with the `tandem` field."""
+    events = runner.generate(messages, params, model=model, private=private, request_id=response_id)
+    result = await collect(events)
+    message = ChatResponseMessage(content=result.text)
+    return TandemChatCompletion(
+        id=response_id, created=created, model=model,
+        choices=[ChatChoice(index=0, message=message, finish_reason=result.finish_reason)],
+        usage=usage_of(result.routing, len(result.token_ids)), tandem=tandem_field(result.routing),
+    )  # fmt: skip
+
+
+async def routed_stream(
+    runner: CascadeRunner, messages: list[dict], params: SamplingParams, *,
+    model: str, private: bool, response_id: str, created: int,
+) -> AsyncIterator[TandemChatCompletionChunk]:  # fmt: skip
+    """The answer as chat.completion.chunk objects.
+
+    The first event is pulled before this returns, so a refused request (bad model, a
+    prompt the cloud calls invalid) raises here, while a server can still answer 400."""
+    events = runner.generate(messages, params, model=model, private=private, request_id=response_id)
+    try:
+        first = await anext(events, None)
+    except BaseException:
+        await events.aclose()
+        raise
+    return _chunks(events, first, response_id, created, model)
+
+
+async def _chunks(
+    events: AsyncIterator[CascadeEvent], first: CascadeEvent | None, response_id: str, created: int, model: str
+) -> AsyncIterator[TandemChatCompletionChunk]:
+    def chunk(delta: DeltaMessage, finish_reason=None, **extra) -> TandemChatCompletionChunk:
+        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason)
+        return TandemChatCompletionChunk(id=response_id, created=created, model=model, choices=[choice], **extra)
+
+    num_tokens = 0
+    try:
+        yield chunk(DeltaMessage(role="assistant", content=""))  # OpenAI opens with the role
+        event = first
+        while True:
+            if event is None:
+                raise RuntimeError("the cascade stream ended without its final routing event")
+            if event.routing is not None:
+                routing = event.routing
+                yield chunk(
+                    DeltaMessage(), event.finish_reason,  # collect() ignores the final event's text too
+                    usage=usage_of(routing, num_tokens), tandem=tandem_field(routing),
+                )
+                return
+            num_tokens += 1
+            if event.text:  # tokens whose text is held back (partial characters) need no chunk
+                yield chunk(DeltaMessage(content=event.text))
+            event = await anext(events, None)
+    finally:
+        await events.aclose()  # a client that stops reading early cancels the generation

@@ -1,0 +1,77 @@
+"""The cloud tier `tandem serve` routes to, built from the [cloud] settings:
+
+- "embedded": the PyTorch cloud engine started in this process, behind its gRPC service on
+  a loopback port only this process knows (the cascade reaches it like a remote one);
+- "grpc://HOST:PORT" / "grpcs://...": a `tandem cloud serve` elsewhere (sdk.cloud_client);
+- "http(s)://.../v1": any OpenAI-compatible server (sdk.openai_cloud_client);
+- "none": a device-only deployment; escalations answer locally, marked degraded.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("tandem.serve")
+
+
+@dataclass
+class CloudTier:
+    client: Any = None  # what the cascade runner calls; None for "none"
+    engine: Any = None  # the embedded AsyncCloudEngine
+    grpc_server: Any = None  # the embedded engine's gRPC server
+    description: str = "none"
+
+    @property
+    def is_ready(self) -> bool:
+        """False only while an embedded engine is still loading (remote tiers are probed by the breaker)."""
+        return self.engine is None or self.engine.is_ready
+
+    async def close(self) -> None:
+        """Stop in dependency order: the client, then the server it talks to, then the engine."""
+        from cloud_engine.grpc.server import stop_grpc_server
+
+        if self.client is not None:
+            await self.client.close()
+        if self.grpc_server is not None:
+            await stop_grpc_server(self.grpc_server, grace_s=2.0)
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+async def start_cloud_tier(settings) -> CloudTier:
+    """The cloud tier for sdk.settings.Settings (call in the serving event loop: clients bind to it)."""
+    from sdk.settings import parse_cloud_url
+
+    target = parse_cloud_url(settings.get("cloud.url"))
+    api_key = settings.get("cloud.api_key")
+    if target.kind == "none":
+        return CloudTier()
+    if target.kind == "http":
+        from sdk.openai_cloud_client import OpenAICloudClient
+
+        return CloudTier(OpenAICloudClient(target.target, api_key=api_key), description=target.target)
+    from sdk.cloud_client import CloudClient
+
+    if target.kind == "grpc":
+        tls = (settings.get("cloud.tls_ca") or True) if target.tls else None
+        return CloudTier(CloudClient(target.target, api_key=api_key, tls_root_cert=tls), description=settings.get("cloud.url"))
+    return await _start_embedded(settings)
+
+
+async def _start_embedded(settings) -> CloudTier:
+    from cloud_engine.async_engine import AsyncCloudEngine
+    from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server
+    from sdk.cloud_client import CloudClient
+
+    engine = AsyncCloudEngine(settings.cloud_engine_config()).start()  # loads on its own thread
+    try:
+        # Loopback, any free port, no keys: nothing outside this process is told the port.
+        server = await start_grpc_server(engine, GrpcServerConfig(host="127.0.0.1", port=0))
+    except BaseException:
+        engine.shutdown()
+        raise
+    target = f"127.0.0.1:{bound_port(server)}"
+    logger.info("embedded cloud engine: gRPC on %s (loopback only)", target)
+    return CloudTier(CloudClient(target), engine=engine, grpc_server=server, description=f"embedded ({target})")

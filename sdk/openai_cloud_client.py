@@ -1,0 +1,217 @@
+"""The cloud tier reached over any OpenAI-compatible HTTP API (vLLM, SGLang, OpenAI, tandem's own).
+
+A drop-in for `sdk.cloud_client.CloudClient` as the cascade uses it:
+
+    runner = CascadeRunner(local_engine, OpenAICloudClient("https://host/v1", api_key=KEY), CascadeConfig())
+
+What differs from the gRPC client:
+- Token ids never cross this API (they would be the local tokenizer's), so token-id prompts
+  and `continuation_token_ids` are refused (`supports_continuation = False`: hand-off must
+  be "restart"), and every event's `token_id` is -1 (`UNKNOWN_TOKEN_ID`).
+- One event per content delta (usually one token). The last event carries finish_reason and
+  the usage counts: it is held back until the stream ends, since OpenAI sends the usage in
+  a chunk of its own after the finish chunk (sdk.openai_cloud_wire.ChunkStream).
+- entropy/margin come from the top alternatives when logprobs were asked for, else 0.0.
+
+Failures raise the gRPC client's CloudError classes with the matching grpc.StatusCode
+(sdk.openai_cloud_wire.error_from_response), so router.failure_kinds and the cascade
+treat both clients alike. The HTTP client is opened on first use; use one client per
+event loop and close it (or use `async with`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+import httpx
+
+from cloud_engine.grpc.convert import CloudTokenEvent, Prompt
+from sdk.cloud_client import CloudInvalidArgumentError, CloudModel, CloudUnavailableError
+from sdk.engine_protocol import SamplingParams
+from sdk.openai_cloud_wire import (
+    UNKNOWN_TOKEN_ID,
+    ChunkStream,
+    chat_messages,
+    deadline_error,
+    error_from_response,
+    error_from_transport,
+    parse_data,
+    request_body,
+)
+
+__all__ = ["OpenAICloudClient", "UNKNOWN_TOKEN_ID"]
+
+CONNECT_TIMEOUT_S = 10.0  # per connection attempt; the whole call is bounded by timeout_s
+_TIMEOUT_ERRORS = (TimeoutError, asyncio.TimeoutError)  # one class since 3.11
+
+
+class OpenAICloudClient:
+    """Talks to one OpenAI-compatible server.
+
+    base_url: the API root, e.g. "https://host/v1" (requests go to {base_url}/chat/completions).
+    api_key: sent as `Authorization: Bearer <key>`.
+    timeout_s: the default deadline of each call (of a whole generate stream), None for none.
+    """
+
+    supports_continuation = False  # the cascade must hand off by restarting, never by token ids
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http: httpx.AsyncClient | None = None
+        self._default_model: str | None = None
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)  # reads wait for tokens: timeout_s bounds them
+            self._http = httpx.AsyncClient(headers=self._headers, timeout=timeout)
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def __aenter__(self) -> OpenAICloudClient:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        model: str = "",
+        request_id: str = "",
+        continuation_token_ids: Sequence[int] = (),
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[CloudTokenEvent]:
+        """Stream the answer to a prompt: text (one user message) or chat messages.
+
+        model "" takes the first model the server lists. params None takes the server's
+        defaults. priority is sent only when non-zero (a vLLM extension). Closing the
+        iterator early closes the HTTP response, which aborts the request on the server.
+        """
+        if continuation_token_ids:
+            raise CloudInvalidArgumentError(
+                "an OpenAI-compatible cloud cannot continue from token ids; use handoff = restart",
+                grpc.StatusCode.INVALID_ARGUMENT, param="handoff",
+            )  # fmt: skip
+        messages = chat_messages(prompt)
+        timeout_s = self._timeout(timeout_s)
+        deadline = _deadline(timeout_s)
+        headers = {"X-Request-Id": request_id} if request_id else {}
+        with self._mapped_errors(timeout_s):
+            body = request_body(messages, params, model or await self._first_model(deadline), priority)
+            request = self.http.build_request("POST", f"{self.base_url}/chat/completions", json=body, headers=headers)
+            response = await _until(self.http.send(request, stream=True), deadline)
+            try:
+                if response.status_code != 200:
+                    content = await _until(response.aread(), deadline)
+                    raise error_from_response(response.status_code, response.headers, content, self.base_url)
+                chunks = ChunkStream(request_id)
+                async with contextlib.aclosing(_sse_data(response, deadline)) as stream:
+                    async for data in stream:
+                        if data == "[DONE]":
+                            break
+                        event = chunks.feed(parse_data(data))
+                        if event is not None:
+                            yield event
+                yield chunks.finish()
+            finally:
+                await response.aclose()  # mid-stream: drops the connection, so the server aborts
+
+    async def list_models(self, timeout_s: float | None = None) -> list[CloudModel]:
+        """GET {base_url}/models; max_model_len from the card's (vLLM/tandem) field, else 0."""
+        timeout_s = self._timeout(timeout_s)
+        with self._mapped_errors(timeout_s):
+            response = await self._get("/models", _deadline(timeout_s))
+        try:
+            cards = response.json()["data"]
+            return [CloudModel(str(card["id"]), int(card.get("max_model_len") or 0)) for card in cards]
+        except (ValueError, KeyError, TypeError):
+            raise CloudUnavailableError(
+                f"{self.base_url}/models did not answer with an OpenAI model list", grpc.StatusCode.UNAVAILABLE
+            ) from None
+
+    async def health(self, timeout_s: float | None = None) -> str:
+        """Returns "SERVING" when GET {base_url}/models answers 200; otherwise raises the mapped CloudError."""
+        timeout_s = self._timeout(timeout_s)
+        with self._mapped_errors(timeout_s):
+            await self._get("/models", _deadline(timeout_s))
+        return "SERVING"
+
+    async def _first_model(self, deadline: float | None) -> str:
+        if self._default_model is None:
+            response = await self._get("/models", deadline)
+            try:
+                self._default_model = str(response.json()["data"][0]["id"])
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise CloudUnavailableError(
+                    f"{self.base_url}/models lists no model to send requests to", grpc.StatusCode.UNAVAILABLE
+                ) from None
+        return self._default_model
+
+    async def _get(self, path: str, deadline: float | None) -> httpx.Response:
+        response = await _until(self.http.get(f"{self.base_url}{path}"), deadline)
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.headers, response.content, self.base_url)
+        return response
+
+    @contextlib.contextmanager
+    def _mapped_errors(self, timeout_s: float | None):
+        try:
+            yield
+        except httpx.TransportError as error:
+            raise error_from_transport(error, self.base_url) from None
+        except _TIMEOUT_ERRORS:
+            raise deadline_error(timeout_s) from None
+
+    def _timeout(self, timeout_s: float | None) -> float | None:
+        return self.timeout_s if timeout_s is None else timeout_s
+
+
+def _deadline(timeout_s: float | None) -> float | None:
+    return None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+
+
+async def _until(awaitable, deadline: float | None):
+    """Await before an absolute loop-time deadline (TimeoutError after it). Only awaits inside
+    the generator are bounded this way, never its yields: a timeout spanning a yield would
+    cancel the consumer's code instead. The deadline is absolute, so the consumer's time counts."""
+    if deadline is None:
+        return await awaitable
+    if hasattr(asyncio, "timeout_at"):  # 3.11+
+        async with asyncio.timeout_at(deadline):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, max(0.0, deadline - asyncio.get_running_loop().time()))
+
+
+async def _sse_data(response: httpx.Response, deadline: float | None) -> AsyncIterator[str]:
+    """The `data` of each server-sent event, read incrementally (comments and other fields skipped)."""
+    lines = response.aiter_lines()
+    data: list[str] = []
+    try:
+        while True:
+            try:
+                line = await _until(anext(lines), deadline)
+            except StopAsyncIteration:
+                break
+            if not line:
+                if data:
+                    yield "\n".join(data)
+                    data = []
+            elif line.startswith("data:"):
+                data.append(line[6:] if line.startswith("data: ") else line[5:])
+        if data:  # the last event without its blank line
+            yield "\n".join(data)
+    finally:
+        await lines.aclose()

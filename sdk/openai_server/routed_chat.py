@@ -1,0 +1,71 @@
+"""POST /v1/chat/completions for the routed models (`auto`, `auto:<threshold>`, `local`,
+`cloud`): the request goes through the cascade runner instead of straight to the engine.
+
+The answer is OpenAI's chat.completion (or its chunks) plus a `tandem` field saying how it
+was routed. The body may carry `"private": true` (the openai package's `extra_body`) to
+keep a request on the device. One choice per request and no logprobs: the tiers' token
+streams do not share a vocabulary, so neither can be offered across a hand-off; the local
+model's own name serves both without routing.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sdk.cascade_openai import prepare, routed_completion, routed_stream
+from sdk.engine_protocol import EngineOverloadedError, InvalidRequestError
+from sdk.openai_schema import ChatCompletionRequest
+from sdk.openai_server.errors import from_exception
+from sdk.openai_server.generation import ClientDisconnected, cancel_on_disconnect
+from sdk.openai_server.serving import CLIENT_CLOSED_STATUS, ServerState, new_id
+from sdk.openai_server.streaming import DONE, EventStreamResponse, sse
+
+
+async def create_routed_chat_completion(request: Request, state: ServerState, body: ChatCompletionRequest, model: str) -> Response:
+    runner = state.cascade
+    try:
+        if body.num_choices > 1:
+            raise InvalidRequestError(
+                f"n > 1 is not supported for the routed model {model!r}; send n = 1, "
+                f"or use {state.engine.model_name!r} (the local model without routing)", "n",
+            )  # fmt: skip
+        if body.logprobs:
+            raise InvalidRequestError(
+                f"logprobs are not available for the routed model {model!r} (the tiers have different "
+                f"vocabularies); use {state.engine.model_name!r} (the local model without routing)", "logprobs",
+            )  # fmt: skip
+        messages, params = prepare(state.engine, body)
+    except Exception as exc:
+        return from_exception(exc).response()
+    response_id, created = new_id("chatcmpl"), int(time.time())
+    call = routed_stream if body.stream else routed_completion
+    answer = call(runner, messages, params, model=model, private=bool(body.private), response_id=response_id, created=created)
+    try:
+        result = await cancel_on_disconnect(request, answer)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED_STATUS)
+    except Exception as exc:
+        if isinstance(exc, EngineOverloadedError):
+            state.metrics.count_rejection("overloaded")
+        return from_exception(exc).response()
+    if not body.stream:
+        return Response(result.model_dump_json(), media_type="application/json")
+    return EventStreamResponse(_sse(result, body.include_usage))
+
+
+async def _sse(chunks, include_usage: bool):
+    """The chunks as SSE; usage moves to OpenAI's own final chunk (choices: []) when asked for."""
+    try:
+        async for chunk in chunks:
+            usage, chunk.usage = chunk.usage, None
+            yield sse(chunk)
+            if usage is not None and include_usage:
+                yield sse(chunk.model_copy(update={"choices": [], "usage": usage, "tandem": None}))
+    except Exception as exc:  # the status line went out already: an error event, as the engine path does
+        yield sse(from_exception(exc).body())
+    finally:
+        await chunks.aclose()
+    yield DONE

@@ -1,0 +1,233 @@
+"""tandem's configuration: built-in defaults < a TOML file < TANDEM_* env vars < command-line options.
+
+`load_settings()` layers them over the table in `sdk.settings_fields`, records where every
+value came from, and validates the result as a whole (the cascade, both engines, the cloud
+URL) so a bad setting is reported before anything loads or binds. The file is
+`--config PATH`, else `$TANDEM_CONFIG`, else `$XDG_CONFIG_HOME/tandem/config.toml` when it exists.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+import tomllib
+
+from sdk.settings_fields import (
+    FIELDS,
+    SECTIONS,
+    CloudTarget,
+    SettingField,
+    SettingsError,
+    parse_cloud_url,
+)
+
+if TYPE_CHECKING:
+    from cloud_engine.config import CloudEngineConfig
+    from local_runtime.config import LocalEngineConfig
+    from sdk.cascade_config import CascadeConfig
+
+__all__ = ["CloudTarget", "Settings", "SettingsError", "load_settings", "parse_cloud_url"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective configuration, and where each value came from."""
+
+    values: dict[str, dict[str, Any]]  # section -> key -> effective value
+    sources: dict[str, str]  # "section.key" -> "default" | "file:/abs/path" | "env:TANDEM_X" | "cli"
+    config_path: str | None = None  # the file read, if any
+
+    def get(self, dotted: str) -> Any:
+        """One value, e.g. `settings.get("cascade.threshold")`."""
+        if dotted not in FIELDS:
+            raise KeyError(f"unknown setting {dotted!r}; known: {', '.join(FIELDS)}")
+        section, key = dotted.split(".")
+        return self.values[section][key]
+
+    def _targets(self, section: str) -> dict[str, Any]:
+        # Unset (None) values are left out so the dataclass keeps its own default.
+        return {f.target: copy.deepcopy(self.values[section][f.key]) for f in SECTIONS[section]
+                if f.target and self.values[section][f.key] is not None}
+
+    def local_engine_config(self) -> LocalEngineConfig:
+        from local_runtime.config import LocalEngineConfig
+
+        return LocalEngineConfig(**self._targets("local"))
+
+    def cloud_engine_config(self) -> CloudEngineConfig:
+        """The embedded cloud engine's settings (used when cloud.url is "embedded")."""
+        from cloud_engine.config import CloudEngineConfig
+
+        return CloudEngineConfig(**self._targets("cloud"))
+
+    def cascade_config(self) -> CascadeConfig:
+        from sdk.cascade_config import CascadeConfig
+
+        return CascadeConfig(**self._targets("cascade"), cloud_model=self.get("cloud.model_name"))
+
+    def cloud_target(self) -> CloudTarget:
+        return parse_cloud_url(self.get("cloud.url"))
+
+    def as_dict(self) -> dict:
+        """JSON-able: the file, every value (secrets as "***") and every value's source."""
+        values = {section: {f.key: _shown(f, self.values[section][f.key]) for f in section_fields}
+                  for section, section_fields in SECTIONS.items()}
+        return {"config_path": self.config_path, "values": values, "sources": dict(self.sources)}
+
+    def as_toml(self) -> str:
+        """The effective configuration as a TOML document, each key with its help and source."""
+        lines = [f"# tandem's effective configuration; file read: {self.config_path or 'none'}",
+                 "# precedence: defaults < file < TANDEM_* env vars < command line"]
+        for section, section_fields in SECTIONS.items():
+            lines += ["", f"[{section}]"]
+            for f in section_fields:
+                value, source = self.values[section][f.key], self.sources[f.dotted]
+                lines.append(f"# {f.help}" + (f" Env: {f.env}." if f.env else ""))
+                if value is None:  # TOML has no null: an unset key is a comment
+                    lines.append(f"# {f.key}: unset -> {_unset_meaning(f)}  # {source}")
+                else:
+                    lines.append(f"{f.key} = {_toml_value(_shown(f, value))}  # {source}")
+        return "\n".join(lines) + "\n"
+
+
+def load_settings(config_path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
+                  cli: Mapping[str, Any] | None = None) -> Settings:
+    """The effective settings; SettingsError names the bad key, its source and what is allowed.
+
+    `cli` maps "section.key" to a command-line value; None entries are ignored, so typer
+    options that default to None can be passed straight in. `env` defaults to os.environ.
+    """
+    env = os.environ if env is None else env
+    values = {section: {f.key: copy.deepcopy(f.default) for f in fs} for section, fs in SECTIONS.items()}
+    sources = {dotted: "default" for dotted in FIELDS}
+
+    def put(field: SettingField, source: str, shown: Any, convert) -> None:
+        try:
+            values[field.section][field.key] = convert()
+        except (ValueError, TypeError) as exc:
+            raise SettingsError(f"{field.dotted} = {shown!r} from {_describe(source)}: {exc}") from exc
+        sources[field.dotted] = source
+
+    path = _config_file(config_path, env)
+    for field, value in _read_file(path) if path else ():
+        put(field, f"file:{path}", value, lambda f=field, v=value: f.coerce(v))
+    for field in FIELDS.values():
+        if field.env and field.env in env:
+            raw = env[field.env]
+            put(field, f"env:{field.env}", raw, lambda f=field, r=raw: f.parse_env(r))
+    for dotted, value in (cli or {}).items():
+        if value is None:
+            continue
+        if dotted not in FIELDS:
+            raise SettingsError(f"unknown setting {dotted!r} from the command line; known: {', '.join(FIELDS)}")
+        put(FIELDS[dotted], "cli", value, lambda f=FIELDS[dotted], v=value: f.coerce(v))
+    settings = Settings(values, sources, path)
+    _validate(settings)
+    return settings
+
+
+def _config_file(config_path: str | os.PathLike | None, env: Mapping[str, str]) -> str | None:
+    """The file to read: explicit (must exist), else the default location when it exists."""
+    explicit, origin = (config_path, "--config") if config_path is not None else (env.get("TANDEM_CONFIG") or None, "TANDEM_CONFIG")
+    if explicit is not None:
+        path = os.path.abspath(os.fspath(explicit))
+        if not os.path.isfile(path):
+            raise SettingsError(f"config file {path} (from {origin}) does not exist or is not a file")
+        return path
+    base = env.get("XDG_CONFIG_HOME") or ""
+    if not os.path.isabs(base):  # the XDG spec says to ignore relative values
+        base = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".config")
+    path = os.path.join(base, "tandem", "config.toml")
+    return path if os.path.isfile(path) else None
+
+
+def _read_file(path: str) -> list[tuple[SettingField, Any]]:
+    """The (field, value) pairs of a TOML file, refusing unknown sections and keys."""
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"config file {path}: cannot read it as TOML: {exc}") from exc
+    unknown = [name for name in data if name not in SECTIONS]
+    if unknown:
+        raise SettingsError(f"config file {path}: unknown sections {unknown}; known sections: {', '.join(SECTIONS)}")
+    pairs = []
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            raise SettingsError(f"config file {path}: {section!r} must be a table ([{section}]), got {table!r}")
+        known = [f.key for f in SECTIONS[section]]
+        unknown = [key for key in table if key not in known]
+        if unknown:
+            raise SettingsError(f"config file {path}: unknown keys {unknown} in [{section}]; known keys: {', '.join(known)}")
+        pairs += [(FIELDS[f"{section}.{key}"], value) for key, value in table.items()]
+    return pairs
+
+
+def _validate(settings: Settings) -> None:
+    """Checks across keys, after every layer is in: each error says which keys were set where."""
+    target = settings.cloud_target()
+    if settings.get("cascade.handoff") == "continue" and target.kind == "http":
+        raise SettingsError(
+            f"cascade.handoff = 'continue' ({_describe(settings.sources['cascade.handoff'])}) does not work with the "
+            f"OpenAI-compatible cloud {target.target} (cloud.url, {_describe(settings.sources['cloud.url'])}): such a "
+            "server cannot continue another model's token ids; use handoff = 'restart' or a grpc:// cloud"
+        )
+    for section, build in (("cascade", settings.cascade_config), ("local", settings.local_engine_config),
+                           ("cloud", settings.cloud_engine_config)):
+        try:
+            build()
+        except (ValueError, TypeError) as exc:
+            changed = [f"{f.dotted} = {settings.values[section][f.key]!r} ({_describe(settings.sources[f.dotted])})"
+                       for f in SECTIONS[section] if settings.sources[f.dotted] != "default"]
+            raise SettingsError(f"invalid [{section}] settings: {exc}; set: {'; '.join(changed) or 'nothing (all defaults)'}") from exc
+
+
+def _describe(source: str) -> str:
+    kind, _, where = source.partition(":")
+    return {"file": f"file {where}", "env": f"env var {where}", "cli": "the command line"}.get(kind, "the defaults")
+
+
+def _shown(field: SettingField, value: Any) -> Any:
+    return "***" if field.secret and value is not None else copy.deepcopy(value)
+
+
+def _unset_meaning(field: SettingField) -> str:
+    """What None means for a key; for engine sizes, the engine dataclass's own default."""
+    if field.section in ("local", "cloud") and field.target:
+        if field.section == "local":
+            from local_runtime.config import LocalEngineConfig as engine_config
+        else:
+            from cloud_engine.config import CloudEngineConfig as engine_config
+        default = {f.name: f.default for f in fields(engine_config)}[field.target]
+        if default is not None:
+            return f"{field.unset} ({default})"
+    return field.unset
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_str(text: str) -> str:
+    # JSON's escapes are valid TOML basic-string escapes; TOML also forbids a raw DEL.
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)  # Python's inf/nan/1e+20 spellings are TOML's too
+    if isinstance(value, str):
+        return _toml_str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):  # inline table: one line, so a key's source comment stays beside it
+        items = [f"{k if _BARE_KEY.fullmatch(k) else _toml_str(k)} = {_toml_value(v)}" for k, v in value.items()]
+        return "{ " + ", ".join(items) + " }" if items else "{}"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")

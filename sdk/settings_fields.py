@@ -1,0 +1,193 @@
+"""Every tandem setting, declared once: section, key, type, default, env var and help text.
+
+`sdk.settings` layers built-in defaults < a TOML file < TANDEM_* env vars < command-line
+values over this table. A new setting is one `SettingField` line here; `tandem config show`
+and the validation pick it up from the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from router.costs import CostTable
+from router.decision import HandoffMode
+from router.privacy import PrivacyRules
+from router.streaming_policy import DecideAt
+from sdk.cascade_config import CascadeConfig
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+_KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a table"}
+
+
+class SettingsError(ValueError):
+    """A bad config file, value or key; the message names the key, where it came from and what is allowed."""
+
+
+@dataclass(frozen=True)
+class CloudTarget:
+    """Where the cascade's cloud tier is, parsed from `cloud.url`."""
+
+    kind: str  # "embedded" | "none" | "grpc" | "http"
+    target: str | None = None  # "host:port" for grpc, the base URL for http, None otherwise
+    tls: bool = False  # grpcs:// or https://
+
+
+CLOUD_URL_FORMS = "'embedded', 'none', grpc://HOST:PORT, grpcs://HOST:PORT or an OpenAI-compatible http(s):// base URL"
+
+
+def parse_cloud_url(url: str) -> CloudTarget:
+    """The cloud tier named by `url`; SettingsError (saying which forms are allowed) otherwise."""
+    if url in ("embedded", "none"):
+        return CloudTarget(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a port that is not a number, or out of range
+        raise SettingsError(f"cloud URL {url!r} is malformed ({exc}); expected {CLOUD_URL_FORMS}") from exc
+    if parts.scheme in ("grpc", "grpcs"):
+        # A gRPC channel target is host:port only; a path would be silently ignored.
+        if not parts.hostname or not port or parts.username or parts.path.strip("/") or parts.query or parts.fragment:
+            raise SettingsError(f"cloud URL {url!r} must be {parts.scheme}://HOST:PORT with nothing after the port")
+        return CloudTarget("grpc", parts.netloc, tls=parts.scheme == "grpcs")
+    if parts.scheme in ("http", "https") and parts.hostname:
+        return CloudTarget("http", url.rstrip("/"), tls=parts.scheme == "https")
+    raise SettingsError(f"cloud URL {url!r} is not supported; expected {CLOUD_URL_FORMS}")
+
+
+Check = Callable[[Any], object]  # raises ValueError (or TypeError) saying what is allowed
+
+
+def _one_of(*choices: str) -> Check:
+    def check(value: str) -> None:
+        if value not in choices:
+            raise ValueError(f"must be one of: {', '.join(choices)}")
+    return check
+
+
+def _at_least(low: float, inclusive: bool = True, high: float | None = None) -> Check:
+    def check(value: float) -> None:
+        # Written as "not (ok)" so NaN fails too.
+        if not ((value >= low if inclusive else value > low) and (high is None or value <= high)):
+            raise ValueError(f"must be {'>=' if inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else ""))
+    return check
+
+
+@dataclass(frozen=True)
+class SettingField:
+    """One setting. `None` as default means optional: unset, and `unset` says what that means."""
+
+    section: str
+    key: str
+    type: type  # str, int, float, bool or dict (a TOML table)
+    default: Any
+    env: str | None  # None: set only in the TOML file (or by a command-line option)
+    help: str
+    unset: str = ""  # what an unset (None) value means
+    check: Check | None = None
+    target: str | None = None  # the field of LocalEngineConfig / CloudEngineConfig / CascadeConfig it feeds
+    secret: bool = False  # printed as "***"
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.key}"
+
+    @property
+    def optional(self) -> bool:
+        return self.default is None
+
+    @property
+    def kind(self) -> str:
+        return _KINDS[self.type] + (" (or unset)" if self.optional else "")
+
+    def coerce(self, value: Any) -> Any:
+        """`value` (from TOML or the command line) as this key's type, checked; ValueError says what is allowed."""
+        if isinstance(value, enum.Enum):  # typer passes Enum choices
+            value = value.value
+        if value is None and self.optional:
+            return None
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # TOML writes 1 for 1.0
+        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
+            raise ValueError(f"must be {self.kind}, got {type(value).__name__}")
+        if self.check is not None:
+            self.check(value)
+        return value
+
+    def parse_env(self, raw: str) -> Any:
+        """An env var's text as this key's value; empty means unset (optional keys only)."""
+        text = raw.strip()
+        if not text:
+            if self.optional:
+                return None
+            raise ValueError(f"is empty; must be {self.kind} (unset the variable to use the default)")
+        if self.type is dict:
+            raise ValueError("is a table: set it in the TOML file")
+        if self.type is bool:
+            if text.lower() not in _BOOL_WORDS:
+                raise ValueError("must be true/false, 1/0 or yes/no")
+            return _BOOL_WORDS[text.lower()]
+        try:
+            value = self.type(text)
+        except ValueError:
+            raise ValueError(f"must be {self.kind}") from None
+        return self.coerce(value)
+
+
+_CASCADE = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(CascadeConfig)}
+
+
+def _cascade(key: str, type_: type, env: str | None, help: str, target: str | None = None, **extra: Any) -> SettingField:
+    """A [cascade] key, its default taken from CascadeConfig so the numbers live in one place."""
+    return SettingField("cascade", key, type_, _CASCADE[target or key], env, help, target=target or key, **extra)
+
+
+_ENGINE_DEFAULT = "the engine's default"
+
+FIELDS_LIST: tuple[SettingField, ...] = (
+    SettingField("server", "host", str, "127.0.0.1", "TANDEM_HOST", "Address `tandem serve` listens on (0.0.0.0 for all)."),
+    SettingField("server", "port", int, 8000, "TANDEM_PORT", "TCP port of the HTTP endpoint.", check=_at_least(0, high=65535)),
+    SettingField("server", "log_level", str, "info", "TANDEM_LOG_LEVEL", "Server log level.", check=_one_of(*LOG_LEVELS)),
+    SettingField("server", "api_key_file", str, None, "TANDEM_API_KEY_FILE", "Keys clients must present, one per line (TANDEM_API_KEYS adds comma-separated ones).", unset="no key file"),
+    SettingField("server", "rate_limit", float, None, "TANDEM_RATE_LIMIT", "Requests per minute per key.", unset="no limit", check=_at_least(0, inclusive=False)),
+    SettingField("local", "model", str, None, "TANDEM_MODEL", "GGUF file of the on-device model.", unset="the embedded SmolLM2-135M-Instruct", target="model_path"),
+    SettingField("local", "model_name", str, None, "TANDEM_MODEL_NAME", "The id clients send as `model`.", unset="derived from the model file", target="model_name"),
+    SettingField("local", "kv_cache_tokens", int, None, "TANDEM_KV_CACHE_TOKENS", "KV cells shared by all sequences.", _ENGINE_DEFAULT, _at_least(1), "kv_cache_tokens"),
+    SettingField("local", "max_num_seqs", int, None, "TANDEM_MAX_NUM_SEQS", "Sequences decoded together.", _ENGINE_DEFAULT, _at_least(1), "max_num_seqs"),
+    SettingField("local", "max_num_batched_tokens", int, None, "TANDEM_MAX_NUM_BATCHED_TOKENS", "Token budget of one step.", _ENGINE_DEFAULT, _at_least(1), "max_num_batched_tokens"),
+    SettingField("local", "max_model_len", int, None, "TANDEM_MAX_MODEL_LEN", "Prompt + completion limit per request.", "min(train context, KV pool, 4096)", _at_least(1), "max_model_len"),
+    SettingField("local", "max_waiting", int, None, "TANDEM_MAX_WAITING", "Queued requests beyond this get 503.", _ENGINE_DEFAULT, _at_least(0), "max_waiting"),
+    SettingField("local", "threads", int, None, "TANDEM_THREADS", "CPU threads for llama.cpp.", "all cores", _at_least(1), "n_threads"),
+    SettingField("local", "n_gpu_layers", int, None, "TANDEM_N_GPU_LAYERS", "Layers offloaded when llama.cpp has a GPU backend.", _ENGINE_DEFAULT, _at_least(0), "n_gpu_layers"),
+    SettingField("cloud", "url", str, "embedded", "TANDEM_CLOUD", f"The cloud tier: {CLOUD_URL_FORMS}.", check=parse_cloud_url),
+    SettingField("cloud", "api_key", str, None, "TANDEM_CLOUD_API_KEY", "Key presented to the cloud server.", unset="no key sent", secret=True),
+    SettingField("cloud", "tls_ca", str, None, "TANDEM_CLOUD_TLS_CA", "PEM file of CAs trusted for grpcs://.", unset="the system's root certificates"),
+    SettingField("cloud", "model_name", str, None, "TANDEM_CLOUD_MODEL_NAME", "Model id sent to the cloud server (and served by the embedded engine).", unset="the server's default model", target="model_name"),
+    SettingField("cloud", "model", str, None, "TANDEM_CLOUD_MODEL", "The embedded cloud engine's model: HF directory or GGUF file.", unset="the embedded SmolLM2-135M-Instruct", target="model"),
+    SettingField("cloud", "device", str, "auto", "TANDEM_CLOUD_DEVICE", "Embedded engine device: auto, cpu, cuda or cuda:N.", target="device"),
+    SettingField("cloud", "dtype", str, "auto", "TANDEM_CLOUD_DTYPE", "Embedded engine dtype: auto, float32, bfloat16, float16.", target="dtype"),
+    SettingField("cloud", "kv_cache_gb", float, None, "TANDEM_CLOUD_KV_CACHE_GB", "Embedded engine KV cache budget in GB.", "a fraction of free memory", _at_least(0, inclusive=False), "kv_cache_gb"),
+    SettingField("cloud", "max_num_seqs", int, None, "TANDEM_CLOUD_MAX_NUM_SEQS", "Embedded engine: requests in one step.", _ENGINE_DEFAULT, _at_least(1), "max_num_seqs"),
+    SettingField("cloud", "max_model_len", int, None, "TANDEM_CLOUD_MAX_MODEL_LEN", "Embedded engine: prompt + completion limit.", "min(model's own, KV pool, 8192)", _at_least(1), "max_model_len"),
+    _cascade("threshold", float, "TANDEM_THRESHOLD", "Confidence below which a request escalates (model 'auto').", target="default_threshold"),
+    _cascade("min_tokens_k", int, "TANDEM_CASCADE_MIN_TOKENS_K", "Local tokens before the first judgement."),
+    _cascade("score_kind", str, "TANDEM_CASCADE_SCORE_KIND", "Confidence feature compared with the threshold."),
+    _cascade("decide_at", str, "TANDEM_CASCADE_DECIDE_AT", "When the threshold is checked.", check=_one_of(*(d.value for d in DecideAt))),
+    _cascade("handoff", str, "TANDEM_CASCADE_HANDOFF", "restart (cloud answers anew) or continue (after the local prefix; gRPC clouds only).", check=_one_of(*(m.value for m in HandoffMode))),
+    _cascade("hold_tokens", int, "TANDEM_CASCADE_HOLD_TOKENS", "Restart mode: tokens held back before committing local.", unset="held until decided"),
+    _cascade("redact_before_escalation", bool, "TANDEM_CASCADE_REDACT_BEFORE_ESCALATION", "Escalate privacy-matching requests redacted instead of keeping them local."),
+    _cascade("cloud_timeout_s", float, "TANDEM_CASCADE_CLOUD_TIMEOUT_S", "Deadline of one whole cloud stream, seconds."),
+    _cascade("breaker_failure_threshold", int, "TANDEM_CASCADE_BREAKER_FAILURE_THRESHOLD", "Consecutive cloud failures that open the circuit breaker."),
+    _cascade("breaker_cool_down_s", float, "TANDEM_CASCADE_BREAKER_COOL_DOWN_S", "Seconds the breaker stays open before a trial call."),
+    _cascade("privacy", dict, None, "Privacy rules: detectors, patterns (router.privacy).", check=PrivacyRules.from_config),
+    _cascade("prices", dict, None, "USD per million tokens per tier (router.costs).", check=CostTable.from_config),
+)
+FIELDS: dict[str, SettingField] = {field.dotted: field for field in FIELDS_LIST}
+SECTIONS: dict[str, tuple[SettingField, ...]] = {
+    section: tuple(f for f in FIELDS_LIST if f.section == section) for section in dict.fromkeys(f.section for f in FIELDS_LIST)
+}

@@ -1,0 +1,84 @@
+"""`tandem serve` serving the cascade: the official `openai` client against the real command
+(embedded SmolLM2 on the device tier, the embedded PyTorch cloud engine behind loopback
+gRPC), models auto / local / cloud, the routing metadata, and the cascade's metrics."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import openai
+import pytest
+
+from tests.sdk.test_openai_server import MODEL, metric
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server_url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def routing(response) -> dict:
+    return response.model_extra["tandem"]
+
+
+def test_models_and_health_name_both_tiers(server_url, client):
+    assert [m.id for m in client.models.list().data] == ["auto", "local", "cloud", MODEL]
+    assert httpx.get(f"{server_url}/health").json() == {"status": "ok", "local": "ready", "cloud": "closed"}
+
+
+@pytest.mark.parametrize(("model", "tier", "escalated"), [
+    ("local", "local", False), ("cloud", "cloud", False), ("auto:0", "local", False), ("auto:1", "cloud", True),
+])  # fmt: skip
+def test_each_routed_model_answers_from_its_tier(client, model, tier, escalated):
+    reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8, temperature=0)
+    info = routing(reply)
+    assert (info["tier"], info["escalated"], info["degraded"]) == (tier, escalated, False)
+    assert reply.model == model and reply.choices[0].message.content
+    assert info["cost"][tier]["completion_tokens"] == reply.usage.completion_tokens
+
+
+def test_auto_streams_with_routing_in_the_last_chunk_and_usage_after(client):
+    whole = client.chat.completions.create(model="auto", messages=QUESTION, max_tokens=10, temperature=0)
+    chunks = list(client.chat.completions.create(
+        model="auto", messages=QUESTION, max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True},
+    ))  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    finish, usage = chunks[-2], chunks[-1]
+    assert finish.choices[0].finish_reason == whole.choices[0].finish_reason
+    assert routing(finish)["tier"] == routing(whole)["tier"]
+    assert usage.choices == [] and usage.usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_private_requests_stay_local_even_at_threshold_one(client):
+    reply = client.chat.completions.create(model="auto:1", messages=QUESTION, max_tokens=4, extra_body={"private": True})
+    assert (routing(reply)["tier"], routing(reply)["privacy_reasons"]) == ("local", ["private_flag"])
+    email = [{"role": "user", "content": "Write to jane.doe@example.com about lunch."}]
+    reply = client.chat.completions.create(model="auto:1", messages=email, max_tokens=4)
+    assert routing(reply)["tier"] == "local" and routing(reply)["privacy_reasons"]
+
+
+def test_routed_requests_refuse_what_they_cannot_honour(client):
+    for bad in ({"model": "auto:2"}, {"model": "auto", "n": 2}, {"model": "cloud", "logprobs": True}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(**{"messages": QUESTION, "max_tokens": 4, **bad})
+        assert caught.value.body["param"] in ("model", "n", "logprobs")
+    with pytest.raises(openai.BadRequestError, match="chat"):
+        client.completions.create(model="cloud", prompt="Paris is", max_tokens=4)
+    assert client.completions.create(model="local", prompt="Paris is", max_tokens=4).model == "local"
+
+
+def test_metrics_count_routes_tokens_and_the_breaker(server_url, client):
+    before = httpx.get(f"{server_url}/metrics").text
+    client.chat.completions.create(model="cloud", messages=QUESTION, max_tokens=3, temperature=0)
+    text = httpx.get(f"{server_url}/metrics").text
+    label = '{escalated="false",tier="cloud"}'
+    assert metric(text, "tandem:cascade_requests_total", label) == metric(before, "tandem:cascade_requests_total", label) + 1
+    assert metric(text, "tandem:cascade_tokens_total", '{kind="completion",tier="cloud"}') >= 3
+    assert metric(text, "tandem:cloud_circuit_state", '{state="closed"}') == 1
+    assert re.search(r'^tandem:cascade_decisions_total\{reason="forced"\} ', text, re.M), text
