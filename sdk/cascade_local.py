@@ -61,3 +61,15 @@ class LocalRun:
         async for event in self.engine.generate(GenerationRequest(self.request_id + suffix, prompt, params)):
             self.events.append(event)
             yield event
+
+    async def take_over(self, text: str, num_emitted: int) -> AsyncIterator[TokenEvent]:
+        """Finish an answer the cloud started and could not end: generate after the chat
+        prompt plus `text` (what the client already has, re-tokenized by the local model)."""
+        remaining = self.params.max_tokens - num_emitted
+        if remaining < 1:
+            return
+        prompt = self._prompt() + list(self.engine.tokenize(text, add_special=False))
+        params = dataclasses.replace(self.params, max_tokens=remaining)
+        async for event in self.engine.generate(GenerationRequest(self.request_id + "-takeover", prompt, params)):
+            self.events.append(event)
+            yield event

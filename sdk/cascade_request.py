@@ -5,8 +5,9 @@ refused escalation simply lets the local answer go on (degraded, nothing re-run)
 call that fails before its first token resumes the local answer where it stopped: the
 prompt plus every local token generated so far is sent back to the local engine
 (llama.cpp reuses the cached prefix), and the held-back tokens are released first. A cloud
-stream that fails after tokens reached the client ends there (finish_reason "abort"):
-the local model cannot continue text from another tokenizer without contradicting it.
+stream that fails after tokens reached the client is finished by the local model: it goes
+on after the text the client already has (re-tokenized with its own vocabulary), so the
+app still gets a whole answer, marked degraded, and nothing it saw is taken back.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from router.policy import ForcedTier, PrivateFirst, RequestContext, StreamingPol
 from sdk.cascade_cloud import CloudFailed, CloudUsage, refusal_reason, stream_from_cloud
 from sdk.cascade_local import LocalRun
 from sdk.cascade_types import CascadeEvent, RoutingInfo
-from sdk.engine_protocol import SamplingParams
+from sdk.engine_protocol import ContextLengthError, SamplingParams
 
 COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
 
@@ -120,7 +121,7 @@ class CascadeRequest:
             self.handoff = plan.mode  # _may_hand_off already asked the breaker
         else:
             self.degraded_reason = refusal_reason(self.runner.cloud, self.runner.breaker)
-        num_cloud_tokens = 0
+        num_cloud_tokens, cloud_text = 0, []
         if self.degraded_reason is None:
             if self.redactions:
                 self.runner.privacy_counters.record_redacted(len(self.redactions))
@@ -134,6 +135,7 @@ class CascadeRequest:
                     continuation_token_ids=prefix, timeout_s=self.config.cloud_timeout_s,
                 ):  # fmt: skip
                     num_cloud_tokens += 1
+                    cloud_text.append(event.text)
                     self.answered_by, self.finish_reason = Tier.CLOUD, event.finish_reason
                     yield CascadeEvent(event.text, event.token_id, Tier.CLOUD.value)
                 self.cost.add("cloud", usage.prompt_tokens, usage.completion_tokens)
@@ -142,10 +144,27 @@ class CascadeRequest:
                 self.degraded_reason = failure.reason
                 self.cost.add("cloud", usage.prompt_tokens, usage.completion_tokens)
             if num_cloud_tokens:
-                self.finish_reason = "abort"  # the client has cloud text the local model cannot continue
+                async for event in self._take_over(plan, "".join(cloud_text), num_cloud_tokens):
+                    yield event
                 return
         async for event in self._resume_local(plan):
             yield event
+
+    async def _take_over(self, plan: HandoffPlan | None, cloud_text: str, num_cloud_tokens: int) -> AsyncIterator[CascadeEvent]:
+        """The local model finishes an answer whose cloud stream broke off part-way."""
+        self.answered_by = Tier.LOCAL
+        if self.finish_reason is not None:
+            return  # the cloud's last token came through; only its trailing status was lost
+        prefix_text = (plan.prefix_text or "") if plan is not None else ""
+        num_emitted = (plan.num_released_tokens if plan is not None else 0) + num_cloud_tokens
+        try:
+            async for event in self.local.take_over(prefix_text + cloud_text, num_emitted):
+                yield CascadeEvent(event.text, event.token_id, Tier.LOCAL.value)
+                self.finish_reason = event.finish_reason
+        except ContextLengthError:
+            pass  # the answer so far fills the local context: it ends here, as if at max_tokens
+        if self.finish_reason is None:
+            self.finish_reason = "length"
 
     async def _resume_local(self, plan: HandoffPlan | None) -> AsyncIterator[CascadeEvent]:
         """The local answer after a failed hand-off: what the client has not seen, then the rest."""
