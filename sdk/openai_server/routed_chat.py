@@ -15,7 +15,6 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk.cascade_openai import prepare, routed_completion, routed_stream
 from sdk.engine_protocol import EngineOverloadedError, InvalidRequestError
 from sdk.openai_schema import ChatCompletionRequest
 from sdk.openai_server.errors import from_exception
@@ -25,6 +24,9 @@ from sdk.openai_server.streaming import DONE, EventStreamResponse, sse
 
 
 async def create_routed_chat_completion(request: Request, state: ServerState, body: ChatCompletionRequest, model: str) -> Response:
+    # Imported here: sdk.cascade_openai reaches back into this package (client_types -> errors).
+    from sdk.cascade_openai import prepare, routed_completion, routed_stream
+
     runner = state.cascade
     try:
         if body.num_choices > 1:
