@@ -56,15 +56,24 @@ class _Chat:
 class Client:
     """client.chat.completions.create(...) from synchronous code; use as a context manager or close()."""
 
-    def __init__(self, runner: CascadeRunner):
+    def __init__(self, runner: CascadeRunner | None = None, **http_options):
+        """Client(runner) in-process, or Client(base_url=..., api_key=...) over HTTP."""
         from sdk.client import AsyncClient  # here: sdk.client imports this module
 
-        self.runner = runner
-        self._async = AsyncClient(runner)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-client", daemon=True)
         self._thread.start()
         self._closed = False
+
+        async def make() -> AsyncClient:  # in the client's loop: httpx binds to it
+            return AsyncClient(runner, **http_options)
+
+        try:
+            self._async = self._run(make())
+        except BaseException:
+            self.close()
+            raise
+        self.runner = runner
         self.chat = _Chat(self)
 
     def _run(self, coroutine):
@@ -77,8 +86,8 @@ class Client:
         """Close the cloud channel (bound to this client's loop), then stop the loop thread."""
         if self._closed:
             return
-        if self.runner.cloud is not None:
-            self._run(self.runner.cloud.close())
+        if getattr(self, "_async", None) is not None:
+            self._run(self._async.close())
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
