@@ -7,6 +7,7 @@ an invalid argument is the caller's error and propagates as the InvalidRequestEr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,9 @@ DEGRADED_REASONS = {
     FailureKind.AUTH: "cloud_auth",
     FailureKind.INTERNAL: "cloud_error",
 }
+
+
+RETRY_BACKOFF_S = 0.05  # before the one retry of a call the cloud could not take
 
 
 class CloudFailed(Exception):
@@ -63,18 +67,34 @@ async def stream_from_cloud(
     request_id: str,
     continuation_token_ids: Sequence[int],
     timeout_s: float,
+    retry_backoff_s: float = RETRY_BACKOFF_S,
 ) -> AsyncIterator[CloudTokenEvent]:
-    """The cloud's tokens as they come; call only after refusal_reason() returned None."""
+    """The cloud's tokens as they come; call only after refusal_reason() returned None.
+
+    A call the cloud could not even take (UNAVAILABLE before its first token: a dropped
+    connection, a server restarting) is retried once after `retry_backoff_s`: nothing has
+    reached the client, so it is idempotent. Deadlines are not retried (the wait would
+    double), nor is anything after the first token."""
     reported = False
     try:
-        async for event in client.generate(
-            prompt, params, model=model, request_id=request_id,
-            continuation_token_ids=continuation_token_ids, timeout_s=timeout_s,
-        ):  # fmt: skip
-            # An HTTP cloud may send fewer chunks than tokens; its own count wins when it has one.
-            usage.completion_tokens = max(usage.completion_tokens + 1, event.num_output_tokens or 0)
-            usage.prompt_tokens = event.num_prompt_tokens or usage.prompt_tokens
-            yield event
+        for attempt in range(2):
+            started = False
+            try:
+                async for event in client.generate(
+                    prompt, params, model=model, request_id=request_id,
+                    continuation_token_ids=continuation_token_ids, timeout_s=timeout_s,
+                ):  # fmt: skip
+                    started = True
+                    # An HTTP cloud may send fewer chunks than tokens; its own count wins when it has one.
+                    usage.completion_tokens = max(usage.completion_tokens + 1, event.num_output_tokens or 0)
+                    usage.prompt_tokens = event.num_prompt_tokens or usage.prompt_tokens
+                    yield event
+                break
+            except CloudError as error:
+                if attempt == 0 and not started and classify_failure(error) is FailureKind.UNAVAILABLE:
+                    await asyncio.sleep(retry_backoff_s)
+                    continue
+                raise
         breaker.record_success()
         reported = True
     except CloudInvalidArgumentError:
