@@ -1,0 +1,271 @@
+"""How well confidence signals and the learned probe predict "the local answer is right",
+on a task whose answers can be checked: generated arithmetic of rising difficulty.
+
+    python -m bench.confidence_auroc --json bench/results/confidence_auroc.json [--n N] [--seed S]
+
+The embedded local model (SmolLM2-135M-Instruct, GGUF) answers every question greedily
+(temperature 0, at most 16 tokens), all requests submitted at once so the engine batches
+them. Each answer gives one feature vector (confidence.aggregate.FEATURE_NAMES) and a label
+(the reply's answer, confidence.arithmetic_task.reply_answer, is the true one). A stratified split (fixed seed)
+holds out part of the answers; on the rest we train the confidence probe (logistic, Platt
+calibration fitted on a share of the train split, as ConfidenceProbe does), export it to
+ONNX and score the held-out answers with onnxruntime (confidence.probe_runtime.load_probe):
+the probe measured is the one a device would run.
+
+Every single signal is oriented on the TRAIN split only: if its train AUROC is below 0.5,
+lower values mean "more likely right" and we score it negated (orientation "lower"). Its
+held-out AUROC is then reported as is, so a signal that flips sign between the splits
+shows up below 0.5 rather than being flattered by max(s, 1 - s).
+
+Key: `probe_auroc_minus_best_signal`, the probe's held-out AUROC minus that of the best
+single signal (the one with the highest held-out AUROC, named in `best_signal`), with the
+paired DeLong standard error of that difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from confidence.aggregate import FEATURE_NAMES, sequence_features
+from confidence.arithmetic_task import LEVELS, ArithmeticItem, generate_items, is_correct
+from confidence.auroc import auroc
+from confidence.signals import signals_from_events
+from sdk.engine_protocol import GenerationRequest, SamplingParams
+
+MAX_TOKENS = 16
+TOP_LOGPROBS = 5  # alternatives per token, so mean_topk_mass is defined
+HOLDOUT_FRACTION = 0.4  # share of each class held out for the reported AUROCs
+DEFAULT_N = 600
+DEFAULT_SEED = 0
+
+
+def local_engine_config(n_threads: int | None = None):
+    """A small engine over the embedded model: 32 sequences decoded together, the rest
+    of a run queued (max_waiting) rather than refused."""
+    from local_runtime.config import LocalEngineConfig
+
+    return LocalEngineConfig(
+        kv_cache_tokens=4096, max_num_seqs=32, max_num_batched_tokens=512, max_model_len=256,
+        max_waiting=100_000, n_threads=n_threads,
+    )  # fmt: skip
+
+
+@dataclass
+class Answers:
+    """What the local model answered: one row per item."""
+
+    items: list[ArithmeticItem]
+    texts: list[str]
+    features: np.ndarray  # [n, len(FEATURE_NAMES)] float64
+    labels: np.ndarray  # [n] bool: the answer is right
+    levels: np.ndarray  # [n] int difficulty level
+    seconds: float  # wall time of the generation
+    num_output_tokens: int
+
+
+async def _answer_all(engine, items: list[ArithmeticItem]) -> list[tuple[str, list]]:
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=TOP_LOGPROBS)
+
+    async def answer(index: int, item: ArithmeticItem) -> tuple[str, list]:
+        prompt = engine.apply_chat_template(list(item.messages))
+        events = [event async for event in engine.generate(GenerationRequest(f"q{index}", prompt, params))]
+        return "".join(event.text for event in events), events
+
+    return await asyncio.gather(*(answer(i, item) for i, item in enumerate(items)))
+
+
+def answer_items(engine, items: list[ArithmeticItem]) -> Answers:
+    """Run every item through a started AsyncLocalEngine at once; features and labels."""
+    start = time.perf_counter()
+    results = asyncio.run(_answer_all(engine, items))
+    seconds = time.perf_counter() - start
+    texts = [text for text, _ in results]
+    features = np.stack([sequence_features(signals_from_events(events)) for _, events in results])
+    labels = np.array([is_correct(text, item.answer) for text, item in zip(texts, items)], dtype=bool)
+    return Answers(
+        items=items, texts=texts, features=features, labels=labels,
+        levels=np.array([item.level for item in items], dtype=int), seconds=seconds,
+        num_output_tokens=sum(len(events) for _, events in results),
+    )  # fmt: skip
+
+
+def collect_answers(n: int, seed: int, n_threads: int | None = None) -> Answers:
+    """Generate `n` items from `seed` and answer them with a fresh local engine."""
+    from local_runtime.async_engine import AsyncLocalEngine
+
+    engine = AsyncLocalEngine(local_engine_config(n_threads)).start()
+    try:
+        engine.wait_ready(180)
+        return answer_items(engine, generate_items(n, seed))
+    finally:
+        engine.shutdown()
+
+
+def delong_components(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeLong's structural components: for each positive, the share of negatives it
+    outscores (ties half), and for each negative the share of positives outscoring it."""
+    positives, negatives = scores[labels], scores[~labels]
+    greater = (positives[:, None] > negatives[None, :]) + 0.5 * (positives[:, None] == negatives[None, :])
+    return greater.mean(axis=1), greater.mean(axis=0)
+
+
+def paired_auroc_difference_se(scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray) -> float:
+    """Standard error of AUROC(a) - AUROC(b) on the same rows (DeLong et al. 1988), which
+    accounts for the two scores being correlated."""
+    va, wa = delong_components(scores_a, labels)
+    vb, wb = delong_components(scores_b, labels)
+    cov_v, cov_w = np.cov(np.stack([va, vb])), np.cov(np.stack([wa, wb]))
+    variance = (cov_v[0, 0] + cov_v[1, 1] - 2 * cov_v[0, 1]) / va.size
+    variance += (cov_w[0, 0] + cov_w[1, 1] - 2 * cov_w[0, 1]) / wa.size
+    return math.sqrt(max(variance, 0.0))
+
+
+def _impute(column: np.ndarray, fill: float) -> np.ndarray:
+    return np.where(np.isnan(column), fill, column)
+
+
+def evaluate(answers: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRACTION, probe_dir: str | None = None) -> dict:
+    """Split, orient single signals on train, train + export the probe, score held-out."""
+    from confidence.probe import ConfidenceProbe, ProbeConfig, load_probe, model_fingerprint_for_gguf
+    from confidence.probe_training import stratified_split
+    from local_runtime.model_files import resolve_model_path
+
+    labels, features = answers.labels, answers.features
+    train, heldout = stratified_split(labels, holdout_fraction, seed)
+    train_labels, heldout_labels = labels[train], labels[heldout]
+
+    signals, oriented_heldout = {}, {}
+    for column, name in enumerate(FEATURE_NAMES):
+        values = features[:, column]
+        train_values = values[train]
+        present = train_values[~np.isnan(train_values)]
+        fill = float(np.median(present)) if present.size else 0.0  # NaN only for empty answers
+        train_auroc = auroc(_impute(train_values, fill), train_labels)
+        sign = 1.0 if train_auroc >= 0.5 else -1.0
+        oriented_heldout[name] = sign * _impute(values[heldout], fill)
+        signals[name] = {
+            "orientation": "higher" if sign > 0 else "lower",  # which values mean "more likely right"
+            "train_auroc": sign * (train_auroc - 0.5) + 0.5,
+            "heldout_auroc": auroc(oriented_heldout[name], heldout_labels),
+            "num_nan": int(np.isnan(values).sum()),
+        }
+
+    fingerprint = model_fingerprint_for_gguf(resolve_model_path(None))
+    config = ProbeConfig(kind="logistic", calibration="platt", seed=seed)
+    probe = ConfidenceProbe(list(FEATURE_NAMES), fingerprint, config).fit(features[train], train_labels)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(probe_dir or scratch, "arithmetic_probe.onnx")
+        probe.save(path)
+        onnx_probe = load_probe(path, fingerprint)
+        probe_scores = np.asarray(onnx_probe.predict(features[heldout]), dtype=np.float64)
+        probe_logits = np.asarray(onnx_probe.predict_logit(features[heldout]), dtype=np.float64)
+        file_bytes = os.path.getsize(path)
+    probe_auroc = auroc(probe_scores, heldout_labels)
+
+    best_signal = max(FEATURE_NAMES, key=lambda name: signals[name]["heldout_auroc"])
+    best_on_train = max(FEATURE_NAMES, key=lambda name: signals[name]["train_auroc"])
+    by_level = []
+    for level, spec in enumerate(LEVELS):
+        rows = answers.levels == level
+        by_level.append({
+            "level": level, "name": spec.name, "count": int(rows.sum()),
+            "accuracy": float(labels[rows].mean()) if rows.any() else None,
+        })  # fmt: skip
+    return {
+        "counts": {
+            "items": int(labels.size), "right": int(labels.sum()), "wrong": int((~labels).sum()),
+            "train": int(train.size), "heldout": int(heldout.size),
+            "heldout_right": int(heldout_labels.sum()), "heldout_wrong": int((~heldout_labels).sum()),
+            "probe_fit_rows": probe.metrics["num_train"], "probe_calibration_rows": probe.metrics["num_heldout"],
+        },  # fmt: skip
+        "accuracy": float(labels.mean()),
+        "accuracy_by_level": by_level,
+        "signals": signals,
+        "probe": {
+            "kind": config.kind, "calibration": config.calibration, "runtime": "onnxruntime",
+            "provider": onnx_probe.provider, "heldout_auroc": probe_auroc,
+            "heldout_auroc_of_logit": auroc(probe_logits, heldout_labels),
+            "onnx_file_bytes": file_bytes,
+        },  # fmt: skip
+        "best_signal": best_signal,
+        "best_signal_heldout_auroc": signals[best_signal]["heldout_auroc"],
+        "best_signal_on_train": best_on_train,
+        "best_signal_on_train_heldout_auroc": signals[best_on_train]["heldout_auroc"],
+        "probe_auroc_minus_best_signal": probe_auroc - signals[best_signal]["heldout_auroc"],
+        "probe_auroc_minus_best_signal_se": paired_auroc_difference_se(
+            probe_scores, oriented_heldout[best_signal], heldout_labels
+        ),
+    }
+
+
+def format_table(result: dict) -> str:
+    """The figures as plain text."""
+    counts = result["counts"]
+    lines = [
+        f"{counts['items']} answers, {counts['right']} right ({result['accuracy']:.1%}); "
+        f"held out {counts['heldout']} ({counts['heldout_right']} right, {counts['heldout_wrong']} wrong)",
+        "",
+        f"{'level':<32}{'n':>5}{'accuracy':>10}",
+    ]
+    for row in result["accuracy_by_level"]:
+        accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.1%}"
+        lines.append(f"{row['level']}: {row['name']:<29}{row['count']:>5}{accuracy:>10}")
+    lines += ["", f"{'signal':<24}{'right when':>11}{'train AUROC':>13}{'held-out AUROC':>16}"]
+    for name, row in sorted(result["signals"].items(), key=lambda kv: -kv[1]["heldout_auroc"]):
+        lines.append(f"{name:<24}{row['orientation']:>11}{row['train_auroc']:>13.3f}{row['heldout_auroc']:>16.3f}")
+    lines.append(f"{'probe (ONNX, ' + result['probe']['kind'] + ')':<24}{'higher':>11}{'':>13}{result['probe']['heldout_auroc']:>16.3f}")
+    lines += [
+        "",
+        f"probe - best signal ({result['best_signal']}): {result['probe_auroc_minus_best_signal']:+.3f} "
+        f"(paired DeLong SE {result['probe_auroc_minus_best_signal_se']:.3f})",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from bench.machine import machine_info, write_report
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--n", type=int, default=DEFAULT_N, help=f"questions (default {DEFAULT_N})")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="question generator and split seed")
+    parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
+    args = parser.parse_args()
+
+    answers = collect_answers(args.n, args.seed, args.threads)
+    result = evaluate(answers, args.seed)
+    print(format_table(result), flush=True)
+    wrong_examples = [
+        {"question": item.question, "answer": item.answer, "reply": text}
+        for item, text, right in zip(answers.items, answers.texts, answers.labels) if not right
+    ]  # fmt: skip
+    report = {
+        "benchmark": "confidence_auroc",
+        "command": "python -m bench.confidence_auroc " + " ".join(sys.argv[1:]),
+        "machine": machine_info(),
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": "embedded SmolLM2-135M-Instruct (GGUF Q4_1), local_runtime.AsyncLocalEngine",
+        "workload": f"{args.n} generated arithmetic questions (seed {args.seed}), {len(LEVELS)} difficulty levels in "
+                    f"equal shares; greedy, max_tokens {MAX_TOKENS}, {TOP_LOGPROBS} top logprobs; label = the reply's "
+                    f"answer (number after its first '=', else its first integer) equals the true one; stratified split holding out {HOLDOUT_FRACTION:.0%}",
+        "generation": {"seconds": answers.seconds, "output_tokens": answers.num_output_tokens},
+        **result,
+        "baseline": "best single signal by held-out AUROC (orientation chosen on train)",
+        "examples_wrong": wrong_examples[:: max(1, len(wrong_examples) // 12)][:12],
+    }
+    write_report(args.json, report, ("accuracy", "best_signal", "best_signal_heldout_auroc",
+                                     "probe_auroc_minus_best_signal", "probe_auroc_minus_best_signal_se"))
+
+
+if __name__ == "__main__":
+    main()
