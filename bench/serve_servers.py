@@ -112,10 +112,12 @@ def _clean_env() -> dict:
 
 def tandem_server(model_path: str | None, threads: int, port: int | None = None, max_num_seqs: int | None = None,
                   max_model_len: int | None = None, extra_args: list[str] | None = None) -> ManagedServer:
-    """`tandem serve` (the local tier's OpenAI endpoint) on a free port."""
+    """`tandem serve` (the local tier's OpenAI endpoint) on a free port, without a cloud tier:
+    the comparison is of the local engines, and an idle in-process cloud engine would only
+    take memory and start-up time."""
     port = port or free_port()
     command = [sys.executable, "-m", "sdk.cli", "serve", "--port", str(port), "--threads", str(threads),
-               "--log-level", "warning"]
+               "--cloud", "none", "--log-level", "warning"]
     if model_path:
         command += ["--model", model_path]
     if max_num_seqs:
