@@ -89,7 +89,7 @@ async def test_rejected_key_turns_escalation_off_with_one_log_line(recording, se
     assert len(auth_lines) == 1, [r.getMessage() for r in caplog.records]
 
 
-async def test_request_the_cloud_calls_invalid_is_the_callers_error(make_runner):
+async def test_request_the_cloud_calls_invalid_is_the_callers_error(make_runner):  # noqa: F811
     runner = await make_runner()
     with pytest.raises(InvalidRequestError):
         await runner.complete(QUESTION, SamplingParams(max_tokens=5000, temperature=0.0), model="cloud")

@@ -1,0 +1,167 @@
+"""`tandem eval` and `tandem calibrate`: routing quality against cloud share, and the threshold from data.
+
+Mounted by sdk.cli through `register_eval_commands(app)`; imports stay inside the commands.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+
+import typer
+
+_DATA_HELP = "Routing table (.csv/.jsonl: prompt, weak_correct, strong_correct, or RouteLLM's columns), or `routellm`."
+_ROUTER_HELP = ("random, oracle, column:NAME (a score column of the table, e.g. column:confidence) or "
+                "scores:FILE.csv (prompt,score as `tandem router score` writes).")  # fmt: skip
+
+
+class HigherMeans(str, enum.Enum):
+    """Which tier a higher score favours."""
+
+    local = "local"  # a confidence in the local answer
+    cloud = "cloud"  # a need for the cloud (the prompt router's score)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.echo(f"tandem: {exc}", err=True)
+    return typer.Exit(code=2)
+
+
+def _load(data: str, data_dir: str | None, datasets: str, router: str, higher_means: HigherMeans | None):
+    from rich.console import Console
+
+    from router.evaluation.inputs import load_examples, router_scores
+
+    with Console(stderr=True).status(f"reading {data}"):  # RouteLLM's tables hold whole responses: seconds
+        table = load_examples(data, data_dir, [name.strip() for name in datasets.split(",") if name.strip()])
+    return table, router_scores(router, table.examples, higher_means.value if higher_means else None)
+
+
+def _run_live(base_url: str, prompts: str, data_dir: str | None, limit: int | None, max_tokens: int,
+              concurrency: int, table_out: Path) -> None:  # fmt: skip
+    import asyncio
+
+    from rich.progress import Progress
+
+    from router.evaluation.live import build_live_table, load_prompts, write_jsonl
+
+    items = load_prompts(prompts, data_dir, limit)
+    with Progress(transient=False) as progress:
+        task = progress.add_task(f"asking both tiers ({len(items)} prompts)", total=len(items))
+        rows = asyncio.run(build_live_table(base_url, items, max_tokens=max_tokens, concurrency=concurrency,
+                                            on_done=lambda: progress.advance(task)))  # fmt: skip
+    write_jsonl(rows, table_out)
+    typer.echo(f"wrote the live table ({len(rows)} prompts) to {table_out}")
+
+
+def eval_command(
+    data: str | None = typer.Option(None, "--data", help=_DATA_HELP),
+    data_dir: str | None = typer.Option(None, "--data-dir", envvar="TANDEM_ROUTELLM_DIR", help="RouteLLM's data (default: ../shared/data/routellm); its contamination lists apply to every table."),
+    datasets: str = typer.Option("gsm8k,mmlu", "--datasets", help="With --data routellm: comma-separated gsm8k, mmlu."),
+    router: str | None = typer.Option(None, "--router", help=_ROUTER_HELP + " Default: column:confidence with --live, else random."),
+    higher_means: HigherMeans | None = typer.Option(None, "--higher-means", help="Which tier a higher score favours; default: local for a column, cloud for a scores file."),
+    seeds: int = typer.Option(100, "--seeds", min=1, help="Seeds the random router's curve is averaged over."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),
+    plot_out: Path | None = typer.Option(None, "--plot", help="Write the quality-vs-cloud-share plot here (PNG)."),
+    live: bool = typer.Option(False, "--live", help="Build the table by asking both tiers of a running `tandem serve`."),
+    base_url: str | None = typer.Option(None, "--base-url", envvar="TANDEM_BASE_URL", help="With --live: the endpoint, e.g. http://127.0.0.1:8000."),
+    prompts: str | None = typer.Option(None, "--prompts", help="With --live: gsm8k, mmlu (labels = agreement with the cloud) or a .jsonl/.csv of prompt[,answer]."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="With --live: only the first N prompts."),
+    max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="With --live: completion limit per answer."),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, help="With --live: prompts in flight."),
+    table_out: Path | None = typer.Option(None, "--table-out", help="With --live: keep the table (JSONL) here; reuse it with --data."),
+) -> None:
+    """Quality vs cloud share of a router, with AUC, APGR and CPT, against the random router and the oracle."""
+    import tempfile
+
+    from router.eval_tables import TableError
+    from router.evaluation.live import LiveError
+    from router.evaluation.plot import plot_report
+    from router.evaluation.report import build_report, print_report, report_json
+
+    if live == (data is not None):
+        raise _fail(ValueError("give either --data or --live (with --base-url and --prompts)"))
+    if live and not (base_url and prompts):
+        raise _fail(ValueError("--live needs --base-url and --prompts"))
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            if live:
+                data = str(table_out or Path(scratch) / "live.jsonl")
+                _run_live(base_url, prompts, data_dir, limit, max_tokens, concurrency, Path(data))
+            table, scores = _load(data, data_dir, datasets, router or ("column:confidence" if live else "random"), higher_means)
+            report = build_report(table, scores, num_seeds=seeds)
+        except (TableError, LiveError, ValueError, OSError) as exc:
+            raise _fail(exc) from exc
+    print_report(report)
+    if json_out is not None:
+        json_out.write_text(report_json(report) + "\n", encoding="utf-8")
+        typer.echo(f"wrote {json_out}")
+    if plot_out is not None:
+        plot_report(report, plot_out)
+        typer.echo(f"wrote {plot_out}")
+
+
+def calibrate_command(
+    data: str = typer.Option(..., "--data", help=_DATA_HELP),
+    router: str = typer.Option(..., "--router", help="column:NAME or scores:FILE.csv (random and oracle have no deployable threshold)."),
+    quality: float | None = typer.Option(None, "--quality", min=0.0, help="Target: this fraction of the strong tier's accuracy, e.g. 0.95."),
+    cloud_share: float | None = typer.Option(None, "--cloud-share", min=0.0, max=1.0, help="Target: this share of requests to the cloud, e.g. 0.3."),
+    budget: float | None = typer.Option(None, "--budget", min=0.0, help="Target: at most this many USD per 1,000 requests (best quality within it)."),
+    higher_means: HigherMeans | None = typer.Option(None, "--higher-means", help="Which tier a higher score favours; default: local for a column, cloud for a scores file."),
+    data_dir: str | None = typer.Option(None, "--data-dir", envvar="TANDEM_ROUTELLM_DIR", help="RouteLLM's data (default: ../shared/data/routellm)."),
+    datasets: str = typer.Option("gsm8k,mmlu", "--datasets", help="With --data routellm: comma-separated gsm8k, mmlu."),
+    config: str | None = typer.Option(None, "--config", help="Config file to update (created if missing); default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the threshold and what it gives; write nothing."),
+    prompt_tokens: float | None = typer.Option(None, "--prompt-tokens", min=0.0, help="Mean prompt tokens per request (default: the table's, else 256)."),
+    completion_tokens: float | None = typer.Option(None, "--completion-tokens", min=0.0, help="Mean completion tokens per request (default: the table's, else 256)."),
+    cloud_input_price: float | None = typer.Option(None, "--cloud-input-price", min=0.0, help="Cloud USD per 1M prompt tokens (default: the config's cascade.prices)."),
+    cloud_output_price: float | None = typer.Option(None, "--cloud-output-price", min=0.0, help="Cloud USD per 1M completion tokens (default: the config's cascade.prices)."),
+) -> None:
+    """Pick the routing threshold for a target and write it to the config file as cascade.threshold."""
+    from router.costs import CostTable
+    from router.eval_tables import TableError
+    from router.evaluation.calibrate import (
+        Target,
+        choose_threshold,
+        config_path,
+        cost_model,
+        read_config,
+        write_threshold,
+    )
+    from sdk.settings import SettingsError
+
+    targets = [Target(kind, value) for kind, value in (("quality", quality), ("cloud_share", cloud_share), ("budget", budget))
+               if value is not None]  # fmt: skip
+    if len(targets) != 1:
+        raise _fail(ValueError("give exactly one target: --quality, --cloud-share or --budget"))
+    if router.partition(":")[0] in ("random", "oracle"):
+        raise _fail(ValueError(f"--router {router} has no threshold to deploy; use column:NAME or scores:FILE.csv"))
+    try:
+        path = config_path(config)
+        prices = dict(read_config(path).get("cascade", {}).get("prices") or {})
+        cloud = {"input_per_million": cloud_input_price, "output_per_million": cloud_output_price}
+        prices["cloud"] = {**prices.get("cloud", {}), **{k: v for k, v in cloud.items() if v is not None}}
+        table, scores = _load(data, data_dir, datasets, router, higher_means)
+        costs = cost_model(table.examples, CostTable.from_config(prices), prompt_tokens, completion_tokens)
+        point = choose_threshold(scores.confidence, table.examples, targets[0], costs)
+        if not dry_run:
+            write_threshold(path, point.threshold)
+    except (TableError, ValueError, OSError, SettingsError) as exc:
+        raise _fail(exc) from exc
+    strong = point.quality / point.quality_of_strong if point.quality_of_strong else float("nan")
+    typer.echo(f"threshold {point.threshold:.6g} on {len(table.examples)} prompts ({table.num_dropped_contaminated} contaminated dropped):")
+    typer.echo(f"  cloud share {point.cloud_share:.1%}")
+    typer.echo(f"  quality     {point.quality:.4f} ({point.quality_of_strong:.1%} of strong's {strong:.4f})")
+    typer.echo(f"  cost        {point.cost_per_1k:.4f} USD per 1k requests")
+    if costs.assumed:
+        typer.echo(f"  (assumed token counts for {', '.join(costs.assumed)}: give --prompt-tokens/--completion-tokens)")
+    if dry_run:
+        typer.echo("dry run: nothing written")
+    else:
+        typer.echo(f"wrote [cascade] threshold = {point.threshold!r} to {path} (comments in that file are not kept)")
+
+
+def register_eval_commands(app: typer.Typer) -> None:
+    """Add `eval` and `calibrate` to the `tandem` app."""
+    app.command("eval")(eval_command)
+    app.command("calibrate")(calibrate_command)
