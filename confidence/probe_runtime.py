@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 
 import numpy as np
 import onnxruntime
@@ -131,6 +132,10 @@ class OnnxProbe:
             probabilities = self.calibrator.predict(logits.astype(np.float64))
         probabilities = np.asarray(probabilities, dtype=np.float64)
         return float(probabilities[0]) if np.ndim(features) == 1 else probabilities
+
+    def score_features(self, values: Mapping[str, float]) -> float:
+        """P(acceptable) of one answer described by its features by name (RunningConfidence.features_dict())."""
+        return float(self.predict(self.features_from_mapping(dict(values))))
 
     def features_from_mapping(self, values: dict[str, float]) -> np.ndarray:
         """A [d] row in this probe's feature order; names it lacks become NaN (imputed),

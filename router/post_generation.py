@@ -36,11 +36,7 @@ class PostGenerationPolicy:
     def from_probe(cls, probe, threshold: float) -> PostGenerationPolicy:
         """Verify with a loaded confidence.probe_runtime.OnnxProbe (calibrated P(acceptable));
         features the probe was trained on but the mapping lacks are imputed by the probe."""
-
-        def probe_score(features: Features) -> float:
-            return float(probe.predict(probe.features_from_mapping(dict(features))))
-
-        return cls(probe_score, threshold)
+        return cls(probe.score_features, threshold)
 
     def decide(self, features: Features) -> RoutingDecision:
         """The verdict on a complete local answer described by its sequence features."""

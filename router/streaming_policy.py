@@ -8,6 +8,7 @@ follows one request: feed it every local TokenEvent in order, then call finish()
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -63,12 +64,15 @@ class StreamingPolicy:
         calibrator: Calibrator | None = None,
         decide_at: DecideAt | str = DecideAt.EVERY_TOKEN,
         window: int = DEFAULT_WINDOW,
+        score_fn: Callable[[Mapping[str, float]], float] | None = None,
     ):
         if isinstance(min_tokens_k, bool) or not isinstance(min_tokens_k, int) or min_tokens_k < 1:
             raise ValueError(f"min_tokens_k must be an integer >= 1 (tokens before the first decision), got {min_tokens_k!r}")
         if score_kind not in FEATURE_NAMES:
             raise ValueError(f"unknown score_kind {score_kind!r}; choose one of {', '.join(FEATURE_NAMES)}")
-        if calibrator is None and score_kind not in UNCALIBRATED_SCORE_KINDS:
+        if score_fn is not None and calibrator is not None:
+            raise ValueError("score_fn already returns P(acceptable); it takes no calibrator")
+        if calibrator is None and score_fn is None and score_kind not in UNCALIBRATED_SCORE_KINDS:
             raise ValueError(
                 f"score_kind {score_kind!r} is not a confidence in [0, 1]; pass a calibrator fitted "
                 f"to map it to P(acceptable), or use one of {', '.join(sorted(UNCALIBRATED_SCORE_KINDS))}"
@@ -81,6 +85,8 @@ class StreamingPolicy:
         self.min_tokens_k = min_tokens_k  # tokens generated before the first decision
         self.score_kind = score_kind  # the FEATURE_NAMES entry the confidence is read from
         self.calibrator = calibrator  # raw score -> P(acceptable); None uses the raw score
+        # All running features -> P(acceptable) (a learned probe); replaces score_kind when set.
+        self.score_fn = score_fn
         self.running = RunningConfidence(window)  # features of the tokens seen so far
         self._decision: RoutingDecision | None = None  # settled early: an escalation, or a pass at K
         self._finished = False
@@ -92,6 +98,13 @@ class StreamingPolicy:
 
     def confidence(self) -> float:
         """The (calibrated) confidence of the tokens seen so far; NaN before the first token."""
+        if self.score_fn is not None:
+            if self.running.num_tokens == 0:
+                return math.nan
+            score = float(self.score_fn(self.running.features_dict()))
+            if not math.isnan(score) and not 0.0 <= score <= 1.0:
+                raise ValueError(f"score_fn must return a probability in [0, 1], got {score!r}")
+            return score
         raw = self.running.score(self.score_kind)
         if self.calibrator is None or math.isnan(raw):
             return raw
@@ -127,5 +140,5 @@ class StreamingPolicy:
         confidence = self.confidence()
         num_tokens = self.running.num_tokens
         return threshold_decision(confidence, self.threshold, escalate_reason=Reason.LOW_CONFIDENCE,
-                                  decided_at_token=num_tokens, what=f"{self.score_kind} confidence",
+                                  decided_at_token=num_tokens, what=f"{'probe' if self.score_fn else self.score_kind} confidence",
                                   decided_by=self.name, suffix=f" after {num_tokens} tokens")

@@ -21,6 +21,7 @@ from router.privacy import PrivacyRules
 from router.privacy_counters import PrivacyCounters
 from sdk.cascade_config import CascadeConfig
 from sdk.cascade_counts import RouteCounter
+from sdk.cascade_models import load_local_probe, load_prompt_scorer
 from sdk.cascade_request import CascadeRequest
 from sdk.cascade_types import CascadeEvent, CascadeResult, RoutingInfo, collect
 from sdk.cloud_client import CloudClient
@@ -56,6 +57,9 @@ class CascadeRunner:
         self.breaker = CircuitBreaker(self.config.breaker_failure_threshold, self.config.breaker_cool_down_s, clock)
         self.ledger = CostLedger(CostTable.from_config(self.config.prices))
         self.routes = RouteCounter()
+        # The learned parts (sdk.cascade_models), loaded once: ONNX sessions shared by all requests.
+        self.probe = load_local_probe(self.config.probe, local) if self.config.probe else None
+        self.prompt_scorer = load_prompt_scorer(self.config.prompt_router) if self.config.prompt_router else None
 
     @property
     def redact_before_escalation(self) -> bool:

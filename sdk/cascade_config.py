@@ -26,6 +26,9 @@ class CascadeConfig:
     breaker_cool_down_s: float = 30.0  # how long the breaker stays open before a trial call
     prices: dict = field(default_factory=dict)  # router.costs.CostTable.from_config input
     cloud_model: str | None = None  # model id on the cloud server; None: the server's default
+    probe: str | None = None  # confidence probe (ONNX) for the local model: replaces score_kind when set
+    prompt_router: str | None = None  # "default" (shipped) or a `tandem router train` file; None: off
+    prompt_router_threshold: float | None = None  # escalate before generation iff 1 - score < it; None: the request's threshold
 
     def __post_init__(self) -> None:
         self.default_threshold = validate_threshold(self.default_threshold)
@@ -42,6 +45,8 @@ class CascadeConfig:
             if isinstance(self.hold_tokens, bool) or not isinstance(self.hold_tokens, int) or self.hold_tokens < self.min_tokens_k:
                 # A shorter window would commit local before the first decision at token K.
                 raise ValueError(f"hold_tokens must be None or an integer >= min_tokens_k ({self.min_tokens_k}), got {self.hold_tokens!r}")
+        if self.prompt_router_threshold is not None:
+            self.prompt_router_threshold = validate_threshold(self.prompt_router_threshold)
         if not self.cloud_timeout_s > 0:
             raise ValueError(f"cloud_timeout_s must be > 0 seconds, got {self.cloud_timeout_s!r}")
         if self.breaker_failure_threshold < 1 or not self.breaker_cool_down_s >= 0:

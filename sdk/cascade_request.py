@@ -12,13 +12,22 @@ app still gets a whole answer, marked degraded, and nothing it saw is taken back
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 
 from router.chat_text import iter_message_texts, message_as_dict, message_text_length
 from router.decision import HandoffMode, Reason, RoutingDecision, RoutingMode, Tier
 from router.hold_back import HandoffPlan, HoldBackBuffer
-from router.policy import ForcedTier, PrivateFirst, RequestContext, StreamingPolicy, ThresholdOnePolicy, compose
+from router.policy import (
+    ForcedTier,
+    PrivateFirst,
+    PromptRouterPolicy,
+    RequestContext,
+    StreamingPolicy,
+    ThresholdOnePolicy,
+    compose,
+)
 from sdk.cascade_cloud import CloudFailed, CloudUsage, refusal_reason, stream_from_cloud
 from sdk.cascade_local import LocalRun
 from sdk.cascade_types import CascadeEvent, RoutingInfo
@@ -41,14 +50,22 @@ class CascadeRequest:
             runner.privacy_rules.redact_messages(self.messages) if may_redact else (self.messages, [])
         )
         kept_local_rules = () if may_redact else self.verdict.rule_names
-        self.cascade = compose(
-            pre=[PrivateFirst(lambda _text: kept_local_rules), ForcedTier(), ThresholdOnePolicy(threshold)],
-            streaming=StreamingPolicy(threshold, self.config.min_tokens_k, self.config.score_kind,
-                                      decide_at=self.config.decide_at),
-        )  # fmt: skip
         # The same texts the privacy rules read (string contents and "text" content parts).
         prompt_text = "\n".join(text for _, _, text in iter_message_texts(self.messages))
         self.context = RequestContext(prompt_text, mode, flagged_private=private)
+        self.prompt_score: float | None = None  # set in run() when the prompt router is consulted
+        pre = [PrivateFirst(lambda _text: kept_local_rules), ForcedTier(), ThresholdOnePolicy(threshold)]
+        if runner.prompt_scorer is not None:
+            router_threshold = self.config.prompt_router_threshold
+            pre.append(PromptRouterPolicy(lambda _text: self.prompt_score, threshold if router_threshold is None else router_threshold))
+        probe = runner.probe
+        self.cascade = compose(
+            pre=pre,
+            streaming=StreamingPolicy(threshold, self.config.min_tokens_k, self.config.score_kind,
+                                      decide_at=self.config.decide_at,
+                                      score_fn=probe.score_features if probe is not None else None),
+        )  # fmt: skip
+        self._kept_local_rules = kept_local_rules
         self.threshold = threshold
         self.cost = runner.ledger.new_request()
         self.local = LocalRun(runner.local, self.messages, params, request_id)
@@ -60,6 +77,10 @@ class CascadeRequest:
         self.local_committed = False  # the local answer is settled: its tokens go straight to the client
 
     async def run(self) -> AsyncIterator[CascadeEvent]:
+        if self.runner.prompt_scorer is not None and self._prompt_router_reached():
+            # A few ms of ONNX on the CPU: off the event loop, which serves other streams meanwhile.
+            scores = await asyncio.to_thread(self.runner.prompt_scorer.score, [self.context.prompt_text])
+            self.prompt_score = float(scores[0])
         pre = self.cascade.before_generation(self.context)
         if pre is not None and pre.tier is Tier.CLOUD:
             async for event in self._cloud_then_fallback(plan=None):
@@ -68,6 +89,11 @@ class CascadeRequest:
             async for event in self._local_first(pre):
                 yield event
         yield CascadeEvent("", None, self.answered_by.value, self.finish_reason, self._routing_info())
+
+    def _prompt_router_reached(self) -> bool:
+        """Whether the policies before the prompt router leave the request to it (no cost otherwise)."""
+        return (self.context.mode is RoutingMode.AUTO and not self.context.flagged_private
+                and not self._kept_local_rules and self.threshold < 1.0)  # fmt: skip
 
     async def _local_first(self, pre: RoutingDecision | None) -> AsyncIterator[CascadeEvent]:
         buffer = HoldBackBuffer(self.config.handoff, self.config.hold_tokens)

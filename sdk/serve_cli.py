@@ -40,7 +40,11 @@ async def _serve(settings, engine) -> str | None:
         cloud = await start_cloud_tier(settings)
     except OSError as exc:
         return f"the cloud tier could not start: {exc}"
-    runner = CascadeRunner(engine, cloud.client, settings.cascade_config())
+    try:  # the probe and the prompt router load here: a wrong file is a clean exit, not a traceback
+        runner = CascadeRunner(engine, cloud.client, settings.cascade_config())
+    except (OSError, ValueError) as exc:
+        await cloud.close()
+        return f"the cascade could not start: {exc}"
     app = create_app(
         engine, served_model_names=[settings.get("local.model_name")] if settings.get("local.model_name") else None,
         api_keys=load_api_keys(settings.get("server.api_key_file")), rate_limit_per_minute=settings.get("server.rate_limit"),

@@ -184,6 +184,9 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     _cascade("cloud_timeout_s", float, "TANDEM_CASCADE_CLOUD_TIMEOUT_S", "Deadline of one whole cloud stream, seconds."),
     _cascade("breaker_failure_threshold", int, "TANDEM_CASCADE_BREAKER_FAILURE_THRESHOLD", "Consecutive cloud failures that open the circuit breaker."),
     _cascade("breaker_cool_down_s", float, "TANDEM_CASCADE_BREAKER_COOL_DOWN_S", "Seconds the breaker stays open before a trial call."),
+    _cascade("probe", str, "TANDEM_CASCADE_PROBE", "Confidence probe (ONNX) trained for the local model; replaces score_kind.", unset="no probe"),
+    _cascade("prompt_router", str, "TANDEM_CASCADE_PROMPT_ROUTER", "Prompt router before generation: 'default' (shipped) or a `tandem router train` file.", unset="off"),
+    _cascade("prompt_router_threshold", float, "TANDEM_CASCADE_PROMPT_ROUTER_THRESHOLD", "Escalate before generation iff 1 - prompt score < this.", unset="the request's threshold"),
     _cascade("privacy", dict, None, "Privacy rules: detectors, patterns (router.privacy).", check=PrivacyRules.from_config),
     _cascade("prices", dict, None, "USD per million tokens per tier (router.costs).", check=CostTable.from_config),
 )

@@ -173,3 +173,28 @@ def test_bad_configuration_is_refused_with_a_fix(kwargs, message_part):
     arguments = {"threshold": 0.5, "min_tokens_k": 4, **kwargs}
     with pytest.raises(ValueError, match=message_part):
         StreamingPolicy(**arguments)
+
+
+# -- a learned probe as the score ------------------------------------------------------------------
+
+
+def test_score_fn_replaces_score_kind_and_sees_all_features():
+    seen = []
+
+    def probe(features):
+        seen.append(dict(features))
+        return 0.3
+
+    policy = StreamingPolicy(0.5, min_tokens_k=2, score_fn=probe)
+    assert policy.observe(TokenEvent("r", 1, "a", -0.1, 0.2, 0.9)) is None  # before K: not consulted
+    decision = policy.observe(TokenEvent("r", 2, "b", -0.1, 0.2, 0.9))
+    assert decision.escalated and decision.confidence == 0.3 and "probe" in decision.detail
+    assert len(seen) == 1 and seen[0]["num_tokens"] == 2 and "mean_prob" in seen[0]
+
+
+def test_score_fn_must_be_a_probability_and_takes_no_calibrator():
+    with pytest.raises(ValueError, match="calibrator"):
+        StreamingPolicy(0.5, 1, score_fn=lambda f: 0.5, calibrator=object())
+    policy = StreamingPolicy(0.5, 1, score_fn=lambda f: 1.5)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        policy.observe(TokenEvent("r", 1, "a", -0.1, 0.2, 0.9))

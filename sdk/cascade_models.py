@@ -1,0 +1,30 @@
+"""The learned parts a cascade may use, loaded from CascadeConfig's paths:
+
+- the confidence probe (confidence.probe_runtime, ONNX): scores the running local answer
+  in place of `score_kind` (during generation, or once at the end with decide_at="end");
+  a probe trained for another model than the local engine's is refused;
+- the prompt router (router.prompt_router, ONNX): scores the prompt before generation.
+
+Imported only when a config names one, so a cascade without them needs no onnxruntime.
+"""
+
+from __future__ import annotations
+
+
+def load_local_probe(path: str, local_engine):
+    """The probe at `path`, checked against the GGUF the local engine runs."""
+    from confidence.gguf_fingerprint import model_fingerprint_for_gguf
+    from confidence.probe_runtime import load_probe
+    from local_runtime.model_files import resolve_model_path
+
+    config = getattr(local_engine, "config", None)
+    if config is None or not hasattr(config, "model_path"):
+        raise ValueError("a confidence probe needs a local engine that runs a GGUF file (its fingerprint is checked)")
+    return load_probe(path, model_fingerprint_for_gguf(resolve_model_path(config.model_path)))
+
+
+def load_prompt_scorer(spec: str):
+    """"default" (the shipped router) or the path of a `tandem router train` file."""
+    from router.prompt_router import load_scorer
+
+    return load_scorer(None if spec == "default" else spec)
