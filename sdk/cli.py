@@ -10,11 +10,13 @@ from sdk.cli_options import LogLevel
 from sdk.cloud_cli import cloud_app
 from sdk.config_cli import config_app
 from sdk.eval_cli import register_eval_commands
+from sdk.router_cli import router_app
 
 app = typer.Typer(help="tandem: a hybrid on-device-to-cloud LLM runtime.", no_args_is_help=True)
 app.add_typer(cloud_app, name="cloud")
 app.add_typer(config_app, name="config")
 register_eval_commands(app)
+app.add_typer(router_app, name="router")
 
 
 @app.command()

@@ -229,7 +229,10 @@ def test_quick_run_against_tandem_serve_writes_sane_json(tmp_path):
     report = json.loads(out.read_text())
     m = report["metrics"]
     assert report["command"].startswith("python -m bench.serve --base-url")
-    assert report["machine"]["cores"] >= 1 and report["server"]["model"] == "smollm2-135m-instruct"
+    # No --model: the first id /v1/models lists, which under tandem serve is the router ("auto").
+    listed = [entry["id"] for entry in report["server"]["models_listed"]]
+    assert report["machine"]["cores"] >= 1 and report["server"]["model"] == listed[0] == "auto"
+    assert "smollm2-135m-instruct" in listed
     assert (m["completed"], m["failed"]) == (8, 0)
     assert m["total_output_tokens"] == 8 * 32  # ignore_eos: exactly max_tokens each
     assert m["output_len_sources"] == {"usage": 8}

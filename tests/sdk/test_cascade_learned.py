@@ -62,3 +62,33 @@ def test_a_probe_for_another_model_is_refused(tmp_path, local_engine):  # noqa: 
     path = train_probe(tmp_path / "other.onnx", "gguf-sha256:" + "cd" * 32)
     with pytest.raises(ProbeModelMismatchError, match="trained for model"):
         CascadeRunner(local_engine, None, CascadeConfig(probe=path))
+
+
+class CountingScorer:
+    """The shipped prompt router, counting the prompts it is asked to score."""
+
+    def __init__(self, scorer):
+        self.scorer, self.prompts = scorer, []
+
+    def score(self, prompts):
+        self.prompts += list(prompts)
+        return self.scorer.score(prompts)
+
+
+async def test_prompt_router_decides_before_generation(make_runner, recording):  # noqa: F811
+    eager = await make_runner(prompt_router="default", prompt_router_threshold=1.0)  # any score > 0 escalates
+    eager.prompt_scorer = CountingScorer(eager.prompt_scorer)
+    score = float(eager.prompt_scorer.scorer.score([QUESTION[0]["content"]])[0])
+    result = await eager.complete(QUESTION, GREEDY, model="auto:0.5")
+    routing = result.routing
+    assert (routing.tier, routing.escalated, routing.reason, routing.decided_by) == ("cloud", True, "prompt_router", "prompt_router")
+    assert routing.confidence == pytest.approx(1.0 - score, abs=1e-6) and routing.decided_at_token is None
+    assert "local" not in routing.cost and len(recording.received) == 1  # the local model never ran
+    # Requests the policies before it settle are never scored: private, forced, threshold 1.
+    for model, private in (("auto:0.5", True), ("local", False), ("auto:1", False)):
+        await eager.complete(QUESTION, GREEDY, model=model, private=private)
+    assert eager.prompt_scorer.prompts == [QUESTION[0]["content"]]
+
+    never = await make_runner(prompt_router="default", prompt_router_threshold=0.0)
+    routing = (await never.complete(QUESTION, GREEDY, model="auto:0")).routing
+    assert (routing.tier, routing.reason) == ("local", "confident") and routing.decided_by == "streaming"

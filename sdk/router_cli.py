@@ -1,0 +1,96 @@
+"""`tandem router train|score`: the prompt router (router.prompt_router).
+
+Imports stay inside the commands: `sdk.cli` imports this module for every `tandem` command.
+"""
+
+from __future__ import annotations
+
+import typer
+
+router_app = typer.Typer(help="The prompt router: score prompts' need for the cloud tier before generating.", no_args_is_help=True)
+CHUNK = 256  # prompts scored between progress updates (and held in memory at once)
+
+
+def _progress(total: int, description: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True, disable=total < CHUNK)
+
+
+@router_app.command("train")
+def train(
+    out: str = typer.Option(..., "--out", help="Where to write the whole scorer (MiniLM + head, one ONNX file)."),
+    data: str = typer.Option("routellm", "--data", help="`routellm` (the GSM8K + MMLU tables) or one table file (.csv/.jsonl)."),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="RouteLLM data directory; default: ../shared/data/routellm."),
+    holdout_fraction: float = typer.Option(0.25, min=0.0, max=0.9, help="Share of subjects held out to report APGR (0: no report)."),
+    seed: int = typer.Option(0, help="Seed of the subject split and the head's initialization."),
+    label: str = typer.Option("weak_wrong", help="What the head predicts: weak_wrong or strong_wins."),
+    kind: str = typer.Option("logistic", help="Head: logistic or mlp."),
+    steps: int = typer.Option(400, min=1, help="Full-batch Adam steps."),
+) -> None:
+    """Train a router; print its APGR on held-out subjects and write a JSON report next to --out."""
+    import json
+    from pathlib import Path
+
+    from router.eval_tables import DEFAULT_DATA_DIR, TableError, load_routellm, load_table
+    from router.prompt_router.embedder_export import EmbedderUnavailableError
+    from router.prompt_router.training import HeadConfig, train_router
+
+    try:
+        config = HeadConfig(label=label, kind=kind, num_steps=steps, seed=seed)
+        examples = load_routellm(data_dir or DEFAULT_DATA_DIR) if data == "routellm" else load_table(data)
+    except (ValueError, TableError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    with _progress(len(examples), "embedding prompts") as bar:
+        task = bar.add_task("embed", total=len(examples))
+        try:
+            report = train_router(examples, out, config, holdout_fraction, seed, progress=lambda n: bar.advance(task, n))
+        except (ValueError, EmbedderUnavailableError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
+    report_path = Path(out).with_suffix(".report.json")
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    for name in ("heldout", "heldout_mmlu"):
+        if name in report and (name == "heldout" or report[name]["num_examples"] != report["heldout"]["num_examples"]):
+            figures = report[name]
+            typer.echo(f"{name}: APGR {figures['apgr']:.3f} (random {figures['random_apgr']:.2f}, oracle "
+                       f"{figures['oracle_apgr']:.3f}), CPT(50%) {figures['cpt50']:.3f}, {figures['num_examples']} prompts")  # fmt: skip
+    typer.echo(f"wrote {out} (head trained on all {len(examples)} examples) and {report_path}")
+
+
+@router_app.command("score")
+def score(
+    data: str = typer.Option(..., "--data", help="CSV with a `prompt` column."),
+    out: str = typer.Option(..., "--out", help="CSV to write: prompt,score (higher = more need for the strong tier)."),
+    router: str | None = typer.Option(None, "--router", help="A whole scorer from `tandem router train`; default: the shipped router."),
+) -> None:
+    """Score every prompt of a CSV with the prompt router."""
+    import csv
+    import sys
+
+    from router.prompt_router.embedder_export import EmbedderUnavailableError
+    from router.prompt_router.scorer import RouterError, load_scorer
+
+    csv.field_size_limit(sys.maxsize)
+    try:
+        with open(data, newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            if "prompt" not in (reader.fieldnames or []):
+                raise typer.BadParameter(f"{data} has no `prompt` column (columns: {reader.fieldnames})")
+            prompts = [row["prompt"] for row in reader]
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {data}: {exc}") from exc
+    try:
+        scorer = load_scorer(router, threads=None)  # a batch job: use every core
+    except (RouterError, FileNotFoundError, EmbedderUnavailableError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    with open(out, "w", newline="", encoding="utf-8") as handle, _progress(len(prompts), "scoring") as bar:
+        writer = csv.writer(handle)
+        writer.writerow(["prompt", "score"])
+        task = bar.add_task("score", total=len(prompts))
+        for start in range(0, len(prompts), CHUNK):
+            chunk = prompts[start : start + CHUNK]
+            writer.writerows([prompt, f"{value:.6f}"] for prompt, value in zip(chunk, scorer.score(chunk)))
+            bar.advance(task, len(chunk))
+    typer.echo(f"scored {len(prompts)} prompts into {out}", err=True)
