@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from confidence.probe_runtime import OnnxProbe
 from router.decision import Reason, RoutingMode, Tier
 from router.policy import (
     Cascade,
@@ -116,11 +117,10 @@ def test_post_check_sees_the_whole_answer_and_escalates_below_threshold():
 
 
 def test_post_check_from_a_probe_uses_its_feature_order():
-    class RecordingProbe:  # the duck type of confidence.probe_runtime.OnnxProbe
+    class RecordingProbe:  # OnnxProbe's own scoring code over a recording model instead of ONNX
         feature_names = ("min_prob", "made_up")
-
-        def features_from_mapping(self, values):
-            return [values.get(name, math.nan) for name in self.feature_names]
+        features_from_mapping = OnnxProbe.features_from_mapping
+        score_features = OnnxProbe.score_features
 
         def predict(self, row):
             self.row = row
