@@ -28,6 +28,34 @@ def _constant(name: str, array: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(np.ascontiguousarray(array, dtype=np.float32), name=name)
 
 
+def logistic_stack(
+    input_name: str, layers: list[tuple[np.ndarray, np.ndarray]], logit_name: str, probability_name: str, prefix: str = ""
+) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+    """Initializers and nodes of input -> affine layers (ReLU between) -> logit [n] -> Sigmoid.
+
+    `layers` holds (weight [in, out], bias [out]) with one output unit in the last; `prefix`
+    keeps the names apart when the graph is merged with another (the prompt router's head)."""
+    initializers: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+    hidden = input_name
+    for index, (weight, bias) in enumerate(layers):
+        initializers += [_constant(f"{prefix}weight_{index}", weight), _constant(f"{prefix}bias_{index}", bias)]
+        nodes += [
+            helper.make_node("MatMul", [hidden, f"{prefix}weight_{index}"], [f"{prefix}product_{index}"]),
+            helper.make_node("Add", [f"{prefix}product_{index}", f"{prefix}bias_{index}"], [f"{prefix}affine_{index}"]),
+        ]
+        hidden = f"{prefix}affine_{index}"
+        if index < len(layers) - 1:
+            nodes.append(helper.make_node("Relu", [hidden], [f"{prefix}relu_{index}"]))
+            hidden = f"{prefix}relu_{index}"
+    initializers.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), name=f"{prefix}flat_shape"))
+    nodes += [
+        helper.make_node("Reshape", [hidden, f"{prefix}flat_shape"], [logit_name]),
+        helper.make_node("Sigmoid", [logit_name], [probability_name]),
+    ]
+    return initializers, nodes
+
+
 def build_probe_model(
     preprocessing: dict[str, np.ndarray], layers: list[tuple[np.ndarray, np.ndarray]]
 ) -> onnx.ModelProto:
@@ -48,22 +76,9 @@ def build_probe_model(
         helper.make_node("Sub", ["clipped", "pre_mean"], ["centered"]),
         helper.make_node("Div", ["centered", "pre_std"], ["standardized"]),
     ]
-    hidden = "standardized"
-    for index, (weight, bias) in enumerate(layers):
-        initializers += [_constant(f"weight_{index}", weight), _constant(f"bias_{index}", bias)]
-        nodes += [
-            helper.make_node("MatMul", [hidden, f"weight_{index}"], [f"product_{index}"]),
-            helper.make_node("Add", [f"product_{index}", f"bias_{index}"], [f"affine_{index}"]),
-        ]
-        hidden = f"affine_{index}"
-        if index < len(layers) - 1:
-            nodes.append(helper.make_node("Relu", [hidden], [f"relu_{index}"]))
-            hidden = f"relu_{index}"
-    initializers.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), name="flat_shape"))
-    nodes += [
-        helper.make_node("Reshape", [hidden, "flat_shape"], [LOGIT_OUTPUT]),
-        helper.make_node("Sigmoid", [LOGIT_OUTPUT], [PROBABILITY_OUTPUT]),
-    ]
+    stack_initializers, stack_nodes = logistic_stack("standardized", layers, LOGIT_OUTPUT, PROBABILITY_OUTPUT)
+    initializers += stack_initializers
+    nodes += stack_nodes
     graph = helper.make_graph(
         nodes,
         "tandem_confidence_probe",

@@ -1,4 +1,4 @@
-"""The router head as ONNX, built with onnx.helper (like confidence.probe_graph), and its
+"""The router head as ONNX, built with onnx.helper (the probe's logistic_stack), and its
 merge with the MiniLM export into one whole-scorer file.
 
     embedding [n, 384] -> MatMul/Add (-> Relu -> MatMul/Add for "mlp") -> logit [n]
@@ -11,33 +11,16 @@ import json
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
+from confidence.probe_graph import logistic_stack
 from router.prompt_router.embedder_export import EMBEDDING_OUTPUT, OPSET
 from router.prompt_router.scorer import LOGIT_OUTPUT, METADATA_KEY, SCORE_OUTPUT, validate_router_metadata
 
 
 def build_head_model(layers: list[tuple[np.ndarray, np.ndarray]], metadata: dict, ir_version: int = 8) -> onnx.ModelProto:
     """`layers`: (weight [in, out], bias [out]) per affine layer, ReLU between, 1 output unit."""
-    initializers, nodes, hidden = [], [], EMBEDDING_OUTPUT
-    for index, (weight, bias) in enumerate(layers):
-        initializers += [
-            numpy_helper.from_array(np.ascontiguousarray(weight, dtype=np.float32), f"head_weight_{index}"),
-            numpy_helper.from_array(np.ascontiguousarray(bias, dtype=np.float32), f"head_bias_{index}"),
-        ]
-        nodes += [
-            helper.make_node("MatMul", [hidden, f"head_weight_{index}"], [f"head_product_{index}"]),
-            helper.make_node("Add", [f"head_product_{index}", f"head_bias_{index}"], [f"head_affine_{index}"]),
-        ]
-        hidden = f"head_affine_{index}"
-        if index < len(layers) - 1:
-            nodes.append(helper.make_node("Relu", [hidden], [f"head_relu_{index}"]))
-            hidden = f"head_relu_{index}"
-    initializers.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), "head_flat_shape"))
-    nodes += [
-        helper.make_node("Reshape", [hidden, "head_flat_shape"], [LOGIT_OUTPUT]),
-        helper.make_node("Sigmoid", [LOGIT_OUTPUT], [SCORE_OUTPUT]),
-    ]
+    initializers, nodes = logistic_stack(EMBEDDING_OUTPUT, layers, LOGIT_OUTPUT, SCORE_OUTPUT, prefix="head_")
     graph = helper.make_graph(
         nodes, "tandem_prompt_router_head",
         inputs=[helper.make_tensor_value_info(EMBEDDING_OUTPUT, TensorProto.FLOAT, ["batch", layers[0][0].shape[0]])],
