@@ -23,12 +23,11 @@ from router.evaluation.calibrate import (
 )
 from sdk.eval_cli import register_eval_commands
 from sdk.settings import load_settings
+from tests.router.test_eval_metrics import ROUTER, STRONG, WEAK
 
 # The ten-prompt table of test_eval_metrics, with the confidence 1 - s of its router:
 # escalating the k least confident gives quality 0.5, 0.6, 0.7, 0.6 (x6), 0.7, 0.7.
-WEAK = [0, 0, 0, 1, 1, 1, 1, 1, 0, 0]
-STRONG = [1, 1, 1, 0, 1, 1, 1, 1, 0, 0]
-CONFIDENCE = [0.1, 0.9, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0]
+CONFIDENCE = [round(1.0 - s, 12) for s in ROUTER]
 
 
 def make_examples(weak=WEAK, strong=STRONG, confidence=CONFIDENCE, **extra) -> list[RoutingExample]:
