@@ -53,11 +53,11 @@ class CascadeRequest:
         # The same texts the privacy rules read (string contents and "text" content parts).
         prompt_text = "\n".join(text for _, _, text in iter_message_texts(self.messages))
         self.context = RequestContext(prompt_text, mode, flagged_private=private)
-        self.prompt_score: float | None = None  # set in run() when the prompt router is consulted
         pre = [PrivateFirst(lambda _text: kept_local_rules), ForcedTier(), ThresholdOnePolicy(threshold)]
-        if runner.prompt_scorer is not None:
+        if runner.prompt_scorer is not None:  # last: only requests the others leave open are scored
             router_threshold = self.config.prompt_router_threshold
-            pre.append(PromptRouterPolicy(lambda _text: self.prompt_score, threshold if router_threshold is None else router_threshold))
+            score = lambda text: float(runner.prompt_scorer.score([text])[0])  # noqa: E731
+            pre.append(PromptRouterPolicy(score, threshold if router_threshold is None else router_threshold))
         probe = runner.probe
         self.cascade = compose(
             pre=pre,
@@ -65,7 +65,6 @@ class CascadeRequest:
                                       decide_at=self.config.decide_at,
                                       score_fn=probe.score_features if probe is not None else None),
         )  # fmt: skip
-        self._kept_local_rules = kept_local_rules
         self.threshold = threshold
         self.cost = runner.ledger.new_request()
         self.local = LocalRun(runner.local, self.messages, params, request_id)
@@ -77,11 +76,11 @@ class CascadeRequest:
         self.local_committed = False  # the local answer is settled: its tokens go straight to the client
 
     async def run(self) -> AsyncIterator[CascadeEvent]:
-        if self.runner.prompt_scorer is not None and self._prompt_router_reached():
-            # A few ms of ONNX on the CPU: off the event loop, which serves other streams meanwhile.
-            scores = await asyncio.to_thread(self.runner.prompt_scorer.score, [self.context.prompt_text])
-            self.prompt_score = float(scores[0])
-        pre = self.cascade.before_generation(self.context)
+        if self.runner.prompt_scorer is not None:
+            # The prompt router runs ONNX for ~20 ms: off the event loop, which serves other streams meanwhile.
+            pre = await asyncio.to_thread(self.cascade.before_generation, self.context)
+        else:
+            pre = self.cascade.before_generation(self.context)
         if pre is not None and pre.tier is Tier.CLOUD:
             async for event in self._cloud_then_fallback(plan=None):
                 yield event
@@ -89,11 +88,6 @@ class CascadeRequest:
             async for event in self._local_first(pre):
                 yield event
         yield CascadeEvent("", None, self.answered_by.value, self.finish_reason, self._routing_info())
-
-    def _prompt_router_reached(self) -> bool:
-        """Whether the policies before the prompt router leave the request to it (no cost otherwise)."""
-        return (self.context.mode is RoutingMode.AUTO and not self.context.flagged_private
-                and not self._kept_local_rules and self.threshold < 1.0)  # fmt: skip
 
     async def _local_first(self, pre: RoutingDecision | None) -> AsyncIterator[CascadeEvent]:
         buffer = HoldBackBuffer(self.config.handoff, self.config.hold_tokens)
