@@ -57,14 +57,13 @@ def serve(
     }  # fmt: skip
     try:  # every configuration error is reported before anything loads or binds
         settings = load_settings(config, cli=flags)
-        resolve_model_path(settings.get("local.model"))
-        settings.local_engine_config()
-        load_api_keys(settings.get("server.api_key_file"))
-    except (SettingsError, ValueError, ModelNotFoundError, ApiKeyConfigError) as exc:
+        resolve_model_path(settings.get("local.model"))  # load_settings checked the values, not the file
+        api_keys = load_api_keys(settings.get("server.api_key_file"))
+    except (SettingsError, ModelNotFoundError, ApiKeyConfigError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     level = settings.get("server.log_level")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    failed = run_serve(settings)
+    failed = run_serve(settings, api_keys)
     if failed:
         typer.echo(f"tandem serve: {failed}", err=True)
         raise typer.Exit(code=1)

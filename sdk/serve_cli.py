@@ -15,21 +15,21 @@ import logging
 logger = logging.getLogger("tandem.serve")
 
 
-def run_serve(settings) -> str | None:
-    """Serve until a signal; returns why serving failed, or None after a clean stop."""
+def run_serve(settings, api_keys: frozenset[str]) -> str | None:
+    """Serve until a signal (api_keys: sdk.api_keys.load_api_keys's, loaded while checking the
+    settings); returns why serving failed, or None after a clean stop."""
     from local_runtime.async_engine import AsyncLocalEngine
 
     engine = AsyncLocalEngine(settings.local_engine_config()).start()
     try:
-        return asyncio.run(_serve(settings, engine))
+        return asyncio.run(_serve(settings, engine, api_keys))
     finally:
         engine.shutdown()
 
 
-async def _serve(settings, engine) -> str | None:
+async def _serve(settings, engine, api_keys: frozenset[str]) -> str | None:
     import uvicorn
 
-    from sdk.api_keys import load_api_keys
     from sdk.cascade import CascadeRunner
     from sdk.cloud_tier import start_cloud_tier
     from sdk.openai_server import create_app
@@ -47,7 +47,7 @@ async def _serve(settings, engine) -> str | None:
         return f"the cascade could not start: {exc}"
     app = create_app(
         engine, served_model_names=[settings.get("local.model_name")] if settings.get("local.model_name") else None,
-        api_keys=load_api_keys(settings.get("server.api_key_file")), rate_limit_per_minute=settings.get("server.rate_limit"),
+        api_keys=api_keys, rate_limit_per_minute=settings.get("server.rate_limit"),
         bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready,
     )  # fmt: skip
     http = HttpServer(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
