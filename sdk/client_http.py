@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from sdk.client_types import TandemChatCompletion, TandemChatCompletionChunk
-from sdk.openai_cloud_client import CONNECT_TIMEOUT_S, _sse_data
+from sdk.openai_cloud_client import CONNECT_TIMEOUT_S, sse_data
 from sdk.openai_cloud_wire import error_from_response, error_from_transport, parse_data
 
 
@@ -55,7 +55,7 @@ async def _chunks(response: httpx.Response, base_url: str) -> AsyncIterator[Tand
     """The stream's chunks, with the usage chunk folded into the finish chunk before it."""
     pending: TandemChatCompletionChunk | None = None  # the finish chunk, waiting for usage
     try:
-        async with contextlib.aclosing(_sse_data(response, None)) as events:
+        async with contextlib.aclosing(sse_data(response, None)) as events:
             async for data in events:
                 if data == "[DONE]":
                     break

@@ -118,7 +118,7 @@ class OpenAICloudClient:
                     content = await _until(response.aread(), deadline)
                     raise error_from_response(response.status_code, response.headers, content, self.base_url)
                 chunks = ChunkStream(request_id)
-                async with contextlib.aclosing(_sse_data(response, deadline)) as stream:
+                async with contextlib.aclosing(sse_data(response, deadline)) as stream:
                     async for data in stream:
                         if data == "[DONE]":
                             break
@@ -195,7 +195,7 @@ async def _until(awaitable, deadline: float | None):
     return await asyncio.wait_for(awaitable, max(0.0, deadline - asyncio.get_running_loop().time()))
 
 
-async def _sse_data(response: httpx.Response, deadline: float | None) -> AsyncIterator[str]:
+async def sse_data(response: httpx.Response, deadline: float | None) -> AsyncIterator[str]:
     """The `data` of each server-sent event, read incrementally (comments and other fields skipped)."""
     lines = response.aiter_lines()
     data: list[str] = []
