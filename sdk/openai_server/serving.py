@@ -30,8 +30,8 @@ RequestModel = TypeVar("RequestModel", bound=BaseModel)
 CLIENT_CLOSED_STATUS = 499
 
 
-# The cascade's model names (router.decision.RoutingMode), listed when a server routes.
-ROUTED_MODEL_NAMES = ("auto", "local", "cloud")
+# The cascade's model names, listed when a server routes: auto, local, cloud.
+ROUTED_MODEL_NAMES = tuple(mode.value for mode in RoutingMode)
 
 
 @dataclass
