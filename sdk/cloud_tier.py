@@ -42,9 +42,7 @@ class CloudTier:
 
 async def start_cloud_tier(settings) -> CloudTier:
     """The cloud tier for sdk.settings.Settings (call in the serving event loop: clients bind to it)."""
-    from sdk.settings import parse_cloud_url
-
-    target = parse_cloud_url(settings.get("cloud.url"))
+    target = settings.cloud_target()
     api_key = settings.get("cloud.api_key")
     if target.kind == "none":
         return CloudTier()
