@@ -52,24 +52,26 @@ class LocalRun:
 
     async def resume(self) -> AsyncIterator[TokenEvent]:
         """Generate the rest of the answer after the tokens already in `events` (none: from scratch)."""
-        remaining = self.params.max_tokens - len(self.events)
-        if self.finished or remaining < 1:
+        if self.finished:
             return
-        prompt = self._prompt() + [event.token_id for event in self.events]
-        params = dataclasses.replace(self.params, max_tokens=remaining)
-        suffix = "-resume" if self.events else ""
-        async for event in self.engine.generate(GenerationRequest(self.request_id + suffix, prompt, params)):
-            self.events.append(event)
+        prompt_tail = [event.token_id for event in self.events]
+        async for event in self._generate_after(prompt_tail, len(self.events), "-resume" if self.events else ""):
             yield event
 
     async def take_over(self, text: str, num_emitted: int) -> AsyncIterator[TokenEvent]:
         """Finish an answer the cloud started and could not end: generate after the chat
         prompt plus `text` (what the client already has, re-tokenized by the local model)."""
+        prompt_tail = list(self.engine.tokenize(text, add_special=False))
+        async for event in self._generate_after(prompt_tail, num_emitted, "-takeover"):
+            yield event
+
+    async def _generate_after(self, prompt_tail: list[int], num_emitted: int, id_suffix: str) -> AsyncIterator[TokenEvent]:
+        """The chat prompt plus `prompt_tail`, continued within what is left of max_tokens."""
         remaining = self.params.max_tokens - num_emitted
         if remaining < 1:
             return
-        prompt = self._prompt() + list(self.engine.tokenize(text, add_special=False))
         params = dataclasses.replace(self.params, max_tokens=remaining)
-        async for event in self.engine.generate(GenerationRequest(self.request_id + "-takeover", prompt, params)):
+        request = GenerationRequest(self.request_id + id_suffix, self._prompt() + prompt_tail, params)
+        async for event in self.engine.generate(request):
             self.events.append(event)
             yield event
