@@ -19,7 +19,7 @@ def _progress(total: int, description: str):
 
 @router_app.command("train")
 def train(
-    out: str = typer.Option(..., "--out", help="Where to write the whole scorer (MiniLM + head, one ONNX file)."),
+    out: str = typer.Option(..., "--out", help="Where to write the whole scorer (MiniLM + head, one ONNX file; the head alone with --head-only)."),
     data: str = typer.Option("routellm", "--data", help="`routellm` (the GSM8K + MMLU tables) or one table file (.csv/.jsonl)."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="RouteLLM data directory; default: ../shared/data/routellm."),
     holdout_fraction: float = typer.Option(0.25, min=0.0, max=0.9, help="Share of subjects held out to report APGR (0: no report)."),
@@ -27,24 +27,28 @@ def train(
     label: str = typer.Option("weak_wrong", help="What the head predicts: weak_wrong or strong_wins."),
     kind: str = typer.Option("logistic", help="Head: logistic or mlp."),
     steps: int = typer.Option(400, min=1, help="Full-batch Adam steps."),
+    precision: str = typer.Option("int8", help="Embedder the head is trained on and shipped with: int8 (fast) or fp32 (exact)."),
+    head_only: bool = typer.Option(False, "--head-only", help="Write only the head (it runs after the cached embedder export); how the shipped default_head.onnx is made."),
 ) -> None:
     """Train a router; print its APGR on held-out subjects and write a JSON report next to --out."""
     import json
     from pathlib import Path
 
     from router.eval_tables import DEFAULT_DATA_DIR, TableError, load_routellm, load_table
-    from router.prompt_router.embedder_export import EmbedderUnavailableError
+    from router.prompt_router.embedder_export import EmbedderUnavailableError, check_precision
     from router.prompt_router.training import HeadConfig, train_router
 
     try:
         config = HeadConfig(label=label, kind=kind, num_steps=steps, seed=seed)
+        check_precision(precision)
         examples = load_routellm(data_dir or DEFAULT_DATA_DIR) if data == "routellm" else load_table(data)
     except (ValueError, TableError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     with _progress(len(examples), "embedding prompts") as bar:
         task = bar.add_task("embed", total=len(examples))
         try:
-            report = train_router(examples, out, config, holdout_fraction, seed, progress=lambda n: bar.advance(task, n))
+            report = train_router(examples, out, config, holdout_fraction, seed, kind="head" if head_only else "scorer",
+                                  progress=lambda n: bar.advance(task, n), precision=precision)  # fmt: skip
         except (ValueError, EmbedderUnavailableError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
@@ -55,7 +59,8 @@ def train(
             figures = report[name]
             typer.echo(f"{name}: APGR {figures['apgr']:.3f} (random {figures['random_apgr']:.2f}, oracle "
                        f"{figures['oracle_apgr']:.3f}), CPT(50%) {figures['cpt50']:.3f}, {figures['num_examples']} prompts")  # fmt: skip
-    typer.echo(f"wrote {out} (head trained on all {len(examples)} examples) and {report_path}")
+    what = "head" if head_only else "whole scorer"
+    typer.echo(f"wrote {out} ({what}, {precision} embedder, trained on all {len(examples)} examples) and {report_path}")
 
 
 @router_app.command("score")

@@ -22,6 +22,12 @@ import warnings
 from pathlib import Path
 
 EXPORT_VERSION = 1  # bump when the exported graph changes (inputs, pooling, opset)
+# int8 (the default): MatMul weights quantized per output channel, activations quantized
+# dynamically by onnxruntime. Measured on this 2-core CPU (bench.prompt_router): p50 20 ms
+# -> 8 ms per prompt on one thread, embeddings within cosine 0.99 of fp32. fp32 is the
+# exact export (parity with PyTorch within 1e-4); a head is trained on the precision it runs.
+PRECISIONS = ("int8", "fp32")
+DEFAULT_PRECISION = "int8"
 OPSET = 17  # the same opset as the confidence probes: old enough for mobile onnxruntime builds
 EMBEDDING_DIM = 384
 INPUT_IDS, ATTENTION_MASK, EMBEDDING_OUTPUT = "input_ids", "attention_mask", "embedding"
@@ -65,9 +71,16 @@ def cache_dir() -> Path:
     return Path(root) / "prompt_router"
 
 
-def cached_export_path(model_dir: Path | None = None) -> Path:
+def cached_export_path(model_dir: Path | None = None, precision: str = "fp32") -> Path:
+    check_precision(precision)
     key = hashlib.sha256(f"{model_fingerprint(model_dir)}|export-v{EXPORT_VERSION}".encode()).hexdigest()[:16]
-    return cache_dir() / f"minilm-{key}.onnx"
+    return cache_dir() / (f"minilm-{key}.onnx" if precision == "fp32" else f"minilm-{key}-{precision}.onnx")
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"embedder precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision
 
 
 def _pooled_module(model_dir: Path):
@@ -131,9 +144,40 @@ def export_embedder(path: str | os.PathLike, model_dir: Path | None = None) -> P
     return path
 
 
-def ensure_embedder(model_dir: Path | None = None) -> Path:
-    """The cached export's path, exporting it first if this machine has none yet (~20 s)."""
-    path = cached_export_path(model_dir)
+def quantize_embedder(source: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """The int8 variant of an fp32 export (90 -> 23 MB): MatMul weights and the embedding
+    table quantized per output channel (per-tensor scales lose too much: cosine 0.95 to fp32
+    instead of 0.99); onnxruntime's suggestion to pre-process first is silenced (it gains
+    nothing measurable here)."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    path = Path(path)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    try:
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)  # the quantizer warns through the root logger
+        try:
+            quantize_dynamic(str(source), str(partial), weight_type=QuantType.QInt8, per_channel=True)
+        finally:
+            root.setLevel(level)
+        os.replace(partial, path)
+    finally:
+        if partial.exists():
+            partial.unlink()
+    return path
+
+
+def ensure_embedder(model_dir: Path | None = None, precision: str = DEFAULT_PRECISION) -> Path:
+    """The cached export's path, exporting (~20 s) and quantizing (~5 s) first if this
+    machine has none yet."""
+    path = cached_export_path(model_dir, precision)
     if not path.is_file():
-        export_embedder(path, model_dir)
+        fp32 = cached_export_path(model_dir, "fp32")
+        if not fp32.is_file():
+            export_embedder(fp32, model_dir)
+        if precision == "int8":
+            quantize_embedder(fp32, path)
     return path

@@ -1,7 +1,8 @@
 """The prompt router on the device: tokenizers + onnxruntime, no torch, no transformers.
 
 A router file is ONNX with a JSON document under METADATA_KEY in its metadata_props:
-{format_version, kind, model_fingerprint, label, max_tokens, trained_at, metrics}.
+{format_version, kind, model_fingerprint, embedder_precision, label, max_tokens, trained_at,
+metrics}; a head runs after the cached embedder export of its `embedder_precision`.
   kind "head":   embedding [n, 384] -> logit [n], score [n]  (the shipped default_head.onnx;
                  run after the cached MiniLM export, see embedder_export)
   kind "scorer": input_ids, attention_mask [n, t] -> logit [n], score [n]  (a whole scorer,
@@ -24,6 +25,7 @@ from router.prompt_router.embedder_export import (
     ATTENTION_MASK,
     EMBEDDING_OUTPUT,
     INPUT_IDS,
+    PRECISIONS,
     ensure_embedder,
     model_fingerprint,
     package_model_dir,
@@ -33,7 +35,7 @@ METADATA_KEY = "tandem.prompt_router"
 FORMAT_VERSION = 1
 KINDS = ("head", "scorer")
 LABELS = ("weak_wrong", "strong_wins")
-REQUIRED_KEYS = ("kind", "model_fingerprint", "label", "max_tokens", "trained_at", "metrics")
+REQUIRED_KEYS = ("kind", "model_fingerprint", "embedder_precision", "label", "max_tokens", "trained_at", "metrics")
 LOGIT_OUTPUT, SCORE_OUTPUT = "logit", "score"
 # all-MiniLM-L6-v2 was trained on inputs of at most 128 tokens and sentence-transformers
 # runs it with max_seq_length 256; past that the embedding gains nothing, while attention
@@ -42,6 +44,13 @@ LOGIT_OUTPUT, SCORE_OUTPUT = "logit", "score"
 MAX_TOKENS = 256
 DEFAULT_HEAD = Path(__file__).with_name("default_head.onnx")
 BATCH_SIZE = 32  # for lists of prompts: sorted by length so a batch pads little
+
+
+def batch_size_for(precision: str) -> int:
+    """int8 runs one prompt per call: onnxruntime's dynamic quantization picks one activation
+    scale per tensor, so in a batch a prompt's score would depend on its neighbours (and on
+    their padding); measured, 0.007 apart. fp32 batches exactly."""
+    return 1 if precision == "int8" else BATCH_SIZE
 
 
 class RouterError(ValueError):
@@ -70,6 +79,8 @@ def validate_router_metadata(document, kind: str | None = None) -> dict:
         raise RouterFormatError(f"router metadata lacks {missing}")
     if document["kind"] not in KINDS or (kind is not None and document["kind"] != kind):
         raise RouterFormatError(f"router kind {document['kind']!r}, expected {kind or KINDS}")
+    if document["embedder_precision"] not in PRECISIONS:
+        raise RouterFormatError(f"router embedder_precision {document['embedder_precision']!r} unknown; known: {PRECISIONS}")
     if document["label"] not in LABELS:
         raise RouterFormatError(f"router label {document['label']!r} unknown; known: {LABELS}")
     if not (isinstance(document["max_tokens"], int) and 2 <= document["max_tokens"] <= 512):
@@ -170,11 +181,12 @@ class PromptScorer:
         embedding = self.sessions[0].run([EMBEDDING_OUTPUT], inputs)[0]
         return self.sessions[1].run([SCORE_OUTPUT], {EMBEDDING_OUTPUT: embedding})[0]
 
-    def score(self, prompts: list[str], batch_size: int = BATCH_SIZE) -> np.ndarray:
+    def score(self, prompts: list[str], batch_size: int | None = None) -> np.ndarray:
         if isinstance(prompts, str):
             raise TypeError("score() takes a list of prompts; call the scorer itself for one prompt")
         if not prompts:
             return np.zeros((0,), dtype=np.float64)
+        batch_size = batch_size or batch_size_for(self.metadata["embedder_precision"])
         scores = run_batched(self.tokenizer, list(prompts), self._run, batch_size).astype(np.float64)
         return np.clip(scores, 0.0, 1.0)
 
@@ -188,7 +200,8 @@ def load_scorer(path: str | os.PathLike | None = None, providers=None, threads: 
     if path is None:
         head = open_session(DEFAULT_HEAD, providers, threads)
         metadata = read_metadata(head, DEFAULT_HEAD, "head")
-        sessions, where = [open_session(ensure_embedder(), providers, threads), head], str(DEFAULT_HEAD)
+        embedder = ensure_embedder(precision=metadata["embedder_precision"])
+        sessions, where = [open_session(embedder, providers, threads), head], str(DEFAULT_HEAD)
     else:
         where = os.fspath(path)
         whole = open_session(where, providers, threads)

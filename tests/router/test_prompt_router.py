@@ -37,7 +37,7 @@ def router_cache(tmp_path_factory):
 
 def _metadata(**changes) -> dict:
     document = {"format_version": FORMAT_VERSION, "kind": "scorer", "model_fingerprint": embedder_export.model_fingerprint(),
-                "label": "weak_wrong", "max_tokens": 256, "trained_at": "2025-01-01T00:00:00+00:00", "metrics": {}}  # fmt: skip
+                "embedder_precision": "fp32", "label": "weak_wrong", "max_tokens": 256, "trained_at": "2025-01-01T00:00:00+00:00", "metrics": {}}  # fmt: skip
     return document | changes
 
 
@@ -111,7 +111,7 @@ def test_whole_scorer_matches_pytorch(tmp_path, router_cache):
 
     from router.prompt_router.head_graph import build_head_model, merge_scorer
 
-    embedder = onnx.load(str(embedder_export.ensure_embedder()))
+    embedder = onnx.load(str(embedder_export.ensure_embedder(precision="fp32")))  # the exact export
     layers = _random_layers()
     head = build_head_model(layers, _metadata(), ir_version=embedder.ir_version)
     onnx.save(merge_scorer(embedder, head, _metadata()), tmp_path / "whole.onnx")
@@ -132,13 +132,38 @@ def test_whole_scorer_matches_pytorch(tmp_path, router_cache):
 
 
 @pytest.mark.slow
+def test_int8_embedder_stays_close_to_the_exact_export(router_cache):
+    """The default (int8) embedder is a quantization of the fp32 export: a quarter of the
+    size, embeddings within cosine 0.98 of fp32 (per-tensor scales would give ~0.95)."""
+    from router.prompt_router.scorer import open_session, run_batched
+
+    exact, small = embedder_export.ensure_embedder(precision="fp32"), embedder_export.ensure_embedder(precision="int8")
+    assert small != exact and small.stat().st_size < exact.stat().st_size / 3
+    tokenizer = load_tokenizer()
+    embeddings = [run_batched(tokenizer, PROMPTS, lambda inputs, s=open_session(path): s.run(["embedding"], inputs)[0])
+                  for path in (exact, small)]  # fmt: skip
+    cosine = (embeddings[0] * embeddings[1]).sum(axis=1)
+    assert cosine.min() > 0.98, cosine.min()
+    assert np.abs(embeddings[0] - embeddings[1]).max() > 1e-4  # it is quantized, not a copy of fp32
+
+
+def test_unknown_embedder_precision_is_refused(router_cache):
+    from router.prompt_router.scorer import validate_router_metadata
+
+    with pytest.raises(RouterFormatError, match="embedder_precision"):
+        validate_router_metadata(_metadata(embedder_precision="int4"))
+    with pytest.raises(ValueError, match="precision"):
+        embedder_export.ensure_embedder(precision="fp16")
+
+
+@pytest.mark.slow
 def test_default_scorer_scores_deterministically(router_cache):
     scorer = load_scorer()
     first, second = scorer.score(PROMPTS[:20]), scorer.score(PROMPTS[:20])
     assert first.shape == (20,) and np.all((first >= 0) & (first <= 1))
     np.testing.assert_array_equal(first, second)
     assert abs(scorer(PROMPTS[3]) - first[3]) < 1e-5  # one prompt alone (no padding) = in a batch
-    assert scorer.metrics["heldout_mmlu"]["apgr"] > 0.5
+    assert scorer.metrics["heldout_mmlu"]["apgr"] > 0.5 and scorer.metadata["embedder_precision"] == "int8"
 
 
 @pytest.mark.slow
