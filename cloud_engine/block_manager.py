@@ -135,6 +135,19 @@ class KVCacheManager:
             self.pool.cache_block(table[i], hashes[i])
         self._num_published[request.request_id] = num_full
 
+    def free_excess_blocks(self, request: Request, num_tokens: int) -> int:
+        """Free the tail blocks the request needs no more to hold `num_tokens` tokens (the blocks
+        rejected draft tokens took); how many were freed. Never drops a published block."""
+        table = self._tables.get(request.request_id)
+        if not table:
+            return 0
+        keep = max(self.num_blocks_for(num_tokens), self._num_published[request.request_id])
+        excess = table[keep:]
+        if excess:
+            del table[keep:]
+            self.pool.free(reversed(excess))
+        return len(excess)
+
     def free(self, request: Request | str) -> None:
         """Drop the request's references; blocks nobody else holds go back to the free queue."""
         request_id = request if isinstance(request, str) else request.request_id

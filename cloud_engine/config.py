@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from cloud_engine.spec_decode.config import SpeculativeConfig
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")  # cloud_engine.kernels.BACKENDS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -30,6 +32,7 @@ class CloudEngineConfig:
     scheduling_policy: str = "fcfs"  # fcfs, or priority (lower GenerationRequest.priority first)
     max_waiting: int = 1024  # queued requests beyond this are refused with 503
     attention_backend: str = "auto"  # decode attention: auto (CPU kernel where it builds), torch (portable), cpu-kernel
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off unless asked for
 
     def __post_init__(self) -> None:
         checks = [

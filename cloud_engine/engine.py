@@ -27,8 +27,11 @@ from cloud_engine.loader import load_model
 from cloud_engine.loader.tokenizer import encode_prompt
 from cloud_engine.model_runner import ModelRunner
 from cloud_engine.request import Request
-from cloud_engine.sampler import make_generator, sample_batch
-from cloud_engine.scheduler import ModelRunnerOutput, Scheduler
+from cloud_engine.sampler import make_generator, sample_batch, token_signals
+from cloud_engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from cloud_engine.spec_decode.policy import SpeculationPolicy
+from cloud_engine.spec_decode.rejection import verify_draft
+from cloud_engine.spec_decode.stats import SpecDecodeStats
 from cloud_engine.token_bytes import build_token_bytes
 from sdk.engine_protocol import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
 from sdk.request_status import RequestStatus
@@ -114,10 +117,25 @@ class CloudEngine:
             policy=config.scheduling_policy,
         )
         self._generators: dict[str, torch.Generator] = {}
+        self.spec_config = config.speculative
+        self.spec_stats = SpecDecodeStats()
+        self.spec_policy = SpeculationPolicy(self.spec_config, self.max_model_len)
+        self.proposer = self._build_proposer() if self.spec_config.enabled else None
+        self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> q [k, vocab] of its pending draft
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         logger.info("cloud engine: %s on %s (%s, %s attention, %d packed linears), %d KV blocks of %d", self.model_name,
                     self.device, self.dtype, self.attention_backend, num_packed, self.num_blocks, config.block_size)
+
+    def _build_proposer(self):
+        spec = self.spec_config
+        if spec.method == "ngram":
+            from cloud_engine.spec_decode.ngram import NgramProposer
+
+            return NgramProposer(spec.ngram_max, spec.ngram_min)
+        from cloud_engine.spec_decode.draft_model import DraftModelProposer
+
+        return DraftModelProposer(self, spec)
 
     # -- text in ---------------------------------------------------------------------------
 
@@ -154,8 +172,17 @@ class CloudEngine:
 
     def abort_request(self, request_id: str) -> bool:
         """Free the request's blocks now; False if it was not here."""
+        found = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED) is not None
+        self._forget(request_id)
+        return found
+
+    def _forget(self, request_id: str) -> None:
+        """Drop a finished request's per-request state beyond the scheduler's."""
         self._generators.pop(request_id, None)
-        return self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED) is not None
+        self._draft_probs.pop(request_id, None)
+        self.spec_policy.free(request_id)
+        if self.proposer is not None:
+            self.proposer.free(request_id)
 
     def abort_all(self) -> None:
         for request_id in list(self.scheduler.requests):
@@ -171,29 +198,90 @@ class CloudEngine:
         if not scheduler_output.num_scheduled_tokens:
             return []
         requests = self.scheduler.requests
-        batch = self.runner.prepare(scheduler_output.num_scheduled_tokens, requests, self.kv_manager.get_block_ids)
+        batch = self.runner.prepare(scheduler_output.num_scheduled_tokens, requests, self.kv_manager.get_block_ids,
+                                    scheduler_output.scheduled_spec_token_ids)  # fmt: skip
         logits = self.runner.execute(batch)
         sampled_requests = [requests[rid] for rid in batch.sampled_request_ids]
-        sampled = sample_batch(logits, [r.params for r in sampled_requests], [self._generators[r.request_id] for r in sampled_requests]) if sampled_requests else []
-        runner_output = ModelRunnerOutput(sampled_token_ids={r.request_id: t.token_id for r, t in zip(sampled_requests, sampled)})
+        tokens = self._sample(logits, batch.num_logits, sampled_requests, scheduler_output) if sampled_requests else []
+        runner_output = ModelRunnerOutput(sampled_token_ids={r.request_id: [t.token_id for t in ts] for r, ts in zip(sampled_requests, tokens)})
         self.scheduler.update_from_output(scheduler_output, runner_output)
-        return self._finish_tokens(sampled_requests, sampled)
-
-    def _finish_tokens(self, requests: list[Request], sampled) -> list[TokenEvent]:
-        """Check each new token's stop conditions and build its event."""
-        events = []
-        for request, token in zip(requests, sampled):
-            if request.num_output_tokens == 1:
-                self.num_prompt_tokens_total += request.num_prompt_tokens
-            self.num_generation_tokens_total += 1
-            text, status = check_stop(
-                request, token.token_id, self.token_bytes(token.token_id), token.token_id in self.eos_token_ids, self.max_model_len
-            )
-            if status is not None:
-                self.scheduler.finish_request(request.request_id, status)
-                self._generators.pop(request.request_id, None)
-            events.append(make_token_event(request, token, text, self.token_bytes, self.token_text))
+        events = self._finish_tokens(sampled_requests, tokens)
+        if self.proposer is not None:
+            self._propose()
         return events
+
+    def _sample(self, logits: torch.Tensor, num_logits: list[int], requests: list[Request], out: SchedulerOutput) -> list[list]:
+        """Per sampled request, its new tokens (SampledToken): one sampled token, or a verified
+        draft's accepted prefix and the target's own token, cut at a token-level stop."""
+        if len(logits) == len(requests):  # no drafts this step: one batched sampling pass
+            picked = sample_batch(logits, [r.params for r in requests], [self._generators[r.request_id] for r in requests])
+            return [[token] for token in picked]
+        results, offset = [], 0
+        for request, rows in zip(requests, num_logits):
+            rid, own = request.request_id, logits[offset : offset + rows]
+            offset += rows
+            generator = self._generators[rid]
+            if rows == 1:
+                results.append(sample_batch(own, [request.params], [generator]))
+                continue
+            draft = out.scheduled_spec_token_ids[rid]
+            probs = self._draft_probs.pop(rid, None)
+            ids = verify_draft(own, draft, probs[: len(draft)] if probs is not None else None, request.params, generator)
+            num_accepted = len(ids) - 1
+            self.spec_stats.record(len(draft), num_accepted)
+            self.spec_policy.record(rid, len(draft), num_accepted)
+            request.num_draft_tokens += len(draft)
+            request.num_accepted_tokens += num_accepted
+            ids = self._cut_at_token_stop(request, ids)
+            signals = token_signals(own[: len(ids)], torch.tensor(ids, device=own.device), [request.params] * len(ids))
+            results.append(signals)
+        return results
+
+    def _cut_at_token_stop(self, request: Request, ids: list[int]) -> list[int]:
+        """Tokens past an end-of-generation/stop token, max_tokens or max_model_len are never emitted."""
+        params = request.params
+        limit = min(params.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens)
+        ids = ids[: max(1, limit)]
+        for index, token_id in enumerate(ids):
+            if (not params.ignore_eos and token_id in self.eos_token_ids) or token_id in params.stop_token_ids:
+                return ids[: index + 1]
+        return ids
+
+    def _finish_tokens(self, requests: list[Request], tokens: list[list]) -> list[TokenEvent]:
+        """Check each new token's stop conditions, in order, and build its event."""
+        events = []
+        for request, new_tokens in zip(requests, tokens):
+            first = request.num_output_tokens - len(new_tokens)  # the tokens are already appended
+            for index, token in enumerate(new_tokens):
+                count = first + index + 1
+                if count == 1:
+                    self.num_prompt_tokens_total += request.num_prompt_tokens
+                self.num_generation_tokens_total += 1
+                text, status = check_stop(request, token.token_id, self.token_bytes(token.token_id),
+                                          token.token_id in self.eos_token_ids, self.max_model_len, num_output_tokens=count)  # fmt: skip
+                if status is not None:
+                    request.truncate_output(count)  # a stop string inside an accepted run: nothing after it
+                    self.scheduler.finish_request(request.request_id, status)
+                    self._forget(request.request_id)
+                events.append(make_token_event(request, token, text, self.token_bytes, self.token_text, num_output_tokens=count))
+                if status is not None:
+                    break
+        return events
+
+    def _propose(self) -> None:
+        """Drafts for the next step, for requests about to decode (their last token not yet computed)."""
+        decoding = [r for r in self.scheduler.running if r.num_computed_tokens == r.num_tokens - 1]
+        plan = self.spec_policy.num_draft_tokens(decoding)
+        if not plan:
+            return
+        drafts = self.proposer.propose([r for r in decoding if r.request_id in plan], plan)
+        for request in decoding:
+            draft = drafts.get(request.request_id)
+            if draft is None:
+                continue
+            request.spec_token_ids, probs = list(draft[0]), draft[1]
+            if probs is not None:
+                self._draft_probs[request.request_id] = probs
 
     # -- status ----------------------------------------------------------------------------
 
@@ -208,6 +296,10 @@ class CloudEngine:
             num_preemptions_total=self.scheduler.num_preemptions_total,
             num_prefix_cache_hit_tokens_total=self.kv_manager.num_prefix_cache_hits_total,
             num_prefix_cache_query_tokens_total=self.kv_manager.num_prefix_cache_queries_total,
+            num_spec_drafts_total=self.spec_stats.num_drafts,
+            num_spec_draft_tokens_total=self.spec_stats.num_draft_tokens,
+            num_spec_accepted_tokens_total=self.spec_stats.num_accepted_tokens,
+            spec_accepted_tokens_per_position=tuple(self.spec_stats.accepted_per_position),
         )
 
     def close(self) -> None:

@@ -3,6 +3,8 @@
 Decode requests (one new token) go first, then prefill chunks, which is the order the
 attention layer expects (it batches the decode group in one call). Only the last token
 of a request that catches up with its tokens gets logits: that is the row it samples from.
+A request verifying a speculative draft runs its last token + the draft as one chunk and
+gets logits for all of them (draft + 1 rows: one per draft position, plus the bonus).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ class BatchInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     attn_metadata: AttentionMetadata
-    logits_rows: torch.Tensor  # [num_sampled] int64: batch rows whose logits are sampled
-    sampled_request_ids: list[str]  # in the order of logits_rows
+    logits_rows: torch.Tensor  # [num_logits] int64: batch rows whose logits are computed
+    sampled_request_ids: list[str]  # requests that sample, in the order of their logits rows
+    num_logits: list[int]  # rows per sampled request (1, or draft length + 1)
 
 
 class ModelRunner:
@@ -36,14 +39,17 @@ class ModelRunner:
         self.device = device
         self.decode_kernel = decode_kernel  # native decode attention, or None for the portable path
 
-    def prepare(self, num_scheduled_tokens: dict[str, int], requests: dict[str, Request], block_ids_of) -> BatchInputs:
-        """Build the batch for the scheduled requests; `block_ids_of(request_id)` gives a request's block table."""
+    def prepare(self, num_scheduled_tokens: dict[str, int], requests: dict[str, Request], block_ids_of,
+                spec_token_ids: dict[str, list[int]] | None = None) -> BatchInputs:  # fmt: skip
+        """Build the batch for the scheduled requests; `block_ids_of(request_id)` gives a request's
+        block table, `spec_token_ids` the drafts scheduled after some requests' last token."""
+        spec_token_ids = spec_token_ids or {}
         order = sorted(num_scheduled_tokens, key=lambda rid: num_scheduled_tokens[rid] != 1)  # stable: decodes first
         num_decodes = sum(1 for rid in order if num_scheduled_tokens[rid] == 1)
         bs = self.block_size
         token_chunks, position_chunks, slot_chunks = [], [], []
         query_start_loc, seq_lens, tables = [0], [], []
-        logits_rows, sampled_ids = [], []
+        logits_rows, sampled_ids, num_logits = [], [], []
         for rid in order:
             request = requests[rid]
             num_new = num_scheduled_tokens[rid]
@@ -51,15 +57,18 @@ class ModelRunner:
             end = start + num_new
             table = np.asarray(block_ids_of(rid), dtype=np.int64)
             positions = np.arange(start, end, dtype=np.int64)
-            token_chunks.append(request.all_token_ids[start:end])
+            spec = spec_token_ids.get(rid, ())
+            tokens = request.all_token_ids
+            token_chunks.append(tokens[start:end] if end <= len(tokens) else [*tokens[start:], *spec][: end - start])
             position_chunks.append(positions)
             slot_chunks.append(table[positions // bs] * bs + positions % bs)
             tables.append(table)
             seq_lens.append(end)
             query_start_loc.append(query_start_loc[-1] + num_new)
-            if end == request.num_tokens:
-                logits_rows.append(query_start_loc[-1] - 1)
+            if end == request.num_tokens + len(spec):
+                logits_rows.extend(range(query_start_loc[-1] - 1 - len(spec), query_start_loc[-1]))
                 sampled_ids.append(rid)
+                num_logits.append(len(spec) + 1)
         max_blocks = max(len(t) for t in tables)
         block_tables = np.zeros((len(tables), max_blocks), dtype=np.int64)
         for row, table in enumerate(tables):
@@ -81,6 +90,7 @@ class ModelRunner:
             attn_metadata=metadata,
             logits_rows=to_device(np.asarray(logits_rows, dtype=np.int64)),
             sampled_request_ids=sampled_ids,
+            num_logits=num_logits,
         )
 
     @torch.inference_mode()

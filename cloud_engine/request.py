@@ -31,6 +31,11 @@ class Request:
     # Prefix-cache keys of the request's full blocks, each chained over the one before (see
     # block_pool.hash_block); the KV cache manager extends it as blocks fill.
     block_hashes: list[BlockHash] = field(default_factory=list)
+    # Speculative decoding: the proposer's draft for the next step (the scheduler moves it
+    # into SchedulerOutput.scheduled_spec_token_ids), and this request's running totals.
+    spec_token_ids: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0  # drafted tokens the target verified
+    num_accepted_tokens: int = 0  # of those, accepted
 
     def __post_init__(self) -> None:
         self.text_stream = TextStream(self.params.stop)
@@ -39,6 +44,14 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Drop output tokens past the first `num_output_tokens` (an accepted speculative run
+        that went on past a stop string)."""
+        extra = self.num_output_tokens - num_output_tokens
+        if extra > 0:
+            del self.output_token_ids[num_output_tokens:]
+            del self._all_token_ids[-extra:]
 
     @property
     def all_token_ids(self) -> list[int]:

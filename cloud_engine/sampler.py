@@ -47,6 +47,21 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     if sampled_rows:
         picked = [_sample_row(logits[row], params[row], generators[row]) for row in sampled_rows]
         token_ids[sampled_rows] = torch.stack(picked)
+    return token_signals(logits, token_ids, params, log_z=log_z, entropies=entropies, margins=margins)
+
+
+@torch.inference_mode()
+def token_signals(logits: torch.Tensor, token_ids: torch.Tensor, params: list[SamplingParams], log_z=None,
+                  entropies=None, margins=None) -> list[SampledToken]:  # fmt: skip
+    """The SampledToken of each row for an already chosen token id (the speculative path picks
+    tokens by verification, then reads the same signals off the target's rows)."""
+    logits = logits.float()
+    if log_z is None:
+        log_z = torch.logsumexp(logits, dim=-1)
+        probs = torch.exp(logits - log_z[:, None])
+        entropies = (log_z - torch.nansum(probs * logits, dim=-1)).clamp_min(0.0)
+        top2 = torch.exp(logits.topk(min(2, logits.shape[-1]), dim=-1).values - log_z[:, None])
+        margins = top2[:, 0] - top2[:, 1] if top2.shape[1] > 1 else top2[:, 0]
     rows = torch.arange(logits.shape[0], device=logits.device)
     chosen_logprobs = logits[rows, token_ids] - log_z
     max_k = max((p.logprobs or 0) for p in params)
@@ -107,3 +122,16 @@ def _nucleus(sorted_values: torch.Tensor, sorted_ids: torch.Tensor, log_z: torch
     mass = torch.cumsum(torch.exp(sorted_values - log_z), dim=0)
     num_kept = int(torch.searchsorted(mass, torch.tensor([top_p], device=mass.device, dtype=mass.dtype))[0]) + 1
     return sorted_ids[: min(num_kept, sorted_ids.shape[0])]
+
+
+def processed_probs(row_logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The full-vocabulary distribution `_sample_row` draws from: temperature, then top-k, then
+    top-p, renormalized (zeros outside the kept set). Speculative verification compares the
+    target's and the draft's versions of it."""
+    scaled = row_logits.float() / p.temperature
+    candidate_ids = _truncate(scaled, p.top_k, p.top_p)
+    if candidate_ids is None:
+        return torch.softmax(scaled, dim=-1)
+    probs = torch.zeros_like(scaled)
+    probs[candidate_ids] = torch.softmax(scaled[candidate_ids], dim=-1)
+    return probs

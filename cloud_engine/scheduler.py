@@ -5,6 +5,10 @@ most `max_num_seqs` requests: running requests first (1 token for a decode, a
 chunk for a prompt still being prefilled), then waiting ones in queue order, each
 after a prefix-cache lookup, while budget, sequence slots and KV blocks last. A
 long prompt is split over steps beside the running decodes (chunked prefill).
+A decoding request that carries a speculative draft (Request.spec_token_ids) is given
+its draft tokens too, inside the same budget: num_computed_tokens catches up with
+num_tokens + the draft, and tokens the target rejects are rolled back in
+`update_from_output` (computed count lowered, blocks taken for them freed).
 When a running request cannot get blocks, the least deserving running request is
 preempted: its blocks are freed and it is recomputed later from its tokens.
 """
@@ -34,6 +38,8 @@ class SchedulerOutput:
     num_cached_tokens: dict[str, int] = field(default_factory=dict)  # admitted id -> its first tokens, from the prefix cache
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # scheduled id -> blocks added (whole table if admitted)
     finished_ids: list[str] = field(default_factory=list)  # finished or aborted since the previous step
+    # request id -> draft tokens scheduled after its last token (verified in this step's pass)
+    scheduled_spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -48,7 +54,9 @@ class SchedulerOutput:
 class ModelRunnerOutput:
     """What the runner sampled in one step."""
 
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)  # one token per request that caught up
+    # Per request that caught up: the accepted draft tokens then one token of the target's
+    # own (a bare int is one token). Fewer than draft + 1 means the rest was rejected.
+    sampled_token_ids: dict[str, int | list[int]] = field(default_factory=dict)
 
 
 class WaitingQueue:
@@ -189,15 +197,20 @@ class Scheduler:
             num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
             if num_new == 0:
                 continue
+            spec = self._schedulable_spec(request, num_new, budget)
+            num_new += len(spec)
             while (new_block_ids := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
                 victim = self._pick_victim()
                 budget += out.num_scheduled_tokens.pop(victim.request_id, 0)
                 out.new_block_ids.pop(victim.request_id, None)
+                out.scheduled_spec_token_ids.pop(victim.request_id, None)
                 self._preempt(victim, out)
                 if victim is request:
                     break
             if new_block_ids is None:
                 continue
+            if spec:
+                out.scheduled_spec_token_ids[request.request_id] = spec
             out.num_scheduled_tokens[request.request_id] = num_new
             out.new_block_ids[request.request_id] = new_block_ids
             budget -= num_new
@@ -226,24 +239,32 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
         """Advance computed tokens, publish newly full blocks, and append each sampled token."""
+        specs = scheduler_output.scheduled_spec_token_ids
         live = [
-            (self.requests[rid], n)
+            (self.requests[rid], n, specs.get(rid, []))
             for rid, n in scheduler_output.num_scheduled_tokens.items()
             if rid in self.requests  # not finished or aborted while the step ran
         ]
         # Check everything before changing anything: a runner that samples the wrong requests is a bug.
-        caught_up = {r.request_id for r, n in live if r.num_computed_tokens + n == r.num_tokens}
-        sampled = {rid for rid in runner_output.sampled_token_ids if rid in self.requests}
-        if sampled != caught_up:
+        caught_up = {r.request_id for r, n, spec in live if r.num_computed_tokens + n == r.num_tokens + len(spec)}
+        sampled = {rid: tokens if isinstance(tokens, list) else [tokens]
+                   for rid, tokens in runner_output.sampled_token_ids.items() if rid in self.requests}  # fmt: skip
+        if set(sampled) != caught_up:
             raise ValueError(
                 f"the runner must sample exactly the requests that caught up with their tokens: "
                 f"expected {sorted(caught_up)}, got {sorted(sampled)}"
             )
-        for request, num_new in live:
-            request.num_computed_tokens += num_new
+        for request, num_new, spec in live:
+            tokens = sampled.get(request.request_id, [])
+            if tokens and not 1 <= len(tokens) <= len(spec) + 1:
+                raise ValueError(f"request {request.request_id!r}: {len(tokens)} tokens from a draft of {len(spec)}")
+            num_rejected = len(spec) + 1 - len(tokens) if tokens else 0
+            request.num_computed_tokens += num_new - num_rejected
+            for token_id in tokens:
+                request.append_output_token(token_id)
             self.kv_cache_manager.cache_full_blocks(request)
-            if request.request_id in caught_up:
-                request.append_output_token(runner_output.sampled_token_ids[request.request_id])
+            if num_rejected:  # give back the blocks that only the rejected tokens needed
+                self.kv_cache_manager.free_excess_blocks(request, request.num_tokens)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -258,6 +279,15 @@ class Scheduler:
         if self.long_prefill_token_threshold:
             num_new = min(num_new, self.long_prefill_token_threshold)
         return min(num_new, budget)
+
+    def _schedulable_spec(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """The part of the request's draft that fits this step (its draft is consumed either way):
+        only after all its real tokens, within the budget and max_model_len."""
+        spec, request.spec_token_ids = request.spec_token_ids, []
+        if not spec or request.num_computed_tokens + num_new != request.num_tokens:
+            return []
+        room = min(budget - num_new, self.max_model_len - request.num_tokens)
+        return spec[: max(0, room)]
 
     def _pick_victim(self) -> Request:
         """fcfs: the most recently arrived running request; priority: the least important, then most recent."""

@@ -137,6 +137,8 @@ class TokenEvent:
     finish_reason: str | None = None  # set on the last event: "stop", "length" or "abort"
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_draft_tokens: int = 0  # speculative decoding, so far in this request: draft tokens verified
+    num_accepted_tokens: int = 0  # ... and accepted by the target
 
 
 @dataclass
@@ -152,6 +154,11 @@ class EngineStats:
     num_preemptions_total: int
     num_prefix_cache_hit_tokens_total: int
     num_prefix_cache_query_tokens_total: int = 0  # tokens looked up in the prefix cache (hit rate = hits / queries)
+    # speculative decoding (vLLM's spec_decode_* counters); zeros where the engine does not speculate
+    num_spec_drafts_total: int = 0
+    num_spec_draft_tokens_total: int = 0
+    num_spec_accepted_tokens_total: int = 0
+    spec_accepted_tokens_per_position: tuple[int, ...] = ()
 
     @property
     def kv_usage(self) -> float:

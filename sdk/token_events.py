@@ -37,16 +37,22 @@ class SampledToken:
 
 
 def check_stop(
-    request: GeneratingRequest, token_id: int, token_bytes: bytes, is_end_of_generation: bool, max_model_len: int
+    request: GeneratingRequest, token_id: int, token_bytes: bytes, is_end_of_generation: bool, max_model_len: int,
+    num_output_tokens: int | None = None,
 ) -> tuple[str, RequestStatus | None]:
-    """The text this (already appended) token makes final, and the finished status if it ends the request."""
+    """The text this (already appended) token makes final, and the finished status if it ends the request.
+
+    `num_output_tokens`: the request's output length as of this token, when later tokens are
+    already appended too (a speculative run checks its tokens one by one)."""
     params = request.params
+    if num_output_tokens is None:
+        num_output_tokens = request.num_output_tokens
     if (not params.ignore_eos and is_end_of_generation) or token_id in params.stop_token_ids:
         return request.text_stream.flush(), RequestStatus.FINISHED_STOPPED
     text = request.text_stream.push(token_bytes)
     if request.text_stream.stopped:
         return text, RequestStatus.FINISHED_STOPPED
-    if request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_model_len:
+    if num_output_tokens >= params.max_tokens or request.num_prompt_tokens + num_output_tokens >= max_model_len:
         return text + request.text_stream.flush(), RequestStatus.FINISHED_LENGTH
     return text, None
 
@@ -57,6 +63,7 @@ def make_token_event(
     text: str,
     token_bytes: Callable[[int], bytes],
     token_text: Callable[[int], str],
+    num_output_tokens: int | None = None,
 ) -> TokenEvent:
     """The event for a sampled token, after `check_stop` (so finish_reason is final)."""
     return TokenEvent(
@@ -70,5 +77,7 @@ def make_token_event(
         token_bytes=token_bytes(token.token_id),
         finish_reason=request.finish_reason,
         num_prompt_tokens=request.num_prompt_tokens,
-        num_output_tokens=request.num_output_tokens,
+        num_output_tokens=request.num_output_tokens if num_output_tokens is None else num_output_tokens,
+        num_draft_tokens=getattr(request, "num_draft_tokens", 0),  # speculative totals (cloud engine)
+        num_accepted_tokens=getattr(request, "num_accepted_tokens", 0),
     )
