@@ -134,7 +134,23 @@ def _impute(column: np.ndarray, fill: float) -> np.ndarray:
     return np.where(np.isnan(column), fill, column)
 
 
-def evaluate(answers: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRACTION, probe_dir: str | None = None) -> dict:
+@dataclass
+class HeldoutScores:
+    """The split and every score on its held-out rows (what evaluate and bench.routing report)."""
+
+    train: np.ndarray  # row indices
+    heldout: np.ndarray
+    signals: dict  # per signal: orientation, train / held-out AUROC, NaN count
+    oriented_heldout: dict  # per signal: held-out values, higher = more likely right (NaN imputed)
+    probe: object  # the fitted confidence.probe.ConfidenceProbe
+    probe_config: object
+    onnx_probe: object  # its ONNX export, loaded with confidence.probe_runtime.load_probe
+    probe_scores: np.ndarray  # held-out P(right) from the ONNX export
+    probe_logits: np.ndarray
+    probe_file_bytes: int
+
+
+def heldout_scores(answers: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRACTION, probe_dir: str | None = None) -> HeldoutScores:
     """Split, orient single signals on train, train + export the probe, score held-out."""
     from confidence.probe import ConfidenceProbe, ProbeConfig, load_probe, model_fingerprint_for_gguf
     from confidence.probe_training import stratified_split
@@ -170,6 +186,17 @@ def evaluate(answers: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRAC
         probe_scores = np.asarray(onnx_probe.predict(features[heldout]), dtype=np.float64)
         probe_logits = np.asarray(onnx_probe.predict_logit(features[heldout]), dtype=np.float64)
         file_bytes = os.path.getsize(path)
+    return HeldoutScores(train, heldout, signals, oriented_heldout, probe, config, onnx_probe, probe_scores, probe_logits, file_bytes)
+
+
+def evaluate(answers: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRACTION, probe_dir: str | None = None) -> dict:
+    """The held-out AUROCs of heldout_scores: each signal, the probe, the best signal."""
+    scored = heldout_scores(answers, seed, holdout_fraction, probe_dir)
+    labels = answers.labels
+    train, heldout, signals, oriented_heldout = scored.train, scored.heldout, scored.signals, scored.oriented_heldout
+    heldout_labels = labels[heldout]
+    probe, config, onnx_probe = scored.probe, scored.probe_config, scored.onnx_probe
+    probe_scores, probe_logits, file_bytes = scored.probe_scores, scored.probe_logits, scored.probe_file_bytes
     probe_auroc = auroc(probe_scores, heldout_labels)
 
     best_signal = max(FEATURE_NAMES, key=lambda name: signals[name]["heldout_auroc"])

@@ -1,0 +1,82 @@
+"""bench.routing's sections on small inputs: the unseen-subject CV on a synthetic table
+(embeddings that carry the label, so the trained head must beat random), and the
+arithmetic section over the embedded local model (slow). No embeddings are computed, so
+no cache directory is written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench.routing import arithmetic, probe_latency, strict, unseen_mmlu, write_plots
+from router.eval_tables import RoutingExample
+from router.evaluation.inputs import LoadedTable
+from router.prompt_router.training import HeadConfig
+
+
+def _synthetic_table(seed: int = 0) -> tuple[LoadedTable, np.ndarray]:
+    """8 MMLU subjects x 40 rows + 40 GSM8K rows; embedding column 0 is 'the weak tier fails' plus noise."""
+    rng = np.random.default_rng(seed)
+    examples, rows = [], []
+    for index in range(360):
+        source = "gsm8k" if index < 40 else f"mmlu_s{index % 8}"
+        weak, strong = bool(rng.random() < 0.6), bool(rng.random() < 0.85)
+        examples.append(RoutingExample("word " * int(rng.integers(1, 50)) + str(index), weak, strong, source))
+        row = rng.normal(size=16)
+        row[0] += 2.0 * (not weak)
+        rows.append(row)
+    return LoadedTable(examples, 3, ["synthetic"]), np.array(rows, dtype=np.float32)
+
+
+def _assert_oracle_on_top(report: dict) -> None:
+    oracle = report["routers"]["oracle"]["apgr"]
+    for name, metrics in report["routers"].items():
+        assert metrics["apgr"] <= oracle + 1e-9, name
+        assert len(metrics["quality"]) == len(metrics["shares"]) == 11
+
+
+def test_unseen_mmlu_section_on_a_synthetic_table(tmp_path):
+    table, embeddings = _synthetic_table()
+    report = unseen_mmlu(table, embeddings, folds=2, seeds=(0, 1), config=HeadConfig(num_steps=100), num_random_seeds=20)
+    routers = report["routers"]
+    assert list(routers) == ["prompt_router", "prompt_length", "random", "oracle"]
+    assert report["num_prompts"] == 320 and report["num_train_only_prompts"] == 40  # GSM8K always trains
+    assert report["num_subjects"] == 8 and report["num_dropped_contaminated"] == 3
+    _assert_oracle_on_top(report)
+    # The embeddings carry the label: a head trained on other subjects must beat random clearly.
+    assert routers["prompt_router"]["apgr"] > 0.7 and abs(routers["random"]["apgr"] - 0.5) < 0.05
+    assert set(routers["prompt_router"]["apgr_by_seed"]) == {"0", "1"}
+    # The fold-mean figures agree with grouped_cv's (which the entry reports).
+    by_seed = routers["prompt_router"]["apgr_by_seed"]
+    assert routers["prompt_router"]["apgr"] == pytest.approx(np.mean(list(by_seed.values())))
+    assert routers["prompt_router"]["apgr_fold_min"] <= routers["prompt_router"]["apgr"] <= routers["prompt_router"]["apgr_fold_max"]
+    # The plotted curve starts at the weak tier and ends at the strong tier (fold means).
+    for metrics in routers.values():
+        assert metrics["quality"][0] == pytest.approx(report["weak_acc"])
+        assert metrics["quality"][-1] == pytest.approx(report["strong_acc"])
+    json.dumps(strict(report), allow_nan=False)
+
+
+@pytest.mark.slow
+def test_arithmetic_section_plots_and_strict_json(tmp_path):
+    from bench.confidence_auroc import collect_answers
+
+    answers = collect_answers(40, seed=1)
+    report, scored = arithmetic(answers, seed=1, num_random_seeds=20)
+    assert report["strong_acc"] == 1.0 and "assumed" in report["strong_assumption"]
+    assert report["num_prompts"] == scored.heldout.size == report["counts"]["heldout"]
+    assert report["weak_acc"] == pytest.approx(answers.labels[scored.heldout].mean())
+    assert {"probe", "random", "oracle"} <= set(report["routers"])
+    assert "signal:" + report["best_signal"] in report["routers"] and len(report["routers"]) == 3 + len(scored.oriented_heldout)
+    _assert_oracle_on_top(report)
+    timing = probe_latency(scored.onnx_probe, answers.features[scored.heldout], warmup=2)
+    assert 0.0 < timing["p50_ms"] < 50.0 and timing["count"] == scored.heldout.size
+
+    table, embeddings = _synthetic_table()
+    mmlu_report = unseen_mmlu(table, embeddings, folds=2, seeds=(0,), config=HeadConfig(num_steps=50), num_random_seeds=5)
+    paths = write_plots(tmp_path / "out" / "routing.json", mmlu_report, report)
+    assert [p.name for p in paths] == ["routing_mmlu.png", "routing_arithmetic.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 5000 for p in paths)
+    json.dumps(strict({"arithmetic": report, "unseen_mmlu": mmlu_report}), allow_nan=False)
