@@ -35,6 +35,8 @@ def serve(
     max_num_batched_tokens: Optional[int] = typer.Option(None, envvar=_env("MAX_NUM_BATCHED_TOKENS"), min=1, help="Token budget of one step; default 512."),
     max_model_len: Optional[int] = typer.Option(None, envvar=_env("MAX_MODEL_LEN"), min=1, help="Prompt + completion limit."),
     max_waiting: Optional[int] = typer.Option(None, envvar=_env("MAX_WAITING"), min=0, help="Queued requests beyond this are refused (HTTP 503, gRPC RESOURCE_EXHAUSTED)."),
+    speculative: str = typer.Option("off", envvar=_env("SPECULATIVE"), help="Speculative decoding: off, ngram (prompt lookup), draft:PATH (a smaller model with the same tokenizer) or draft:PATH@N (its first N layers)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, envvar=_env("NUM_SPECULATIVE_TOKENS"), min=1, max=16, help="Draft tokens per request per step (k); default 4. The adaptive policy lowers it at large batch or low acceptance."),
     api_key_file: Optional[str] = typer.Option(None, envvar=_env("API_KEY_FILE"), help="File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys)."),
     rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="HTTP requests per minute per key (per client address without keys)."),
     tls_cert: Optional[str] = typer.Option(None, envvar=_env("TLS_CERT"), help="PEM certificate chain for gRPC TLS."),
@@ -48,6 +50,7 @@ def serve(
     from cloud_engine.async_engine import AsyncCloudEngine
     from cloud_engine.config import CloudEngineConfig
     from cloud_engine.grpc.server import GrpcServerConfig
+    from cloud_engine.spec_decode.config import parse_speculative
     from sdk.api_keys import ApiKeyConfigError, load_api_keys
 
     logging.basicConfig(level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -56,6 +59,7 @@ def serve(
     try:  # every configuration error is reported before anything loads or binds
         api_keys = load_api_keys(api_key_file)
         engine_config = CloudEngineConfig(model=model, model_name=model_name, device=device, dtype=dtype,
+                                          speculative=parse_speculative(speculative, num_speculative_tokens),
                                           **{k: v for k, v in overrides.items() if v is not None})
         grpc_config = GrpcServerConfig(host=host, port=grpc_port, api_keys=api_keys, tls_cert_path=tls_cert, tls_key_path=tls_key)
     except (ValueError, ApiKeyConfigError) as exc:

@@ -182,10 +182,26 @@ def now() -> int:
     return int(time.time())
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's Predicted Outputs counters; tandem's cloud engine fills them with its
+    speculative decoding figures (draft tokens the target accepted / rejected)."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None  # only when the engine speculated
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_details(self, handler):
+        data = handler(self)
+        if data.get("completion_tokens_details") is None:
+            data.pop("completion_tokens_details", None)  # absent, not null, as OpenAI's usage without it
+        return data
 
 
 class TopLogprobEntry(BaseModel):

@@ -63,8 +63,10 @@ class Settings:
     def cloud_engine_config(self) -> CloudEngineConfig:
         """The embedded cloud engine's settings (used when cloud.url is "embedded")."""
         from cloud_engine.config import CloudEngineConfig
+        from cloud_engine.spec_decode.config import parse_speculative
 
-        return CloudEngineConfig(**self._targets("cloud"))
+        speculative = parse_speculative(self.get("cloud.speculative"), self.get("cloud.num_speculative_tokens"))
+        return CloudEngineConfig(**self._targets("cloud"), speculative=speculative)
 
     def cascade_config(self) -> CascadeConfig:
         from sdk.cascade_config import CascadeConfig

@@ -84,7 +84,7 @@ def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_mod
 
 
 def response_from_event(event: TokenEvent, request_id: str) -> pb.GenerateResponse:
-    """One token's response; the last also carries usage and (zero) speculative stats."""
+    """One token's response; the last also carries usage and the request's speculative stats."""
     response = pb.GenerateResponse(
         request_id=request_id,
         token_id=event.token_id,
@@ -102,7 +102,9 @@ def response_from_event(event: TokenEvent, request_id: str) -> pb.GenerateRespon
     if event.finish_reason is not None:
         response.usage.prompt_tokens = event.num_prompt_tokens
         response.usage.completion_tokens = event.num_output_tokens
-        response.speculative.SetInParent()  # all zeros until the cloud tier decodes speculatively
+        response.speculative.SetInParent()  # present (zeros without speculation) on every final response
+        response.speculative.draft_tokens = event.num_draft_tokens
+        response.speculative.accepted_tokens = event.num_accepted_tokens
     return response
 
 
@@ -111,10 +113,8 @@ def response_from_event(event: TokenEvent, request_id: str) -> pb.GenerateRespon
 
 @dataclass
 class CloudTokenEvent(TokenEvent):
-    """A TokenEvent received from the cloud tier, with its speculative stats (last event only)."""
-
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
+    """A TokenEvent received from the cloud tier; its speculative stats (TokenEvent's
+    num_draft_tokens / num_accepted_tokens) arrive on the last event only."""
 
 
 def request_message(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 METHODS = ("off", "ngram", "draft")
@@ -34,6 +35,8 @@ class SpeculativeConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.method == "draft" and not os.path.exists(os.path.expanduser(self.draft_model)):
+            raise ValueError(f"draft model not found: {self.draft_model} (expected a Hugging Face model directory or a .gguf file)")
 
     @property
     def enabled(self) -> bool:

@@ -15,7 +15,7 @@ from typing import AsyncIterator, Awaitable, Sequence, TypeVar
 from starlette.requests import Request
 
 from sdk.engine_protocol import EngineProtocol, GenerationRequest, TokenEvent
-from sdk.openai_schema import Usage
+from sdk.openai_schema import CompletionTokensDetails, Usage
 from sdk.openai_server.metrics import ServerMetrics
 
 T = TypeVar("T")
@@ -36,12 +36,15 @@ class ChoiceState:
     events: list[TokenEvent] = field(default_factory=list)  # kept only when logprobs were asked for
     num_output_tokens: int = 0
     finish_reason: str | None = None
+    num_draft_tokens: int = 0  # speculative decoding totals, from the latest event
+    num_accepted_tokens: int = 0
 
     def add(self, event: TokenEvent, keep_event: bool) -> None:
         self.text_parts.append(event.text)
         if keep_event:
             self.events.append(event)
         self.num_output_tokens = event.num_output_tokens or self.num_output_tokens + 1
+        self.num_draft_tokens, self.num_accepted_tokens = event.num_draft_tokens, event.num_accepted_tokens
         if event.finish_reason is not None:
             self.finish_reason = event.finish_reason
 
@@ -127,4 +130,10 @@ async def cancel_on_disconnect(request: Request, awaitable: Awaitable[T], poll_s
 def usage_of(num_prompt_tokens: int, states: Sequence[ChoiceState]) -> Usage:
     """OpenAI counts the prompt once however many choices share it."""
     completion = sum(s.num_output_tokens for s in states)
-    return Usage(prompt_tokens=num_prompt_tokens, completion_tokens=completion, total_tokens=num_prompt_tokens + completion)
+    drafted = sum(s.num_draft_tokens for s in states)
+    details = None
+    if drafted:  # speculative decoding, reported as OpenAI reports Predicted Outputs
+        accepted = sum(s.num_accepted_tokens for s in states)
+        details = CompletionTokensDetails(accepted_prediction_tokens=accepted, rejected_prediction_tokens=drafted - accepted)
+    return Usage(prompt_tokens=num_prompt_tokens, completion_tokens=completion, total_tokens=num_prompt_tokens + completion,
+                 completion_tokens_details=details)  # fmt: skip

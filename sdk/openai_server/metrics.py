@@ -57,10 +57,18 @@ class EngineStatsCollector:
             ("num_preemptions", "Requests preempted for lack of KV blocks.", stats.num_preemptions_total),
             ("prefix_cache_queries", "Tokens looked up in the prefix cache (vLLM's prefix_cache_queries).", stats.num_prefix_cache_query_tokens_total),
             ("prefix_cache_hits", "Prompt tokens served from the prefix cache (vLLM's prefix_cache_hits).", stats.num_prefix_cache_hit_tokens_total),
+            ("spec_decode_num_drafts", "Speculative drafts verified (vLLM's spec_decode_num_drafts).", stats.num_spec_drafts_total),
+            ("spec_decode_num_draft_tokens", "Draft tokens verified.", stats.num_spec_draft_tokens_total),
+            ("spec_decode_num_accepted_tokens", "Draft tokens accepted (acceptance rate = accepted / draft tokens).", stats.num_spec_accepted_tokens_total),
         ]
         for name, doc, value in counters:
             # The family adds `_total` to the sample name, as Prometheus counters require.
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
+        per_position = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                           "Drafts whose token at this position was accepted.", labels=["position"])  # fmt: skip
+        for position, count in enumerate(stats.spec_accepted_tokens_per_position):
+            per_position.add_metric([str(position)], count)
+        yield per_position
 
 
 class ServerMetrics:
