@@ -133,7 +133,9 @@ class DraftModelProposer:
             generator = make_generator(None if seed is None else (seed + 1) % 2**63, self.device)
             seq = self._seqs[request.request_id] = DraftSequence(request.request_id, list(target), 0, generator=generator)
             return seq
-        keep = common_prefix_len(seq.all_token_ids[: seq.num_computed_tokens], target)
+        # At least the last token is recomputed: its logits give the first draft token (the draft
+        # may already hold all of the target's tokens when the scheduler cut its last draft short).
+        keep = min(common_prefix_len(seq.all_token_ids[: seq.num_computed_tokens], target), len(target) - 1)
         seq.num_computed_tokens = keep
         seq.all_token_ids = list(target)
         self.kv.free_excess_blocks(seq, seq.num_tokens)
