@@ -15,7 +15,7 @@ class SpeculativeConfig:
     method: str = "off"  # off, ngram (prompt lookup) or draft (a smaller model, draft_model)
     draft_model: str | None = None  # HF directory or GGUF sharing the target's tokenizer
     draft_num_layers: int | None = None  # keep only the draft model's first N layers (a layer-skip draft)
-    num_speculative_tokens: int = 4  # k: draft tokens per request per step, at most
+    num_speculative_tokens: int = 8  # k: draft tokens per request per step, at most (the adaptive policy varies it)
     ngram_max: int = 4  # prompt lookup tries the last ngram_max tokens first ...
     ngram_min: int = 2  # ... down to ngram_min
     adaptive: bool = True  # lower k or skip drafting at large batch / low acceptance
