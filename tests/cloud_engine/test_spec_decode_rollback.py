@@ -332,16 +332,20 @@ def test_policy_no_drafting_above_the_batch_limit():
     assert fixed.num_draft_tokens(requests) == {"r0": 4, "r1": 4, "r2": 4}
 
 
-def test_policy_low_acceptance_drafts_one_token():
+def test_policy_low_acceptance_pauses_and_probes_with_one_token():
+    from cloud_engine.spec_decode.policy import PROBE_INTERVAL
+
     policy = SpeculationPolicy(SpeculativeConfig(method="ngram", num_speculative_tokens=4), max_model_len=64)
     bad, good = policy_request("bad"), policy_request("good")
     policy.record("bad", 4, 0)
     policy.record("good", 4, 3)
-    assert policy.num_draft_tokens([bad, good]) == {"bad": 1, "good": 4}
-    policy.record("bad", 1, 1)  # smoothed: 0.5 * 0 + 0.5 * 1 = 0.5 >= 0.3
+    plans = [policy.num_draft_tokens([bad, good]) for _ in range(PROBE_INTERVAL)]
+    assert all(plan["good"] == 4 for plan in plans)  # above the floor: the full k every step
+    assert [plan.get("bad") for plan in plans] == [None] * (PROBE_INTERVAL - 1) + [1]  # paused, then one probe
+    policy.record("bad", 1, 1)  # the probe is accepted: smoothed 0.5 * 0 + 0.5 * 1 = 0.5 >= 0.3
     assert policy.num_draft_tokens([bad]) == {"bad": 4}
     policy.free("bad")
-    assert "bad" not in policy._rate
+    assert "bad" not in policy._state
     fixed = SpeculationPolicy(SpeculativeConfig(method="ngram", num_speculative_tokens=4, adaptive=False), max_model_len=64)
     fixed.record("bad", 4, 0)
     assert fixed.num_draft_tokens([bad]) == {"bad": 4}
