@@ -342,7 +342,7 @@ def test_policy_low_acceptance_pauses_and_probes_with_one_token():
     plans = [policy.num_draft_tokens([bad, good]) for _ in range(PROBE_INTERVAL)]
     assert all(plan["good"] == 4 for plan in plans)  # above the floor: the full k every step
     assert [plan.get("bad") for plan in plans] == [None] * (PROBE_INTERVAL - 1) + [1]  # paused, then one probe
-    policy.record("bad", 1, 1)  # the probe is accepted: smoothed 0.5 * 0 + 0.5 * 1 = 0.5 >= 0.3
+    policy.record("bad", 1, 1)  # the probe is accepted: smoothed 0.5 * 0 + 0.5 * 1 = 0.5 >= 0.5 tokens
     assert policy.num_draft_tokens([bad]) == {"bad": 4}
     policy.free("bad")
     assert "bad" not in policy._state
