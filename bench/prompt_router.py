@@ -84,7 +84,7 @@ def main() -> None:
         "machine": machine_info(),
         "chosen_recipe": "logistic_weak_wrong",
         "embedder_precision": "int8",
-        "evaluation": "MMLU subjects in 4 folds x seeds 0,1,2; each fold unseen in training; APGR mean over folds, then seeds",
+        "evaluation": "MMLU subjects in 4 folds x seeds 0,1,2; each fold unseen in training; APGR of the fold-mean curve, then the mean over seeds",
         "heldout_mmlu_apgr": chosen["apgr"],
         "heldout_mmlu_apgr_by_seed": chosen["apgr_by_seed"],
         "random_apgr": 0.5,

@@ -36,7 +36,7 @@ def serve(
     max_model_len: Optional[int] = typer.Option(None, envvar=_env("MAX_MODEL_LEN"), min=1, help="Prompt + completion limit."),
     max_waiting: Optional[int] = typer.Option(None, envvar=_env("MAX_WAITING"), min=0, help="Queued requests beyond this are refused (HTTP 503, gRPC RESOURCE_EXHAUSTED)."),
     speculative: str = typer.Option("off", envvar=_env("SPECULATIVE"), help="Speculative decoding: off, ngram (prompt lookup), draft:PATH (a smaller model with the same tokenizer) or draft:PATH@N (its first N layers)."),
-    num_speculative_tokens: Optional[int] = typer.Option(None, envvar=_env("NUM_SPECULATIVE_TOKENS"), min=1, max=16, help="Draft tokens per request per step (k); default 4. The adaptive policy lowers it at large batch or low acceptance."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, envvar=_env("NUM_SPECULATIVE_TOKENS"), min=1, max=16, help="Draft tokens per request per step (k); default 8. The adaptive policy lowers it at large batch or low acceptance."),
     api_key_file: Optional[str] = typer.Option(None, envvar=_env("API_KEY_FILE"), help="File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys)."),
     rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="HTTP requests per minute per key (per client address without keys)."),
     tls_cert: Optional[str] = typer.Option(None, envvar=_env("TLS_CERT"), help="PEM certificate chain for gRPC TLS."),

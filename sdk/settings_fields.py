@@ -181,7 +181,7 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     SettingField("cloud", "max_num_seqs", int, None, "TANDEM_CLOUD_MAX_NUM_SEQS", "Embedded engine: requests in one step.", _ENGINE_DEFAULT, _at_least(1), "max_num_seqs"),
     SettingField("cloud", "max_model_len", int, None, "TANDEM_CLOUD_MAX_MODEL_LEN", "Embedded engine: prompt + completion limit.", "min(model's own, KV pool, 8192)", _at_least(1), "max_model_len"),
     SettingField("cloud", "speculative", str, "off", "TANDEM_CLOUD_SPECULATIVE", "Embedded engine speculative decoding: off, ngram, draft:PATH or draft:PATH@LAYERS.", check=_speculative),
-    SettingField("cloud", "num_speculative_tokens", int, None, "TANDEM_CLOUD_NUM_SPECULATIVE_TOKENS", "Embedded engine: draft tokens per step (k).", "4", _at_least(1, high=16)),
+    SettingField("cloud", "num_speculative_tokens", int, None, "TANDEM_CLOUD_NUM_SPECULATIVE_TOKENS", "Embedded engine: draft tokens per step (k).", "8", _at_least(1, high=16)),
     _cascade("threshold", float, "TANDEM_THRESHOLD", "Confidence below which a request escalates (model 'auto').", target="default_threshold"),
     _cascade("min_tokens_k", int, "TANDEM_CASCADE_MIN_TOKENS_K", "Local tokens before the first judgement."),
     _cascade("score_kind", str, "TANDEM_CASCADE_SCORE_KIND", "Confidence feature compared with the threshold."),
