@@ -34,6 +34,19 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[SampledToken]:
     """Pick one token per row of `logits` ([n_rows, vocab] float32) and measure its row's signals."""
     logits = logits.float()
+    token_ids = logits.argmax(dim=-1)
+    sampled_rows = [row for row, p in enumerate(params) if not p.is_greedy]
+    if sampled_rows:
+        picked = [_sample_row(logits[row], params[row], generators[row]) for row in sampled_rows]
+        token_ids[sampled_rows] = torch.stack(picked)
+    return token_signals(logits, token_ids, params)
+
+
+@torch.inference_mode()
+def token_signals(logits: torch.Tensor, token_ids: torch.Tensor, params: list[SamplingParams]) -> list[SampledToken]:
+    """The SampledToken of each row for its chosen token id (sample_batch's picks, or the
+    tokens a speculative verification emitted, read off the target's rows)."""
+    logits = logits.float()
     # Few full-vocabulary passes (this runs every step for every row): log Z once, then
     # probabilities, entropy = log Z - sum(p * logit) (0 * -inf terms dropped by nansum),
     # and the top-2 margin from the top-2 logits.
@@ -42,26 +55,6 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     entropies = (log_z - torch.nansum(probs * logits, dim=-1)).clamp_min(0.0)
     top2 = torch.exp(logits.topk(min(2, logits.shape[-1]), dim=-1).values - log_z[:, None])
     margins = top2[:, 0] - top2[:, 1] if top2.shape[1] > 1 else top2[:, 0]
-    token_ids = logits.argmax(dim=-1)
-    sampled_rows = [row for row, p in enumerate(params) if not p.is_greedy]
-    if sampled_rows:
-        picked = [_sample_row(logits[row], params[row], generators[row]) for row in sampled_rows]
-        token_ids[sampled_rows] = torch.stack(picked)
-    return token_signals(logits, token_ids, params, log_z=log_z, entropies=entropies, margins=margins)
-
-
-@torch.inference_mode()
-def token_signals(logits: torch.Tensor, token_ids: torch.Tensor, params: list[SamplingParams], log_z=None,
-                  entropies=None, margins=None) -> list[SampledToken]:  # fmt: skip
-    """The SampledToken of each row for an already chosen token id (the speculative path picks
-    tokens by verification, then reads the same signals off the target's rows)."""
-    logits = logits.float()
-    if log_z is None:
-        log_z = torch.logsumexp(logits, dim=-1)
-        probs = torch.exp(logits - log_z[:, None])
-        entropies = (log_z - torch.nansum(probs * logits, dim=-1)).clamp_min(0.0)
-        top2 = torch.exp(logits.topk(min(2, logits.shape[-1]), dim=-1).values - log_z[:, None])
-        margins = top2[:, 0] - top2[:, 1] if top2.shape[1] > 1 else top2[:, 0]
     rows = torch.arange(logits.shape[0], device=logits.device)
     chosen_logprobs = logits[rows, token_ids] - log_z
     max_k = max((p.logprobs or 0) for p in params)

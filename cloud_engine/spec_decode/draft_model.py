@@ -60,7 +60,7 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 
 class DraftModelProposer:
-    needs_probs = True
+    """Drafts with a smaller model (its own runner, KV pool and per-request sequences); q for sampled requests."""
 
     def __init__(self, engine, spec: SpeculativeConfig):
         loaded = load_model(spec.draft_model, dtype=engine.dtype, device=engine.device)
@@ -140,9 +140,6 @@ class DraftModelProposer:
         seq.all_token_ids = list(target)
         self.kv.free_excess_blocks(seq, seq.num_tokens)
         return seq
-
-    def on_verified(self, request: Request) -> None:
-        pass
 
     def free(self, request_id: str) -> None:
         if self._seqs.pop(request_id, None) is not None:

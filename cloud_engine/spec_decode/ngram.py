@@ -32,8 +32,6 @@ def find_continuation(tokens: list[int], k: int, ngram_max: int, ngram_min: int)
 class NgramProposer:
     """Drafts from each request's own tokens; one-hot draft probabilities (q is None)."""
 
-    needs_probs = False
-
     def __init__(self, ngram_max: int, ngram_min: int, max_lookback: int = 4096):
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
@@ -50,9 +48,6 @@ class NgramProposer:
             if draft:
                 drafts[request.request_id] = (draft, None)
         return drafts
-
-    def on_verified(self, request: Request) -> None:
-        pass
 
     def free(self, request_id: str) -> None:
         pass
