@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
+bash scripts/ensure-jdk.sh  # the Java client of android_bridge is compiled and run by the tests
 . .venv/bin/activate
 python -m pytest -q "$@"

@@ -91,6 +91,11 @@ class AsyncStepEngine:
         return self._engine is not None and not self._stopping
 
     @property
+    def load_error(self) -> BaseException | None:
+        """Why loading failed, once it has."""
+        return self._load_error
+
+    @property
     def engine(self) -> StepEngine:
         if self._engine is None or self._stopping:
             raise EngineNotReadyError("the model is still loading" if not self._stopping else "the engine is shutting down")

@@ -16,8 +16,23 @@ from collections.abc import AsyncIterator
 from sdk.cascade import CascadeRunner
 from sdk.cascade_types import CascadeEvent, collect
 from sdk.client_types import TandemChatCompletion, TandemChatCompletionChunk, tandem_field, usage_of
-from sdk.engine_protocol import EngineProtocol, SamplingParams
+from sdk.engine_protocol import EngineProtocol, InvalidRequestError, SamplingParams
 from sdk.openai_schema import ChatChoice, ChatChunkChoice, ChatCompletionRequest, ChatResponseMessage, DeltaMessage
+
+
+def check_routable(request: ChatCompletionRequest, model: str, local_model_name: str) -> None:
+    """Refuse what a routed model cannot offer: one choice, no logprobs (the tiers' vocabularies
+    differ, so neither survives a hand-off); the local model's own name serves both."""
+    if request.num_choices > 1:
+        raise InvalidRequestError(
+            f"n > 1 is not supported for the routed model {model!r}; send n = 1, "
+            f"or use {local_model_name!r} (the local model without routing)", "n",
+        )  # fmt: skip
+    if request.logprobs:
+        raise InvalidRequestError(
+            f"logprobs are not available for the routed model {model!r} (the tiers have different "
+            f"vocabularies); use {local_model_name!r} (the local model without routing)", "logprobs",
+        )  # fmt: skip
 
 
 def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> tuple[list[dict], SamplingParams]:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from local_runtime.config import LocalEngineConfig
     from sdk.cascade_config import CascadeConfig
 
-__all__ = ["CloudTarget", "Settings", "SettingsError", "load_settings", "parse_cloud_url"]
+__all__ = ["CloudTarget", "Settings", "SettingsError", "load_settings", "parse_cloud_url", "settings_from_mapping"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Settings:
     """The effective configuration, and where each value came from."""
 
     values: dict[str, dict[str, Any]]  # section -> key -> effective value
-    sources: dict[str, str]  # "section.key" -> "default" | "file:/abs/path" | "env:TANDEM_X" | "cli"
+    sources: dict[str, str]  # "section.key" -> "default" | "file:/abs/path" | "env:TANDEM_X" | "cli" | "mapping:ORIGIN"
     config_path: str | None = None  # the file read, if any
 
     def get(self, dotted: str) -> Any:
@@ -106,8 +106,7 @@ def load_settings(config_path: str | os.PathLike | None = None, env: Mapping[str
     options that default to None can be passed straight in. `env` defaults to os.environ.
     """
     env = os.environ if env is None else env
-    values = {section: {f.key: copy.deepcopy(f.default) for f in fs} for section, fs in SECTIONS.items()}
-    sources = {dotted: "default" for dotted in FIELDS}
+    values, sources = _defaults()
 
     def put(field: SettingField, source: str, shown: Any, convert) -> None:
         try:
@@ -134,6 +133,30 @@ def load_settings(config_path: str | os.PathLike | None = None, env: Mapping[str
     return settings
 
 
+def settings_from_mapping(data: Mapping, origin: str = "config", defaults: Mapping[str, Any] | None = None) -> Settings:
+    """Settings from a {section: {key: value}} mapping alone (no file, no env), for embedders
+    such as android_bridge whose configuration arrives as JSON. `defaults` maps "section.key"
+    to a value that replaces the built-in default (recorded as a default)."""
+    values, sources = _defaults()
+    for dotted, value in (defaults or {}).items():
+        section, key = FIELDS[dotted].section, FIELDS[dotted].key
+        values[section][key] = value
+    for field, value in _pairs(data, origin):
+        try:
+            values[field.section][field.key] = field.coerce(value)
+        except (ValueError, TypeError) as exc:
+            raise SettingsError(f"{field.dotted} = {value!r} from {origin}: {exc}") from exc
+        sources[field.dotted] = f"mapping:{origin}"
+    settings = Settings(values, sources)
+    _validate(settings)
+    return settings
+
+
+def _defaults() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    values = {section: {f.key: copy.deepcopy(f.default) for f in fs} for section, fs in SECTIONS.items()}
+    return values, {dotted: "default" for dotted in FIELDS}
+
+
 def _config_file(config_path: str | os.PathLike | None, env: Mapping[str, str]) -> str | None:
     """The file to read: explicit (must exist), else the default location when it exists."""
     explicit, origin = (config_path, "--config") if config_path is not None else (env.get("TANDEM_CONFIG") or None, "TANDEM_CONFIG")
@@ -156,17 +179,24 @@ def _read_file(path: str) -> list[tuple[SettingField, Any]]:
             data = tomllib.load(handle)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"config file {path}: cannot read it as TOML: {exc}") from exc
+    return _pairs(data, f"config file {path}")
+
+
+def _pairs(data: Mapping, origin: str) -> list[tuple[SettingField, Any]]:
+    """The (field, value) pairs of a {section: {key: value}} mapping, refusing unknown sections and keys."""
+    if not isinstance(data, Mapping):
+        raise SettingsError(f"{origin}: must be an object of sections, got {type(data).__name__}")
     unknown = [name for name in data if name not in SECTIONS]
     if unknown:
-        raise SettingsError(f"config file {path}: unknown sections {unknown}; known sections: {', '.join(SECTIONS)}")
+        raise SettingsError(f"{origin}: unknown sections {unknown}; known sections: {', '.join(SECTIONS)}")
     pairs = []
     for section, table in data.items():
-        if not isinstance(table, dict):
-            raise SettingsError(f"config file {path}: {section!r} must be a table ([{section}]), got {table!r}")
+        if not isinstance(table, Mapping):
+            raise SettingsError(f"{origin}: {section!r} must be a table ([{section}]), got {table!r}")
         known = [f.key for f in SECTIONS[section]]
         unknown = [key for key in table if key not in known]
         if unknown:
-            raise SettingsError(f"config file {path}: unknown keys {unknown} in [{section}]; known keys: {', '.join(known)}")
+            raise SettingsError(f"{origin}: unknown keys {unknown} in [{section}]; known keys: {', '.join(known)}")
         pairs += [(FIELDS[f"{section}.{key}"], value) for key, value in table.items()]
     return pairs
 
@@ -192,7 +222,8 @@ def _validate(settings: Settings) -> None:
 
 def _describe(source: str) -> str:
     kind, _, where = source.partition(":")
-    return {"file": f"file {where}", "env": f"env var {where}", "cli": "the command line"}.get(kind, "the defaults")
+    named = {"file": f"file {where}", "env": f"env var {where}", "cli": "the command line", "mapping": where}
+    return named.get(kind, "the defaults")
 
 
 def _shown(field: SettingField, value: Any) -> Any:

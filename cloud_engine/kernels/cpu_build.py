@@ -7,6 +7,7 @@ instructions it lacks. A failed build is remembered for the process and logged o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -46,16 +47,42 @@ def cpu_kernels():
     build_dir = kernel_cache_dir() / f"paged_decode_cpu_{key}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        return cpp_extension.load(
-            name=f"tandem_paged_decode_cpu_{key}",
-            sources=[str(SOURCE)],
-            extra_cflags=CFLAGS,
-            build_directory=str(build_dir),
-            verbose=False,
-        )
+        with _build_lock(build_dir):
+            return cpp_extension.load(
+                name=f"tandem_paged_decode_cpu_{key}",
+                sources=[str(SOURCE)],
+                extra_cflags=CFLAGS,
+                build_directory=str(build_dir),
+                verbose=False,
+            )
     except Exception as error:  # a missing compiler, ninja or header: fall back, never fail the engine
         logger.warning("could not build the CPU attention kernel (%s); using the portable attention path", error)
         return None
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """Serialize builds with an OS file lock, and clear a `lock` file torch left behind.
+
+    torch's builder marks a build with a plain `lock` file and waits, forever, for it to
+    disappear; a process that died mid-build (killed, or exiting while a daemon engine thread
+    compiled) leaves it, and every later engine load hung. The flock dies with its process, so
+    whoever holds it knows no live tandem process is building here and the file is stale."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's own lock file only
+        yield
+        return
+    with open(build_dir / "tandem-build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = build_dir / "lock"
+            if stale.exists():
+                logger.warning("removing a stale kernel build lock left by a process that died mid-build: %s", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _put_ninja_on_path() -> None:

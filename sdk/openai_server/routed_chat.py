@@ -15,7 +15,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk.engine_protocol import EngineOverloadedError, InvalidRequestError
+from sdk.engine_protocol import EngineOverloadedError
 from sdk.openai_schema import ChatCompletionRequest
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ClientDisconnected, cancel_on_disconnect
@@ -25,20 +25,11 @@ from sdk.openai_server.streaming import DONE, EventStreamResponse, sse
 
 async def create_routed_chat_completion(request: Request, state: ServerState, body: ChatCompletionRequest, model: str) -> Response:
     # Imported here: sdk.cascade_openai reaches back into this package (client_types -> errors).
-    from sdk.cascade_openai import prepare, routed_completion, routed_stream
+    from sdk.cascade_openai import check_routable, prepare, routed_completion, routed_stream
 
     runner = state.cascade
     try:
-        if body.num_choices > 1:
-            raise InvalidRequestError(
-                f"n > 1 is not supported for the routed model {model!r}; send n = 1, "
-                f"or use {state.engine.model_name!r} (the local model without routing)", "n",
-            )  # fmt: skip
-        if body.logprobs:
-            raise InvalidRequestError(
-                f"logprobs are not available for the routed model {model!r} (the tiers have different "
-                f"vocabularies); use {state.engine.model_name!r} (the local model without routing)", "logprobs",
-            )  # fmt: skip
+        check_routable(body, model, state.engine.model_name)
         messages, params = prepare(state.engine, body)
     except Exception as exc:
         return from_exception(exc).response()
