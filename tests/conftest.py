@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -46,29 +47,23 @@ def wait_until_healthy(process: subprocess.Popen, base_url: str, log_path: Path,
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
-def server_url(tmp_path_factory) -> str:
-    """Base URL (http://127.0.0.1:PORT) of a `tandem serve` subprocess shared by the session."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("tandem-serve") / "server.log"
-    # The environment must not reconfigure the server under test.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    command = [
-        sys.executable, "-m", "sdk.cli", "serve",
-        "--port", str(port),
-        "--max-model-len", "512",
-        "--kv-cache-tokens", "4096",
-        # One llama.cpp thread: the CI machines have 2 shared cores, and llama.cpp's
-        # spinning worker threads stall for seconds when another process takes a core.
-        "--threads", "1",
-        "--log-level", "warning",
-    ]
+def clean_env() -> dict[str, str]:
+    """This environment without TANDEM_* variables: they must not reconfigure a server under test."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+
+
+@contextlib.contextmanager
+def running_server(args: list[str], log_path: Path, name: str = "tandem serve", port: int | None = None):
+    """`python -m sdk.cli ARGS --port PORT` as a subprocess: yields (process, base_url) once
+    /health says 200; terminates it (kill after 30 s) on the way out."""
+    port = port or free_port()
+    command = [sys.executable, "-m", "sdk.cli", *args, "--port", str(port)]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=REPO_ROOT)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(process, base_url, log_path, "tandem serve")
-        yield base_url
+        wait_until_healthy(process, base_url, log_path, name)
+        yield process, base_url
     finally:
         process.terminate()
         try:
@@ -76,3 +71,17 @@ def server_url(tmp_path_factory) -> str:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory) -> str:
+    """Base URL (http://127.0.0.1:PORT) of a `tandem serve` subprocess shared by the session."""
+    log_path = tmp_path_factory.mktemp("tandem-serve") / "server.log"
+    args = [
+        "serve", "--max-model-len", "512", "--kv-cache-tokens", "4096",
+        # One llama.cpp thread: the CI machines have 2 shared cores, and llama.cpp's
+        # spinning worker threads stall for seconds when another process takes a core.
+        "--threads", "1", "--log-level", "warning",
+    ]
+    with running_server(args, log_path) as (_, base_url):
+        yield base_url

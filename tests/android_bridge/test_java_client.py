@@ -7,17 +7,15 @@ checks from /metrics that the cancelled and timed-out requests left nothing runn
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import REPO_ROOT, _log_tail, free_port, wait_until_healthy
+from tests.conftest import REPO_ROOT, _log_tail, running_server
 from tests.sdk.test_openai_server import metric
 
 pytestmark = pytest.mark.slow
@@ -55,28 +53,11 @@ def keyed_server(tmp_path_factory):
     """(base_url, process, log_path) of a `tandem serve --cloud none` that wants KEY."""
     folder = tmp_path_factory.mktemp("java-serve")
     (folder / "keys").write_text(f"# the Java client test's key\n{KEY}\n")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    command = [
-        sys.executable, "-m", "sdk.cli", "serve",
-        "--port", str(port), "--cloud", "none",
-        "--threads", "1", "--max-model-len", "512", "--kv-cache-tokens", "4096",
-        "--log-level", "warning", "--api-key-file", str(folder / "keys"),
-    ]
+    args = ["serve", "--cloud", "none", "--threads", "1", "--max-model-len", "512", "--kv-cache-tokens", "4096",
+            "--log-level", "warning", "--api-key-file", str(folder / "keys")]
     log_path = folder / "server.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(process, base_url, log_path, "tandem serve")
+    with running_server(args, log_path) as (process, base_url):
         yield base_url, process, log_path
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _wait_until_idle(base_url: str, timeout_s: float = 10.0) -> str:
