@@ -18,6 +18,7 @@ from local_runtime.sampler import sample_batch
 from local_runtime.scheduler import Scheduler, SchedulerOutput
 from sdk.chat_template import render_chat
 from sdk.engine_protocol import (
+    ContextLengthError,
     EngineStats,
     GenerationRequest,
     TokenEvent,
@@ -59,6 +60,7 @@ class LocalEngine:
         self.chat_template = self.backend.metadata("tokenizer.chat_template")
         self._bos_text = self.backend.special_token_text("bos")
         self._eos_text = self.backend.special_token_text("eos")
+        self._max_token_bytes = self.backend.max_token_bytes()
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
 
@@ -69,6 +71,14 @@ class LocalEngine:
 
     def apply_chat_template(self, messages) -> list[int]:
         prompt = render_chat(self.chat_template, messages, self._bos_text, self._eos_text)
+        # llama.cpp's special-token pass grows faster than linearly in the text (a 1.5 MB body
+        # of small messages took over 30 s): refuse what cannot fit before tokenizing it.
+        min_tokens = len(prompt.encode("utf-8")) // self._max_token_bytes
+        if min_tokens > self.max_model_len:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your messages "
+                f"come to at least {min_tokens} tokens. Please reduce the length of the messages.", "messages",
+            )  # fmt: skip
         # The template writes its own special tokens; add BOS only if it did not.
         add_bos = self.backend.adds_bos and not (self._bos_text and prompt.startswith(self._bos_text))
         return self.backend.tokenize(prompt, add_special=add_bos, parse_special=True)

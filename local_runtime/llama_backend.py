@@ -129,6 +129,7 @@ class LlamaBackend:
         self._want_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
         self._seq_id_rows = [self._batch.seq_id[i] for i in range(n)]
         self._piece_cache: dict[int, bytes] = {}
+        self._max_token_bytes: int | None = None
         self._closed = False
 
     # -- decoding --------------------------------------------------------------------------
@@ -205,6 +206,16 @@ class LlamaBackend:
         buf = ctypes.create_string_buffer(128)
         n = self._lib.llama_token_to_piece(self.vocab, token_id, buf, 128, 0, True)
         return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    def max_token_bytes(self) -> int:
+        """The longest text any one token stands for, special tokens' names included: a text of
+        B bytes is at least B / max_token_bytes() tokens, whatever the tokenizer does with it."""
+        if self._max_token_bytes is None:
+            longest = 1
+            for token_id in range(self.n_vocab):
+                longest = max(longest, len(self.token_bytes(token_id)), len(self.token_text(token_id).encode("utf-8")))
+            self._max_token_bytes = longest
+        return self._max_token_bytes
 
     def is_end_of_generation(self, token_id: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self.vocab, token_id))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 from collections.abc import Iterable
 
@@ -59,3 +60,18 @@ def matching_key(presented: str | None, keys: Iterable[str]) -> str | None:
 def key_fingerprint(key: str) -> str:
     """A short, non-reversible id for logs and per-key metrics (never the key itself)."""
     return hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and `localhost`; anything else (0.0.0.0, '', a LAN name) is reachable from
+    outside, so keys (and, for gRPC, TLS) matter there. Both servers warn with this test."""
+    host = host.strip().strip("[]").lower()
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -8,6 +8,7 @@ an invalid argument is the caller's error and propagates as the InvalidRequestEr
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ from router.circuit_breaker import CircuitBreaker
 from router.failure_kinds import FailureKind, classify_failure
 from sdk.cloud_client import CloudClient, CloudError, CloudInvalidArgumentError, CloudTokenEvent
 from sdk.engine_protocol import SamplingParams
+
+logger = logging.getLogger("tandem.router")
 
 # RoutingInfo.degraded_reason for each kind of cloud failure.
 DEGRADED_REASONS = {
@@ -107,6 +110,12 @@ async def stream_from_cloud(
             breaker.record_auth_failure(error.code.name)  # escalation stays off until breaker.reset()
         else:
             breaker.record_failure(kind)
+        reported = True
+        raise CloudFailed(DEGRADED_REASONS.get(kind, "cloud_error")) from error
+    except Exception as error:  # a client that let something else through (garbage it could not read)
+        logger.warning("the cloud client failed with %s: %s; answering locally", type(error).__name__, error)
+        kind = classify_failure(error)  # OSError: unavailable, TimeoutError: deadline, the rest: internal
+        breaker.record_failure(kind)
         reported = True
         raise CloudFailed(DEGRADED_REASONS.get(kind, "cloud_error")) from error
     finally:

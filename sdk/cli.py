@@ -30,6 +30,8 @@ def serve(
     port: Optional[int] = typer.Option(None, min=0, max=65535, help="TCP port; default 8000. [env: TANDEM_PORT]"),
     api_key_file: Optional[str] = typer.Option(None, help="File of API keys for this endpoint, one per line. [env: TANDEM_API_KEY_FILE]"),
     rate_limit: Optional[float] = typer.Option(None, min=0.0, help="Requests per minute per key. [env: TANDEM_RATE_LIMIT]"),
+    max_concurrent_per_key: Optional[int] = typer.Option(None, min=1, help="Requests in flight at once per key (per client address without keys); default: no limit. [env: TANDEM_MAX_CONCURRENT_PER_KEY]"),
+    max_body_bytes: Optional[int] = typer.Option(None, min=1024, help="Largest request body, bytes; larger is 413 (4 MiB). [env: TANDEM_MAX_BODY_BYTES]"),
     kv_cache_tokens: Optional[int] = typer.Option(None, min=1, help="Local KV cells shared by all sequences (8192). [env: TANDEM_KV_CACHE_TOKENS]"),
     max_num_seqs: Optional[int] = typer.Option(None, min=1, help="Local sequences decoded together (16). [env: TANDEM_MAX_NUM_SEQS]"),
     max_num_batched_tokens: Optional[int] = typer.Option(None, min=1, help="Local token budget of one step (512). [env: TANDEM_MAX_NUM_BATCHED_TOKENS]"),
@@ -49,6 +51,7 @@ def serve(
 
     flags = {
         "server.host": host, "server.port": port, "server.api_key_file": api_key_file, "server.rate_limit": rate_limit,
+        "server.max_concurrent_per_key": max_concurrent_per_key, "server.max_body_bytes": max_body_bytes,
         "server.log_level": log_level.value if log_level else None,
         "local.model": model, "local.model_name": model_name, "local.kv_cache_tokens": kv_cache_tokens,
         "local.max_num_seqs": max_num_seqs, "local.max_num_batched_tokens": max_num_batched_tokens,

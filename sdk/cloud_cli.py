@@ -14,6 +14,9 @@ import typer
 
 from sdk.cli_options import LogLevel
 
+# The value, not an import of sdk.openai_server (which pulls FastAPI) at CLI start; a test checks they agree.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
 cloud_app = typer.Typer(help="The cloud tier: serve the PyTorch engine over gRPC and HTTP.", no_args_is_help=True)
 
 
@@ -39,6 +42,8 @@ def serve(
     num_speculative_tokens: Optional[int] = typer.Option(None, envvar=_env("NUM_SPECULATIVE_TOKENS"), min=1, max=16, help="Draft tokens per request per step (k); default 8. The adaptive policy lowers it at large batch or low acceptance."),
     api_key_file: Optional[str] = typer.Option(None, envvar=_env("API_KEY_FILE"), help="File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys)."),
     rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="HTTP requests per minute per key (per client address without keys)."),
+    max_concurrent_per_key: Optional[int] = typer.Option(None, envvar=_env("MAX_CONCURRENT_PER_KEY"), min=1, help="HTTP requests in flight at once per key (per client address without keys); default: no limit."),
+    max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, envvar=_env("MAX_BODY_BYTES"), min=1024, help="Largest HTTP request body, bytes; larger is 413 (gRPC has its own 4 MiB message limit)."),
     tls_cert: Optional[str] = typer.Option(None, envvar=_env("TLS_CERT"), help="PEM certificate chain for gRPC TLS."),
     tls_key: Optional[str] = typer.Option(None, envvar=_env("TLS_KEY"), help="PEM private key for gRPC TLS."),
     log_level: LogLevel = typer.Option(LogLevel.info, envvar=_env("LOG_LEVEL"), case_sensitive=False, help="Log level."),
@@ -67,7 +72,9 @@ def serve(
 
     engine = AsyncCloudEngine(engine_config).start()
     try:
-        failed = asyncio.run(_serve_both(engine, grpc_config, host, port, api_keys, rate_limit, model_name, log_level.value))
+        limits = {"rate_limit_per_minute": rate_limit or None, "max_concurrent_per_key": max_concurrent_per_key,
+                  "max_body_bytes": max_body_bytes}
+        failed = asyncio.run(_serve_both(engine, grpc_config, host, port, api_keys, limits, model_name, log_level.value))
     finally:
         engine.shutdown()
     if failed:
@@ -75,7 +82,7 @@ def serve(
         raise typer.Exit(code=1)
 
 
-async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, rate_limit, model_name, log_level: str) -> str | None:
+async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, limits: dict, model_name, log_level: str) -> str | None:
     """Run uvicorn and the gRPC server until a signal or a failed load; returns why it failed, or None."""
     import asyncio
     import logging
@@ -89,7 +96,7 @@ async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, rate_
     logger = logging.getLogger("tandem.cloud.serve")
 
     app = create_app(engine, served_model_names=[model_name] if model_name else None, api_keys=api_keys,
-                     rate_limit_per_minute=rate_limit or None, bind_host=host)
+                     bind_host=host, **limits)
     http = HttpServer(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
     try:
         grpc_server = await start_grpc_server(engine, grpc_config)

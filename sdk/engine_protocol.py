@@ -44,6 +44,9 @@ class EngineNotReadyError(EngineError):
     """The engine is still loading or is shutting down."""
 
 
+MIN_SAMPLING_TEMPERATURE = 1e-5  # below it, sampling is greedy
+
+
 @dataclass
 class SamplingParams:
     """How to pick tokens and when to stop. Validated on construction."""
@@ -63,6 +66,9 @@ class SamplingParams:
             raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
         if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 2.0:
             raise InvalidRequestError(f"temperature must be in [0, 2], got {self.temperature!r}", "temperature")
+        if self.temperature < MIN_SAMPLING_TEMPERATURE:
+            # vLLM's epsilon: dividing logits by, say, 1e-320 overflows them to inf and the softmax to NaN.
+            self.temperature = 0.0
         if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         if self.top_k < 0:
@@ -104,7 +110,7 @@ def validate_generation_request(request: GenerationRequest, vocab_size: int, max
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{total} tokens ({len(prompt)} in the prompt, {request.params.max_tokens} for the completion). "
             "Please reduce the prompt or max_tokens.",
-            "max_tokens",
+            "prompt" if len(prompt) >= max_model_len else "max_tokens",  # the one that has to change
         )
 
 

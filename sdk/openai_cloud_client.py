@@ -29,7 +29,7 @@ import grpc
 import httpx
 
 from cloud_engine.grpc.convert import CloudTokenEvent, Prompt
-from sdk.cloud_client import CloudInvalidArgumentError, CloudModel, CloudUnavailableError
+from sdk.cloud_client import CloudError, CloudInvalidArgumentError, CloudModel, CloudUnavailableError
 from sdk.engine_protocol import SamplingParams
 from sdk.openai_cloud_wire import (
     UNKNOWN_TOKEN_ID,
@@ -46,6 +46,8 @@ __all__ = ["OpenAICloudClient", "UNKNOWN_TOKEN_ID"]
 
 CONNECT_TIMEOUT_S = 10.0  # per connection attempt; the whole call is bounded by timeout_s
 _TIMEOUT_ERRORS = (TimeoutError, asyncio.TimeoutError)  # one class since 3.11
+# What reading a chunk of the wrong shape raises ({"choices": "x"}, a number for a text, ...).
+_SHAPE_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError)
 
 
 class OpenAICloudClient:
@@ -122,10 +124,10 @@ class OpenAICloudClient:
                     async for data in stream:
                         if data == "[DONE]":
                             break
-                        event = chunks.feed(parse_data(data))
+                        event = _checked(chunks.feed, parse_data(data))
                         if event is not None:
                             yield event
-                yield chunks.finish()
+                yield _checked(chunks.finish)
             finally:
                 await response.aclose()  # mid-stream: drops the connection, so the server aborts
 
@@ -172,11 +174,27 @@ class OpenAICloudClient:
             yield
         except httpx.TransportError as error:
             raise error_from_transport(error, self.base_url) from None
+        except httpx.DecodingError as error:  # a body its Content-Encoding cannot decode
+            raise CloudError(f"the cloud at {self.base_url} sent an undecodable body: {error}", grpc.StatusCode.INTERNAL) from None
         except _TIMEOUT_ERRORS:
             raise deadline_error(timeout_s) from None
 
     def _timeout(self, timeout_s: float | None) -> float | None:
         return self.timeout_s if timeout_s is None else timeout_s
+
+
+def _checked(read, *args) -> CloudTokenEvent | None:
+    """ChunkStream's event for a chunk; a chunk of the wrong shape is the cloud's error
+    (INTERNAL, like malformed JSON), never a TypeError escaping to the caller."""
+    try:
+        event = read(*args)
+        if event is not None and not (isinstance(event.text, str) and isinstance(event.finish_reason, (str, type(None)))):
+            raise TypeError(f"text {event.text!r}, finish_reason {event.finish_reason!r}")
+        return event
+    except CloudError:
+        raise
+    except _SHAPE_ERRORS as error:
+        raise CloudError(f"the cloud sent a stream chunk of the wrong shape: {error}", grpc.StatusCode.INTERNAL) from None
 
 
 def _deadline(timeout_s: float | None) -> float | None:

@@ -161,6 +161,8 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     SettingField("server", "log_level", str, "info", "TANDEM_LOG_LEVEL", "Server log level.", check=_one_of(*LOG_LEVELS)),
     SettingField("server", "api_key_file", str, None, "TANDEM_API_KEY_FILE", "Keys clients must present, one per line (TANDEM_API_KEYS adds comma-separated ones).", unset="no key file"),
     SettingField("server", "rate_limit", float, None, "TANDEM_RATE_LIMIT", "Requests per minute per key.", unset="no limit", check=_at_least(0, inclusive=False)),
+    SettingField("server", "max_concurrent_per_key", int, None, "TANDEM_MAX_CONCURRENT_PER_KEY", "Requests (streams included) in flight at once per key (per client address without keys); one more is 429.", unset="no limit", check=_at_least(1)),
+    SettingField("server", "max_body_bytes", int, 4 * 1024 * 1024, "TANDEM_MAX_BODY_BYTES", "Largest HTTP request body; a larger one is 413 before it is read.", check=_at_least(1024)),
     SettingField("local", "model", str, None, "TANDEM_MODEL", "GGUF file of the on-device model.", unset="the embedded SmolLM2-135M-Instruct", target="model_path"),
     SettingField("local", "model_name", str, None, "TANDEM_MODEL_NAME", "The id clients send as `model`.", unset="derived from the model file", target="model_name"),
     SettingField("local", "kv_cache_tokens", int, None, "TANDEM_KV_CACHE_TOKENS", "KV cells shared by all sequences.", _ENGINE_DEFAULT, _at_least(1), "kv_cache_tokens"),

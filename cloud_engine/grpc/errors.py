@@ -32,6 +32,11 @@ OVERLOADED_TYPE = "overloaded"
 NOT_READY_TYPE = "not_ready"
 MODEL_NOT_FOUND_TYPE = "model_not_found"
 
+# Status messages echo request values (a model name, a role): bounded, since gRPC sends the message
+# percent-encoded in trailing metadata and a client refuses metadata over its limit (8 KiB by default),
+# which turned a 60 kB model name's NOT_FOUND into RESOURCE_EXHAUSTED "Stream removed".
+MAX_STATUS_MESSAGE_BYTES = 1000
+
 
 class ModelNotFoundError(InvalidRequestError):
     """The request names a model this server does not serve (gRPC NOT_FOUND)."""
@@ -44,6 +49,17 @@ class RpcStatus:
     code: grpc.StatusCode
     message: str
     metadata: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        self.message = bounded_message(self.message)
+
+
+def bounded_message(message: str) -> str:
+    """`message` cut to MAX_STATUS_MESSAGE_BYTES of UTF-8 (on a character boundary), marked when cut."""
+    data = message.encode("utf-8", "replace")
+    if len(data) <= MAX_STATUS_MESSAGE_BYTES:
+        return message
+    return data[:MAX_STATUS_MESSAGE_BYTES].decode("utf-8", "ignore") + "... (truncated)"
 
 
 def status_for(exc: BaseException) -> RpcStatus:

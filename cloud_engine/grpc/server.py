@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cloud_engine.grpc.auth import ApiKeyInterceptor
 from cloud_engine.grpc.service import SERVICE_NAME, add_tandem_servicer
+from sdk.api_keys import is_loopback
 from sdk.engine_protocol import EngineProtocol
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ async def start_grpc_server(engine: EngineProtocol, config: GrpcServerConfig) ->
     _running[server] = _Running(health_servicer, readiness, port)
     auth = f"{len(config.api_keys)} API key(s)" if config.api_keys else "no authentication"
     logger.info("gRPC server on %s:%d (%s, %s)", config.host, port, "TLS" if credentials else "plaintext", auth)
-    if config.api_keys and not credentials and config.host not in ("127.0.0.1", "localhost", "::1"):
+    if config.api_keys and not credentials and not is_loopback(config.host):
         logger.warning("API keys are checked but travel in plaintext: configure TLS for a non-loopback host")
     return server
 

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from cloud_engine.grpc import convert
 from cloud_engine.grpc import tandem_pb2 as pb
@@ -98,7 +99,34 @@ async def _abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> 
     await context.abort(status.code, status.message, trailing_metadata=status.metadata)
 
 
+def _parsed(method, message_cls):
+    """`method` taking the raw request bytes: bytes that are not a `message_cls` (corrupt wire
+    format, invalid UTF-8 in a string field) get INVALID_ARGUMENT, where gRPC's own deserializer
+    would answer UNKNOWN and log a traceback for every such request."""
+
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext):
+        try:
+            request = message_cls.FromString(raw)
+        except DecodeError as exc:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {message_cls.DESCRIPTOR.full_name} message: {exc}"
+            )
+        return await method(request, context)
+
+    return handler
+
+
 def add_tandem_servicer(engine: EngineProtocol, server: grpc.aio.Server) -> TandemServicer:
+    """The servicer's methods, registered as tandem_pb2_grpc registers them, but parsing requests themselves."""
     servicer = TandemServicer(engine)
-    pb_grpc.add_TandemServicer_to_server(servicer, server)
+    handlers = {
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            _parsed(servicer.Generate, pb.GenerateRequest), response_serializer=pb.GenerateResponse.SerializeToString
+        ),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            _parsed(servicer.ListModels, pb.ListModelsRequest), response_serializer=pb.ListModelsResponse.SerializeToString
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
     return servicer

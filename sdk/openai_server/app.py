@@ -17,6 +17,7 @@ from sdk.openai_server.cascade_metrics import CascadeCollector
 from sdk.openai_server.chat import create_chat_completion
 from sdk.openai_server.completions import create_completion
 from sdk.openai_server.errors import from_exception, install_error_handlers, model_not_found
+from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, InFlightLimiter
 from sdk.openai_server.metrics import ServerMetrics
 from sdk.openai_server.rate_limit import RequestRateLimiter
 from sdk.openai_server.serving import ServerState
@@ -31,6 +32,8 @@ def create_app(
     api_keys: frozenset[str] = frozenset(),
     rate_limit_per_minute: float | None = None,
     rate_limit_burst: float | None = None,
+    max_concurrent_per_key: int | None = None,
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     bind_host: str | None = None,
     clock: Callable[[], float] = time.monotonic,
     cascade=None,
@@ -46,6 +49,11 @@ def create_app(
     - `rate_limit_per_minute`: requests a minute per key (per client IP without keys), in bursts
       of up to `rate_limit_burst` (default: the per-minute figure); beyond it, 429 + Retry-After.
       `clock` drives the limiter (tests pass a fake one).
+    - `max_concurrent_per_key`: requests in flight at once per key (per client IP without keys),
+      streams included, until their response ends however it ends; one more is 429 at once.
+
+    Always on (None turns it off): `max_body_bytes`, the largest request body; a larger one
+    is 413 before more than that is read (openai_server.limits).
     - `bind_host`: where the caller will listen; without keys beyond loopback, a warning is logged.
 
     `cascade` (an sdk.cascade.CascadeRunner over this same engine) adds the routed models
@@ -63,6 +71,9 @@ def create_app(
     if rate_limit_per_minute is None and rate_limit_burst is not None:
         raise ValueError("rate_limit_burst needs rate_limit_per_minute")
     rate_limiter = None if rate_limit_per_minute is None else RequestRateLimiter(rate_limit_per_minute, rate_limit_burst, clock)
+    in_flight = None if max_concurrent_per_key is None else InFlightLimiter(max_concurrent_per_key)
+    if max_body_bytes is not None and max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1 (or None for no limit), got {max_body_bytes}")
     if bind_host is not None:
         warn_if_exposed(bind_host, api_keys)
     if api_keys:
@@ -76,9 +87,15 @@ def create_app(
     if cascade is not None:
         state.metrics.registry.register(CascadeCollector(cascade))
     app.state.tandem = state
+    app.state.in_flight = in_flight  # per-client counts of requests being served (None: no limit)
     install_error_handlers(app)
-    if api_keys or rate_limiter is not None:
-        app.add_middleware(AccessControl, api_keys=api_keys, rate_limiter=rate_limiter, metrics=state.metrics)
+    # The last one added runs first: keys, rate and in-flight limits from the headers alone,
+    # then the body size, so an unauthenticated client's body is never read.
+    if max_body_bytes is not None:
+        state.metrics.http_rejections.labels("too_large")  # exported at 0 from the start
+        app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes, on_reject=state.metrics.count_rejection)
+    if api_keys or rate_limiter is not None or in_flight is not None:
+        app.add_middleware(AccessControl, api_keys=api_keys, rate_limiter=rate_limiter, metrics=state.metrics, in_flight=in_flight)
 
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"], summary="Create a chat completion")
     app.add_api_route("/v1/completions", create_completion, methods=["POST"], summary="Create a completion")
