@@ -1,0 +1,116 @@
+"""The soak's view of the server: /metrics samples and the server process's RSS, along the
+way (every few percent of requests done) and once the server has gone idle at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+
+import httpx
+
+GAUGES = ("kv_blocks_used", "kv_blocks_total", "num_requests_running", "num_requests_waiting")
+# Server-side counters worth keeping beside the client's view (labelled samples kept whole).
+COUNTERS = ("cascade_requests_total", "cascade_decisions_total", "cascade_degraded_total", "cascade_handoffs_total",
+            "request_success_total", "http_rejections_total", "num_preemptions_total", "privacy_kept_local_total",
+            "prompt_tokens_total", "generation_tokens_total")
+_SAMPLE = re.compile(r"^tandem:([a-z_]+)(\{[^}]*\})? (\S+)$", re.M)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """`tandem:` samples (histograms left out) as {"name{labels}": value}."""
+    out = {}
+    for name, labels, value in _SAMPLE.findall(text):
+        if name.endswith(("_bucket", "_sum", "_count", "_created")):
+            continue
+        try:
+            out[name + (labels or "")] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def rss_mb(pid: int | None) -> float | None:
+    """Resident set size of `pid` in MiB (VmRSS from /proc), None if unavailable."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class ServerProbe:
+    """Samples the server at fixed fractions of the requests done; then waits for it to go idle."""
+
+    def __init__(self, base_url: str, pid: int | None, num_requests: int, every_fraction: float = 0.05,
+                 mark_fraction: float = 0.10):
+        self.metrics_url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+        self.pid = pid
+        self.mark_done = max(1, math.ceil(mark_fraction * num_requests))  # the RSS baseline
+        steps = max(1, round(1 / every_fraction))
+        self.marks = {max(1, math.ceil(k * num_requests / steps)) for k in range(1, steps + 1)} | {self.mark_done}
+        self.samples: list[dict] = []
+        self.errors: list[str] = []
+        self._tasks: list[asyncio.Task] = []
+        self._t0 = time.perf_counter()
+
+    def start_clock(self) -> None:
+        self._t0 = time.perf_counter()
+
+    async def sample(self, label: str, num_done: int | None = None) -> dict:
+        """One sample: time, requests done, RSS and the gauges (None where unreadable)."""
+        sample: dict = {"label": label, "done": num_done, "t_s": round(time.perf_counter() - self._t0, 3),
+                        "rss_mb": rss_mb(self.pid)}
+        try:
+            async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+                values = parse_metrics((await client.get(self.metrics_url)).text)
+        except httpx.HTTPError as exc:
+            self.errors.append(f"{label}: {type(exc).__name__}: {exc}"[:200])
+            values = {}
+        for name in GAUGES:
+            sample[name] = values.get(name)
+        sample["counters"] = {k: v for k, v in values.items() if k.split("{")[0] in COUNTERS}
+        self.samples.append(sample)
+        return sample
+
+    def on_done(self, result, num_done: int) -> None:
+        """The soak client's per-request callback: schedule a sample at each mark."""
+        if num_done in self.marks:
+            label = "mark_10pct" if num_done == self.mark_done else f"done_{num_done}"
+            self._tasks.append(asyncio.get_running_loop().create_task(self.sample(label, num_done)))
+
+    async def drain(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks)
+
+    async def wait_idle(self, timeout_s: float = 30.0, poll_s: float = 0.25) -> dict:
+        """Poll until no request runs or waits and no KV block is held (at most `timeout_s`);
+        the last sample, labelled "end", with how long each condition took."""
+        started = time.perf_counter()
+        idle_after = None
+        while True:
+            sample = await self.sample("end_poll")
+            self.samples.pop()  # only the final poll is kept
+            quiet = sample["num_requests_running"] == 0 and sample["num_requests_waiting"] == 0
+            if quiet and idle_after is None:
+                idle_after = time.perf_counter() - started
+            if quiet and sample["kv_blocks_used"] == 0:
+                break
+            if time.perf_counter() - started > timeout_s:
+                break
+            await asyncio.sleep(poll_s)
+        sample.update(label="end", idle_reached=idle_after is not None,
+                      idle_wait_s=None if idle_after is None else round(idle_after, 3),
+                      kv_zero_reached=sample["kv_blocks_used"] == 0,
+                      wait_s=round(time.perf_counter() - started, 3))
+        self.samples.append(sample)
+        return sample
+
+    def mark_sample(self) -> dict | None:
+        return next((s for s in self.samples if s["label"] == "mark_10pct"), None)
