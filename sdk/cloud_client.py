@@ -85,6 +85,18 @@ class CloudModel:
     max_model_len: int
 
 
+# gRPC backs off reconnecting to a dead server exponentially up to 120 s, failing calls at once in
+# between: a cloud that came back stayed unreachable through the circuit breaker's half-open trial
+# (found by tests/reliability/test_cloud_faults.py). The breaker already limits how often a dead cloud
+# is called, so reconnect attempts can stay frequent: one connect every 2 s at most is cheap.
+# (grpc.min_reconnect_backoff_ms stays at its default: gRPC also uses it as the connect timeout, and a
+# TLS handshake over a mobile network can take seconds.)
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+
 class CloudClient:
     """Talks to one tandem.v1 server.
 
@@ -105,9 +117,9 @@ class CloudClient:
     def channel(self) -> grpc.aio.Channel:
         if self._channel is None:
             if self._credentials is None:
-                self._channel = grpc.aio.insecure_channel(self.target)
+                self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
             else:
-                self._channel = grpc.aio.secure_channel(self.target, self._credentials)
+                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=CHANNEL_OPTIONS)
         return self._channel
 
     async def close(self) -> None:

@@ -27,7 +27,7 @@ from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
 from local_runtime.async_engine import AsyncLocalEngine
 from local_runtime.config import LocalEngineConfig
 from sdk.cascade import CascadeConfig, CascadeRunner
-from sdk.cloud_client import CloudClient
+from sdk.cloud_client import CloudClient, CloudError
 from sdk.engine_protocol import SamplingParams
 from sdk.openai_cloud_client import OpenAICloudClient
 from tests.conftest import free_port
@@ -351,6 +351,19 @@ class Clock:
         self.now += COOL_DOWN_S
 
 
+async def reachable(client: CloudClient, timeout_s: float = 10.0) -> None:
+    """Wait until the client's channel reaches the cloud again (calls fail fast while gRPC backs off)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if await client.health(timeout_s=1.0) == "SERVING":
+                return
+        except CloudError:
+            pass
+        assert time.monotonic() < deadline, f"the cloud was not reachable again within {timeout_s} s"
+        await asyncio.sleep(0.1)
+
+
 async def test_breaker_opens_on_a_dead_grpc_cloud_and_closes_when_it_returns(local_engine):
     port = free_port()
     client = CloudClient(f"127.0.0.1:{port}")
@@ -365,6 +378,7 @@ async def test_breaker_opens_on_a_dead_grpc_cloud_and_closes_when_it_returns(loc
         await cloud.start(port)  # the cloud is back on its address
         _, final = await answer(runner)
         assert final.routing.degraded_reason == "circuit_open" and cloud.num_calls == 0  # still cooling down
+        await reachable(client)  # the channel reconnects on its own (backoff capped at 2 s: CHANNEL_OPTIONS)
         clock.cool_down()
         tokens, final = await answer(runner)
         assert (final.routing.tier, final.routing.degraded) == ("cloud", False), final.routing
@@ -418,6 +432,7 @@ async def test_openai_cloud_recovers_after_garbage(local_engine):
         reasons = [(await answer(runner))[1].routing.degraded_reason for _ in range(3)]
         assert reasons == ["cloud_error", "cloud_error", "circuit_open"] and cloud.num_requests == 2
         cloud.payload = http_response(sse(*[word(w) for w in CLOUD_WORDS[:-1]], word(CLOUD_WORDS[-1], "length")))
+        await reachable(client)  # the channel reconnects on its own (backoff capped at 2 s: CHANNEL_OPTIONS)
         clock.cool_down()
         tokens, final = await answer(runner)
         assert (final.routing.tier, final.routing.degraded) == ("cloud", False), final.routing
