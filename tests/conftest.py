@@ -53,13 +53,15 @@ def clean_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_server(args: list[str], log_path: Path, name: str = "tandem serve", port: int | None = None):
+def running_server(args: list[str], log_path: Path, name: str = "tandem serve", port: int | None = None,
+                   extra_env: dict[str, str] | None = None):  # fmt: skip
     """`python -m sdk.cli ARGS --port PORT` as a subprocess: yields (process, base_url) once
     /health says 200; terminates it (kill after 30 s) on the way out."""
     port = port or free_port()
     command = [sys.executable, "-m", "sdk.cli", *args, "--port", str(port)]
+    env = clean_env() | (extra_env or {})
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=REPO_ROOT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(process, base_url, log_path, name)

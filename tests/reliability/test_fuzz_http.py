@@ -15,11 +15,8 @@ max_model_len 128, so the most expensive valid request is bounded.
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,7 +27,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import REPO_ROOT, free_port, wait_until_healthy
+from tests.conftest import free_port, running_server
 from tests.reliability.fuzz_strategies import (
     REQUEST_TIMEOUT_S,
     RequestCounter,
@@ -76,29 +73,15 @@ class Target:
 
 @pytest.fixture(scope="module")
 def local_target(tmp_path_factory):
-    port = free_port()
     log_path = tmp_path_factory.mktemp("fuzz-serve") / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    command = [sys.executable, "-m", "sdk.cli", "serve", "--cloud", "none", "--port", str(port),
-               "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-tokens", "2048", "--threads", "1",
-               "--log-level", "warning"]  # fmt: skip
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(process, base_url, log_path, "tandem serve")
+    args = ["serve", "--cloud", "none", "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-tokens", "2048",
+            "--threads", "1", "--log-level", "warning"]
+    with running_server(args, log_path) as (process, base_url):
         models = [m["id"] for m in httpx.get(f"{base_url}/v1/models").json()["data"]]
         yield Target("local", base_url, models, 49152, SMOL_WORDS)
         assert process.poll() is None, "tandem serve died during the fuzz run"
         log_text = log_path.read_text(errors="replace")
         assert "Traceback" not in log_text, log_text[-5000:]
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from sdk.openai_cloud_client import OpenAICloudClient
 from sdk.openai_server import create_app
 from sdk.settings_fields import FIELDS
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
-from tests.conftest import REPO_ROOT, clean_env, free_port, wait_until_healthy
+from tests.conftest import REPO_ROOT, clean_env, free_port, running_server
 from tests.sdk.test_openai_server import FakeEngine
 
 # -- keys never logged -----------------------------------------------------------------------
@@ -49,26 +49,14 @@ def keyed_cloud_server(tiny_dir, tmp_path_factory):  # noqa: F811
     """`tandem cloud serve` with KEY in a key file, at debug level: (process, base_url, grpc_target, log_path)."""
     folder = tmp_path_factory.mktemp("security")
     (folder / "keys").write_text(f"# the only key\n{KEY}\n")
-    http_port, grpc_port = free_port(), free_port()
-    command = [sys.executable, "-m", "sdk.cli", "cloud", "serve", "--model", tiny_dir, "--model-name", "tiny",
-               "--dtype", "float32", "--kv-cache-gb", "0.001", "--max-model-len", "64",
-               "--port", str(http_port), "--grpc-port", str(grpc_port), "--api-key-file", str(folder / "keys"),
-               "--log-level", "debug"]  # fmt: skip
+    grpc_port = free_port()
+    args = ["cloud", "serve", "--model", tiny_dir, "--model-name", "tiny", "--dtype", "float32", "--kv-cache-gb", "0.001",
+            "--max-model-len", "64", "--grpc-port", str(grpc_port), "--api-key-file", str(folder / "keys"),
+            "--log-level", "debug"]  # fmt: skip
     log_path = folder / "server.log"
-    env = clean_env() | {"GRPC_VERBOSITY": "debug"}  # gRPC's own core log too
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
-    base_url = f"http://127.0.0.1:{http_port}"
-    try:
-        wait_until_healthy(process, base_url, log_path, "tandem cloud serve")
+    # GRPC_VERBOSITY: gRPC's own core log too.
+    with running_server(args, log_path, "tandem cloud serve", extra_env={"GRPC_VERBOSITY": "debug"}) as (process, base_url):
         yield process, base_url, f"127.0.0.1:{grpc_port}", log_path
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.mark.slow
