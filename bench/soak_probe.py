@@ -31,18 +31,25 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def rss_mb(pid: int | None) -> float | None:
-    """Resident set size of `pid` in MiB (VmRSS from /proc), None if unavailable."""
+_STATUS_FIELDS = {"VmRSS": "rss_mb", "RssAnon": "rss_anon_mb", "RssFile": "rss_file_mb", "VmHWM": "rss_peak_mb"}
+
+
+def memory_mb(pid: int | None) -> dict[str, float | None]:
+    """Resident memory of `pid` in MiB from /proc/PID/status: the whole RSS, its anonymous part
+    (heap: where a leak or retained malloc memory shows) and its file-backed part (the mmap'd
+    model and libraries paging in), and the peak RSS; None for what is unreadable."""
+    out: dict[str, float | None] = dict.fromkeys(_STATUS_FIELDS.values())
     if pid is None:
-        return None
+        return out
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
+                key = line.split(":", 1)[0]
+                if key in _STATUS_FIELDS:
+                    out[_STATUS_FIELDS[key]] = int(line.split()[1]) / 1024.0
     except (OSError, ValueError, IndexError):
-        return None
-    return None
+        pass
+    return out
 
 
 class ServerProbe:
@@ -66,7 +73,7 @@ class ServerProbe:
     async def sample(self, label: str, num_done: int | None = None) -> dict:
         """One sample: time, requests done, RSS and the gauges (None where unreadable)."""
         sample: dict = {"label": label, "done": num_done, "t_s": round(time.perf_counter() - self._t0, 3),
-                        "rss_mb": rss_mb(self.pid)}
+                        **memory_mb(self.pid)}
         try:
             async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
                 values = parse_metrics((await client.get(self.metrics_url)).text)

@@ -52,3 +52,9 @@ class CloudEngineConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    @property
+    def max_logit_rows(self) -> int:
+        """Rows the LM head sees in one step at most: one per request, plus its draft when speculating."""
+        per_request = 1 + (self.speculative.num_speculative_tokens if self.speculative.enabled else 0)
+        return min(self.max_num_batched_tokens, self.max_num_seqs * per_request)

@@ -75,6 +75,7 @@ class CloudEngine:
         self.eos_token_ids = set(loaded.eos_token_ids)
         self.loaded = loaded
         num_packed = loaded.model.pack_for_cpu()  # 0 where packing does not apply (not bf16 on CPU)
+        loaded.model.warm_up_packed(config.max_num_batched_tokens, config.max_logit_rows)  # memory flat from here
         self.vocab_size = self.model_config.vocab_size
         self._token_bytes = build_token_bytes(self.tokenizer)
 

@@ -16,7 +16,7 @@ from torch import nn
 from cloud_engine.attention import paged_attention
 from cloud_engine.attention_metadata import AttentionMetadata
 from cloud_engine.model.config import ModelConfig
-from cloud_engine.model.packed_linear import PackedLinear, can_pack, pack_linears
+from cloud_engine.model.packed_linear import PackedLinear, can_pack, pack_linears, warm_up_packed_linears
 from cloud_engine.model.rotary import RotaryEmbedding, apply_rotary
 
 # Checkpoint module name -> (our fused module, shard index within it).
@@ -167,6 +167,14 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is not None:
             self.lm_head = None  # the packed copy replaces it; tied models keep the embedding for lookups
         return pack_linears(self.model) + 1
+
+    def warm_up_packed(self, max_tokens: int, max_logit_rows: int) -> int:
+        """Have oneDNN build the primitives of every row bucket now (see packed_linear): the layers
+        see up to `max_tokens` rows a step, the LM head `max_logit_rows`. 0 when nothing is packed."""
+        if self.packed_lm_head is None:
+            return 0
+        body = [m for m in self.model.modules() if isinstance(m, PackedLinear)]
+        return warm_up_packed_linears(body, max_tokens) + warm_up_packed_linears([self.packed_lm_head], max_logit_rows)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[rows, hidden_size] -> float32 [rows, vocab_size]."""

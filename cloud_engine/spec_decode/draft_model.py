@@ -71,6 +71,7 @@ class DraftModelProposer:
                 raise DraftModelError(f"draft_num_layers {spec.draft_num_layers} > the draft's {config.num_hidden_layers} layers")
             model.model.layers = model.model.layers[: spec.draft_num_layers]
         model.pack_for_cpu()
+        model.warm_up_packed(engine.config.max_num_batched_tokens, engine.config.max_logit_rows)
         self.device, self.block_size = engine.device, engine.config.block_size
         num_layers = len(model.model.layers)
         # As many blocks as the target's pool: the draft holds at most the same tokens.

@@ -1,6 +1,11 @@
-"""oneDNN-packed linear layers (bf16 on CPU) give the same numbers as the plain model."""
+"""oneDNN-packed linear layers (bf16 on CPU) give the same numbers as the plain model, and a
+server's varying step sizes do not grow oneDNN's per-shape caches without bound."""
 
 from __future__ import annotations
+
+import ctypes
+import platform
+import random
 
 import pytest
 import torch
@@ -8,14 +13,15 @@ import torch.nn.functional as F
 
 from cloud_engine.model.config import ModelConfig
 from cloud_engine.model.llama import LlamaForCausalLM
-from cloud_engine.model.packed_linear import PackedLinear, can_pack
+from cloud_engine.model import packed_linear
+from cloud_engine.model.packed_linear import PackedLinear, can_pack, row_bucket, row_buckets, warm_up_packed_linears
 from tests.cloud_engine.paged_helpers import PagedBatchBuilder, make_kv_caches
 from tests.cloud_engine.tiny_models import llama_config, random_tokens
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16), reason="no oneDNN bf16 packing here")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 31, 32, 100])
+@pytest.mark.parametrize("rows", [1, 2, 16, 17, 31, 32, 100, 513])  # padded: 17, 31, 100, 513
 def test_packed_linear_equals_f_linear(rows):
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(96, 64, generator=gen).bfloat16()
@@ -48,3 +54,55 @@ def test_packed_model_gives_the_logits_of_the_plain_model():
         with torch.inference_mode():
             logits.append(model.compute_logits(model(batch.input_ids, batch.positions, batch.metadata)))
     torch.testing.assert_close(logits[1], logits[0], atol=2e-2, rtol=2e-2)
+
+
+def test_row_buckets_are_exact_for_decode_sizes_and_pad_under_an_eighth():
+    assert [row_bucket(rows) for rows in range(1, 17)] == list(range(1, 17))
+    buckets = []
+    for rows in range(1, 5000):
+        bucket = row_bucket(rows)
+        assert rows <= bucket < rows * 1.125
+        assert row_bucket(bucket) == bucket  # a bucket is its own bucket: padding is idempotent
+        buckets.append(bucket)
+    assert buckets == sorted(buckets)
+    assert row_buckets(512) == sorted(set(buckets[:512]))
+    assert len(row_buckets(512)) == 56  # what bounds oneDNN's cache per weight shape at the default budget
+
+
+def _malloc_in_use_bytes() -> int:
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def _heap_growth(linears, row_counts) -> int:
+    before = _malloc_in_use_bytes()
+    with torch.inference_mode():
+        for rows in row_counts:
+            for linear in linears:
+                linear(torch.zeros(rows, linear.in_features, dtype=torch.bfloat16))
+    return _malloc_in_use_bytes() - before
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="reads glibc's mallinfo2")
+def test_after_warm_up_any_step_size_leaves_the_heap_flat(monkeypatch):
+    """The soak's finding: one oneDNN primitive (with its scratch memory) per row count seen.
+    With buckets built at load, 300 random step sizes add nothing; without, they add megabytes."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = ((96, 64), (64, 96), (160, 64))
+    rng = random.Random(0)
+    sizes = [rng.randint(1, 512) for _ in range(300)]
+    fresh = [PackedLinear(torch.randn(n, k, generator=gen).bfloat16(), None) for n, k in shapes]
+    with monkeypatch.context() as patch:
+        patch.setattr(packed_linear, "row_bucket", lambda rows: rows)  # the old behaviour: every size its own shape
+        control = _heap_growth(fresh, [s + 1000 for s in sizes[:100]])  # row counts no other test has used
+    if control < 8 << 20:
+        pytest.skip(f"oneDNN here keeps little per shape ({control >> 10} KiB for 300 shapes): nothing to bound")
+    linears = [PackedLinear(torch.randn(n + 8, k, generator=gen).bfloat16(), None) for n, k in shapes]
+    assert warm_up_packed_linears(linears + linears[:1], 512) == len(shapes) * len(row_buckets(512))
+    growth = _heap_growth(linears, sizes)
+    assert growth < 2 << 20, f"heap grew {growth >> 10} KiB after warm-up (without buckets: {control >> 10} KiB)"
