@@ -11,6 +11,9 @@ import time
 import httpx
 
 GAUGES = ("kv_blocks_used", "kv_blocks_total", "num_requests_running", "num_requests_waiting")
+# The embedded cloud engine's (tandem serve exports them as tandem:cloud_engine_*); None with
+# a remote cloud tier or an older server.
+CLOUD_GAUGES = tuple("cloud_engine_" + name for name in GAUGES)
 # Server-side counters worth keeping beside the client's view (labelled samples kept whole).
 COUNTERS = ("cascade_requests_total", "cascade_decisions_total", "cascade_degraded_total", "cascade_handoffs_total",
             "request_success_total", "http_rejections_total", "num_preemptions_total", "privacy_kept_local_total",
@@ -80,7 +83,7 @@ class ServerProbe:
         except httpx.HTTPError as exc:
             self.errors.append(f"{label}: {type(exc).__name__}: {exc}"[:200])
             values = {}
-        for name in GAUGES:
+        for name in GAUGES + CLOUD_GAUGES:
             sample[name] = values.get(name)
         sample["counters"] = {k: v for k, v in values.items() if k.split("{")[0] in COUNTERS}
         self.samples.append(sample)
@@ -104,17 +107,19 @@ class ServerProbe:
         while True:
             sample = await self.sample("end_poll")
             self.samples.pop()  # only the final poll is kept
-            quiet = sample["num_requests_running"] == 0 and sample["num_requests_waiting"] == 0
+            quiet = all(not sample[name] for name in ("num_requests_running", "num_requests_waiting",
+                                                      "cloud_engine_num_requests_running", "cloud_engine_num_requests_waiting"))
+            quiet = quiet and sample["num_requests_running"] is not None
             if quiet and idle_after is None:
                 idle_after = time.perf_counter() - started
-            if quiet and sample["kv_blocks_used"] == 0:
+            if quiet and sample["kv_blocks_used"] == 0 and not sample["cloud_engine_kv_blocks_used"]:
                 break
             if time.perf_counter() - started > timeout_s:
                 break
             await asyncio.sleep(poll_s)
         sample.update(label="end", idle_reached=idle_after is not None,
                       idle_wait_s=None if idle_after is None else round(idle_after, 3),
-                      kv_zero_reached=sample["kv_blocks_used"] == 0,
+                      kv_zero_reached=sample["kv_blocks_used"] == 0 and not sample["cloud_engine_kv_blocks_used"],
                       wait_s=round(time.perf_counter() - started, 3))
         self.samples.append(sample)
         return sample

@@ -64,7 +64,7 @@ def analyze(requests: list[SoakRequest], results: list[SoakResult | None], durat
     rss_mark, rss_end = (mark or {}).get("rss_mb"), end.get("rss_mb")
     growth = None if rss_mark is None or rss_end is None else (rss_end - rss_mark) / rss_mark * 100.0
     output_tokens = sum(r.completion_tokens or r.content_chunks for r in completed)
-    kv_used = end.get("kv_blocks_used")
+    kv_used, cloud_kv_used = end.get("kv_blocks_used"), end.get("cloud_engine_kv_blocks_used")
     return {
         "duration_s": duration_s,
         "requests": {"total": len(requests), **outcomes, "lost": lost,
@@ -83,8 +83,12 @@ def analyze(requests: list[SoakRequest], results: list[SoakResult | None], durat
                         "routing_violations": violations},
         "kv_blocks_used_at_end": kv_used,
         "kv_blocks_total": end.get("kv_blocks_total"),
-        "kv_note": "local engine's pool (/metrics); idle, the prefix cache holds no blocks (it shares only "
-                   "blocks live requests hold), so anything above 0 is leaked",
+        "cloud_kv_blocks_used_at_end": cloud_kv_used,
+        "cloud_kv_blocks_total": end.get("cloud_engine_kv_blocks_total"),
+        "kv_note": "local engine's pool and the embedded cloud engine's (/metrics: tandem:kv_blocks_used, "
+                   "tandem:cloud_engine_kv_blocks_used; None: not exported); idle, neither prefix cache holds a "
+                   "block (the local one shares only blocks live requests hold; the cloud one's cached blocks are "
+                   "free and evictable), so anything above 0 is leaked",
         "rss_mb_at_10pct": rss_mark,
         "rss_mb_at_end": rss_end,
         "rss_growth_pct_from_10pct": growth,
@@ -101,7 +105,7 @@ def analyze(requests: list[SoakRequest], results: list[SoakResult | None], durat
                        "finished_requests_per_s": len(recorded) / duration_s,
                        "output_tokens_per_s": output_tokens / duration_s, "output_tokens": output_tokens},
         "targets": {"lost_requests_zero": lost == 0, "failures_zero": outcomes["failed"] == 0,
-                    "kv_blocks_zero_at_end": kv_used == 0,
+                    "kv_blocks_zero_at_end": kv_used == 0 and not cloud_kv_used,
                     "rss_growth_met": None if growth is None else growth <= TARGET_RSS_GROWTH_PCT,
                     "routing_violations_zero": not any(violations.values())},
     }
@@ -131,6 +135,8 @@ def print_soak_summary(report: dict) -> None:
         ("escalated (by answering tier)", ", ".join(f"{k} {v}" for k, v in esc["escalated_by_tier"].items()) or "-"),
         ("KV blocks used at end / total", f"{_fmt(report['kv_blocks_used_at_end'], 0)} / "
                                           f"{_fmt(report['kv_blocks_total'], 0)}"),
+        ("cloud engine KV blocks used at end / total", f"{_fmt(report.get('cloud_kv_blocks_used_at_end'), 0)} / "
+                                                       f"{_fmt(report.get('cloud_kv_blocks_total'), 0)}"),
         ("RSS MiB at 10% / end", f"{_fmt(report['rss_mb_at_10pct'])} / {_fmt(report['rss_mb_at_end'])}"),
         ("RSS growth % (target <= 5)", _fmt(report["rss_growth_pct_from_10pct"], 2)),
         ("E2E p50 ms first / last quarter", f"{_fmt(q['first']['e2e_ms']['median'], 0)} / "

@@ -49,7 +49,7 @@ async def _serve(settings, engine, api_keys: frozenset[str]) -> str | None:
         engine, served_model_names=[settings.get("local.model_name")] if settings.get("local.model_name") else None,
         api_keys=api_keys, rate_limit_per_minute=settings.get("server.rate_limit"),
         max_concurrent_per_key=settings.get("server.max_concurrent_per_key"), max_body_bytes=settings.get("server.max_body_bytes"),
-        bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready,
+        bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready, cloud_engine=cloud.engine,
     )  # fmt: skip
     http = HttpServer(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
     stop_on_signals(http)

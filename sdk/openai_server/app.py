@@ -18,7 +18,7 @@ from sdk.openai_server.chat import create_chat_completion
 from sdk.openai_server.completions import create_completion
 from sdk.openai_server.errors import from_exception, install_error_handlers, model_not_found
 from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, InFlightLimiter
-from sdk.openai_server.metrics import ServerMetrics
+from sdk.openai_server.metrics import EngineStatsCollector, ServerMetrics
 from sdk.openai_server.rate_limit import RequestRateLimiter
 from sdk.openai_server.serving import ServerState
 
@@ -38,6 +38,7 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     cascade=None,
     also_ready: Callable[[], bool] | None = None,
+    cloud_engine: EngineProtocol | None = None,
 ) -> FastAPI:
     """An app serving `engine` under `served_model_names` (default: the engine's own model name).
 
@@ -60,6 +61,8 @@ def create_app(
     auto, auto:<threshold>, local and cloud to chat completions (openai_server.routed_chat),
     its counters to /metrics, and the cloud breaker's state to /health. `also_ready`: a
     second condition for /health's 200 (tandem serve: the embedded cloud engine has loaded).
+    `cloud_engine`: that embedded engine, whose gauges and counters /metrics adds as
+    `tandem:cloud_engine_*` (its KV blocks, running and waiting requests, tokens).
     """
     if served_model_names is not None and not served_model_names:
         raise ValueError("served_model_names must name at least one model, or be None to use the engine's name")
@@ -86,6 +89,8 @@ def create_app(
     state = ServerState(engine=engine, served_model_names=served_model_names, metrics=ServerMetrics(engine), cascade=cascade)
     if cascade is not None:
         state.metrics.registry.register(CascadeCollector(cascade))
+    if cloud_engine is not None:
+        state.metrics.registry.register(EngineStatsCollector(cloud_engine, subsystem="cloud_engine_"))
     app.state.tandem = state
     app.state.in_flight = in_flight  # per-client counts of requests being served (None: no limit)
     install_error_handlers(app)

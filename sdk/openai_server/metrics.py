@@ -30,10 +30,13 @@ REJECTION_REASONS = ("unauthenticated", "rate_limited", "overloaded")
 
 
 class EngineStatsCollector:
-    """Turns one `engine.stats()` snapshot into gauges and counters on every scrape."""
+    """Turns one `engine.stats()` snapshot into gauges and counters on every scrape.
+    `subsystem` goes between the prefix and each name, for a second engine in one server
+    (tandem serve's embedded cloud engine: `tandem:cloud_engine_kv_blocks_used`)."""
 
-    def __init__(self, engine: EngineProtocol):
+    def __init__(self, engine: EngineProtocol, subsystem: str = ""):
         self.engine = engine
+        self.prefix = PREFIX + subsystem
 
     def collect(self):
         if not self.engine.is_ready:
@@ -50,7 +53,7 @@ class EngineStatsCollector:
             ("kv_blocks_total", "KV blocks in the pool.", stats.num_kv_blocks_total),
         ]
         for name, doc, value in gauges:
-            yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+            yield GaugeMetricFamily(self.prefix + name, doc, value=value)
         counters = [
             ("prompt_tokens", "Prompt tokens processed.", stats.num_prompt_tokens_total),
             ("generation_tokens", "Tokens generated.", stats.num_generation_tokens_total),
@@ -63,8 +66,8 @@ class EngineStatsCollector:
         ]
         for name, doc, value in counters:
             # The family adds `_total` to the sample name, as Prometheus counters require.
-            yield CounterMetricFamily(PREFIX + name, doc, value=value)
-        per_position = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            yield CounterMetricFamily(self.prefix + name, doc, value=value)
+        per_position = CounterMetricFamily(self.prefix + "spec_decode_num_accepted_tokens_per_pos",
                                            "Drafts whose token at this position was accepted.", labels=["position"])  # fmt: skip
         for position, count in enumerate(stats.spec_accepted_tokens_per_position):
             per_position.add_metric([str(position)], count)

@@ -150,6 +150,8 @@ def test_analyze_counts_quarters_and_targets():
     assert report["throughput"]["output_tokens"] == 24
     json.dumps(report, allow_nan=False)
     assert quarter_ranges(2000, 16) == {"first": range(16, 500), "last": range(1500, 1984)}
+    leaked = analyze(requests, results, 10.0, None, {"kv_blocks_used": 0.0, "cloud_engine_kv_blocks_used": 3.0})
+    assert leaked["cloud_kv_blocks_used_at_end"] == 3.0 and not leaked["targets"]["kv_blocks_zero_at_end"]
     assert quarter_ranges(60, 16) == {"first": range(0, 15), "last": range(45, 60)}  # too short to trim
 
 
@@ -175,6 +177,7 @@ def test_small_soak_against_tandem_serve(tmp_path):
     assert req["cancelled_by_client"] >= 1 and req["rejected_as_expected"] >= 1
     assert report["escalations"]["completed_by_tier"].get("cloud", 0) >= 1
     assert report["kv_blocks_used_at_end"] == 0 and report["kv_blocks_total"] > 0
+    assert report["cloud_kv_blocks_used_at_end"] == 0 and report["cloud_kv_blocks_total"] > 0
     assert report["rss_mb_at_10pct"] > 0 and report["rss_mb_at_end"] > 0
     assert report["rss_growth_pct_from_10pct"] is not None and report["targets"]["lost_requests_zero"]
     assert report["latency_quarters"]["first"]["e2e_ms"]["count"] > 0

@@ -5,6 +5,7 @@ gRPC), models auto / local / cloud, the routing metadata, and the cascade's metr
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import openai
@@ -82,3 +83,12 @@ def test_metrics_count_routes_tokens_and_the_breaker(server_url, client):
     assert metric(text, "tandem:cascade_tokens_total", '{kind="completion",tier="cloud"}') >= 3
     assert metric(text, "tandem:cloud_circuit_state", '{state="closed"}') == 1
     assert re.search(r'^tandem:cascade_decisions_total\{reason="forced"\} ', text, re.M), text
+    # The embedded cloud engine's own numbers, beside the local engine's.
+    generated = "tandem:cloud_engine_generation_tokens_total"
+    assert metric(text, generated) >= metric(before, generated) + 3
+    assert metric(text, "tandem:cloud_engine_kv_blocks_total") > 0
+    deadline = time.monotonic() + 10  # the engine frees the request's blocks just after its last token leaves
+    while metric(text, "tandem:cloud_engine_kv_blocks_used") != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        text = httpx.get(f"{server_url}/metrics").text
+    assert metric(text, "tandem:cloud_engine_kv_blocks_used") == 0  # cached prefix blocks are free, not used
