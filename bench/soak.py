@@ -21,7 +21,7 @@ Measured (bench/soak_client.py, bench/soak_probe.py): each request's outcome (co
 cancelled_by_client, rejected_as_expected, failed by cause; a --timeout per request turns
 a hang into `client_timeout`), tier and escalation from the last chunk's `tandem` field,
 TTFT and E2E; /metrics (KV blocks, running and waiting requests, the cascade's counters)
-and the server's RSS (VmRSS) every 5% of requests, at the 10% mark, and at the end once
+and the server's RSS (VmRSS, RssAnon, RssFile) every 5% of requests, at the 10% mark, and at the end once
 the server is idle (no request running or waiting and no KV block held, polled up to
 --idle-timeout seconds). Reported (bench/soak_report.py): counts, failures by cause,
 escalations by tier, KV blocks used at the end (target 0), RSS growth from the 10% mark to
@@ -29,8 +29,9 @@ the end (target <= 5%), p50/p99 E2E and TTFT of the first and last quarter of re
 indices (less the opening burst and closing drain of `concurrency` requests each, when
 the quarters are long enough) and their p99 drift ratio (last / first), throughput, and
 `lost_requests` (no outcome recorded: must be 0). Exit code 0 unless the harness itself
-broke: the JSON says which targets were met. The gauges are the local engine's: /metrics
-shows neither the embedded cloud engine's KV blocks nor its running requests.
+broke: the JSON says which targets were met. The gauges are the local engine's and, where
+/metrics exports them (tandem:cloud_engine_*), the embedded cloud engine's; the idle wait and
+the KV target cover both. RSS samples split VmRSS into its anonymous and file-backed parts.
 """
 
 from __future__ import annotations
