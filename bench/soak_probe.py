@@ -55,6 +55,12 @@ def memory_mb(pid: int | None) -> dict[str, float | None]:
     return out
 
 
+def _all_zero(sample: dict, *gauges: str) -> bool:
+    """Each gauge is 0 in the local engine (which must export it) and 0 or not exported
+    (a remote cloud tier) in the embedded cloud engine."""
+    return all(sample[name] == 0 and not sample["cloud_engine_" + name] for name in gauges)
+
+
 class ServerProbe:
     """Samples the server at fixed fractions of the requests done; then waits for it to go idle."""
 
@@ -107,19 +113,17 @@ class ServerProbe:
         while True:
             sample = await self.sample("end_poll")
             self.samples.pop()  # only the final poll is kept
-            quiet = all(not sample[name] for name in ("num_requests_running", "num_requests_waiting",
-                                                      "cloud_engine_num_requests_running", "cloud_engine_num_requests_waiting"))
-            quiet = quiet and sample["num_requests_running"] is not None
+            quiet = _all_zero(sample, "num_requests_running", "num_requests_waiting")
             if quiet and idle_after is None:
                 idle_after = time.perf_counter() - started
-            if quiet and sample["kv_blocks_used"] == 0 and not sample["cloud_engine_kv_blocks_used"]:
+            if quiet and _all_zero(sample, "kv_blocks_used"):
                 break
             if time.perf_counter() - started > timeout_s:
                 break
             await asyncio.sleep(poll_s)
         sample.update(label="end", idle_reached=idle_after is not None,
                       idle_wait_s=None if idle_after is None else round(idle_after, 3),
-                      kv_zero_reached=sample["kv_blocks_used"] == 0 and not sample["cloud_engine_kv_blocks_used"],
+                      kv_zero_reached=_all_zero(sample, "kv_blocks_used"),
                       wait_s=round(time.perf_counter() - started, 3))
         self.samples.append(sample)
         return sample

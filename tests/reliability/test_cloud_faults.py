@@ -139,7 +139,18 @@ class NotTandem:
         await self.server.stop(0)
 
 
-class RawTcp:
+class LoopbackTcpServer:
+    """An asyncio TCP server on a free loopback port; subclasses answer in `_handle(reader, writer)`."""
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self.server.close()  # black-holed connections end with the test's loop
+
+
+class RawTcp(LoopbackTcpServer):
     """Not gRPC at all: each connection gets `payload` (random bytes, an HTTP/1 answer) and
     is closed after `hold_s`; payload None accepts and never answers (a black hole)."""
 
@@ -155,13 +166,6 @@ class RawTcp:
             await asyncio.sleep(self.hold_s)
         finally:
             writer.close()
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self.server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        self.server.close()  # black-holed connections end with the test's loop
 
 
 HTTP1_PAGE = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 13\r\n\r\n<html></html>"
@@ -263,7 +267,7 @@ HTTP_GARBAGE = [
 ]  # fmt: skip
 
 
-class RawHttp:
+class RawHttp(LoopbackTcpServer):
     """Reads one HTTP/1 request per connection and answers with `payload` verbatim; if
     `payload` is already a full HTTP answer it is sent as is, else as an SSE 200's body."""
 
@@ -287,13 +291,6 @@ class RawHttp:
             pass
         finally:
             writer.close()
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self.server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        self.server.close()
 
 
 @pytest.mark.parametrize("payload, reason, num_cloud", HTTP_GARBAGE)
