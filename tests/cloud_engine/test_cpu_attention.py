@@ -8,12 +8,14 @@ sequence's own context, for any block table, length, head size and GQA group.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 
 from cloud_engine.attention import CPU_TILE_ROWS, causal_attention_sdpa, causal_attention_tiled
 from cloud_engine.kernels import cpu_kernels, select_decode_kernel
+from tests.cloud_engine.heap_probe import malloc_in_use_bytes, needs_glibc
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,46 @@ def test_tiled_prefill_matches_dense_reference(query_len, query_offset, dtype):
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.double(), dense_attention(query, keys, values, 32**-0.5, query_offset),
                                atol=tolerance, rtol=tolerance)
+
+
+def _random_prefill_shapes(count, seed):
+    rng = random.Random(seed)
+    for _ in range(count):
+        query_len = rng.randint(1, 2 * CPU_TILE_ROWS)
+        yield query_len, rng.randint(0, 600)
+
+
+def _bf16_bmm_heap_growth(shapes) -> int:
+    """The old tile product, bf16 probabilities x bf16 values, over the given shapes."""
+    before = malloc_in_use_bytes()
+    for query_len, query_offset in shapes:
+        rows, visible = min(query_len, CPU_TILE_ROWS), query_offset + query_len
+        torch.bmm(torch.rand(2, 3 * rows, visible).bfloat16(), torch.rand(2, visible, 32).bfloat16())
+    return malloc_in_use_bytes() - before
+
+
+@needs_glibc
+def test_tiled_prefill_in_bf16_keeps_no_state_per_shape():
+    """The soak's second finding: oneDNN caches a primitive with scratch memory per bf16 bmm
+    shape, and prefill chunks come in thousands of (rows, visible) shapes. The tiled path must
+    leave the heap flat over shapes it has never seen."""
+    control = _bf16_bmm_heap_growth(_random_prefill_shapes(100, seed=1))
+    if control < 8 << 20:
+        pytest.skip(f"oneDNN here keeps little per bf16 bmm shape ({control >> 10} KiB for 100): nothing to bound")
+    gen = torch.Generator().manual_seed(0)
+
+    def run(shapes):
+        for query_len, query_offset in shapes:
+            context = query_offset + query_len
+            causal_attention_tiled(torch.randn(query_len, 6, 32, generator=gen).bfloat16(),
+                                   torch.randn(context, 2, 32, generator=gen).bfloat16(),
+                                   torch.randn(context, 2, 32, generator=gen).bfloat16(), query_offset, 32**-0.5)
+
+    run(_random_prefill_shapes(5, seed=2))  # BLAS sets up its per-thread buffers once
+    before = malloc_in_use_bytes()
+    run(_random_prefill_shapes(200, seed=3))
+    growth = malloc_in_use_bytes() - before
+    assert growth < 2 << 20, f"heap grew {growth >> 10} KiB over 200 shapes (bf16 bmm: {control >> 10} KiB over 100)"
 
 
 @pytest.mark.parametrize("query_len,query_offset", [(9, 0), (20, 35)])

@@ -3,8 +3,6 @@ server's varying step sizes do not grow oneDNN's per-shape caches without bound.
 
 from __future__ import annotations
 
-import ctypes
-import platform
 import random
 
 import pytest
@@ -15,6 +13,7 @@ from cloud_engine.model.config import ModelConfig
 from cloud_engine.model.llama import LlamaForCausalLM
 from cloud_engine.model import packed_linear
 from cloud_engine.model.packed_linear import PackedLinear, can_pack, row_bucket, row_buckets, warm_up_packed_linears
+from tests.cloud_engine.heap_probe import malloc_in_use_bytes, needs_glibc
 from tests.cloud_engine.paged_helpers import PagedBatchBuilder, make_kv_caches
 from tests.cloud_engine.tiny_models import llama_config, random_tokens
 
@@ -69,26 +68,16 @@ def test_row_buckets_are_exact_for_decode_sizes_and_pad_under_an_eighth():
     assert len(row_buckets(512)) == 56  # what bounds oneDNN's cache per weight shape at the default budget
 
 
-def _malloc_in_use_bytes() -> int:
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in
-                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = MallInfo2
-    info = libc.mallinfo2()
-    return info.uordblks + info.hblkhd
-
-
 def _heap_growth(linears, row_counts) -> int:
-    before = _malloc_in_use_bytes()
+    before = malloc_in_use_bytes()
     with torch.inference_mode():
         for rows in row_counts:
             for linear in linears:
                 linear(torch.zeros(rows, linear.in_features, dtype=torch.bfloat16))
-    return _malloc_in_use_bytes() - before
+    return malloc_in_use_bytes() - before
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="reads glibc's mallinfo2")
+@needs_glibc
 def test_after_warm_up_any_step_size_leaves_the_heap_flat(monkeypatch):
     """The soak's finding: one oneDNN primitive (with its scratch memory) per row count seen.
     With buckets built at load, 300 random step sizes add nothing; without, they add megabytes."""
