@@ -135,11 +135,12 @@ def test_tandem_serve_cuts_a_stream_longer_than_the_grace(tmp_path):
     """The documented bound: a request still streaming GRACE_S after SIGTERM is cancelled, and
     the process still exits 0 soon after."""
     log_path = tmp_path / "serve.log"
-    args = ["serve", "--cloud", "none", "--max-model-len", "512", "--threads", "1", "--log-level", "warning"]
+    # 1800 tokens: well past the grace even at the fastest decode seen here (400 once finished inside 5 s)
+    args = ["serve", "--cloud", "none", "--max-model-len", "2048", "--threads", "1", "--log-level", "warning"]
     process, base_url = start(args, log_path, free_port())
     try:
         model = httpx.get(f"{base_url}/v1/models").json()["data"][0]["id"]
-        body = {"model": model, "messages": [{"role": "user", "content": "Go on forever."}], "max_tokens": 400,
+        body = {"model": model, "messages": [{"role": "user", "content": "Go on forever."}], "max_tokens": 1800,
                 "temperature": 0, "ignore_eos": True}  # fmt: skip
 
         async def scenario():
