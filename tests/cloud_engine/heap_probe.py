@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import platform
+from typing import Callable
 
 import pytest
 
@@ -15,9 +17,21 @@ class _MallInfo2(ctypes.Structure):
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
+@functools.lru_cache(maxsize=1)
+def _mallinfo2():
+    mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    mallinfo2.restype = _MallInfo2
+    return mallinfo2
+
+
 def malloc_in_use_bytes() -> int:
     """Bytes malloc has handed out and not had back: heap chunks in use plus mmap'd blocks."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
+    info = _mallinfo2()()
     return info.uordblks + info.hblkhd
+
+
+def heap_growth(work: Callable[[], object]) -> int:
+    """Bytes in use after `work()` beyond those in use before it."""
+    before = malloc_in_use_bytes()
+    work()
+    return malloc_in_use_bytes() - before

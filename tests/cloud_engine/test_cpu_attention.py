@@ -15,7 +15,7 @@ import torch
 
 from cloud_engine.attention import CPU_TILE_ROWS, causal_attention_sdpa, causal_attention_tiled
 from cloud_engine.kernels import cpu_kernels, select_decode_kernel
-from tests.cloud_engine.heap_probe import malloc_in_use_bytes, needs_glibc
+from tests.cloud_engine.heap_probe import heap_growth, needs_glibc
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +124,11 @@ def _random_prefill_shapes(count, seed):
         yield query_len, rng.randint(0, 600)
 
 
-def _bf16_bmm_heap_growth(shapes) -> int:
+def _bf16_bmm(shapes) -> None:
     """The old tile product, bf16 probabilities x bf16 values, over the given shapes."""
-    before = malloc_in_use_bytes()
     for query_len, query_offset in shapes:
         rows, visible = min(query_len, CPU_TILE_ROWS), query_offset + query_len
         torch.bmm(torch.rand(2, 3 * rows, visible).bfloat16(), torch.rand(2, visible, 32).bfloat16())
-    return malloc_in_use_bytes() - before
 
 
 @needs_glibc
@@ -138,7 +136,7 @@ def test_tiled_prefill_in_bf16_keeps_no_state_per_shape():
     """The soak's second finding: oneDNN caches a primitive with scratch memory per bf16 bmm
     shape, and prefill chunks come in thousands of (rows, visible) shapes. The tiled path must
     leave the heap flat over shapes it has never seen."""
-    control = _bf16_bmm_heap_growth(_random_prefill_shapes(100, seed=1))
+    control = heap_growth(lambda: _bf16_bmm(_random_prefill_shapes(100, seed=1)))
     if control < 8 << 20:
         pytest.skip(f"oneDNN here keeps little per bf16 bmm shape ({control >> 10} KiB for 100): nothing to bound")
     gen = torch.Generator().manual_seed(0)
@@ -151,9 +149,7 @@ def test_tiled_prefill_in_bf16_keeps_no_state_per_shape():
                                    torch.randn(context, 2, 32, generator=gen).bfloat16(), query_offset, 32**-0.5)
 
     run(_random_prefill_shapes(5, seed=2))  # BLAS sets up its per-thread buffers once
-    before = malloc_in_use_bytes()
-    run(_random_prefill_shapes(200, seed=3))
-    growth = malloc_in_use_bytes() - before
+    growth = heap_growth(lambda: run(_random_prefill_shapes(200, seed=3)))
     assert growth < 2 << 20, f"heap grew {growth >> 10} KiB over 200 shapes (bf16 bmm: {control >> 10} KiB over 100)"
 
 

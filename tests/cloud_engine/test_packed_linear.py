@@ -13,7 +13,7 @@ from cloud_engine.model.config import ModelConfig
 from cloud_engine.model.llama import LlamaForCausalLM
 from cloud_engine.model import packed_linear
 from cloud_engine.model.packed_linear import PackedLinear, can_pack, row_bucket, row_buckets, warm_up_packed_linears
-from tests.cloud_engine.heap_probe import malloc_in_use_bytes, needs_glibc
+from tests.cloud_engine.heap_probe import heap_growth, needs_glibc
 from tests.cloud_engine.paged_helpers import PagedBatchBuilder, make_kv_caches
 from tests.cloud_engine.tiny_models import llama_config, random_tokens
 
@@ -68,13 +68,11 @@ def test_row_buckets_are_exact_for_decode_sizes_and_pad_under_an_eighth():
     assert len(row_buckets(512)) == 56  # what bounds oneDNN's cache per weight shape at the default budget
 
 
-def _heap_growth(linears, row_counts) -> int:
-    before = malloc_in_use_bytes()
+def _run_linears(linears, row_counts) -> None:
     with torch.inference_mode():
         for rows in row_counts:
             for linear in linears:
                 linear(torch.zeros(rows, linear.in_features, dtype=torch.bfloat16))
-    return malloc_in_use_bytes() - before
 
 
 @needs_glibc
@@ -88,10 +86,10 @@ def test_after_warm_up_any_step_size_leaves_the_heap_flat(monkeypatch):
     fresh = [PackedLinear(torch.randn(n, k, generator=gen).bfloat16(), None) for n, k in shapes]
     with monkeypatch.context() as patch:
         patch.setattr(packed_linear, "row_bucket", lambda rows: rows)  # the old behaviour: every size its own shape
-        control = _heap_growth(fresh, [s + 1000 for s in sizes[:100]])  # row counts no other test has used
+        control = heap_growth(lambda: _run_linears(fresh, [s + 1000 for s in sizes[:100]]))  # row counts no other test has used
     if control < 8 << 20:
         pytest.skip(f"oneDNN here keeps little per shape ({control >> 10} KiB for 300 shapes): nothing to bound")
     linears = [PackedLinear(torch.randn(n + 8, k, generator=gen).bfloat16(), None) for n, k in shapes]
     assert warm_up_packed_linears(linears + linears[:1], 512) == len(shapes) * len(row_buckets(512))
-    growth = _heap_growth(linears, sizes)
+    growth = heap_growth(lambda: _run_linears(linears, sizes))
     assert growth < 2 << 20, f"heap grew {growth >> 10} KiB after warm-up (without buckets: {control >> 10} KiB)"
