@@ -48,16 +48,18 @@ def metric(text: str, name: str, labels: str = "", default: float | None = None)
     return float(match.group(1))
 
 
-def wait_until_idle(server_url: str, timeout_s: float = 10.0) -> str:
-    """Poll /metrics until no request runs and no KV block is held; return the last scrape."""
+def wait_until_idle(server_url: str, timeout_s: float = 10.0, engine: str = "") -> str:
+    """Poll /metrics until no request runs and no KV block is held; return the last scrape.
+    `engine`: the gauges' subsystem, "cloud_engine_" for tandem serve's embedded cloud engine."""
+    prefix = "tandem:" + engine
     deadline = time.monotonic() + timeout_s
     while True:
         text = httpx.get(f"{server_url}/metrics").text
-        if metric(text, "tandem:kv_blocks_used") == 0 and metric(text, "tandem:num_requests_running") == 0:
+        if metric(text, prefix + "kv_blocks_used") == 0 and metric(text, prefix + "num_requests_running") == 0:
             return text
         if time.monotonic() > deadline:
             pytest.fail(f"blocks still held after {timeout_s}s:\n" + "\n".join(
-                line for line in text.splitlines() if line.startswith(("tandem:kv_blocks", "tandem:num_requests"))
+                line for line in text.splitlines() if line.startswith((prefix + "kv_blocks", prefix + "num_requests"))
             ))
         time.sleep(0.1)
 

@@ -5,13 +5,12 @@ gRPC), models auto / local / cloud, the routing metadata, and the cascade's metr
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 import openai
 import pytest
 
-from tests.sdk.test_openai_server import MODEL, metric
+from tests.sdk.test_openai_server import MODEL, metric, wait_until_idle
 
 pytestmark = pytest.mark.slow
 
@@ -87,8 +86,5 @@ def test_metrics_count_routes_tokens_and_the_breaker(server_url, client):
     generated = "tandem:cloud_engine_generation_tokens_total"
     assert metric(text, generated) >= metric(before, generated) + 3
     assert metric(text, "tandem:cloud_engine_kv_blocks_total") > 0
-    deadline = time.monotonic() + 10  # the engine frees the request's blocks just after its last token leaves
-    while metric(text, "tandem:cloud_engine_kv_blocks_used") != 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-        text = httpx.get(f"{server_url}/metrics").text
-    assert metric(text, "tandem:cloud_engine_kv_blocks_used") == 0  # cached prefix blocks are free, not used
+    # The engine frees the request's blocks just after its last token leaves; cached prefix blocks are free, not used.
+    wait_until_idle(server_url, engine="cloud_engine_")
