@@ -19,7 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from android_bridge.callbacks import CallbackDispatcher, check_callback
 from android_bridge.errors import BridgeError, cancelled, from_exception, logger
 
-# The config sections the bridge takes are tandem's own (sdk.settings_fields); on a phone the
+# The config sections the bridge takes are tandem's own (sdk.settings.fields); on a phone the
 # cloud tier is somebody else's server, so the embedded PyTorch engine is not the default.
 BRIDGE_DEFAULTS = {"cloud.url": "none"}
 DEFAULT_LOAD_TIMEOUT_S = 300.0
@@ -72,8 +72,8 @@ class BridgeRuntime:
             raise BridgeError("start_failed", f"the tandem runtime could not start: {exc}", 500, "server_error") from None
 
     async def _start_cascade(self) -> None:
-        from sdk.cascade import CascadeRunner
-        from sdk.cloud_tier import start_cloud_tier
+        from sdk.cascade.runner import CascadeRunner
+        from sdk.cloud.tier import start_cloud_tier
 
         self.cloud = await start_cloud_tier(self.settings)  # clients bind to the loop they are made in
         self.runner = CascadeRunner(self.engine, self.cloud.client, self.settings.cascade_config())
@@ -187,8 +187,8 @@ class BridgeRuntime:
 
     def _validated(self, body: dict):
         from router.decision import parse_model_choice
-        from sdk.cascade_openai import check_routable, prepare
-        from sdk.openai_schema import ChatCompletionRequest
+        from sdk.cascade.openai import check_routable, prepare
+        from sdk.protocol.openai_schema import ChatCompletionRequest
 
         if self.runner is None:
             raise BridgeError("not_started", "the tandem runtime is not running", 409, "invalid_state")
@@ -201,7 +201,7 @@ class BridgeRuntime:
         return request, messages, params
 
     async def _complete(self, request_id: str, validated) -> dict:
-        from sdk.cascade_openai import routed_completion
+        from sdk.cascade.openai import routed_completion
 
         request, messages, params = validated
         reply = await routed_completion(self.runner, messages, params, model=request.model, private=bool(request.private),
@@ -219,9 +219,9 @@ class BridgeRuntime:
             dispatcher.error(from_exception(exc))
 
     async def _deliver_stream(self, request_id: str, validated, dispatcher: CallbackDispatcher) -> None:
-        from sdk.cascade_openai import routed_stream
-        from sdk.client_types import TandemChatCompletion
-        from sdk.openai_schema import ChatChoice, ChatResponseMessage
+        from sdk.cascade.openai import routed_stream
+        from sdk.cascade.responses import TandemChatCompletion
+        from sdk.protocol.openai_schema import ChatChoice, ChatResponseMessage
 
         request, messages, params = validated
         created = int(time.time())

@@ -24,7 +24,7 @@ import numpy as np
 from bench.machine import machine_info, write_report
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.engine import CloudEngine
-from sdk.engine_protocol import GenerationRequest, SamplingParams
+from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 NUM_STEADY = 16
 WORDS = "the a river city model token light engine paper garden music window story number quiet winter bridge".split()

@@ -40,7 +40,7 @@ from confidence.aggregate import FEATURE_NAMES, sequence_features
 from confidence.arithmetic_task import LEVELS, ArithmeticItem, generate_items, is_correct
 from confidence.auroc import auroc
 from confidence.signals import signals_from_events
-from sdk.engine_protocol import GenerationRequest, SamplingParams
+from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 MAX_TOKENS = 16
 TOP_LOGPROBS = 5  # alternatives per token, so mean_topk_mass is defined
@@ -154,7 +154,7 @@ def heldout_scores(answers: Answers, seed: int, holdout_fraction: float = HOLDOU
     """Split, orient single signals on train, train + export the probe, score held-out."""
     from confidence.probe import ConfidenceProbe, ProbeConfig, load_probe, model_fingerprint_for_gguf
     from confidence.probe_training import stratified_split
-    from local_runtime.model_files import resolve_model_path
+    from sdk.protocol.model_files import resolve_model_path
 
     labels, features = answers.labels, answers.features
     train, heldout = stratified_split(labels, holdout_fraction, seed)

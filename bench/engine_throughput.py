@@ -32,8 +32,8 @@ import torch
 
 from bench.machine import machine_info, write_report
 from cloud_engine.llm import LLM
-from local_runtime.model_files import default_model_path
-from sdk.engine_protocol import SamplingParams
+from sdk.protocol.model_files import default_model_path
+from sdk.protocol.engine import SamplingParams
 
 STATIC_BATCH = 32
 WORDS = (

@@ -29,8 +29,8 @@ from bench.machine import machine_info
 from local_runtime.async_engine import AsyncLocalEngine
 from local_runtime.config import LocalEngineConfig
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
-from local_runtime.model_files import default_model_path
-from sdk.engine_protocol import GenerationRequest, SamplingParams
+from sdk.protocol.model_files import default_model_path
+from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 CONCURRENCY_LEVELS = (1, 4, 8, 16)
 WORDS = "the a river city model token light engine paper garden music window story number quiet".split()

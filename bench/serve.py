@@ -28,21 +28,20 @@ in well under a minute.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import sys
 
 import httpx
 
 from bench.machine import machine_info, write_report
-from bench.serve_client import ClientConfig, arrival_times, run_requests, warm_up
-from bench.serve_datasets import DEFAULT_DATA_DIR, GgufTokenizer, gsm8k_requests, mmlu_requests, random_requests
-from bench.serve_metrics import compute_metrics, parse_goodput
-from bench.serve_report import console, print_summary, request_progress
-
-class BenchmarkError(RuntimeError):
-    """The benchmark cannot run (server unreachable, warm-up refused); the message says why."""
-
+from bench.serve_client import ClientConfig, arrival_times
+from bench.serve_compare import HEADLINE_KEYS as COMPARE_HEADLINE_KEYS
+from bench.serve_compare import run_compare
+from bench.serve_datasets import DEFAULT_DATA_DIR, GgufTokenizer
+from bench.serve_metrics import parse_goodput
+from bench.serve_report import console, print_summary
+from bench.serve_run import BenchmarkError, benchmark, build_samples, headline, workload_description
+from bench.serve_servers import ServerStartError
 
 HEADLINE_KEYS = ("completed", "failed", "request_throughput", "output_throughput", "ttft_ms_median", "tpot_ms_median")
 
@@ -101,39 +100,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build_samples(args: argparse.Namespace, tokenizer: GgufTokenizer | None):
-    """The workload the arguments describe; chat prompts counted with the chat template when a tokenizer is given."""
-    if args.dataset == "random":
-        samples = random_requests(args.num_prompts, args.random_input_len, args.random_output_len,
-                                  args.random_range_ratio, args.seed, tokenizer)
-    elif args.dataset == "gsm8k":
-        samples = gsm8k_requests(args.num_prompts, args.seed, args.max_output_len, tokenizer, args.data_dir)
-    else:
-        samples = mmlu_requests(args.num_prompts, args.seed, args.mmlu_output_len, tokenizer, args.data_dir)
-    if tokenizer is not None and args.endpoint == "chat" and tokenizer.chat_template:
-        for sample in samples:
-            sample.prompt_len = tokenizer.count_chat(sample.prompt)
-    return samples
-
-
-def workload_description(args: argparse.Namespace, tokenizer: GgufTokenizer | None) -> dict:
-    workload = {"dataset": args.dataset, "endpoint": args.endpoint, "num_prompts": args.num_prompts,
-                "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
-                "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed,
-                "temperature": args.temperature, "ignore_eos": args.ignore_eos,
-                "prompt_tokens_counted_by": ("server usage when sent, else " +
-                                             (f"the tokenizer (and chat template) of {tokenizer.model_path}"
-                                              if tokenizer else "an estimate (see bench/serve_datasets.py)"))}
-    if args.dataset == "random":
-        workload.update(random_input_len=args.random_input_len, random_output_len=args.random_output_len,
-                        random_range_ratio=args.random_range_ratio)
-    elif args.dataset == "gsm8k":
-        workload["max_output_len"] = args.max_output_len
-    else:
-        workload["mmlu_output_len"] = args.mmlu_output_len
-    return workload
-
-
 def discover_models(base_url: str, api_key: str | None) -> list[dict]:
     """GET /v1/models: the server's model entries ([] if it does not answer)."""
     root = base_url.rstrip("/")
@@ -144,24 +110,6 @@ def discover_models(base_url: str, api_key: str | None) -> list[dict]:
         return response.json().get("data", []) if response.status_code == 200 else []
     except (httpx.HTTPError, ValueError):
         return []
-
-
-def benchmark(config: ClientConfig, samples, args: argparse.Namespace, label: str) -> dict:
-    """Warm up, run the workload with a progress bar, and compute the metrics."""
-    check = asyncio.run(warm_up(config, samples[0]))
-    if not check.ok:
-        raise BenchmarkError(f"{label}: the warm-up request to {config.url} failed: {check.error}")
-    times = arrival_times(len(samples), args.request_rate, args.burstiness, args.seed)
-    with request_progress(label, len(samples)) as on_done:
-        results, duration = asyncio.run(run_requests(config, samples, times, args.max_concurrency, on_done))
-    return compute_metrics(results, duration, args.slos_ms)
-
-
-def headline(metrics: dict) -> dict:
-    """Top-level copies of the figures write_report prints."""
-    return {"completed": metrics["completed"], "failed": metrics["failed"],
-            "request_throughput": metrics["request_throughput"], "output_throughput": metrics["output_throughput"],
-            "ttft_ms_median": metrics["ttft_ms"]["median"], "tpot_ms_median": metrics["tpot_ms"]["median"]}
 
 
 def run_single(args: argparse.Namespace) -> dict:
@@ -189,15 +137,10 @@ def run_single(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from bench.serve_servers import ServerStartError
-
     args = parse_args(argv)
     try:
         if args.compare_local:
-            from bench.serve_compare import HEADLINE_KEYS as compare_keys
-            from bench.serve_compare import run_compare
-
-            report, keys = run_compare(args), compare_keys
+            report, keys = run_compare(args), COMPARE_HEADLINE_KEYS
         else:
             report, keys = run_single(args), HEADLINE_KEYS
     except (BenchmarkError, ServerStartError) as exc:

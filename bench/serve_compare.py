@@ -15,10 +15,10 @@ import argparse
 import os
 
 from bench.machine import machine_info
-from bench.serve import benchmark, headline, workload_description
 from bench.serve_client import ClientConfig
 from bench.serve_datasets import GgufTokenizer
 from bench.serve_report import console, print_summary
+from bench.serve_run import benchmark, build_samples, headline, workload_description
 from bench.serve_servers import llama_cpp_server, tandem_server
 
 COMPARE_CONCURRENCY = 8
@@ -27,8 +27,7 @@ HEADLINE_KEYS = ("ratio_output_tps_vs_llama_cpp_server", "target_met", "output_t
 
 
 def run_compare(args: argparse.Namespace) -> dict:
-    from bench.serve import build_samples
-    from local_runtime.model_files import model_name_for, resolve_model_path
+    from sdk.protocol.model_files import model_name_for, resolve_model_path
 
     model_path = resolve_model_path(args.model_path)
     model_name = model_name_for(args.model_path)

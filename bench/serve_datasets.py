@@ -96,7 +96,7 @@ class GgufTokenizer:
 
     def count_chat(self, prompt: str) -> int:
         """Tokens of `prompt` as a user message through the model's chat template (as a server counts them)."""
-        from sdk.chat_template import render_chat
+        from sdk.protocol.chat_template import render_chat
 
         bos = self._special_text(self._lib.llama_vocab_bos(self._vocab))
         text = render_chat(self.chat_template, [{"role": "user", "content": prompt}], bos,

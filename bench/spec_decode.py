@@ -46,8 +46,8 @@ from bench.machine import machine_info, write_report
 from cloud_engine.llm import LLM
 from cloud_engine.spec_decode import SpeculativeConfig
 from cloud_engine.spec_decode.stats import SpecDecodeStats
-from local_runtime.model_files import default_model_path
-from sdk.engine_protocol import GenerationRequest, SamplingParams
+from sdk.protocol.model_files import default_model_path
+from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "routellm")
 GSM8K = os.path.join(DATA_DIR, "gsm8k_test.jsonl")

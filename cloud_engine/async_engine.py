@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.engine import CloudEngine
-from sdk.async_step_engine import AsyncStepEngine
+from sdk.protocol.async_step_engine import AsyncStepEngine
 
 
 class AsyncCloudEngine(AsyncStepEngine):
-    """Implements sdk.engine_protocol.EngineProtocol over CloudEngine."""
+    """Implements sdk.protocol.engine.EngineProtocol over CloudEngine."""
 
     def __init__(self, config: CloudEngineConfig):
         self.config = config

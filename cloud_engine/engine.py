@@ -33,9 +33,9 @@ from cloud_engine.spec_decode.policy import SpeculationPolicy
 from cloud_engine.spec_decode.rejection import verify_draft
 from cloud_engine.spec_decode.stats import SpecDecodeStats
 from cloud_engine.token_bytes import build_token_bytes
-from sdk.engine_protocol import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
-from sdk.request_status import RequestStatus
-from sdk.token_events import check_stop, make_token_event
+from sdk.protocol.engine import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
+from sdk.protocol.request_status import RequestStatus
+from sdk.protocol.token_events import check_stop, make_token_event
 
 logger = logging.getLogger(__name__)
 

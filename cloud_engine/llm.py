@@ -13,7 +13,7 @@ from typing import Sequence
 
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.engine import CloudEngine
-from sdk.engine_protocol import GenerationRequest, SamplingParams, TokenEvent
+from sdk.protocol.engine import GenerationRequest, SamplingParams, TokenEvent
 
 
 @dataclass

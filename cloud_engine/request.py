@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sdk.engine_protocol import SamplingParams
-from sdk.request_status import FINISH_REASONS, RequestStatus
-from sdk.text_stream import TextStream
+from sdk.protocol.engine import SamplingParams
+from sdk.protocol.request_status import FINISH_REASONS, RequestStatus
+from sdk.protocol.text_stream import TextStream
 
 if TYPE_CHECKING:
     from cloud_engine.block_pool import BlockHash

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from sdk.engine_protocol import SamplingParams
-from sdk.token_events import SampledToken
+from sdk.protocol.engine import SamplingParams
+from sdk.protocol.token_events import SampledToken
 
 # Nucleus candidates are looked for among this many most likely tokens first; a row
 # whose nucleus is wider (a very flat distribution) falls back to a full sort.

@@ -23,7 +23,7 @@ from typing import Iterator
 
 from cloud_engine.block_manager import KVCacheManager
 from cloud_engine.request import Request
-from sdk.request_status import RequestStatus
+from sdk.protocol.request_status import RequestStatus
 
 POLICIES = ("fcfs", "priority")
 

@@ -31,7 +31,7 @@ from confidence.aggregate import (
     validate_window,
 )
 from confidence.signals import TokenSignals, token_signals
-from sdk.engine_protocol import TokenEvent
+from sdk.protocol.engine import TokenEvent
 
 
 class RunningConfidence:

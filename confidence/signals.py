@@ -15,7 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
-from sdk.engine_protocol import TokenEvent
+from sdk.protocol.engine import TokenEvent
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from local_runtime.config import LocalEngineConfig
 from local_runtime.engine import LocalEngine
-from local_runtime.model_files import model_name_for
-from sdk.async_step_engine import AsyncStepEngine
+from sdk.protocol.model_files import model_name_for
+from sdk.protocol.async_step_engine import AsyncStepEngine
 
 
 class AsyncLocalEngine(AsyncStepEngine):
-    """Implements sdk.engine_protocol.EngineProtocol over LocalEngine."""
+    """Implements sdk.protocol.engine.EngineProtocol over LocalEngine."""
 
     def __init__(self, config: LocalEngineConfig):
         self.config = config

@@ -12,19 +12,19 @@ import numpy as np
 from local_runtime.block_manager import BlockManager
 from local_runtime.config import LocalEngineConfig
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
-from local_runtime.model_files import model_name_for, resolve_model_path
+from sdk.protocol.model_files import model_name_for, resolve_model_path
 from local_runtime.request import Request, RequestStatus
 from local_runtime.sampler import sample_batch
 from local_runtime.scheduler import Scheduler, SchedulerOutput
-from sdk.chat_template import render_chat
-from sdk.engine_protocol import (
+from sdk.protocol.chat_template import render_chat
+from sdk.protocol.engine import (
     ContextLengthError,
     EngineStats,
     GenerationRequest,
     TokenEvent,
     validate_generation_request,
 )
-from sdk.token_events import check_stop, make_token_event
+from sdk.protocol.token_events import check_stop, make_token_event
 
 # The default context limit when the model's own is larger: long enough for chat, and
 # one such request still leaves most of an 8k-cell pool for others.

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sdk.engine_protocol import SamplingParams
-from sdk.request_status import FINISH_REASONS, RequestStatus  # noqa: F401  (re-exported)
-from sdk.text_stream import TextStream
+from sdk.protocol.engine import SamplingParams
+from sdk.protocol.request_status import FINISH_REASONS, RequestStatus  # noqa: F401  (re-exported)
+from sdk.protocol.text_stream import TextStream
 
 
 @dataclass

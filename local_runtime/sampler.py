@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sdk.engine_protocol import SamplingParams
-from sdk.token_events import SampledToken
+from sdk.protocol.engine import SamplingParams
+from sdk.protocol.token_events import SampledToken
 
 
 def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator]) -> list[SampledToken]:

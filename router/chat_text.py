@@ -37,7 +37,7 @@ def message_as_dict(message) -> dict:
     """A shallow dict copy of a message, safe to change without touching the caller's."""
     if isinstance(message, Mapping):
         return dict(message)
-    return message.model_dump(exclude_none=True)  # pydantic models (sdk.openai_schema)
+    return message.model_dump(exclude_none=True)  # pydantic models (sdk.protocol.openai_schema)
 
 
 def part_as_dict(part) -> dict:

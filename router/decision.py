@@ -14,7 +14,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from sdk.engine_protocol import InvalidRequestError
+from sdk.protocol.engine import InvalidRequestError
 
 
 class StrChoice(str, enum.Enum):

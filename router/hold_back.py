@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from router.decision import HandoffMode
-from sdk.engine_protocol import TokenEvent
+from sdk.protocol.engine import TokenEvent
 
 
 @dataclass(frozen=True)

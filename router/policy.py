@@ -30,7 +30,7 @@ from router.pre_generation import (
     ThresholdOnePolicy,
 )
 from router.streaming_policy import DecideAt, StreamingPolicy
-from sdk.engine_protocol import TokenEvent
+from sdk.protocol.engine import TokenEvent
 
 __all__ = [
     "Cascade",

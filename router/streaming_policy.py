@@ -21,7 +21,7 @@ from router.decision import (
     threshold_decision,
     validate_threshold,
 )
-from sdk.engine_protocol import TokenEvent
+from sdk.protocol.engine import TokenEvent
 
 # Features that are already probability-like in [0, 1] and grow with confidence, so a
 # [0, 1] threshold means something without a calibrator. The others (log-probabilities,

@@ -1,7 +1,7 @@
 """API-key authentication of the gRPC service: `authorization: Bearer KEY` call metadata.
 
 Health checks and reflection stay public, so load balancers and grpcurl-style tools work
-without a key. Keys are checked with sdk.api_keys (constant time) and never logged: only
+without a key. Keys are checked with sdk.protocol.api_keys (constant time) and never logged: only
 their fingerprints are.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from sdk.api_keys import bearer_token, key_fingerprint, matching_key
+from sdk.protocol.api_keys import bearer_token, key_fingerprint, matching_key
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cloud_engine.grpc import tandem_pb2 as pb
 from cloud_engine.grpc.errors import ModelNotFoundError
-from sdk.engine_protocol import (
+from sdk.protocol.engine import (
     EngineProtocol,
     GenerationRequest,
     InvalidRequestError,
@@ -20,7 +20,7 @@ from sdk.engine_protocol import (
     TokenEvent,
     TopLogprob,
 )
-from sdk.openai_schema import MAX_STOP_STRINGS
+from sdk.protocol.openai_schema import MAX_STOP_STRINGS
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]  # text, token ids, or chat messages
 

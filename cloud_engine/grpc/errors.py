@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from sdk.engine_protocol import (
+from sdk.protocol.engine import (
     ContextLengthError,
     EngineNotReadyError,
     EngineOverloadedError,

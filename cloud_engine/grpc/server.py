@@ -18,8 +18,8 @@ from grpc_reflection.v1alpha import reflection
 
 from cloud_engine.grpc.auth import ApiKeyInterceptor
 from cloud_engine.grpc.service import SERVICE_NAME, add_tandem_servicer
-from sdk.api_keys import is_loopback
-from sdk.engine_protocol import EngineProtocol
+from sdk.protocol.api_keys import is_loopback
+from sdk.protocol.engine import EngineProtocol
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from cloud_engine.grpc import convert
 from cloud_engine.grpc import tandem_pb2 as pb
 from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
 from cloud_engine.grpc.errors import status_for
-from sdk.engine_protocol import EngineProtocol
+from sdk.protocol.engine import EngineProtocol
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from cloud_engine.sampler import processed_probs
-from sdk.engine_protocol import SamplingParams
+from sdk.protocol.engine import SamplingParams
 
 
 @torch.inference_mode()

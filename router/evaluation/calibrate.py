@@ -14,13 +14,10 @@ of an escalation mid-generation are left out: the local tier is free unless pric
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import tomllib
 
 from router.costs import TOKENS_PER_PRICE_UNIT, CostTable
 from router.evaluation.metrics import Outcomes
@@ -156,43 +153,3 @@ def choose_threshold(confidence, examples: Sequence, target: Target, costs: Cost
             raise CalibrationError(f"even all-local costs {costs.per_1k(0.0):.4f} USD per 1k requests, over {target.value:g}")
         best = int(affordable[np.argmax(quality[affordable])])  # first maximum: the least cloud for that quality
     return measure(confidence, examples, float(thresholds[best]), costs)
-
-
-def config_path(config: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> Path:
-    """The file `tandem serve` would read (sdk.settings), whether or not it exists yet."""
-    env = os.environ if env is None else env
-    if config is not None or env.get("TANDEM_CONFIG"):
-        return Path(config if config is not None else env["TANDEM_CONFIG"]).expanduser().resolve()
-    base = env.get("XDG_CONFIG_HOME") or ""
-    if not os.path.isabs(base):
-        base = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".config")
-    return Path(base) / "tandem" / "config.toml"
-
-
-def read_config(path: Path) -> dict:
-    """The TOML file as a dict; {} when it does not exist."""
-    if not path.is_file():
-        return {}
-    with open(path, "rb") as handle:
-        return tomllib.load(handle)
-
-
-def write_threshold(path: Path, threshold: float) -> None:
-    """Set [cascade] threshold, keeping every other key (TOML comments are lost: tomli_w writes data only).
-
-    The new file is validated as tandem serve would read it before it replaces the old one."""
-    import tomli_w
-
-    from sdk.settings import load_settings
-
-    data = read_config(path)
-    data.setdefault("cascade", {})["threshold"] = float(threshold)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(path.name + ".calibrating")
-    staged.write_text(tomli_w.dumps(data), encoding="utf-8")
-    try:
-        load_settings(staged, env={})
-    except Exception:
-        staged.unlink()
-        raise
-    os.replace(staged, path)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from router.circuit_breaker import CircuitBreaker
 from router.failure_kinds import FailureKind, classify_failure
-from sdk.cloud_client import CloudClient, CloudError, CloudInvalidArgumentError, CloudTokenEvent
-from sdk.engine_protocol import SamplingParams
+from sdk.cloud.grpc_client import CloudClient, CloudError, CloudInvalidArgumentError, CloudTokenEvent
+from sdk.protocol.engine import SamplingParams
 
 logger = logging.getLogger("tandem.router")
 

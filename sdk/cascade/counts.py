@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from sdk.cascade_types import RoutingInfo
+from sdk.cascade.types import RoutingInfo
 
 
 class RouteCounter:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator
 
-from sdk.engine_protocol import EngineProtocol, GenerationRequest, SamplingParams, TokenEvent
+from sdk.protocol.engine import EngineProtocol, GenerationRequest, SamplingParams, TokenEvent
 
 
 class LocalRun:

@@ -15,7 +15,7 @@ def load_local_probe(path: str, local_engine):
     """The probe at `path`, checked against the GGUF the local engine runs."""
     from confidence.gguf_fingerprint import model_fingerprint_for_gguf
     from confidence.probe_runtime import load_probe
-    from local_runtime.model_files import resolve_model_path
+    from sdk.protocol.model_files import resolve_model_path
 
     config = getattr(local_engine, "config", None)
     if config is None or not hasattr(config, "model_path"):

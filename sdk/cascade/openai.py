@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from sdk.cascade import CascadeRunner
-from sdk.cascade_types import CascadeEvent, collect
-from sdk.client_types import TandemChatCompletion, TandemChatCompletionChunk, tandem_field, usage_of
-from sdk.engine_protocol import EngineProtocol, InvalidRequestError, SamplingParams
-from sdk.openai_schema import ChatChoice, ChatChunkChoice, ChatCompletionRequest, ChatResponseMessage, DeltaMessage
+from sdk.cascade.runner import CascadeRunner
+from sdk.cascade.types import CascadeEvent, collect
+from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk, tandem_field, usage_of
+from sdk.protocol.engine import EngineProtocol, InvalidRequestError, SamplingParams
+from sdk.protocol.openai_schema import ChatChoice, ChatChunkChoice, ChatCompletionRequest, ChatResponseMessage, DeltaMessage
 
 
 def check_routable(request: ChatCompletionRequest, model: str, local_model_name: str) -> None:

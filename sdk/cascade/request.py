@@ -28,10 +28,10 @@ from router.policy import (
     ThresholdOnePolicy,
     compose,
 )
-from sdk.cascade_cloud import CloudFailed, CloudUsage, refusal_reason, stream_from_cloud
-from sdk.cascade_local import LocalRun
-from sdk.cascade_types import CascadeEvent, RoutingInfo
-from sdk.engine_protocol import ContextLengthError, SamplingParams
+from sdk.cascade.cloud import CloudFailed, CloudUsage, refusal_reason, stream_from_cloud
+from sdk.cascade.local import LocalRun
+from sdk.cascade.types import CascadeEvent, RoutingInfo
+from sdk.protocol.engine import ContextLengthError, SamplingParams
 
 COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
 

@@ -1,20 +1,12 @@
-"""Request validation and response shapes for sdk.client, shared with the HTTP server.
-
-Requests go through the server's own ChatCompletionRequest, so an embedded app and an
-HTTP client get the same 400s and the same SamplingParams for the same arguments."""
+"""The cascade's answers in OpenAI's shapes, plus the `tandem` routing field: what
+sdk.cascade.openai builds and sdk.client returns to apps."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from pydantic import ValidationError
-
-from router.decision import parse_model_choice
-from sdk.cascade_types import RoutingInfo
-from sdk.engine_protocol import EngineProtocol, InvalidRequestError, SamplingParams
-from sdk.openai_schema import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, Usage
-from sdk.openai_server.errors import from_validation_errors
+from sdk.cascade.types import RoutingInfo
+from sdk.protocol.openai_schema import ChatCompletionChunk, ChatCompletionResponse, Usage
 
 
 class TandemChatCompletion(ChatCompletionResponse):
@@ -27,29 +19,6 @@ class TandemChatCompletionChunk(ChatCompletionChunk):
     """chat.completion.chunk; the last chunk of a stream also carries `tandem`."""
 
     tandem: dict[str, Any] | None = None
-
-
-def build_request(
-    engine: EngineProtocol, model: str, messages: list, private: bool, fields: dict[str, Any]
-) -> tuple[list[dict], SamplingParams]:
-    """Validate the arguments the way the server validates a body; InvalidRequestError names the param."""
-    if not isinstance(model, str):
-        raise InvalidRequestError(f"model must be a string, got {type(model).__name__}", "model")
-    parse_model_choice(model)  # raised here, not on the first event: a bad model fails create() itself
-    if not isinstance(private, bool):
-        raise InvalidRequestError(f"private must be a boolean, got {type(private).__name__}", "private")
-    body = {"model": model, "messages": messages, **{k: v for k, v in fields.items() if v is not None}}
-    try:
-        # Through JSON, exactly like an HTTP body: strict types, no silent coercion.
-        request = ChatCompletionRequest.model_validate_json(json.dumps(body))
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ValidationError):
-            error = from_validation_errors(exc.errors(include_url=False))
-            raise InvalidRequestError(error.info.message, error.info.param) from None
-        raise InvalidRequestError(f"arguments must be JSON values: {exc}", "messages") from None
-    from sdk.cascade_openai import prepare  # here: sdk.cascade_openai imports this module
-
-    return prepare(engine, request)
 
 
 def tandem_field(routing: RoutingInfo) -> dict[str, Any]:

@@ -5,7 +5,7 @@ the router escalates, with privacy, hand-off, circuit breaker and cost accountin
     async for event in runner.generate(messages, SamplingParams(max_tokens=64), model="auto:0.4"):
         ...  # event.text from either tier; the last event carries event.routing
 
-The per-request flow lives in sdk.cascade_request; this module holds what requests share.
+The per-request flow lives in sdk.cascade.request; this module holds what requests share.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from router.costs import CostLedger, CostTable
 from router.decision import parse_model_choice
 from router.privacy import PrivacyRules
 from router.privacy_counters import PrivacyCounters
-from sdk.cascade_config import CascadeConfig
-from sdk.cascade_counts import RouteCounter
-from sdk.cascade_models import load_local_probe, load_prompt_scorer
-from sdk.cascade_request import CascadeRequest
-from sdk.cascade_types import CascadeEvent, CascadeResult, RoutingInfo, collect
-from sdk.cloud_client import CloudClient
-from sdk.engine_protocol import EngineProtocol, SamplingParams
+from sdk.cascade.config import CascadeConfig
+from sdk.cascade.counts import RouteCounter
+from sdk.cascade.models import load_local_probe, load_prompt_scorer
+from sdk.cascade.request import CascadeRequest
+from sdk.cascade.types import CascadeEvent, CascadeResult, RoutingInfo, collect
+from sdk.cloud.grpc_client import CloudClient
+from sdk.protocol.engine import EngineProtocol, SamplingParams
 
 __all__ = ["CascadeConfig", "CascadeEvent", "CascadeResult", "CascadeRunner", "RoutingInfo", "collect"]
 
@@ -35,7 +35,7 @@ class CascadeRunner:
 
     Shared across requests: the privacy rules and counters, the circuit breaker (so
     failures of one request spare the next ones a doomed cloud call), the cost ledger and
-    the routing counts (sdk.cascade_counts)."""
+    the routing counts (sdk.cascade.counts)."""
 
     def __init__(
         self,
@@ -57,7 +57,7 @@ class CascadeRunner:
         self.breaker = CircuitBreaker(self.config.breaker_failure_threshold, self.config.breaker_cool_down_s, clock)
         self.ledger = CostLedger(CostTable.from_config(self.config.prices))
         self.routes = RouteCounter()
-        # The learned parts (sdk.cascade_models), loaded once: ONNX sessions shared by all requests.
+        # The learned parts (sdk.cascade.models), loaded once: ONNX sessions shared by all requests.
         self.probe = load_local_probe(self.config.probe, local) if self.config.probe else None
         self.prompt_scorer = load_prompt_scorer(self.config.prompt_router) if self.config.prompt_router else None
 

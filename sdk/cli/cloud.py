@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from sdk.cli_options import LogLevel
+from sdk.cli.options import LogLevel
 
 # The value, not an import of sdk.openai_server (which pulls FastAPI) at CLI start; a test checks they agree.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -56,7 +56,7 @@ def serve(
     from cloud_engine.config import CloudEngineConfig
     from cloud_engine.grpc.server import GrpcServerConfig
     from cloud_engine.spec_decode.config import parse_speculative
-    from sdk.api_keys import ApiKeyConfigError, load_api_keys
+    from sdk.protocol.api_keys import ApiKeyConfigError, load_api_keys
 
     logging.basicConfig(level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {"kv_cache_gb": kv_cache_gb, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
@@ -91,7 +91,7 @@ async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, limit
 
     from cloud_engine.grpc.server import start_grpc_server, stop_grpc_server
     from sdk.openai_server import create_app
-    from sdk.serve_loop import HttpServer, stop_on_signals, watch_loading
+    from sdk.openai_server.serve_loop import HttpServer, stop_on_signals, watch_loading
 
     logger = logging.getLogger("tandem.cloud.serve")
 

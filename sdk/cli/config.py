@@ -1,6 +1,6 @@
 """`tandem config show`: the effective configuration, and where each value came from.
 
-Imports stay inside the command: `sdk.cli` imports this module for every `tandem` command.
+Imports stay inside the command: `sdk.cli.app` imports this module for every `tandem` command.
 """
 
 from __future__ import annotations

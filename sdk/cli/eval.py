@@ -1,6 +1,6 @@
 """`tandem eval` and `tandem calibrate`: routing quality against cloud share, and the threshold from data.
 
-Mounted by sdk.cli through `register_eval_commands(app)`; imports stay inside the commands.
+Mounted by sdk.cli.app through `register_eval_commands(app)`; imports stay inside the commands.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _run_live(base_url: str, prompts: str, data_dir: str | None, limit: int | No
 
     from rich.progress import Progress
 
-    from router.evaluation.live import build_live_table, load_prompts, write_jsonl
+    from sdk.evaluation.live import build_live_table, load_prompts, write_jsonl
 
     items = load_prompts(prompts, data_dir, limit)
     with Progress(transient=False) as progress:
@@ -75,7 +75,7 @@ def eval_command(
     import tempfile
 
     from router.eval_tables import TableError
-    from router.evaluation.live import LiveError
+    from sdk.evaluation.live import LiveError
     from router.evaluation.plot import plot_report
     from router.evaluation.report import build_report, print_report, report_json
 
@@ -120,15 +120,9 @@ def calibrate_command(
     """Pick the routing threshold for a target and write it to the config file as cascade.threshold."""
     from router.costs import CostTable
     from router.eval_tables import TableError
-    from router.evaluation.calibrate import (
-        Target,
-        choose_threshold,
-        config_path,
-        cost_model,
-        read_config,
-        write_threshold,
-    )
+    from router.evaluation.calibrate import Target, choose_threshold, cost_model
     from sdk.settings import SettingsError
+    from sdk.settings.config_file import config_path, read_config, write_threshold
 
     targets = [Target(kind, value) for kind, value in (("quality", quality), ("cloud_share", cloud_share), ("budget", budget))
                if value is not None]  # fmt: skip

@@ -1,6 +1,6 @@
 """`tandem router train|score`: the prompt router (router.prompt_router).
 
-Imports stay inside the commands: `sdk.cli` imports this module for every `tandem` command.
+Imports stay inside the commands: `sdk.cli.app` imports this module for every `tandem` command.
 """
 
 from __future__ import annotations

@@ -7,22 +7,51 @@
     async for chunk in await client.chat.completions.create(model="local", messages=[...], stream=True):
         ...
 
-Responses are the HTTP server's own pydantic models (sdk.openai_schema) plus a `tandem`
+Responses are the HTTP server's own pydantic models (sdk.protocol.openai_schema) plus a `tandem`
 field, so code written against the `openai` package reads them unchanged. `Client` is the
-synchronous twin (sdk.client_sync).
+synchronous twin (sdk.client.sync_client).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
-from sdk.cascade import CascadeRunner
-from sdk.cascade_openai import routed_completion, routed_stream
-from sdk.client_types import TandemChatCompletion, TandemChatCompletionChunk, build_request
+from pydantic import ValidationError
 
-__all__ = ["AsyncClient", "Client", "TandemChatCompletion", "TandemChatCompletionChunk"]
+from router.decision import parse_model_choice
+from sdk.cascade.openai import prepare, routed_completion, routed_stream
+from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk
+from sdk.cascade.runner import CascadeRunner
+from sdk.openai_server.errors import from_validation_errors
+from sdk.protocol.engine import EngineProtocol, InvalidRequestError, SamplingParams
+from sdk.protocol.openai_schema import ChatCompletionRequest
+
+__all__ = ["AsyncClient", "TandemChatCompletion", "TandemChatCompletionChunk"]
+
+
+def build_request(
+    engine: EngineProtocol, model: str, messages: list, private: bool, fields: dict[str, Any]
+) -> tuple[list[dict], SamplingParams]:
+    """Validate the arguments the way the server validates a body; InvalidRequestError names the param."""
+    if not isinstance(model, str):
+        raise InvalidRequestError(f"model must be a string, got {type(model).__name__}", "model")
+    parse_model_choice(model)  # raised here, not on the first event: a bad model fails create() itself
+    if not isinstance(private, bool):
+        raise InvalidRequestError(f"private must be a boolean, got {type(private).__name__}", "private")
+    body = {"model": model, "messages": messages, **{k: v for k, v in fields.items() if v is not None}}
+    try:
+        # Through JSON, exactly like an HTTP body: strict types, no silent coercion.
+        request = ChatCompletionRequest.model_validate_json(json.dumps(body))
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ValidationError):
+            error = from_validation_errors(exc.errors(include_url=False))
+            raise InvalidRequestError(error.info.message, error.info.param) from None
+        raise InvalidRequestError(f"arguments must be JSON values: {exc}", "messages") from None
+    return prepare(engine, request)
 
 
 class InProcessBackend:
@@ -87,7 +116,7 @@ class AsyncClient:
             self.runner = runner
             self._backend = InProcessBackend(runner)
         else:
-            from sdk.client_http import HttpBackend  # httpx only when talking to an endpoint
+            from sdk.client.http import HttpBackend  # httpx only when talking to an endpoint
 
             self.runner = None
             self._backend = HttpBackend(base_url, api_key, timeout_s)
@@ -96,6 +125,3 @@ class AsyncClient:
     async def close(self) -> None:
         """Close the cloud channel (in-process) or the HTTP connections."""
         await self._backend.close()
-
-
-from sdk.client_sync import Client  # noqa: E402  (the sync twin builds on AsyncClient)

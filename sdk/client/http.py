@@ -3,7 +3,7 @@ whose runtime runs as a service, e.g. on another process or an Android service).
 
 Responses are parsed into the same TandemChatCompletion / chunk objects as in-process,
 with the stream shaped the same way (the last chunk carries finish_reason, usage and
-`tandem`), and errors are the typed ones sdk.openai_cloud_client raises for an OpenAI
+`tandem`), and errors are the typed ones sdk.cloud.openai_client raises for an OpenAI
 server (CloudInvalidArgumentError is an InvalidRequestError, ...)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from sdk.client_types import TandemChatCompletion, TandemChatCompletionChunk
-from sdk.openai_cloud_client import CONNECT_TIMEOUT_S, sse_data
-from sdk.openai_cloud_wire import error_from_response, error_from_transport, parse_data
+from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk
+from sdk.cloud.openai_client import CONNECT_TIMEOUT_S, sse_data
+from sdk.cloud.openai_wire import error_from_response, error_from_transport, parse_data
 
 
 class HttpBackend:

@@ -10,7 +10,8 @@ import asyncio
 import threading
 from collections.abc import Iterator
 
-from sdk.cascade import CascadeRunner
+from sdk.cascade.runner import CascadeRunner
+from sdk.client.async_client import AsyncClient
 
 
 class _SyncStream:
@@ -58,8 +59,6 @@ class Client:
 
     def __init__(self, runner: CascadeRunner | None = None, **http_options):
         """Client(runner) in-process, or Client(base_url=..., api_key=...) over HTTP."""
-        from sdk.client import AsyncClient  # here: sdk.client imports this module
-
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tandem-client", daemon=True)
         self._thread.start()

@@ -27,7 +27,7 @@ from cloud_engine.grpc.errors import (
     ERROR_TYPE_KEY,
     RETRY_AFTER_KEY,
 )
-from sdk.engine_protocol import (
+from sdk.protocol.engine import (
     ContextLengthError,
     EngineError,
     EngineNotReadyError,

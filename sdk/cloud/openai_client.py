@@ -1,6 +1,6 @@
 """The cloud tier reached over any OpenAI-compatible HTTP API (vLLM, SGLang, OpenAI, tandem's own).
 
-A drop-in for `sdk.cloud_client.CloudClient` as the cascade uses it:
+A drop-in for `sdk.cloud.grpc_client.CloudClient` as the cascade uses it:
 
     runner = CascadeRunner(local_engine, OpenAICloudClient("https://host/v1", api_key=KEY), CascadeConfig())
 
@@ -10,11 +10,11 @@ What differs from the gRPC client:
   be "restart"), and every event's `token_id` is -1 (`UNKNOWN_TOKEN_ID`).
 - One event per content delta (usually one token). The last event carries finish_reason and
   the usage counts: it is held back until the stream ends, since OpenAI sends the usage in
-  a chunk of its own after the finish chunk (sdk.openai_cloud_wire.ChunkStream).
+  a chunk of its own after the finish chunk (sdk.cloud.openai_wire.ChunkStream).
 - entropy/margin come from the top alternatives when logprobs were asked for, else 0.0.
 
 Failures raise the gRPC client's CloudError classes with the matching grpc.StatusCode
-(sdk.openai_cloud_wire.error_from_response), so router.failure_kinds and the cascade
+(sdk.cloud.openai_wire.error_from_response), so router.failure_kinds and the cascade
 treat both clients alike. The HTTP client is opened on first use; use one client per
 event loop and close it (or use `async with`).
 """
@@ -29,9 +29,9 @@ import grpc
 import httpx
 
 from cloud_engine.grpc.convert import CloudTokenEvent, Prompt
-from sdk.cloud_client import CloudError, CloudInvalidArgumentError, CloudModel, CloudUnavailableError
-from sdk.engine_protocol import SamplingParams
-from sdk.openai_cloud_wire import (
+from sdk.cloud.grpc_client import CloudError, CloudInvalidArgumentError, CloudModel, CloudUnavailableError
+from sdk.protocol.engine import SamplingParams
+from sdk.cloud.openai_wire import (
     UNKNOWN_TOKEN_ID,
     ChunkStream,
     chat_messages,

@@ -1,4 +1,4 @@
-"""The wire side of `sdk.openai_cloud_client`: request bodies, SSE chunks -> CloudTokenEvents,
+"""The wire side of `sdk.cloud.openai_client`: request bodies, SSE chunks -> CloudTokenEvents,
 and HTTP failures -> the same `CloudError` classes (and gRPC status codes) as the gRPC client.
 
 Kept free of I/O so every mapping can be read (and tested) on its own.
@@ -16,7 +16,7 @@ import grpc
 import httpx
 
 from cloud_engine.grpc.convert import CloudTokenEvent, Prompt
-from sdk.cloud_client import (
+from sdk.cloud.grpc_client import (
     CloudContextLengthError,
     CloudDeadlineExceededError,
     CloudError,
@@ -25,7 +25,7 @@ from sdk.cloud_client import (
     CloudUnauthenticatedError,
     CloudUnavailableError,
 )
-from sdk.engine_protocol import SamplingParams, TopLogprob
+from sdk.protocol.engine import SamplingParams, TopLogprob
 
 UNKNOWN_TOKEN_ID = -1  # the text's token ids are the server's, and OpenAI's API does not send them
 CONTEXT_LENGTH_CODE = "context_length_exceeded"  # OpenAI's and tandem's error code (sdk.openai_server.errors)

@@ -2,8 +2,8 @@
 
 - "embedded": the PyTorch cloud engine started in this process, behind its gRPC service on
   a loopback port only this process knows (the cascade reaches it like a remote one);
-- "grpc://HOST:PORT" / "grpcs://...": a `tandem cloud serve` elsewhere (sdk.cloud_client);
-- "http(s)://.../v1": any OpenAI-compatible server (sdk.openai_cloud_client);
+- "grpc://HOST:PORT" / "grpcs://...": a `tandem cloud serve` elsewhere (sdk.cloud.grpc_client);
+- "http(s)://.../v1": any OpenAI-compatible server (sdk.cloud.openai_client);
 - "none": a device-only deployment; escalations answer locally, marked degraded.
 """
 
@@ -47,10 +47,10 @@ async def start_cloud_tier(settings) -> CloudTier:
     if target.kind == "none":
         return CloudTier()
     if target.kind == "http":
-        from sdk.openai_cloud_client import OpenAICloudClient
+        from sdk.cloud.openai_client import OpenAICloudClient
 
         return CloudTier(OpenAICloudClient(target.target, api_key=api_key), description=target.target)
-    from sdk.cloud_client import CloudClient
+    from sdk.cloud.grpc_client import CloudClient
 
     if target.kind == "grpc":
         tls = (settings.get("cloud.tls_ca") or True) if target.tls else None
@@ -61,7 +61,7 @@ async def start_cloud_tier(settings) -> CloudTier:
 async def _start_embedded(settings) -> CloudTier:
     from cloud_engine.async_engine import AsyncCloudEngine
     from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server
-    from sdk.cloud_client import CloudClient
+    from sdk.cloud.grpc_client import CloudClient
 
     engine = AsyncCloudEngine(settings.cloud_engine_config()).start()  # loads on its own thread
     try:

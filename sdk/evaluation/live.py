@@ -164,7 +164,7 @@ async def build_live_table(
     api_key: str | None = None, on_done: Callable[[], None] | None = None,
 ) -> list[dict]:  # fmt: skip
     """One table row per prompt (in order), asking both tiers with at most `concurrency` prompts in flight."""
-    from sdk.client import AsyncClient
+    from sdk.client.async_client import AsyncClient
 
     base_url = base_url.rstrip("/")  # `tandem serve`'s address, with or without /v1
     client = AsyncClient(base_url=base_url if base_url.endswith("/v1") else f"{base_url}/v1", api_key=api_key)

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP server shared by the local and the cloud tier.
 
-`create_app(engine)` serves any `sdk.engine_protocol.EngineProtocol`; API keys and
+`create_app(engine)` serves any `sdk.protocol.engine.EngineProtocol`; API keys and
 rate limits are opt-in keywords of it. `warn_if_exposed` is for callers that bind a socket.
 """
 

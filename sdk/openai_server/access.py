@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sdk.api_keys import bearer_token, is_loopback, key_fingerprint, matching_key
+from sdk.protocol.api_keys import bearer_token, is_loopback, key_fingerprint, matching_key
 from sdk.openai_server.errors import OpenAIError, invalid_api_key, rate_limited
 from sdk.openai_server.limits import InFlightLimiter, too_many_in_flight
 from sdk.openai_server.metrics import ServerMetrics

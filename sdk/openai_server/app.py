@@ -9,9 +9,9 @@ from typing import Callable
 from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response
 
-from sdk.api_keys import key_fingerprint
-from sdk.engine_protocol import EngineNotReadyError, EngineProtocol
-from sdk.openai_schema import ModelCard, ModelList
+from sdk.protocol.api_keys import key_fingerprint
+from sdk.protocol.engine import EngineNotReadyError, EngineProtocol
+from sdk.protocol.openai_schema import ModelCard, ModelList
 from sdk.openai_server.access import AccessControl, warn_if_exposed
 from sdk.openai_server.cascade_metrics import CascadeCollector
 from sdk.openai_server.chat import create_chat_completion

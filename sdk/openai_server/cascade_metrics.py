@@ -2,7 +2,7 @@
 and the cloud circuit breaker, under the server's `tandem:` prefix.
 
 Like the engine's counters, they live in plain thread-safe objects the runner owns
-(sdk.cascade_counts.RouteCounter, router.costs.CostLedger,
+(sdk.cascade.counts.RouteCounter, router.costs.CostLedger,
 router.privacy_counters.PrivacyCounters) and become Prometheus samples only at scrape
 time, so a runner embedded in an app without a server carries no Prometheus state.
 Cloud share = the `tier="cloud"` rate of cascade_requests over all of them.

@@ -8,8 +8,8 @@ from typing import Sequence
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk.engine_protocol import TokenEvent
-from sdk.openai_schema import (
+from sdk.protocol.engine import TokenEvent
+from sdk.protocol.openai_schema import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,

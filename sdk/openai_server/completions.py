@@ -9,8 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.decision import RoutingMode
-from sdk.engine_protocol import InvalidRequestError, TokenEvent
-from sdk.openai_schema import CompletionChoice, CompletionRequest, CompletionResponse, Usage
+from sdk.protocol.engine import InvalidRequestError, TokenEvent
+from sdk.protocol.openai_schema import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
 from sdk.openai_server.logprobs import completion_logprobs

@@ -15,13 +15,13 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sdk.engine_protocol import (
+from sdk.protocol.engine import (
     ContextLengthError,
     EngineNotReadyError,
     EngineOverloadedError,
     InvalidRequestError,
 )
-from sdk.openai_schema import ErrorInfo, ErrorResponse
+from sdk.protocol.openai_schema import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from typing import AsyncIterator, Awaitable, Sequence, TypeVar
 
 from starlette.requests import Request
 
-from sdk.engine_protocol import EngineProtocol, GenerationRequest, TokenEvent
-from sdk.openai_schema import CompletionTokensDetails, Usage
+from sdk.protocol.engine import EngineProtocol, GenerationRequest, TokenEvent
+from sdk.protocol.openai_schema import CompletionTokensDetails, Usage
 from sdk.openai_server.metrics import ServerMetrics
 
 T = TypeVar("T")

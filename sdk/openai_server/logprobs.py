@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sdk.engine_protocol import TokenEvent
-from sdk.openai_schema import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprobEntry
+from sdk.protocol.engine import TokenEvent
+from sdk.protocol.openai_schema import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprobEntry
 
 
 def token_text(event: TokenEvent) -> str:

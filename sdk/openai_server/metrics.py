@@ -14,7 +14,7 @@ from typing import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from sdk.engine_protocol import EngineError, EngineProtocol, TokenEvent
+from sdk.protocol.engine import EngineError, EngineProtocol, TokenEvent
 
 PREFIX = "tandem:"
 

@@ -15,18 +15,16 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk.engine_protocol import EngineOverloadedError
-from sdk.openai_schema import ChatCompletionRequest
+from sdk.cascade.openai import check_routable, prepare, routed_completion, routed_stream
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ClientDisconnected, cancel_on_disconnect
 from sdk.openai_server.serving import CLIENT_CLOSED_STATUS, ServerState, new_id
 from sdk.openai_server.streaming import DONE, EventStreamResponse, sse
+from sdk.protocol.engine import EngineOverloadedError
+from sdk.protocol.openai_schema import ChatCompletionRequest
 
 
 async def create_routed_chat_completion(request: Request, state: ServerState, body: ChatCompletionRequest, model: str) -> Response:
-    # Imported here: sdk.cascade_openai reaches back into this package (client_types -> errors).
-    from sdk.cascade_openai import check_routable, prepare, routed_completion, routed_stream
-
     runner = state.cascade
     try:
         check_routable(body, model, state.engine.model_name)

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.decision import RoutingMode, parse_model_choice
-from sdk.engine_protocol import EngineOverloadedError, EngineProtocol, GenerationRequest, TokenEvent
+from sdk.protocol.engine import EngineOverloadedError, EngineProtocol, GenerationRequest, TokenEvent
 from sdk.openai_server.errors import from_exception, model_not_found
 from sdk.openai_server.generation import (
     ChoiceState,

@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from sdk.engine_protocol import TokenEvent
-from sdk.openai_schema import Usage
+from sdk.protocol.engine import TokenEvent
+from sdk.protocol.openai_schema import Usage
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
 

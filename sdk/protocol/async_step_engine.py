@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from typing import AsyncIterator, Callable, Protocol, Sequence
 
-from sdk.engine_protocol import (
+from sdk.protocol.engine import (
     EngineNotReadyError,
     EngineOverloadedError,
     EngineStats,
@@ -48,7 +48,7 @@ class StepEngine(Protocol):
 
 
 class AsyncStepEngine:
-    """Implements sdk.engine_protocol.EngineProtocol over any StepEngine built on the engine thread."""
+    """Implements sdk.protocol.engine.EngineProtocol over any StepEngine built on the engine thread."""
 
     def __init__(self, load: Callable[[], StepEngine], model_name: str, max_in_flight: int, max_model_len: int = 0, thread_name: str = "tandem-engine"):
         self.model_name = model_name

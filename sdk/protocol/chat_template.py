@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
-from sdk.engine_protocol import InvalidRequestError
+from sdk.protocol.engine import InvalidRequestError
 
 ALLOWED_ROLES = {"system", "developer", "user", "assistant", "tool"}
 

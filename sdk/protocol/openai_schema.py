@@ -12,7 +12,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from sdk.engine_protocol import ContextLengthError, InvalidRequestError, SamplingParams
+from sdk.protocol.engine import ContextLengthError, InvalidRequestError, SamplingParams
 
 MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM allows more; 16 keeps stop matching cheap
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
@@ -36,7 +36,7 @@ class ContentPart(_Request):
 
 
 class ChatMessage(_Request):
-    role: str  # checked against the allowed roles by sdk.chat_template
+    role: str  # checked against the allowed roles by sdk.protocol.chat_template
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
 
@@ -113,7 +113,7 @@ class ChatCompletionRequest(_SamplingFields):
     private: bool | None = None  # extension (tandem): routed models answer on the device only
 
     def message_dicts(self) -> list[dict[str, Any]]:
-        """Messages as the plain dicts sdk.chat_template expects."""
+        """Messages as the plain dicts sdk.protocol.chat_template expects."""
         if not self.messages:
             raise InvalidRequestError("messages must contain at least one message", "messages")
         return [m.model_dump(exclude_none=True) for m in self.messages]

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from sdk.engine_protocol import SamplingParams, TokenEvent, TopLogprob
-from sdk.request_status import RequestStatus
-from sdk.text_stream import TextStream
+from sdk.protocol.engine import SamplingParams, TokenEvent, TopLogprob
+from sdk.protocol.request_status import RequestStatus
+from sdk.protocol.text_stream import TextStream
 
 
 class GeneratingRequest(Protocol):

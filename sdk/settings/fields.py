@@ -18,7 +18,7 @@ from router.costs import CostTable
 from router.decision import HandoffMode
 from router.privacy import PrivacyRules
 from router.streaming_policy import DecideAt
-from sdk.cascade_config import CascadeConfig
+from sdk.cascade.config import CascadeConfig
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}

@@ -1,6 +1,6 @@
 """tandem's configuration: built-in defaults < a TOML file < TANDEM_* env vars < command-line options.
 
-`load_settings()` layers them over the table in `sdk.settings_fields`, records where every
+`load_settings()` layers them over the table in `sdk.settings.fields`, records where every
 value came from, and validates the result as a whole (the cascade, both engines, the cloud
 URL) so a bad setting is reported before anything loads or binds. The file is
 `--config PATH`, else `$TANDEM_CONFIG`, else `$XDG_CONFIG_HOME/tandem/config.toml` when it exists.
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import tomllib
 
-from sdk.settings_fields import (
+from sdk.settings.fields import (
     FIELDS,
     SECTIONS,
     CloudTarget,
@@ -30,9 +30,9 @@ from sdk.settings_fields import (
 if TYPE_CHECKING:
     from cloud_engine.config import CloudEngineConfig
     from local_runtime.config import LocalEngineConfig
-    from sdk.cascade_config import CascadeConfig
+    from sdk.cascade.config import CascadeConfig
 
-__all__ = ["CloudTarget", "Settings", "SettingsError", "load_settings", "parse_cloud_url", "settings_from_mapping"]
+__all__ = ["Settings", "load_settings", "settings_from_mapping"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Settings:
         return CloudEngineConfig(**self._targets("cloud"), speculative=speculative)
 
     def cascade_config(self) -> CascadeConfig:
-        from sdk.cascade_config import CascadeConfig
+        from sdk.cascade.config import CascadeConfig
 
         return CascadeConfig(**self._targets("cascade"), cloud_model=self.get("cloud.model_name"))
 

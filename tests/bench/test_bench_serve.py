@@ -239,9 +239,10 @@ def test_quick_run_against_tandem_serve_writes_sane_json(tmp_path):
     # The server's usage counts the chat template; our fallback count (for servers without usage) agrees.
     from bench import serve
     from bench.serve_datasets import GgufTokenizer
-    from local_runtime.model_files import default_model_path
+    from bench.serve_run import build_samples
+    from sdk.protocol.model_files import default_model_path
 
-    samples = serve.build_samples(serve.parse_args(["--base-url", "x", "--quick"]), GgufTokenizer(default_model_path()))
+    samples = build_samples(serve.parse_args(["--base-url", "x", "--quick"]), GgufTokenizer(default_model_path()))
     assert m["total_input_tokens"] == sum(s.prompt_len for s in samples) > 8 * 64
     assert m["ttft_ms"]["median"] > 0 and m["ttft_ms"]["p99"] >= m["ttft_ms"]["median"]
     assert m["tpot_ms"]["mean"] > 0 and m["itl_ms"]["count"] > 0
@@ -254,7 +255,7 @@ def test_quick_run_against_tandem_serve_writes_sane_json(tmp_path):
 @pytest.mark.slow
 def test_llama_cpp_server_serves_concurrent_fixed_length_streams(tmp_path):
     from bench import serve
-    from local_runtime.model_files import default_model_path
+    from sdk.protocol.model_files import default_model_path
 
     out = tmp_path / "llama.json"
     server = llama_cpp_server(default_model_path(), threads=1, model_alias="smollm2-135m-instruct", n_ctx=512)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from cloud_engine.block_manager import KVCacheManager
 from cloud_engine.request import Request
 from cloud_engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
-from sdk.engine_protocol import SamplingParams
-from sdk.request_status import RequestStatus
+from sdk.protocol.engine import SamplingParams
+from sdk.protocol.request_status import RequestStatus
 
 BS = 4  # block size of the factories
 FAKE_TOKEN_BASE = 100_000

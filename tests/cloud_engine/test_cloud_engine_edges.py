@@ -10,7 +10,7 @@ import torch
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.llm import LLM
-from sdk.engine_protocol import ContextLengthError, GenerationRequest, InvalidRequestError, SamplingParams
+from sdk.protocol.engine import ContextLengthError, GenerationRequest, InvalidRequestError, SamplingParams
 from tests.cloud_engine.tiny_models import llama_config, random_tokens, save_tiny_tokenizer
 
 BLOCK = 4

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from cloud_engine.llm import LLM
-from local_runtime.model_files import default_model_path
-from sdk.engine_protocol import SamplingParams
+from sdk.protocol.model_files import default_model_path
+from sdk.protocol.engine import SamplingParams
 from tests.local_runtime.conftest import QUESTIONS
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 
 from cloud_engine.sampler import make_generator, sample_batch
 from local_runtime.sampler import sample_batch as local_sample_batch
-from sdk.engine_protocol import SamplingParams
+from sdk.protocol.engine import SamplingParams
 
 
 def _logits(rows: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:

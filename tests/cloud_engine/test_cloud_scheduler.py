@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cloud_engine.scheduler import ModelRunnerOutput
-from sdk.request_status import RequestStatus
+from sdk.protocol.request_status import RequestStatus
 from tests.cloud_engine.conftest import (
     BS,
     FAKE_TOKEN_BASE,

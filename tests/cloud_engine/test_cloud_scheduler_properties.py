@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from cloud_engine.scheduler import SchedulerOutput
-from sdk.request_status import RequestStatus
+from sdk.protocol.request_status import RequestStatus
 from tests.cloud_engine.conftest import Driver, make_request, make_scheduler
 
 

@@ -12,9 +12,9 @@ import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from cloud_engine.grpc.server import GrpcServerConfig, GrpcServerStartError, bound_port, start_grpc_server, stop_grpc_server
-from sdk.api_keys import key_fingerprint
-from sdk.cloud_client import CloudClient, CloudUnauthenticatedError, CloudUnavailableError
-from sdk.engine_protocol import SamplingParams
+from sdk.protocol.api_keys import key_fingerprint
+from sdk.cloud.grpc_client import CloudClient, CloudUnauthenticatedError, CloudUnavailableError
+from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir, serve, wait_until_serving  # noqa: F401
 
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)

@@ -9,7 +9,7 @@ import pytest
 
 from cloud_engine.grpc import tandem_pb2 as pb
 from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
-from sdk.cloud_client import (
+from sdk.cloud.grpc_client import (
     CloudClient,
     CloudContextLengthError,
     CloudDeadlineExceededError,
@@ -20,7 +20,7 @@ from sdk.cloud_client import (
     CloudUnavailableError,
     cloud_error,
 )
-from sdk.engine_protocol import ContextLengthError, EngineOverloadedError, GenerationRequest, SamplingParams
+from sdk.protocol.engine import ContextLengthError, EngineOverloadedError, GenerationRequest, SamplingParams
 from tests.cloud_engine.grpc_helpers import LONG, MAX_MODEL_LEN, engine, long_tiny_dir, make_engine, serve, wait_drained, wait_until_serving  # noqa: F401
 from tests.cloud_engine.tiny_models import random_tokens
 

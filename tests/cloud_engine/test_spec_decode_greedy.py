@@ -9,7 +9,7 @@ import torch
 
 from cloud_engine.llm import LLM
 from cloud_engine.spec_decode import SpeculativeConfig
-from sdk.engine_protocol import SamplingParams
+from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.tiny_models import (
     llama_config,
     random_tokens,
@@ -212,7 +212,7 @@ def test_real_model_ngram_keeps_greedy_output(real_prompts):
 
 @pytest.mark.slow
 def test_real_model_layer_skip_draft_keeps_greedy_output(real_prompts):
-    from local_runtime.model_files import default_model_path
+    from sdk.protocol.model_files import default_model_path
 
     prompts, expected = real_prompts
     llm = real_llm(SpeculativeConfig(method="draft", draft_model=default_model_path(), draft_num_layers=8, num_speculative_tokens=3))

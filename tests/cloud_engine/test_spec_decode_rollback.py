@@ -14,7 +14,7 @@ from cloud_engine.scheduler import ModelRunnerOutput
 from cloud_engine.spec_decode import SpeculativeConfig
 from cloud_engine.spec_decode.ngram import find_continuation
 from cloud_engine.spec_decode.policy import SpeculationPolicy
-from sdk.engine_protocol import GenerationRequest, SamplingParams
+from sdk.protocol.engine import GenerationRequest, SamplingParams
 from tests.cloud_engine.conftest import (
     BS,
     make_request,

@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 from cloud_engine.sampler import processed_probs
 from cloud_engine.spec_decode import SpeculativeConfig
 from cloud_engine.spec_decode.rejection import verify_draft
-from sdk.engine_protocol import SamplingParams
+from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.test_spec_decode_greedy import build_varied_model, make_llm
 
 V = 8

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from cloud_engine.spec_decode import SpeculativeConfig, parse_speculative
-from sdk.cloud_client import CloudClient
-from sdk.engine_protocol import GenerationRequest, SamplingParams
+from sdk.cloud.grpc_client import CloudClient
+from sdk.protocol.engine import GenerationRequest, SamplingParams
 from sdk.openai_server import create_app
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, make_engine, serve, wait_drained  # noqa: F401
 from tests.cloud_engine.tiny_models import random_tokens
@@ -54,7 +54,7 @@ async def test_openai_usage_and_metrics_report_speculation(spec_engine):
 
 
 def test_usage_has_no_details_without_speculation():
-    from sdk.openai_schema import Usage
+    from sdk.protocol.openai_schema import Usage
 
     assert Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3).model_dump() == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
 

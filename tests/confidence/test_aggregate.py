@@ -18,7 +18,7 @@ from confidence import (
     sequence_features,
     signals_from_events,
 )
-from sdk.engine_protocol import TokenEvent, TopLogprob
+from sdk.protocol.engine import TokenEvent, TopLogprob
 
 
 def make_events(probs, entropies=None, margins=None, alternatives=None) -> list[TokenEvent]:

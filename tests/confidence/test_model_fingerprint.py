@@ -51,7 +51,7 @@ def test_header_layout_agrees_with_the_gguf_reader(tmp_path):
 
 
 def test_the_embedded_default_model_is_fingerprinted_cheaply():
-    model_files = pytest.importorskip("local_runtime.model_files")
+    model_files = pytest.importorskip("sdk.protocol.model_files")
     try:
         path = model_files.default_model_path()
     except Exception as exc:  # the model package is optional for this test

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from confidence import SignalArrays, TokenSignals, signals_from_events, token_signals
-from sdk.engine_protocol import TokenEvent, TopLogprob
+from sdk.protocol.engine import TokenEvent, TopLogprob
 
 
 def make_event(logprob: float, entropy: float = 0.5, margin: float = 0.3, alternatives: list[float] | None = None) -> TokenEvent:

@@ -6,7 +6,7 @@ import pytest
 
 from local_runtime.config import LocalEngineConfig
 from local_runtime.engine import LocalEngine
-from sdk.engine_protocol import GenerationRequest, SamplingParams
+from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -7,7 +7,7 @@ batched requests here therefore all generate the same number of tokens.
 
 import pytest
 
-from local_runtime.model_files import default_model_path
+from sdk.protocol.model_files import default_model_path
 from tests.local_runtime.conftest import greedy, run_to_completion
 from tests.local_runtime.reference_llama import load_reference_llama, reference_greedy
 

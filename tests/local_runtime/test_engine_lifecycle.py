@@ -6,7 +6,7 @@ import pytest
 
 from local_runtime.async_engine import AsyncLocalEngine
 from local_runtime.config import LocalEngineConfig
-from sdk.engine_protocol import ContextLengthError, GenerationRequest, InvalidRequestError, SamplingParams
+from sdk.protocol.engine import ContextLengthError, GenerationRequest, InvalidRequestError, SamplingParams
 from tests.local_runtime.conftest import greedy, make_engine, run_to_completion
 
 pytestmark = pytest.mark.slow

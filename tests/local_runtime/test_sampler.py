@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from local_runtime.sampler import _truncate, sample_batch
-from sdk.engine_protocol import SamplingParams
+from sdk.protocol.engine import SamplingParams
 
 
 def reference_signals(row):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from local_runtime.block_manager import BlockManager
 from local_runtime.request import Request, RequestStatus
 from local_runtime.scheduler import Scheduler, SchedulerOutput
-from sdk.engine_protocol import SamplingParams
+from sdk.protocol.engine import SamplingParams
 
 BS = 4
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from sdk.openai_schema import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
+from sdk.protocol.openai_schema import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
 
 REQUEST_TIMEOUT_S = 30.0  # a request without its whole answer after this long is a hang
 

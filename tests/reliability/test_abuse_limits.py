@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from sdk.openai_schema import MAX_CHOICES, MAX_STOP_STRINGS
+from sdk.protocol.openai_schema import MAX_CHOICES, MAX_STOP_STRINGS
 from sdk.openai_server import create_app
 from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES, InFlightLimiter
 from tests.conftest import running_server
@@ -201,8 +201,8 @@ def test_in_flight_slots_survive_errors_and_are_per_client_address_without_keys(
     app = asyncio.run(run())
     assert app.state.in_flight.total == 0
     assert DEFAULT_MAX_BODY_BYTES == 4 * 1024 * 1024
-    from sdk.cloud_cli import DEFAULT_MAX_BODY_BYTES as CLI_DEFAULT
-    from sdk.settings_fields import FIELDS
+    from sdk.cli.cloud import DEFAULT_MAX_BODY_BYTES as CLI_DEFAULT
+    from sdk.settings.fields import FIELDS
 
     assert CLI_DEFAULT == DEFAULT_MAX_BODY_BYTES == FIELDS["server.max_body_bytes"].default
     assert FIELDS["server.max_concurrent_per_key"].default is None
@@ -368,7 +368,7 @@ def test_the_limits_are_settings_flags_and_env_vars(tmp_path):
         create_app(FakeEngine(), max_concurrent_per_key=0)
     from typer.testing import CliRunner
 
-    from sdk.cli import app
+    from sdk.cli.app import app
 
     for command in (["serve", "--help"], ["cloud", "serve", "--help"]):
         out = CliRunner().invoke(app, command, env={"COLUMNS": "300"}).output

@@ -26,10 +26,10 @@ from cloud_engine.grpc.convert import CloudTokenEvent
 from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
 from local_runtime.async_engine import AsyncLocalEngine
 from local_runtime.config import LocalEngineConfig
-from sdk.cascade import CascadeConfig, CascadeRunner
-from sdk.cloud_client import CloudClient, CloudError
-from sdk.engine_protocol import SamplingParams
-from sdk.openai_cloud_client import OpenAICloudClient
+from sdk.cascade.runner import CascadeConfig, CascadeRunner
+from sdk.cloud.grpc_client import CloudClient, CloudError
+from sdk.protocol.engine import SamplingParams
+from sdk.cloud.openai_client import OpenAICloudClient
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow

@@ -28,12 +28,12 @@ from hypothesis import strategies as st
 
 from router.pii_detectors import luhn_is_valid
 from router.privacy import PrivacyRules
-from sdk.cascade import CascadeConfig, CascadeRunner
-from sdk.cloud_client import CloudClient, CloudUnauthenticatedError
-from sdk.engine_protocol import SamplingParams
-from sdk.openai_cloud_client import OpenAICloudClient
+from sdk.cascade.runner import CascadeConfig, CascadeRunner
+from sdk.cloud.grpc_client import CloudClient, CloudUnauthenticatedError
+from sdk.protocol.engine import SamplingParams
+from sdk.cloud.openai_client import OpenAICloudClient
 from sdk.openai_server import create_app
-from sdk.settings_fields import FIELDS
+from sdk.settings.fields import FIELDS
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
 from tests.conftest import REPO_ROOT, clean_env, free_port, running_server
 from tests.sdk.test_openai_server import FakeEngine

@@ -1,6 +1,6 @@
 """SIGTERM while requests stream: `tandem serve` and `tandem cloud serve` drain before exiting.
 
-Documented behaviour (README, sdk/serve_cli.py, sdk/cloud_cli.py): SIGTERM stops accepting
+Documented behaviour (README, sdk/cli/serve.py, sdk/cli/cloud.py): SIGTERM stops accepting
 connections, lets in-flight HTTP requests finish for up to 5 s (uvicorn's
 timeout_graceful_shutdown), then stops the cloud tier / gRPC (whose streams get another
 5 s) and the engines, and exits 0. So: streams that end within the grace complete normally
@@ -20,14 +20,14 @@ import time
 import httpx
 import pytest
 
-from sdk.cloud_client import CloudClient
-from sdk.engine_protocol import SamplingParams
+from sdk.cloud.grpc_client import CloudClient
+from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.grpc_helpers import long_tiny_dir  # noqa: F401  (fixture)
 from tests.conftest import REPO_ROOT, _log_tail, clean_env, free_port, wait_until_healthy
 
 pytestmark = pytest.mark.slow
 
-GRACE_S = 5.0  # timeout_graceful_shutdown in sdk/serve_cli.py and sdk/cloud_cli.py
+GRACE_S = 5.0  # timeout_graceful_shutdown in sdk/cli/serve.py and sdk/cli/cloud.py
 NUM_STREAMS = 3
 
 

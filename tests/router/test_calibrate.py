@@ -14,15 +14,10 @@ from typer.testing import CliRunner
 from router.costs import CostTable
 from router.decision import should_escalate
 from router.eval_tables import RoutingExample
-from router.evaluation.calibrate import (
-    CalibrationError,
-    Target,
-    choose_threshold,
-    cost_model,
-    write_threshold,
-)
-from sdk.eval_cli import register_eval_commands
+from router.evaluation.calibrate import CalibrationError, Target, choose_threshold, cost_model
+from sdk.cli.eval import register_eval_commands
 from sdk.settings import load_settings
+from sdk.settings.config_file import write_threshold
 from tests.router.test_eval_metrics import ROUTER, STRONG, WEAK
 
 # The ten-prompt table of test_eval_metrics, with the confidence 1 - s of its router:

@@ -148,7 +148,7 @@ def test_classify_failure(error, kind):
 
 def test_classify_failure_reads_the_sdk_cloud_errors():
     grpc = pytest.importorskip("grpc")
-    from sdk.cloud_client import CloudUnauthenticatedError, CloudUnavailableError
+    from sdk.cloud.grpc_client import CloudUnauthenticatedError, CloudUnavailableError
 
     assert classify_failure(CloudUnavailableError("down", grpc.StatusCode.UNAVAILABLE)) is FailureKind.UNAVAILABLE
     assert classify_failure(CloudUnauthenticatedError("no", grpc.StatusCode.UNAUTHENTICATED)) is FailureKind.AUTH

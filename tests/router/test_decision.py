@@ -20,7 +20,7 @@ from router.decision import (
     should_escalate,
     validate_threshold,
 )
-from sdk.engine_protocol import InvalidRequestError
+from sdk.protocol.engine import InvalidRequestError
 
 confidences = st.floats(min_value=0.0, max_value=1.0) | st.just(math.nan)
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from router.decision import HandoffMode
 from router.hold_back import HoldBackBuffer
 from router.streaming_policy import StreamingPolicy
-from sdk.engine_protocol import TokenEvent
+from sdk.protocol.engine import TokenEvent
 
 
 def make_events(num_tokens: int, prob: float = 0.9) -> list[TokenEvent]:

@@ -21,7 +21,7 @@ from router.policy import (
     ThresholdOnePolicy,
     compose,
 )
-from sdk.engine_protocol import TokenEvent
+from sdk.protocol.engine import TokenEvent
 
 PRIVATE_TEXT = "my ssn is 123-45-6789"
 

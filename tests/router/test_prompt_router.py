@@ -170,7 +170,7 @@ def test_default_scorer_scores_deterministically(router_cache):
 def test_cli_score_writes_prompt_score_rows(tmp_path, router_cache):
     from typer.testing import CliRunner
 
-    from sdk.router_cli import router_app
+    from sdk.cli.router import router_app
 
     source, out = tmp_path / "in.csv", tmp_path / "out.csv"
     with open(source, "w", newline="") as handle:
@@ -187,7 +187,7 @@ def test_cli_score_writes_prompt_score_rows(tmp_path, router_cache):
 def test_cli_train_writes_a_loadable_whole_scorer(tmp_path, router_cache):
     from typer.testing import CliRunner
 
-    from sdk.router_cli import router_app
+    from sdk.cli.router import router_app
 
     table, out = tmp_path / "table.csv", tmp_path / "router.onnx"
     with open(table, "w", newline="") as handle:

@@ -12,9 +12,9 @@ from confidence import RunningConfidence
 from local_runtime.async_engine import AsyncLocalEngine
 from local_runtime.config import LocalEngineConfig
 from router.decision import ModelChoiceError
-from sdk.cascade import CascadeConfig, CascadeRunner
-from sdk.cloud_client import CloudClient
-from sdk.engine_protocol import GenerationRequest, InvalidRequestError, SamplingParams
+from sdk.cascade.runner import CascadeConfig, CascadeRunner
+from sdk.cloud.grpc_client import CloudClient
+from sdk.protocol.engine import GenerationRequest, InvalidRequestError, SamplingParams
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, make_engine, serve  # noqa: F401  (fixtures)
 from tests.cloud_engine.tiny_models import VOCAB_SIZE
 from tests.conftest import free_port

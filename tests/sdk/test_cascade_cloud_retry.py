@@ -9,9 +9,9 @@ import pytest
 
 from cloud_engine.grpc.convert import CloudTokenEvent
 from router.circuit_breaker import CircuitBreaker
-from sdk.cascade_cloud import CloudFailed, CloudUsage, stream_from_cloud
-from sdk.cloud_client import CloudDeadlineExceededError, CloudUnavailableError
-from sdk.engine_protocol import SamplingParams
+from sdk.cascade.cloud import CloudFailed, CloudUsage, stream_from_cloud
+from sdk.cloud.grpc_client import CloudDeadlineExceededError, CloudUnavailableError
+from sdk.protocol.engine import SamplingParams
 
 
 def token(i: int, finish: str | None = None) -> CloudTokenEvent:

@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
-from sdk.cascade import CascadeConfig, CascadeRunner
-from sdk.cloud_client import CloudClient
-from sdk.engine_protocol import InvalidRequestError, SamplingParams
+from sdk.cascade.runner import CascadeConfig, CascadeRunner
+from sdk.cloud.grpc_client import CloudClient
+from sdk.protocol.engine import InvalidRequestError, SamplingParams
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, serve  # noqa: F401  (fixtures)
 from tests.sdk.test_cascade import (  # noqa: F401  (fixtures)
     GREEDY,

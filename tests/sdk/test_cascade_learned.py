@@ -11,9 +11,9 @@ from confidence import FEATURE_NAMES, RunningConfidence
 from confidence.gguf_fingerprint import model_fingerprint_for_gguf
 from confidence.probe import ConfidenceProbe, ProbeConfig
 from confidence.probe_runtime import ProbeModelMismatchError, load_probe
-from local_runtime.model_files import resolve_model_path
-from sdk.cascade import CascadeConfig, CascadeRunner
-from sdk.engine_protocol import GenerationRequest
+from sdk.protocol.model_files import resolve_model_path
+from sdk.cascade.runner import CascadeConfig, CascadeRunner
+from sdk.protocol.engine import GenerationRequest
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, serve  # noqa: F401  (fixtures)
 from tests.sdk.test_cascade import (  # noqa: F401  (fixtures)
     GREEDY,

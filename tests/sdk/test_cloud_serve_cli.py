@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from sdk.cloud_client import CloudClient, CloudUnauthenticatedError
-from sdk.engine_protocol import SamplingParams
+from sdk.cloud.grpc_client import CloudClient, CloudUnauthenticatedError
+from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
 from tests.conftest import REPO_ROOT, _log_tail, free_port, wait_until_healthy
 

@@ -7,7 +7,7 @@ import json
 import typer
 from typer.testing import CliRunner
 
-from sdk.eval_cli import register_eval_commands
+from sdk.cli.eval import register_eval_commands
 
 # test_eval_metrics' ten-prompt table; its router's APGR is 0.6 and the oracle's 1.25.
 WEAK = [0, 0, 0, 1, 1, 1, 1, 1, 0, 0]

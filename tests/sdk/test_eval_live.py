@@ -9,7 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from router.eval_tables import load_table
-from router.evaluation.live import (
+from sdk.evaluation.live import (
     LiveError,
     agrees,
     is_correct,
@@ -17,7 +17,7 @@ from router.evaluation.live import (
     load_prompts,
     option_letter,
 )
-from sdk.eval_cli import register_eval_commands
+from sdk.cli.eval import register_eval_commands
 
 
 @pytest.mark.parametrize(("text", "number"), [

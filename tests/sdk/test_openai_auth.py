@@ -12,8 +12,8 @@ import pytest
 
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
-from sdk.api_keys import key_fingerprint
-from sdk.engine_protocol import GenerationRequest, SamplingParams
+from sdk.protocol.api_keys import key_fingerprint
+from sdk.protocol.engine import GenerationRequest, SamplingParams
 from sdk.openai_server import create_app, warn_if_exposed
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
 

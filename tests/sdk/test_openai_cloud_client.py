@@ -12,8 +12,8 @@ import pytest
 import uvicorn
 
 from router.failure_kinds import FailureKind, classify_failure
-from sdk.cascade import CascadeConfig, CascadeRunner
-from sdk.cloud_client import (
+from sdk.cascade.runner import CascadeConfig, CascadeRunner
+from sdk.cloud.grpc_client import (
     CloudContextLengthError,
     CloudDeadlineExceededError,
     CloudError,
@@ -23,9 +23,9 @@ from sdk.cloud_client import (
     CloudUnauthenticatedError,
     CloudUnavailableError,
 )
-from sdk.engine_protocol import SamplingParams
-from sdk.openai_cloud_client import UNKNOWN_TOKEN_ID, OpenAICloudClient
-from sdk.openai_cloud_wire import ChunkStream, error_from_response, request_body
+from sdk.protocol.engine import SamplingParams
+from sdk.cloud.openai_client import UNKNOWN_TOKEN_ID, OpenAICloudClient
+from sdk.cloud.openai_wire import ChunkStream, error_from_response, request_body
 from sdk.openai_server import create_app
 from tests.cloud_engine.grpc_helpers import LONG, MAX_MODEL_LEN, long_tiny_dir, make_engine, wait_drained  # noqa: F401
 from tests.conftest import free_port

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from sdk.engine_protocol import (
+from sdk.protocol.engine import (
     ContextLengthError,
     EngineNotReadyError,
     EngineOverloadedError,

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from sdk.cascade import CascadeConfig, CascadeRunner
-from sdk.client import AsyncClient, Client
-from sdk.cloud_client import CloudClient
-from sdk.engine_protocol import InvalidRequestError
+from sdk.cascade.runner import CascadeConfig, CascadeRunner
+from sdk import AsyncClient, Client
+from sdk.cloud.grpc_client import CloudClient
+from sdk.protocol.engine import InvalidRequestError
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, serve  # noqa: F401  (fixtures)
 from tests.sdk.test_cascade import QUESTION, cloud_engine, local_engine, make_runner, recording  # noqa: F401
 

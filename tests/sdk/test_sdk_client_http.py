@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from sdk import AsyncClient, Client
-from sdk.cloud_client import CloudUnavailableError
-from sdk.engine_protocol import InvalidRequestError
+from sdk.cloud.grpc_client import CloudUnavailableError
+from sdk.protocol.engine import InvalidRequestError
 from tests.conftest import free_port
 from tests.sdk.test_openai_server import wait_until_idle
 

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from cloud_engine.config import CloudEngineConfig
 from local_runtime.config import LocalEngineConfig
-from sdk.cascade_config import CascadeConfig
-from sdk.config_cli import config_app
+from sdk.cascade.config import CascadeConfig
+from sdk.cli.config import config_app
 from sdk.settings import CloudTarget, SettingsError, load_settings, parse_cloud_url
 from tests.conftest import REPO_ROOT
 
@@ -261,7 +261,7 @@ def test_config_show_cli(tmp_path, monkeypatch):
 
 
 def test_config_show_does_not_import_torch(tmp_path):
-    code = ("import sys; from sdk.config_cli import config_app\n"
+    code = ("import sys; from sdk.cli.config import config_app\n"
             "try: config_app(['show', '--json'])\n"
             "except SystemExit as exit: assert not exit.code, exit.code\n"
             "assert 'torch' not in sys.modules and 'llama_cpp' not in sys.modules, 'heavy import'")

@@ -1,0 +1,50 @@
+"""The config file `tandem calibrate` writes: where it is, what it holds, and setting
+`[cascade] threshold` in it (validated as `tandem serve` would read it before it replaces the old one)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import tomllib
+
+from sdk.settings.loading import load_settings
+
+
+def config_path(config: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """The file `tandem serve` would read (sdk.settings), whether or not it exists yet."""
+    env = os.environ if env is None else env
+    if config is not None or env.get("TANDEM_CONFIG"):
+        return Path(config if config is not None else env["TANDEM_CONFIG"]).expanduser().resolve()
+    base = env.get("XDG_CONFIG_HOME") or ""
+    if not os.path.isabs(base):
+        base = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".config")
+    return Path(base) / "tandem" / "config.toml"
+
+
+def read_config(path: Path) -> dict:
+    """The TOML file as a dict; {} when it does not exist."""
+    if not path.is_file():
+        return {}
+    with open(path, "rb") as handle:
+        return tomllib.load(handle)
+
+
+def write_threshold(path: Path, threshold: float) -> None:
+    """Set [cascade] threshold, keeping every other key (TOML comments are lost: tomli_w writes data only).
+
+    The new file is validated as tandem serve would read it before it replaces the old one."""
+    import tomli_w  # only calibrate writes TOML
+
+    data = read_config(path)
+    data.setdefault("cascade", {})["threshold"] = float(threshold)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(path.name + ".calibrating")
+    staged.write_text(tomli_w.dumps(data), encoding="utf-8")
+    try:
+        load_settings(staged, env={})
+    except Exception:
+        staged.unlink()
+        raise
+    os.replace(staged, path)

@@ -1,0 +1,229 @@
+"""The layering of the tree (README "Where things are", ../shared/DESIGN.md), checked on the AST.
+
+Engines and routing sit on the contracts, the product sits on top:
+- `sdk.protocol` imports only the standard library, third-party packages and itself;
+- `local_runtime`, `cloud_engine`, `router`, `confidence` import only `sdk.protocol` from `sdk`,
+  and never each other, except `router` -> `confidence`;
+- the rest of `sdk` may import anything below it; `android_bridge` and `bench` may import
+  anything, and nothing below them imports them;
+- no import cycle anywhere (strongly connected components of the module graph).
+
+Every import counts, function-level ones included (deferring an import hides a cycle, it does
+not break it); only imports under `if TYPE_CHECKING:` are left out. A module's own package
+`__init__` files are not edges (Python runs them first, whoever imports the module)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGES = ("sdk", "local_runtime", "cloud_engine", "router", "confidence", "android_bridge", "bench")
+ENGINES = ("local_runtime", "cloud_engine", "router", "confidence")
+ALLOWED_BETWEEN_ENGINES = {("router", "confidence")}
+TOP = ("android_bridge", "bench")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def find_modules(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under the project's packages."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    return modules
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                skipped.update(id(n) for n in ast.walk(inner))
+    return skipped
+
+
+def imported_names(name: str, path: Path) -> list[tuple[str, int]]:
+    """(absolute dotted name, line) of every import in a module, `if TYPE_CHECKING` blocks excluded.
+    `from a.b import c` yields a.b.c (a submodule, or a name of a.b: resolved later)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    skipped = _type_checking_nodes(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def resolve(target: str, modules: dict[str, Path]) -> str | None:
+    """The project module an imported name lives in (the longest known prefix), or None (outside)."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def import_graph(root: Path) -> tuple[dict[str, set[str]], dict[tuple[str, str], int]]:
+    """Module -> project modules it imports, and the line of the first such import."""
+    modules = find_modules(root)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    lines: dict[tuple[str, str], int] = {}
+    for name, path in modules.items():
+        for target, line in imported_names(name, path):
+            module = resolve(target, modules)
+            if module is None or module == name or name.startswith(module + "."):
+                continue  # outside the project, itself, or one of its own parent packages
+            graph[name].add(module)
+            lines.setdefault((name, module), line)
+    return graph, lines
+
+
+def _top(module: str) -> str:
+    return module.partition(".")[0]
+
+
+def _is_protocol(module: str) -> bool:
+    return module == "sdk.protocol" or module.startswith("sdk.protocol.")
+
+
+def rule_broken(importer: str, imported: str) -> str | None:
+    """Why importer may not import imported, or None when the layering allows it."""
+    source, target = _top(importer), _top(imported)
+    if target in TOP and source not in TOP:
+        return f"{target} sits at the top: only {' and '.join(TOP)} import it"
+    if _is_protocol(importer) and not _is_protocol(imported):
+        return "sdk.protocol imports only the standard library, third-party packages and itself"
+    if source in ENGINES and target == "sdk" and not _is_protocol(imported):
+        return f"{source} imports only sdk.protocol from sdk"
+    if source in ENGINES and target in ENGINES and source != target and (source, target) not in ALLOWED_BETWEEN_ENGINES:
+        return f"{source} may not import {target} (of the engines and routing, only router -> confidence)"
+    return None
+
+
+def violations(graph: dict[str, set[str]], lines: dict[tuple[str, str], int]) -> list[str]:
+    found = []
+    for importer in sorted(graph):
+        for imported in sorted(graph[importer]):
+            why = rule_broken(importer, imported)
+            if why:
+                found.append(f"{importer} (line {lines[importer, imported]}) imports {imported}: {why}")
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    cycles = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for successor in successors:
+                if successor not in index:
+                    index[successor] = low[successor] = len(index)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(graph[successor]))))
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index[successor])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return sorted(cycles)
+
+
+def test_the_tree_keeps_its_layers():
+    graph, lines = import_graph(REPO)
+    assert len(graph) > 150 and graph["sdk.cascade.runner"], "the walk found the project's modules and their imports"
+    assert violations(graph, lines) == []
+
+
+def test_the_tree_has_no_import_cycle():
+    graph, _ = import_graph(REPO)
+    assert import_cycles(graph) == []
+
+
+def _plant(root: Path, files: dict[str, str]) -> None:
+    for package in PACKAGES:
+        (root / package).mkdir(parents=True, exist_ok=True)
+        (root / package / "__init__.py").write_text("")
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent != root and not (path.parent / "__init__.py").exists():
+            (path.parent / "__init__.py").write_text("")
+        path.write_text(text)
+
+
+def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
+    _plant(tmp_path, {
+        "sdk/protocol/engine.py": "import json\nimport numpy\n",
+        "sdk/protocol/schema.py": "from .engine import x\nfrom sdk.cascade.runner import Runner\n",
+        "sdk/cascade/runner.py": "from local_runtime.engine import Engine\nfrom sdk.protocol.engine import x\n",
+        "local_runtime/engine.py": (
+            "from typing import TYPE_CHECKING\nfrom sdk.protocol import engine\n"
+            "if TYPE_CHECKING:\n    from sdk.cascade.runner import Runner\n"  # excluded: types only
+            "def later():\n    from sdk.cascade import runner\n"  # a deferred import still counts
+        ),
+        "cloud_engine/loader.py": "import local_runtime.engine\n",
+        "router/policy.py": "import confidence\nfrom ..confidence.signals import y\n",
+        "confidence/signals.py": "from router.policy import z\nimport bench.serve\n",
+        "bench/serve.py": "from sdk.cascade.runner import Runner\nfrom android_bridge import runtime\n",
+        "android_bridge/runtime.py": "",
+    })  # fmt: skip
+    graph, lines = import_graph(tmp_path)
+    assert graph["router.policy"] == {"confidence", "confidence.signals"}  # relative import resolved
+    found = violations(graph, lines)
+    assert found == [
+        "cloud_engine.loader (line 1) imports local_runtime.engine: cloud_engine may not import local_runtime"
+        " (of the engines and routing, only router -> confidence)",
+        "confidence.signals (line 2) imports bench.serve: bench sits at the top: only android_bridge and bench import it",
+        "confidence.signals (line 1) imports router.policy: confidence may not import router"
+        " (of the engines and routing, only router -> confidence)",
+        "local_runtime.engine (line 6) imports sdk.cascade.runner: local_runtime imports only sdk.protocol from sdk",
+        "sdk.protocol.schema (line 2) imports sdk.cascade.runner: sdk.protocol imports only the standard library,"
+        " third-party packages and itself",
+    ]
+    # sdk.protocol.schema -> sdk.cascade.runner -> local_runtime.engine -> sdk.cascade.runner; and a router <-> confidence pair.
+    assert import_cycles(graph) == [["confidence.signals", "router.policy"], ["local_runtime.engine", "sdk.cascade.runner"]]
+
+
+def test_cycles_longer_than_a_pair_are_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_walk_sees_every_module_python_would_import():
+    modules = find_modules(REPO)
+    assert "sdk.protocol" in modules and "sdk.cli.__main__" in modules
+    assert all(name.partition(".")[0] in PACKAGES for name in modules)
+    assert not any(name.startswith("tests") for name in modules)
