@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cloud_engine.spec_decode.config import SpeculativeConfig
+from sdk.protocol.sampling_defaults import check_sampling_config
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")  # cloud_engine.kernels.BACKENDS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -33,6 +34,7 @@ class CloudEngineConfig:
     max_waiting: int = 1024  # queued requests beyond this are refused with 503
     attention_backend: str = "auto"  # decode attention: auto (CPU kernel where it builds), torch (portable), cpu-kernel
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off unless asked for
+    sampling: dict = field(default_factory=dict)  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
 
     def __post_init__(self) -> None:
         checks = [
@@ -52,6 +54,7 @@ class CloudEngineConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        check_sampling_config(self.sampling)
 
     @property
     def max_logit_rows(self) -> int:

@@ -35,6 +35,7 @@ from cloud_engine.spec_decode.stats import SpecDecodeStats
 from cloud_engine.token_bytes import build_token_bytes
 from sdk.protocol.engine import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
 from sdk.protocol.request_status import RequestStatus
+from sdk.protocol.sampling_defaults import resolve_sampling_defaults
 from sdk.protocol.token_events import check_stop, make_token_event
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class CloudEngine:
         self.tokenizer = loaded.tokenizer
         self.chat_template = loaded.chat_template
         self.model_name = config.model_name or loaded.name
+        self.sampling_defaults = resolve_sampling_defaults(config.sampling, loaded.source)
         self.eos_token_ids = set(loaded.eos_token_ids)
         self.loaded = loaded
         num_packed = loaded.model.pack_for_cpu()  # 0 where packing does not apply (not bf16 on CPU)
@@ -166,10 +168,9 @@ class CloudEngine:
         self.validate(request)
         if request.request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in the engine", "request_id")
-        self._generators[request.request_id] = make_generator(request.params.seed, self.device)
-        self.scheduler.add_request(
-            Request(request.request_id, list(request.prompt_token_ids), request.params, priority=request.priority)
-        )
+        params = self.sampling_defaults.apply(request.params)  # the fields the request left out
+        self._generators[request.request_id] = make_generator(params.seed, self.device)
+        self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), params, priority=request.priority))
 
     def abort_request(self, request_id: str) -> bool:
         """Free the request's blocks now; False if it was not here."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from sdk.protocol.sampling_defaults import check_sampling_config
 
 
 @dataclass
@@ -23,6 +25,7 @@ class LocalEngineConfig:
     flash_attn: bool = True  # llama.cpp flash attention (also on CPU)
     batch_invariant: bool = True  # prefill numerics do not depend on what a request is batched with
     strict_batch_invariance: bool = False  # also pad lone decodes so they never change kernel (~40% slower at c=1)
+    sampling: dict = field(default_factory=dict)  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
 
     def __post_init__(self) -> None:
         checks = [
@@ -40,6 +43,7 @@ class LocalEngineConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        check_sampling_config(self.sampling)
 
     @property
     def num_blocks(self) -> int:

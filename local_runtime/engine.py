@@ -12,7 +12,6 @@ import numpy as np
 from local_runtime.block_manager import BlockManager
 from local_runtime.config import LocalEngineConfig
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
-from sdk.protocol.model_files import model_name_for, resolve_model_path
 from local_runtime.request import Request, RequestStatus
 from local_runtime.sampler import sample_batch
 from local_runtime.scheduler import Scheduler, SchedulerOutput
@@ -24,6 +23,8 @@ from sdk.protocol.engine import (
     TokenEvent,
     validate_generation_request,
 )
+from sdk.protocol.model_files import model_name_for, resolve_model_path
+from sdk.protocol.sampling_defaults import resolve_sampling_defaults
 from sdk.protocol.token_events import check_stop, make_token_event
 
 # The default context limit when the model's own is larger: long enough for chat, and
@@ -38,6 +39,7 @@ class LocalEngine:
         self.config = config
         path = resolve_model_path(config.model_path)
         self.model_name = config.model_name or model_name_for(config.model_path)
+        self.sampling_defaults = resolve_sampling_defaults(config.sampling, path)
         self.backend = LlamaBackend(
             LlamaBackendConfig(
                 model_path=path,
@@ -91,7 +93,8 @@ class LocalEngine:
 
     def add_request(self, request: GenerationRequest) -> None:
         self.validate(request)
-        self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), request.params))
+        params = self.sampling_defaults.apply(request.params)  # the fields the request left out
+        self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), params))
 
     def abort_request(self, request_id: str) -> bool:
         """Free the request's slot and blocks now; False if it was not here."""

@@ -69,9 +69,10 @@ def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_mod
         max_tokens = max(1, max_model_len - num_prompt_tokens)
     return SamplingParams(  # validates every value, naming the field
         max_tokens=max_tokens,
-        temperature=sampling.temperature if sampling.HasField("temperature") else 1.0,
-        top_p=sampling.top_p if sampling.HasField("top_p") else 1.0,
-        top_k=sampling.top_k,
+        # Unset stays unset: the engine fills in its default for the model it serves.
+        temperature=sampling.temperature if sampling.HasField("temperature") else None,
+        top_p=sampling.top_p if sampling.HasField("top_p") else None,
+        top_k=sampling.top_k if sampling.HasField("top_k") else None,
         seed=sampling.seed if sampling.HasField("seed") else None,
         stop=list(sampling.stop),
         stop_token_ids=list(sampling.stop_token_ids),
@@ -148,16 +149,14 @@ def request_message(
 def sampling_message(params: SamplingParams) -> pb.SamplingParams:
     message = pb.SamplingParams(
         max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
         stop=list(params.stop),
         stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
         top_logprobs=params.logprobs or 0,
     )
-    if params.seed is not None:
-        message.seed = params.seed
+    for name in ("temperature", "top_p", "top_k", "seed"):  # unset: the server's default for its model
+        if getattr(params, name) is not None:
+            setattr(message, name, getattr(params, name))
     return message
 
 

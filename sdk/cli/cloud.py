@@ -40,6 +40,9 @@ def serve(
     max_waiting: Optional[int] = typer.Option(None, envvar=_env("MAX_WAITING"), min=0, help="Queued requests beyond this are refused (HTTP 503, gRPC RESOURCE_EXHAUSTED)."),
     speculative: str = typer.Option("off", envvar=_env("SPECULATIVE"), help="Speculative decoding: off, ngram (prompt lookup), draft:PATH (a smaller model with the same tokenizer) or draft:PATH@N (its first N layers)."),
     num_speculative_tokens: Optional[int] = typer.Option(None, envvar=_env("NUM_SPECULATIVE_TOKENS"), min=1, max=16, help="Draft tokens per request per step (k); default 8. The adaptive policy lowers it at large batch or low acceptance."),
+    sampling_temperature: Optional[float] = typer.Option(None, envvar=_env("SAMPLING_TEMPERATURE"), min=0.0, max=2.0, help="Temperature for requests that send none; default: the model's (its metadata, a built-in table, else 1)."),
+    sampling_top_p: Optional[float] = typer.Option(None, envvar=_env("SAMPLING_TOP_P"), min=0.0, max=1.0, help="top_p for requests that send none; default: the model's (else 1)."),
+    sampling_top_k: Optional[int] = typer.Option(None, envvar=_env("SAMPLING_TOP_K"), min=0, help="top_k for requests that send none; default: the model's (else 0, off)."),
     api_key_file: Optional[str] = typer.Option(None, envvar=_env("API_KEY_FILE"), help="File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys)."),
     rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="HTTP requests per minute per key (per client address without keys)."),
     max_concurrent_per_key: Optional[int] = typer.Option(None, envvar=_env("MAX_CONCURRENT_PER_KEY"), min=1, help="HTTP requests in flight at once per key (per client address without keys); default: no limit."),
@@ -61,10 +64,12 @@ def serve(
     logging.basicConfig(level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {"kv_cache_gb": kv_cache_gb, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                  "max_model_len": max_model_len, "max_waiting": max_waiting}
+    sampling = {"temperature": sampling_temperature, "top_p": sampling_top_p, "top_k": sampling_top_k}
     try:  # every configuration error is reported before anything loads or binds
         api_keys = load_api_keys(api_key_file)
         engine_config = CloudEngineConfig(model=model, model_name=model_name, device=device, dtype=dtype,
                                           speculative=parse_speculative(speculative, num_speculative_tokens),
+                                          sampling={k: v for k, v in sampling.items() if v is not None},
                                           **{k: v for k, v in overrides.items() if v is not None})
         grpc_config = GrpcServerConfig(host=host, port=grpc_port, api_keys=api_keys, tls_cert_path=tls_cert, tls_key_path=tls_key)
     except (ValueError, ApiKeyConfigError) as exc:

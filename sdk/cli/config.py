@@ -36,7 +36,23 @@ def show(
     except SettingsError as exc:
         typer.echo(f"tandem config: {exc}", err=True)
         raise typer.Exit(code=2) from exc
+    from sdk.protocol.model_files import ModelNotFoundError
+
+    try:
+        sampling = {tier: settings.effective_sampling(tier) for tier in ("local", "cloud")}
+    except (ModelNotFoundError, OSError, ValueError) as exc:
+        typer.echo(f"tandem config: cannot read the model's sampling defaults: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
     if as_json:
-        typer.echo(json.dumps(settings.as_dict(), indent=2))
-    else:
-        typer.echo(settings.as_toml(), nl=False)
+        data = settings.as_dict()
+        data["effective_sampling"] = {tier: d.as_dict() if d else None for tier, d in sampling.items()}
+        typer.echo(json.dumps(data, indent=2))
+        return
+    typer.echo(settings.as_toml(), nl=False)
+    typer.echo("\n# Effective sampling defaults (what a request that leaves a field out gets), with sources:")
+    for tier, defaults in sampling.items():
+        if defaults is None:
+            typer.echo(f"#   {tier}: decided by the remote cloud server ({settings.get('cloud.url')})")
+            continue
+        for name, entry in defaults.as_dict().items():
+            typer.echo(f"#   {tier}.{name} = {entry['value']!r}  ({entry['source']})")

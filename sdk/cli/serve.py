@@ -39,6 +39,12 @@ def serve(
     max_waiting: Optional[int] = typer.Option(None, min=0, help="Queued local requests beyond this get 503 (256). [env: TANDEM_MAX_WAITING]"),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for llama.cpp; default: all cores. [env: TANDEM_THREADS]"),
     n_gpu_layers: Optional[int] = typer.Option(None, min=0, help="Layers offloaded to a GPU when llama.cpp has one. [env: TANDEM_N_GPU_LAYERS]"),
+    local_temperature: Optional[float] = typer.Option(None, min=0.0, max=2.0, help="Local tier's temperature for requests that send none; default: the model's (SmolLM2-Instruct: 0.2). [env: TANDEM_LOCAL_SAMPLING_TEMPERATURE]"),
+    local_top_p: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Local tier's top_p for requests that send none; default: the model's (SmolLM2-Instruct: 0.9). [env: TANDEM_LOCAL_SAMPLING_TOP_P]"),
+    local_top_k: Optional[int] = typer.Option(None, min=0, help="Local tier's top_k for requests that send none; default: the model's (else 0, off). [env: TANDEM_LOCAL_SAMPLING_TOP_K]"),
+    cloud_temperature: Optional[float] = typer.Option(None, min=0.0, max=2.0, help="Embedded cloud engine's temperature for requests that send none; default: the model's. [env: TANDEM_CLOUD_SAMPLING_TEMPERATURE]"),
+    cloud_top_p: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Embedded cloud engine's top_p for requests that send none; default: the model's. [env: TANDEM_CLOUD_SAMPLING_TOP_P]"),
+    cloud_top_k: Optional[int] = typer.Option(None, min=0, help="Embedded cloud engine's top_k for requests that send none; default: the model's. [env: TANDEM_CLOUD_SAMPLING_TOP_K]"),
     log_level: Optional[LogLevel] = typer.Option(None, case_sensitive=False, help="Log level (info). [env: TANDEM_LOG_LEVEL]"),
 ) -> None:
     """Serve the cascade over the OpenAI-compatible HTTP API: models auto, local, cloud."""
@@ -54,6 +60,9 @@ def serve(
         "local.max_num_seqs": max_num_seqs, "local.max_num_batched_tokens": max_num_batched_tokens,
         "local.max_model_len": max_model_len, "local.max_waiting": max_waiting, "local.threads": threads,
         "local.n_gpu_layers": n_gpu_layers, "cloud.url": cloud, "cascade.threshold": threshold,
+        "local.sampling.temperature": local_temperature, "local.sampling.top_p": local_top_p,
+        "local.sampling.top_k": local_top_k, "cloud.sampling.temperature": cloud_temperature,
+        "cloud.sampling.top_p": cloud_top_p, "cloud.sampling.top_k": cloud_top_k,
     }  # fmt: skip
     try:  # every configuration error is reported before anything loads or binds
         settings = load_settings(config, cli=flags)

@@ -64,8 +64,11 @@ def request_body(messages: list[dict], params: SamplingParams | None, model: str
         body["priority"] = priority  # vLLM extension
     if params is None:
         return body  # the server's defaults (max_tokens: what the context has left)
-    body.update(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p)
-    if params.top_k:  # SamplingParams' 0 means off
+    body["max_tokens"] = params.max_tokens
+    for name in ("temperature", "top_p"):  # unset: nothing sent, so the server uses its default for its model
+        if getattr(params, name) is not None:
+            body[name] = getattr(params, name)
+    if params.top_k:  # SamplingParams' 0 means off, None unset
         body["top_k"] = params.top_k
     if params.seed is not None:
         body["seed"] = params.seed

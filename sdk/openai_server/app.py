@@ -86,7 +86,8 @@ def create_app(
     app = FastAPI(title="tandem OpenAI-compatible API", version="1")
     if cascade is not None and cascade.local is not engine:
         raise ValueError("the cascade runner must route over the engine this app serves")
-    state = ServerState(engine=engine, served_model_names=served_model_names, metrics=ServerMetrics(engine), cascade=cascade)
+    state = ServerState(engine=engine, served_model_names=served_model_names, metrics=ServerMetrics(engine), cascade=cascade,
+                        cloud_engine=cloud_engine)
     if cascade is not None:
         state.metrics.registry.register(CascadeCollector(cascade))
     if cloud_engine is not None:
@@ -134,7 +135,14 @@ def create_app(
 
 
 def _card(state: ServerState, name: str) -> ModelCard:
-    return ModelCard(id=name, created=state.created, max_model_len=state.engine.max_model_len or None)
+    engine = state.engine
+    if name == "cloud" and state.cascade is not None:
+        engine = state.cloud_engine  # the embedded cloud engine; None for a remote cloud (its own defaults)
+    elif name.startswith("auto"):
+        engine = None  # either tier may answer: each model card says its own
+    defaults = getattr(engine, "sampling_defaults", None)
+    return ModelCard(id=name, created=state.created, max_model_len=state.engine.max_model_len or None,
+                     sampling_defaults=defaults.as_dict() if defaults is not None else None)
 
 
 def _json(model) -> Response:

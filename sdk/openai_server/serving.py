@@ -46,6 +46,7 @@ class ServerState:
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
     cascade: Any = None  # sdk.cascade.CascadeRunner (not imported: the plain server stays light)
+    cloud_engine: EngineProtocol | None = None  # tandem serve's embedded cloud engine, if any
 
     @property
     def engine_model_names(self) -> list[str]:

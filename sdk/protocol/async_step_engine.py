@@ -23,6 +23,7 @@ from sdk.protocol.engine import (
     GenerationRequest,
     TokenEvent,
 )
+from sdk.protocol.sampling_defaults import SamplingDefaults
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class StepEngine(Protocol):
 
     model_name: str
     max_model_len: int
+    sampling_defaults: SamplingDefaults  # what add_request fills in for unset sampling fields
 
     def validate(self, request: GenerationRequest) -> None: ...
     def add_request(self, request: GenerationRequest) -> None: ...
@@ -100,6 +102,11 @@ class AsyncStepEngine:
         if self._engine is None or self._stopping:
             raise EngineNotReadyError("the model is still loading" if not self._stopping else "the engine is shutting down")
         return self._engine
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults | None:
+        """The engine's defaults for unset sampling fields; None until the model has loaded."""
+        return self._engine.sampling_defaults if self._engine is not None else None
 
     @property
     def num_in_flight(self) -> int:

@@ -52,9 +52,11 @@ class SamplingParams:
     """How to pick tokens and when to stop. Validated on construction."""
 
     max_tokens: int = 16  # upper bound on generated tokens
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0  # nucleus mass kept, (0, 1]
-    top_k: int = 0  # keep the k most likely tokens; 0 disables
+    # None: unset, so the engine that runs the request fills in its tier's default for the model
+    # (sdk.protocol.sampling_defaults); engines sample only with resolved values.
+    temperature: float | None = None  # 0 means greedy
+    top_p: float | None = None  # nucleus mass kept, (0, 1]
+    top_k: int | None = None  # keep the k most likely tokens; 0 disables
     seed: int | None = None  # per-request RNG seed for reproducible sampling
     stop: list[str] = field(default_factory=list)  # stop strings, never included in the output
     stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end generation
@@ -64,14 +66,15 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
-        if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 2.0:
-            raise InvalidRequestError(f"temperature must be in [0, 2], got {self.temperature!r}", "temperature")
-        if self.temperature < MIN_SAMPLING_TEMPERATURE:
-            # vLLM's epsilon: dividing logits by, say, 1e-320 overflows them to inf and the softmax to NaN.
-            self.temperature = 0.0
-        if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
+        if self.temperature is not None:
+            if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 2.0:
+                raise InvalidRequestError(f"temperature must be in [0, 2], got {self.temperature!r}", "temperature")
+            if self.temperature < MIN_SAMPLING_TEMPERATURE:
+                # vLLM's epsilon: dividing logits by, say, 1e-320 overflows them to inf and the softmax to NaN.
+                self.temperature = 0.0
+        if self.top_p is not None and (not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0):
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
-        if self.top_k < 0:
+        if self.top_k is not None and self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k!r}", "top_k")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
@@ -84,7 +87,15 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
+        """Whether sampling is argmax; samplers ask this first, so unresolved params fail here, loudly."""
+        if not self.is_resolved:
+            raise ValueError("sampling with unset fields: the engine must fill in its defaults first "
+                             "(sdk.protocol.sampling_defaults.SamplingDefaults.apply)")  # fmt: skip
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.temperature is not None and self.top_p is not None and self.top_k is not None
 
 
 @dataclass

@@ -94,9 +94,10 @@ class _SamplingFields(_Request):
             seed = (seed + choice_index) % 2**64
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=0 if self.top_k in (None, -1) else self.top_k,  # vLLM clients send -1 for off
+            # Left out: unset, and the tier that runs the request uses its default for the model.
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=0 if self.top_k == -1 else self.top_k,  # vLLM clients send -1 for off
             seed=seed,
             stop=self.stop_list,
             stop_token_ids=list(self.stop_token_ids or []),
@@ -296,6 +297,16 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=now)
     owned_by: str = "tandem"
     max_model_len: int | None = None  # extension (vLLM): prompt + completion limit
+    # extension (tandem): what a request that leaves a sampling field out gets, and where it comes
+    # from: {"temperature": {"value": 0.2, "source": "built-in: ..."}, ...}; absent when not known
+    sampling_defaults: dict[str, dict[str, Any]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unknown_defaults(self, handler):
+        data = handler(self)
+        if data.get("sampling_defaults") is None:
+            data.pop("sampling_defaults", None)
+        return data
 
 
 class ModelList(BaseModel):

@@ -155,6 +155,13 @@ def _cascade(key: str, type_: type, env: str | None, help: str, target: str | No
 
 _ENGINE_DEFAULT = "the engine's default"
 
+# [local.sampling] / [cloud.sampling]: the tier's default for a field a request leaves out.
+_SAMPLING_KEYS = (
+    ("temperature", float, "Temperature when a request sends none (0: greedy).", _at_least(0, high=2)),
+    ("top_p", float, "Nucleus mass when a request sends none.", _at_least(0, inclusive=False, high=1)),
+    ("top_k", int, "Top-k when a request sends none (0: off).", _at_least(0)),
+)
+
 FIELDS_LIST: tuple[SettingField, ...] = (
     SettingField("server", "host", str, "127.0.0.1", "TANDEM_HOST", "Address `tandem serve` listens on (0.0.0.0 for all)."),
     SettingField("server", "port", int, 8000, "TANDEM_PORT", "TCP port of the HTTP endpoint.", check=_at_least(0, high=65535)),
@@ -184,6 +191,9 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     SettingField("cloud", "max_model_len", int, None, "TANDEM_CLOUD_MAX_MODEL_LEN", "Embedded engine: prompt + completion limit.", "min(model's own, KV pool, 8192)", _at_least(1), "max_model_len"),
     SettingField("cloud", "speculative", str, "off", "TANDEM_CLOUD_SPECULATIVE", "Embedded engine speculative decoding: off, ngram, draft:PATH or draft:PATH@LAYERS.", check=_speculative),
     SettingField("cloud", "num_speculative_tokens", int, None, "TANDEM_CLOUD_NUM_SPECULATIVE_TOKENS", "Embedded engine: draft tokens per step (k).", "8", _at_least(1, high=16)),
+    *(SettingField(f"{tier}.sampling", key, type_, None, f"TANDEM_{tier.upper()}_SAMPLING_{key.upper()}", help_,
+                   unset="the model's default (its metadata, a built-in table, else OpenAI's)", check=check)
+      for tier in ("local", "cloud") for key, type_, help_, check in _SAMPLING_KEYS),
     _cascade("threshold", float, "TANDEM_THRESHOLD", "Confidence below which a request escalates (model 'auto').", target="default_threshold"),
     _cascade("min_tokens_k", int, "TANDEM_CASCADE_MIN_TOKENS_K", "Local tokens before the first judgement."),
     _cascade("score_kind", str, "TANDEM_CASCADE_SCORE_KIND", "Confidence feature compared with the threshold."),

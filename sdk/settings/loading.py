@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from cloud_engine.config import CloudEngineConfig
     from local_runtime.config import LocalEngineConfig
     from sdk.cascade.config import CascadeConfig
+    from sdk.protocol.sampling_defaults import SamplingDefaults
 
 __all__ = ["Settings", "load_settings", "settings_from_mapping"]
 
@@ -47,7 +48,7 @@ class Settings:
         """One value, e.g. `settings.get("cascade.threshold")`."""
         if dotted not in FIELDS:
             raise KeyError(f"unknown setting {dotted!r}; known: {', '.join(FIELDS)}")
-        section, key = dotted.split(".")
+        section, key = dotted.rsplit(".", 1)
         return self.values[section][key]
 
     def _targets(self, section: str) -> dict[str, Any]:
@@ -58,7 +59,7 @@ class Settings:
     def local_engine_config(self) -> LocalEngineConfig:
         from local_runtime.config import LocalEngineConfig
 
-        return LocalEngineConfig(**self._targets("local"))
+        return LocalEngineConfig(**self._targets("local"), sampling=self.sampling("local"))
 
     def cloud_engine_config(self) -> CloudEngineConfig:
         """The embedded cloud engine's settings (used when cloud.url is "embedded")."""
@@ -66,7 +67,26 @@ class Settings:
         from cloud_engine.spec_decode.config import parse_speculative
 
         speculative = parse_speculative(self.get("cloud.speculative"), self.get("cloud.num_speculative_tokens"))
-        return CloudEngineConfig(**self._targets("cloud"), speculative=speculative)
+        return CloudEngineConfig(**self._targets("cloud"), speculative=speculative, sampling=self.sampling("cloud"))
+
+    def sampling(self, tier: str) -> dict[str, Any]:
+        """The tier's configured sampling defaults ([local.sampling] / [cloud.sampling]), unset keys left out."""
+        return {key: value for key, value in self.values[f"{tier}.sampling"].items() if value is not None}
+
+    def effective_sampling(self, tier: str) -> SamplingDefaults | None:
+        """What the tier fills in for sampling fields a request leaves out, with each value's source
+        (the model file's header is read; nothing is loaded). None for a remote cloud: it decides."""
+        from sdk.protocol.model_files import resolve_model_path
+        from sdk.protocol.sampling_defaults import resolve_sampling_defaults
+
+        if tier == "local":
+            model = resolve_model_path(self.get("local.model"))
+        elif self.cloud_target().kind == "embedded":
+            model = self.get("cloud.model") or resolve_model_path(None)
+        else:
+            return None
+        labels = {key: f"config: {_describe(self.sources[f'{tier}.sampling.{key}'])}" for key in self.sampling(tier)}
+        return resolve_sampling_defaults(self.sampling(tier), model, labels)
 
     def cascade_config(self) -> CascadeConfig:
         from sdk.cascade.config import CascadeConfig
@@ -186,18 +206,23 @@ def _pairs(data: Mapping, origin: str) -> list[tuple[SettingField, Any]]:
     """The (field, value) pairs of a {section: {key: value}} mapping, refusing unknown sections and keys."""
     if not isinstance(data, Mapping):
         raise SettingsError(f"{origin}: must be an object of sections, got {type(data).__name__}")
-    unknown = [name for name in data if name not in SECTIONS]
+    top_level = [name for name in SECTIONS if "." not in name]  # [local.sampling] arrives inside [local]
+    unknown = [name for name in data if name not in top_level]
     if unknown:
-        raise SettingsError(f"{origin}: unknown sections {unknown}; known sections: {', '.join(SECTIONS)}")
+        raise SettingsError(f"{origin}: unknown sections {unknown}; known sections: {', '.join(top_level)}")
     pairs = []
-    for section, table in data.items():
+    tables = list(data.items())
+    while tables:
+        section, table = tables.pop(0)
         if not isinstance(table, Mapping):
             raise SettingsError(f"{origin}: {section!r} must be a table ([{section}]), got {table!r}")
-        known = [f.key for f in SECTIONS[section]]
+        # A sub-table such as [local.sampling] arrives nested: {"local": {"sampling": {...}}}.
+        tables += [(f"{section}.{key}", value) for key, value in table.items() if f"{section}.{key}" in SECTIONS]
+        known = [f.key for f in SECTIONS[section]] + [s.rpartition(".")[2] for s in SECTIONS if s.rpartition(".")[0] == section]
         unknown = [key for key in table if key not in known]
         if unknown:
             raise SettingsError(f"{origin}: unknown keys {unknown} in [{section}]; known keys: {', '.join(known)}")
-        pairs += [(FIELDS[f"{section}.{key}"], value) for key, value in table.items()]
+        pairs += [(FIELDS[f"{section}.{key}"], value) for key, value in table.items() if f"{section}.{key}" in FIELDS]
     return pairs
 
 

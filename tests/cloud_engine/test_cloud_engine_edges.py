@@ -140,3 +140,22 @@ async def test_async_engine_streams_and_cancel_frees_blocks(tiny_dir):
     finally:
         engine.shutdown()
 
+
+
+def test_sampling_fields_a_request_leaves_out_come_from_the_models_generation_config(tiny_dir, tmp_path):
+    import json
+    import shutil
+
+    model_dir = shutil.copytree(tiny_dir, tmp_path / "tiny-greedy-by-default")
+    (model_dir / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_p": 0.5}))
+    llm = make_llm(str(model_dir), sampling={"top_k": 3})
+    assert llm.engine.sampling_defaults.values == {"temperature": 0.0, "top_p": 0.5, "top_k": 3}
+    assert llm.engine.sampling_defaults.sources["temperature"] == "model: generation_config.json"
+    prompt = random_tokens(8, seed=5)
+    unset = [llm.generate([prompt], SamplingParams(max_tokens=10, ignore_eos=True))[0].token_ids for _ in range(3)]
+    explicit = llm.generate([prompt], greedy(10))[0].token_ids
+    assert unset == [explicit] * 3  # temperature 0 from the model: greedy without asking
+    # A request's own value still wins: at temperature 1.5 (top_k 3 from the config) the runs differ.
+    sampled = {tuple(llm.generate([prompt], SamplingParams(max_tokens=10, temperature=1.5, ignore_eos=True))[0].token_ids)
+               for _ in range(4)}
+    assert len(sampled) > 1

@@ -11,6 +11,12 @@ import torch
 from cloud_engine.sampler import make_generator, sample_batch
 from local_runtime.sampler import sample_batch as local_sample_batch
 from sdk.protocol.engine import SamplingParams
+from sdk.protocol.sampling_defaults import OPENAI_SAMPLING
+
+
+def resolved_params(**fields) -> SamplingParams:
+    """What an engine hands its sampler: every field the test leaves out at OpenAI's default."""
+    return OPENAI_SAMPLING.apply(SamplingParams(**fields))
 
 
 def _logits(rows: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
@@ -23,7 +29,7 @@ def _gens(n: int, seed: int | None = 0):
 
 def test_signals_match_the_local_runtime_definition():
     logits = _logits(4)
-    params = [SamplingParams(temperature=0.0, logprobs=3)] * 4
+    params = [resolved_params(temperature=0.0, logprobs=3)] * 4
     cloud = sample_batch(logits, params, _gens(4))
     local = local_sample_batch(logits.numpy(), params, [np.random.default_rng(0)] * 4)
     for c, l in zip(cloud, local):
@@ -36,13 +42,13 @@ def test_signals_match_the_local_runtime_definition():
 
 def test_greedy_is_argmax_and_top_k_one_is_greedy():
     logits = _logits(3)
-    out = sample_batch(logits, [SamplingParams(temperature=0.0), SamplingParams(top_k=1), SamplingParams(temperature=0.0)], _gens(3))
+    out = sample_batch(logits, [resolved_params(temperature=0.0), resolved_params(top_k=1), resolved_params(temperature=0.0)], _gens(3))
     assert [t.token_id for t in out] == logits.argmax(dim=1).tolist()
 
 
 def test_same_seed_same_tokens_different_seed_differs():
     logits = _logits(1, vocab=1000)
-    params = [SamplingParams(temperature=1.5, seed=7)]
+    params = [resolved_params(temperature=1.5, seed=7)]
     draw = lambda seed: [sample_batch(logits, params, [g])[0].token_id for g in [make_generator(seed, torch.device("cpu"))] for _ in range(20)]  # noqa: E731
     assert draw(7) == draw(7)
     assert draw(7) != draw(8)
@@ -53,9 +59,9 @@ def test_top_k_and_top_p_keep_only_the_allowed_tokens():
     probs = torch.softmax(logits[0], 0)
     # top_p=0.9: the shortest head reaching 0.9 of the mass.
     head = int(torch.searchsorted(torch.cumsum(probs, 0), torch.tensor(0.9))) + 1
-    seen_p = {sample_batch(logits, [SamplingParams(top_p=0.9)], [g])[0].token_id for g in _gens(1) for _ in range(300)}
+    seen_p = {sample_batch(logits, [resolved_params(top_p=0.9)], [g])[0].token_id for g in _gens(1) for _ in range(300)}
     assert seen_p == set(range(head))
-    seen_k = {sample_batch(logits, [SamplingParams(top_k=2)], [g])[0].token_id for g in _gens(1) for _ in range(200)}
+    seen_k = {sample_batch(logits, [resolved_params(top_k=2)], [g])[0].token_id for g in _gens(1) for _ in range(200)}
     assert seen_k == {0, 1}
 
 
@@ -63,14 +69,14 @@ def test_nucleus_wider_than_the_first_window_is_exact():
     # A flat distribution over 1000 tokens: top_p=0.5 needs ~500 of them, far past 64.
     logits = torch.zeros(1, 1000)
     gen = _gens(1)[0]
-    seen = {sample_batch(logits, [SamplingParams(top_p=0.5)], [gen])[0].token_id for _ in range(2000)}
+    seen = {sample_batch(logits, [resolved_params(top_p=0.5)], [gen])[0].token_id for _ in range(2000)}
     assert 400 < len(seen) <= 500
 
 
 def test_temperature_sampling_follows_the_distribution():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
     gen = _gens(1)[0]
-    counts = np.bincount([sample_batch(logits, [SamplingParams(temperature=1.0)], [gen])[0].token_id for _ in range(3000)], minlength=3)
+    counts = np.bincount([sample_batch(logits, [resolved_params(temperature=1.0)], [gen])[0].token_id for _ in range(3000)], minlength=3)
     expected = np.array([0.5, 0.3, 0.2]) * 3000
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 13.8  # p = 0.001 with 2 degrees of freedom
@@ -78,7 +84,7 @@ def test_temperature_sampling_follows_the_distribution():
 
 def test_logprobs_are_normalised_and_reported_most_likely_first():
     logits = _logits(1, vocab=200)
-    token = sample_batch(logits, [SamplingParams(temperature=0.0, logprobs=5)], _gens(1))[0]
+    token = sample_batch(logits, [resolved_params(temperature=0.0, logprobs=5)], _gens(1))[0]
     assert token.top_ids[0] == token.token_id
     assert token.top_logprobs == sorted(token.top_logprobs, reverse=True)
     assert math.isclose(sum(math.exp(lp) for lp in torch.log_softmax(logits[0], 0).tolist()), 1.0, rel_tol=1e-4)

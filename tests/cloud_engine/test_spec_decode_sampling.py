@@ -13,7 +13,13 @@ from cloud_engine.sampler import processed_probs
 from cloud_engine.spec_decode import SpeculativeConfig
 from cloud_engine.spec_decode.rejection import verify_draft
 from sdk.protocol.engine import SamplingParams
+from sdk.protocol.sampling_defaults import OPENAI_SAMPLING
 from tests.cloud_engine.test_spec_decode_greedy import build_varied_model, make_llm
+
+
+def resolved_params(**fields) -> SamplingParams:
+    """What an engine hands its sampler: every field the test leaves out at OpenAI's default."""
+    return OPENAI_SAMPLING.apply(SamplingParams(**fields))
 
 V = 8
 TRIALS = 10_000
@@ -26,8 +32,8 @@ DRAFT_LOGITS = torch.tensor([
     [0.3, 1.6, 0.1, -0.5, 1.0, -0.6, 0.4, 0.2],
     [1.0, -0.3, 0.2, 0.6, -0.7, 1.3, 0.1, -0.1],
 ])  # fmt: skip
-SAMPLED = SamplingParams(max_tokens=8, temperature=1.0)
-TRUNCATED = SamplingParams(max_tokens=8, temperature=0.7, top_k=5, top_p=0.9)
+SAMPLED = resolved_params(max_tokens=8, temperature=1.0)
+TRUNCATED = resolved_params(max_tokens=8, temperature=0.7, top_k=5, top_p=0.9)
 
 
 def broken_resample_from_p(logits, draft, draft_probs, params, generator):
@@ -109,7 +115,7 @@ def test_bonus_token_after_a_fully_accepted_draft_follows_the_last_row():
 
 def test_greedy_verification_is_a_prefix_match():
     argmax = TARGET_LOGITS.argmax(dim=-1).tolist()  # [6, 7, 2]
-    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    greedy = resolved_params(max_tokens=8, temperature=0.0)
     g = torch.Generator().manual_seed(0)
     assert verify_draft(TARGET_LOGITS, argmax[:2], None, greedy, g) == argmax
     assert verify_draft(TARGET_LOGITS, [argmax[0], 0], None, greedy, g) == argmax[:2]
@@ -159,7 +165,7 @@ def test_engine_sampling_with_a_draft_model_follows_the_target(small_vocab_model
     temperature = 1.0
     spec = SpeculativeConfig(method="draft", draft_model=draft, num_speculative_tokens=2, adaptive=False)
     llm = make_llm(target, spec, max_num_seqs=16, max_num_batched_tokens=128, kv_cache_gb=0.002)
-    params = [SamplingParams(max_tokens=4, temperature=temperature, seed=i, ignore_eos=True) for i in range(E2E_REQUESTS)]
+    params = [resolved_params(max_tokens=4, temperature=temperature, seed=i, ignore_eos=True) for i in range(E2E_REQUESTS)]
     outs = llm.generate([PROMPT] * E2E_REQUESTS, params)
     stats = llm.engine.spec_stats
     assert stats.num_drafts >= E2E_REQUESTS  # every request verified at least one draft
@@ -186,7 +192,7 @@ def test_seeded_sampling_is_reproducible_with_speculation(small_vocab_models, me
     spec = SpeculativeConfig(method=method, draft_model=draft if method == "draft" else None, ngram_min=1,
                              num_speculative_tokens=3, adaptive=False)  # fmt: skip
     llm = make_llm(target, spec)
-    params = [SamplingParams(max_tokens=8, temperature=0.9, top_p=0.95, seed=s, ignore_eos=True) for s in (7, 8, 9)]
+    params = [resolved_params(max_tokens=8, temperature=0.9, top_p=0.95, seed=s, ignore_eos=True) for s in (7, 8, 9)]
     prompts = [PROMPT, PROMPT[:3], [1, 2, 3, 4, 5, 6, 7, 8]]
     first = [o.token_ids for o in llm.generate(prompts, params)]
     assert llm.engine.spec_stats.num_drafts > 0

@@ -5,6 +5,12 @@ import pytest
 
 from local_runtime.sampler import _truncate, sample_batch
 from sdk.protocol.engine import SamplingParams
+from sdk.protocol.sampling_defaults import OPENAI_SAMPLING
+
+
+def resolved_params(**fields) -> SamplingParams:
+    """What an engine hands its sampler: every field the test leaves out at OpenAI's default."""
+    return OPENAI_SAMPLING.apply(SamplingParams(**fields))
 
 
 def reference_signals(row):
@@ -18,7 +24,7 @@ def reference_signals(row):
 def test_signals_match_a_float64_reference():
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal((5, 4096)) * 4).astype(np.float32)
-    params = [SamplingParams(temperature=0.0, logprobs=3) for _ in range(5)]
+    params = [resolved_params(temperature=0.0, logprobs=3) for _ in range(5)]
     out = sample_batch(logits.copy(), params, [np.random.default_rng(1)] * 5)
     for row, token in zip(logits, out):
         logp, entropy, margin = reference_signals(row)
@@ -44,7 +50,7 @@ def test_top_p_and_top_k_keep_exactly_the_nucleus():
 
 def test_seeded_sampling_reproduces_and_follows_the_distribution():
     logits = np.log(np.array([[0.5, 0.3, 0.2, 1e-9]], dtype=np.float32))
-    params = [SamplingParams(temperature=1.0, seed=11)]
+    params = [resolved_params(temperature=1.0, seed=11)]
 
     def draw(n, seed):
         rng = np.random.default_rng(seed)

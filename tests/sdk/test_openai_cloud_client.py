@@ -217,9 +217,12 @@ def test_in_stream_errors_and_unfinished_streams_are_internal():
 
 
 def test_request_body_sends_only_what_differs_from_the_defaults():
+    # Unset sampling fields are not sent: the server applies its own defaults for its model.
     assert request_body([], SamplingParams(), "m") == {
         "model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": True},
-        "max_tokens": 16, "temperature": 1.0, "top_p": 1.0}  # fmt: skip
+        "max_tokens": 16}  # fmt: skip
+    body = request_body([], SamplingParams(temperature=1.0, top_p=0.9, top_k=0), "m")
+    assert (body["temperature"], body["top_p"], "top_k" in body) == (1.0, 0.9, False)
     body = request_body([], SamplingParams(top_k=5, seed=3, stop=["x"], logprobs=0), "m", priority=2)
     assert (body["top_k"], body["seed"], body["stop"], body["logprobs"], body["top_logprobs"], body["priority"]) == (
         5, 3, ["x"], True, 0, 2)  # fmt: skip

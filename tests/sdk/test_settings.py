@@ -223,6 +223,8 @@ host = "quote\\" back\\\\slash \\u00e9 tab\\t"
 rate_limit = 12.5
 [local]
 max_waiting = 0
+[local.sampling]
+top_p = 0.5
 [cascade]
 redact_before_escalation = true
 [cascade.privacy]
@@ -233,7 +235,11 @@ patterns = { employee_id = "E-\\\\d{6}" }
     parsed = tomllib.loads(settings.as_toml())
     expected = {section: {k: v for k, v in keys.items() if v is not None} for section, keys in settings.values.items()}
     expected["cloud"]["api_key"] = "***"
+    for dotted in [s for s in expected if "." in s]:  # [local.sampling] is a table inside [local]
+        parent, _, child = dotted.partition(".")
+        expected[parent][child] = expected.pop(dotted)
     assert parsed == expected
+    assert parsed["local"]["sampling"] == {"top_p": 0.5} and settings.sampling("local") == {"top_p": 0.5}
     assert "# model: unset -> the embedded" in settings.as_toml()
     assert f"rate_limit = 12.5  # file:{path}" in settings.as_toml()
 
