@@ -195,6 +195,7 @@ class BridgeRuntime:
         body.setdefault("model", "auto")
         # Through JSON text, exactly like an HTTP body: the same strict types and the same 400s.
         request = ChatCompletionRequest.model_validate_json(json.dumps(body))
+        request.check_fields()  # tools, response_format, ...: a clear error, not prose
         parse_model_choice(request.model)  # here, not on the first event: a bad model fails the call itself
         check_routable(request, request.model, self.engine.model_name)
         messages, params = prepare(self.engine, request)

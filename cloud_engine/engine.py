@@ -75,6 +75,7 @@ class CloudEngine:
         self.model_name = config.model_name or loaded.name
         self.sampling_defaults = resolve_sampling_defaults(config.sampling, loaded.source)
         self.eos_token_ids = set(loaded.eos_token_ids)
+        self._end_ids = sorted(self.eos_token_ids)  # masked until a request's min_tokens
         self.loaded = loaded
         num_packed = loaded.model.pack_for_cpu()  # 0 where packing does not apply (not bf16 on CPU)
         loaded.model.warm_up_packed(config.max_num_batched_tokens, config.max_logit_rows)  # memory flat from here
@@ -216,7 +217,8 @@ class CloudEngine:
         """Per sampled request, its new tokens (SampledToken): one sampled token, or a verified
         draft's accepted prefix and the target's own token, cut at a token-level stop."""
         if len(logits) == len(requests):  # no drafts this step: one batched sampling pass
-            picked = sample_batch(logits, [r.params for r in requests], [self._generators[r.request_id] for r in requests])
+            picked = sample_batch(logits, [r.params for r in requests], [self._generators[r.request_id] for r in requests],
+                                  [(r.prompt_token_ids, r.output_token_ids) for r in requests], self._end_ids)
             return [[token] for token in picked]
         results, offset = [], 0
         for request, rows in zip(requests, num_logits):
@@ -224,7 +226,8 @@ class CloudEngine:
             offset += rows
             generator = self._generators[rid]
             if rows == 1:
-                results.append(sample_batch(own, [request.params], [generator]))
+                results.append(sample_batch(own, [request.params], [generator],
+                                            [(request.prompt_token_ids, request.output_token_ids)], self._end_ids))
                 continue
             draft = out.scheduled_spec_token_ids[rid]
             probs = self._draft_probs.pop(rid, None)

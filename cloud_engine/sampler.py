@@ -3,15 +3,19 @@
 Confidence signals (logprob, entropy, top-1/top-2 margin, top alternatives) are computed
 on the model's own distribution (temperature 1, before truncation), exactly as the local
 runtime's sampler does, so the router reads the same quantities from either tier. The
-token is then picked with the request's temperature, top-k and top-p from the request's
-own `torch.Generator` (reproducible per seed). Work stays on the logits' device; only
+token is then picked from the logits after the request's bias, masks and penalties
+(cloud_engine.logits_processors) with its temperature, min-p, top-k and top-p, from the
+request's own `torch.Generator` (reproducible per seed). Work stays on the logits' device; only
 the chosen ids and the signals cross to the host, in one transfer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from cloud_engine.logits_processors import apply_logit_changes, min_p_filter
 from sdk.protocol.engine import SamplingParams
 from sdk.protocol.token_events import SampledToken
 
@@ -31,13 +35,20 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
 
 
 @torch.inference_mode()
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[SampledToken]:
-    """Pick one token per row of `logits` ([n_rows, vocab] float32) and measure its row's signals."""
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+                 histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+                 end_ids: Sequence[int] = ()) -> list[SampledToken]:  # fmt: skip
+    """Pick one token per row of `logits` ([n_rows, vocab] float32) and measure its row's signals.
+
+    `histories`: each row's (prompt ids, output ids) and `end_ids`: the end-of-generation ids,
+    read only for rows whose params change the logits (penalties, logit_bias, min_tokens)."""
     logits = logits.float()
-    token_ids = logits.argmax(dim=-1)
-    sampled_rows = [row for row, p in enumerate(params) if not p.is_greedy]
+    greedy = [p.is_greedy for p in params]  # raises for params the engine did not resolve
+    changed = apply_logit_changes(logits, params, histories or [], end_ids)
+    token_ids = changed.argmax(dim=-1)
+    sampled_rows = [row for row in range(len(params)) if not greedy[row]]
     if sampled_rows:
-        picked = [_sample_row(logits[row], params[row], generators[row]) for row in sampled_rows]
+        picked = [_sample_row(changed[row], params[row], generators[row]) for row in sampled_rows]
         token_ids[sampled_rows] = torch.stack(picked)
     return token_signals(logits, token_ids, params)
 
@@ -80,8 +91,8 @@ def token_signals(logits: torch.Tensor, token_ids: torch.Tensor, params: list[Sa
 
 
 def _sample_row(row_logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-    """Sample one token id (0-d tensor) with temperature, then top-k, then top-p (exact)."""
-    scaled = row_logits.float() / p.temperature
+    """Sample one token id (0-d tensor) with temperature, then min-p, top-k, top-p (exact)."""
+    scaled = min_p_filter(row_logits.float() / p.temperature, p.min_p)
     candidate_ids = _truncate(scaled, p.top_k, p.top_p)
     if candidate_ids is None:
         weights = torch.softmax(scaled, dim=-1)
@@ -121,7 +132,7 @@ def processed_probs(row_logits: torch.Tensor, p: SamplingParams) -> torch.Tensor
     """The full-vocabulary distribution `_sample_row` draws from: temperature, then top-k, then
     top-p, renormalized (zeros outside the kept set). Speculative verification compares the
     target's and the draft's versions of it."""
-    scaled = row_logits.float() / p.temperature
+    scaled = min_p_filter(row_logits.float() / p.temperature, p.min_p)
     candidate_ids = _truncate(scaled, p.top_k, p.top_p)
     if candidate_ids is None:
         return torch.softmax(scaled, dim=-1)

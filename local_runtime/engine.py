@@ -63,6 +63,8 @@ class LocalEngine:
         self._bos_text = self.backend.special_token_text("bos")
         self._eos_text = self.backend.special_token_text("eos")
         self._max_token_bytes = self.backend.max_token_bytes()
+        # For min_tokens: the ids that would end generation early and are masked until then.
+        self._end_ids = np.array([i for i in range(self.backend.n_vocab) if self.backend.is_end_of_generation(i)], dtype=np.int64)
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
 
@@ -147,7 +149,8 @@ class LocalEngine:
         """Sample the next token of every request that caught up, then check its stops."""
         if not requests:
             return []
-        sampled = sample_batch(logits, [r.params for r in requests], [r.rng for r in requests])
+        histories = [(r.prompt_token_ids, r.output_token_ids) for r in requests]
+        sampled = sample_batch(logits, [r.params for r in requests], [r.rng for r in requests], histories, self._end_ids)
         events = []
         backend = self.backend
         for request, token in zip(requests, sampled):

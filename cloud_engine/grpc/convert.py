@@ -56,6 +56,9 @@ def prompt_token_ids(message: pb.GenerateRequest, engine: EngineProtocol) -> lis
     return engine.tokenize(message.text, add_special=True)
 
 
+OPTIONAL_FLOATS = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")  # unset travels as absent
+
+
 def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
     """Engine parameters; unset fields take the defaults the .proto documents."""
     sampling = message.sampling
@@ -73,6 +76,9 @@ def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_mod
         temperature=sampling.temperature if sampling.HasField("temperature") else None,
         top_p=sampling.top_p if sampling.HasField("top_p") else None,
         top_k=sampling.top_k if sampling.HasField("top_k") else None,
+        **{name: getattr(sampling, name) if sampling.HasField(name) else None for name in OPTIONAL_FLOATS},
+        logit_bias=dict(sampling.logit_bias),
+        min_tokens=sampling.min_tokens,
         seed=sampling.seed if sampling.HasField("seed") else None,
         stop=list(sampling.stop),
         stop_token_ids=list(sampling.stop_token_ids),
@@ -154,9 +160,11 @@ def sampling_message(params: SamplingParams) -> pb.SamplingParams:
         ignore_eos=params.ignore_eos,
         top_logprobs=params.logprobs or 0,
     )
-    for name in ("temperature", "top_p", "top_k", "seed"):  # unset: the server's default for its model
+    for name in ("temperature", "top_p", "top_k", "seed", *OPTIONAL_FLOATS):  # unset: the server's default for its model
         if getattr(params, name) is not None:
             setattr(message, name, getattr(params, name))
+    message.logit_bias.update(params.logit_bias)
+    message.min_tokens = params.min_tokens
     return message
 
 

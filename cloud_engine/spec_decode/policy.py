@@ -42,6 +42,8 @@ class SpeculationPolicy:
             return {}
         plan = {}
         for request in decoding:
+            if request.params.changes_logits:
+                continue  # penalties, bias and masks would make the draft distribution inexact: no drafts
             room = min(request.params.max_tokens - request.num_output_tokens - 1, self.max_model_len - request.num_tokens - 1)
             k = config.num_speculative_tokens
             if config.adaptive:

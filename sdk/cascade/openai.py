@@ -28,6 +28,11 @@ def check_routable(request: ChatCompletionRequest, model: str, local_model_name:
             f"n > 1 is not supported for the routed model {model!r}; send n = 1, "
             f"or use {local_model_name!r} (the local model without routing)", "n",
         )  # fmt: skip
+    if request.logit_bias:
+        raise InvalidRequestError(
+            f"logit_bias is not available for the routed model {model!r}: its token ids belong to one tier's "
+            f"vocabulary; use {local_model_name!r} (the local model without routing)", "logit_bias",
+        )  # fmt: skip
     if request.logprobs:
         raise InvalidRequestError(
             f"logprobs are not available for the routed model {model!r} (the tiers have different "

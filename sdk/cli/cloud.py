@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from sdk.cli.options import LogLevel
+from sdk.cli.options import LogLevel, sampling_flags
 
 # The value, not an import of sdk.openai_server (which pulls FastAPI) at CLI start; a test checks they agree.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -40,12 +40,11 @@ def serve(
     max_waiting: Optional[int] = typer.Option(None, envvar=_env("MAX_WAITING"), min=0, help="Queued requests beyond this are refused (HTTP 503, gRPC RESOURCE_EXHAUSTED)."),
     speculative: str = typer.Option("off", envvar=_env("SPECULATIVE"), help="Speculative decoding: off, ngram (prompt lookup), draft:PATH (a smaller model with the same tokenizer) or draft:PATH@N (its first N layers)."),
     num_speculative_tokens: Optional[int] = typer.Option(None, envvar=_env("NUM_SPECULATIVE_TOKENS"), min=1, max=16, help="Draft tokens per request per step (k); default 8. The adaptive policy lowers it at large batch or low acceptance."),
-    sampling_temperature: Optional[float] = typer.Option(None, envvar=_env("SAMPLING_TEMPERATURE"), min=0.0, max=2.0, help="Temperature for requests that send none; default: the model's (its metadata, a built-in table, else 1)."),
-    sampling_top_p: Optional[float] = typer.Option(None, envvar=_env("SAMPLING_TOP_P"), min=0.0, max=1.0, help="top_p for requests that send none; default: the model's (else 1)."),
-    sampling_top_k: Optional[int] = typer.Option(None, envvar=_env("SAMPLING_TOP_K"), min=0, help="top_k for requests that send none; default: the model's (else 0, off)."),
+    sampling: Optional[list[str]] = typer.Option(None, "--sampling", metavar="KEY=VALUE", help="Default for a sampling field requests leave out (repeatable): temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; default: the model's (its metadata, a built-in table, else OpenAI's). [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
     api_key_file: Optional[str] = typer.Option(None, envvar=_env("API_KEY_FILE"), help="File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys)."),
     rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="HTTP requests per minute per key (per client address without keys)."),
     max_concurrent_per_key: Optional[int] = typer.Option(None, envvar=_env("MAX_CONCURRENT_PER_KEY"), min=1, help="HTTP requests in flight at once per key (per client address without keys); default: no limit."),
+    strict_fields: bool = typer.Option(False, "--strict-fields/--no-strict-fields", envvar=_env("STRICT_FIELDS"), help="Refuse HTTP request fields tandem does not know (400) instead of ignoring them with a warning."),
     max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, envvar=_env("MAX_BODY_BYTES"), min=1024, help="Largest HTTP request body, bytes; larger is 413 (gRPC has its own 4 MiB message limit)."),
     tls_cert: Optional[str] = typer.Option(None, envvar=_env("TLS_CERT"), help="PEM certificate chain for gRPC TLS."),
     tls_key: Optional[str] = typer.Option(None, envvar=_env("TLS_KEY"), help="PEM private key for gRPC TLS."),
@@ -60,31 +59,41 @@ def serve(
     from cloud_engine.grpc.server import GrpcServerConfig
     from cloud_engine.spec_decode.config import parse_speculative
     from sdk.protocol.api_keys import ApiKeyConfigError, load_api_keys
+    from sdk.settings.fields import SettingsError
 
     logging.basicConfig(level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {"kv_cache_gb": kv_cache_gb, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                  "max_model_len": max_model_len, "max_waiting": max_waiting}
-    sampling = {"temperature": sampling_temperature, "top_p": sampling_top_p, "top_k": sampling_top_k}
     try:  # every configuration error is reported before anything loads or binds
         api_keys = load_api_keys(api_key_file)
         engine_config = CloudEngineConfig(model=model, model_name=model_name, device=device, dtype=dtype,
                                           speculative=parse_speculative(speculative, num_speculative_tokens),
-                                          sampling={k: v for k, v in sampling.items() if v is not None},
+                                          sampling=_sampling_defaults(sampling),
                                           **{k: v for k, v in overrides.items() if v is not None})
         grpc_config = GrpcServerConfig(host=host, port=grpc_port, api_keys=api_keys, tls_cert_path=tls_cert, tls_key_path=tls_key)
-    except (ValueError, ApiKeyConfigError) as exc:
+    except (ValueError, ApiKeyConfigError, SettingsError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
     engine = AsyncCloudEngine(engine_config).start()
     try:
         limits = {"rate_limit_per_minute": rate_limit or None, "max_concurrent_per_key": max_concurrent_per_key,
-                  "max_body_bytes": max_body_bytes}
+                  "max_body_bytes": max_body_bytes, "strict_fields": strict_fields}
         failed = asyncio.run(_serve_both(engine, grpc_config, host, port, api_keys, limits, model_name, log_level.value))
     finally:
         engine.shutdown()
     if failed:
         typer.echo(f"tandem cloud serve: {failed}", err=True)
         raise typer.Exit(code=1)
+
+
+def _sampling_defaults(pairs: list[str] | None) -> dict:
+    """--sampling KEY=VALUE pairs, plus TANDEM_CLOUD_SAMPLING_<KEY> variables (flags win), as {key: value}."""
+    import os
+
+    from sdk.settings.fields import FIELDS
+
+    from_env = [f"{f.key}={os.environ[f.env]}" for f in FIELDS.values() if f.section == "cloud.sampling" and os.environ.get(f.env)]
+    return {dotted.rpartition(".")[2]: value for dotted, value in sampling_flags("cloud", from_env + list(pairs or [])).items()}
 
 
 async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, limits: dict, model_name, log_level: str) -> str | None:

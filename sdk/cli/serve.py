@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from sdk.cli.options import LogLevel
+from sdk.cli.options import LogLevel, sampling_flags
 
 logger = logging.getLogger("tandem.serve")
 
@@ -31,6 +31,7 @@ def serve(
     api_key_file: Optional[str] = typer.Option(None, help="File of API keys for this endpoint, one per line. [env: TANDEM_API_KEY_FILE]"),
     rate_limit: Optional[float] = typer.Option(None, min=0.0, help="Requests per minute per key. [env: TANDEM_RATE_LIMIT]"),
     max_concurrent_per_key: Optional[int] = typer.Option(None, min=1, help="Requests in flight at once per key (per client address without keys); default: no limit. [env: TANDEM_MAX_CONCURRENT_PER_KEY]"),
+    strict_fields: Optional[bool] = typer.Option(None, "--strict-fields/--no-strict-fields", help="Refuse request fields tandem does not know (400) instead of ignoring them with a warning. [env: TANDEM_STRICT_FIELDS]"),
     max_body_bytes: Optional[int] = typer.Option(None, min=1024, help="Largest request body, bytes; larger is 413 (4 MiB). [env: TANDEM_MAX_BODY_BYTES]"),
     kv_cache_tokens: Optional[int] = typer.Option(None, min=1, help="Local KV cells shared by all sequences (8192). [env: TANDEM_KV_CACHE_TOKENS]"),
     max_num_seqs: Optional[int] = typer.Option(None, min=1, help="Local sequences decoded together (16). [env: TANDEM_MAX_NUM_SEQS]"),
@@ -39,12 +40,8 @@ def serve(
     max_waiting: Optional[int] = typer.Option(None, min=0, help="Queued local requests beyond this get 503 (256). [env: TANDEM_MAX_WAITING]"),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for llama.cpp; default: all cores. [env: TANDEM_THREADS]"),
     n_gpu_layers: Optional[int] = typer.Option(None, min=0, help="Layers offloaded to a GPU when llama.cpp has one. [env: TANDEM_N_GPU_LAYERS]"),
-    local_temperature: Optional[float] = typer.Option(None, min=0.0, max=2.0, help="Local tier's temperature for requests that send none; default: the model's (SmolLM2-Instruct: 0.2). [env: TANDEM_LOCAL_SAMPLING_TEMPERATURE]"),
-    local_top_p: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Local tier's top_p for requests that send none; default: the model's (SmolLM2-Instruct: 0.9). [env: TANDEM_LOCAL_SAMPLING_TOP_P]"),
-    local_top_k: Optional[int] = typer.Option(None, min=0, help="Local tier's top_k for requests that send none; default: the model's (else 0, off). [env: TANDEM_LOCAL_SAMPLING_TOP_K]"),
-    cloud_temperature: Optional[float] = typer.Option(None, min=0.0, max=2.0, help="Embedded cloud engine's temperature for requests that send none; default: the model's. [env: TANDEM_CLOUD_SAMPLING_TEMPERATURE]"),
-    cloud_top_p: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Embedded cloud engine's top_p for requests that send none; default: the model's. [env: TANDEM_CLOUD_SAMPLING_TOP_P]"),
-    cloud_top_k: Optional[int] = typer.Option(None, min=0, help="Embedded cloud engine's top_k for requests that send none; default: the model's. [env: TANDEM_CLOUD_SAMPLING_TOP_K]"),
+    local_sampling: Optional[list[str]] = typer.Option(None, "--local-sampling", metavar="KEY=VALUE", help="Local tier's default for a sampling field requests leave out (repeatable): temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; default: the model's (SmolLM2-Instruct: temperature=0.2, top_p=0.9). [env: TANDEM_LOCAL_SAMPLING_<KEY>]"),
+    cloud_sampling: Optional[list[str]] = typer.Option(None, "--cloud-sampling", metavar="KEY=VALUE", help="The embedded cloud engine's, likewise. [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
     log_level: Optional[LogLevel] = typer.Option(None, case_sensitive=False, help="Log level (info). [env: TANDEM_LOG_LEVEL]"),
 ) -> None:
     """Serve the cascade over the OpenAI-compatible HTTP API: models auto, local, cloud."""
@@ -55,16 +52,15 @@ def serve(
     flags = {
         "server.host": host, "server.port": port, "server.api_key_file": api_key_file, "server.rate_limit": rate_limit,
         "server.max_concurrent_per_key": max_concurrent_per_key, "server.max_body_bytes": max_body_bytes,
+        "server.strict_fields": strict_fields,
         "server.log_level": log_level.value if log_level else None,
         "local.model": model, "local.model_name": model_name, "local.kv_cache_tokens": kv_cache_tokens,
         "local.max_num_seqs": max_num_seqs, "local.max_num_batched_tokens": max_num_batched_tokens,
         "local.max_model_len": max_model_len, "local.max_waiting": max_waiting, "local.threads": threads,
         "local.n_gpu_layers": n_gpu_layers, "cloud.url": cloud, "cascade.threshold": threshold,
-        "local.sampling.temperature": local_temperature, "local.sampling.top_p": local_top_p,
-        "local.sampling.top_k": local_top_k, "cloud.sampling.temperature": cloud_temperature,
-        "cloud.sampling.top_p": cloud_top_p, "cloud.sampling.top_k": cloud_top_k,
     }  # fmt: skip
     try:  # every configuration error is reported before anything loads or binds
+        flags |= sampling_flags("local", local_sampling) | sampling_flags("cloud", cloud_sampling)
         settings = load_settings(config, cli=flags)
         resolve_model_path(settings.get("local.model"))  # load_settings checked the values, not the file
         api_keys = load_api_keys(settings.get("server.api_key_file"))
@@ -113,6 +109,7 @@ async def _serve(settings, engine, api_keys: frozenset[str]) -> str | None:
         api_keys=api_keys, rate_limit_per_minute=settings.get("server.rate_limit"),
         max_concurrent_per_key=settings.get("server.max_concurrent_per_key"), max_body_bytes=settings.get("server.max_body_bytes"),
         bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready, cloud_engine=cloud.engine,
+        strict_fields=settings.get("server.strict_fields"),
     )  # fmt: skip
     http = HttpServer(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
     stop_on_signals(http)

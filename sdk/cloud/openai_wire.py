@@ -65,9 +65,15 @@ def request_body(messages: list[dict], params: SamplingParams | None, model: str
     if params is None:
         return body  # the server's defaults (max_tokens: what the context has left)
     body["max_tokens"] = params.max_tokens
-    for name in ("temperature", "top_p"):  # unset: nothing sent, so the server uses its default for its model
+    # Unset: nothing sent, so the server uses its default for its model. min_p, repetition_penalty
+    # and min_tokens are vLLM's extensions: sent only when the request set them.
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty"):
         if getattr(params, name) is not None:
             body[name] = getattr(params, name)
+    if params.logit_bias:
+        body["logit_bias"] = {str(token_id): bias for token_id, bias in params.logit_bias.items()}
+    if params.min_tokens:
+        body["min_tokens"] = params.min_tokens
     if params.top_k:  # SamplingParams' 0 means off, None unset
         body["top_k"] = params.top_k
     if params.seed is not None:

@@ -39,6 +39,7 @@ def create_app(
     cascade=None,
     also_ready: Callable[[], bool] | None = None,
     cloud_engine: EngineProtocol | None = None,
+    strict_fields: bool = False,
 ) -> FastAPI:
     """An app serving `engine` under `served_model_names` (default: the engine's own model name).
 
@@ -63,6 +64,8 @@ def create_app(
     second condition for /health's 200 (tandem serve: the embedded cloud engine has loaded).
     `cloud_engine`: that embedded engine, whose gauges and counters /metrics adds as
     `tandem:cloud_engine_*` (its KV blocks, running and waiting requests, tokens).
+    `strict_fields`: request fields neither OpenAI nor a known extension defines are a 400
+    instead of being ignored with a warning (sdk.protocol.request_fields).
     """
     if served_model_names is not None and not served_model_names:
         raise ValueError("served_model_names must name at least one model, or be None to use the engine's name")
@@ -87,7 +90,7 @@ def create_app(
     if cascade is not None and cascade.local is not engine:
         raise ValueError("the cascade runner must route over the engine this app serves")
     state = ServerState(engine=engine, served_model_names=served_model_names, metrics=ServerMetrics(engine), cascade=cascade,
-                        cloud_engine=cloud_engine)
+                        cloud_engine=cloud_engine, strict_fields=strict_fields)
     if cascade is not None:
         state.metrics.registry.register(CascadeCollector(cascade))
     if cloud_engine is not None:

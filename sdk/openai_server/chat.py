@@ -23,7 +23,7 @@ from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
 from sdk.openai_server.logprobs import chat_logprobs
 from sdk.openai_server.routed_chat import create_routed_chat_completion
-from sdk.openai_server.serving import Job, ServerState, choice_requests, new_id, parse_body, run_job
+from sdk.openai_server.serving import Job, ServerState, choice_requests, ignored_extension, new_id, parse_body, run_job
 from sdk.openai_server.streaming import EventStreamResponse, sse_events
 
 
@@ -74,7 +74,8 @@ def _response(
         for i, state in enumerate(states)
     ]
     return ChatCompletionResponse(
-        id=response_id, created=created, model=job.model, choices=choices, usage=usage_of(job.num_prompt_tokens, states)
+        id=response_id, created=created, model=job.model, choices=choices, usage=usage_of(job.num_prompt_tokens, states),
+        tandem=ignored_extension(body),
     )
 
 
@@ -99,6 +100,7 @@ def _chunks(body: ChatCompletionRequest, job: Job, response_id: str, created: in
         chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
         for i in range(body.num_choices)
     ]
+    prelude[0].tandem = ignored_extension(body)  # the ignored request fields, known from the start
     return sse_events(
         first, choices, body.num_choices, render_event,
         prelude=prelude,

@@ -14,7 +14,7 @@ from sdk.protocol.openai_schema import CompletionChoice, CompletionRequest, Comp
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
 from sdk.openai_server.logprobs import completion_logprobs
-from sdk.openai_server.serving import Job, ServerState, choice_requests, new_id, parse_body, run_job
+from sdk.openai_server.serving import Job, ServerState, choice_requests, ignored_extension, new_id, parse_body, run_job
 from sdk.openai_server.streaming import EventStreamResponse, sse_events
 
 
@@ -57,7 +57,8 @@ def _response(
         for i, state in enumerate(states)
     ]
     return CompletionResponse(
-        id=response_id, created=created, model=job.model, choices=choices, usage=usage_of(job.num_prompt_tokens, states)
+        id=response_id, created=created, model=job.model, choices=choices, usage=usage_of(job.num_prompt_tokens, states),
+        tandem=ignored_extension(body),
     )
 
 
@@ -65,8 +66,12 @@ def _chunks(body: CompletionRequest, job: Job, response_id: str, created: int, f
     want_logprobs = body.logprobs is not None
     text_offsets = [0] * body.num_choices  # where each choice's next token starts, for text_offset
 
+    extension = [ignored_extension(body)]  # rides on the first chunk sent
+
     def chunk(choice_list: list[CompletionChoice], usage: Usage | None = None) -> CompletionResponse:
-        return CompletionResponse(id=response_id, created=created, model=job.model, choices=choice_list, usage=usage)
+        tandem, extension[0] = extension[0], None
+        return CompletionResponse(id=response_id, created=created, model=job.model, choices=choice_list, usage=usage,
+                                  tandem=tandem)  # fmt: skip
 
     def render_event(index: int, event: TokenEvent, state: ChoiceState) -> CompletionResponse | None:
         if not event.text and event.finish_reason is None and not want_logprobs:

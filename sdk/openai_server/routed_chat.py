@@ -43,14 +43,19 @@ async def create_routed_chat_completion(request: Request, state: ServerState, bo
             state.metrics.count_rejection("overloaded")
         return from_exception(exc).response()
     if not body.stream:
+        if body.ignored_fields:
+            result.tandem["ignored_fields"] = body.ignored_fields
         return Response(result.model_dump_json(), media_type="application/json")
-    return EventStreamResponse(_sse(result, body.include_usage))
+    return EventStreamResponse(_sse(result, body.include_usage, body.ignored_fields))
 
 
-async def _sse(chunks, include_usage: bool):
-    """The chunks as SSE; usage moves to OpenAI's own final chunk (choices: []) when asked for."""
+async def _sse(chunks, include_usage: bool, ignored_fields: list[str]):
+    """The chunks as SSE; usage moves to OpenAI's own final chunk (choices: []) when asked for;
+    the final chunk's `tandem` also lists the request fields that were ignored."""
     try:
         async for chunk in chunks:
+            if chunk.tandem is not None and ignored_fields:
+                chunk.tandem["ignored_fields"] = ignored_fields
             usage, chunk.usage = chunk.usage, None
             yield sse(chunk)
             if usage is not None and include_usage:

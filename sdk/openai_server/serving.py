@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ from sdk.openai_server.generation import (
 )
 from sdk.openai_server.metrics import ServerMetrics
 from sdk.openai_server.streaming import EventStreamResponse
+from sdk.protocol.request_fields import unknown_fields
+
+logger = logging.getLogger(__name__)
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
@@ -47,6 +51,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     cascade: Any = None  # sdk.cascade.CascadeRunner (not imported: the plain server stays light)
     cloud_engine: EngineProtocol | None = None  # tandem serve's embedded cloud engine, if any
+    strict_fields: bool = False  # refuse unknown request fields with a 400 instead of ignoring them
 
     @property
     def engine_model_names(self) -> list[str]:
@@ -99,8 +104,19 @@ def choice_requests(request_id: str, prompt_token_ids: list[int], num_choices: i
 
 
 async def parse_body(request: Request, model_cls: type[RequestModel]) -> RequestModel:
-    """Validate the raw body ourselves: strict types, and malformed JSON as a 400 like any other."""
-    return model_cls.model_validate_json(await request.body())
+    """Validate the raw body ourselves: strict types, and malformed JSON as a 400 like any other;
+    then refuse the fields tandem does not implement and log the unknown ones (request_fields)."""
+    body = model_cls.model_validate_json(await request.body())
+    state: ServerState = request.app.state.tandem
+    unknown = unknown_fields(body.check_fields(strict=state.strict_fields))
+    if unknown:
+        logger.warning("the request's fields %s are not known to tandem and were ignored", ", ".join(unknown))
+    return body
+
+
+def ignored_extension(body) -> dict | None:
+    """The `tandem` extension of a direct (unrouted) answer: the request fields accepted but ignored."""
+    return {"ignored_fields": body.ignored_fields} if body.ignored_fields else None
 
 
 async def run_job(

@@ -47,9 +47,17 @@ class EngineNotReadyError(EngineError):
 MIN_SAMPLING_TEMPERATURE = 1e-5  # below it, sampling is greedy
 
 
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
+MAX_PENALTY = 2.0  # OpenAI's range for presence/frequency penalties: [-2, 2]
+
+
 @dataclass
 class SamplingParams:
-    """How to pick tokens and when to stop. Validated on construction."""
+    """How to pick tokens and when to stop. Validated on construction.
+
+    Order of application (vLLM's): logit_bias and the min_tokens mask, then repetition,
+    frequency and presence penalties (these change greedy picks too), then temperature,
+    min_p, top_k, top_p. Logprobs and the confidence signals stay the model's own."""
 
     max_tokens: int = 16  # upper bound on generated tokens
     # None: unset, so the engine that runs the request fills in its tier's default for the model
@@ -57,6 +65,12 @@ class SamplingParams:
     temperature: float | None = None  # 0 means greedy
     top_p: float | None = None  # nucleus mass kept, (0, 1]
     top_k: int | None = None  # keep the k most likely tokens; 0 disables
+    min_p: float | None = None  # drop tokens below min_p x the top token's probability, [0, 1]; 0 disables
+    repetition_penalty: float | None = None  # HF/vLLM: prompt and output tokens' logits / p (> 0) or x p (< 0); 1 off
+    presence_penalty: float | None = None  # OpenAI: minus this for every token already generated, [-2, 2]
+    frequency_penalty: float | None = None  # OpenAI: minus this x times generated, [-2, 2]
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, [-100, 100]
+    min_tokens: int = 0  # end-of-generation and stop_token_ids cannot be sampled before this many tokens
     seed: int | None = None  # per-request RNG seed for reproducible sampling
     stop: list[str] = field(default_factory=list)  # stop strings, never included in the output
     stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end generation
@@ -66,16 +80,27 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
-        if self.temperature is not None:
-            if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 2.0:
-                raise InvalidRequestError(f"temperature must be in [0, 2], got {self.temperature!r}", "temperature")
-            if self.temperature < MIN_SAMPLING_TEMPERATURE:
-                # vLLM's epsilon: dividing logits by, say, 1e-320 overflows them to inf and the softmax to NaN.
-                self.temperature = 0.0
-        if self.top_p is not None and (not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0):
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
+        ranges = (  # name, low, high, low inclusive; unset (None) is always allowed
+            ("temperature", 0.0, 2.0, True), ("top_p", 0.0, 1.0, False), ("min_p", 0.0, 1.0, True),
+            ("repetition_penalty", 0.0, math.inf, False),
+            ("presence_penalty", -MAX_PENALTY, MAX_PENALTY, True), ("frequency_penalty", -MAX_PENALTY, MAX_PENALTY, True),
+        )  # fmt: skip
+        for name, low, high, inclusive in ranges:
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and (value >= low if inclusive else value > low) and value <= high):
+                interval = f"{'[' if inclusive else '('}{low:g}, {high:g}]" if math.isfinite(high) else f"> {low:g}"
+                raise InvalidRequestError(f"{name} must be {'in ' if math.isfinite(high) else ''}{interval}, got {value!r}", name)
+        if self.temperature is not None and self.temperature < MIN_SAMPLING_TEMPERATURE:
+            # vLLM's epsilon: dividing logits by, say, 1e-320 overflows them to inf and the softmax to NaN.
+            self.temperature = 0.0
         if self.top_k is not None and self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k!r}", "top_k")
+        if any(not math.isfinite(b) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):
+            raise InvalidRequestError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", "logit_bias")
+        if any(token_id < 0 for token_id in self.logit_bias):
+            raise InvalidRequestError("logit_bias keys must be token ids >= 0", "logit_bias")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequestError(f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens!r}", "min_tokens")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
                 f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs!r}", "top_logprobs"
@@ -86,6 +111,12 @@ class SamplingParams:
             raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
 
     @property
+    def is_resolved(self) -> bool:
+        """Every defaultable field set (the engine has applied its tier's defaults)."""
+        return None not in (self.temperature, self.top_p, self.top_k, self.min_p, self.repetition_penalty,
+                            self.presence_penalty, self.frequency_penalty)  # fmt: skip
+
+    @property
     def is_greedy(self) -> bool:
         """Whether sampling is argmax; samplers ask this first, so unresolved params fail here, loudly."""
         if not self.is_resolved:
@@ -94,8 +125,16 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
     @property
-    def is_resolved(self) -> bool:
-        return self.temperature is not None and self.top_p is not None and self.top_k is not None
+    def uses_token_history(self) -> bool:
+        """The logits depend on the tokens so far (penalties, the min_tokens mask): speculative
+        decoding drafts nothing for such a request."""
+        return (self.repetition_penalty not in (None, 1.0) or bool(self.presence_penalty) or bool(self.frequency_penalty)
+                or self.min_tokens > 0)  # fmt: skip
+
+    @property
+    def changes_logits(self) -> bool:
+        """Anything to apply to the raw logits before picking (greedy picks included)."""
+        return self.uses_token_history or bool(self.logit_bias)
 
 
 @dataclass
@@ -115,6 +154,8 @@ def validate_generation_request(request: GenerationRequest, vocab_size: int, max
         raise InvalidRequestError("the prompt is empty; send at least one token", "prompt")
     if min(prompt) < 0 or max(prompt) >= vocab_size:
         raise InvalidRequestError(f"prompt token ids must be in [0, {vocab_size})", "prompt")
+    if request.params.logit_bias and max(request.params.logit_bias) >= vocab_size:
+        raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab_size})", "logit_bias")
     total = len(prompt) + request.params.max_tokens
     if total > max_model_len:
         raise ContextLengthError(

@@ -1,18 +1,20 @@
 """The one copy of the OpenAI request/response/error schema, for every tandem server.
 
-Requests ignore unknown fields (OpenAI is lenient there) but are strict about types:
-a string where a number belongs is a 400, never silently coerced. Requests turn
-themselves into engine `SamplingParams`, so both tiers read a request the same way.
+Requests are strict about types: a string where a number belongs is a 400, never silently
+coerced. Fields beyond the schema's own are classified by sdk.protocol.request_fields (refused
+with a 400 naming them, or accepted and listed as ignored), never dropped silently. Requests
+turn themselves into engine `SamplingParams`, so both tiers read a request the same way.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
 
 from sdk.protocol.engine import ContextLengthError, InvalidRequestError, SamplingParams
+from sdk.protocol.request_fields import classify_extra_fields, classify_message_fields, unknown_fields
 
 MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM allows more; 16 keeps stop matching cheap
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
@@ -26,6 +28,12 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
+class _TopLevel(_Request):
+    """A request body or a message: extra fields are kept for request_fields to classify."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
 class StreamOptions(_Request):
     include_usage: bool | None = None  # one last chunk with empty choices and the usage
 
@@ -35,14 +43,16 @@ class ContentPart(_Request):
     text: str | None = None  # other part kinds (images, audio) are refused by the chat template
 
 
-class ChatMessage(_Request):
+class ChatMessage(_TopLevel):
     role: str  # checked against the allowed roles by sdk.protocol.chat_template
     content: Union[str, list[ContentPart], None] = None
-    name: str | None = None
+    name: str | None = None  # passed to the chat template (which may or may not print it)
 
 
-class _SamplingFields(_Request):
+class _SamplingFields(_TopLevel):
     """Fields chat and completions share; all optional so `null` means the default."""
+
+    _ignored_fields: list[str] = PrivateAttr(default_factory=list)
 
     model: str | None = None  # None: the first served model (vLLM's lenient default)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -56,14 +66,35 @@ class _SamplingFields(_Request):
     stop_token_ids: list[int] | None = None  # extension (vLLM)
     seed: int | None = Field(default=None, ge=_SEED_MIN, le=_SEED_MAX)
     user: str | None = None  # accepted for compatibility; not used
-    presence_penalty: float | None = None
+    presence_penalty: float | None = None  # OpenAI: over generated tokens, [-2, 2]
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    min_p: float | None = None  # extension (vLLM)
+    repetition_penalty: float | None = None  # extension (vLLM/HF): over prompt and generated tokens
+    min_tokens: int | None = Field(default=None, ge=0)  # extension (vLLM): no end-of-text before this many
     ignore_eos: bool | None = None  # extension (vLLM): keep generating past end-of-text
 
     @property
     def num_choices(self) -> int:
         return self.n or 1
+
+    def check_fields(self, strict: bool = False) -> list[str]:
+        """Refuse output-changing fields tandem does not implement (InvalidRequestError names the
+        field); return the names accepted but ignored. `strict`: unknown names are refused too."""
+        ignored = (["user"] if self.user is not None else []) + classify_extra_fields(self.model_extra or {})
+        for index, message in enumerate(getattr(self, "messages", None) or []):
+            ignored += classify_message_fields(message.model_extra or {}, index)
+        unknown = unknown_fields(ignored)
+        if strict and unknown:
+            raise InvalidRequestError(f"unknown field {unknown[0]!r} (this server refuses fields it does not know: "
+                                      "--strict-fields)", unknown[0])  # fmt: skip
+        self._ignored_fields = ignored
+        return ignored
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        """What check_fields accepted but ignored (empty before it ran)."""
+        return list(self._ignored_fields)
 
     @property
     def include_usage(self) -> bool:
@@ -71,15 +102,20 @@ class _SamplingFields(_Request):
 
     def _check_common(self) -> None:
         """Refuse what we would otherwise silently ignore, the way OpenAI words it."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise InvalidRequestError(f"{name} is not supported by this server; send 0 or leave it out", name)
-        if self.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported by this server; leave it out", "logit_bias")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
         if len(self.stop_list) > MAX_STOP_STRINGS:
             raise InvalidRequestError(f"stop accepts at most {MAX_STOP_STRINGS} strings, got {len(self.stop_list)}", "stop")
+
+    @property
+    def token_logit_bias(self) -> dict[int, float]:
+        """logit_bias with its keys as token ids (JSON object keys are strings)."""
+        bias = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.strip().isdigit():
+                raise InvalidRequestError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}", "logit_bias")
+            bias[int(key)] = value
+        return bias
 
     @property
     def stop_list(self) -> list[str]:
@@ -98,6 +134,12 @@ class _SamplingFields(_Request):
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=0 if self.top_k == -1 else self.top_k,  # vLLM clients send -1 for off
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self.token_logit_bias,
+            min_tokens=self.min_tokens or 0,
             seed=seed,
             stop=self.stop_list,
             stop_token_ids=list(self.stop_token_ids or []),
@@ -183,6 +225,20 @@ def now() -> int:
     return int(time.time())
 
 
+class _Response(BaseModel):
+    """A response model whose optional extras are left out, not sent as null, when unset."""
+
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_extras(self, handler):
+        data = handler(self)
+        for name in self._omitted_when_none:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
 class CompletionTokensDetails(BaseModel):
     """OpenAI's Predicted Outputs counters; tandem's cloud engine fills them with its
     speculative decoding figures (draft tokens the target accepted / rejected)."""
@@ -191,18 +247,12 @@ class CompletionTokensDetails(BaseModel):
     rejected_prediction_tokens: int = 0
 
 
-class Usage(BaseModel):
+class Usage(_Response):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     completion_tokens_details: CompletionTokensDetails | None = None  # only when the engine speculated
-
-    @model_serializer(mode="wrap")
-    def _omit_empty_details(self, handler):
-        data = handler(self)
-        if data.get("completion_tokens_details") is None:
-            data.pop("completion_tokens_details", None)  # absent, not null, as OpenAI's usage without it
-        return data
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ("completion_tokens_details",)  # absent, as OpenAI's usage without it
 
 
 class TopLogprobEntry(BaseModel):
@@ -231,7 +281,14 @@ class ChatChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class ChatCompletionResponse(BaseModel):
+class _WithTandem(_Response):
+    """A response with tandem's optional extension field, left out when there is nothing to say."""
+
+    tandem: dict[str, Any] | None = None  # e.g. {"ignored_fields": [...]}; routed answers: how they were routed
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ("tandem",)
+
+
+class ChatCompletionResponse(_WithTandem):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=now)
@@ -257,7 +314,7 @@ class ChatChunkChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(_WithTandem):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
@@ -280,7 +337,7 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class CompletionResponse(BaseModel):
+class CompletionResponse(_WithTandem):
     """Both the whole response and each streamed chunk: OpenAI uses one object name for both."""
 
     id: str
@@ -291,7 +348,7 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
-class ModelCard(BaseModel):
+class ModelCard(_Response):
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=now)
@@ -300,13 +357,7 @@ class ModelCard(BaseModel):
     # extension (tandem): what a request that leaves a sampling field out gets, and where it comes
     # from: {"temperature": {"value": 0.2, "source": "built-in: ..."}, ...}; absent when not known
     sampling_defaults: dict[str, dict[str, Any]] | None = None
-
-    @model_serializer(mode="wrap")
-    def _omit_unknown_defaults(self, handler):
-        data = handler(self)
-        if data.get("sampling_defaults") is None:
-            data.pop("sampling_defaults", None)
-        return data
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ("sampling_defaults",)
 
 
 class ModelList(BaseModel):

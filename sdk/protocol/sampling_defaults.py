@@ -11,7 +11,7 @@ resolves it, first match wins:
    which also ignores `do_sample`);
 4. a built-in table for models we ship or know (SmolLM2-Instruct: its model card samples at
    temperature 0.2, top_p 0.9; at OpenAI's 1.0 the 135M model rambles);
-5. OpenAI's defaults (temperature 1, top_p 1, no top-k).
+5. OpenAI's defaults (temperature 1, top_p 1; top_k, min_p, penalties off).
 """
 
 from __future__ import annotations
@@ -27,9 +27,13 @@ from typing import Any
 
 from sdk.protocol.engine import InvalidRequestError, SamplingParams
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k")  # the fields a tier may default
-OPENAI_DEFAULTS: dict[str, float | int] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
-OPENAI_SOURCE = "OpenAI's default"
+# The fields a tier may default (logit_bias and min_tokens are the request's alone).
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+OPENAI_DEFAULTS: dict[str, float | int] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                                           "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+# Where the last resort comes from: OpenAI's API for its own fields, "off" for the extensions.
+LAST_RESORT_SOURCES = {name: "OpenAI's default" if name in ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+                       else "off (no other default)" for name in SAMPLING_FIELDS}
 
 # (pattern over the model's file or directory name, values, where they come from)
 BUILTIN_DEFAULTS: tuple[tuple[re.Pattern, dict[str, float | int], str], ...] = (
@@ -37,7 +41,8 @@ BUILTIN_DEFAULTS: tuple[tuple[re.Pattern, dict[str, float | int], str], ...] = (
      "built-in: the SmolLM2-Instruct model card"),
 )  # fmt: skip
 
-GGUF_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p", "general.sampling.top_k": "top_k"}
+GGUF_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p", "general.sampling.top_k": "top_k",
+             "general.sampling.min_p": "min_p", "general.sampling.penalty_repeat": "repetition_penalty"}
 GENERATION_CONFIG = "generation_config.json"
 
 
@@ -59,7 +64,7 @@ class SamplingDefaults:
 
 
 # OpenAI's defaults and nothing else: for code that samples outside an engine (tests, offline tools).
-OPENAI_SAMPLING = SamplingDefaults(dict(OPENAI_DEFAULTS), {name: OPENAI_SOURCE for name in SAMPLING_FIELDS})
+OPENAI_SAMPLING = SamplingDefaults(dict(OPENAI_DEFAULTS), dict(LAST_RESORT_SOURCES))
 
 
 def check_sampling_config(configured: Mapping[str, Any]) -> None:
@@ -95,7 +100,7 @@ def resolve_sampling_defaults(configured: Mapping[str, Any] | None, model_source
             if pattern.search(model_identity(model_source)):
                 take(table, source)
                 break
-    take(OPENAI_DEFAULTS, OPENAI_SOURCE)
+    take(OPENAI_DEFAULTS, LAST_RESORT_SOURCES)
     try:  # the engines' own checks, so a bad value from a model file is named before serving
         SamplingParams(max_tokens=1, **values)
     except InvalidRequestError as exc:
@@ -140,7 +145,7 @@ def _generation_config(path: str) -> tuple[dict[str, float | int], dict[str, str
     with open(path, encoding="utf-8") as handle:
         config = json.load(handle)
     values: dict[str, float | int] = {}
-    for name in SAMPLING_FIELDS:
+    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):  # what HF's GenerationConfig has
         value = _normalized(name, config.get(name))
         if value is not None:
             values[name] = value

@@ -160,6 +160,10 @@ _SAMPLING_KEYS = (
     ("temperature", float, "Temperature when a request sends none (0: greedy).", _at_least(0, high=2)),
     ("top_p", float, "Nucleus mass when a request sends none.", _at_least(0, inclusive=False, high=1)),
     ("top_k", int, "Top-k when a request sends none (0: off).", _at_least(0)),
+    ("min_p", float, "Min-p when a request sends none (0: off).", _at_least(0, high=1)),
+    ("repetition_penalty", float, "Repetition penalty (HF/vLLM) when a request sends none (1: off).", _at_least(0, inclusive=False)),
+    ("presence_penalty", float, "Presence penalty (OpenAI) when a request sends none.", _at_least(-2, high=2)),
+    ("frequency_penalty", float, "Frequency penalty (OpenAI) when a request sends none.", _at_least(-2, high=2)),
 )
 
 FIELDS_LIST: tuple[SettingField, ...] = (
@@ -169,6 +173,7 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     SettingField("server", "api_key_file", str, None, "TANDEM_API_KEY_FILE", "Keys clients must present, one per line (TANDEM_API_KEYS adds comma-separated ones).", unset="no key file"),
     SettingField("server", "rate_limit", float, None, "TANDEM_RATE_LIMIT", "Requests per minute per key.", unset="no limit", check=_at_least(0, inclusive=False)),
     SettingField("server", "max_concurrent_per_key", int, None, "TANDEM_MAX_CONCURRENT_PER_KEY", "Requests (streams included) in flight at once per key (per client address without keys); one more is 429.", unset="no limit", check=_at_least(1)),
+    SettingField("server", "strict_fields", bool, False, "TANDEM_STRICT_FIELDS", "Refuse request fields neither OpenAI nor a known extension defines (400) instead of ignoring them with a warning."),
     SettingField("server", "max_body_bytes", int, 4 * 1024 * 1024, "TANDEM_MAX_BODY_BYTES", "Largest HTTP request body; a larger one is 413 before it is read.", check=_at_least(1024)),
     SettingField("local", "model", str, None, "TANDEM_MODEL", "GGUF file of the on-device model.", unset="the embedded SmolLM2-135M-Instruct", target="model_path"),
     SettingField("local", "model_name", str, None, "TANDEM_MODEL_NAME", "The id clients send as `model`.", unset="derived from the model file", target="model_name"),

@@ -134,7 +134,11 @@ def sampling_fields(draw, max_model_len: int, small_vocab: int) -> dict:
     fields["ignore_eos"] = _maybe(draw, st.one_of(st.booleans(), st.sampled_from(["no", 0])), 10)
     for name in ("presence_penalty", "frequency_penalty"):
         fields[name] = _maybe(draw, st.sampled_from([0, 0.0, 0.5, -2, math.nan, "0"]), 5)
-    fields["logit_bias"] = _maybe(draw, st.sampled_from([{}, {"5": 100}, {"x": "y"}, [], None]), 5)
+    fields["logit_bias"] = _maybe(draw, st.sampled_from([{}, {"5": 100}, {"x": "y"}, [], None, {"5": 101}, {"-1": 1},
+                                                         {"99999999": 1}, {"5": math.inf}]), 5)  # fmt: skip
+    fields["min_p"] = _maybe(draw, st.sampled_from([0, 0.1, 1.0, 1.5, -0.1, math.nan, "0"]), 5)
+    fields["repetition_penalty"] = _maybe(draw, st.sampled_from([1.0, 1.3, 0.0, -1.0, 1e308, math.inf, "1"]), 5)
+    fields["min_tokens"] = _maybe(draw, st.one_of(st.integers(-2, 40), st.sampled_from(HUGE_INTS)), 5)
     fields["user"] = _maybe(draw, odd_text, 5)
     return {k: v for k, v in fields.items() if v is not _OMIT}
 

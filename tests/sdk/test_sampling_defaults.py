@@ -36,28 +36,32 @@ def write_gguf(path, **sampling) -> str:
 
 def test_the_embedded_default_samples_as_its_model_card_says():
     defaults = resolve_sampling_defaults({}, default_model_path())
-    assert defaults.values == {"temperature": 0.2, "top_p": 0.9, "top_k": 0}
+    assert defaults.values == {"temperature": 0.2, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                               "presence_penalty": 0.0, "frequency_penalty": 0.0}
     assert defaults.sources["temperature"] == defaults.sources["top_p"] == "built-in: the SmolLM2-Instruct model card"
-    assert defaults.sources["top_k"] == "OpenAI's default"
+    assert defaults.sources["top_k"] == "off (no other default)" and defaults.sources["presence_penalty"] == "OpenAI's default"
 
 
 def test_request_beats_config_beats_model_metadata_beats_builtin_beats_openai(tmp_path):
     # A SmolLM2-Instruct file name (built-in: 0.2 / 0.9) whose header declares its own temperature and top_k.
-    path = write_gguf(tmp_path / "SmolLM2-360M-Instruct.Q8_0.gguf", temp=0.6, top_k=20)
+    path = write_gguf(tmp_path / "SmolLM2-360M-Instruct.Q8_0.gguf", temp=0.6, top_k=20, penalty_repeat=1.1)
     defaults = resolve_sampling_defaults({"top_k": 5}, path, "config: file x.toml")
-    assert defaults.values == {"temperature": pytest.approx(0.6), "top_p": 0.9, "top_k": 5}
-    assert defaults.sources == {"temperature": "model: GGUF general.sampling.temp",
-                                "top_p": "built-in: the SmolLM2-Instruct model card", "top_k": "config: file x.toml"}
+    assert defaults.values == {"temperature": pytest.approx(0.6), "top_p": 0.9, "top_k": 5, "min_p": 0.0,
+                               "repetition_penalty": pytest.approx(1.1), "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    assert defaults.sources["temperature"] == "model: GGUF general.sampling.temp"
+    assert defaults.sources["repetition_penalty"] == "model: GGUF general.sampling.penalty_repeat"
+    assert defaults.sources["top_p"] == "built-in: the SmolLM2-Instruct model card"
+    assert defaults.sources["top_k"] == "config: file x.toml"
     resolved = defaults.apply(SamplingParams(max_tokens=4, top_p=0.5))
     assert (resolved.temperature, resolved.top_p, resolved.top_k) == (pytest.approx(0.6), 0.5, 5)
-    explicit = SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0)
+    explicit = OPENAI_SAMPLING.apply(SamplingParams(max_tokens=4, temperature=0.0))
     assert defaults.apply(explicit) is explicit  # nothing unset: the request's own values, untouched
 
 
 def test_an_unknown_model_gets_openais_defaults(tmp_path):
     defaults = resolve_sampling_defaults(None, write_gguf(tmp_path / "other-model.gguf"))
-    assert defaults.values == {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
-    assert set(defaults.sources.values()) == {"OpenAI's default"}
+    assert defaults.values == OPENAI_SAMPLING.values
+    assert set(defaults.sources.values()) == {"OpenAI's default", "off (no other default)"}
     assert resolve_sampling_defaults(None, None).values == defaults.values
 
 
