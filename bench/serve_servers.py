@@ -74,7 +74,7 @@ class ManagedServer:
                     raise ServerStartError(f"{self.name} exited with {self.process.returncode} while starting "
                                            f"({' '.join(self.command)}):\n{self.log_tail()}")
                 try:
-                    if client.get(self.base_url + self.ready_path).status_code == 200:
+                    if _ready(client.get(self.base_url + self.ready_path)):
                         break
                 except httpx.HTTPError:
                     pass
@@ -149,3 +149,15 @@ def llama_cpp_server(model_path: str, threads: int, model_alias: str, port: int 
                          "python -m llama_cpp.server (one Llama, requests served one at a time under a lock; "
                          "flash attention, logits_all off, interrupt_requests off, use_extra_bufts off)",
                          env=_clean_env())
+
+
+def _ready(response: httpx.Response) -> bool:
+    """200, and (tandem serve) the embedded cloud engine loaded too: /health answers 200 as soon as
+    the local tier is in and says `"cloud": "loading"` until then; a benchmark wants both tiers."""
+    if response.status_code != 200:
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return True
+    return not (isinstance(body, dict) and body.get("cloud") == "loading")

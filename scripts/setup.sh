@@ -11,6 +11,9 @@ python -m pip install --quiet --upgrade pip
 python -c 'import torch' 2>/dev/null || pip install --quiet torch==2.13.0
 # llama-cpp-python compiles from source the first time (~5 min); pip caches the wheel.
 pip install --quiet -e ".${extra:+[$extra]}"
+# Build the cloud engine's CPU attention kernel now (~30 s once, cached in ~/.cache/tandem/kernels),
+# so the first `tandem serve` compiles nothing. Without a compiler the engine uses its portable path.
+python -c 'from cloud_engine.kernels.cpu_build import cpu_kernels; cpu_kernels()' || true
 # The gpu extra's onnxruntime-gpu shares the `onnxruntime` package with the CPU build that
 # tandem depends on; remove the CPU build and reinstall the GPU one so its files win.
 if [[ ",${extra}," == *",gpu,"* ]]; then

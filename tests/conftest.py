@@ -32,13 +32,15 @@ def _log_tail(path: Path, num_lines: int = 40) -> str:
 
 
 def wait_until_healthy(process: subprocess.Popen, base_url: str, log_path: Path, name: str) -> None:
-    """Poll GET /health until 200; fail the test with the server's log if it exits or stays unhealthy."""
+    """Poll GET /health until 200 and, under tandem serve, the embedded cloud engine loaded (the
+    body stops saying "cloud": "loading"); fail the test with the server's log if it exits or stays unhealthy."""
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while True:
         if process.poll() is not None:
             pytest.fail(f"{name} exited with {process.returncode}:\n{_log_tail(log_path)}")
         try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+            reply = httpx.get(f"{base_url}/health", timeout=2)
+            if reply.status_code == 200 and reply.json().get("cloud") != "loading":
                 return
         except httpx.HTTPError:
             pass

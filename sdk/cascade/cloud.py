@@ -22,7 +22,7 @@ logger = logging.getLogger("tandem.router")
 # RoutingInfo.degraded_reason for each kind of cloud failure.
 DEGRADED_REASONS = {
     FailureKind.UNAVAILABLE: "cloud_unavailable",
-    FailureKind.DEADLINE: "cloud_timeout",
+    FailureKind.DEADLINE: "cloud_deadline",
     FailureKind.OVERLOADED: "cloud_overloaded",
     FailureKind.AUTH: "cloud_auth",
     FailureKind.INTERNAL: "cloud_error",
@@ -48,8 +48,54 @@ class CloudUsage:
     completion_tokens: int = 0
 
 
-def refusal_reason(client: CloudClient | None, breaker: CircuitBreaker) -> str | None:
-    """Why the cloud must not be called now, or None (then a half-open trial is ours: report it)."""
+@dataclass(frozen=True)
+class CloudTimeouts:
+    """How long the cascade waits on a cloud stream (CascadeConfig's cloud_*_s)."""
+
+    first_token_s: float | None = 15.0  # until the first token
+    stall_s: float | None = 10.0  # between two tokens
+    deadline_s: float | None = None  # the whole stream (the client's own call deadline)
+
+
+class CloudTimedOut(Exception):
+    """The cloud stream kept us waiting past one of CloudTimeouts' limits; `reason` names which."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def _paced(stream: AsyncIterator[CloudTokenEvent], timeouts: CloudTimeouts) -> AsyncIterator[CloudTokenEvent]:
+    """The stream's events, each awaited no longer than the first-token or stall limit; the stream
+    is closed on the way out however it ends (a cancelled gRPC call aborts the request there)."""
+    limit, reason = timeouts.first_token_s, "cloud_first_token_timeout"
+    waiting: asyncio.Future | None = None
+    try:
+        while True:
+            # asyncio.wait, not wait_for: a TimeoutError the client raises itself (its own deadline)
+            # must stay the client's, not read as our limit.
+            waiting = asyncio.ensure_future(anext(stream))
+            done, _ = await asyncio.wait({waiting}, timeout=limit)
+            if not done:
+                raise CloudTimedOut(reason)
+            try:
+                event = waiting.result()
+            except StopAsyncIteration:
+                return
+            yield event
+            limit, reason = timeouts.stall_s, "cloud_stall_timeout"
+    finally:
+        if waiting is not None and not waiting.done():  # timed out, or we were cancelled mid-wait
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        await stream.aclose()
+
+
+def refusal_reason(client: CloudClient | None, breaker: CircuitBreaker, cloud_ready: bool = True) -> str | None:
+    """Why the cloud must not be called now, or None (then a half-open trial is ours: report it).
+    `cloud_ready` False: an embedded cloud engine still loading (the local tier answers meanwhile)."""
+    if not cloud_ready:  # first: an embedded tier still starting has no client yet
+        return "cloud_loading"
     if client is None:
         return "no_cloud"
     if breaker.auth_disabled:
@@ -69,24 +115,28 @@ async def stream_from_cloud(
     model: str,
     request_id: str,
     continuation_token_ids: Sequence[int],
-    timeout_s: float,
+    timeouts: CloudTimeouts,
     retry_backoff_s: float = RETRY_BACKOFF_S,
 ) -> AsyncIterator[CloudTokenEvent]:
     """The cloud's tokens as they come; call only after refusal_reason() returned None.
 
+    Timeouts match streaming (CloudTimeouts): the first token, each gap between tokens, and an
+    optional whole-stream deadline, each with its own degraded reason; a timed-out call is
+    closed, which cancels it on the server (its KV blocks are freed there).
     A call the cloud could not even take (UNAVAILABLE before its first token: a dropped
     connection, a server restarting) is retried once after `retry_backoff_s`: nothing has
-    reached the client, so it is idempotent. Deadlines are not retried (the wait would
+    reached the client, so it is idempotent. Timeouts are not retried (the wait would
     double), nor is anything after the first token."""
     reported = False
     try:
         for attempt in range(2):
             started = False
             try:
-                async for event in client.generate(
+                stream = client.generate(
                     prompt, params, model=model, request_id=request_id,
-                    continuation_token_ids=continuation_token_ids, timeout_s=timeout_s,
-                ):  # fmt: skip
+                    continuation_token_ids=continuation_token_ids, timeout_s=timeouts.deadline_s,
+                )  # fmt: skip
+                async for event in _paced(stream, timeouts):
                     started = True
                     # An HTTP cloud may send fewer chunks than tokens; its own count wins when it has one.
                     usage.completion_tokens = max(usage.completion_tokens + 1, event.num_output_tokens or 0)
@@ -100,6 +150,10 @@ async def stream_from_cloud(
                 raise
         breaker.record_success()
         reported = True
+    except CloudTimedOut as timeout:
+        breaker.record_failure(FailureKind.DEADLINE)
+        reported = True
+        raise CloudFailed(timeout.reason) from timeout
     except CloudInvalidArgumentError:
         breaker.record_failure(FailureKind.INVALID_ARGUMENT)  # frees a half-open trial, counts nothing
         reported = True

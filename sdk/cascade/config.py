@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import dataclass, field
 
 from confidence import FEATURE_NAMES
 from router.decision import HandoffMode, validate_threshold
 from router.streaming_policy import UNCALIBRATED_SCORE_KINDS, DecideAt
+
+logger = logging.getLogger("tandem.cascade")
 
 
 @dataclass
@@ -21,7 +25,10 @@ class CascadeConfig:
     hold_tokens: int | None = None  # restart mode: tokens held back before committing local; None: until decided
     privacy: dict = field(default_factory=dict)  # router.privacy.PrivacyRules.from_config input
     redact_before_escalation: bool = False  # escalate rule-matching requests with placeholders instead of keeping them local
-    cloud_timeout_s: float = 30.0  # deadline of one whole cloud stream
+    cloud_first_token_timeout_s: float = 15.0  # longest wait for the cloud's first token
+    cloud_stall_timeout_s: float = 10.0  # longest gap between two cloud tokens
+    cloud_deadline_s: float | None = None  # of one whole cloud stream; None: none (a long answer may stream on)
+    cloud_timeout_s: float | None = None  # deprecated: the old whole-stream deadline, taken as cloud_deadline_s
     breaker_failure_threshold: int = 3  # consecutive cloud failures that open the circuit breaker
     breaker_cool_down_s: float = 30.0  # how long the breaker stays open before a trial call
     prices: dict = field(default_factory=dict)  # router.costs.CostTable.from_config input
@@ -47,7 +54,16 @@ class CascadeConfig:
                 raise ValueError(f"hold_tokens must be None or an integer >= min_tokens_k ({self.min_tokens_k}), got {self.hold_tokens!r}")
         if self.prompt_router_threshold is not None:
             self.prompt_router_threshold = validate_threshold(self.prompt_router_threshold)
-        if not self.cloud_timeout_s > 0:
-            raise ValueError(f"cloud_timeout_s must be > 0 seconds, got {self.cloud_timeout_s!r}")
+        if self.cloud_timeout_s is not None:
+            warnings.warn("cascade.cloud_timeout_s is deprecated: it is read as cloud_deadline_s (a whole-stream "
+                          "deadline); see cloud_first_token_timeout_s and cloud_stall_timeout_s", DeprecationWarning,
+                          stacklevel=3)  # fmt: skip
+            logger.warning("cascade.cloud_timeout_s is deprecated; read as cloud_deadline_s = %s", self.cloud_timeout_s)
+            if self.cloud_deadline_s is None:
+                self.cloud_deadline_s = self.cloud_timeout_s
+        for name in ("cloud_first_token_timeout_s", "cloud_stall_timeout_s", "cloud_deadline_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
         if self.breaker_failure_threshold < 1 or not self.breaker_cool_down_s >= 0:
             raise ValueError("breaker_failure_threshold must be >= 1 and breaker_cool_down_s >= 0")

@@ -28,7 +28,7 @@ from router.policy import (
     ThresholdOnePolicy,
     compose,
 )
-from sdk.cascade.cloud import CloudFailed, CloudUsage, refusal_reason, stream_from_cloud
+from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, refusal_reason, stream_from_cloud
 from sdk.cascade.local import LocalRun
 from sdk.cascade.types import CascadeEvent, RoutingInfo
 from sdk.protocol.engine import ContextLengthError, SamplingParams
@@ -121,7 +121,7 @@ class CascadeRequest:
         if not buffer.can_escalate:
             self.refused_as_committed = True
             return False
-        self.degraded_reason = refusal_reason(self.runner.cloud, self.runner.breaker)
+        self.degraded_reason = refusal_reason(self.runner.cloud, self.runner.breaker, self.runner.cloud_ready())
         return self.degraded_reason is None
 
     def _release(self, buffer: HoldBackBuffer, event) -> list[CascadeEvent]:
@@ -140,7 +140,7 @@ class CascadeRequest:
         if plan is not None:
             self.handoff = plan.mode  # _may_hand_off already asked the breaker
         else:
-            self.degraded_reason = refusal_reason(self.runner.cloud, self.runner.breaker)
+            self.degraded_reason = refusal_reason(self.runner.cloud, self.runner.breaker, self.runner.cloud_ready())
         num_cloud_tokens, cloud_text = 0, []
         if self.degraded_reason is None:
             if self.redactions:
@@ -152,7 +152,9 @@ class CascadeRequest:
                 async for event in stream_from_cloud(
                     self.runner.cloud, self.runner.breaker, self.cloud_messages, params, usage,
                     model=self.config.cloud_model or "", request_id=self.request_id,
-                    continuation_token_ids=prefix, timeout_s=self.config.cloud_timeout_s,
+                    continuation_token_ids=prefix,
+                    timeouts=CloudTimeouts(self.config.cloud_first_token_timeout_s, self.config.cloud_stall_timeout_s,
+                                           self.config.cloud_deadline_s),
                 ):  # fmt: skip
                     num_cloud_tokens += 1
                     cloud_text.append(event.text)

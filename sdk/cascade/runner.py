@@ -43,9 +43,11 @@ class CascadeRunner:
         cloud: CloudClient | None,
         config: CascadeConfig | None = None,
         clock: Callable[[], float] = time.monotonic,  # the breaker's clock; injectable for tests
+        cloud_ready: Callable[[], bool] = lambda: True,  # False while an embedded cloud engine loads
     ):
         self.local = local
         self.cloud = cloud  # None: a device-only deployment; escalations degrade to local
+        self.cloud_ready = cloud_ready
         self.config = config or CascadeConfig()
         if self.config.handoff == "continue" and not getattr(cloud, "supports_continuation", True):
             # Continuing needs the cloud to take the local token ids (a tandem.v1 server does).

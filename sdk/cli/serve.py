@@ -10,7 +10,9 @@ until both are in. SIGTERM/SIGINT: HTTP drains, then the cloud tier and the engi
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+import time
 from typing import Optional
 
 import typer
@@ -79,28 +81,31 @@ def run_serve(settings, api_keys: frozenset[str]) -> str | None:
     settings); returns why serving failed, or None after a clean stop."""
     from local_runtime.async_engine import AsyncLocalEngine
 
+    started = time.monotonic()
+    logger.info("loading the local model %s", settings.get("local.model") or "(the embedded SmolLM2-135M-Instruct)")
     engine = AsyncLocalEngine(settings.local_engine_config()).start()
     try:
-        return asyncio.run(_serve(settings, engine, api_keys))
+        return asyncio.run(_serve(settings, engine, api_keys, started))
     finally:
         engine.shutdown()
 
 
-async def _serve(settings, engine, api_keys: frozenset[str]) -> str | None:
+async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> str | None:
     import uvicorn
 
     from sdk.cascade.runner import CascadeRunner
-    from sdk.cloud.tier import start_cloud_tier
-    from sdk.openai_server import create_app
+    from sdk.cloud.tier import CloudTier, start_cloud_tier
+    from sdk.openai_server import attach_cloud_engine, create_app
     from sdk.openai_server.serve_loop import HttpServer, stop_on_signals, watch_loading
 
     host, port, log_level = settings.get("server.host"), settings.get("server.port"), settings.get("server.log_level")
-    try:
-        cloud = await start_cloud_tier(settings)
+    embedded = settings.cloud_target().kind == "embedded"
+    try:  # an embedded cloud engine starts later, behind the local tier (bring_up_embedded below)
+        cloud = CloudTier(description="embedded", pending=True) if embedded else await start_cloud_tier(settings)
     except OSError as exc:
         return f"the cloud tier could not start: {exc}"
     try:  # the probe and the prompt router load here: a wrong file is a clean exit, not a traceback
-        runner = CascadeRunner(engine, cloud.client, settings.cascade_config())
+        runner = CascadeRunner(engine, cloud.client, settings.cascade_config(), cloud_ready=lambda: cloud.is_ready)
     except (OSError, ValueError) as exc:
         await cloud.close()
         return f"the cascade could not start: {exc}"
@@ -108,15 +113,32 @@ async def _serve(settings, engine, api_keys: frozenset[str]) -> str | None:
         engine, served_model_names=[settings.get("local.model_name")] if settings.get("local.model_name") else None,
         api_keys=api_keys, rate_limit_per_minute=settings.get("server.rate_limit"),
         max_concurrent_per_key=settings.get("server.max_concurrent_per_key"), max_body_bytes=settings.get("server.max_body_bytes"),
-        bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready, cloud_engine=cloud.engine,
-        strict_fields=settings.get("server.strict_fields"),
+        bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready, strict_fields=settings.get("server.strict_fields"),
     )  # fmt: skip
     http = HttpServer(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
     stop_on_signals(http)
     failures: list[str] = []
-    watchers = [asyncio.create_task(watch_loading("local", engine, http, failures, logger))]
-    if cloud.engine is not None:
-        watchers.append(asyncio.create_task(watch_loading("cloud", cloud.engine, http, failures, logger)))
+
+    async def bring_up_embedded() -> None:
+        """After the local model: both loading at once took the local tier from ~0.5 s to ~10 s
+        (the cloud engine's load holds the GIL), and torch's import stays off the path to /health."""
+        await watch_loading("local", engine, http, failures, logger, started)
+        if failures:
+            return
+        try:
+            # torch and the engine's modules import on a thread: the loop keeps answering meanwhile.
+            await asyncio.to_thread(importlib.import_module, "cloud_engine.async_engine")
+            cloud.take(await start_cloud_tier(settings))
+        except OSError as exc:
+            failures.append(f"the embedded cloud tier could not start: {exc}")
+            http.should_exit = True
+            return
+        runner.cloud = cloud.client
+        attach_cloud_engine(app, cloud.engine)
+        await watch_loading("cloud", cloud.engine, http, failures, logger, started)
+
+    # /health is 200 once the local model is in; an embedded cloud engine loads behind it.
+    watcher = asyncio.create_task(bring_up_embedded() if embedded else watch_loading("local", engine, http, failures, logger, started))
     logger.info("serving the cascade on http://%s:%d (cloud tier: %s, threshold %.2f)",
                 host, port, cloud.description, runner.config.default_threshold)
     try:
@@ -124,7 +146,7 @@ async def _serve(settings, engine, api_keys: frozenset[str]) -> str | None:
         if not http.started and not failures:
             failures.append(f"the HTTP server could not start on {host}:{port} (see the log above)")
     finally:
-        for watcher in watchers:
-            watcher.cancel()
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
         await cloud.close()
     return failures[0] if failures else None

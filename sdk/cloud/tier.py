@@ -22,11 +22,18 @@ class CloudTier:
     engine: Any = None  # the embedded AsyncCloudEngine
     grpc_server: Any = None  # the embedded engine's gRPC server
     description: str = "none"
+    pending: bool = False  # an embedded tier not started yet (tandem serve starts it behind the local tier)
 
     @property
     def is_ready(self) -> bool:
-        """False only while an embedded engine is still loading (remote tiers are probed by the breaker)."""
-        return self.engine is None or self.engine.is_ready
+        """False only while an embedded engine is still starting or loading (remote tiers are probed
+        by the breaker)."""
+        return not self.pending and (self.engine is None or self.engine.is_ready)
+
+    def take(self, other: CloudTier) -> None:
+        """Become `other`, a tier started later (its client, engine and server are ours to close)."""
+        self.client, self.engine, self.grpc_server, self.description = other.client, other.engine, other.grpc_server, other.description
+        self.pending = False
 
     async def close(self) -> None:
         """Stop in dependency order: the client, then the server it talks to, then the engine."""

@@ -5,6 +5,6 @@ rate limits are opt-in keywords of it. `warn_if_exposed` is for callers that bin
 """
 
 from sdk.openai_server.access import warn_if_exposed
-from sdk.openai_server.app import create_app
+from sdk.openai_server.app import attach_cloud_engine, create_app
 
-__all__ = ["create_app", "warn_if_exposed"]
+__all__ = ["attach_cloud_engine", "create_app", "warn_if_exposed"]

@@ -60,8 +60,9 @@ def create_app(
 
     `cascade` (an sdk.cascade.CascadeRunner over this same engine) adds the routed models
     auto, auto:<threshold>, local and cloud to chat completions (openai_server.routed_chat),
-    its counters to /metrics, and the cloud breaker's state to /health. `also_ready`: a
-    second condition for /health's 200 (tandem serve: the embedded cloud engine has loaded).
+    its counters to /metrics, and the cloud breaker's state to /health. `also_ready`: whether the
+    embedded cloud engine has loaded; with a cascade /health is 200 once the local engine is in
+    and says `"cloud": "loading"` until then (without one, it is a second condition for the 200).
     `cloud_engine`: that embedded engine, whose gauges and counters /metrics adds as
     `tandem:cloud_engine_*` (its KV blocks, running and waiting requests, tokens).
     `strict_fields`: request fields neither OpenAI nor a known extension defines are a 400
@@ -90,12 +91,12 @@ def create_app(
     if cascade is not None and cascade.local is not engine:
         raise ValueError("the cascade runner must route over the engine this app serves")
     state = ServerState(engine=engine, served_model_names=served_model_names, metrics=ServerMetrics(engine), cascade=cascade,
-                        cloud_engine=cloud_engine, strict_fields=strict_fields)
+                        strict_fields=strict_fields)
     if cascade is not None:
         state.metrics.registry.register(CascadeCollector(cascade))
-    if cloud_engine is not None:
-        state.metrics.registry.register(EngineStatsCollector(cloud_engine, subsystem="cloud_engine_"))
     app.state.tandem = state
+    if cloud_engine is not None:
+        attach_cloud_engine(app, cloud_engine)
     app.state.in_flight = in_flight  # per-client counts of requests being served (None: no limit)
     install_error_handlers(app)
     # The last one added runs first: keys, rate and in-flight limits from the headers alone,
@@ -111,12 +112,16 @@ def create_app(
 
     @app.get("/health", summary="200 once the model is loaded, 503 before")
     async def health() -> Response:
-        if not engine.is_ready or (also_ready is not None and not also_ready()):
+        if not engine.is_ready or (cascade is None and also_ready is not None and not also_ready()):
             return from_exception(EngineNotReadyError("the model is still loading; retry shortly")).response()
         if cascade is None:
             return JSONResponse({"status": "ok"})
-        # The local tier answers every request; the cloud's state only says whether escalations can go out.
-        cloud = "none" if cascade.cloud is None else cascade.breaker.state.value
+        # The local tier answers every request, so it alone makes the service ready; the cloud's
+        # state only says whether escalations can go out ("loading": answered locally meanwhile).
+        if also_ready is not None and not also_ready():
+            cloud = "loading"
+        else:
+            cloud = "none" if cascade.cloud is None else cascade.breaker.state.value
         return JSONResponse({"status": "ok", "local": "ready", "cloud": cloud})
 
     @app.get("/v1/models", summary="The models this server answers to")
@@ -135,6 +140,14 @@ def create_app(
         return Response(body, media_type=content_type)
 
     return app
+
+
+def attach_cloud_engine(app: FastAPI, cloud_engine: EngineProtocol) -> None:
+    """The embedded cloud engine, once started: its gauges and counters join /metrics as
+    `tandem:cloud_engine_*`, and the `cloud` model card reports its sampling defaults."""
+    state: ServerState = app.state.tandem
+    state.cloud_engine = cloud_engine
+    state.metrics.registry.register(EngineStatsCollector(cloud_engine, subsystem="cloud_engine_"))
 
 
 def _card(state: ServerState, name: str) -> ModelCard:

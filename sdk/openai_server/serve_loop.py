@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 
 import uvicorn
 
@@ -29,11 +30,15 @@ def stop_on_signals(http: HttpServer) -> None:
         loop.add_signal_handler(signum, lambda: setattr(http, "should_exit", True))
 
 
-async def watch_loading(name: str, engine, http: HttpServer, failures: list[str], logger: logging.Logger) -> None:
-    """Log when `engine` has loaded; if loading fails, note why and stop serving."""
+async def watch_loading(name: str, engine, http: HttpServer, failures: list[str], logger: logging.Logger,
+                        started: float | None = None) -> None:  # fmt: skip
+    """Log when `engine` has loaded, and how long it took since `started` (time.monotonic());
+    if loading fails, note why and stop serving."""
+    started = time.monotonic() if started is None else started
     try:
         await asyncio.to_thread(engine.wait_ready)
-        logger.info("%s model %s loaded; max_model_len %d", name, engine.model_name, engine.max_model_len)
+        logger.info("%s model %s loaded in %.1f s; max_model_len %d", name, engine.model_name,
+                    time.monotonic() - started, engine.max_model_len)  # fmt: skip
     except BaseException:  # the engine thread logged why
         failures.append(f"the {name} model failed to load (see the log above)")
         http.should_exit = True

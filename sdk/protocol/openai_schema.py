@@ -82,7 +82,9 @@ class _SamplingFields(_TopLevel):
         """Refuse output-changing fields tandem does not implement (InvalidRequestError names the
         field); return the names accepted but ignored. `strict`: unknown names are refused too."""
         ignored = (["user"] if self.user is not None else []) + classify_extra_fields(self.model_extra or {})
-        for index, message in enumerate(getattr(self, "messages", None) or []):
+        # Only a chat request's own messages: on /v1/completions a stray "messages" is just an extra field.
+        messages = self.messages if "messages" in type(self).model_fields else []
+        for index, message in enumerate(messages):
             ignored += classify_message_fields(message.model_extra or {}, index)
         unknown = unknown_fields(ignored)
         if strict and unknown:

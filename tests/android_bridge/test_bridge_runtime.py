@@ -243,7 +243,7 @@ def test_stop_ends_streams_in_flight_and_a_restart_serves_with_an_unreachable_cl
     assert json.loads(bridge.status())["state"] == "stopped"
     assert error_of(bridge.chat(request()))["code"] == "not_started"
 
-    start({"local": LOCAL, "cloud": {"url": "grpc://127.0.0.1:1"}, "cascade": {"cloud_timeout_s": 2}})
+    start({"local": LOCAL, "cloud": {"url": "grpc://127.0.0.1:1"}, "cascade": {"cloud_first_token_timeout_s": 2}})
     status = json.loads(bridge.status(json.dumps({"check_cloud": True, "timeout_s": 2})))
     assert status["cloud"]["configured"] and status["cloud"]["reachable"] is False and status["cloud"]["error"]
     reply = json.loads(bridge.chat(request(model="auto:1")))  # escalation fails: the device answers, marked degraded

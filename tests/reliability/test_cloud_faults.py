@@ -81,12 +81,16 @@ def assert_degraded_local_answer(tokens, final, reason: str) -> None:
 class FakeCloud(pb_grpc.TandemServicer):
     """tandem.v1 with scripted behaviour. mode: "ok" streams `num_tokens` words; "abort"
     aborts with `abort_code` before any token; "stall" streams `cut_after` tokens then
-    sleeps `stall_s`; "kill" streams `cut_after` tokens then stops the whole server."""
+    sleeps `stall_s`; "kill" streams `cut_after` tokens then stops the whole server; "slow"
+    sends a token every `gap_s`. `num_cancelled` counts calls the client cancelled (what
+    makes a real engine abort the request and free its KV blocks)."""
 
-    def __init__(self, mode: str = "ok", *, cut_after: int = 3, stall_s: float = 30.0,
+    def __init__(self, mode: str = "ok", *, cut_after: int = 3, stall_s: float = 30.0, gap_s: float = 0.01,
                  abort_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE):  # fmt: skip
         self.mode, self.cut_after, self.stall_s, self.abort_code = mode, cut_after, stall_s, abort_code
+        self.gap_s = gap_s
         self.num_calls = 0
+        self.num_cancelled = 0
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
 
@@ -109,13 +113,21 @@ class FakeCloud(pb_grpc.TandemServicer):
         self.num_calls += 1
         if self.mode == "abort":
             await context.abort(self.abort_code, "scripted failure")
+        try:
+            async for response in self._responses(request):
+                yield response
+        except asyncio.CancelledError:
+            self.num_cancelled += 1
+            raise
+
+    async def _responses(self, request):
         max_tokens = request.sampling.max_tokens or len(CLOUD_WORDS)
         for i in range(max_tokens):
             if self.mode in ("stall", "kill") and i == self.cut_after:
                 if self.mode == "kill":
                     asyncio.get_running_loop().create_task(self.stop())
                 await asyncio.sleep(self.stall_s)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(self.gap_s if self.mode == "slow" else 0.01)
             last = i == max_tokens - 1
             response = pb.GenerateResponse(request_id=request.request_id, token_id=i, text=CLOUD_WORDS[i % len(CLOUD_WORDS)],
                                            logprob=-0.1, finish_reason="length" if last else "")  # fmt: skip
@@ -170,28 +182,32 @@ class RawTcp(LoopbackTcpServer):
 
 HTTP1_PAGE = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 13\r\n\r\n<html></html>"
 
+SHORT = {"cloud_first_token_timeout_s": 0.5, "cloud_stall_timeout_s": 0.5}  # CascadeConfig timeouts of a case
 GRPC_FAULTS = [
-    # id, cloud factory, cloud_timeout_s, degraded_reason, cloud tokens the client saw first
-    pytest.param(lambda: FakeCloud("kill", cut_after=3), 10.0, "cloud_unavailable", 3, id="killed-mid-stream"),
-    pytest.param(lambda: FakeCloud("abort", abort_code=grpc.StatusCode.UNAVAILABLE), 10.0, "cloud_unavailable", 0, id="unavailable"),
-    pytest.param(None, 10.0, "cloud_unavailable", 0, id="nothing-listening"),
-    pytest.param(lambda: FakeCloud("stall", cut_after=0), 0.5, "cloud_timeout", 0, id="slow-first-token"),
-    pytest.param(lambda: FakeCloud("stall", cut_after=3), 0.5, "cloud_timeout", 3, id="stalls-mid-stream"),
-    pytest.param(lambda: FakeCloud("abort", abort_code=grpc.StatusCode.RESOURCE_EXHAUSTED), 10.0, "cloud_overloaded", 0, id="overloaded"),
-    pytest.param(lambda: FakeCloud("abort", abort_code=grpc.StatusCode.INTERNAL), 10.0, "cloud_error", 0, id="internal"),
-    pytest.param(lambda: RawTcp(os.urandom(4096)), 10.0, "cloud_unavailable", 0, id="random-bytes"),
-    pytest.param(lambda: RawTcp(HTTP1_PAGE), 10.0, "cloud_unavailable", 0, id="http1-server"),
-    pytest.param(lambda: RawTcp(None), 0.5, "cloud_timeout", 0, id="black-hole"),
-    pytest.param(NotTandem, 10.0, "cloud_error", 0, id="grpc-but-not-tandem"),
+    # id, cloud factory, timeouts, degraded_reason, cloud tokens the client saw first
+    pytest.param(lambda: FakeCloud("kill", cut_after=3), {}, "cloud_unavailable", 3, id="killed-mid-stream"),
+    pytest.param(lambda: FakeCloud("abort", abort_code=grpc.StatusCode.UNAVAILABLE), {}, "cloud_unavailable", 0, id="unavailable"),
+    pytest.param(None, {}, "cloud_unavailable", 0, id="nothing-listening"),
+    pytest.param(lambda: FakeCloud("stall", cut_after=0), SHORT, "cloud_first_token_timeout", 0, id="slow-first-token"),
+    pytest.param(lambda: FakeCloud("stall", cut_after=3), SHORT, "cloud_stall_timeout", 3, id="stalls-mid-stream"),
+    pytest.param(lambda: FakeCloud("slow", gap_s=0.3), {"cloud_stall_timeout_s": 2.0, "cloud_deadline_s": 1.0}, "cloud_deadline",
+                 3, id="past-the-deadline"),
+    pytest.param(lambda: FakeCloud("abort", abort_code=grpc.StatusCode.RESOURCE_EXHAUSTED), {}, "cloud_overloaded", 0, id="overloaded"),
+    pytest.param(lambda: FakeCloud("abort", abort_code=grpc.StatusCode.INTERNAL), {}, "cloud_error", 0, id="internal"),
+    pytest.param(lambda: RawTcp(os.urandom(4096)), {}, "cloud_unavailable", 0, id="random-bytes"),
+    pytest.param(lambda: RawTcp(HTTP1_PAGE), {}, "cloud_unavailable", 0, id="http1-server"),
+    pytest.param(lambda: RawTcp(None), SHORT, "cloud_first_token_timeout", 0, id="black-hole"),
+    pytest.param(NotTandem, {}, "cloud_error", 0, id="grpc-but-not-tandem"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("make_cloud, timeout_s, reason, num_cloud", GRPC_FAULTS)
-async def test_grpc_cloud_fault_degrades_to_a_whole_local_answer(local_engine, make_cloud, timeout_s, reason, num_cloud):
+@pytest.mark.parametrize("make_cloud, timeouts, reason, num_cloud", GRPC_FAULTS)
+async def test_grpc_cloud_fault_degrades_to_a_whole_local_answer(local_engine, make_cloud, timeouts, reason, num_cloud):
     cloud = make_cloud() if make_cloud is not None else None
     port = await cloud.start() if cloud is not None else free_port()
     client = CloudClient(f"127.0.0.1:{port}")
-    runner = CascadeRunner(local_engine, client, CascadeConfig(cloud_timeout_s=timeout_s))
+    runner = CascadeRunner(local_engine, client, CascadeConfig(**timeouts))
+    timeout_s = max(timeouts.values(), default=15.0)
     try:
         started = time.monotonic()
         tokens, final = await answer(runner)
@@ -207,6 +223,8 @@ async def test_grpc_cloud_fault_degrades_to_a_whole_local_answer(local_engine, m
     assert final.routing.cost["local"]["completion_tokens"] == len(tiers) - num_cloud
     assert runner.breaker.num_consecutive_failures == 1 and runner.breaker.state.value == "closed"
     assert elapsed < timeout_s + 15, "a failing cloud must not hold the answer much past its deadline"
+    if reason in ("cloud_first_token_timeout", "cloud_stall_timeout", "cloud_deadline") and isinstance(cloud, FakeCloud):
+        assert cloud.num_cancelled == 1, "a timed-out call is cancelled on the server (a real engine frees its blocks)"
     await assert_idle(local_engine)
 
 
@@ -263,7 +281,7 @@ HTTP_GARBAGE = [
     pytest.param(http_response(b"<html>oops</html>", "text/html", "500 Internal Server Error"), "cloud_error", 0, id="500-html"),
     pytest.param(http_response(b"{}", "application/json", "503 Service Unavailable"), "cloud_unavailable", 0, id="503"),
     pytest.param(os.urandom(2048), "cloud_unavailable", 0, id="random-bytes"),
-    pytest.param(None, "cloud_timeout", 0, id="never-answers"),
+    pytest.param(None, "cloud_first_token_timeout", 0, id="never-answers"),
 ]  # fmt: skip
 
 
@@ -298,7 +316,7 @@ async def test_openai_cloud_garbage_degrades_to_a_whole_local_answer(local_engin
     cloud = RawHttp(payload)
     port = await cloud.start()
     client = OpenAICloudClient(f"http://127.0.0.1:{port}/v1")
-    runner = CascadeRunner(local_engine, client, CascadeConfig(cloud_model="m", cloud_timeout_s=1.0))
+    runner = CascadeRunner(local_engine, client, CascadeConfig(cloud_model="m", cloud_first_token_timeout_s=1.0))
     try:
         tokens, final = await answer(runner)
     finally:
@@ -396,14 +414,14 @@ async def test_breaker_reopens_when_the_half_open_trial_fails_then_recovers(loca
     cloud = FakeCloud("stall", cut_after=0)
     port = await cloud.start()
     client = CloudClient(f"127.0.0.1:{port}")
-    config = CascadeConfig(breaker_failure_threshold=1, breaker_cool_down_s=COOL_DOWN_S, cloud_timeout_s=0.5)
+    config = CascadeConfig(breaker_failure_threshold=1, breaker_cool_down_s=COOL_DOWN_S, cloud_first_token_timeout_s=0.5)
     clock = Clock()
     runner = CascadeRunner(local_engine, client, config, clock=clock)
     try:
-        assert (await answer(runner))[1].routing.degraded_reason == "cloud_timeout"
+        assert (await answer(runner))[1].routing.degraded_reason == "cloud_first_token_timeout"
         assert runner.breaker.state.value == "open"
         clock.cool_down()
-        assert (await answer(runner))[1].routing.degraded_reason == "cloud_timeout"  # the trial failed
+        assert (await answer(runner))[1].routing.degraded_reason == "cloud_first_token_timeout"  # the trial failed
         assert runner.breaker.state.value == "open" and cloud.num_calls == 2
         cloud.mode = "ok"
         assert (await answer(runner))[1].routing.degraded_reason == "circuit_open"
@@ -458,7 +476,7 @@ class ClientThatBreaks:
 @pytest.mark.parametrize("error, reason", [
     (ValueError("a chunk the client could not read"), "cloud_error"),
     (ConnectionResetError("reset by peer"), "cloud_unavailable"),
-    (TimeoutError(), "cloud_timeout"),
+    (TimeoutError(), "cloud_deadline"),
 ])  # fmt: skip
 async def test_any_exception_from_the_cloud_client_degrades_instead_of_escaping(local_engine, error, reason):
     runner = CascadeRunner(local_engine, ClientThatBreaks(error), CascadeConfig())

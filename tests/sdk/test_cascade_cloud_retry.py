@@ -9,7 +9,7 @@ import pytest
 
 from cloud_engine.grpc.convert import CloudTokenEvent
 from router.circuit_breaker import CircuitBreaker
-from sdk.cascade.cloud import CloudFailed, CloudUsage, stream_from_cloud
+from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, stream_from_cloud
 from sdk.cloud.grpc_client import CloudDeadlineExceededError, CloudUnavailableError
 from sdk.protocol.engine import SamplingParams
 
@@ -37,7 +37,7 @@ class ScriptedCloud:
 async def drain(cloud: ScriptedCloud, breaker: CircuitBreaker) -> list[CloudTokenEvent]:
     stream = stream_from_cloud(
         cloud, breaker, [{"role": "user", "content": "hi"}], SamplingParams(max_tokens=4), CloudUsage(),
-        model="", request_id="r", continuation_token_ids=(), timeout_s=5.0, retry_backoff_s=0.0,
+        model="", request_id="r", continuation_token_ids=(), timeouts=CloudTimeouts(deadline_s=5.0), retry_backoff_s=0.0,
     )  # fmt: skip
     return [event async for event in stream]
 

@@ -64,14 +64,22 @@ async def test_cloud_killed_mid_stream_is_finished_by_the_local_tier(cloud_engin
     assert runner.breaker.num_consecutive_failures == 1
 
 
-async def test_slow_cloud_times_out_and_the_local_tier_answers(cloud_engine, make_runner):  # noqa: F811
+@pytest.mark.parametrize("timeouts, reason", [
+    ({"cloud_deadline_s": 0.4}, "cloud_deadline"),
+    ({"cloud_first_token_timeout_s": 5.0, "cloud_stall_timeout_s": 0.1}, "cloud_stall_timeout"),
+])  # fmt: skip
+async def test_slow_cloud_times_out_and_the_local_tier_answers(cloud_engine, make_runner, timeouts, reason):  # noqa: F811
     server = await start_grpc_server(PacedCloudEngine(cloud_engine, 0.25), GrpcServerConfig(port=0))
     try:
-        runner = await make_runner(f"127.0.0.1:{bound_port(server)}", cloud_timeout_s=0.4)
+        runner = await make_runner(f"127.0.0.1:{bound_port(server)}", **timeouts)
         result = await runner.complete(QUESTION, SamplingParams(max_tokens=12, temperature=0.0), model="cloud")
+        deadline = asyncio.get_running_loop().time() + 5
+        while cloud_engine.stats().num_kv_blocks_used and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)  # the cancelled call reaches the engine thread asynchronously
+        assert cloud_engine.stats().num_kv_blocks_used == 0, "the timed-out cloud request freed its blocks"
     finally:
         await stop_grpc_server(server, grace_s=0)
-    assert (result.routing.tier, result.routing.degraded_reason) == ("local", "cloud_timeout")
+    assert (result.routing.tier, result.routing.degraded_reason) == ("local", reason)
     assert result.finish_reason == "stop" or len(result.token_ids) == 12
     assert result.tiers[-1] == "local"
 

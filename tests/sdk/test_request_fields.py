@@ -156,3 +156,8 @@ def test_popular_clients_plain_chat_calls_are_not_refused(server_url):
 
     agent = Agent(OpenAIChatModel("auto", provider=OpenAIProvider(base_url=f"{server_url}/v1", api_key="unused")))
     assert agent.run_sync("What is 2+2?", model_settings={"max_tokens": 8}).output
+
+
+def test_a_stray_messages_field_on_completions_is_just_an_unknown_field():
+    request = CompletionRequest.model_validate_json(json.dumps({"model": "m", "prompt": "x", "messages": 1.5}))
+    assert request.check_fields() == ["messages"]
