@@ -19,6 +19,7 @@ from sdk.openai_server.completions import create_completion
 from sdk.openai_server.errors import from_exception, install_error_handlers, model_not_found
 from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, InFlightLimiter
 from sdk.openai_server.metrics import EngineStatsCollector, ServerMetrics
+from sdk.openai_server.openapi import install_openapi
 from sdk.openai_server.rate_limit import RequestRateLimiter
 from sdk.openai_server.serving import ServerState
 
@@ -109,6 +110,7 @@ def create_app(
 
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"], summary="Create a chat completion")
     app.add_api_route("/v1/completions", create_completion, methods=["POST"], summary="Create a completion")
+    install_openapi(app)  # the handlers read raw bodies: document them from the schema
 
     @app.get("/health", summary="200 once the model is loaded, 503 before")
     async def health() -> Response:
