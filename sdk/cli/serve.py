@@ -120,14 +120,16 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
     failures: list[str] = []
 
     async def bring_up_embedded() -> None:
-        """After the local model: both loading at once took the local tier from ~0.5 s to ~10 s
-        (the cloud engine's load holds the GIL), and torch's import stays off the path to /health."""
+        """The engine loads after the local model: both loading at once took the local tier from
+        ~0.5 s to ~10 s (the cloud engine's load holds the GIL). torch and the engine's modules
+        import on a thread meanwhile (mostly I/O and C; the loop keeps answering)."""
+        imported = asyncio.create_task(asyncio.to_thread(importlib.import_module, "cloud_engine.async_engine"))
         await watch_loading("local", engine, http, failures, logger, started)
         if failures:
+            imported.cancel()
             return
         try:
-            # torch and the engine's modules import on a thread: the loop keeps answering meanwhile.
-            await asyncio.to_thread(importlib.import_module, "cloud_engine.async_engine")
+            await imported
             cloud.take(await start_cloud_tier(settings))
         except OSError as exc:
             failures.append(f"the embedded cloud tier could not start: {exc}")
