@@ -21,7 +21,6 @@ import io
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from bench.machine import machine_info, write_report
+from bench.serve_servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 README_BASE_URL = "http://127.0.0.1:8000/v1"
@@ -43,12 +43,6 @@ def readme_example() -> str:
     if match is None:
         raise SystemExit("bench.first_contact: README has no openai example")
     return match.group(1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_and_time(log_dir: Path, index: int, timeout_s: float = 300.0) -> tuple[subprocess.Popen, str, dict]:

@@ -87,10 +87,8 @@ def _truncate(scaled: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
     vocab = scaled.shape[0]
     if top_k <= 0 and top_p >= 1.0:
         return np.arange(vocab)
-    if top_k > 0:
-        ids = _largest(scaled, min(top_k, vocab))
-        log_z = _logsumexp(scaled[ids])  # top-p applies to the renormalised top-k set
-        return ids if top_p >= 1.0 else _nucleus(scaled, ids, log_z, top_p)
+    if top_k > 0:  # top-p applies to the renormalised top-k set
+        return _truncate_sorted(scaled, _largest(scaled, min(top_k, vocab)), 0, top_p)
     # The nucleus is nearly always within the top few dozen tokens: widen until it is.
     log_z = _logsumexp(scaled)
     m = 64

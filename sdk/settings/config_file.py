@@ -9,7 +9,7 @@ from pathlib import Path
 
 import tomllib
 
-from sdk.settings.loading import load_settings
+from sdk.settings.loading import default_config_path, load_settings
 
 
 def config_path(config: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> Path:
@@ -17,10 +17,7 @@ def config_path(config: str | os.PathLike | None = None, env: Mapping[str, str] 
     env = os.environ if env is None else env
     if config is not None or env.get("TANDEM_CONFIG"):
         return Path(config if config is not None else env["TANDEM_CONFIG"]).expanduser().resolve()
-    base = env.get("XDG_CONFIG_HOME") or ""
-    if not os.path.isabs(base):
-        base = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".config")
-    return Path(base) / "tandem" / "config.toml"
+    return Path(default_config_path(env))
 
 
 def read_config(path: Path) -> dict:

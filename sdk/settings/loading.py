@@ -185,11 +185,16 @@ def _config_file(config_path: str | os.PathLike | None, env: Mapping[str, str]) 
         if not os.path.isfile(path):
             raise SettingsError(f"config file {path} (from {origin}) does not exist or is not a file")
         return path
+    path = default_config_path(env)
+    return path if os.path.isfile(path) else None
+
+
+def default_config_path(env: Mapping[str, str]) -> str:
+    """$XDG_CONFIG_HOME/tandem/config.toml (~/.config when unset), whether or not it exists."""
     base = env.get("XDG_CONFIG_HOME") or ""
     if not os.path.isabs(base):  # the XDG spec says to ignore relative values
         base = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".config")
-    path = os.path.join(base, "tandem", "config.toml")
-    return path if os.path.isfile(path) else None
+    return os.path.join(base, "tandem", "config.toml")
 
 
 def _read_file(path: str) -> list[tuple[SettingField, Any]]:

@@ -5,20 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
-from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-README_BASE_URL = "http://127.0.0.1:8000/v1"
-
-
-def readme_example() -> str:
-    """The first Python block of README that uses the official `openai` package."""
-    match = re.search(r"```python\n(import openai\n.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
-    assert match, "README lost its openai example"
-    return match.group(1)
+from bench.first_contact import README_BASE_URL, readme_example  # the bench times the same code
 
 
 @pytest.mark.slow
@@ -29,7 +19,7 @@ def test_readme_example_answers_4_every_time_without_degrading(server_url):
     for attempt in range(5):
         namespace: dict = {}
         with contextlib.redirect_stdout(io.StringIO()) as printed:
-            exec(compile(code, str(README), "exec"), namespace)
+            exec(compile(code, "README.md", "exec"), namespace)
         out = namespace["out"]
         answer, routing = out.choices[0].message.content, out.model_extra["tandem"]
         assert "4" in answer, (attempt, answer, routing)
