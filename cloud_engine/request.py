@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from sdk.protocol.engine import SamplingParams
 from sdk.protocol.request_status import FINISH_REASONS, RequestStatus
 from sdk.protocol.text_stream import TextStream
+from sdk.protocol.token_events import new_repetition_tracker
 
 if TYPE_CHECKING:
     from cloud_engine.block_pool import BlockHash
@@ -39,6 +40,8 @@ class Request:
 
     def __post_init__(self) -> None:
         self.text_stream = TextStream(self.params.stop)
+        self.repetition = new_repetition_tracker(self.params)  # check_stop's loop test; None when off
+        self.stop_reason: str | None = None  # "repetition" once check_stop stopped a loop
         self._all_token_ids = list(self.prompt_token_ids)
 
     def append_output_token(self, token_id: int) -> None:

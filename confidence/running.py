@@ -32,6 +32,7 @@ from confidence.aggregate import (
 )
 from confidence.signals import TokenSignals, token_signals
 from sdk.protocol.engine import TokenEvent
+from sdk.protocol.repetition import RepetitionTracker
 
 
 class RunningConfidence:
@@ -53,6 +54,8 @@ class RunningConfidence:
         self._recent_probs: deque[float] = deque(maxlen=window)
         self._window_mean_prob = math.nan
         self._min_full_window_mean_prob = math.inf  # over windows of exactly `window` tokens
+        self.repetition = RepetitionTracker()  # loops and the repeated-n-gram feature (token ids; -1 = unknown)
+        self._token_ids_known = True
 
     @property
     def num_tokens(self) -> int:
@@ -80,6 +83,8 @@ class RunningConfidence:
         self._window_mean_prob = sum(self._recent_probs) / len(self._recent_probs)
         if len(self._recent_probs) == self.window:
             self._min_full_window_mean_prob = min(self._min_full_window_mean_prob, self._window_mean_prob)
+        self._token_ids_known = self._token_ids_known and signals.token_id >= 0
+        self.repetition.push(signals.token_id)
 
     def features_dict(self) -> dict[str, float]:
         """Features of the tokens seen so far, by name (see confidence.aggregate.FEATURE_NAMES)."""
@@ -100,6 +105,7 @@ class RunningConfidence:
             "window_min_mean_prob": window_min,
             "window_mean_prob": self._window_mean_prob,
             "mean_topk_mass": self._sum_topk_mass / self._num_topk_mass if self._num_topk_mass else math.nan,
+            "repeated_ngram_fraction": self.repetition.repeated_ngram_fraction if self._token_ids_known else math.nan,
         }
         for name, q in zip(QUANTILE_FEATURE_NAMES, QUANTILE_LEVELS):
             values[name] = quantile_of_sorted(self._sorted_probs, q)

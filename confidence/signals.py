@@ -27,6 +27,7 @@ class TokenSignals:
     entropy: float  # entropy (nats) of the model's distribution at this position
     margin: float  # top-1 minus top-2 probability
     topk_mass: float  # summed probability of the alternatives the event carries; NaN when it carries none
+    token_id: int = -1  # the chosen token (the repetition feature reads the ids); -1 when unknown
 
 
 def token_signals(event: TokenEvent) -> TokenSignals:
@@ -45,6 +46,7 @@ def token_signals(event: TokenEvent) -> TokenSignals:
         entropy=float(event.entropy),
         margin=float(event.margin),
         topk_mass=topk_mass,
+        token_id=int(event.token_id),
     )
 
 
@@ -57,6 +59,7 @@ class SignalArrays:
     entropy: np.ndarray  # per-position entropies (nats)
     margin: np.ndarray  # per-position top-1 minus top-2 probabilities
     topk_mass: np.ndarray  # per-position top-k alternative mass (NaN where none was carried)
+    token_ids: np.ndarray | None = None  # int64 chosen token ids; None when unknown (no repetition feature)
 
     def __len__(self) -> int:
         return int(self.prob.shape[0])
@@ -73,6 +76,7 @@ class SignalArrays:
             entropy=self.entropy[:num_tokens],
             margin=self.margin[:num_tokens],
             topk_mass=self.topk_mass[:num_tokens],
+            token_ids=None if self.token_ids is None else self.token_ids[:num_tokens],
         )
 
     @classmethod
@@ -89,6 +93,7 @@ class SignalArrays:
             entropy=column("entropy"),
             margin=column("margin"),
             topk_mass=column("topk_mass"),
+            token_ids=np.fromiter((row.token_id for row in rows), dtype=np.int64, count=len(rows)),
         )
 
 

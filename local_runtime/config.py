@@ -25,6 +25,7 @@ class LocalEngineConfig:
     flash_attn: bool = True  # llama.cpp flash attention (also on CPU)
     batch_invariant: bool = True  # prefill numerics do not depend on what a request is batched with
     strict_batch_invariance: bool = False  # also pad lone decodes so they never change kernel (~40% slower at c=1)
+    repetition_stop: bool = True  # for requests that leave repetition_stop unset (sdk.protocol.repetition)
     sampling: dict = field(default_factory=dict)  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
 
     def __post_init__(self) -> None:

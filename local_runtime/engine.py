@@ -7,6 +7,8 @@ sequence's decode token plus prefill chunks, under the scheduler's token budget.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from local_runtime.block_manager import BlockManager
@@ -96,6 +98,8 @@ class LocalEngine:
     def add_request(self, request: GenerationRequest) -> None:
         self.validate(request)
         params = self.sampling_defaults.apply(request.params)  # the fields the request left out
+        if params.repetition_stop is None:
+            params = dataclasses.replace(params, repetition_stop=self.config.repetition_stop)
         self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), params))
 
     def abort_request(self, request_id: str) -> bool:

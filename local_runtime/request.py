@@ -10,6 +10,7 @@ import numpy as np
 from sdk.protocol.engine import SamplingParams
 from sdk.protocol.request_status import FINISH_REASONS, RequestStatus  # noqa: F401  (re-exported)
 from sdk.protocol.text_stream import TextStream
+from sdk.protocol.token_events import new_repetition_tracker
 
 
 @dataclass
@@ -29,6 +30,8 @@ class Request:
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.params.seed)
         self.text_stream = TextStream(self.params.stop)
+        self.repetition = new_repetition_tracker(self.params)  # check_stop's loop test; None when off
+        self.stop_reason: str | None = None  # "repetition" once check_stop stopped a loop
 
     @property
     def all_token_ids(self) -> list[int]:

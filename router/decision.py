@@ -57,6 +57,7 @@ class Reason:
     THRESHOLD_ONE = "threshold_one"  # threshold 1: always the cloud
     PROMPT_ROUTER = "prompt_router"  # the prompt scorer judged the request too hard for the local tier
     LOW_CONFIDENCE = "low_confidence"  # running confidence fell below the threshold during generation
+    REPETITION = "repetition"  # the local answer fell into an exact loop (sdk.protocol.repetition.ESCALATE_LOOP)
     FINAL_CHECK = "final_check"  # the verifier of the complete local answer rejected it
     CONFIDENT = "confident"  # the local answer passed every check that ran
     NO_POLICY = "no_policy"  # no policy had an opinion: local by default

@@ -18,16 +18,19 @@ from router.decision import (
     Reason,
     RoutingDecision,
     StrChoice,
+    Tier,
     threshold_decision,
     validate_threshold,
 )
 from sdk.protocol.engine import TokenEvent
+from sdk.protocol.repetition import ESCALATE_LOOP, LoopRule
 
 # Features that are already probability-like in [0, 1] and grow with confidence, so a
 # [0, 1] threshold means something without a calibrator. The others (log-probabilities,
 # entropies, counts) need a calibrator that maps them to P(acceptable).
 UNCALIBRATED_SCORE_KINDS = frozenset(
-    name for name in FEATURE_NAMES if name not in ("num_tokens", "mean_logprob", "mean_entropy", "max_entropy")
+    name for name in FEATURE_NAMES
+    if name not in ("num_tokens", "mean_logprob", "mean_entropy", "max_entropy", "repeated_ngram_fraction")
 )
 
 
@@ -52,6 +55,11 @@ class StreamingPolicy:
     an answer that ends sooner is judged once, at its end, on all of its tokens. The
     threshold rule is router.decision.should_escalate: threshold 0 never escalates,
     threshold 1 always does (at token K, or at the end of a shorter answer).
+
+    A loop escalates whatever the confidence (a looping answer is often confident): once
+    the answer's tail repeats one unit by `loop_rule`, at any token, unless the request is
+    already settled or the threshold is 0. None turns this off (ignore_eos, constrained
+    output, or a request that sent repetition_stop false).
     """
 
     name = "streaming"
@@ -65,6 +73,7 @@ class StreamingPolicy:
         decide_at: DecideAt | str = DecideAt.EVERY_TOKEN,
         window: int = DEFAULT_WINDOW,
         score_fn: Callable[[Mapping[str, float]], float] | None = None,
+        loop_rule: LoopRule | None = ESCALATE_LOOP,
     ):
         if isinstance(min_tokens_k, bool) or not isinstance(min_tokens_k, int) or min_tokens_k < 1:
             raise ValueError(f"min_tokens_k must be an integer >= 1 (tokens before the first decision), got {min_tokens_k!r}")
@@ -88,6 +97,7 @@ class StreamingPolicy:
         # All running features -> P(acceptable) (a learned probe); replaces score_kind when set.
         self.score_fn = score_fn
         self.running = RunningConfidence(window)  # features of the tokens seen so far
+        self.loop_rule = loop_rule  # when a repeating tail escalates; None: loops are not judged
         self._decision: RoutingDecision | None = None  # settled early: an escalation, or a pass at K
         self._finished = False
 
@@ -120,6 +130,9 @@ class StreamingPolicy:
             )
         self.running.update(event)
         num_tokens = self.running.num_tokens
+        if self._decision is None and (loop := self._loop()) is not None:
+            self._decision = loop
+            return loop
         if self._decision is not None or num_tokens < self.min_tokens_k or self.decide_at is DecideAt.END:
             return None
         if self.decide_at is DecideAt.FIRST_K and num_tokens > self.min_tokens_k:
@@ -135,6 +148,18 @@ class StreamingPolicy:
         if self._decision is None:
             self._decision = self._judge()
         return self._decision
+
+    def _loop(self) -> RoutingDecision | None:
+        """An escalation if the answer so far ends in a loop by loop_rule (never at threshold 0)."""
+        if self.loop_rule is None or self.threshold == 0.0:
+            return None
+        loop = self.running.repetition.loop(self.loop_rule)
+        if loop is None:
+            return None
+        num_tokens = self.running.num_tokens
+        return RoutingDecision(tier=Tier.CLOUD, escalated=True, reason=Reason.REPETITION, confidence=self.confidence(),
+                               decided_at_token=num_tokens, decided_by=self.name,
+                               detail=f"the last {loop.span} tokens repeat a {loop.period}-token unit")
 
     def _judge(self) -> RoutingDecision:
         confidence = self.confidence()

@@ -83,6 +83,7 @@ def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_mod
         stop=list(sampling.stop),
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=sampling.ignore_eos,
+        repetition_stop=sampling.repetition_stop if sampling.HasField("repetition_stop") else None,
         logprobs=sampling.top_logprobs or None,
     )
 
@@ -105,6 +106,7 @@ def response_from_event(event: TokenEvent, request_id: str) -> pb.GenerateRespon
         ],
         token_bytes=event.token_bytes,
         finish_reason=event.finish_reason or "",
+        stop_reason=event.stop_reason or "",
     )
     if event.finish_reason is not None:
         response.usage.prompt_tokens = event.num_prompt_tokens
@@ -160,7 +162,7 @@ def sampling_message(params: SamplingParams) -> pb.SamplingParams:
         ignore_eos=params.ignore_eos,
         top_logprobs=params.logprobs or 0,
     )
-    for name in ("temperature", "top_p", "top_k", "seed", *OPTIONAL_FLOATS):  # unset: the server's default for its model
+    for name in ("temperature", "top_p", "top_k", "seed", "repetition_stop", *OPTIONAL_FLOATS):  # unset: the server's default for its model
         if getattr(params, name) is not None:
             setattr(message, name, getattr(params, name))
     message.logit_bias.update(params.logit_bias)
@@ -181,6 +183,7 @@ def event_from_response(response: pb.GenerateResponse, num_output_tokens: int) -
         top_logprobs=[TopLogprob(t.token_id, t.text, t.logprob, t.token_bytes) for t in response.top_logprobs],
         token_bytes=response.token_bytes,
         finish_reason=response.finish_reason or None,
+        stop_reason=response.stop_reason or None,
         num_prompt_tokens=response.usage.prompt_tokens if last else 0,
         num_output_tokens=response.usage.completion_tokens if last else num_output_tokens,
         num_draft_tokens=response.speculative.draft_tokens,

@@ -59,7 +59,8 @@ async def routed_completion(
     message = ChatResponseMessage(content=result.text)
     return TandemChatCompletion(
         id=response_id, created=created, model=model,
-        choices=[ChatChoice(index=0, message=message, finish_reason=result.finish_reason)],
+        choices=[ChatChoice(index=0, message=message, finish_reason=result.finish_reason,
+                          stop_reason=result.stop_reason)],
         usage=usage_of(result.routing, len(result.token_ids)), tandem=tandem_field(result.routing),
     )  # fmt: skip
 
@@ -84,8 +85,8 @@ async def routed_stream(
 async def _chunks(
     events: AsyncIterator[CascadeEvent], first: CascadeEvent | None, response_id: str, created: int, model: str
 ) -> AsyncIterator[TandemChatCompletionChunk]:
-    def chunk(delta: DeltaMessage, finish_reason=None, **extra) -> TandemChatCompletionChunk:
-        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason)
+    def chunk(delta: DeltaMessage, finish_reason=None, stop_reason=None, **extra) -> TandemChatCompletionChunk:
+        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason, stop_reason=stop_reason)
         return TandemChatCompletionChunk(id=response_id, created=created, model=model, choices=[choice], **extra)
 
     num_tokens = 0
@@ -98,7 +99,7 @@ async def _chunks(
             if event.routing is not None:
                 routing = event.routing
                 yield chunk(
-                    DeltaMessage(), event.finish_reason,  # collect() ignores the final event's text too
+                    DeltaMessage(), event.finish_reason, event.stop_reason,  # collect() ignores the final event's text too
                     usage=usage_of(routing, num_tokens), tandem=tandem_field(routing),
                 )
                 return

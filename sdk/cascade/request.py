@@ -31,7 +31,8 @@ from router.policy import (
 from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, refusal_reason, stream_from_cloud
 from sdk.cascade.local import LocalRun
 from sdk.cascade.types import CascadeEvent, RoutingInfo
-from sdk.protocol.engine import ContextLengthError, SamplingParams
+from sdk.protocol.engine import ContextLengthError, SamplingParams, TokenEvent
+from sdk.protocol.repetition import ESCALATE_LOOP
 
 COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
 
@@ -63,7 +64,8 @@ class CascadeRequest:
             pre=pre,
             streaming=StreamingPolicy(threshold, self.config.min_tokens_k, self.config.score_kind,
                                       decide_at=self.config.decide_at,
-                                      score_fn=probe.score_features if probe is not None else None),
+                                      score_fn=probe.score_features if probe is not None else None,
+                                      loop_rule=None if params.repetition_stop is False or params.ignore_eos else ESCALATE_LOOP),
         )  # fmt: skip
         self.threshold = threshold
         self.cost = runner.ledger.new_request()
@@ -73,6 +75,7 @@ class CascadeRequest:
         self.handoff: HandoffMode | None = None
         self.answered_by = Tier.LOCAL
         self.finish_reason: str | None = None
+        self.stop_reason: str | None = None  # "repetition": the tier that answered stopped a loop
         self.local_committed = False  # the local answer is settled: its tokens go straight to the client
 
     async def run(self) -> AsyncIterator[CascadeEvent]:
@@ -87,7 +90,7 @@ class CascadeRequest:
         else:
             async for event in self._local_first(pre):
                 yield event
-        yield CascadeEvent("", None, self.answered_by.value, self.finish_reason, self._routing_info())
+        yield CascadeEvent("", None, self.answered_by.value, self.finish_reason, self._routing_info(), self.stop_reason)
 
     async def _local_first(self, pre: RoutingDecision | None) -> AsyncIterator[CascadeEvent]:
         buffer = HoldBackBuffer(self.config.handoff, self.config.hold_tokens)
@@ -103,7 +106,7 @@ class CascadeRequest:
                     yield held
             for released in self._release(buffer, event):
                 yield released
-            self.finish_reason = event.finish_reason
+            self._ended_by(event)
         if escalation is None and observing:
             decision = self.cascade.finish()  # the short-answer or decide_at="end" verdict
             if decision.escalated and await self._may_hand_off(buffer):
@@ -115,6 +118,10 @@ class CascadeRequest:
         await self.local.stop()
         async for event in self._cloud_then_fallback(plan=buffer.escalate()):
             yield event
+
+    def _ended_by(self, event: TokenEvent) -> None:
+        """Note the latest engine event's finish (None until the last one)."""
+        self.finish_reason, self.stop_reason = event.finish_reason, event.stop_reason
 
     async def _may_hand_off(self, buffer: HoldBackBuffer) -> bool:
         """Whether an escalation can go ahead; if not, note why (the local answer stands)."""
@@ -158,7 +165,8 @@ class CascadeRequest:
                 ):  # fmt: skip
                     num_cloud_tokens += 1
                     cloud_text.append(event.text)
-                    self.answered_by, self.finish_reason = Tier.CLOUD, event.finish_reason
+                    self.answered_by = Tier.CLOUD
+                    self._ended_by(event)
                     yield CascadeEvent(event.text, event.token_id, Tier.CLOUD.value)
                 self.cost.add("cloud", usage.prompt_tokens, usage.completion_tokens)
                 return
@@ -182,7 +190,7 @@ class CascadeRequest:
         try:
             async for event in self.local.take_over(prefix_text + cloud_text, num_emitted):
                 yield CascadeEvent(event.text, event.token_id, Tier.LOCAL.value)
-                self.finish_reason = event.finish_reason
+                self._ended_by(event)
         except ContextLengthError:
             pass  # the answer so far fills the local context: it ends here, as if at max_tokens
         if self.finish_reason is None:
@@ -194,10 +202,10 @@ class CascadeRequest:
         already_released = plan.num_released_tokens if plan is not None else 0
         for event in self.local.events[already_released:]:
             yield CascadeEvent(event.text, event.token_id, Tier.LOCAL.value)
-            self.finish_reason = event.finish_reason
+            self._ended_by(event)
         async for event in self.local.resume():
             yield CascadeEvent(event.text, event.token_id, Tier.LOCAL.value)
-            self.finish_reason = event.finish_reason
+            self._ended_by(event)
 
     def _routing_info(self) -> RoutingInfo:
         decision = self.cascade.finish()

@@ -33,6 +33,7 @@ class CascadeEvent:
     tier: str  # which tier produced it
     finish_reason: str | None = None  # set on the final event only: "stop", "length" or "abort"
     routing: RoutingInfo | None = None  # set on the final event only
+    stop_reason: str | None = None  # final event: "repetition" when a loop was stopped (finish_reason "length")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class CascadeResult:
     tiers: list[str]  # tier of each token, in order
     finish_reason: str | None
     routing: RoutingInfo
+    stop_reason: str | None = None
 
 
 async def collect(events) -> CascadeResult:
@@ -62,4 +64,4 @@ async def collect(events) -> CascadeResult:
         await events.aclose()  # cancelled part-way (a client that left): stop both tiers now
     if final is None:
         raise RuntimeError("the cascade stream ended without its final routing event")
-    return CascadeResult("".join(texts), token_ids, tiers, final.finish_reason, final.routing)
+    return CascadeResult("".join(texts), token_ids, tiers, final.finish_reason, final.routing, final.stop_reason)

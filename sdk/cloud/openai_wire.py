@@ -84,6 +84,8 @@ def request_body(messages: list[dict], params: SamplingParams | None, model: str
         body["stop_token_ids"] = list(params.stop_token_ids)
     if params.ignore_eos:
         body["ignore_eos"] = True
+    if params.repetition_stop is not None:  # tandem's extension: sent only when the request chose
+        body["repetition_stop"] = params.repetition_stop
     if params.logprobs is not None:
         body.update(logprobs=True, top_logprobs=params.logprobs)
     return body
@@ -129,6 +131,8 @@ class ChunkStream:
         event = _event(self.request_id or str(chunk.get("id", "")), text, entries, finish_reason, self.num_events)
         if finish_reason is None:
             return event
+        stop_reason = choice.get("stop_reason")
+        event.stop_reason = stop_reason if stop_reason == "repetition" else None  # vLLM puts stop strings there
         self.final = event
         return None
 

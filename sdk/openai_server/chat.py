@@ -70,6 +70,7 @@ def _response(
             message=ChatResponseMessage(content=state.text),
             logprobs=chat_logprobs(state.events) if body.logprobs else None,
             finish_reason=state.finish_reason,
+            stop_reason=state.stop_reason,
         )
         for i, state in enumerate(states)
     ]
@@ -92,6 +93,7 @@ def _chunks(body: ChatCompletionRequest, job: Job, response_id: str, created: in
                 delta=DeltaMessage(content=event.text or None),
                 logprobs=chat_logprobs([event]) if body.logprobs else None,
                 finish_reason=event.finish_reason,
+                stop_reason=event.stop_reason,
             )
         ])
 

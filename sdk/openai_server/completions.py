@@ -53,6 +53,7 @@ def _response(
             text=state.text,
             logprobs=completion_logprobs(state.events) if body.logprobs is not None else None,
             finish_reason=state.finish_reason,
+            stop_reason=state.stop_reason,
         )
         for i, state in enumerate(states)
     ]
@@ -80,7 +81,8 @@ def _chunks(body: CompletionRequest, job: Job, response_id: str, created: int, f
         if want_logprobs:
             logprobs = completion_logprobs([event], text_offsets[index])
             text_offsets[index] += sum(len(t) for t in logprobs.tokens)
-        return chunk([CompletionChoice(index=index, text=event.text, logprobs=logprobs, finish_reason=event.finish_reason)])
+        return chunk([CompletionChoice(index=index, text=event.text, logprobs=logprobs, finish_reason=event.finish_reason,
+                                      stop_reason=event.stop_reason)])
 
     return sse_events(
         first, choices, body.num_choices, render_event,

@@ -36,6 +36,7 @@ class ChoiceState:
     events: list[TokenEvent] = field(default_factory=list)  # kept only when logprobs were asked for
     num_output_tokens: int = 0
     finish_reason: str | None = None
+    stop_reason: str | None = None  # "repetition" when the engine stopped a loop
     num_draft_tokens: int = 0  # speculative decoding totals, from the latest event
     num_accepted_tokens: int = 0
 
@@ -46,7 +47,7 @@ class ChoiceState:
         self.num_output_tokens = event.num_output_tokens or self.num_output_tokens + 1
         self.num_draft_tokens, self.num_accepted_tokens = event.num_draft_tokens, event.num_accepted_tokens
         if event.finish_reason is not None:
-            self.finish_reason = event.finish_reason
+            self.finish_reason, self.stop_reason = event.finish_reason, event.stop_reason
 
     @property
     def text(self) -> str:

@@ -75,6 +75,10 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings, never included in the output
     stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end generation
     ignore_eos: bool = False  # keep going past end-of-generation tokens
+    # Stop an answer caught in an exact loop (sdk.protocol.repetition.STOP_LOOP) with finish_reason
+    # "length" and stop_reason "repetition". None: the tier's default (local on, cloud off).
+    # Never under ignore_eos, which asks for every token.
+    repetition_stop: bool | None = None
     logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token + k alternatives
 
     def __post_init__(self) -> None:
@@ -123,6 +127,11 @@ class SamplingParams:
             raise ValueError("sampling with unset fields: the engine must fill in its defaults first "
                              "(sdk.protocol.sampling_defaults.SamplingDefaults.apply)")  # fmt: skip
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def stops_loops(self) -> bool:
+        """Whether the engine watches this request for loops (sdk.protocol.repetition)."""
+        return bool(self.repetition_stop) and not self.ignore_eos
 
     @property
     def uses_token_history(self) -> bool:
@@ -193,6 +202,7 @@ class TokenEvent:
     top_logprobs: list[TopLogprob] = field(default_factory=list)
     token_bytes: bytes = b""  # raw bytes of the token (OpenAI's logprobs `bytes`)
     finish_reason: str | None = None  # set on the last event: "stop", "length" or "abort"
+    stop_reason: str | None = None  # on the last event, why beyond finish_reason: "repetition" (a loop was stopped)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_draft_tokens: int = 0  # speculative decoding, so far in this request: draft tokens verified

@@ -73,6 +73,7 @@ class _SamplingFields(_TopLevel):
     repetition_penalty: float | None = None  # extension (vLLM/HF): over prompt and generated tokens
     min_tokens: int | None = Field(default=None, ge=0)  # extension (vLLM): no end-of-text before this many
     ignore_eos: bool | None = None  # extension (vLLM): keep generating past end-of-text
+    repetition_stop: bool | None = None  # extension (tandem): stop an exact loop (None: the tier's default)
 
     @property
     def num_choices(self) -> int:
@@ -146,6 +147,7 @@ class _SamplingFields(_TopLevel):
             stop=self.stop_list,
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=bool(self.ignore_eos),
+            repetition_stop=self.repetition_stop,
             logprobs=logprobs,
         )
 
@@ -281,6 +283,7 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: str | None = None  # vLLM's field; tandem: "repetition" when a loop was stopped (finish_reason "length")
 
 
 class _WithTandem(_Response):
@@ -314,6 +317,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: str | None = None  # on the chunk with finish_reason, as ChatChoice's
 
 
 class ChatCompletionChunk(_WithTandem):
@@ -337,6 +341,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: str | None = None  # as ChatChoice's
 
 
 class CompletionResponse(_WithTandem):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from sdk.protocol.engine import SamplingParams, TokenEvent, TopLogprob
+from sdk.protocol.repetition import STOP_LOOP, RepetitionTracker
 from sdk.protocol.request_status import RequestStatus
 from sdk.protocol.text_stream import TextStream
 
@@ -22,6 +23,13 @@ class GeneratingRequest(Protocol):
     num_prompt_tokens: int
     num_output_tokens: int
     num_tokens: int
+    repetition: RepetitionTracker | None  # set when params.stops_loops (see new_repetition_tracker)
+    stop_reason: str | None  # "repetition" once a loop stopped the request
+
+
+def new_repetition_tracker(params: SamplingParams) -> RepetitionTracker | None:
+    """What a request keeps for check_stop's loop test: a tracker when the request stops loops."""
+    return RepetitionTracker() if params.stops_loops else None
 
 
 @dataclass
@@ -54,6 +62,12 @@ def check_stop(
         return text, RequestStatus.FINISHED_STOPPED
     if num_output_tokens >= params.max_tokens or request.num_prompt_tokens + num_output_tokens >= max_model_len:
         return text + request.text_stream.flush(), RequestStatus.FINISHED_LENGTH
+    if request.repetition is not None:
+        request.repetition.push(token_id)
+        if request.repetition.loop(STOP_LOOP) is not None:
+            # "length": the answer was cut short, as at max_tokens; stop_reason says why.
+            request.stop_reason = "repetition"
+            return text + request.text_stream.flush(), RequestStatus.FINISHED_LENGTH
     return text, None
 
 
@@ -76,6 +90,7 @@ def make_token_event(
         top_logprobs=[TopLogprob(i, token_text(i), lp, token_bytes(i)) for i, lp in zip(token.top_ids, token.top_logprobs)],
         token_bytes=token_bytes(token.token_id),
         finish_reason=request.finish_reason,
+        stop_reason=request.stop_reason,
         num_prompt_tokens=request.num_prompt_tokens,
         num_output_tokens=request.num_output_tokens if num_output_tokens is None else num_output_tokens,
         num_draft_tokens=getattr(request, "num_draft_tokens", 0),  # speculative totals (cloud engine)

@@ -171,3 +171,21 @@ async def test_unreachable_server_is_unavailable():
         with pytest.raises(CloudUnavailableError) as caught:
             await client.list_models()
         assert caught.value.code == grpc.StatusCode.UNAVAILABLE and "127.0.0.1:1" in str(caught.value)
+
+
+async def test_repetition_stop_travels_both_ways(engine, serve):  # noqa: F811  (fixtures)
+    """Off on the cloud engine unless asked; asked, it stops where the rule fires and says so."""
+    from sdk.protocol.repetition import STOP_LOOP, find_loop
+
+    prompt = random_tokens(5, seed=3)
+    params = SamplingParams(max_tokens=400, temperature=0.0)
+    unset = [e async for e in engine.generate(GenerationRequest("unset", prompt, params))]
+    tokens = [e.token_id for e in unset]
+    found = find_loop(tokens, STOP_LOOP)
+    assert found is not None, "a random-weight model decoding greedily falls into a cycle"
+    assert unset[-1].stop_reason is None  # the cloud engine's default: off
+    async with CloudClient(await serve(engine)) as client:
+        asked = [e async for e in client.generate(prompt, SamplingParams(max_tokens=400, temperature=0.0, repetition_stop=True))]
+    assert [e.token_id for e in asked] == tokens[: found[0]]
+    assert (asked[-1].finish_reason, asked[-1].stop_reason) == ("length", "repetition")
+    assert await wait_drained(engine)

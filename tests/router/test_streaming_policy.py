@@ -19,6 +19,7 @@ from confidence import (
 from router.decision import Reason, Tier
 from router.streaming_policy import DecideAt, StreamingPolicy
 from sdk.protocol.engine import TokenEvent
+from sdk.protocol.repetition import ESCALATE_LOOP, find_loop
 
 WINDOW = 4  # small, so the window features differ from the whole-answer ones
 SCORE_KINDS = ["mean_prob", "min_prob", "quantile_0.1", "window_mean_prob", "window_min_mean_prob", "mean_margin"]
@@ -28,8 +29,10 @@ def make_event(logprob: float, margin: float = 0.1, token_id: int = 7) -> TokenE
     return TokenEvent(request_id="r", token_id=token_id, text="x", logprob=logprob, entropy=0.5, margin=margin)
 
 
+# Token ids drawn wide, so answers do not repeat themselves: the loop rule has its own tests.
 token_events = st.builds(
-    make_event, st.floats(min_value=-8.0, max_value=0.0), st.floats(min_value=0.0, max_value=1.0)
+    make_event, st.floats(min_value=-8.0, max_value=0.0), st.floats(min_value=0.0, max_value=1.0),
+    st.integers(min_value=0, max_value=2**30),
 )
 answers = st.lists(token_events, max_size=30)
 thresholds = st.floats(min_value=0.0, max_value=1.0)
@@ -198,3 +201,29 @@ def test_score_fn_must_be_a_probability_and_takes_no_calibrator():
     policy = StreamingPolicy(0.5, 1, score_fn=lambda f: 1.5)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         policy.observe(TokenEvent("r", 1, "a", -0.1, 0.2, 0.9))
+
+
+@pytest.mark.parametrize("decide_at", ["every_token", "end", "first_k"])
+def test_a_loop_escalates_whatever_the_confidence(decide_at):
+    """Confident tokens (p = 0.99) on repeat: escalated with reason "repetition" where the rule
+    fires (before any first_k pass settles the request), unless the rule is off or threshold 0."""
+    ids = [1, 2, 3] + [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22] * 4
+    events = [make_event(math.log(0.99), 0.9, token_id) for token_id in ids]
+    fires_at = find_loop(ids, ESCALATE_LOOP)[0]
+    assert fires_at == 3 + 26  # two copies of the 13-token unit
+    for threshold, loop_rule, min_tokens_k, expected in [
+        (0.5, ESCALATE_LOOP, 40, fires_at),  # K after the loop: first_k has not settled anything yet
+        (0.5, None, 40, None), (0.0, ESCALATE_LOOP, 40, None),
+        (0.5, ESCALATE_LOOP, 8, None if decide_at == "first_k" else fires_at),  # a pass at K = 8 settles first_k
+    ]:
+        policy = StreamingPolicy(threshold, min_tokens_k, decide_at=decide_at, loop_rule=loop_rule)
+        at, decision = None, None
+        for n, event in enumerate(events, start=1):
+            if (decision := policy.observe(event)) is not None:
+                at = n
+                break  # the caller stops feeding an escalated answer
+        if expected is None:
+            assert decision is None
+            continue
+        assert (at, decision.reason, decision.tier, decision.decided_at_token) == (expected, Reason.REPETITION, Tier.CLOUD, expected)
+        assert policy.finish() is decision

@@ -15,6 +15,7 @@ from router.decision import ModelChoiceError
 from sdk.cascade.runner import CascadeConfig, CascadeRunner
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.engine import GenerationRequest, InvalidRequestError, SamplingParams
+from sdk.protocol.repetition import ESCALATE_LOOP, STOP_LOOP, find_loop
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, make_engine, serve  # noqa: F401  (fixtures)
 from tests.cloud_engine.tiny_models import VOCAB_SIZE
 from tests.conftest import free_port
@@ -222,3 +223,38 @@ async def test_in_between_threshold_matches_recorded_signals(make_runner, record
         assert (routing.tier, routing.escalated, routing.decided_at_token) == ("cloud", True, expected_at)
         assert routing.confidence == pytest.approx(scores[expected_at - 1])
         assert len(recording.received) == 1
+
+
+POEM = [{"role": "user", "content": "Write a poem about the sea."}]  # greedy SmolLM2 falls into a refrain
+
+
+async def local_tokens(local_engine, messages, params) -> list[int]:
+    """The local answer on its own, loop stop off: what the cascade's local run produces."""
+    params = dataclasses.replace(params, repetition_stop=False)
+    request = GenerationRequest("reference", local_engine.apply_chat_template(messages), params)
+    return [event.token_id async for event in local_engine.generate(request)]
+
+
+async def test_a_looping_local_answer_escalates_unless_the_request_opts_out(make_runner, local_engine, recording):
+    params = SamplingParams(max_tokens=300, temperature=0.0)
+    tokens = await local_tokens(local_engine, POEM, params)
+    escalate_at, stop_at = find_loop(tokens, ESCALATE_LOOP), find_loop(tokens, STOP_LOOP)
+    assert escalate_at is not None and stop_at is not None, "the poem no longer loops greedily here: pick another prompt"
+    runner = await make_runner()
+    # A threshold no token of this confident answer falls under: only the loop can escalate it.
+    result = await runner.complete(POEM, params, model="auto:0.01")
+    routing = result.routing
+    assert (routing.reason, routing.escalated, routing.tier, routing.decided_at_token) == ("repetition", True, "cloud", escalate_at[0])
+    assert escalate_at[0] < stop_at[0] and len(recording.received) == 1
+    result = await runner.complete(POEM, dataclasses.replace(params, repetition_stop=False), model="auto:0.01")
+    assert (result.routing.reason, result.routing.tier, result.token_ids) == ("confident", "local", tokens)
+
+
+async def test_a_loop_the_cloud_cannot_take_is_stopped_locally(make_runner, local_engine):
+    params = SamplingParams(max_tokens=300, temperature=0.0)
+    tokens = await local_tokens(local_engine, POEM, params)
+    stop_at = find_loop(tokens, STOP_LOOP)
+    runner = await make_runner(None)  # no cloud tier: the escalation is refused, the local answer goes on
+    result = await runner.complete(POEM, params, model="auto:0.01")
+    assert (result.routing.reason, result.routing.degraded_reason, result.routing.tier) == ("repetition", "no_cloud", "local")
+    assert (result.finish_reason, result.stop_reason, result.token_ids) == ("length", "repetition", tokens[: stop_at[0]])

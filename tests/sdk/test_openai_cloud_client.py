@@ -246,3 +246,11 @@ async def test_cascade_answers_from_the_openai_cloud_with_costs(base_url, local_
     assert routing.cost["cloud"]["completion_tokens"] == direct[-1].num_output_tokens >= len(result.token_ids) > 0
     assert "local" not in routing.cost
 
+
+
+async def test_repetition_stop_asked_over_http_comes_back_as_stop_reason(client):
+    asked = SamplingParams(max_tokens=400, temperature=0.0, repetition_stop=True)
+    events = await drain(client.generate("w5 w6 w7 w8", asked, model="tiny"))
+    assert (events[-1].finish_reason, events[-1].stop_reason) == ("length", "repetition") and len(events) < 400
+    events = await drain(client.generate("w5 w6 w7 w8", SamplingParams(max_tokens=400, temperature=0.0), model="tiny"))
+    assert events[-1].stop_reason is None  # the cloud engine's default: off

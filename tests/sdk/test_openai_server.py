@@ -148,6 +148,20 @@ def test_stop_string_is_cut_from_the_output(client):
 
 
 @pytest.mark.slow
+def test_a_loop_ends_with_stop_reason_repetition_unless_the_request_opts_out(client):
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "Write a poem about the sea."}], max_tokens=400, temperature=0)
+    whole = client.chat.completions.create(**body)
+    choice = whole.choices[0]
+    assert (choice.finish_reason, choice.model_extra["stop_reason"]) == ("length", "repetition")
+    assert whole.usage.completion_tokens < 400
+    last = [c for c in client.chat.completions.create(**body, stream=True) if c.choices and c.choices[0].finish_reason][-1]
+    assert (last.choices[0].finish_reason, last.choices[0].model_extra["stop_reason"]) == ("length", "repetition")
+    kept = client.chat.completions.create(**body, extra_body={"repetition_stop": False})
+    assert kept.choices[0].model_extra["stop_reason"] is None and kept.usage.completion_tokens == 400
+    assert kept.choices[0].message.content.startswith(choice.message.content)
+
+
+@pytest.mark.slow
 def test_seed_makes_sampling_reproducible(client):
     def sample() -> str:
         out = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=1.0, seed=1234)

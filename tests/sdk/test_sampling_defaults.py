@@ -97,12 +97,15 @@ def test_a_request_that_leaves_fields_out_leaves_them_unset():
 
 
 def test_unset_survives_grpc_and_set_values_arrive_as_sent():
-    for sent in (SamplingParams(max_tokens=4), SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0)):
+    for sent in (SamplingParams(max_tokens=4), SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0),
+                 SamplingParams(max_tokens=4, repetition_stop=False), SamplingParams(max_tokens=4, repetition_stop=True)):
         message = convert.request_message([1, 2, 3], sent, request_id="r")
         received = convert.sampling_params(message, num_prompt_tokens=3, max_model_len=64)
-        assert (received.temperature, received.top_p, received.top_k) == (sent.temperature, sent.top_p, sent.top_k)
+        fields = ("temperature", "top_p", "top_k", "repetition_stop")
+        assert [getattr(received, f) for f in fields] == [getattr(sent, f) for f in fields]
 
 
 def test_unset_is_not_sent_to_an_openai_compatible_cloud():
     body = request_body([], SamplingParams(max_tokens=4, top_p=0.9), "m")
-    assert "temperature" not in body and "top_k" not in body and body["top_p"] == 0.9
+    assert "temperature" not in body and "top_k" not in body and "repetition_stop" not in body and body["top_p"] == 0.9
+    assert request_body([], SamplingParams(max_tokens=4, repetition_stop=False), "m")["repetition_stop"] is False
