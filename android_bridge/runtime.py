@@ -171,12 +171,12 @@ class BridgeRuntime:
         return in_flight.task
 
     async def _launch_stream(self, request_id: str, body: dict, in_flight: _InFlight) -> None:
-        validated = self._validated(body)
+        validated = await self._validated(body)
         await self._launch(request_id, in_flight, self._stream(request_id, validated, in_flight))
 
     async def _chat(self, request_id: str, body: dict) -> dict:
         in_flight = _InFlight()
-        validated = self._validated(body)
+        validated = await self._validated(body)
         task = await self._launch(request_id, in_flight, self._complete(request_id, validated))
         try:
             return await task
@@ -185,9 +185,9 @@ class BridgeRuntime:
                 raise cancelled(request_id, by_stop=in_flight.stopping) from None
             raise
 
-    def _validated(self, body: dict):
+    async def _validated(self, body: dict):
         from router.decision import parse_model_choice
-        from sdk.cascade.openai import check_routable, prepare
+        from sdk.cascade.openai import prepare_routed
         from sdk.protocol.openai_schema import ChatCompletionRequest
 
         if self.runner is None:
@@ -197,8 +197,7 @@ class BridgeRuntime:
         request = ChatCompletionRequest.model_validate_json(json.dumps(body))
         request.check_fields()  # tools, response_format, ...: a clear error, not prose
         parse_model_choice(request.model)  # here, not on the first event: a bad model fails the call itself
-        check_routable(request, request.model, self.engine.model_name)
-        messages, params = prepare(self.engine, request)
+        messages, params = await prepare_routed(self.runner, request, request.model)
         return request, messages, params
 
     async def _complete(self, request_id: str, validated) -> dict:

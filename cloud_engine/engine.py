@@ -7,6 +7,7 @@ running request's decode token plus prefill chunks, under the scheduler's token 
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -24,7 +25,7 @@ from cloud_engine.kv_cache import (
     num_blocks_for_budget,
 )
 from cloud_engine.loader import load_model
-from cloud_engine.loader.tokenizer import encode_prompt
+from cloud_engine.loader.tokenizer import encode_prompt, tokenizer_vocabulary
 from cloud_engine.model_runner import ModelRunner
 from cloud_engine.request import Request
 from cloud_engine.sampler import make_generator, sample_batch, token_signals
@@ -37,6 +38,7 @@ from sdk.protocol.engine import EngineStats, GenerationRequest, InvalidRequestEr
 from sdk.protocol.request_status import RequestStatus
 from sdk.protocol.sampling_defaults import resolve_sampling_defaults
 from sdk.protocol.token_events import check_stop, make_token_event
+from sdk.protocol.vocabulary import vocabulary_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +142,11 @@ class CloudEngine:
         from cloud_engine.spec_decode.draft_model import DraftModelProposer
 
         return DraftModelProposer(self, spec)
+
+    @functools.cached_property
+    def vocabulary_fingerprint(self) -> str:
+        """sdk.protocol.vocabulary's fingerprint of the tokenizer (computed on first use)."""
+        return vocabulary_fingerprint(tokenizer_vocabulary(self.tokenizer))
 
     # -- text in ---------------------------------------------------------------------------
 

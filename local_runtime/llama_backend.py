@@ -201,6 +201,11 @@ class LlamaBackend:
             self._piece_cache[token_id] = piece
         return piece
 
+    def vocabulary(self) -> list[str]:
+        """The vocabulary's token strings in id order, as the GGUF stores them (for fingerprints)."""
+        get_text = self._lib.llama_vocab_get_text
+        return [get_text(self.vocab, i).decode("utf-8", errors="surrogateescape") for i in range(self.n_vocab)]
+
     def token_text(self, token_id: int) -> str:
         """A token as text for logprobs listings (special tokens shown by name)."""
         buf = ctypes.create_string_buffer(128)

@@ -66,7 +66,9 @@ class TandemServicer(pb_grpc.TandemServicer):
             await context.abort(grpc.StatusCode.ABORTED, "the server stopped this request before it finished")
 
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
-        card = pb.ModelCard(id=self.engine.model_name, max_model_len=max(0, self.engine.max_model_len or 0))
+        fingerprint = await asyncio.to_thread(lambda: getattr(self.engine, "vocabulary_fingerprint", ""))  # first read: ~0.1 s
+        card = pb.ModelCard(id=self.engine.model_name, max_model_len=max(0, self.engine.max_model_len or 0),
+                            vocabulary_fingerprint=fingerprint)
         return pb.ListModelsResponse(models=[card])
 
 

@@ -150,12 +150,14 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelCard(_message.Message):
-    __slots__ = ("id", "max_model_len")
+    __slots__ = ("id", "max_model_len", "vocabulary_fingerprint")
     ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    VOCABULARY_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     id: str
     max_model_len: int
-    def __init__(self, id: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    vocabulary_fingerprint: str
+    def __init__(self, id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocabulary_fingerprint: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

@@ -35,6 +35,11 @@ def load_gguf_tokenizer(gguf_path: str):
         raise InvalidModelError(f"transformers could not convert the tokenizer in {gguf_path}: {exc}") from exc
 
 
+def tokenizer_vocabulary(tokenizer) -> list[str]:
+    """The token strings in id order, added tokens included (sdk.protocol.vocabulary hashes them)."""
+    return tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+
+
 def end_of_generation_ids(tokenizer, declared_ids: Iterable[int], bos_token_id: int | None) -> set[int]:
     """Declared eos ids, the tokenizer's eos, and registered end-of-turn specials (never BOS)."""
     ids = {int(i) for i in declared_ids}

@@ -1,7 +1,7 @@
 """Cascade answers in OpenAI's shapes: shared by sdk.client (in-process apps) and the HTTP
 server's routed models (`tandem serve` with model auto / local / cloud).
 
-    messages, params = prepare(runner.local, request)           # a validated ChatCompletionRequest
+    messages, params = await prepare_routed(runner, request, "auto")  # a validated ChatCompletionRequest
     reply = await routed_completion(runner, messages, params, model="auto", ...)
     async for chunk in await routed_stream(runner, messages, params, model="auto", ...): ...
 
@@ -20,24 +20,34 @@ from sdk.protocol.engine import EngineProtocol, InvalidRequestError, SamplingPar
 from sdk.protocol.openai_schema import ChatChoice, ChatChunkChoice, ChatCompletionRequest, ChatResponseMessage, DeltaMessage
 
 
-def check_routable(request: ChatCompletionRequest, model: str, local_model_name: str) -> None:
+def check_routable(request: ChatCompletionRequest, model: str, local_model_name: str, shares_vocabulary: bool = False) -> None:
     """Refuse what a routed model cannot offer: one choice, no logprobs (the tiers' vocabularies
-    differ, so neither survives a hand-off); the local model's own name serves both."""
+    may differ, so neither survives a hand-off), logit_bias unless `shares_vocabulary`
+    (CascadeRunner.shares_vocabulary); the local model's own name serves all three."""
     if request.num_choices > 1:
         raise InvalidRequestError(
             f"n > 1 is not supported for the routed model {model!r}; send n = 1, "
             f"or use {local_model_name!r} (the local model without routing)", "n",
         )  # fmt: skip
-    if request.logit_bias:
+    if request.logit_bias and not shares_vocabulary:
         raise InvalidRequestError(
             f"logit_bias is not available for the routed model {model!r}: its token ids belong to one tier's "
-            f"vocabulary; use {local_model_name!r} (the local model without routing)", "logit_bias",
+            f"vocabulary, and the cloud tier's is another (or has not said which it is); use {local_model_name!r} "
+            "(the local model without routing)", "logit_bias",
         )  # fmt: skip
     if request.logprobs:
         raise InvalidRequestError(
             f"logprobs are not available for the routed model {model!r} (the tiers have different "
             f"vocabularies); use {local_model_name!r} (the local model without routing)", "logprobs",
         )  # fmt: skip
+
+
+async def prepare_routed(runner: CascadeRunner, request: ChatCompletionRequest, model: str) -> tuple[list[dict], SamplingParams]:
+    """check_routable, asking the runner whether the tiers share a vocabulary only when logit_bias
+    needs it, then prepare: what every front door of the cascade runs on a validated request."""
+    shared = await runner.shares_vocabulary() if request.logit_bias else False
+    check_routable(request, model, runner.local.model_name, shares_vocabulary=shared)
+    return prepare(runner.local, request)
 
 
 def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> tuple[list[dict], SamplingParams]:

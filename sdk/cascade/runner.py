@@ -10,6 +10,7 @@ The per-request flow lives in sdk.cascade.request; this module holds what reques
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -26,6 +27,7 @@ from sdk.cascade.request import CascadeRequest
 from sdk.cascade.types import CascadeEvent, CascadeResult, RoutingInfo, collect
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.engine import EngineProtocol, SamplingParams
+from sdk.protocol.vocabulary import same_vocabulary
 
 __all__ = ["CascadeConfig", "CascadeEvent", "CascadeResult", "CascadeRunner", "RoutingInfo", "collect"]
 
@@ -62,6 +64,28 @@ class CascadeRunner:
         # The learned parts (sdk.cascade.models), loaded once: ONNX sessions shared by all requests.
         self.probe = load_local_probe(self.config.probe, local) if self.config.probe else None
         self.prompt_scorer = load_prompt_scorer(self.config.prompt_router) if self.config.prompt_router else None
+        self._shared_vocabulary: bool | None = None  # settled by shares_vocabulary once the cloud has said
+
+    async def shares_vocabulary(self) -> bool:
+        """Whether token ids mean the same on both tiers, so logit_bias may go to either: the local
+        model's vocabulary fingerprint equals the cloud model's (sdk.protocol.vocabulary). No cloud:
+        True. A cloud that cannot say now (unreachable, loading, not a tandem server) counts as
+        different until it can; the answer is kept once the cloud has given a fingerprint."""
+        if self.cloud is None:
+            return True
+        if self._shared_vocabulary is not None:
+            return self._shared_vocabulary
+        try:
+            models = await self.cloud.list_models(timeout_s=5.0)
+        except Exception:  # noqa: BLE001  (any failure means "not known", which refuses)
+            return False
+        wanted = self.config.cloud_model
+        card = next((m for m in models if m.id == wanted), None) if wanted else (models[0] if models else None)
+        if card is None or not card.vocabulary_fingerprint:
+            return False
+        local = await asyncio.to_thread(lambda: self.local.vocabulary_fingerprint)  # first read walks the vocabulary
+        self._shared_vocabulary = same_vocabulary(local, card.vocabulary_fingerprint)
+        return self._shared_vocabulary
 
     @property
     def redact_before_escalation(self) -> bool:

@@ -23,20 +23,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from router.decision import parse_model_choice
-from sdk.cascade.openai import prepare, routed_completion, routed_stream
+from sdk.cascade.openai import prepare_routed, routed_completion, routed_stream
 from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk
 from sdk.cascade.runner import CascadeRunner
 from sdk.openai_server.errors import from_validation_errors
-from sdk.protocol.engine import EngineProtocol, InvalidRequestError, SamplingParams
+from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest
 
 __all__ = ["AsyncClient", "TandemChatCompletion", "TandemChatCompletionChunk"]
 
 
-def build_request(
-    engine: EngineProtocol, model: str, messages: list, private: bool, fields: dict[str, Any]
-) -> tuple[list[dict], SamplingParams]:
-    """Validate the arguments the way the server validates a body; InvalidRequestError names the param."""
+def build_request(model: str, messages: list, private: bool, fields: dict[str, Any]) -> ChatCompletionRequest:
+    """Validate the arguments the way the server validates a body (fields it would refuse are
+    refused here too); InvalidRequestError names the param."""
     if not isinstance(model, str):
         raise InvalidRequestError(f"model must be a string, got {type(model).__name__}", "model")
     parse_model_choice(model)  # raised here, not on the first event: a bad model fails create() itself
@@ -51,7 +50,8 @@ def build_request(
             error = from_validation_errors(exc.errors(include_url=False))
             raise InvalidRequestError(error.info.message, error.info.param) from None
         raise InvalidRequestError(f"arguments must be JSON values: {exc}", "messages") from None
-    return prepare(engine, request)
+    request.check_fields()  # tools, response_format, ...: a clear error, not prose
+    return request
 
 
 class InProcessBackend:
@@ -65,7 +65,7 @@ class InProcessBackend:
             await self.runner.cloud.close()
 
     async def create(self, model: str, messages: list, stream: bool, private: bool, fields: dict):
-        message_dicts, params = build_request(self.runner.local, model, messages, private, fields)
+        message_dicts, params = await prepare_routed(self.runner, build_request(model, messages, private, fields), model)
         response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         call = routed_stream if stream else routed_completion
         return await call(

@@ -83,6 +83,7 @@ class CloudModel:
 
     id: str
     max_model_len: int
+    vocabulary_fingerprint: str = ""  # sdk.protocol.vocabulary; "" when the server does not say
 
 
 # gRPC backs off reconnecting to a dead server exponentially up to 120 s, failing calls at once in
@@ -172,7 +173,7 @@ class CloudClient:
             )
         except grpc.aio.AioRpcError as error:
             raise cloud_error(error, self.target) from None
-        return [CloudModel(card.id, card.max_model_len) for card in response.models]
+        return [CloudModel(card.id, card.max_model_len, card.vocabulary_fingerprint) for card in response.models]
 
     async def health(self, service: str = "", timeout_s: float | None = None) -> str:
         """The grpc.health.v1 status name: "SERVING", "NOT_SERVING", ... ("" asks about the whole server)."""

@@ -132,13 +132,15 @@ class OpenAICloudClient:
                 await response.aclose()  # mid-stream: drops the connection, so the server aborts
 
     async def list_models(self, timeout_s: float | None = None) -> list[CloudModel]:
-        """GET {base_url}/models; max_model_len from the card's (vLLM/tandem) field, else 0."""
+        """GET {base_url}/models; max_model_len from the card's (vLLM/tandem) field, else 0; the
+        vocabulary fingerprint from tandem's."""
         timeout_s = self._timeout(timeout_s)
         with self._mapped_errors(timeout_s):
             response = await self._get("/models", _deadline(timeout_s))
         try:
             cards = response.json()["data"]
-            return [CloudModel(str(card["id"]), int(card.get("max_model_len") or 0)) for card in cards]
+            return [CloudModel(str(card["id"]), int(card.get("max_model_len") or 0), str(card.get("vocabulary_fingerprint") or ""))
+                    for card in cards]
         except (ValueError, KeyError, TypeError):
             raise CloudUnavailableError(
                 f"{self.base_url}/models did not answer with an OpenAI model list", grpc.StatusCode.UNAVAILABLE

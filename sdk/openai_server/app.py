@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Callable
@@ -128,13 +129,14 @@ def create_app(
 
     @app.get("/v1/models", summary="The models this server answers to")
     async def list_models() -> Response:
-        return _json(ModelList(data=[_card(state, name) for name in state.model_names]))
+        cards = await asyncio.to_thread(lambda: [_card(state, name) for name in state.model_names])  # fingerprints: a vocabulary pass on first read
+        return _json(ModelList(data=cards))
 
     @app.get("/v1/models/{model:path}", summary="One served model")
     async def get_model(model: str) -> Response:
         if model not in state.model_names:
             return model_not_found(model).response()
-        return _json(_card(state, model))
+        return _json(await asyncio.to_thread(_card, state, model))
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics() -> Response:
@@ -160,7 +162,8 @@ def _card(state: ServerState, name: str) -> ModelCard:
         engine = None  # either tier may answer: each model card says its own
     defaults = getattr(engine, "sampling_defaults", None)
     return ModelCard(id=name, created=state.created, max_model_len=state.engine.max_model_len or None,
-                     sampling_defaults=defaults.as_dict() if defaults is not None else None)
+                     sampling_defaults=defaults.as_dict() if defaults is not None else None,
+                     vocabulary_fingerprint=getattr(engine, "vocabulary_fingerprint", None) or None)
 
 
 def _json(model) -> Response:

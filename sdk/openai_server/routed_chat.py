@@ -15,7 +15,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk.cascade.openai import check_routable, prepare, routed_completion, routed_stream
+from sdk.cascade.openai import prepare_routed, routed_completion, routed_stream
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ClientDisconnected, cancel_on_disconnect
 from sdk.openai_server.serving import CLIENT_CLOSED_STATUS, ServerState, new_id
@@ -27,8 +27,7 @@ from sdk.protocol.openai_schema import ChatCompletionRequest
 async def create_routed_chat_completion(request: Request, state: ServerState, body: ChatCompletionRequest, model: str) -> Response:
     runner = state.cascade
     try:
-        check_routable(body, model, state.engine.model_name)
-        messages, params = prepare(state.engine, body)
+        messages, params = await prepare_routed(runner, body, model)
     except Exception as exc:
         return from_exception(exc).response()
     response_id, created = new_id("chatcmpl"), int(time.time())

@@ -109,6 +109,12 @@ class AsyncStepEngine:
         return self._engine.sampling_defaults if self._engine is not None else None
 
     @property
+    def vocabulary_fingerprint(self) -> str:
+        """sdk.protocol.vocabulary's fingerprint of the loaded model's vocabulary ("" while loading).
+        The first read computes it (a pass over the vocabulary): call it off the event loop."""
+        return self._engine.vocabulary_fingerprint if self._engine is not None else ""
+
+    @property
     def num_in_flight(self) -> int:
         return len(self._streams)
 

@@ -364,7 +364,8 @@ class ModelCard(_Response):
     # extension (tandem): what a request that leaves a sampling field out gets, and where it comes
     # from: {"temperature": {"value": 0.2, "source": "built-in: ..."}, ...}; absent when not known
     sampling_defaults: dict[str, dict[str, Any]] | None = None
-    _omitted_when_none: ClassVar[tuple[str, ...]] = ("sampling_defaults",)
+    vocabulary_fingerprint: str | None = None  # extension (tandem): sdk.protocol.vocabulary; equal = same token ids
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ("sampling_defaults", "vocabulary_fingerprint")
 
 
 class ModelList(BaseModel):

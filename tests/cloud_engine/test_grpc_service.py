@@ -51,7 +51,7 @@ async def test_generate_streams_the_engines_own_tokens(engine, serve):  # noqa: 
         text = "w5 w6 w7"
         events = [e async for e in client.generate(text, greedy(3))]
         assert events[-1].num_prompt_tokens == len(engine.tokenize(text)) and events[-1].request_id.startswith("tandem-")
-        assert await client.list_models() == [CloudModel("tiny", MAX_MODEL_LEN)]
+        assert await client.list_models() == [CloudModel("tiny", MAX_MODEL_LEN, engine.vocabulary_fingerprint)]
     assert await wait_drained(engine)
 
 

@@ -86,3 +86,21 @@ def test_prefill_logits_and_greedy_decode_match_transformers(ours, reference):
         reference_tokens = generated[0].tolist()
     assert tokens == reference_tokens
     assert "Paris" in ours.tokenizer.decode(tokens[len(prompt):])
+
+
+def test_both_engines_fingerprint_the_embedded_vocabulary_alike(ours):
+    """The cascade lets logit_bias cross tiers only when these agree (sdk.protocol.vocabulary)."""
+    from cloud_engine.loader.tokenizer import tokenizer_vocabulary
+    from sdk.protocol.vocabulary import same_vocabulary, vocabulary_fingerprint
+    from tests.local_runtime.conftest import make_engine
+
+    cloud_side = vocabulary_fingerprint(tokenizer_vocabulary(ours.tokenizer))
+    local = make_engine(kv_cache_tokens=256, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=128)
+    try:
+        assert cloud_side == local.vocabulary_fingerprint and cloud_side.startswith("49152:")
+    finally:
+        local.close()
+    # One token string changed (its id now means something else) is another vocabulary.
+    changed = tokenizer_vocabulary(ours.tokenizer)
+    changed[1000] += "x"
+    assert not same_vocabulary(cloud_side, vocabulary_fingerprint(changed)) and not same_vocabulary("", "")

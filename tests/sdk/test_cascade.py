@@ -258,3 +258,25 @@ async def test_a_loop_the_cloud_cannot_take_is_stopped_locally(make_runner, loca
     result = await runner.complete(POEM, params, model="auto:0.01")
     assert (result.routing.reason, result.routing.degraded_reason, result.routing.tier) == ("repetition", "no_cloud", "local")
     assert (result.finish_reason, result.stop_reason, result.token_ids) == ("length", "repetition", tokens[: stop_at[0]])
+
+
+async def test_logit_bias_crosses_tiers_only_when_they_share_a_vocabulary(make_runner, recording, local_engine):
+    from sdk.cascade.openai import prepare_routed
+    from sdk.protocol.openai_schema import ChatCompletionRequest
+
+    token = local_engine.tokenize(" Paris", add_special=False)[0]
+    body = ChatCompletionRequest.model_validate({"messages": QUESTION, "logit_bias": {str(token): 100}, "max_tokens": 3,
+                                                 "temperature": 0})  # fmt: skip
+    runner = await make_runner()  # the tiny cloud model: another vocabulary, and its card says so
+    assert not await runner.shares_vocabulary()
+    with pytest.raises(InvalidRequestError, match="logit_bias"):
+        await prepare_routed(runner, body, "auto")
+    # A cloud that reports the local model's vocabulary (as the embedded SmolLM2 engine does:
+    # tests/cloud_engine/test_real_gguf.py) takes it: the card's fingerprint travels over gRPC.
+    recording.vocabulary_fingerprint = local_engine.vocabulary_fingerprint
+    runner = await make_runner()
+    assert await runner.shares_vocabulary()
+    messages, params = await prepare_routed(runner, body, "auto")
+    result = await runner.complete(messages, params, model="auto:0")
+    assert params.logit_bias == {token: 100.0} and result.token_ids == [token] * 3
+    assert await (await make_runner(None)).shares_vocabulary()  # device only: one vocabulary

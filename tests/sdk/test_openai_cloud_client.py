@@ -113,8 +113,10 @@ async def test_text_prompt_and_logprobs(client):
     assert events[-1].num_output_tokens == 4
 
 
-async def test_models_and_health(client):
-    assert await client.list_models() == [CloudModel("tiny", MAX_MODEL_LEN)]
+async def test_models_and_health(client, engine):
+    # The card's tandem extension: the served vocabulary's fingerprint, as the engine computes it.
+    assert await client.list_models() == [CloudModel("tiny", MAX_MODEL_LEN, engine.vocabulary_fingerprint)]
+    assert engine.vocabulary_fingerprint.startswith(f"{len(engine.engine.tokenizer)}:")
     assert await client.health() == "SERVING"
 
 

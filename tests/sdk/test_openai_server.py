@@ -230,13 +230,31 @@ BAD_CHATS = [
     pytest.param({"model": MODEL, "messages": CHAT, "presence_penalty": 2.5}, 400, "presence_penalty", id="penalty-2.5"),
     pytest.param({"model": MODEL, "messages": CHAT, "logit_bias": {"x": 1}}, 400, "logit_bias", id="logit-bias-key"),
     pytest.param({"model": MODEL, "messages": CHAT, "logit_bias": {"99999999": 1}}, 400, "logit_bias", id="logit-bias-id"),
-    pytest.param({"model": "auto", "messages": CHAT, "logit_bias": {"5": 1}}, 400, "logit_bias", id="logit-bias-routed"),
     pytest.param({"model": MODEL, "messages": CHAT, "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens", id="min-tokens"),
     pytest.param({"model": MODEL, "messages": CHAT, "stop": ["x"] * 17}, 400, "stop", id="too-many-stops"),
     pytest.param({"model": MODEL, "messages": CHAT, "n": 100}, 400, "n", id="n-100"),
     pytest.param({"model": MODEL, "messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content", id="content-int"),
     pytest.param({"model": "gpt-9", "messages": CHAT}, 404, "model", id="unknown-model"),
 ]
+
+
+@pytest.mark.slow
+def test_routed_logit_bias_is_honoured_when_both_tiers_share_the_vocabulary(server_url, client):
+    """tandem serve's embedded cloud engine serves the same GGUF: one vocabulary, so a routed
+    request's logit_bias is taken (tests/sdk/test_cascade.py refuses it for another vocabulary)."""
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{server_url}/health").json().get("cloud") == "loading":
+        assert time.monotonic() < deadline, "the embedded cloud engine did not come up"
+        time.sleep(0.5)
+    cards = {card.id: card.model_extra for card in client.models.list().data}
+    assert cards[MODEL]["vocabulary_fingerprint"] == cards["cloud"]["vocabulary_fingerprint"] != ""
+    def answer(model: str, **extra) -> str:
+        return client.chat.completions.create(model=model, messages=CHAT, max_tokens=3, temperature=0, **extra).choices[0].message.content
+
+    bias = {"3681": 100}  # one token pushed far above every other: the answer is that token, three times
+    direct, routed = answer(MODEL, logit_bias=bias), answer("auto", logit_bias=bias)
+    piece = direct[: len(direct) // 3]
+    assert routed == direct == piece * 3 and piece and direct != answer(MODEL)
 
 
 @pytest.mark.slow

@@ -66,6 +66,11 @@ async def test_bad_arguments_are_refused_before_generation(make_runner, recordin
     assert info.value.param == "messages"
     with pytest.raises(TypeError, match="logit_bias"):
         await create(model="local", messages=QUESTION, logit_bias={})
+    # Message fields the server refuses are refused in process too (not dropped into prose).
+    called = {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
+                                                                     "function": {"name": "f", "arguments": "{}"}}]}
+    with pytest.raises(InvalidRequestError, match="tool_calls"):
+        await create(model="local", messages=[*QUESTION, called])
     assert recording.received == []
 
 
