@@ -89,3 +89,33 @@ def test_logprobs_are_normalised_and_reported_most_likely_first():
     assert token.top_logprobs == sorted(token.top_logprobs, reverse=True)
     assert math.isclose(sum(math.exp(lp) for lp in torch.log_softmax(logits[0], 0).tolist()), 1.0, rel_tol=1e-4)
     assert token.logprob == pytest.approx(token.top_logprobs[0])
+
+
+def test_batched_nucleus_matches_a_full_sort_row_by_row():
+    """Rows sharp and flat (nuclei inside the first window, the second, and past both) and top_p
+    from tiny to 1: each row's nucleus is the shortest sorted head reaching its top_p."""
+    from cloud_engine.sampler import nucleus_ids
+
+    torch.manual_seed(0)
+    vocab = 5000
+    rows = torch.cat([torch.randn(4, vocab) * scale for scale in (8.0, 2.0, 0.5, 0.05)])
+    top_ps = [0.01, 0.5, 0.9, 0.999] * 4
+    for row, (logits, top_p) in enumerate(zip(rows, top_ps)):
+        order = torch.argsort(logits, descending=True)
+        mass = torch.cumsum(torch.exp(logits[order] - torch.logsumexp(logits, dim=0)), dim=0)  # the sampler's arithmetic
+        expected = order[: int((mass < top_p).sum()) + 1]
+        got = nucleus_ids(rows, top_ps)[row]
+        # Equal values may come in either order (sort and top-k break ties differently).
+        assert set(got.tolist()) == set(expected.tolist()) and torch.equal(logits[got], logits[expected]), row
+    sizes = [len(ids) for ids in nucleus_ids(rows, top_ps)]
+    assert min(sizes) < 64 and any(64 < s <= 1024 for s in sizes) and max(sizes) > 1024  # every window is exercised
+
+
+def test_a_row_samples_the_same_alone_or_in_a_batch():
+    torch.manual_seed(1)
+    logits = torch.randn(6, 3000) * torch.tensor([[4.0], [1.0], [0.2], [3.0], [0.5], [2.0]])
+    params = [resolved_params(top_p=0.9), resolved_params(top_p=0.99), resolved_params(top_p=0.5, min_p=0.1),
+              resolved_params(top_k=20, top_p=0.8), resolved_params(), resolved_params(top_p=0.95, temperature=0.7)]
+    batched = sample_batch(logits, params, [make_generator(seed, torch.device("cpu")) for seed in range(6)])
+    alone = [sample_batch(logits[i : i + 1], [params[i]], [make_generator(i, torch.device("cpu"))])[0] for i in range(6)]
+    assert [t.token_id for t in batched] == [t.token_id for t in alone]
