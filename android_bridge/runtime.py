@@ -194,8 +194,8 @@ class BridgeRuntime:
             raise BridgeError("not_started", "the tandem runtime is not running", 409, "invalid_state")
         body.setdefault("model", "auto")
         # Through JSON text, exactly like an HTTP body: the same strict types and the same 400s.
+        # Its validators refuse tools, response_format, ...: a clear error, not prose.
         request = ChatCompletionRequest.model_validate_json(json.dumps(body))
-        request.check_fields()  # tools, response_format, ...: a clear error, not prose
         parse_model_choice(request.model)  # here, not on the first event: a bad model fails the call itself
         messages, params = await prepare_routed(self.runner, request, request.model)
         return request, messages, params

@@ -104,11 +104,11 @@ def choice_requests(request_id: str, prompt_token_ids: list[int], num_choices: i
 
 
 async def parse_body(request: Request, model_cls: type[RequestModel]) -> RequestModel:
-    """Validate the raw body ourselves: strict types, and malformed JSON as a 400 like any other;
-    then refuse the fields tandem does not implement and log the unknown ones (request_fields)."""
-    body = model_cls.model_validate_json(await request.body())
+    """Validate the raw body ourselves: strict types, and malformed JSON as a 400 like any other; the
+    models' validators refuse the fields tandem does not implement (request_fields); log the unknown ones."""
     state: ServerState = request.app.state.tandem
-    unknown = unknown_fields(body.check_fields(strict=state.strict_fields))
+    body = model_cls.model_validate_json(await request.body(), context={"strict_fields": state.strict_fields})
+    unknown = unknown_fields(body.ignored_fields)
     if unknown:
         logger.warning("the request's fields %s are not known to tandem and were ignored", ", ".join(unknown))
     return body

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sdk.openai_server import create_app
-from sdk.protocol.engine import EngineStats
+from sdk.protocol.engine import EngineStats, InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest, CompletionRequest
 from tests.schema_strategies import from_schema
 
@@ -43,6 +43,8 @@ def test_every_endpoint_documents_its_bodies():
     assert {"messages", "model", "temperature", "logit_bias", "min_tokens"} <= set(chat["properties"])
     assert "messages" in chat["required"]
     assert "tandem" in SPEC["components"]["schemas"]["ChatCompletionResponse"]["properties"]
+    refusals = SPEC["components"]["schemas"]["CompletionRequest"]["x-tandem-refusals"]
+    assert {"echo", "suffix", "best_of", "stream_options"} <= set(refusals)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -50,7 +52,11 @@ def test_every_endpoint_documents_its_bodies():
 def test_whatever_the_document_allows_validates(data):
     for path, model in (("/v1/chat/completions", ChatCompletionRequest), ("/v1/completions", CompletionRequest)):
         body = data.draw(from_schema(body_schema(path)), label=path)
-        model.model_validate_json(json.dumps(body))  # raises on a mismatch between document and validation
+        try:
+            model.model_validate_json(json.dumps(body))  # a ValidationError is a mismatch between document and validation
+        except InvalidRequestError as refused:
+            # A validator's refusal is no mismatch when the document states its rule.
+            assert refused.param in SPEC["components"]["schemas"][model.__name__]["x-tandem-refusals"], refused
 
 
 def _bounded(body: dict, model: str) -> dict:

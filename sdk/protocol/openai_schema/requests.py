@@ -1,17 +1,19 @@
-"""The one copy of the OpenAI request/response/error schema, for every tandem server.
+"""OpenAI's request bodies (chat, completions), strict about types, refusing what tandem does not do.
 
-Requests are strict about types: a string where a number belongs is a 400, never silently
-coerced. Fields beyond the schema's own are classified by sdk.protocol.request_fields (refused
-with a 400 naming them, or accepted and listed as ignored), never dropped silently. Requests
-turn themselves into engine `SamplingParams`, so both tiers read a request the same way.
+A string where a number belongs is a 400, never silently coerced. Refusals are the models' own
+validators: a field tandem does not implement, or a combination it cannot honour, fails
+validation with InvalidRequestError naming the field (400), so /openapi.json's typed bodies
+and the server's checks are one thing. Fields beyond the schema's own are classified by
+sdk.protocol.request_fields (refused, or accepted and listed as ignored); validating with
+context {"strict_fields": True} refuses unknown names too (--strict-fields). Requests turn
+themselves into engine `SamplingParams`, so both tiers read a request the same way.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, ClassVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
 from sdk.protocol.engine import ContextLengthError, InvalidRequestError, SamplingParams
 from sdk.protocol.request_fields import classify_extra_fields, classify_message_fields, unknown_fields
@@ -49,9 +51,21 @@ class ChatMessage(_TopLevel):
     name: str | None = None  # passed to the chat template (which may or may not print it)
 
 
+def _document_refusals(schema: dict[str, Any], model: type[_SamplingFields]) -> None:
+    # The validators' rules that JSON Schema cannot state (one field against another, a value
+    # refused rather than mistyped), as an extension of the document: param -> rule.
+    schema["x-tandem-refusals"] = model.refusal_rules()
+
+
 class _SamplingFields(_TopLevel):
     """Fields chat and completions share; all optional so `null` means the default."""
 
+    model_config = ConfigDict(json_schema_extra=_document_refusals)
+    # What the validator below refuses, by the param its error names (the document lists them).
+    _REFUSALS: ClassVar[dict[str, str]] = {
+        "stream_options": "only with stream true", "stop": f"at most {MAX_STOP_STRINGS} strings",
+        "logit_bias": "keys are token ids (non-negative integers)",
+    }  # fmt: skip
     _ignored_fields: list[str] = PrivateAttr(default_factory=list)
 
     model: str | None = None  # None: the first served model (vLLM's lenient default)
@@ -74,6 +88,14 @@ class _SamplingFields(_TopLevel):
     min_tokens: int | None = Field(default=None, ge=0)  # extension (vLLM): no end-of-text before this many
     ignore_eos: bool | None = None  # extension (vLLM): keep generating past end-of-text
     repetition_stop: bool | None = None  # extension (tandem): stop an exact loop (None: the tier's default)
+
+    @classmethod
+    def refusal_rules(cls) -> dict[str, str]:
+        """Every refusal of this body's validators, by param (the endpoint's own included)."""
+        rules: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            rules.update(getattr(klass, "_REFUSALS", {}))
+        return rules
 
     @property
     def num_choices(self) -> int:
@@ -103,12 +125,22 @@ class _SamplingFields(_TopLevel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def _check_common(self) -> None:
-        """Refuse what we would otherwise silently ignore, the way OpenAI words it."""
+    @model_validator(mode="after")
+    def _refuse_what_tandem_does_not_do(self, info: ValidationInfo):
+        """Refusals as validation (InvalidRequestError passes through pydantic unchanged, naming its
+        field): what would otherwise be ignored silently, worded the way OpenAI words it; then
+        the fields beyond the schema (check_fields; context {"strict_fields": True} refuses unknown ones)."""
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
         if len(self.stop_list) > MAX_STOP_STRINGS:
             raise InvalidRequestError(f"stop accepts at most {MAX_STOP_STRINGS} strings, got {len(self.stop_list)}", "stop")
+        self.token_logit_bias  # noqa: B018  (raises for keys that are not token ids)
+        self._refuse_for_endpoint()
+        self.check_fields(strict=bool((info.context or {}).get("strict_fields")))
+        return self
+
+    def _refuse_for_endpoint(self) -> None:
+        """What one endpoint's body cannot ask for (subclasses)."""
 
     @property
     def token_logit_bias(self) -> dict[int, float]:
@@ -153,23 +185,25 @@ class _SamplingFields(_TopLevel):
 
 
 class ChatCompletionRequest(_SamplingFields):
+    _REFUSALS: ClassVar[dict[str, str]] = {"messages": "at least one message", "top_logprobs": "only with logprobs true"}
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
     logprobs: bool | None = False
     top_logprobs: int | None = None
     private: bool | None = None  # extension (tandem): routed models answer on the device only
 
-    def message_dicts(self) -> list[dict[str, Any]]:
-        """Messages as the plain dicts sdk.protocol.chat_template expects."""
+    def _refuse_for_endpoint(self) -> None:
         if not self.messages:
             raise InvalidRequestError("messages must contain at least one message", "messages")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs to be true", "top_logprobs")
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """Messages as the plain dicts sdk.protocol.chat_template expects."""
         return [m.model_dump(exclude_none=True) for m in self.messages]
 
     def sampling_params(self, num_prompt_tokens: int, max_model_len: int, choice_index: int = 0) -> SamplingParams:
         """Engine parameters; the default completion budget is what the context has left."""
-        self._check_common()
-        if self.top_logprobs is not None and not self.logprobs:
-            raise InvalidRequestError("top_logprobs requires logprobs to be true", "top_logprobs")
         max_tokens = self.max_completion_tokens or self.max_tokens
         if max_tokens is None:
             max_tokens = max_model_len - num_prompt_tokens
@@ -180,6 +214,8 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
+    _REFUSALS: ClassVar[dict[str, str]] = {"echo": "true is not supported", "suffix": "not supported",
+                                           "best_of": "only equal to n"}  # fmt: skip
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool | None = False
@@ -202,14 +238,15 @@ class CompletionRequest(_SamplingFields):
                 return prompt[0]
         return prompt
 
-    def sampling_params(self, choice_index: int = 0) -> SamplingParams:
-        self._check_common()
+    def _refuse_for_endpoint(self) -> None:
         if self.echo:
             raise InvalidRequestError("echo is not supported by this server; send false or leave it out", "echo")
         if self.suffix is not None:
             raise InvalidRequestError("suffix is not supported by this server; leave it out", "suffix")
         if self.best_of not in (None, self.num_choices):
             raise InvalidRequestError("best_of is not supported by this server; leave it out or set it to n", "best_of")
+
+    def sampling_params(self, choice_index: int = 0) -> SamplingParams:
         return self._sampling_params(self.max_tokens or 16, self.logprobs, choice_index)
 
 
@@ -220,165 +257,3 @@ def context_length_error(max_model_len: int, num_prompt_tokens: int) -> ContextL
         f"{num_prompt_tokens} tokens, which leaves no room for a completion. Please reduce the messages.",
         "messages",
     )
-
-
-# -- responses -----------------------------------------------------------------------------
-
-
-def now() -> int:
-    return int(time.time())
-
-
-class _Response(BaseModel):
-    """A response model whose optional extras are left out, not sent as null, when unset."""
-
-    _omitted_when_none: ClassVar[tuple[str, ...]] = ()
-
-    @model_serializer(mode="wrap")
-    def _omit_unset_extras(self, handler):
-        data = handler(self)
-        for name in self._omitted_when_none:
-            if data.get(name) is None:
-                data.pop(name, None)
-        return data
-
-
-class CompletionTokensDetails(BaseModel):
-    """OpenAI's Predicted Outputs counters; tandem's cloud engine fills them with its
-    speculative decoding figures (draft tokens the target accepted / rejected)."""
-
-    accepted_prediction_tokens: int = 0
-    rejected_prediction_tokens: int = 0
-
-
-class Usage(_Response):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    completion_tokens_details: CompletionTokensDetails | None = None  # only when the engine speculated
-    _omitted_when_none: ClassVar[tuple[str, ...]] = ("completion_tokens_details",)  # absent, as OpenAI's usage without it
-
-
-class TopLogprobEntry(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatTokenLogprob(TopLogprobEntry):
-    top_logprobs: list[TopLogprobEntry] = Field(default_factory=list)
-
-
-class ChatLogprobs(BaseModel):
-    content: list[ChatTokenLogprob] | None = None
-
-
-class ChatResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: ChatResponseMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: str | None = None  # vLLM's field; tandem: "repetition" when a loop was stopped (finish_reason "length")
-
-
-class _WithTandem(_Response):
-    """A response with tandem's optional extension field, left out when there is nothing to say."""
-
-    tandem: dict[str, Any] | None = None  # e.g. {"ignored_fields": [...]}; routed answers: how they were routed
-    _omitted_when_none: ClassVar[tuple[str, ...]] = ("tandem",)
-
-
-class ChatCompletionResponse(_WithTandem):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_unset(self, handler):
-        # A delta carries only what changed: {"content": "x"}, never {"role": null, ...}.
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: str | None = None  # on the chunk with finish_reason, as ChatChoice's
-
-
-class ChatCompletionChunk(_WithTandem):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: str | None = None  # as ChatChoice's
-
-
-class CompletionResponse(_WithTandem):
-    """Both the whole response and each streamed chunk: OpenAI uses one object name for both."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(_Response):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=now)
-    owned_by: str = "tandem"
-    max_model_len: int | None = None  # extension (vLLM): prompt + completion limit
-    # extension (tandem): what a request that leaves a sampling field out gets, and where it comes
-    # from: {"temperature": {"value": 0.2, "source": "built-in: ..."}, ...}; absent when not known
-    sampling_defaults: dict[str, dict[str, Any]] | None = None
-    vocabulary_fingerprint: str | None = None  # extension (tandem): sdk.protocol.vocabulary; equal = same token ids
-    _omitted_when_none: ClassVar[tuple[str, ...]] = ("sampling_defaults", "vocabulary_fingerprint")
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo

@@ -1,0 +1,35 @@
+"""The one copy of the OpenAI request/response/error schema, for every tandem server: the request
+bodies and their refusals (`requests`), the response shapes with tandem's extensions (`responses`)."""
+
+from sdk.protocol.openai_schema.requests import (  # noqa: F401
+    MAX_CHOICES,
+    MAX_COMPLETION_LOGPROBS,
+    MAX_STOP_STRINGS,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    ContentPart,
+    StreamOptions,
+    context_length_error,
+)
+from sdk.protocol.openai_schema.responses import (  # noqa: F401
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatResponseMessage,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    CompletionTokensDetails,
+    DeltaMessage,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TopLogprobEntry,
+    Usage,
+    now,
+)

@@ -1,0 +1,169 @@
+"""OpenAI's response shapes (chat, completions, models, errors), with tandem's extension fields:
+`tandem` on a response, `stop_reason` on a choice, `sampling_defaults` and
+`vocabulary_fingerprint` on a model card. Extras that are unset are left out, not sent as null."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field, model_serializer
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class _Response(BaseModel):
+    """A response model whose optional extras are left out, not sent as null, when unset."""
+
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_extras(self, handler):
+        data = handler(self)
+        for name in self._omitted_when_none:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's Predicted Outputs counters; tandem's cloud engine fills them with its
+    speculative decoding figures (draft tokens the target accepted / rejected)."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None  # only when the engine speculated
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ("completion_tokens_details",)  # absent, as OpenAI's usage without it
+
+
+class TopLogprobEntry(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprobEntry):
+    top_logprobs: list[TopLogprobEntry] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | None = None  # vLLM's field; tandem: "repetition" when a loop was stopped (finish_reason "length")
+
+
+class _WithTandem(_Response):
+    """A response with tandem's optional extension field, left out when there is nothing to say."""
+
+    tandem: dict[str, Any] | None = None  # e.g. {"ignored_fields": [...]}; routed answers: how they were routed
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ("tandem",)
+
+
+class ChatCompletionResponse(_WithTandem):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler):
+        # A delta carries only what changed: {"content": "x"}, never {"role": null, ...}.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | None = None  # on the chunk with finish_reason, as ChatChoice's
+
+
+class ChatCompletionChunk(_WithTandem):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | None = None  # as ChatChoice's
+
+
+class CompletionResponse(_WithTandem):
+    """Both the whole response and each streamed chunk: OpenAI uses one object name for both."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=now)
+    owned_by: str = "tandem"
+    max_model_len: int | None = None  # extension (vLLM): prompt + completion limit
+    # extension (tandem): what a request that leaves a sampling field out gets, and where it comes
+    # from: {"temperature": {"value": 0.2, "source": "built-in: ..."}, ...}; absent when not known
+    sampling_defaults: dict[str, dict[str, Any]] | None = None
+    vocabulary_fingerprint: str | None = None  # extension (tandem): sdk.protocol.vocabulary; equal = same token ids
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ("sampling_defaults", "vocabulary_fingerprint")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
