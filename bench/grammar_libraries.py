@@ -1,0 +1,294 @@
+"""Which grammar library should own constrained decoding: llguidance, xgrammar or outlines-core,
+compared on this machine for the embedded SmolLM2 vocabulary (issue 22, part 1).
+
+    bash scripts/setup.sh test,grammar-compare   # the three libraries (xgrammar pulls triton)
+    python -m bench.grammar_libraries [--quick] --json bench/results/grammar_libraries.json
+
+Every library gets the vocabulary the same way the local tier has it: the raw bytes of each
+token id read from the GGUF through llama.cpp (special tokens marked as such), with llama.cpp
+as the tokenizer; no transformers conversion and nothing from a model hub. For each schema of
+a fixed set (one JSON Schema feature each, compact JSON, no free whitespace):
+
+- `compile_ms`: building the constraint for the schema (the first matcher included, since
+  llguidance compiles lazily);
+- coverage: a valid instance (tokenized by llama.cpp) is accepted token by token and may end
+  there, and an invalid one (the feature violated) is refused at some token or cannot end;
+- `mask_us`: computing the allowed-token mask at each position of the valid instance, batch 1
+  (one matcher) and batch 8 (8 matchers one after another, as a step of 8 constrained rows
+  would; per row, so the two compare directly).
+
+Keys: per library `coverage` (schemas right / total), `compile_ms_p50`, `mask_us_p50_b1`,
+`mask_us_p50_b8_per_row`, `mask_us_p99_b1`, and `choice` with its reason (the bench does not
+choose; README says which and why, from these figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+# (name, schema, valid instance, invalid instance): one feature each.
+SCHEMAS: list[tuple[str, dict, object, object]] = [
+    ("object_required", {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                         "required": ["name", "age"], "additionalProperties": False},
+     {"name": "Ann", "age": 31}, {"name": "Ann"}),
+    ("nested_object", {"type": "object", "properties": {"user": {"type": "object", "properties": {"id": {"type": "integer"}},
+                       "required": ["id"], "additionalProperties": False}}, "required": ["user"], "additionalProperties": False},
+     {"user": {"id": 7}}, {"user": {"id": "7"}}),
+    ("enum", {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"],
+              "additionalProperties": False}, {"colour": "green"}, {"colour": "pink"}),
+    ("const", {"type": "object", "properties": {"kind": {"const": "event"}}, "required": ["kind"], "additionalProperties": False},
+     {"kind": "event"}, {"kind": "events"}),
+    ("anyOf", {"type": "object", "properties": {"v": {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}}, "required": ["v"],
+               "additionalProperties": False}, {"v": True}, {"v": "yes"}),
+    ("oneOf", {"type": "object", "properties": {"v": {"oneOf": [{"type": "string"}, {"type": "null"}]}}, "required": ["v"],
+               "additionalProperties": False}, {"v": None}, {"v": 3}),
+    ("ref_defs", {"$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                                      "required": ["x", "y"], "additionalProperties": False}},
+                  "type": "object", "properties": {"a": {"$ref": "#/$defs/point"}}, "required": ["a"], "additionalProperties": False},
+     {"a": {"x": 1.5, "y": -2}}, {"a": {"x": 1.5}}),
+    ("pattern", {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}}, "required": ["code"],
+                 "additionalProperties": False}, {"code": "ABC-12"}, {"code": "abc-12"}),
+    ("array_min_max_items", {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                             "minItems": 1, "maxItems": 2}}, "required": ["tags"], "additionalProperties": False},
+     {"tags": ["a", "b"]}, {"tags": ["a", "b", "c"]}),
+    ("string_length", {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 4}}, "required": ["s"],
+                       "additionalProperties": False}, {"s": "abc"}, {"s": "abcdef"}),
+    ("integer_range", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"],
+                       "additionalProperties": False}, {"n": 5}, {"n": 12}),
+    ("nullable_type_list", {"type": "object", "properties": {"note": {"type": ["string", "null"]}}, "required": ["note"],
+                            "additionalProperties": False}, {"note": None}, {"note": 1}),
+    ("array_of_objects", {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object",
+                          "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}}, "required": ["sku", "qty"],
+                          "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False},
+     {"items": [{"sku": "A1", "qty": 2}, {"sku": "B2", "qty": 1}]}, {"items": [{"sku": "A1"}]}),
+    ("format_date", {"type": "object", "properties": {"day": {"type": "string", "format": "date"}}, "required": ["day"],
+                     "additionalProperties": False}, {"day": "2026-11-23"}, {"day": "23/11/2026"}),
+]  # fmt: skip
+
+
+@dataclass
+class Vocabulary:
+    """The GGUF's vocabulary as llama.cpp has it."""
+
+    tokens: list[bytes]  # raw bytes per id ("" for special tokens)
+    eos_token_id: int
+    bos_token_id: int | None
+    special_token_ids: list[int]
+    tokenize: object  # bytes | str -> ids, no special tokens
+
+
+def load_vocabulary() -> tuple[Vocabulary, object]:
+    from local_runtime.config import LocalEngineConfig
+    from local_runtime.engine import LocalEngine
+
+    engine = LocalEngine(LocalEngineConfig(kv_cache_tokens=256, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=128))
+    backend = engine.backend
+    special = [i for i in range(backend.n_vocab) if backend.token_bytes(i) == b"" or backend.is_end_of_generation(i)]
+    eos = next(i for i in range(backend.n_vocab) if backend.is_end_of_generation(i))
+
+    def tokenize(text) -> list[int]:
+        return engine.tokenize(text.decode("utf-8") if isinstance(text, bytes) else text, add_special=False)
+
+    tokens = [backend.token_bytes(i) for i in range(backend.n_vocab)]
+    return Vocabulary(tokens, eos, None, special, tokenize), engine
+
+
+class _Llguidance:
+    name = "llguidance"
+
+    def __init__(self, vocab: Vocabulary):
+        import llguidance
+
+        self.llg = llguidance
+        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
+        from llguidance.numpy import allocate_token_bitmask
+
+        self.bitmask = allocate_token_bitmask(1, self.tokenizer.vocab_size)
+
+    def compile(self, schema: dict):
+        grammar = self.llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+        matcher = self.llg.LLMatcher(self.tokenizer, grammar)
+        if matcher.is_error():
+            raise ValueError(matcher.get_error())
+        return lambda: self.llg.LLMatcher(self.tokenizer, grammar)
+
+    def mask(self, matcher) -> None:
+        from llguidance.numpy import fill_next_token_bitmask
+
+        fill_next_token_bitmask(matcher, self.bitmask, 0)
+
+    @staticmethod
+    def advance(matcher, token: int) -> bool:
+        return matcher.consume_token(token) and not matcher.is_error()
+
+    @staticmethod
+    def can_end(matcher) -> bool:
+        return matcher.is_accepting()
+
+
+class _Xgrammar:
+    name = "xgrammar"
+
+    def __init__(self, vocab: Vocabulary):
+        import xgrammar
+
+        self.xgr = xgrammar
+        info = xgrammar.TokenizerInfo(vocab.tokens, vocab_type=xgrammar.VocabType.RAW, vocab_size=len(vocab.tokens),
+                                      stop_token_ids=[vocab.eos_token_id])  # fmt: skip
+        self.compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
+        self.bitmask = xgrammar.allocate_token_bitmask(1, len(vocab.tokens))
+        self.eos = vocab.eos_token_id
+
+    def compile(self, schema: dict):
+        compiled = self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True)
+        return lambda: self.xgr.GrammarMatcher(compiled)
+
+    def mask(self, matcher) -> None:
+        matcher.fill_next_token_bitmask(self.bitmask)
+
+    @staticmethod
+    def advance(matcher, token: int) -> bool:
+        return matcher.accept_token(token)
+
+    def can_end(self, matcher) -> bool:
+        return matcher.accept_token(self.eos)
+
+
+class _OutlinesCore:
+    name = "outlines-core"
+
+    def __init__(self, vocab: Vocabulary):
+        from outlines_core import Vocabulary as OcVocabulary
+
+        by_bytes: dict[bytes, list[int]] = {}
+        for token_id, raw in enumerate(vocab.tokens):
+            if token_id not in vocab.special_token_ids and raw:
+                by_bytes.setdefault(raw, []).append(token_id)
+        self.vocabulary = OcVocabulary(vocab.eos_token_id, by_bytes)
+        self.eos = vocab.eos_token_id
+
+    def compile(self, schema: dict):
+        from outlines_core import Guide, Index
+        from outlines_core.json_schema import build_regex_from_schema
+
+        index = Index(build_regex_from_schema(json.dumps(schema), whitespace_pattern=""), self.vocabulary)
+        return lambda: Guide(index)
+
+    @staticmethod
+    def mask(matcher) -> None:
+        matcher.get_tokens()
+
+    @staticmethod
+    def advance(matcher, token: int) -> bool:
+        if token not in matcher.get_tokens():
+            return False
+        matcher.advance(token)
+        return True
+
+    def can_end(self, matcher) -> bool:
+        return matcher.is_finished() or self.eos in matcher.get_tokens()
+
+
+LIBRARIES = (_Llguidance, _Xgrammar, _OutlinesCore)
+
+
+def _accepts(library, new_matcher, tokens: list[int]) -> bool:
+    matcher = new_matcher()
+    return all(library.advance(matcher, token) for token in tokens) and library.can_end(matcher)
+
+
+def _mask_times_us(library, new_matcher, tokens: list[int], rows: int) -> list[float]:
+    """Per row and position: the time to compute the masks of `rows` matchers at that position."""
+    matchers = [new_matcher() for _ in range(rows)]
+    times = []
+    for token in tokens:
+        start = time.perf_counter()
+        for matcher in matchers:
+            library.mask(matcher)
+        times.append((time.perf_counter() - start) / rows * 1e6)
+        for matcher in matchers:
+            library.advance(matcher, token)
+    return times
+
+
+def measure(library_cls, vocab: Vocabulary, repeats: int) -> dict:
+    start = time.perf_counter()
+    library = library_cls(vocab)
+    setup_ms = (time.perf_counter() - start) * 1e3
+    per_schema, compile_ms, mask_b1, mask_b8 = {}, [], [], []
+    for name, schema, valid, invalid in SCHEMAS:
+        valid_ids = vocab.tokenize(json.dumps(valid, separators=(",", ":")))
+        invalid_ids = vocab.tokenize(json.dumps(invalid, separators=(",", ":")))
+        try:
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                new_matcher = library.compile(schema)
+                new_matcher()
+                times.append((time.perf_counter() - start) * 1e3)
+        except Exception as exc:  # noqa: BLE001  (a schema the library refuses is a coverage finding)
+            per_schema[name] = {"compiled": False, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            continue
+        accepts_valid, refuses_invalid = _accepts(library, new_matcher, valid_ids), not _accepts(library, new_matcher, invalid_ids)
+        b1 = _mask_times_us(library, new_matcher, valid_ids, 1)
+        b8 = _mask_times_us(library, new_matcher, valid_ids, 8)
+        compile_ms.append(statistics.median(times))
+        mask_b1 += b1
+        mask_b8 += b8
+        per_schema[name] = {"compiled": True, "compile_ms": statistics.median(times), "accepts_valid": accepts_valid,
+                            "refuses_invalid": refuses_invalid, "right": accepts_valid and refuses_invalid,
+                            "mask_us_median_b1": statistics.median(b1)}  # fmt: skip
+    right = sum(1 for entry in per_schema.values() if entry.get("right"))
+    return {
+        "setup_ms": setup_ms, "coverage": right / len(SCHEMAS), "schemas_right": right,
+        "compile_ms_p50": statistics.median(compile_ms) if compile_ms else None,
+        "mask_us_p50_b1": _quantile(mask_b1, 0.5), "mask_us_p99_b1": _quantile(mask_b1, 0.99),
+        "mask_us_p50_b8_per_row": _quantile(mask_b8, 0.5), "per_schema": per_schema,
+    }  # fmt: skip
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    import importlib.metadata
+
+    from bench.machine import machine_info, write_report
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--quick", action="store_true", help="one compile per schema instead of five")
+    args = parser.parse_args()
+    vocab, engine = load_vocabulary()
+    results = {}
+    try:
+        for library_cls in LIBRARIES:
+            results[library_cls.name] = measure(library_cls, vocab, repeats=1 if args.quick else 5)
+            print(library_cls.name, json.dumps({k: v for k, v in results[library_cls.name].items() if k != "per_schema"}), flush=True)
+    finally:
+        engine.close()
+    report = {
+        "benchmark": "grammar_libraries",
+        "command": "python -m bench.grammar_libraries " + " ".join(sys.argv[1:]),
+        "machine": machine_info(),
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": {name: importlib.metadata.version(name) for name in ("llguidance", "xgrammar", "outlines-core")},
+        "vocabulary": f"SmolLM2-135M-Instruct GGUF through llama.cpp: {len(vocab.tokens)} tokens as raw bytes",
+        "schemas": [name for name, *_ in SCHEMAS],
+        "libraries": results,
+    }
+    write_report(args.json, report, ("libraries",))
+
+
+if __name__ == "__main__":
+    main()
