@@ -18,8 +18,9 @@ a fixed set (one JSON Schema feature each, compact JSON, no free whitespace):
   would; per row, so the two compare directly).
 
 Keys: per library `coverage` (schemas right / total), `compile_ms_p50`, `mask_us_p50_b1`,
-`mask_us_p50_b8_per_row`, `mask_us_p99_b1`, and `choice` with its reason (the bench does not
-choose; README says which and why, from these figures).
+`mask_us_p50_b8_per_row`, `mask_us_p99_b1` (mostly the first mask: llguidance builds its lexer
+then), `setup_ms` (the vocabulary prepared once) and `footprint` (declared requirements, import
+time, whether importing it loads torch). The bench does not choose; README says which and why.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def load_vocabulary() -> tuple[Vocabulary, object]:
 
 
 class _Llguidance:
+    module = "llguidance"
     name = "llguidance"
 
     def __init__(self, vocab: Vocabulary):
@@ -133,6 +135,7 @@ class _Llguidance:
 
 
 class _Xgrammar:
+    module = "xgrammar"
     name = "xgrammar"
 
     def __init__(self, vocab: Vocabulary):
@@ -161,6 +164,7 @@ class _Xgrammar:
 
 
 class _OutlinesCore:
+    module = "outlines_core"
     name = "outlines-core"
 
     def __init__(self, vocab: Vocabulary):
@@ -253,6 +257,19 @@ def measure(library_cls, vocab: Vocabulary, repeats: int) -> dict:
     }  # fmt: skip
 
 
+def footprint(distribution: str, module: str) -> dict:
+    """What installing and importing the library brings: its declared requirements, and whether a
+    fresh interpreter that imports it has torch loaded afterwards (the on-device tier has no torch)."""
+    import importlib.metadata
+    import subprocess
+
+    probe = f"import sys, time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t, 'torch' in sys.modules)"
+    seconds, torch_loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    requires = [r for r in importlib.metadata.requires(distribution) or [] if "extra ==" not in r]  # what a plain install pulls
+    return {"requires": requires, "import_s": float(seconds),
+            "imports_torch": torch_loaded == "True"}
+
+
 def _quantile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -274,6 +291,7 @@ def main() -> None:
     try:
         for library_cls in LIBRARIES:
             results[library_cls.name] = measure(library_cls, vocab, repeats=1 if args.quick else 5)
+            results[library_cls.name]["footprint"] = footprint(library_cls.name, library_cls.module)
             print(library_cls.name, json.dumps({k: v for k, v in results[library_cls.name].items() if k != "per_schema"}), flush=True)
     finally:
         engine.close()
