@@ -176,6 +176,8 @@ class CloudEngine:
         self.validate(request)
         if request.request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in the engine", "request_id")
+        if request.params.structured is not None:
+            raise InvalidRequestError("response_format is not supported by the cloud engine yet; leave it out", "response_format")
         params = self.sampling_defaults.apply(request.params)  # the fields the request left out
         self._generators[request.request_id] = make_generator(params.seed, self.device)
         self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), params, priority=request.priority))

@@ -14,6 +14,7 @@ import numpy as np
 
 from local_runtime.block_manager import BlockManager
 from local_runtime.config import LocalEngineConfig
+from local_runtime.grammar import GrammarMasks
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
 from local_runtime.request import Request, RequestStatus
 from local_runtime.sampler import sample_batch
@@ -69,6 +70,7 @@ class LocalEngine:
         self._max_token_bytes = self.backend.max_token_bytes()
         # For min_tokens: the ids that would end generation early and are masked until then.
         self._end_ids = np.array([i for i in range(self.backend.n_vocab) if self.backend.is_end_of_generation(i)], dtype=np.int64)
+        self.grammar = GrammarMasks(self.backend, self.backend.eos_token_id)  # structured requests' masks
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
 
@@ -107,7 +109,10 @@ class LocalEngine:
         params = self.sampling_defaults.apply(request.params)  # the fields the request left out
         if params.repetition_stop is None:
             params = dataclasses.replace(params, repetition_stop=self.config.repetition_stop)
-        self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), params))
+        matcher = self.grammar.matcher(params.structured) if params.structured is not None else None  # 400 before scheduling
+        engine_request = Request(request.request_id, list(request.prompt_token_ids), params)
+        engine_request.matcher = matcher
+        self.scheduler.add_request(engine_request)
 
     def abort_request(self, request_id: str) -> bool:
         """Free the request's slot and blocks now; False if it was not here."""
@@ -161,13 +166,16 @@ class LocalEngine:
         if not requests:
             return []
         histories = [(r.prompt_token_ids, r.output_token_ids) for r in requests]
-        sampled = sample_batch(logits, [r.params for r in requests], [r.rng for r in requests], histories, self._end_ids)
+        allowed = [self.grammar.allowed(r.matcher) if r.matcher is not None else None for r in requests]
+        sampled = sample_batch(logits, [r.params for r in requests], [r.rng for r in requests], histories, self._end_ids, allowed)
         events = []
         backend = self.backend
         for request, token in zip(requests, sampled):
             if not request.output_token_ids:
                 self.num_prompt_tokens_total += request.num_prompt_tokens
             request.output_token_ids.append(token.token_id)
+            if request.matcher is not None:
+                request.matcher.consume_token(token.token_id)
             self.num_generation_tokens_total += 1
             text, status = check_stop(
                 request, token.token_id, backend.token_bytes(token.token_id),

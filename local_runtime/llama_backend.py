@@ -242,6 +242,10 @@ class LlamaBackend:
         return self.token_text(token_id) if token_id >= 0 else ""
 
     @property
+    def eos_token_id(self) -> int:
+        return int(self._lib.llama_vocab_eos(self.vocab))
+
+    @property
     def adds_bos(self) -> bool:
         return bool(self._lib.llama_vocab_get_add_bos(self.vocab))
 

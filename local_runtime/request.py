@@ -32,6 +32,7 @@ class Request:
         self.text_stream = TextStream(self.params.stop)
         self.repetition = new_repetition_tracker(self.params)  # check_stop's loop test; None when off
         self.stop_reason: str | None = None  # "repetition" once check_stop stopped a loop
+        self.matcher = None  # llguidance.LLMatcher of a structured request (local_runtime.grammar); None otherwise
 
     @property
     def all_token_ids(self) -> list[int]:

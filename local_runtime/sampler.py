@@ -21,11 +21,14 @@ from sdk.protocol.token_events import SampledToken
 
 def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator],
                  histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
-                 end_ids: np.ndarray | None = None) -> list[SampledToken]:  # fmt: skip
+                 end_ids: np.ndarray | None = None,
+                 allowed: Sequence[np.ndarray | None] | None = None) -> list[SampledToken]:  # fmt: skip
     """Pick one token per row of `logits` ([n_rows, vocab] float32) and measure its row's signals.
 
     `histories`: each row's (prompt ids, output ids) and `end_ids`: the end-of-generation ids,
-    read only for rows whose params change the logits (penalties, logit_bias, min_tokens)."""
+    read only for rows whose params change the logits (penalties, logit_bias, min_tokens).
+    `allowed`: per row, None or the boolean mask of a structured request's grammar (the pick
+    only: the signals and logprobs stay the model's own)."""
     rows = np.arange(logits.shape[0])
     top1_ids = np.argmax(logits, axis=1)
     shifted = logits - logits[rows, top1_ids][:, None]  # <= 0, so exp cannot overflow
@@ -42,6 +45,8 @@ def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[np
         if p.changes_logits:
             prompt_ids, output_ids = histories[row]
             changed = apply_logit_changes(logits[row], p, prompt_ids, output_ids, end_ids)
+            if allowed is not None and allowed[row] is not None:
+                changed[~allowed[row]] = -np.inf
             token_id = int(np.argmax(changed)) if greedy else _sample(changed, p, rng)
         else:
             token_id = int(top1_ids[row]) if greedy else _sample(logits[row], p, rng)

@@ -155,6 +155,8 @@ def request_message(
 
 
 def sampling_message(params: SamplingParams) -> pb.SamplingParams:
+    if params.structured is not None:  # tandem.v1 has no field for it yet: refuse rather than drop it
+        raise InvalidRequestError("response_format cannot be sent to a gRPC cloud yet", "response_format")
     message = pb.SamplingParams(
         max_tokens=params.max_tokens,
         stop=list(params.stop),

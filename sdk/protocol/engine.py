@@ -47,6 +47,21 @@ class EngineNotReadyError(EngineError):
 MIN_SAMPLING_TEMPERATURE = 1e-5  # below it, sampling is greedy
 
 
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the whole output, enforced token by token by the engine's grammar mask.
+
+    kind "json_object": any JSON object; "json_schema": JSON valid against `schema` (JSON text).
+    JSON is compact (no whitespace between tokens), so a small model cannot pad it out."""
+
+    kind: str
+    schema: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("json_object", "json_schema") or (self.kind == "json_schema") != (self.schema is not None):
+            raise InvalidRequestError(f"unknown structured output {self.kind!r} (or a schema missing)", "response_format")
+
+
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
 MAX_PENALTY = 2.0  # OpenAI's range for presence/frequency penalties: [-2, 2]
 
@@ -80,6 +95,7 @@ class SamplingParams:
     # Never under ignore_eos, which asks for every token.
     repetition_stop: bool | None = None
     logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token + k alternatives
+    structured: StructuredOutput | None = None  # response_format: a grammar masks every step
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -113,6 +129,10 @@ class SamplingParams:
             raise InvalidRequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}", "seed")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
+        if self.structured is not None and (self.ignore_eos or self.min_tokens):
+            # The grammar ends the output (it allows only the end token once the JSON is complete).
+            param = "ignore_eos" if self.ignore_eos else "min_tokens"
+            raise InvalidRequestError(f"{param} cannot be combined with response_format: the grammar decides where the output ends", param)
 
     @property
     def is_resolved(self) -> bool:
@@ -131,7 +151,7 @@ class SamplingParams:
     @property
     def stops_loops(self) -> bool:
         """Whether the engine watches this request for loops (sdk.protocol.repetition)."""
-        return bool(self.repetition_stop) and not self.ignore_eos
+        return bool(self.repetition_stop) and not self.ignore_eos and self.structured is None  # JSON repeats legitimately
 
     @property
     def uses_token_history(self) -> bool:
@@ -143,7 +163,7 @@ class SamplingParams:
     @property
     def changes_logits(self) -> bool:
         """Anything to apply to the raw logits before picking (greedy picks included)."""
-        return self.uses_token_history or bool(self.logit_bias)
+        return self.uses_token_history or bool(self.logit_bias) or self.structured is not None
 
 
 @dataclass

@@ -21,11 +21,11 @@ from sdk.protocol.engine import InvalidRequestError
 
 # Output-changing fields not implemented yet, with what a client should do instead.
 _TOOLS = "tool calling is not supported yet; leave it out"
-_STRUCTURE = "structured outputs are not supported yet; leave it out or send {\"type\": \"text\"}"
+_STRUCTURE = "vLLM's guided decoding fields are not supported; send OpenAI's response_format instead"
 REFUSED_FIELDS: dict[str, str] = {
     # OpenAI chat completions
     "tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS, "functions": _TOOLS,
-    "function_call": _TOOLS, "response_format": _STRUCTURE,
+    "function_call": _TOOLS,
     "audio": "audio output is not supported; leave it out", "modalities": "only text output is supported; send [\"text\"]",
     "web_search_options": "web search is not supported; leave it out",
     "reasoning_effort": "the served models do not reason; leave it out",
@@ -56,7 +56,7 @@ REFUSED_FIELDS: dict[str, str] = {
 
 # Values of a refused field that ask for nothing, and so are accepted.
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "tools": ([],), "functions": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
+    "tools": ([],), "functions": ([],), "tool_choice": ("none",),
     "modalities": (["text"],),
     "add_generation_prompt": (True,), "skip_special_tokens": (True,), "include_stop_str_in_output": (False,),
     "use_beam_search": (False,), "chat_template_kwargs": ({},),

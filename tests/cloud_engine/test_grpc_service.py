@@ -189,3 +189,22 @@ async def test_repetition_stop_travels_both_ways(engine, serve):  # noqa: F811  
     assert [e.token_id for e in asked] == tokens[: found[0]]
     assert (asked[-1].finish_reason, asked[-1].stop_reason) == ("length", "repetition")
     assert await wait_drained(engine)
+
+
+async def test_structured_requests_are_refused_by_the_cloud_tier_not_dropped(engine):  # noqa: F811  (fixture)
+    """Until the cloud sampler masks too: the engine refuses response_format, and neither cloud
+    client would send a request that carries it (the proto has no field for it yet)."""
+    from cloud_engine.grpc.convert import sampling_message
+    from sdk.cloud.openai_wire import request_body
+    from sdk.protocol.engine import InvalidRequestError, StructuredOutput
+
+    params = SamplingParams(max_tokens=4, structured=StructuredOutput("json_object"))
+    for refuse in (lambda: sampling_message(params), lambda: request_body([], params, "m")):
+        with pytest.raises(InvalidRequestError) as info:
+            refuse()
+        assert info.value.param == "response_format"
+    with pytest.raises(InvalidRequestError) as info:
+        async for _ in engine.generate(GenerationRequest("structured", random_tokens(4, seed=5), params)):
+            pass
+    assert info.value.param == "response_format"
+    assert await wait_drained(engine)

@@ -11,11 +11,12 @@ themselves into engine `SamplingParams`, so both tiers read a request the same w
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Union
+import json
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
-from sdk.protocol.engine import ContextLengthError, InvalidRequestError, SamplingParams
+from sdk.protocol.engine import ContextLengthError, InvalidRequestError, SamplingParams, StructuredOutput
 from sdk.protocol.request_fields import classify_extra_fields, classify_message_fields, unknown_fields
 
 MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM allows more; 16 keeps stop matching cheap
@@ -43,6 +44,33 @@ class StreamOptions(_Request):
 class ContentPart(_Request):
     type: str
     text: str | None = None  # other part kinds (images, audio) are refused by the chat template
+
+
+class JsonSchemaFormat(_Request):
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # None: any JSON object
+    strict: bool | None = None  # constrained the same either way: the grammar enforces the schema
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+
+class ResponseFormat(_Request):
+    """OpenAI's response_format: "text" (no constraint), "json_object", or "json_schema"."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def structured(self) -> StructuredOutput | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return StructuredOutput("json_object")
+        if self.json_schema is None:
+            raise InvalidRequestError("response_format of type json_schema needs a json_schema object", "response_format")
+        if self.json_schema.schema_ is None:
+            return StructuredOutput("json_object")
+        return StructuredOutput("json_schema", json.dumps(self.json_schema.schema_))
 
 
 class ChatMessage(_TopLevel):
@@ -88,6 +116,7 @@ class _SamplingFields(_TopLevel):
     min_tokens: int | None = Field(default=None, ge=0)  # extension (vLLM): no end-of-text before this many
     ignore_eos: bool | None = None  # extension (vLLM): keep generating past end-of-text
     repetition_stop: bool | None = None  # extension (tandem): stop an exact loop (None: the tier's default)
+    response_format: ResponseFormat | None = None  # json_object / json_schema: a grammar constrains the output
 
     @classmethod
     def refusal_rules(cls) -> dict[str, str]:
@@ -180,6 +209,7 @@ class _SamplingFields(_TopLevel):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=bool(self.ignore_eos),
             repetition_stop=self.repetition_stop,
+            structured=self.response_format.structured() if self.response_format is not None else None,
             logprobs=logprobs,
         )
 
