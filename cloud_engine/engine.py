@@ -35,6 +35,7 @@ from cloud_engine.spec_decode.rejection import verify_draft
 from cloud_engine.spec_decode.stats import SpecDecodeStats
 from cloud_engine.token_bytes import build_token_bytes
 from sdk.protocol.engine import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
+from sdk.protocol.grammar import GrammarMasks
 from sdk.protocol.request_status import RequestStatus
 from sdk.protocol.sampling_defaults import resolve_sampling_defaults
 from sdk.protocol.token_events import check_stop, make_token_event
@@ -83,6 +84,10 @@ class CloudEngine:
         loaded.model.warm_up_packed(config.max_num_batched_tokens, config.max_logit_rows)  # memory flat from here
         self.vocab_size = self.model_config.vocab_size
         self._token_bytes = build_token_bytes(self.tokenizer)
+        # Structured requests' masks over the logits' width (ids past the tokenizer: never allowed).
+        eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else min(self.eos_token_ids)
+        self.grammar = GrammarMasks(lambda: [self.token_bytes(i) for i in range(self.vocab_size)], eos,
+                                    lambda text: self.tokenize(text, add_special=False))
 
         mc = self.model_config
         block_bytes = bytes_per_block(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype)
@@ -176,11 +181,11 @@ class CloudEngine:
         self.validate(request)
         if request.request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in the engine", "request_id")
-        if request.params.structured is not None:
-            raise InvalidRequestError("response_format is not supported by the cloud engine yet; leave it out", "response_format")
         params = self.sampling_defaults.apply(request.params)  # the fields the request left out
+        matcher = self.grammar.matcher(params.structured) if params.structured is not None else None  # 400 before scheduling
         self._generators[request.request_id] = make_generator(params.seed, self.device)
-        self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), params, priority=request.priority))
+        self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), params, priority=request.priority,
+                                           matcher=matcher))  # fmt: skip
 
     def abort_request(self, request_id: str) -> bool:
         """Free the request's blocks now; False if it was not here."""
@@ -227,7 +232,8 @@ class CloudEngine:
         draft's accepted prefix and the target's own token, cut at a token-level stop."""
         if len(logits) == len(requests):  # no drafts this step: one batched sampling pass
             picked = sample_batch(logits, [r.params for r in requests], [self._generators[r.request_id] for r in requests],
-                                  [(r.prompt_token_ids, r.output_token_ids) for r in requests], self._end_ids)
+                                  [(r.prompt_token_ids, r.output_token_ids) for r in requests], self._end_ids,
+                                  [self._allowed(r) for r in requests])  # fmt: skip
             return [[token] for token in picked]
         results, offset = [], 0
         for request, rows in zip(requests, num_logits):
@@ -236,7 +242,8 @@ class CloudEngine:
             generator = self._generators[rid]
             if rows == 1:
                 results.append(sample_batch(own, [request.params], [generator],
-                                            [(request.prompt_token_ids, request.output_token_ids)], self._end_ids))
+                                            [(request.prompt_token_ids, request.output_token_ids)], self._end_ids,
+                                            [self._allowed(request)]))  # fmt: skip
                 continue
             draft = out.scheduled_spec_token_ids[rid]
             probs = self._draft_probs.pop(rid, None)
@@ -250,6 +257,12 @@ class CloudEngine:
             signals = token_signals(own[: len(ids)], torch.tensor(ids, device=own.device), [request.params] * len(ids))
             results.append(signals)
         return results
+
+    def _allowed(self, request: Request) -> torch.Tensor | None:
+        """A structured request's mask for its next token (it drafts nothing: spec_decode.policy)."""
+        if request.matcher is None:
+            return None
+        return torch.from_numpy(self.grammar.allowed(request.matcher)).to(self.device)
 
     def _cut_at_token_stop(self, request: Request, ids: list[int]) -> list[int]:
         """Tokens past an end-of-generation/stop token, max_tokens or max_model_len are never emitted."""
@@ -271,6 +284,8 @@ class CloudEngine:
                 if count == 1:
                     self.num_prompt_tokens_total += request.num_prompt_tokens
                 self.num_generation_tokens_total += 1
+                if request.matcher is not None:
+                    request.matcher.consume_token(token.token_id)
                 text, status = check_stop(request, token.token_id, self.token_bytes(token.token_id),
                                           token.token_id in self.eos_token_ids, self.max_model_len, num_output_tokens=count)  # fmt: skip
                 if status is not None:

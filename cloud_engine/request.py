@@ -37,6 +37,7 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     num_draft_tokens: int = 0  # drafted tokens the target verified
     num_accepted_tokens: int = 0  # of those, accepted
+    matcher: object | None = None  # llguidance.LLMatcher of a structured request (sdk.protocol.grammar)
 
     def __post_init__(self) -> None:
         self.text_stream = TextStream(self.params.stop)

@@ -39,14 +39,19 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
 @torch.inference_mode()
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
                  histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
-                 end_ids: Sequence[int] = ()) -> list[SampledToken]:  # fmt: skip
+                 end_ids: Sequence[int] = (),
+                 allowed: Sequence[torch.Tensor | None] | None = None) -> list[SampledToken]:  # fmt: skip
     """Pick one token per row of `logits` ([n_rows, vocab] float32) and measure its row's signals.
 
     `histories`: each row's (prompt ids, output ids) and `end_ids`: the end-of-generation ids,
-    read only for rows whose params change the logits (penalties, logit_bias, min_tokens)."""
+    read only for rows whose params change the logits (penalties, logit_bias, min_tokens).
+    `allowed`: per row, None or the boolean mask of a structured request's grammar (the pick only)."""
     logits = logits.float()
     greedy = [p.is_greedy for p in params]  # raises for params the engine did not resolve
-    changed = apply_logit_changes(logits, params, histories or [], end_ids)
+    changed = apply_logit_changes(logits, params, histories or [], end_ids)  # a copy when any row changes (structured rows do)
+    for row, mask in enumerate(allowed or ()):
+        if mask is not None:
+            changed[row].masked_fill_(~mask, -torch.inf)
     token_ids = changed.argmax(dim=-1)
     sampled_rows = [row for row in range(len(params)) if not greedy[row]]
     if sampled_rows:

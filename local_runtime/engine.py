@@ -14,12 +14,12 @@ import numpy as np
 
 from local_runtime.block_manager import BlockManager
 from local_runtime.config import LocalEngineConfig
-from local_runtime.grammar import GrammarMasks
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
 from local_runtime.request import Request, RequestStatus
 from local_runtime.sampler import sample_batch
 from local_runtime.scheduler import Scheduler, SchedulerOutput
 from sdk.protocol.chat_template import render_chat
+from sdk.protocol.grammar import GrammarMasks
 from sdk.protocol.engine import (
     ContextLengthError,
     EngineStats,
@@ -70,7 +70,9 @@ class LocalEngine:
         self._max_token_bytes = self.backend.max_token_bytes()
         # For min_tokens: the ids that would end generation early and are masked until then.
         self._end_ids = np.array([i for i in range(self.backend.n_vocab) if self.backend.is_end_of_generation(i)], dtype=np.int64)
-        self.grammar = GrammarMasks(self.backend, self.backend.eos_token_id)  # structured requests' masks
+        backend = self.backend  # structured requests' masks, over llama.cpp's token bytes
+        self.grammar = GrammarMasks(lambda: [backend.token_bytes(i) for i in range(backend.n_vocab)], backend.eos_token_id,
+                                    lambda text: backend.tokenize(text, add_special=False, parse_special=False))
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
 

@@ -104,3 +104,25 @@ def test_both_engines_fingerprint_the_embedded_vocabulary_alike(ours):
     changed = tokenizer_vocabulary(ours.tokenizer)
     changed[1000] += "x"
     assert not same_vocabulary(cloud_side, vocabulary_fingerprint(changed)) and not same_vocabulary("", "")
+
+
+def test_the_cloud_engine_constrains_response_format_too():
+    """The cloud sampler masks with the same grammar module as the local one: an answer that ends
+    on its own parses and fits its schema, greedy and sampled."""
+    import json
+
+    import jsonschema
+
+    from cloud_engine.llm import LLM
+    from sdk.protocol.engine import SamplingParams, StructuredOutput
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+              "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+    llm = LLM(None, dtype="float32", max_num_seqs=4, kv_cache_gb=0.1, max_model_len=256)
+    prompt = llm.engine.apply_chat_template([{"role": "user", "content": "Give the name and age of a person as JSON."}])
+    constraint = StructuredOutput("json_schema", json.dumps(schema))
+    params = [SamplingParams(max_tokens=60, temperature=t, top_p=0.95, seed=s, structured=constraint) for t, s in ((0.0, 0), (0.7, 1), (0.7, 2))]
+    outputs = llm.generate([prompt] * len(params), params)
+    assert [o.finish_reason for o in outputs] == ["stop"] * len(params), [o.text for o in outputs]
+    for output in outputs:
+        jsonschema.validate(json.loads(output.text), schema)

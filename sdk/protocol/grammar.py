@@ -1,9 +1,10 @@
-"""Constrained decoding on the local tier: llguidance masks over llama.cpp's vocabulary.
+"""Constrained decoding (response_format) for both engines: llguidance masks over a vocabulary.
 
-One `LLTokenizer` per engine, built on first use from the raw bytes of every token id (what
-llama.cpp reads from the GGUF; ~0.1 s for SmolLM2's 49k tokens), and one `LLMatcher` per
-constrained request. Each step the sampler gets the matcher's allowed-token mask for the row,
-and the engine feeds the sampled token back; the matcher says when the output is complete.
+One `LLTokenizer` per engine, built on first use from the raw bytes of every token id (llama.cpp's
+from the GGUF on the local tier, the tokenizer's on the cloud engine; ~0.1 s for SmolLM2's 49k
+tokens), and one `LLMatcher` per constrained request. Each step the engine's own sampler gets the
+matcher's allowed-token mask for the row, and the engine feeds the sampled token back. llguidance
+and numpy are imported on first use (this package is the engines' shared contract).
 Chosen by measurement (bench.grammar_libraries: full JSON Schema coverage on its set, sub-ms
 compiles, microsecond masks, no dependencies: README).
 """
@@ -11,8 +12,7 @@ compiles, microsecond masks, no dependencies: README).
 from __future__ import annotations
 
 import json
-
-import numpy as np
+from collections.abc import Callable
 
 from sdk.protocol.engine import InvalidRequestError, StructuredOutput
 
@@ -28,31 +28,33 @@ JSON_FORMAT = {"whitespace_flexible": False, "whitespace_pattern": r"[ \n]{0,16}
 class _Vocabulary:
     """What llguidance.TokenizerWrapper reads: token bytes, special ids, and a tokenizer."""
 
-    def __init__(self, backend, eos_token_id: int):
-        self.tokens = [backend.token_bytes(i) for i in range(backend.n_vocab)]
+    def __init__(self, tokens: list[bytes], eos_token_id: int, tokenize: Callable[[str], list[int]]):
+        self.tokens = tokens
         self.eos_token_id = eos_token_id
         self.bos_token_id = None
-        self.special_token_ids = [i for i, raw in enumerate(self.tokens) if not raw]  # control tokens render as nothing
-        self._backend = backend
+        self.special_token_ids = [i for i, raw in enumerate(tokens) if not raw]  # control tokens render as nothing
+        self._tokenize = tokenize
 
     def __call__(self, text) -> list[int]:
-        text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
-        return self._backend.tokenize(text, add_special=False, parse_special=False)
+        return self._tokenize(text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text)
 
 
 class GrammarMasks:
     """Matchers for structured requests, and their masks as boolean arrays over the vocabulary."""
 
-    def __init__(self, backend, eos_token_id: int):
-        self._backend, self._eos = backend, eos_token_id
+    def __init__(self, vocabulary: Callable[[], list[bytes]], eos_token_id: int, tokenize: Callable[[str], list[int]]):
+        self._vocabulary, self._eos, self._tokenize = vocabulary, eos_token_id, tokenize  # token bytes by id, read on first use
         self._tokenizer = None  # built on the first structured request
+        self._num_tokens = 0
 
     def matcher(self, structured: StructuredOutput):
         """A fresh matcher; InvalidRequestError (naming response_format) for a schema it cannot take."""
         import llguidance
 
         if self._tokenizer is None:
-            self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(self._backend, self._eos)))
+            tokens = self._vocabulary()
+            self._num_tokens = len(tokens)
+            self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokens, self._eos, self._tokenize)))
         schema = json.loads(structured.schema) if structured.schema is not None else {"type": "object"}
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORMAT)
@@ -63,11 +65,12 @@ class GrammarMasks:
             raise InvalidRequestError(f"response_format: the JSON schema cannot be used: {matcher.get_error()}", "response_format")
         return matcher
 
-    def allowed(self, matcher) -> np.ndarray:
-        """Boolean [n_vocab]: the tokens the matcher allows next."""
+    def allowed(self, matcher):
+        """Boolean numpy array [n_vocab]: the tokens the matcher allows next."""
+        import numpy as np
         from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
         bitmask = allocate_token_bitmask(1, self._tokenizer.vocab_size)
         fill_next_token_bitmask(matcher, bitmask, 0)
         bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")
-        return bits[: self._backend.n_vocab].astype(bool)
+        return bits[: self._num_tokens].astype(bool)
