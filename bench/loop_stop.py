@@ -29,6 +29,7 @@ import asyncio
 import datetime
 import json
 import re
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -122,11 +123,7 @@ def summarize(answers: list[Answer]) -> dict:
 
 
 def _median(values: list[int]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return float(ordered[middle]) if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return float(statistics.median(values)) if values else None
 
 
 def main() -> None:
