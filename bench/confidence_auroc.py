@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import math
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -260,7 +258,7 @@ def format_table(result: dict) -> str:
 
 
 def main() -> None:
-    from bench.machine import machine_info, write_report
+    from bench.machine import report_header, write_report
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
@@ -277,10 +275,7 @@ def main() -> None:
         for item, text, right in zip(answers.items, answers.texts, answers.labels) if not right
     ]  # fmt: skip
     report = {
-        "benchmark": "confidence_auroc",
-        "command": "python -m bench.confidence_auroc " + " ".join(sys.argv[1:]),
-        "machine": machine_info(),
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **report_header("confidence_auroc"),
         "model": "embedded SmolLM2-135M-Instruct (GGUF Q4_1), local_runtime.AsyncLocalEngine",
         "workload": f"{args.n} generated arithmetic questions (seed {args.seed}), {len(LEVELS)} difficulty levels in "
                     f"equal shares; greedy, max_tokens {MAX_TOKENS}, {TOP_LOGPROBS} top logprobs; label = the reply's "

@@ -26,51 +26,13 @@ time, whether importing it loads torch). The bench does not choose; README says 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 
-# (name, schema, valid instance, invalid instance): one feature each.
-SCHEMAS: list[tuple[str, dict, object, object]] = [
-    ("object_required", {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-                         "required": ["name", "age"], "additionalProperties": False},
-     {"name": "Ann", "age": 31}, {"name": "Ann"}),
-    ("nested_object", {"type": "object", "properties": {"user": {"type": "object", "properties": {"id": {"type": "integer"}},
-                       "required": ["id"], "additionalProperties": False}}, "required": ["user"], "additionalProperties": False},
-     {"user": {"id": 7}}, {"user": {"id": "7"}}),
-    ("enum", {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"],
-              "additionalProperties": False}, {"colour": "green"}, {"colour": "pink"}),
-    ("const", {"type": "object", "properties": {"kind": {"const": "event"}}, "required": ["kind"], "additionalProperties": False},
-     {"kind": "event"}, {"kind": "events"}),
-    ("anyOf", {"type": "object", "properties": {"v": {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}}, "required": ["v"],
-               "additionalProperties": False}, {"v": True}, {"v": "yes"}),
-    ("oneOf", {"type": "object", "properties": {"v": {"oneOf": [{"type": "string"}, {"type": "null"}]}}, "required": ["v"],
-               "additionalProperties": False}, {"v": None}, {"v": 3}),
-    ("ref_defs", {"$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
-                                      "required": ["x", "y"], "additionalProperties": False}},
-                  "type": "object", "properties": {"a": {"$ref": "#/$defs/point"}}, "required": ["a"], "additionalProperties": False},
-     {"a": {"x": 1.5, "y": -2}}, {"a": {"x": 1.5}}),
-    ("pattern", {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}}, "required": ["code"],
-                 "additionalProperties": False}, {"code": "ABC-12"}, {"code": "abc-12"}),
-    ("array_min_max_items", {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
-                             "minItems": 1, "maxItems": 2}}, "required": ["tags"], "additionalProperties": False},
-     {"tags": ["a", "b"]}, {"tags": ["a", "b", "c"]}),
-    ("string_length", {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 4}}, "required": ["s"],
-                       "additionalProperties": False}, {"s": "abc"}, {"s": "abcdef"}),
-    ("integer_range", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"],
-                       "additionalProperties": False}, {"n": 5}, {"n": 12}),
-    ("nullable_type_list", {"type": "object", "properties": {"note": {"type": ["string", "null"]}}, "required": ["note"],
-                            "additionalProperties": False}, {"note": None}, {"note": 1}),
-    ("array_of_objects", {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object",
-                          "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}}, "required": ["sku", "qty"],
-                          "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False},
-     {"items": [{"sku": "A1", "qty": 2}, {"sku": "B2", "qty": 1}]}, {"items": [{"sku": "A1"}]}),
-    ("format_date", {"type": "object", "properties": {"day": {"type": "string", "format": "date"}}, "required": ["day"],
-                     "additionalProperties": False}, {"day": "2026-11-23"}, {"day": "23/11/2026"}),
-]  # fmt: skip
+from bench.json_schemas import ONE_FEATURE_SCHEMAS
 
 
 @dataclass
@@ -226,7 +188,7 @@ def measure(library_cls, vocab: Vocabulary, repeats: int) -> dict:
     library = library_cls(vocab)
     setup_ms = (time.perf_counter() - start) * 1e3
     per_schema, compile_ms, mask_b1, mask_b8 = {}, [], [], []
-    for name, schema, valid, invalid in SCHEMAS:
+    for name, schema, valid, invalid in ONE_FEATURE_SCHEMAS:
         valid_ids = vocab.tokenize(json.dumps(valid, separators=(",", ":")))
         invalid_ids = vocab.tokenize(json.dumps(invalid, separators=(",", ":")))
         try:
@@ -250,7 +212,7 @@ def measure(library_cls, vocab: Vocabulary, repeats: int) -> dict:
                             "mask_us_median_b1": statistics.median(b1)}  # fmt: skip
     right = sum(1 for entry in per_schema.values() if entry.get("right"))
     return {
-        "setup_ms": setup_ms, "coverage": right / len(SCHEMAS), "schemas_right": right,
+        "setup_ms": setup_ms, "coverage": right / len(ONE_FEATURE_SCHEMAS), "schemas_right": right,
         "compile_ms_p50": statistics.median(compile_ms) if compile_ms else None,
         "mask_us_p50_b1": _quantile(mask_b1, 0.5), "mask_us_p99_b1": _quantile(mask_b1, 0.99),
         "mask_us_p50_b8_per_row": _quantile(mask_b8, 0.5), "per_schema": per_schema,
@@ -280,7 +242,7 @@ def _quantile(values: list[float], q: float) -> float | None:
 def main() -> None:
     import importlib.metadata
 
-    from bench.machine import machine_info, write_report
+    from bench.machine import report_header, write_report
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
@@ -296,13 +258,10 @@ def main() -> None:
     finally:
         engine.close()
     report = {
-        "benchmark": "grammar_libraries",
-        "command": "python -m bench.grammar_libraries " + " ".join(sys.argv[1:]),
-        "machine": machine_info(),
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **report_header("grammar_libraries"),
         "versions": {name: importlib.metadata.version(name) for name in ("llguidance", "xgrammar", "outlines-core")},
         "vocabulary": f"SmolLM2-135M-Instruct GGUF through llama.cpp: {len(vocab.tokens)} tokens as raw bytes",
-        "schemas": [name for name, *_ in SCHEMAS],
+        "schemas": [name for name, *_ in ONE_FEATURE_SCHEMAS],
         "libraries": results,
     }
     write_report(args.json, report, ("libraries",))

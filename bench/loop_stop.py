@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import re
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +125,7 @@ def _median(values: list[int]) -> float | None:
 
 
 def main() -> None:
-    from bench.machine import machine_info, write_report
+    from bench.machine import report_header, write_report
     from local_runtime.async_engine import AsyncLocalEngine
     from local_runtime.config import LocalEngineConfig
 
@@ -153,10 +151,7 @@ def main() -> None:
         engine.shutdown()
 
     report = {
-        "benchmark": "loop_stop",
-        "command": "python -m bench.loop_stop " + " ".join(sys.argv[1:]),
-        "machine": machine_info(),
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **report_header("loop_stop"),
         "model": "embedded SmolLM2-135M-Instruct (GGUF Q4_1), local_runtime.AsyncLocalEngine, its sampling defaults",
         "rules": {"stop": vars(STOP_LOOP), "escalate": vars(ESCALATE_LOOP)},
         "workload": {name: {"prompts": counts.get(name), "max_tokens": MAX_TOKENS.get(name)} for name in sets},

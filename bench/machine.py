@@ -55,6 +55,19 @@ def machine_info() -> dict:
     return info
 
 
+def report_header(benchmark: str) -> dict:
+    """What every report starts with: the bench's name, the command that ran it, the machine, and when."""
+    import datetime
+    import sys
+
+    return {
+        "benchmark": benchmark,
+        "command": f"python -m bench.{benchmark} " + " ".join(sys.argv[1:]),
+        "machine": machine_info(),
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def write_report(path: str, report: dict, headline_keys: tuple[str, ...]) -> None:
     """Write a benchmark's JSON and print its headline figures."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

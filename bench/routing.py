@@ -38,17 +38,15 @@ expectation; `*_vs_random` = APGR / 0.5. The random router measured here is `tan
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from bench.confidence_auroc import DEFAULT_N, DEFAULT_SEED, HOLDOUT_FRACTION, Answers, collect_answers, heldout_scores
-from bench.machine import machine_info, write_report
+from bench.machine import report_header, write_report
 from bench.prompt_router import CHOSEN, latency
 from router.eval_tables import DEFAULT_DATA_DIR
 from router.evaluation.inputs import LoadedTable, load_examples
@@ -239,10 +237,7 @@ def build(data_dir: str, quick: bool, n: int | None, seed: int, threads: int | N
     routers, arith_routers = mmlu["routers"], arith["routers"]
     best = "signal:" + arith["best_signal"]
     report = {
-        "benchmark": "routing",
-        "command": "python -m bench.routing " + " ".join(sys.argv[1:]),
-        "machine": machine_info(),
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **report_header("routing"),
         "quick": quick,
         "baseline": "random router: APGR 0.5 in expectation (tandem eval's random router, measured under each section's routers.random)",
         "random_apgr": 0.5,
