@@ -45,6 +45,7 @@ class GrammarMasks:
     def __init__(self, vocabulary: Callable[[], list[bytes]], eos_token_id: int, tokenize: Callable[[str], list[int]]):
         self._vocabulary, self._eos, self._tokenize = vocabulary, eos_token_id, tokenize  # token bytes by id, read on first use
         self._tokenizer = None  # built on the first structured request
+        self._bitmask = None  # one reused buffer: each engine's step loop is single-threaded
         self._num_tokens = 0
 
     def matcher(self, structured: StructuredOutput):
@@ -55,22 +56,25 @@ class GrammarMasks:
             tokens = self._vocabulary()
             self._num_tokens = len(tokens)
             self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokens, self._eos, self._tokenize)))
+            from llguidance.numpy import allocate_token_bitmask
+
+            self._bitmask = allocate_token_bitmask(1, self._tokenizer.vocab_size)
         schema = json.loads(structured.schema) if structured.schema is not None else {"type": "object"}
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORMAT)
             matcher = llguidance.LLMatcher(self._tokenizer, grammar)
+            error = matcher.get_error() if matcher.is_error() else None
         except Exception as exc:  # noqa: BLE001  (whatever llguidance raises about a schema is the client's 400)
-            raise InvalidRequestError(f"response_format: the JSON schema cannot be used: {exc}", "response_format") from None
-        if matcher.is_error():
-            raise InvalidRequestError(f"response_format: the JSON schema cannot be used: {matcher.get_error()}", "response_format")
+            error = str(exc)
+        if error is not None:
+            raise InvalidRequestError(f"response_format: the JSON schema cannot be used: {error}", "response_format")
         return matcher
 
     def allowed(self, matcher):
         """Boolean numpy array [n_vocab]: the tokens the matcher allows next."""
         import numpy as np
-        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+        from llguidance.numpy import fill_next_token_bitmask
 
-        bitmask = allocate_token_bitmask(1, self._tokenizer.vocab_size)
-        fill_next_token_bitmask(matcher, bitmask, 0)
-        bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")
+        fill_next_token_bitmask(matcher, self._bitmask, 0)
+        bits = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")
         return bits[: self._num_tokens].astype(bool)
