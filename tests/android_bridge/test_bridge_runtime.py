@@ -170,7 +170,10 @@ def test_concurrent_streams_from_several_threads_each_get_their_own_answer(runti
 def test_cancel_mid_stream_ends_it_with_one_cancelled_error_and_frees_its_blocks(runtime):
     holder: dict = {}
     callback = RecordingCallback(on_first_token=lambda: holder.update(reply=json.loads(bridge.cancel(holder["id"]))))
-    holder["id"] = json.loads(bridge.chat_stream(request(LONG, max_tokens=400, temperature=0.8), callback))["id"]
+    # ignore_eos: a sampled story that ended early used to finish (and flush the cascade's held
+    # tokens at once) before the first on_token ran, so the cancel found nothing in flight.
+    body = request(LONG, max_tokens=400, temperature=0.8, ignore_eos=True)
+    holder["id"] = json.loads(bridge.chat_stream(body, callback))["id"]
     kind, error = callback.wait()
     assert holder["reply"] == {"ok": True, "id": holder["id"]}
     assert (kind, error["error"]["code"], error["id"]) == ("error", "cancelled", holder["id"])
@@ -182,7 +185,7 @@ def test_cancel_mid_stream_ends_it_with_one_cancelled_error_and_frees_its_blocks
 def test_a_blocking_chat_can_be_cancelled_from_another_thread(runtime):
     replies: list[dict] = []
     worker = threading.Thread(target=lambda: replies.append(json.loads(
-        bridge.chat(request(LONG, max_tokens=400, temperature=0.8, request_id="app-chat-1")))))  # fmt: skip
+        bridge.chat(request(LONG, max_tokens=400, temperature=0.8, ignore_eos=True, request_id="app-chat-1")))))  # fmt: skip
     worker.start()
     deadline = time.monotonic() + 30
     while "error" in json.loads(bridge.cancel("app-chat-1")):  # until the chat is in flight
@@ -194,7 +197,7 @@ def test_a_blocking_chat_can_be_cancelled_from_another_thread(runtime):
 
 
 def test_a_chat_timeout_is_an_error_and_frees_the_request(runtime):
-    error = error_of(bridge.chat(request(LONG, max_tokens=400, temperature=0.8, timeout_s=0.3)))
+    error = error_of(bridge.chat(request(LONG, max_tokens=400, temperature=0.8, ignore_eos=True, timeout_s=0.3)))
     assert (error["code"], error["status"]) == ("timeout", 504)
     wait_idle()
 
