@@ -182,7 +182,7 @@ class CloudEngine:
         if request.request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in the engine", "request_id")
         params = self.sampling_defaults.apply(request.params)  # the fields the request left out
-        matcher = self.grammar.matcher(params.structured) if params.structured is not None else None  # 400 before scheduling
+        matcher = self.grammar.matcher(params.structured, request.continuation_token_ids) if params.structured is not None else None  # 400 before scheduling
         self._generators[request.request_id] = make_generator(params.seed, self.device)
         self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), params, priority=request.priority,
                                            matcher=matcher))  # fmt: skip

@@ -111,7 +111,7 @@ class LocalEngine:
         params = self.sampling_defaults.apply(request.params)  # the fields the request left out
         if params.repetition_stop is None:
             params = dataclasses.replace(params, repetition_stop=self.config.repetition_stop)
-        matcher = self.grammar.matcher(params.structured) if params.structured is not None else None  # 400 before scheduling
+        matcher = self.grammar.matcher(params.structured, request.continuation_token_ids) if params.structured is not None else None  # 400 before scheduling
         engine_request = Request(request.request_id, list(request.prompt_token_ids), params)
         engine_request.matcher = matcher
         self.scheduler.add_request(engine_request)

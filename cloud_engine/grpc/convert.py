@@ -17,6 +17,7 @@ from sdk.protocol.engine import (
     GenerationRequest,
     InvalidRequestError,
     SamplingParams,
+    StructuredOutput,
     TokenEvent,
     TopLogprob,
 )
@@ -35,7 +36,8 @@ def generation_request(message: pb.GenerateRequest, engine: EngineProtocol, engi
         )
     token_ids = prompt_token_ids(message, engine) + list(message.continuation_token_ids)
     params = sampling_params(message, len(token_ids), engine.max_model_len)
-    return GenerationRequest(engine_request_id, token_ids, params, priority=message.priority)
+    return GenerationRequest(engine_request_id, token_ids, params, priority=message.priority,
+                             num_continuation_tokens=len(message.continuation_token_ids))
 
 
 def prompt_token_ids(message: pb.GenerateRequest, engine: EngineProtocol) -> list[int]:
@@ -85,7 +87,15 @@ def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_mod
         ignore_eos=sampling.ignore_eos,
         repetition_stop=sampling.repetition_stop if sampling.HasField("repetition_stop") else None,
         logprobs=sampling.top_logprobs or None,
+        structured=structured_output(sampling),
     )
+
+
+def structured_output(sampling: pb.SamplingParams) -> StructuredOutput | None:
+    if not sampling.HasField("structured"):
+        return None
+    message = sampling.structured
+    return StructuredOutput(message.kind, message.schema if message.HasField("schema") else None)  # validates the kind
 
 
 # -- server side: events out ---------------------------------------------------------------
@@ -155,8 +165,6 @@ def request_message(
 
 
 def sampling_message(params: SamplingParams) -> pb.SamplingParams:
-    if params.structured is not None:  # tandem.v1 has no field for it yet: refuse rather than drop it
-        raise InvalidRequestError("response_format cannot be sent to a gRPC cloud yet", "response_format")
     message = pb.SamplingParams(
         max_tokens=params.max_tokens,
         stop=list(params.stop),
@@ -169,6 +177,10 @@ def sampling_message(params: SamplingParams) -> pb.SamplingParams:
             setattr(message, name, getattr(params, name))
     message.logit_bias.update(params.logit_bias)
     message.min_tokens = params.min_tokens
+    if params.structured is not None:
+        message.structured.kind = params.structured.kind
+        if params.structured.schema is not None:
+            message.structured.schema = params.structured.schema
     return message
 
 

@@ -71,7 +71,9 @@ class LocalRun:
         if remaining < 1:
             return
         params = dataclasses.replace(self.params, max_tokens=remaining)
-        request = GenerationRequest(self.request_id + id_suffix, self._prompt() + prompt_tail, params)
+        # The tail is the answer's start: a structured request's grammar consumes it first.
+        request = GenerationRequest(self.request_id + id_suffix, self._prompt() + prompt_tail, params,
+                                    num_continuation_tokens=len(prompt_tail))
         async for event in self.engine.generate(request):
             self.events.append(event)
             yield event

@@ -35,11 +35,6 @@ def check_routable(request: ChatCompletionRequest, model: str, local_model_name:
             f"vocabulary, and the cloud tier's is another (or has not said which it is); use {local_model_name!r} "
             "(the local model without routing)", "logit_bias",
         )  # fmt: skip
-    if request.response_format is not None and request.response_format.type != "text":
-        raise InvalidRequestError(
-            f"response_format is not available for the routed model {model!r} yet (the cloud tier has no grammar "
-            f"mask yet); use {local_model_name!r} (the local model without routing)", "response_format",
-        )  # fmt: skip
     if request.logprobs:
         raise InvalidRequestError(
             f"logprobs are not available for the routed model {model!r} (the tiers have different "

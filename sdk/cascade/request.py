@@ -37,6 +37,12 @@ from sdk.protocol.repetition import ESCALATE_LOOP
 COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
 
 
+def escalates_loops(params: SamplingParams) -> bool:
+    """Whether a local answer caught in a loop escalates: not when the request opted out, asked for
+    every token (ignore_eos), or is structured (JSON repeats itself legitimately: `[0, 0, 0, ...`)."""
+    return params.repetition_stop is not False and not params.ignore_eos and params.structured is None
+
+
 class CascadeRequest:
     """The state of one request; `run()` streams its CascadeEvents."""
 
@@ -65,7 +71,7 @@ class CascadeRequest:
             streaming=StreamingPolicy(threshold, self.config.min_tokens_k, self.config.score_kind,
                                       decide_at=self.config.decide_at,
                                       score_fn=probe.score_features if probe is not None else None,
-                                      loop_rule=None if params.repetition_stop is False or params.ignore_eos else ESCALATE_LOOP),
+                                      loop_rule=ESCALATE_LOOP if escalates_loops(params) else None),
         )  # fmt: skip
         self.threshold = threshold
         self.cost = runner.ledger.new_request()

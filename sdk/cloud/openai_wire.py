@@ -25,7 +25,7 @@ from sdk.cloud.grpc_client import (
     CloudUnauthenticatedError,
     CloudUnavailableError,
 )
-from sdk.protocol.engine import InvalidRequestError, SamplingParams, TopLogprob
+from sdk.protocol.engine import InvalidRequestError, SamplingParams, StructuredOutput, TopLogprob
 
 UNKNOWN_TOKEN_ID = -1  # the text's token ids are the server's, and OpenAI's API does not send them
 CONTEXT_LENGTH_CODE = "context_length_exceeded"  # OpenAI's and tandem's error code (sdk.openai_server.errors)
@@ -84,13 +84,20 @@ def request_body(messages: list[dict], params: SamplingParams | None, model: str
         body["stop_token_ids"] = list(params.stop_token_ids)
     if params.ignore_eos:
         body["ignore_eos"] = True
-    if params.structured is not None:  # not passed through yet: refused rather than dropped
-        raise InvalidRequestError("response_format cannot be sent to the cloud tier yet", "response_format")
+    if params.structured is not None:
+        body["response_format"] = response_format(params.structured)
     if params.repetition_stop is not None:  # tandem's extension: sent only when the request chose
         body["repetition_stop"] = params.repetition_stop
     if params.logprobs is not None:
         body.update(logprobs=True, top_logprobs=params.logprobs)
     return body
+
+
+def response_format(structured: StructuredOutput) -> dict:
+    """OpenAI's response_format for a constraint (the schema's name is not kept: any name will do)."""
+    if structured.kind == "json_object":
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"name": "response", "schema": json.loads(structured.schema), "strict": True}}
 
 
 # -- responses -------------------------------------------------------------------------------

@@ -174,6 +174,14 @@ class GenerationRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     priority: int = 0  # lower runs first and is preempted last (engines that support priority)
+    # The last n prompt tokens are the start of the answer itself (a cascade hand-off: the cloud
+    # continuing a local answer, the local model resuming or taking over): a structured request's
+    # grammar consumes them before it masks the first new token.
+    num_continuation_tokens: int = 0
+
+    @property
+    def continuation_token_ids(self) -> list[int]:
+        return list(self.prompt_token_ids[len(self.prompt_token_ids) - self.num_continuation_tokens:]) if self.num_continuation_tokens else []
 
 
 def validate_generation_request(request: GenerationRequest, vocab_size: int, max_model_len: int) -> None:
@@ -185,6 +193,8 @@ def validate_generation_request(request: GenerationRequest, vocab_size: int, max
         raise InvalidRequestError(f"prompt token ids must be in [0, {vocab_size})", "prompt")
     if request.params.logit_bias and max(request.params.logit_bias) >= vocab_size:
         raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab_size})", "logit_bias")
+    if not 0 <= request.num_continuation_tokens < len(prompt):
+        raise InvalidRequestError("a continuation must leave at least one prompt token before it", "continuation_token_ids")
     total = len(prompt) + request.params.max_tokens
     if total > max_model_len:
         raise ContextLengthError(

@@ -12,7 +12,7 @@ compiles, microsecond masks, no dependencies: README).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sdk.protocol.engine import InvalidRequestError, StructuredOutput
 
@@ -48,8 +48,10 @@ class GrammarMasks:
         self._bitmask = None  # one reused buffer: each engine's step loop is single-threaded
         self._num_tokens = 0
 
-    def matcher(self, structured: StructuredOutput):
-        """A fresh matcher; InvalidRequestError (naming response_format) for a schema it cannot take."""
+    def matcher(self, structured: StructuredOutput, consumed: Sequence[int] = ()):
+        """A fresh matcher that has consumed `consumed` (the answer's start, after a hand-off);
+        InvalidRequestError (naming response_format) for a schema it cannot take or a start that
+        does not fit it."""
         import llguidance
 
         if self._tokenizer is None:
@@ -68,6 +70,11 @@ class GrammarMasks:
             error = str(exc)
         if error is not None:
             raise InvalidRequestError(f"response_format: the JSON schema cannot be used: {error}", "response_format")
+        if consumed and not matcher.consume_tokens(list(consumed)):
+            raise InvalidRequestError(
+                f"response_format: the answer's first {len(consumed)} tokens (a continuation) do not fit the schema: "
+                f"{matcher.get_error() or 'rejected'}", "response_format",
+            )  # fmt: skip
         return matcher
 
     def allowed(self, matcher):

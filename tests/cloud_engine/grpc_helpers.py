@@ -16,7 +16,7 @@ import torch
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
-from tests.cloud_engine.tiny_models import llama_config, save_tiny_tokenizer
+from tests.cloud_engine.tiny_models import llama_config, save_byte_tokenizer, save_tiny_tokenizer
 
 MAX_MODEL_LEN = 1024
 LONG = 1000  # max_tokens of a generation that is cancelled before it ends (~1 s on the tiny model)
@@ -49,6 +49,20 @@ def make_engine(model_dir: str, start: bool = True, **overrides) -> AsyncCloudEn
 @pytest.fixture(scope="module")
 def engine(long_tiny_dir):
     engine = make_engine(long_tiny_dir)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def byte_engine(tmp_path_factory):
+    """The tiny random-weight Llama with a byte-level vocabulary (it can spell JSON: structured tests)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-llama-bytes")
+    AutoModelForCausalLM.from_config(llama_config()).save_pretrained(path)
+    save_byte_tokenizer(path)
+    engine = make_engine(str(path), max_model_len=256)
     yield engine
     engine.shutdown()
 

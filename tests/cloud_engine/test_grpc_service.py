@@ -189,18 +189,3 @@ async def test_repetition_stop_travels_both_ways(engine, serve):  # noqa: F811  
     assert [e.token_id for e in asked] == tokens[: found[0]]
     assert (asked[-1].finish_reason, asked[-1].stop_reason) == ("length", "repetition")
     assert await wait_drained(engine)
-
-
-async def test_structured_requests_are_refused_by_the_cloud_clients_not_dropped():
-    """tandem.v1 has no field for response_format yet, and the OpenAI-HTTP client does not pass it
-    on yet: neither would send a request that carries it (the engine itself honours it:
-    tests/cloud_engine/test_real_gguf.py)."""
-    from cloud_engine.grpc.convert import sampling_message
-    from sdk.cloud.openai_wire import request_body
-    from sdk.protocol.engine import InvalidRequestError, StructuredOutput
-
-    params = SamplingParams(max_tokens=4, structured=StructuredOutput("json_object"))
-    for refuse in (lambda: sampling_message(params), lambda: request_body([], params, "m")):
-        with pytest.raises(InvalidRequestError) as info:
-            refuse()
-        assert info.value.param == "response_format"

@@ -1,6 +1,6 @@
 """response_format over HTTP on `tandem serve`'s local model, with the official openai client:
-`chat.completions.parse` with a pydantic model, streaming, /v1/completions; routed models and
-the cloud tier refuse it with a 400 naming the field until they constrain too."""
+`chat.completions.parse` with a pydantic model, streaming, /v1/completions, and the routed
+models (the embedded cloud engine constrains with the same grammar module)."""
 
 from __future__ import annotations
 
@@ -52,12 +52,26 @@ def test_completions_take_response_format_too(client):
 
 
 @pytest.mark.parametrize("model", ["auto", "cloud"])
-def test_routed_models_refuse_it_naming_the_field(server_url, model):
-    body = {"model": model, "messages": ASK, "response_format": {"type": "json_object"}}
-    reply = httpx.post(f"{server_url}/v1/chat/completions", json=body, timeout=60)
-    assert reply.status_code == 400 and reply.json()["error"]["param"] == "response_format"
-    body["response_format"] = {"type": "text"}  # asks for nothing: fine everywhere
-    assert httpx.post(f"{server_url}/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=60).status_code == 200
+def test_routed_models_constrain_on_whichever_tier_answers(client, model):
+    """"cloud": the embedded cloud engine masks with the same grammar module; "auto": the local
+    answer, or the cloud's after an escalation (either way the answer fits)."""
+    for stream in (False, True):
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=ASK, max_tokens=60, seed=4, stream=stream,
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": Person.model_json_schema()}},
+        )  # fmt: skip
+        reply = raw.parse()
+        if stream:
+            chunks = list(reply)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            tandem = chunks[-1].model_extra["tandem"]
+        else:
+            text, finish, tandem = reply.choices[0].message.content, [reply.choices[0].finish_reason], reply.model_extra["tandem"]
+        assert finish == ["stop"], text
+        Person.model_validate_json(text)
+        if model == "cloud":
+            assert tandem["tier"] == "cloud"
 
 
 def test_a_schema_llguidance_cannot_take_is_a_400(server_url):
