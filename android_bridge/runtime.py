@@ -194,17 +194,15 @@ class BridgeRuntime:
             raise BridgeError("not_started", "the tandem runtime is not running", 409, "invalid_state")
         body.setdefault("model", "auto")
         # Through JSON text, exactly like an HTTP body: the same strict types and the same 400s.
-        # Its validators refuse tools, response_format, ...: a clear error, not prose.
         request = ChatCompletionRequest.model_validate_json(json.dumps(body))
         parse_model_choice(request.model)  # here, not on the first event: a bad model fails the call itself
-        messages, params = await prepare_routed(self.runner, request, request.model)
-        return request, messages, params
+        return request, await prepare_routed(self.runner, request, request.model)
 
     async def _complete(self, request_id: str, validated) -> dict:
         from sdk.cascade.openai import routed_completion
 
-        request, messages, params = validated
-        reply = await routed_completion(self.runner, messages, params, model=request.model, private=bool(request.private),
+        request, chat = validated
+        reply = await routed_completion(self.runner, chat, model=request.model, private=bool(request.private),
                                         response_id=request_id, created=int(time.time()))  # fmt: skip
         return reply.model_dump(mode="json", exclude_none=True)
 
@@ -221,22 +219,24 @@ class BridgeRuntime:
     async def _deliver_stream(self, request_id: str, validated, dispatcher: CallbackDispatcher) -> None:
         from sdk.cascade.openai import routed_stream
         from sdk.cascade.responses import TandemChatCompletion
-        from sdk.protocol.openai_schema import ChatChoice, ChatResponseMessage
+        from sdk.protocol.openai_schema import ChatChoice, ChatResponseMessage, ToolCall
 
-        request, messages, params = validated
+        request, chat = validated
         created = int(time.time())
-        chunks = await routed_stream(self.runner, messages, params, model=request.model, private=bool(request.private),
+        chunks = await routed_stream(self.runner, chat, model=request.model, private=bool(request.private),
                                      response_id=request_id, created=created)  # fmt: skip
-        text, last = [], None
+        text, calls, last = [], [], None
         async for chunk in chunks:
             last = chunk
-            delta = chunk.choices[0].delta.content if chunk.choices else None
-            if delta:
-                text.append(delta)
+            delta = chunk.choices[0].delta if chunk.choices else None
+            if delta is not None and (delta.content or delta.tool_calls):  # on_token: text, or the calls (each whole)
+                text.append(delta.content or "")
+                calls += [ToolCall(id=c.id, function=c.function) for c in delta.tool_calls or ()]
                 dispatcher.token(chunk.model_dump(mode="json", exclude_none=True))
         if last is None or last.tandem is None:
             raise RuntimeError("the stream ended without its final chunk")
-        choice = ChatChoice(index=0, message=ChatResponseMessage(content="".join(text)), finish_reason=last.choices[0].finish_reason)
+        message = ChatResponseMessage(content="".join(text) or (None if calls else ""), tool_calls=calls or None)
+        choice = ChatChoice(index=0, message=message, finish_reason=last.choices[0].finish_reason)
         reply = TandemChatCompletion(id=request_id, created=created, model=request.model, choices=[choice],
                                      usage=last.usage, tandem=last.tandem)  # fmt: skip
         dispatcher.done(reply.model_dump(mode="json", exclude_none=True))

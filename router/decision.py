@@ -58,6 +58,8 @@ class Reason:
     PROMPT_ROUTER = "prompt_router"  # the prompt scorer judged the request too hard for the local tier
     LOW_CONFIDENCE = "low_confidence"  # running confidence fell below the threshold during generation
     REPETITION = "repetition"  # the local answer fell into an exact loop (sdk.protocol.repetition.ESCALATE_LOOP)
+    INVALID_STRUCTURE = "invalid_structure"  # a structured local answer cannot fit (cut off by max_tokens)
+    TOOL_CALLS = "tool_calls"  # the deployment's tool-call policy sends tool-choosing turns to the cloud
     FINAL_CHECK = "final_check"  # the verifier of the complete local answer rejected it
     CONFIDENT = "confident"  # the local answer passed every check that ran
     NO_POLICY = "no_policy"  # no policy had an opinion: local by default

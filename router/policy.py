@@ -28,6 +28,7 @@ from router.pre_generation import (
     PromptRouterPolicy,
     RequestContext,
     ThresholdOnePolicy,
+    ToolTurns,
 )
 from router.streaming_policy import DecideAt, StreamingPolicy
 from sdk.protocol.engine import TokenEvent
@@ -43,6 +44,7 @@ __all__ = [
     "RequestContext",
     "StreamingPolicy",
     "ThresholdOnePolicy",
+    "ToolTurns",
     "compose",
 ]
 

@@ -2,7 +2,7 @@
 
 Each returns a RoutingDecision, or None for "no opinion, ask the next policy". A
 decision here is final: nothing later in the cascade can override it. The recommended
-order is PrivateFirst, ForcedTier, ThresholdOnePolicy, PromptRouterPolicy; the cascade
+order is PrivateFirst, ForcedTier, ThresholdOnePolicy, ToolTurns, PromptRouterPolicy; the cascade
 refuses any order that puts a policy before PrivateFirst, so a private request never
 reaches the cloud, whatever the model name or threshold says.
 """
@@ -31,6 +31,7 @@ class RequestContext:
     prompt_text: str  # the request's text as privacy rules and prompt scorers read it (all messages)
     mode: RoutingMode = RoutingMode.AUTO  # from the model name (router.decision.parse_model_choice)
     flagged_private: bool = False  # the request itself asked to stay on the device
+    tool_choice: str | None = None  # tools offered: "auto" (text or calls) or "required" (calls only); None: no tools
 
 
 class PreGenerationPolicy(Protocol):
@@ -101,6 +102,34 @@ class ThresholdOnePolicy:
             detail="threshold 1 sends every request to the cloud",
             decided_by=self.name,
         )
+
+
+class ToolTurns:
+    """Where turns that offer tools go (the deployment's `tool_calls` setting).
+
+    "local": like any other turn. "cloud": every such turn goes to the cloud. "auto": a turn that
+    may answer in text (tool_choice auto) goes to the cloud, because the embedded 135M model almost
+    never chooses to call a tool when it may answer in prose (bench.structured's
+    tool_call_rate_auto_local); a turn that must call (required, or a named function) runs locally,
+    where the grammar makes every call valid. Threshold 0 never escalates."""
+
+    name = "tool_turns"
+    MODES = ("auto", "local", "cloud")
+
+    def __init__(self, mode: str, threshold: float):
+        if mode not in self.MODES:
+            raise ValueError(f"tool_calls must be one of {', '.join(self.MODES)}, got {mode!r}")
+        self.mode, self.threshold = mode, validate_threshold(threshold)
+
+    def decide(self, context: RequestContext) -> RoutingDecision | None:
+        if context.tool_choice is None or self.mode == "local" or self.threshold == 0.0:
+            return None
+        if self.mode == "auto" and context.tool_choice != "auto":
+            return None
+        return RoutingDecision(
+            tier=Tier.CLOUD, escalated=True, reason=Reason.TOOL_CALLS, decided_by=self.name,
+            detail=f"tool_calls = {self.mode}: tool_choice {context.tool_choice} goes to the cloud",
+        )  # fmt: skip
 
 
 class PromptRouterPolicy:

@@ -60,6 +60,9 @@ class StreamingPolicy:
     the answer's tail repeats one unit by `loop_rule`, at any token, unless the request is
     already settled or the threshold is 0. None turns this off (ignore_eos, constrained
     output, or a request that sent repetition_stop false).
+
+    A structured answer (`structured`: a grammar constrains it) that max_tokens cuts off cannot
+    parse: it escalates as invalid_structure, whatever the confidence, unless already settled.
     """
 
     name = "streaming"
@@ -74,6 +77,7 @@ class StreamingPolicy:
         window: int = DEFAULT_WINDOW,
         score_fn: Callable[[Mapping[str, float]], float] | None = None,
         loop_rule: LoopRule | None = ESCALATE_LOOP,
+        structured: bool = False,
     ):
         if isinstance(min_tokens_k, bool) or not isinstance(min_tokens_k, int) or min_tokens_k < 1:
             raise ValueError(f"min_tokens_k must be an integer >= 1 (tokens before the first decision), got {min_tokens_k!r}")
@@ -98,6 +102,7 @@ class StreamingPolicy:
         self.score_fn = score_fn
         self.running = RunningConfidence(window)  # features of the tokens seen so far
         self.loop_rule = loop_rule  # when a repeating tail escalates; None: loops are not judged
+        self.structured = structured  # a grammar constrains the answer: one cut off by max_tokens cannot fit
         self._decision: RoutingDecision | None = None  # settled early: an escalation, or a pass at K
         self._finished = False
 
@@ -133,6 +138,13 @@ class StreamingPolicy:
         if self._decision is None and (loop := self._loop()) is not None:
             self._decision = loop
             return loop
+        if self._decision is None and self.structured and event.finish_reason == "length" and self.threshold > 0.0:
+            self._decision = RoutingDecision(
+                tier=Tier.CLOUD, escalated=True, reason=Reason.INVALID_STRUCTURE, confidence=self.confidence(),
+                decided_at_token=num_tokens, decided_by=self.name,
+                detail=f"the structured answer was cut off by max_tokens after {num_tokens} tokens: it cannot parse",
+            )  # fmt: skip
+            return self._decision
         if self._decision is not None or num_tokens < self.min_tokens_k or self.decide_at is DecideAt.END:
             return None
         if self.decide_at is DecideAt.FIRST_K and num_tokens > self.min_tokens_k:

@@ -95,7 +95,8 @@ def structured_output(sampling: pb.SamplingParams) -> StructuredOutput | None:
     if not sampling.HasField("structured"):
         return None
     message = sampling.structured
-    return StructuredOutput(message.kind, message.schema if message.HasField("schema") else None)  # validates the kind
+    return StructuredOutput(message.kind, message.schema if message.HasField("schema") else None,  # validates the kind
+                            message.grammar if message.HasField("grammar") else None)
 
 
 # -- server side: events out ---------------------------------------------------------------
@@ -181,6 +182,8 @@ def sampling_message(params: SamplingParams) -> pb.SamplingParams:
         message.structured.kind = params.structured.kind
         if params.structured.schema is not None:
             message.structured.schema = params.structured.schema
+        if params.structured.grammar is not None:
+            message.structured.grammar = params.structured.grammar
     return message
 
 

@@ -36,6 +36,7 @@ class CascadeConfig:
     probe: str | None = None  # confidence probe (ONNX) for the local model: replaces score_kind when set
     prompt_router: str | None = None  # "default" (shipped) or a `tandem router train` file; None: off
     prompt_router_threshold: float | None = None  # escalate before generation iff 1 - score < it; None: the request's threshold
+    tool_calls: str = "auto"  # where turns offering tools go: auto / local / cloud (router.pre_generation.ToolTurns)
 
     def __post_init__(self) -> None:
         self.default_threshold = validate_threshold(self.default_threshold)
@@ -45,6 +46,8 @@ class CascadeConfig:
             # The runner has no calibrator, so only probability-like features make sense against [0, 1].
             raise ValueError(f"score_kind must be one of {sorted(UNCALIBRATED_SCORE_KINDS)}, got {self.score_kind!r}")
         self.decide_at = DecideAt(self.decide_at).value
+        if self.tool_calls not in ("auto", "local", "cloud"):
+            raise ValueError(f"tool_calls must be one of auto, local, cloud, got {self.tool_calls!r}")
         self.handoff = HandoffMode(self.handoff).value
         if self.hold_tokens is not None:
             if self.handoff == HandoffMode.CONTINUE.value:

@@ -1,9 +1,9 @@
 """Cascade answers in OpenAI's shapes: shared by sdk.client (in-process apps) and the HTTP
 server's routed models (`tandem serve` with model auto / local / cloud).
 
-    messages, params = await prepare_routed(runner, request, "auto")  # a validated ChatCompletionRequest
-    reply = await routed_completion(runner, messages, params, model="auto", ...)
-    async for chunk in await routed_stream(runner, messages, params, model="auto", ...): ...
+    chat = await prepare_routed(runner, request, "auto")  # a validated ChatCompletionRequest
+    reply = await routed_completion(runner, chat, model="auto", ...)
+    async for chunk in await routed_stream(runner, chat, model="auto", ...): ...
 
 A stream's last chunk carries finish_reason, usage and the `tandem` routing field; the
 HTTP server moves usage into OpenAI's separate usage chunk when the client asked for it.
@@ -12,12 +12,22 @@ HTTP server moves usage into OpenAI's separate usage chunk when the client asked
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import NamedTuple
 
 from sdk.cascade.runner import CascadeRunner
 from sdk.cascade.types import CascadeEvent, collect
 from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk, tandem_field, usage_of
 from sdk.protocol.engine import EngineProtocol, InvalidRequestError, SamplingParams
-from sdk.protocol.openai_schema import ChatChoice, ChatChunkChoice, ChatCompletionRequest, ChatResponseMessage, DeltaMessage
+from sdk.protocol.openai_schema import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionRequest,
+    ChatResponseMessage,
+    DeltaMessage,
+    tool_call_deltas,
+)
+from sdk.protocol.tool_calls import ToolAnswers
+from sdk.protocol.tool_formats import tool_format_of
 
 
 def check_routable(request: ChatCompletionRequest, model: str, local_model_name: str, shares_vocabulary: bool = False) -> None:
@@ -42,7 +52,16 @@ def check_routable(request: ChatCompletionRequest, model: str, local_model_name:
         )  # fmt: skip
 
 
-async def prepare_routed(runner: CascadeRunner, request: ChatCompletionRequest, model: str) -> tuple[list[dict], SamplingParams]:
+class RoutedChat(NamedTuple):
+    """A validated chat request made ready for the cascade: what every front door passes on."""
+
+    messages: list[dict]  # role and content only: tools rendered in the local model's tool format
+    params: SamplingParams  # with tools: the format's grammar as params.structured
+    answers: ToolAnswers  # reads the answer back as content or tool calls
+    tool_choice: str | None = None  # "auto" / "required" when tools are offered (the cascade's tool-call policy)
+
+
+async def prepare_routed(runner: CascadeRunner, request: ChatCompletionRequest, model: str) -> RoutedChat:
     """check_routable, asking the runner whether the tiers share a vocabulary only when logit_bias
     needs it, then prepare: what every front door of the cascade runs on a validated request."""
     shared = await runner.shares_vocabulary() if request.logit_bias else False
@@ -50,51 +69,57 @@ async def prepare_routed(runner: CascadeRunner, request: ChatCompletionRequest, 
     return prepare(runner.local, request)
 
 
-def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> tuple[list[dict], SamplingParams]:
-    """Messages and sampling parameters of a validated request (InvalidRequestError names the param)."""
-    message_dicts = request.message_dicts()
+def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> RoutedChat:
+    """Messages and sampling parameters of a validated request (InvalidRequestError names the param).
+    Tools are rendered in the local model's format for both tiers: the cloud gets the same messages
+    and grammar (a tandem cloud engine enforces it whatever its own model's format)."""
+    tool_format = tool_format_of(engine)
+    message_dicts = request.message_dicts(tool_format)
     # Only a missing max_tokens needs the prompt length (the default is what the context has left).
     missing_budget = request.max_tokens is None and request.max_completion_tokens is None
     num_prompt_tokens = len(engine.apply_chat_template(message_dicts)) if missing_budget else 0
-    return message_dicts, request.sampling_params(num_prompt_tokens, engine.max_model_len)
+    tools = request.tool_request()
+    return RoutedChat(message_dicts, request.sampling_params(num_prompt_tokens, engine.max_model_len, tool_format=tool_format),
+                      ToolAnswers(tool_format, tools), None if tools is None else "required" if tools.required else "auto")  # fmt: skip
 
 
 async def routed_completion(
-    runner: CascadeRunner, messages: list[dict], params: SamplingParams, *,
-    model: str, private: bool, response_id: str, created: int,
+    runner: CascadeRunner, chat: RoutedChat, *, model: str, private: bool, response_id: str, created: int,
 ) -> TandemChatCompletion:  # fmt: skip
     """The whole answer as one chat.completion with the `tandem` field."""
-    events = runner.generate(messages, params, model=model, private=private, request_id=response_id)
+    events = runner.generate(chat.messages, chat.params, model=model, private=private, request_id=response_id,
+                             tool_choice=chat.tool_choice)  # fmt: skip
     result = await collect(events)
-    message = ChatResponseMessage(content=result.text)
+    content, calls = chat.answers.read(result.text)
     return TandemChatCompletion(
         id=response_id, created=created, model=model,
-        choices=[ChatChoice(index=0, message=message, finish_reason=result.finish_reason,
-                          stop_reason=result.stop_reason)],
+        choices=[ChatChoice(index=0, message=ChatResponseMessage.answer(content, calls),
+                            finish_reason="tool_calls" if calls else result.finish_reason, stop_reason=result.stop_reason)],
         usage=usage_of(result.routing, len(result.token_ids)), tandem=tandem_field(result.routing),
     )  # fmt: skip
 
 
 async def routed_stream(
-    runner: CascadeRunner, messages: list[dict], params: SamplingParams, *,
-    model: str, private: bool, response_id: str, created: int,
+    runner: CascadeRunner, chat: RoutedChat, *, model: str, private: bool, response_id: str, created: int,
 ) -> AsyncIterator[TandemChatCompletionChunk]:  # fmt: skip
     """The answer as chat.completion.chunk objects.
 
     The first event is pulled before this returns, so a refused request (bad model, a
     prompt the cloud calls invalid) raises here, while a server can still answer 400."""
-    events = runner.generate(messages, params, model=model, private=private, request_id=response_id)
+    events = runner.generate(chat.messages, chat.params, model=model, private=private, request_id=response_id,
+                             tool_choice=chat.tool_choice)  # fmt: skip
     try:
         first = await anext(events, None)
     except BaseException:
         await events.aclose()
         raise
-    return _chunks(events, first, response_id, created, model)
+    return _chunks(events, first, response_id, created, model, chat.answers)
 
 
 async def _chunks(
-    events: AsyncIterator[CascadeEvent], first: CascadeEvent | None, response_id: str, created: int, model: str
-) -> AsyncIterator[TandemChatCompletionChunk]:
+    events: AsyncIterator[CascadeEvent], first: CascadeEvent | None, response_id: str, created: int, model: str,
+    answers: ToolAnswers,
+) -> AsyncIterator[TandemChatCompletionChunk]:  # fmt: skip
     def chunk(delta: DeltaMessage, finish_reason=None, stop_reason=None, **extra) -> TandemChatCompletionChunk:
         choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason, stop_reason=stop_reason)
         return TandemChatCompletionChunk(id=response_id, created=created, model=model, choices=[choice], **extra)
@@ -108,14 +133,20 @@ async def _chunks(
                 raise RuntimeError("the cascade stream ended without its final routing event")
             if event.routing is not None:
                 routing = event.routing
+                rest, calls = answers.finish(0)
+                if rest:  # a call cut off part-way: its text is the answer
+                    yield chunk(DeltaMessage(content=rest))
+                if calls:
+                    yield chunk(DeltaMessage(tool_calls=tool_call_deltas(calls)))
                 yield chunk(
-                    DeltaMessage(), event.finish_reason, event.stop_reason,  # collect() ignores the final event's text too
+                    DeltaMessage(), "tool_calls" if calls else event.finish_reason, event.stop_reason,  # collect() ignores the final event's text too
                     usage=usage_of(routing, num_tokens), tandem=tandem_field(routing),
-                )
+                )  # fmt: skip
                 return
             num_tokens += 1
-            if event.text:  # tokens whose text is held back (partial characters) need no chunk
-                yield chunk(DeltaMessage(content=event.text))
+            content = answers.feed(0, event.text)
+            if content:  # tokens whose text is held back (partial characters, a call being written) need no chunk
+                yield chunk(DeltaMessage(content=content))
             event = await anext(events, None)
     finally:
         await events.aclose()  # a client that stops reading early cancels the generation

@@ -26,6 +26,7 @@ from router.policy import (
     RequestContext,
     StreamingPolicy,
     ThresholdOnePolicy,
+    ToolTurns,
     compose,
 )
 from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, refusal_reason, stream_from_cloud
@@ -47,7 +48,7 @@ class CascadeRequest:
     """The state of one request; `run()` streams its CascadeEvents."""
 
     def __init__(self, runner, messages: list, params: SamplingParams, mode: RoutingMode, threshold: float,
-                 private: bool, request_id: str):  # fmt: skip
+                 private: bool, request_id: str, tool_choice: str | None = None):  # fmt: skip
         self.runner, self.config, self.params, self.request_id = runner, runner.config, params, request_id
         self.messages = [message_as_dict(message) for message in messages]
         self.verdict = runner.privacy_rules.check_messages(self.messages, private=private)
@@ -59,8 +60,9 @@ class CascadeRequest:
         kept_local_rules = () if may_redact else self.verdict.rule_names
         # The same texts the privacy rules read (string contents and "text" content parts).
         prompt_text = "\n".join(text for _, _, text in iter_message_texts(self.messages))
-        self.context = RequestContext(prompt_text, mode, flagged_private=private)
-        pre = [PrivateFirst(lambda _text: kept_local_rules), ForcedTier(), ThresholdOnePolicy(threshold)]
+        self.context = RequestContext(prompt_text, mode, flagged_private=private, tool_choice=tool_choice)
+        pre = [PrivateFirst(lambda _text: kept_local_rules), ForcedTier(), ThresholdOnePolicy(threshold),
+               ToolTurns(self.config.tool_calls, threshold)]  # fmt: skip
         if runner.prompt_scorer is not None:  # last: only requests the others leave open are scored
             router_threshold = self.config.prompt_router_threshold
             score = lambda text: float(runner.prompt_scorer.score([text])[0])  # noqa: E731
@@ -71,7 +73,8 @@ class CascadeRequest:
             streaming=StreamingPolicy(threshold, self.config.min_tokens_k, self.config.score_kind,
                                       decide_at=self.config.decide_at,
                                       score_fn=probe.score_features if probe is not None else None,
-                                      loop_rule=ESCALATE_LOOP if escalates_loops(params) else None),
+                                      loop_rule=ESCALATE_LOOP if escalates_loops(params) else None,
+                                      structured=params.structured is not None),
         )  # fmt: skip
         self.threshold = threshold
         self.cost = runner.ledger.new_request()
@@ -134,8 +137,15 @@ class CascadeRequest:
         if not buffer.can_escalate:
             self.refused_as_committed = True
             return False
-        self.degraded_reason = refusal_reason(self.runner.cloud, self.runner.breaker, self.runner.cloud_ready())
+        self.degraded_reason = self._refusal()
         return self.degraded_reason is None
+
+    def _refusal(self) -> str | None:
+        """Why the cloud must not take this request now (sdk.cascade.cloud.refusal_reason), or None."""
+        structured = self.params.structured
+        if structured is not None and structured.kind == "lark" and not getattr(self.runner.cloud, "takes_grammars", True):
+            return "cloud_no_tools"  # an OpenAI-compatible cloud cannot take tandem's tool grammar (yet)
+        return refusal_reason(self.runner.cloud, self.runner.breaker, self.runner.cloud_ready())
 
     def _release(self, buffer: HoldBackBuffer, event) -> list[CascadeEvent]:
         # Call order (router.hold_back): the router has seen this token and did not escalate.
@@ -153,7 +163,7 @@ class CascadeRequest:
         if plan is not None:
             self.handoff = plan.mode  # _may_hand_off already asked the breaker
         else:
-            self.degraded_reason = refusal_reason(self.runner.cloud, self.runner.breaker, self.runner.cloud_ready())
+            self.degraded_reason = self._refusal()
         num_cloud_tokens, cloud_text = 0, []
         if self.degraded_reason is None:
             if self.redactions:

@@ -98,6 +98,7 @@ class CascadeRunner:
         model: str = "auto",
         private: bool = False,
         request_id: str | None = None,
+        tool_choice: str | None = None,
     ) -> AsyncIterator[CascadeEvent]:
         """Stream the answer (module docstring). Raises InvalidRequestError (400) for a bad
         model name or a request the cloud calls invalid; cloud outages never raise."""
@@ -105,7 +106,7 @@ class CascadeRunner:
         if threshold is None:
             threshold = self.config.default_threshold
         request = CascadeRequest(
-            self, list(messages), params, mode, threshold, private, request_id or f"cascade-{uuid.uuid4().hex}"
+            self, list(messages), params, mode, threshold, private, request_id or f"cascade-{uuid.uuid4().hex}", tool_choice
         )
         async for event in request.run():
             yield event

@@ -50,7 +50,7 @@ def build_request(model: str, messages: list, private: bool, fields: dict[str, A
             error = from_validation_errors(exc.errors(include_url=False))
             raise InvalidRequestError(error.info.message, error.info.param) from None
         raise InvalidRequestError(f"arguments must be JSON values: {exc}", "messages") from None
-    return request  # its validators refused tools, response_format, ...: a clear error, not prose
+    return request  # its validators refused what tandem does not do: a clear error, not prose
 
 
 class InProcessBackend:
@@ -64,12 +64,10 @@ class InProcessBackend:
             await self.runner.cloud.close()
 
     async def create(self, model: str, messages: list, stream: bool, private: bool, fields: dict):
-        message_dicts, params = await prepare_routed(self.runner, build_request(model, messages, private, fields), model)
+        chat = await prepare_routed(self.runner, build_request(model, messages, private, fields), model)
         response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         call = routed_stream if stream else routed_completion
-        return await call(
-            self.runner, message_dicts, params, model=model, private=private, response_id=response_id, created=created
-        )
+        return await call(self.runner, chat, model=model, private=private, response_id=response_id, created=created)
 
 
 class AsyncCompletions:
@@ -88,13 +86,21 @@ class AsyncCompletions:
         seed: int | None = None,
         stop: str | list[str] | None = None,
         private: bool = False,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: dict | None = None,
         **unsupported,
     ) -> TandemChatCompletion | AsyncIterator[TandemChatCompletionChunk]:
-        """One chat completion; with stream=True, an async iterator of chunks (module docstring)."""
+        """One chat completion; with stream=True, an async iterator of chunks (module docstring).
+        With tools, the message carries `tool_calls` (finish_reason "tool_calls"); streamed, a
+        chunk's `delta.tool_calls` carries each call whole."""
         if unsupported:
             # A typo or an OpenAI option we do not honour must not be dropped silently.
             raise TypeError(f"create() got unsupported argument(s): {', '.join(sorted(unsupported))}")
-        fields = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed, "stop": stop}
+        fields = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed, "stop": stop,
+                  "tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls,
+                  "response_format": response_format}  # fmt: skip
         return await self._backend.create(model, messages, stream, private, fields)
 
 

@@ -59,6 +59,7 @@ class OpenAICloudClient:
     """
 
     supports_continuation = False  # the cascade must hand off by restarting, never by token ids
+    takes_grammars = False  # tool calls' Lark grammars stay local (response_format is passed on)
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float | None = None):
         self.base_url = base_url.rstrip("/")

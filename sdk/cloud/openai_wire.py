@@ -95,6 +95,8 @@ def request_body(messages: list[dict], params: SamplingParams | None, model: str
 
 def response_format(structured: StructuredOutput) -> dict:
     """OpenAI's response_format for a constraint (the schema's name is not kept: any name will do)."""
+    if structured.kind == "lark":  # tool calls: tandem renders them itself; an OpenAI server takes `tools`
+        raise InvalidRequestError("tools cannot be sent to an OpenAI-compatible cloud tier yet", "tools")
     if structured.kind == "json_object":
         return {"type": "json_object"}
     return {"type": "json_schema", "json_schema": {"name": "response", "schema": json.loads(structured.schema), "strict": True}}

@@ -9,6 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sdk.protocol.engine import TokenEvent
+from sdk.protocol.tool_calls import ToolAnswers
+from sdk.protocol.tool_formats import tool_format_of
 from sdk.protocol.openai_schema import (
     ChatChoice,
     ChatChunkChoice,
@@ -18,6 +20,7 @@ from sdk.protocol.openai_schema import (
     ChatResponseMessage,
     DeltaMessage,
     Usage,
+    tool_call_deltas,
 )
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
@@ -39,63 +42,70 @@ async def create_chat_completion(request: Request) -> Response:
     if routed:
         return await create_routed_chat_completion(request, state, body, model)
     try:
-        prompt_token_ids = state.engine.apply_chat_template(body.message_dicts())
+        tool_format = tool_format_of(state.engine)
+        prompt_token_ids = state.engine.apply_chat_template(body.message_dicts(tool_format))
         max_model_len = state.engine.max_model_len
         response_id = new_id("chatcmpl")
         generation_requests = choice_requests(
             response_id, prompt_token_ids, body.num_choices,
-            lambda i: body.sampling_params(len(prompt_token_ids), max_model_len, i),
+            lambda i: body.sampling_params(len(prompt_token_ids), max_model_len, i, tool_format),
         )
     except Exception as exc:
         return from_exception(exc).response()
     job = Job(model, generation_requests, len(prompt_token_ids), arrival_time)
     created = int(time.time())
+    tools = body.tool_request()
+    answers = lambda: ToolAnswers(tool_format, tools)  # noqa: E731
     return await run_job(
         request, state, job,
         stream=bool(body.stream),
         keep_events=bool(body.logprobs),
         stream_body=lambda first, choices: EventStreamResponse(
-            _chunks(body, job, response_id, created, first, choices)
+            _chunks(body, job, response_id, created, first, choices, answers())
         ),
-        complete_body=lambda states: _response(body, job, response_id, created, states),
+        complete_body=lambda states: _response(body, job, response_id, created, states, answers()),
     )
 
 
 def _response(
-    body: ChatCompletionRequest, job: Job, response_id: str, created: int, states: Sequence[ChoiceState]
+    body: ChatCompletionRequest, job: Job, response_id: str, created: int, states: Sequence[ChoiceState], answers: ToolAnswers
 ) -> ChatCompletionResponse:
-    choices = [
-        ChatChoice(
+    choices = []
+    for i, state in enumerate(states):
+        content, calls = answers.read(state.text)
+        choices.append(ChatChoice(
             index=i,
-            message=ChatResponseMessage(content=state.text),
+            message=ChatResponseMessage.answer(content, calls),
             logprobs=chat_logprobs(state.events) if body.logprobs else None,
-            finish_reason=state.finish_reason,
+            finish_reason="tool_calls" if calls else state.finish_reason,
             stop_reason=state.stop_reason,
-        )
-        for i, state in enumerate(states)
-    ]
+        ))  # fmt: skip
     return ChatCompletionResponse(
         id=response_id, created=created, model=job.model, choices=choices, usage=usage_of(job.num_prompt_tokens, states),
         tandem=ignored_extension(body),
     )
 
 
-def _chunks(body: ChatCompletionRequest, job: Job, response_id: str, created: int, first, choices):
+def _chunks(body: ChatCompletionRequest, job: Job, response_id: str, created: int, first, choices, answers: ToolAnswers):
     def chunk(choice_list: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=response_id, created=created, model=job.model, choices=choice_list, usage=usage)
 
-    def render_event(index: int, event: TokenEvent, state: ChoiceState) -> ChatCompletionChunk | None:
-        if not event.text and event.finish_reason is None and not body.logprobs:
-            return None  # text held back (a partial character or a possible stop string)
-        return chunk([
-            ChatChunkChoice(
-                index=index,
-                delta=DeltaMessage(content=event.text or None),
-                logprobs=chat_logprobs([event]) if body.logprobs else None,
-                finish_reason=event.finish_reason,
-                stop_reason=event.stop_reason,
-            )
-        ])
+    def render_event(index: int, event: TokenEvent, state: ChoiceState) -> list[ChatCompletionChunk]:
+        content = answers.feed(index, event.text)
+        finish_reason, calls = event.finish_reason, None
+        if finish_reason is not None:
+            rest, calls = answers.finish(index)
+            content += rest
+        chunks = []
+        # Nothing to send while text is held back (a partial character, a possible stop string, a call being written).
+        if content or body.logprobs or (finish_reason is not None and not calls):
+            chunks.append(chunk([ChatChunkChoice(index=index, delta=DeltaMessage(content=content or None),
+                                                 logprobs=chat_logprobs([event]) if body.logprobs else None,
+                                                 finish_reason=None if calls else finish_reason, stop_reason=event.stop_reason)]))  # fmt: skip
+        if calls:  # the calls, then the finish in a chunk of its own (as OpenAI streams them)
+            chunks.append(chunk([ChatChunkChoice(index=index, delta=DeltaMessage(tool_calls=tool_call_deltas(calls)))]))
+            chunks.append(chunk([ChatChunkChoice(index=index, delta=DeltaMessage(), finish_reason="tool_calls")]))
+        return chunks
 
     # OpenAI opens every choice with the assistant role and empty content.
     prelude = [

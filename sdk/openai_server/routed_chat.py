@@ -27,12 +27,12 @@ from sdk.protocol.openai_schema import ChatCompletionRequest
 async def create_routed_chat_completion(request: Request, state: ServerState, body: ChatCompletionRequest, model: str) -> Response:
     runner = state.cascade
     try:
-        messages, params = await prepare_routed(runner, body, model)
+        chat = await prepare_routed(runner, body, model)
     except Exception as exc:
         return from_exception(exc).response()
     response_id, created = new_id("chatcmpl"), int(time.time())
     call = routed_stream if body.stream else routed_completion
-    answer = call(runner, messages, params, model=model, private=bool(body.private), response_id=response_id, created=created)
+    answer = call(runner, chat, model=model, private=bool(body.private), response_id=response_id, created=created)
     try:
         result = await cancel_on_disconnect(request, answer)
     except ClientDisconnected:

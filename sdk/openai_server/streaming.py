@@ -68,7 +68,7 @@ async def sse_events(
     first: tuple[int, TokenEvent] | None,
     choices: AsyncIterator[tuple[int, TokenEvent]],
     num_choices: int,
-    render_event: Callable[[int, TokenEvent, ChoiceState], BaseModel | None],
+    render_event: Callable[[int, TokenEvent, ChoiceState], BaseModel | list[BaseModel] | None],
     prelude: Sequence[BaseModel] = (),
     render_usage: Callable[[Usage], BaseModel] | None = None,
     num_prompt_tokens: int = 0,
@@ -87,8 +87,8 @@ async def sse_events(
         while item is not None:
             index, event = item
             states[index].add(event, keep_event=False)
-            chunk = render_event(index, event, states[index])
-            if chunk is not None:
+            chunks = render_event(index, event, states[index])
+            for chunk in chunks if isinstance(chunks, list) else [chunks] if chunks is not None else []:
                 yield sse(chunk)
             item = await anext(choices, None)
         if render_usage is not None:

@@ -45,6 +45,7 @@ class StepEngine(Protocol):
     def step(self) -> list[TokenEvent]: ...
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
     def apply_chat_template(self, messages: Sequence[dict]) -> list[int]: ...
+    chat_template: str | None  # the model's Jinja template (its text tells the tool format)
     def stats(self) -> EngineStats: ...
     def close(self) -> None: ...
 
@@ -113,6 +114,11 @@ class AsyncStepEngine:
         """sdk.protocol.vocabulary's fingerprint of the loaded model's vocabulary ("" while loading).
         The first read computes it (a pass over the vocabulary): call it off the event loop."""
         return self._engine.vocabulary_fingerprint if self._engine is not None else ""
+
+    @property
+    def chat_template(self) -> str | None:
+        """The loaded model's chat template (None while loading, or when it has none)."""
+        return self._engine.chat_template if self._engine is not None else None
 
     @property
     def num_in_flight(self) -> int:

@@ -51,15 +51,24 @@ MIN_SAMPLING_TEMPERATURE = 1e-5  # below it, sampling is greedy
 class StructuredOutput:
     """A constraint on the whole output, enforced token by token by the engine's grammar mask.
 
-    kind "json_object": any JSON object; "json_schema": JSON valid against `schema` (JSON text).
-    JSON is compact (no whitespace between tokens), so a small model cannot pad it out."""
+    kind "json_object": any JSON object; "json_schema": JSON valid against `schema` (JSON text);
+    "lark": text in llguidance's Lark dialect `grammar` (tool calls: sdk.protocol.tool_formats).
+    Whitespace between JSON tokens is bounded (sdk.protocol.grammar.JSON_FORMAT), so a small
+    model cannot pad it out."""
 
     kind: str
     schema: str | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("json_object", "json_schema") or (self.kind == "json_schema") != (self.schema is not None):
-            raise InvalidRequestError(f"unknown structured output {self.kind!r} (or a schema missing)", "response_format")
+        if (self.kind not in ("json_object", "json_schema", "lark") or (self.kind == "json_schema") != (self.schema is not None)
+                or (self.kind == "lark") != (self.grammar is not None)):  # fmt: skip
+            raise InvalidRequestError(f"unknown structured output {self.kind!r} (or its schema or grammar missing)", self.param)
+
+    @property
+    def param(self) -> str:
+        """The request field a constraint of this kind comes from (errors name it)."""
+        return "tools" if self.kind == "lark" else "response_format"
 
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]

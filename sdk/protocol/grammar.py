@@ -50,8 +50,8 @@ class GrammarMasks:
 
     def matcher(self, structured: StructuredOutput, consumed: Sequence[int] = ()):
         """A fresh matcher that has consumed `consumed` (the answer's start, after a hand-off);
-        InvalidRequestError (naming response_format) for a schema it cannot take or a start that
-        does not fit it."""
+        InvalidRequestError (naming response_format, or tools) for a schema it cannot take or a
+        start that does not fit it."""
         import llguidance
 
         if self._tokenizer is None:
@@ -61,19 +61,23 @@ class GrammarMasks:
             from llguidance.numpy import allocate_token_bitmask
 
             self._bitmask = allocate_token_bitmask(1, self._tokenizer.vocab_size)
-        schema = json.loads(structured.schema) if structured.schema is not None else {"type": "object"}
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORMAT)
+            if structured.kind == "lark":
+                grammar = llguidance.LLMatcher.grammar_from_lark(structured.grammar)
+            else:
+                schema = json.loads(structured.schema) if structured.schema is not None else {"type": "object"}
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORMAT)
             matcher = llguidance.LLMatcher(self._tokenizer, grammar)
             error = matcher.get_error() if matcher.is_error() else None
         except Exception as exc:  # noqa: BLE001  (whatever llguidance raises about a schema is the client's 400)
             error = str(exc)
         if error is not None:
-            raise InvalidRequestError(f"response_format: the JSON schema cannot be used: {error}", "response_format")
+            what = "the tools' schemas cannot be used" if structured.kind == "lark" else "the JSON schema cannot be used"
+            raise InvalidRequestError(f"{structured.param}: {what}: {error}", structured.param)
         if consumed and not matcher.consume_tokens(list(consumed)):
             raise InvalidRequestError(
-                f"response_format: the answer's first {len(consumed)} tokens (a continuation) do not fit the schema: "
-                f"{matcher.get_error() or 'rejected'}", "response_format",
+                f"{structured.param}: the answer's first {len(consumed)} tokens (a continuation) do not fit its grammar: "
+                f"{matcher.get_error() or 'rejected'}", structured.param,
             )  # fmt: skip
         return matcher
 

@@ -20,12 +20,13 @@ from typing import Any
 from sdk.protocol.engine import InvalidRequestError
 
 # Output-changing fields not implemented yet, with what a client should do instead.
-_TOOLS = "tool calling is not supported yet; leave it out"
+_TOOLS = "tools are supported on /v1/chat/completions only"
+_FUNCTIONS = "the deprecated functions API is not supported; send tools and tool_choice instead"
 _STRUCTURE = "vLLM's guided decoding fields are not supported; send OpenAI's response_format instead"
 REFUSED_FIELDS: dict[str, str] = {
     # OpenAI chat completions
-    "tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS, "functions": _TOOLS,
-    "function_call": _TOOLS,
+    "tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS, "functions": _FUNCTIONS,
+    "function_call": _FUNCTIONS,
     "audio": "audio output is not supported; leave it out", "modalities": "only text output is supported; send [\"text\"]",
     "web_search_options": "web search is not supported; leave it out",
     "reasoning_effort": "the served models do not reason; leave it out",
@@ -71,11 +72,11 @@ IGNORED_FIELDS = frozenset({
 
 # Message fields: the chat template reads role, content and name; these would change the conversation.
 REFUSED_MESSAGE_FIELDS: dict[str, str] = {
-    "tool_calls": _TOOLS, "tool_call_id": _TOOLS, "function_call": _TOOLS,
+    "function_call": _FUNCTIONS,
     "audio": "audio in messages is not supported; leave it out",
     "refusal": "assistant refusals in the history are not supported; send the text as content",
 }
-NO_OP_MESSAGE_VALUES: dict[str, tuple[Any, ...]] = {"tool_calls": ([],)}
+NO_OP_MESSAGE_VALUES: dict[str, tuple[Any, ...]] = {}
 
 
 def classify_extra_fields(extra: Mapping[str, Any], where: str = "") -> list[str]:

@@ -276,7 +276,8 @@ async def test_logit_bias_crosses_tiers_only_when_they_share_a_vocabulary(make_r
     recording.vocabulary_fingerprint = local_engine.vocabulary_fingerprint
     runner = await make_runner()
     assert await runner.shares_vocabulary()
-    messages, params = await prepare_routed(runner, body, "auto")
-    result = await runner.complete(messages, params, model="auto:0")
+    chat = await prepare_routed(runner, body, "auto")
+    result = await runner.complete(chat.messages, chat.params, model="auto:0")
+    params = chat.params
     assert params.logit_bias == {token: 100.0} and result.token_ids == [token] * 3
     assert await (await make_runner(None)).shares_vocabulary()  # device only: one vocabulary

@@ -67,9 +67,8 @@ async def test_bad_arguments_are_refused_before_generation(make_runner, recordin
     with pytest.raises(TypeError, match="logit_bias"):
         await create(model="local", messages=QUESTION, logit_bias={})
     # Message fields the server refuses are refused in process too (not dropped into prose).
-    called = {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
-                                                                     "function": {"name": "f", "arguments": "{}"}}]}
-    with pytest.raises(InvalidRequestError, match="tool_calls"):
+    called = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}  # the legacy API
+    with pytest.raises(InvalidRequestError, match="function_call"):
         await create(model="local", messages=[*QUESTION, called])
     assert recording.received == []
 

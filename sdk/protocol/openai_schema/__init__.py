@@ -29,7 +29,11 @@ from sdk.protocol.openai_schema.responses import (  # noqa: F401
     ErrorResponse,
     ModelCard,
     ModelList,
+    ToolCall,
+    ToolCallDelta,
     TopLogprobEntry,
     Usage,
     now,
+    tool_call_deltas,
+    tool_call_objects,
 )

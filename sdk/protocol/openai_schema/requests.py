@@ -12,12 +12,15 @@ themselves into engine `SamplingParams`, so both tiers read a request the same w
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
 from sdk.protocol.engine import ContextLengthError, InvalidRequestError, SamplingParams, StructuredOutput
 from sdk.protocol.request_fields import classify_extra_fields, classify_message_fields, unknown_fields
+from sdk.protocol.tool_calls import render_tool_messages
+from sdk.protocol.tool_formats import LIST, ToolFormat, ToolFunction, ToolRequest
 
 MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM allows more; 16 keeps stop matching cheap
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
@@ -73,10 +76,47 @@ class ResponseFormat(_Request):
         return StructuredOutput("json_schema", json.dumps(self.json_schema.schema_))
 
 
+class FunctionDefinition(_Request):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON Schema of the arguments; None: any object
+    strict: bool | None = None  # constrained the same either way: the grammar enforces the schema
+
+
+class ToolParam(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class MessageFunctionCall(_Request):
+    name: str
+    arguments: str  # JSON text
+
+
+class MessageToolCall(_Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: MessageFunctionCall
+
+
 class ChatMessage(_TopLevel):
     role: str  # checked against the allowed roles by sdk.protocol.chat_template
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None  # passed to the chat template (which may or may not print it)
+    tool_calls: list[MessageToolCall] | None = None  # an earlier assistant turn's calls
+    tool_call_id: str | None = None  # a tool result's call (role "tool")
+
+
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 
 
 def _document_refusals(schema: dict[str, Any], model: type[_SamplingFields]) -> None:
@@ -187,7 +227,11 @@ class _SamplingFields(_TopLevel):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
-    def _sampling_params(self, max_tokens: int, logprobs: int | None, choice_index: int) -> SamplingParams:
+    def _structured(self) -> StructuredOutput | None:
+        return self.response_format.structured() if self.response_format is not None else None
+
+    def _sampling_params(self, max_tokens: int, logprobs: int | None, choice_index: int,
+                         structured: StructuredOutput | None) -> SamplingParams:  # fmt: skip
         seed = self.seed
         if seed is not None:
             # Each choice gets its own reproducible stream; numpy wants a non-negative seed.
@@ -209,38 +253,77 @@ class _SamplingFields(_TopLevel):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=bool(self.ignore_eos),
             repetition_stop=self.repetition_stop,
-            structured=self.response_format.structured() if self.response_format is not None else None,
+            structured=structured,
             logprobs=logprobs,
         )
 
 
 class ChatCompletionRequest(_SamplingFields):
-    _REFUSALS: ClassVar[dict[str, str]] = {"messages": "at least one message", "top_logprobs": "only with logprobs true"}
+    _REFUSALS: ClassVar[dict[str, str]] = {
+        "messages": "at least one message", "top_logprobs": "only with logprobs true",
+        "tools": "function names match [A-Za-z0-9_-]{1,64} and are unique",
+        "tool_choice": "required or a named function only with tools, a named function among them",
+    }  # fmt: skip
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
     logprobs: bool | None = False
     top_logprobs: int | None = None
     private: bool | None = None  # extension (tandem): routed models answer on the device only
+    tools: list[ToolParam] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None  # None: auto with tools
+    parallel_tool_calls: bool | None = None  # False: at most one call per answer
 
     def _refuse_for_endpoint(self) -> None:
         if not self.messages:
             raise InvalidRequestError("messages must contain at least one message", "messages")
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true", "top_logprobs")
+        names = [tool.function.name for tool in self.tools or []]
+        bad = next((name for name in names if not _FUNCTION_NAME.fullmatch(name)), None)
+        if bad is not None:
+            raise InvalidRequestError(f"tools: function name {bad!r} must match [A-Za-z0-9_-]{{1,64}}", "tools")
+        if len(set(names)) != len(names):
+            raise InvalidRequestError("tools: function names must be unique", "tools")
+        choice = self.tool_choice
+        if choice == "required" and not names:
+            raise InvalidRequestError("tool_choice 'required' needs tools", "tool_choice")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise InvalidRequestError(f"tool_choice names function {choice.function.name!r}, which is not in tools", "tool_choice")
 
-    def message_dicts(self) -> list[dict[str, Any]]:
-        """Messages as the plain dicts sdk.protocol.chat_template expects."""
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+    def tool_request(self) -> ToolRequest | None:
+        """The tools this answer may call, or None (no tools, or tool_choice "none": the tools are
+        then left out of the prompt too, so a small model is not tempted)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        named = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+        functions = tuple(ToolFunction(t.function.name, t.function.description or "", t.function.parameters)
+                          for t in self.tools if named in (None, t.function.name))  # fmt: skip
+        return ToolRequest(functions, required=named is not None or self.tool_choice == "required",
+                           parallel=self.parallel_tool_calls is not False)  # fmt: skip
 
-    def sampling_params(self, num_prompt_tokens: int, max_model_len: int, choice_index: int = 0) -> SamplingParams:
-        """Engine parameters; the default completion budget is what the context has left."""
+    def message_dicts(self, tool_format: ToolFormat = LIST) -> list[dict[str, Any]]:
+        """Messages as the plain dicts sdk.protocol.chat_template expects: with tools (offered, or
+        calls and results in the history) rendered in the model's `tool_format`."""
+        dicts = [m.model_dump(exclude_none=True) for m in self.messages]
+        request = self.tool_request()
+        if request is None and not any(m.tool_calls or m.role == "tool" for m in self.messages):
+            return dicts
+        return render_tool_messages(dicts, request, tool_format)
+
+    def sampling_params(self, num_prompt_tokens: int, max_model_len: int, choice_index: int = 0,
+                        tool_format: ToolFormat = LIST) -> SamplingParams:  # fmt: skip
+        """Engine parameters; the default completion budget is what the context has left. With
+        tools, the answer is constrained by `tool_format`'s grammar (response_format, if any,
+        constrains its text branch)."""
         max_tokens = self.max_completion_tokens or self.max_tokens
         if max_tokens is None:
             max_tokens = max_model_len - num_prompt_tokens
             if max_tokens < 1:
                 raise context_length_error(max_model_len, num_prompt_tokens)
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs, choice_index)
+        tools = self.tool_request()
+        structured = tool_format.grammar(tools, self._structured()) if tools is not None else self._structured()
+        return self._sampling_params(max_tokens, logprobs, choice_index, structured)
 
 
 class CompletionRequest(_SamplingFields):
@@ -277,7 +360,7 @@ class CompletionRequest(_SamplingFields):
             raise InvalidRequestError("best_of is not supported by this server; leave it out or set it to n", "best_of")
 
     def sampling_params(self, choice_index: int = 0) -> SamplingParams:
-        return self._sampling_params(self.max_tokens or 16, self.logprobs, choice_index)
+        return self._sampling_params(self.max_tokens or 16, self.logprobs, choice_index, self._structured())
 
 
 def context_length_error(max_model_len: int, num_prompt_tokens: int) -> ContextLengthError:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_serializer
@@ -58,9 +59,45 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
-class ChatResponseMessage(BaseModel):
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallDelta(ToolCall):
+    """A streamed call: tandem sends each call whole, in one delta (the openai client assembles either way)."""
+
+    index: int
+
+
+def tool_call_objects(calls) -> list[ToolCall]:
+    """OpenAI tool_calls, with fresh ids, for sdk.protocol.tool_formats.ParsedCall objects."""
+    return [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
+
+
+def tool_call_deltas(calls) -> list[ToolCallDelta]:
+    """The calls of a streamed answer, each whole, indexed in order."""
+    return [ToolCallDelta(index=i, **call.model_dump()) for i, call in enumerate(tool_call_objects(calls))]
+
+
+class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None  # with finish_reason "tool_calls" (content is then null)
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ("tool_calls",)
+
+    @classmethod
+    def answer(cls, content: str, calls=None) -> ChatResponseMessage:
+        """The message for an answer read by sdk.protocol.tool_calls.ToolAnswer (calls: content is null when empty)."""
+        if calls:
+            return cls(content=content or None, tool_calls=tool_call_objects(calls))
+        return cls(content=content)
 
 
 class ChatChoice(BaseModel):
@@ -90,6 +127,7 @@ class ChatCompletionResponse(_WithTandem):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler):
