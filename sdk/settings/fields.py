@@ -216,6 +216,7 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     _cascade("probe", str, "TANDEM_CASCADE_PROBE", "Confidence probe (ONNX) trained for the local model; replaces score_kind.", unset="no probe"),
     _cascade("prompt_router", str, "TANDEM_CASCADE_PROMPT_ROUTER", "Prompt router before generation: 'default' (shipped) or a `tandem router train` file.", unset="off"),
     _cascade("prompt_router_threshold", float, "TANDEM_CASCADE_PROMPT_ROUTER_THRESHOLD", "Escalate before generation iff 1 - prompt score < this.", unset="the request's threshold"),
+    _cascade("tool_calls", str, "TANDEM_CASCADE_TOOL_CALLS", "Where turns offering tools go: auto (tool_choice auto to the cloud, required local), local, or cloud.", check=_one_of("auto", "local", "cloud")),
     _cascade("privacy", dict, None, "Privacy rules: detectors, patterns (router.privacy).", check=PrivacyRules.from_config),
     _cascade("prices", dict, None, "USD per million tokens per tier (router.costs).", check=CostTable.from_config),
 )

@@ -79,3 +79,14 @@ def test_a_schema_llguidance_cannot_take_is_a_400(server_url):
     reply = httpx.post(f"{server_url}/v1/chat/completions", json={"model": MODEL, "messages": ASK, "response_format": format_},
                        timeout=60)  # fmt: skip
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "response_format", reply.text
+
+
+def test_a_local_answer_cut_off_by_max_tokens_escalates_as_invalid_structure(client):
+    """Six tokens cannot hold the object: the local answer cannot parse, so the cascade hands it to
+    the cloud before any byte reached the client (restart mode holds the tokens until decided)."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto", messages=ASK, max_tokens=6, seed=7,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": Person.model_json_schema()}},
+    )  # fmt: skip
+    tandem = raw.parse().model_extra["tandem"]
+    assert (tandem["escalated"], tandem["reason"], tandem["tier"]) == (True, "invalid_structure", "cloud"), tandem

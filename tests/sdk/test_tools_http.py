@@ -98,3 +98,14 @@ def test_bad_tool_requests_are_400s_naming_the_field(server_url, body, param):
     for model in (MODEL, "auto"):
         reply = httpx.post(f"{server_url}/v1/chat/completions", json={"model": model, "messages": ASK, **body}, timeout=60)
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
+def test_a_tool_result_with_personal_data_keeps_the_turn_on_the_device(client):
+    """Privacy rules read the rendered conversation, tool arguments and results included: an email
+    address in a tool's result keeps even a tool_choice auto turn (otherwise the cloud's) local."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "Sunny. Report sent to jane.doe@example.com"}]  # fmt: skip
+    raw = client.chat.completions.with_raw_response.create(model="auto", messages=history, tools=TOOLS, max_tokens=30, seed=8)
+    tandem = raw.parse().model_extra["tandem"]
+    assert (tandem["tier"], tandem["reason"]) == ("local", "private") and tandem["privacy_reasons"], tandem
