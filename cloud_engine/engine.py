@@ -262,7 +262,9 @@ class CloudEngine:
         """A structured request's mask for its next token (it drafts nothing: spec_decode.policy)."""
         if request.matcher is None:
             return None
-        return torch.from_numpy(self.grammar.allowed(request.matcher)).to(self.device)
+        mask = self.grammar.allowed(request.matcher)
+        request.forced = self.grammar.forces(mask)  # for this step's event (one token a step: no drafts)
+        return torch.from_numpy(mask).to(self.device)
 
     def _cut_at_token_stop(self, request: Request, ids: list[int]) -> list[int]:
         """Tokens past an end-of-generation/stop token, max_tokens or max_model_len are never emitted."""
@@ -292,7 +294,8 @@ class CloudEngine:
                     request.truncate_output(count)  # a stop string inside an accepted run: nothing after it
                     self.scheduler.finish_request(request.request_id, status)
                     self._forget(request.request_id)
-                events.append(make_token_event(request, token, text, self.token_bytes, self.token_text, num_output_tokens=count))
+                events.append(make_token_event(request, token, text, self.token_bytes, self.token_text, num_output_tokens=count,
+                                               forced=request.forced))  # fmt: skip
                 if status is not None:
                     break
         return events

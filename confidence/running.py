@@ -56,14 +56,24 @@ class RunningConfidence:
         self._min_full_window_mean_prob = math.inf  # over windows of exactly `window` tokens
         self.repetition = RepetitionTracker()  # loops and the repeated-n-gram feature (token ids; -1 = unknown)
         self._token_ids_known = True
+        self.num_forced = 0  # tokens a grammar forced (TokenEvent.forced): seen, not judged
 
     @property
     def num_tokens(self) -> int:
-        """Tokens seen so far."""
+        """Tokens judged so far (every token a grammar did not force)."""
         return self._num_tokens
 
+    @property
+    def num_seen(self) -> int:
+        """Every token of the answer so far, forced ones included."""
+        return self._num_tokens + self.num_forced
+
     def update(self, event: TokenEvent) -> None:
-        """Take in the next generated token."""
+        """Take in the next generated token. A token the request's grammar forced is counted but not
+        judged: the mask chose it, so its probability says nothing of the model's confidence."""
+        if event.forced:
+            self.num_forced += 1
+            return
         self.update_signals(token_signals(event))
 
     def update_signals(self, signals: TokenSignals) -> None:

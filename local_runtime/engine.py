@@ -172,7 +172,7 @@ class LocalEngine:
         sampled = sample_batch(logits, [r.params for r in requests], [r.rng for r in requests], histories, self._end_ids, allowed)
         events = []
         backend = self.backend
-        for request, token in zip(requests, sampled):
+        for request, token, mask in zip(requests, sampled, allowed):
             if not request.output_token_ids:
                 self.num_prompt_tokens_total += request.num_prompt_tokens
             request.output_token_ids.append(token.token_id)
@@ -185,7 +185,8 @@ class LocalEngine:
             )
             if status is not None:
                 self.scheduler.finish_request(request.request_id, status)
-            events.append(make_token_event(request, token, text, backend.token_bytes, backend.token_text))
+            events.append(make_token_event(request, token, text, backend.token_bytes, backend.token_text,
+                                           forced=self.grammar.forces(mask)))  # fmt: skip
         return events
 
     # -- status ----------------------------------------------------------------------------

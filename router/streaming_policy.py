@@ -133,7 +133,7 @@ class StreamingPolicy:
             raise RuntimeError(
                 f"already escalated at token {self._decision.decided_at_token}; stop feeding local tokens"
             )
-        self.running.update(event)
+        self.running.update(event)  # skips tokens a grammar forced: only the model's own choices are judged
         num_tokens = self.running.num_tokens
         if self._decision is None and (loop := self._loop()) is not None:
             self._decision = loop
@@ -141,12 +141,12 @@ class StreamingPolicy:
         if self._decision is None and self.structured and event.finish_reason == "length" and self.threshold > 0.0:
             self._decision = RoutingDecision(
                 tier=Tier.CLOUD, escalated=True, reason=Reason.INVALID_STRUCTURE, confidence=self.confidence(),
-                decided_at_token=num_tokens, decided_by=self.name,
-                detail=f"the structured answer was cut off by max_tokens after {num_tokens} tokens: it cannot parse",
+                decided_at_token=self.running.num_seen, decided_by=self.name,
+                detail=f"the structured answer was cut off by max_tokens after {self.running.num_seen} tokens: it cannot parse",
             )  # fmt: skip
             return self._decision
-        if self._decision is not None or num_tokens < self.min_tokens_k or self.decide_at is DecideAt.END:
-            return None
+        if event.forced or self._decision is not None or num_tokens < self.min_tokens_k or self.decide_at is DecideAt.END:
+            return None  # a forced token changes nothing to judge
         if self.decide_at is DecideAt.FIRST_K and num_tokens > self.min_tokens_k:
             return None
         decision = self._judge()
@@ -168,14 +168,13 @@ class StreamingPolicy:
         loop = self.running.repetition.loop(self.loop_rule)
         if loop is None:
             return None
-        num_tokens = self.running.num_tokens
         return RoutingDecision(tier=Tier.CLOUD, escalated=True, reason=Reason.REPETITION, confidence=self.confidence(),
-                               decided_at_token=num_tokens, decided_by=self.name,
+                               decided_at_token=self.running.num_seen, decided_by=self.name,
                                detail=f"the last {loop.span} tokens repeat a {loop.period}-token unit")
 
     def _judge(self) -> RoutingDecision:
         confidence = self.confidence()
         num_tokens = self.running.num_tokens
         return threshold_decision(confidence, self.threshold, escalate_reason=Reason.LOW_CONFIDENCE,
-                                  decided_at_token=num_tokens, what=f"{'probe' if self.score_fn else self.score_kind} confidence",
+                                  decided_at_token=self.running.num_seen, what=f"{'probe' if self.score_fn else self.score_kind} confidence",
                                   decided_by=self.name, suffix=f" after {num_tokens} tokens")

@@ -246,6 +246,9 @@ class TokenEvent:
     num_output_tokens: int = 0
     num_draft_tokens: int = 0  # speculative decoding, so far in this request: draft tokens verified
     num_accepted_tokens: int = 0  # ... and accepted by the target
+    # A structured request's grammar allowed this token only: its logprob (the model's own) says
+    # nothing about the model's confidence, so the cascade's confidence aggregate skips it.
+    forced: bool = False
 
 
 @dataclass

@@ -81,6 +81,11 @@ class GrammarMasks:
             )  # fmt: skip
         return matcher
 
+    @staticmethod
+    def forces(allowed) -> bool:
+        """Whether a mask from allowed() leaves exactly one token (the grammar picks it, not the model)."""
+        return allowed is not None and int(allowed.sum()) == 1
+
     def allowed(self, matcher):
         """Boolean numpy array [n_vocab]: the tokens the matcher allows next."""
         import numpy as np

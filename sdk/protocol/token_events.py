@@ -78,8 +78,10 @@ def make_token_event(
     token_bytes: Callable[[int], bytes],
     token_text: Callable[[int], str],
     num_output_tokens: int | None = None,
+    forced: bool = False,
 ) -> TokenEvent:
-    """The event for a sampled token, after `check_stop` (so finish_reason is final)."""
+    """The event for a sampled token, after `check_stop` (so finish_reason is final); `forced`:
+    the request's grammar allowed no other token."""
     return TokenEvent(
         request_id=request.request_id,
         token_id=token.token_id,
@@ -95,4 +97,5 @@ def make_token_event(
         num_output_tokens=request.num_output_tokens if num_output_tokens is None else num_output_tokens,
         num_draft_tokens=getattr(request, "num_draft_tokens", 0),  # speculative totals (cloud engine)
         num_accepted_tokens=getattr(request, "num_accepted_tokens", 0),
+        forced=forced,
     )

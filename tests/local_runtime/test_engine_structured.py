@@ -69,3 +69,18 @@ def test_a_schema_it_cannot_take_and_conflicting_options_are_refused(engine):
             structured(None, **conflict)
         assert info.value.param == next(iter(conflict))
     assert not structured(None, repetition_stop=True).stops_loops  # JSON repeats legitimately: no loop stop
+
+
+def test_tokens_the_grammar_forces_are_marked_and_free_ones_are_not(engine):
+    """The colour schema leaves the model one choice (which colour) besides whitespace: the key and
+    the punctuation around it are forced (TokenEvent.forced, which the cascade's confidence skips);
+    an unconstrained request marks nothing."""
+    prompt = engine.apply_chat_template(PROMPT)
+    requests = [GenerationRequest("colour", prompt, structured(SCHEMAS["colour"], temperature=0.0)),
+                GenerationRequest("free", prompt, SamplingParams(max_tokens=20, temperature=0.0))]  # fmt: skip
+    answers = run_to_completion(engine, requests)
+    colour = answers["colour"]
+    assert colour[-1].finish_reason == "stop"
+    forced = [e.text for e in colour if e.forced]
+    assert forced and any("colour" in text for text in forced), [(e.text, e.forced) for e in colour]
+    assert not all(e.forced for e in colour) and not any(e.forced for e in answers["free"])

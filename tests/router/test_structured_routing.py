@@ -1,9 +1,11 @@
-"""The tool-call policy (router.pre_generation.ToolTurns) and the invalid_structure escalation of
-the streaming policy: a structured local answer cut off by max_tokens cannot parse."""
+"""Routing structured and tool-calling requests: the tool-call policy (router.pre_generation.ToolTurns),
+the invalid_structure escalation (a structured local answer cut off by max_tokens cannot parse),
+and confidence that skips the tokens a grammar forced."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -55,3 +57,20 @@ def test_a_request_settled_local_at_k_is_not_reopened():
         assert policy.observe(event()) is None
     assert policy.observe(dataclasses.replace(event(), finish_reason="length")) is None
     assert policy.finish().reason == Reason.CONFIDENT
+
+
+def test_forced_tokens_are_counted_but_not_judged():
+    """Twenty forced tokens the model found unlikely (the mask chose them) neither lower the
+    confidence nor count towards min_tokens_k; decided_at_token counts every token."""
+    unlikely_forced = dataclasses.replace(event(), logprob=-9.0, forced=True)
+    policy = StreamingPolicy(0.5, min_tokens_k=3)
+    assert [policy.observe(unlikely_forced) for _ in range(20)] == [None] * 20
+    assert (policy.running.num_tokens, policy.running.num_seen) == (0, 20)
+    for _ in range(3):
+        assert policy.observe(event()) is None
+    decision = policy.finish()
+    assert decision.reason == Reason.CONFIDENT and decision.decided_at_token == 23
+    assert policy.confidence() == pytest.approx(math.exp(-0.01))
+    unforced = StreamingPolicy(0.5, min_tokens_k=3)
+    escalation = [unforced.observe(dataclasses.replace(unlikely_forced, forced=False)) for _ in range(3)][-1]
+    assert escalation.reason == Reason.LOW_CONFIDENCE  # the same tokens, chosen by the model: not confident
