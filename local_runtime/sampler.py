@@ -46,8 +46,14 @@ def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[np
             prompt_ids, output_ids = histories[row]
             changed = apply_logit_changes(logits[row], p, prompt_ids, output_ids, end_ids)
             if allowed is not None and allowed[row] is not None:
-                changed[~allowed[row]] = -np.inf
-            token_id = int(np.argmax(changed)) if greedy else _sample(changed, p, rng)
+                # Sample among the allowed ids only: the same distribution as masking the rest to
+                # -inf, without selecting over tens of thousands of tied -inf (argpartition
+                # degraded to ~6 ms a row on them: bench.structured).
+                allowed_ids = np.flatnonzero(allowed[row])
+                kept = changed[allowed_ids]
+                token_id = int(allowed_ids[np.argmax(kept) if greedy else _sample(kept, p, rng)])
+            else:
+                token_id = int(np.argmax(changed)) if greedy else _sample(changed, p, rng)
         else:
             token_id = int(top1_ids[row]) if greedy else _sample(logits[row], p, rng)
         row_logprobs = None

@@ -59,3 +59,21 @@ def test_seeded_sampling_reproduces_and_follows_the_distribution():
     assert draw(50, 11) == draw(50, 11)
     counts = np.bincount(draw(4000, 5), minlength=4) / 4000
     assert counts == pytest.approx([0.5, 0.3, 0.2, 0.0], abs=0.03)
+
+
+def test_a_grammar_mask_samples_exactly_as_masking_the_rest_to_minus_infinity():
+    """The sampler picks among the allowed ids only (fast); the pick must be the one the same
+    random draw gives over the full row with every disallowed logit at -inf."""
+    from local_runtime.sampler import _sample
+
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        row = (rng.standard_normal(2000) * 3).astype(np.float32)
+        allowed = rng.random(2000) < rng.choice([0.001, 0.01, 0.5, 1.0])
+        allowed[rng.integers(2000)] = True
+        fields = [dict(temperature=0.7, top_p=0.9), dict(temperature=1.0, top_k=5), dict(temperature=0.5, min_p=0.1, top_p=0.95)][trial % 3]
+        params = resolved_params(**fields, presence_penalty=0.1)  # a row that changes logits, as structured ones do
+        got = sample_batch(row[None].copy(), [params], [np.random.default_rng(trial)], [([], [])], np.array([0]), [allowed])[0]
+        masked = np.where(allowed, row, -np.inf)
+        assert got.token_id == _sample(masked, params, np.random.default_rng(trial)), trial
+        assert allowed[got.token_id]

@@ -1,0 +1,263 @@
+"""Structured outputs and tool calls on both tiers, constrained against unconstrained (issue 22).
+
+    python -m bench.structured [--quick] --json bench/results/structured.json
+
+The cases (bench/structured_cases.py, written for this bench): 22 requests with a JSON Schema
+(extraction, classification, forms) and 12 tool questions with one obvious tool among 2-4.
+Both tiers serve the embedded SmolLM2-135M-Instruct: the local engine (llama.cpp, Q4_1) and the
+cloud engine (PyTorch, the same GGUF dequantized), each with its own sampler and grammar mask.
+Sampling is each tier's default for the model (temperature 0.2, top_p 0.9) with a seed per case.
+
+- Validity: the request (with the schema written into it, as an app would without constrained
+  decoding) is answered constrained (response_format json_schema) and free; an answer counts when
+  it ends on its own and its JSON (free: the first {...} in the text) fits the schema;
+  finish_reason "length" is a failure. max_tokens 256, generous for every case.
+- Tools: tool_choice "required" (the grammar makes every call valid: does it pick the right
+  tool?) and "auto" (does the model choose to call at all?), rendered as tandem renders them.
+- Throughput: constrained vs free on the same requests, output tokens per second, side by side,
+  3 repetitions alternating (median and spread): local with 8 clients in a closed loop (each
+  sends its next request when one ends), cloud one batch of 32. Every answer runs exactly 96
+  tokens (the constrained ones under a list schema longer than that, the free ones with
+  ignore_eos), so the two differ only in the per-token cost of the mask.
+- Grammar compile: building a matcher for each case's schema or tool grammar (the vocabulary's
+  one-time preparation excluded), on the local tier's vocabulary.
+
+Keys: schema_validity_constrained (target 1.0), schema_validity_free, tool_name_accuracy (local,
+required), tool_call_rate_auto_local, throughput_ratio_constrained_c8_local (>= 0.90),
+throughput_ratio_constrained_b32_cloud (>= 0.90), grammar_compile_p50_ms (<= 50); per-tier detail
+under "local" and "cloud", with every failing case's text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import time
+
+from bench.machine import report_header, write_report
+from bench.structured_cases import SCHEMA_CASES, TOOL_CASES
+from sdk.protocol.engine import GenerationRequest, SamplingParams, StructuredOutput
+from sdk.protocol.tool_calls import ToolAnswer, render_tool_messages
+from sdk.protocol.tool_formats import LIST, ToolFunction, ToolRequest
+
+MAX_TOKENS = 256
+THROUGHPUT_MAX_TOKENS = 96
+
+
+def schema_prompt(request: str, schema: dict) -> list[dict]:
+    return [{"role": "user", "content": f"{request}\nAnswer with JSON only, matching this JSON Schema: {json.dumps(schema)}"}]
+
+
+def tool_request(tools: list[dict], required: bool) -> ToolRequest:
+    functions = tuple(ToolFunction(t["function"]["name"], t["function"]["description"], t["function"]["parameters"]) for t in tools)
+    return ToolRequest(functions, required=required)
+
+
+def tool_job(question: str, tools: list[dict], required: bool) -> tuple[list[dict], StructuredOutput]:
+    request = tool_request(tools, required)
+    return render_tool_messages([{"role": "user", "content": question}], request, LIST), LIST.grammar(request)
+
+
+def fits(text: str, finish_reason: str | None, schema: dict, free: bool) -> bool:
+    import jsonschema
+
+    if finish_reason != "stop":
+        return False
+    if free:  # the first {...} span: a fence or a sentence around the JSON is forgiven
+        match = re.search(r"\{.*\}", text, re.DOTALL)
+        text = match.group(0) if match else text
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
+        return False
+    return True
+
+
+# -- the tiers: (messages, structured, seed, max_tokens) jobs in, (text, finish_reason, tokens) out ----
+
+
+class LocalTier:
+    def __init__(self):
+        from local_runtime.async_engine import AsyncLocalEngine
+        from local_runtime.config import LocalEngineConfig
+
+        self.engine = AsyncLocalEngine(LocalEngineConfig(max_num_seqs=8, kv_cache_tokens=8192, max_model_len=1024)).start()
+        self.engine.wait_ready(300)
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, jobs: list[tuple], concurrency: int = 8, ignore_eos: bool = False) -> tuple[list[tuple[str, str | None, int]], float]:
+        """Every job's answer, in order, with `concurrency` clients in a closed loop; and the wall time."""
+        results: list = [None] * len(jobs)
+        queue = list(enumerate(jobs))
+
+        async def client() -> None:
+            while queue:
+                i, (messages, structured, seed, max_tokens) = queue.pop(0)
+                params = SamplingParams(max_tokens=max_tokens, seed=seed, structured=structured, ignore_eos=ignore_eos)
+                prompt = self.engine.apply_chat_template(messages)
+                events = [e async for e in self.engine.generate(GenerationRequest(f"bench-{i}-{time.monotonic_ns()}", prompt, params))]
+                results[i] = ("".join(e.text for e in events), events[-1].finish_reason, len(events))
+
+        async def all_clients() -> None:
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+
+        start = time.perf_counter()
+        self.loop.run_until_complete(all_clients())
+        return results, time.perf_counter() - start
+
+    def grammar(self):
+        return self.engine.engine.grammar
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self.loop.close()
+
+
+class CloudTier:
+    def __init__(self):
+        from cloud_engine.llm import LLM
+
+        self.llm = LLM(None, max_num_seqs=32, kv_cache_gb=1.0, max_model_len=1024)
+        self.dtype = str(self.llm.engine.dtype).removeprefix("torch.")
+
+    def run(self, jobs: list[tuple], concurrency: int = 32, ignore_eos: bool = False) -> tuple[list[tuple[str, str | None, int]], float]:
+        prompts = [self.llm.engine.apply_chat_template(messages) for messages, _, _, _ in jobs]
+        params = [SamplingParams(max_tokens=m, seed=seed, structured=s, ignore_eos=ignore_eos) for _, s, seed, m in jobs]
+        start = time.perf_counter()
+        outputs = self.llm.generate(prompts, params)
+        return [(o.text, o.finish_reason, len(o.token_ids)) for o in outputs], time.perf_counter() - start
+
+    def close(self) -> None:
+        pass
+
+
+# -- measurements ----------------------------------------------------------------------------------
+
+
+def validity(tier, cases) -> dict:
+    jobs, order = [], []
+    for i, (name, request, schema) in enumerate(cases):
+        for free in (False, True):
+            structured = None if free else StructuredOutput("json_schema", json.dumps(schema))
+            jobs.append((schema_prompt(request, schema), structured, i, MAX_TOKENS))
+            order.append((name, schema, free))
+    answers, _ = tier.run(jobs)
+    out = {"constrained": [], "free": []}
+    for (name, schema, free), (text, finish, _) in zip(order, answers):
+        out["free" if free else "constrained"].append({"case": name, "ok": fits(text, finish, schema, free), "finish_reason": finish, "text": text})
+    return {
+        "schema_validity_constrained": sum(r["ok"] for r in out["constrained"]) / len(cases),
+        "schema_validity_free": sum(r["ok"] for r in out["free"]) / len(cases),
+        "length_cut_constrained": sum(r["finish_reason"] == "length" for r in out["constrained"]),
+        "failures": {mode: [r for r in rows if not r["ok"]] for mode, rows in out.items()},
+    }
+
+
+def tools(tier, cases) -> dict:
+    jobs = [(*tool_job(question, tool_set, required), i, MAX_TOKENS) for required in (True, False)
+            for i, (question, tool_set, _) in enumerate(cases)]  # fmt: skip
+    answers, _ = tier.run(jobs)
+    picked = {True: [], False: []}
+    for (required, (question, _, expected)), (text, _, _) in zip([(r, c) for r in (True, False) for c in cases], answers):
+        _, calls = ToolAnswer.read(LIST, required, text)
+        picked[required].append({"question": question, "expected": expected, "called": calls[0].name if calls else None,
+                                 "arguments": calls[0].arguments if calls else None, "text": None if calls else text})  # fmt: skip
+    return {
+        "tool_name_accuracy": sum(p["called"] == p["expected"] for p in picked[True]) / len(cases),
+        "tool_call_rate_auto": sum(p["called"] is not None for p in picked[False]) / len(cases),
+        "tool_name_accuracy_auto": sum(p["called"] == p["expected"] for p in picked[False]) / len(cases),
+        "required": picked[True],
+        "auto": picked[False],
+    }
+
+
+# The throughput runs' constraint: a list longer than max_tokens can hold (strings, numbers,
+# booleans, nested objects), so every constrained answer runs its full length under the mask, as
+# the free ones do with ignore_eos: the same tokens per request, and the cost per token compares.
+LONG_LIST = {"type": "object", "properties": {"items": {"type": "array", "minItems": 100, "items": {
+    "type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "count": {"type": "integer"},
+                                     "ok": {"type": "boolean"}}, "required": ["name", "count", "ok"], "additionalProperties": False}}},
+    "required": ["items"], "additionalProperties": False}  # fmt: skip
+
+
+def throughput(tier, cases, num_requests: int, concurrency: int, repetitions: int) -> dict:
+    """Constrained vs free output tokens/s on the same requests and lengths, alternating, `repetitions` each."""
+    chosen = [cases[i % len(cases)] for i in range(num_requests)]
+    constraint = StructuredOutput("json_schema", json.dumps(LONG_LIST))
+    runs: dict[str, list[float]] = {"constrained": [], "free": []}
+    for _ in range(repetitions):
+        for mode in ("constrained", "free"):
+            jobs = [(schema_prompt(f"List some items for: {request}", LONG_LIST), constraint if mode == "constrained" else None,
+                     i, THROUGHPUT_MAX_TOKENS) for i, (_, request, _) in enumerate(chosen)]  # fmt: skip
+            answers, seconds = tier.run(jobs, concurrency, ignore_eos=mode == "free")
+            assert all(n == THROUGHPUT_MAX_TOKENS for _, _, n in answers), "every answer runs its full length"
+            runs[mode].append(sum(n for _, _, n in answers) / seconds)
+    median = {mode: statistics.median(values) for mode, values in runs.items()}
+    return {
+        "output_tokens_per_s": runs,
+        "median": median,
+        "spread": {mode: (max(v) - min(v)) / statistics.median(v) for mode, v in runs.items()},
+        "ratio": median["constrained"] / median["free"],
+        "requests": num_requests, "concurrency": concurrency, "max_tokens": THROUGHPUT_MAX_TOKENS,
+    }  # fmt: skip
+
+
+def compile_times_ms(grammar) -> list[float]:
+    grammar.matcher(StructuredOutput("json_object"))  # the vocabulary's one-time preparation, not a compile
+    constraints = [StructuredOutput("json_schema", json.dumps(schema)) for _, _, schema in SCHEMA_CASES]
+    constraints += [LIST.grammar(tool_request(tool_set, required)) for tool_set in {id(t): t for _, t, _ in TOOL_CASES}.values()
+                    for required in (True, False)]  # fmt: skip
+    times = []
+    for constraint in constraints:
+        start = time.perf_counter()
+        grammar.matcher(constraint)
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a third of the cases, one repetition")
+    parser.add_argument("--json", default="bench/results/structured.json")
+    parser.add_argument("--skip-cloud", action="store_true", help="the local tier only")
+    args = parser.parse_args()
+    schema_cases = SCHEMA_CASES[::3] if args.quick else SCHEMA_CASES
+    tool_cases = TOOL_CASES[::3] if args.quick else TOOL_CASES
+    repetitions = 1 if args.quick else 3
+
+    report = report_header("structured")
+    local = LocalTier()
+    try:
+        compile_ms = compile_times_ms(local.grammar())
+        report["local"] = {**validity(local, schema_cases), **tools(local, tool_cases),
+                           "throughput_c8": throughput(local, schema_cases, 8 if args.quick else 24, 8, repetitions)}  # fmt: skip
+    finally:
+        local.close()
+    if not args.skip_cloud:
+        cloud = CloudTier()
+        report["machine"]["cloud_dtype"] = cloud.dtype
+        report["cloud"] = {**validity(cloud, schema_cases), **tools(cloud, tool_cases),
+                           "throughput_b32": throughput(cloud, schema_cases, 32, 32, repetitions)}  # fmt: skip
+    both = [report[tier] for tier in ("local", "cloud") if tier in report]
+    report.update({
+        "schema_validity_constrained": min(t["schema_validity_constrained"] for t in both),
+        "schema_validity_free": max(t["schema_validity_free"] for t in both),
+        "tool_name_accuracy": report["local"]["tool_name_accuracy"],
+        "tool_call_rate_auto_local": report["local"]["tool_call_rate_auto"],
+        "throughput_ratio_constrained_c8_local": report["local"]["throughput_c8"]["ratio"],
+        "throughput_ratio_constrained_b32_cloud": report["cloud"]["throughput_b32"]["ratio"] if "cloud" in report else None,
+        "grammar_compile_p50_ms": statistics.median(compile_ms),
+        "grammar_compile_max_ms": max(compile_ms),
+        "num_schema_cases": len(schema_cases), "num_tool_cases": len(tool_cases),
+    })  # fmt: skip
+    write_report(args.json, report, (
+        "schema_validity_constrained", "schema_validity_free", "tool_name_accuracy", "tool_call_rate_auto_local",
+        "throughput_ratio_constrained_c8_local", "throughput_ratio_constrained_b32_cloud", "grammar_compile_p50_ms",
+    ))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
