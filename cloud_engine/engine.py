@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 
+import numpy as np
 import torch
 
 from cloud_engine.block_manager import KVCacheManager
@@ -247,24 +249,41 @@ class CloudEngine:
                 continue
             draft = out.scheduled_spec_token_ids[rid]
             probs = self._draft_probs.pop(rid, None)
-            ids = verify_draft(own, draft, probs[: len(draft)] if probs is not None else None, request.params, generator)
+            verified = self._masked_by_grammar(request, own, draft) if request.matcher is not None else own
+            ids = verify_draft(verified, draft, probs[: len(draft)] if probs is not None else None, request.params, generator)
             num_accepted = len(ids) - 1
             self.spec_stats.record(len(draft), num_accepted)
             self.spec_policy.record(rid, len(draft), num_accepted)
             request.num_draft_tokens += len(draft)
             request.num_accepted_tokens += num_accepted
             ids = self._cut_at_token_stop(request, ids)
+            # The signals and logprobs stay the model's own: the raw rows, not the masked ones.
             signals = token_signals(own[: len(ids)], torch.tensor(ids, device=own.device), [request.params] * len(ids))
             results.append(signals)
         return results
 
     def _allowed(self, request: Request) -> torch.Tensor | None:
-        """A structured request's mask for its next token (it drafts nothing: spec_decode.policy)."""
+        """A structured request's mask for its next token."""
         if request.matcher is None:
             return None
         mask = self.grammar.allowed(request.matcher)
-        request.forced = self.grammar.forces(mask)  # for this step's event (one token a step: no drafts)
+        request.forced = [self.grammar.forces(mask)]  # for this step's event
         return torch.from_numpy(mask).to(self.device)
+
+    def _masked_by_grammar(self, request: Request, rows: torch.Tensor, draft: list[int]) -> torch.Tensor:
+        """The target's k + 1 rows of a structured request, each masked by the grammar's state
+        after the draft tokens before it (the matcher walks the draft, then rolls back: the
+        tokens actually emitted are consumed in _finish_tokens). The draft fits the grammar
+        (_propose cut it), so verification samples exactly the masked distribution."""
+        matcher, masks = request.matcher, []
+        for token in draft:
+            masks.append(self.grammar.allowed(matcher))
+            matcher.consume_token(token)
+        masks.append(self.grammar.allowed(matcher))
+        matcher.rollback(len(draft))
+        request.forced = [self.grammar.forces(mask) for mask in masks]
+        allowed = torch.from_numpy(np.stack(masks)).to(rows.device)
+        return rows.masked_fill(~allowed, -math.inf)
 
     def _cut_at_token_stop(self, request: Request, ids: list[int]) -> list[int]:
         """Tokens past an end-of-generation/stop token, max_tokens or max_model_len are never emitted."""
@@ -295,7 +314,7 @@ class CloudEngine:
                     self.scheduler.finish_request(request.request_id, status)
                     self._forget(request.request_id)
                 events.append(make_token_event(request, token, text, self.token_bytes, self.token_text, num_output_tokens=count,
-                                               forced=request.forced))  # fmt: skip
+                                               forced=index < len(request.forced) and request.forced[index]))  # fmt: skip
                 if status is not None:
                     break
         return events
@@ -312,6 +331,11 @@ class CloudEngine:
             if draft is None:
                 continue
             request.spec_token_ids, probs = list(draft[0]), draft[1]
+            if request.matcher is not None:  # only the prefix the grammar accepts can be verified
+                request.spec_token_ids = request.spec_token_ids[: request.matcher.validate_tokens(request.spec_token_ids)]
+                probs = probs[: len(request.spec_token_ids)] if probs is not None else None
+                if not request.spec_token_ids:
+                    continue
             if probs is not None:
                 self._draft_probs[request.request_id] = probs
 

@@ -38,7 +38,7 @@ class Request:
     num_draft_tokens: int = 0  # drafted tokens the target verified
     num_accepted_tokens: int = 0  # of those, accepted
     matcher: object | None = None  # llguidance.LLMatcher of a structured request (sdk.protocol.grammar)
-    forced: bool = False  # the grammar allowed one token at this step (TokenEvent.forced)
+    forced: list[bool] = field(default_factory=list)  # per token emitted this step: the grammar allowed that one only
 
     def __post_init__(self) -> None:
         self.text_stream = TextStream(self.params.stop)

@@ -42,8 +42,10 @@ class SpeculationPolicy:
             return {}
         plan = {}
         for request in decoding:
-            if request.params.changes_logits:
-                continue  # penalties, bias and masks would make the draft distribution inexact: no drafts
+            if request.params.uses_token_history or request.params.logit_bias:
+                continue  # penalties and bias would make the draft distribution inexact: no drafts
+            # A grammar mask does not: drafts are cut to the prefix the grammar accepts, and each
+            # verified row is masked by the grammar's state after the draft tokens before it.
             room = min(request.params.max_tokens - request.num_output_tokens - 1, self.max_model_len - request.num_tokens - 1)
             k = config.num_speculative_tokens
             if config.adaptive:

