@@ -65,7 +65,7 @@ class RecordingCallback:
 
     @property
     def text(self) -> str:
-        return "".join(e[1]["choices"][0]["delta"]["content"] for e in self.events if e[0] == "token")
+        return "".join(e[1]["choices"][0]["delta"].get("content", "") for e in self.events if e[0] == "token")
 
 
 def start(config: dict) -> dict:
@@ -164,6 +164,29 @@ def test_concurrent_streams_from_several_threads_each_get_their_own_answer(runti
         kind, done = callback.wait()
         assert kind == "done" and done["id"] == ids[i]
         assert callback.text == done["choices"][0]["message"]["content"] == expected[i]
+    wait_idle()
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}}}  # fmt: skip
+
+
+def test_tools_and_response_format_pass_through_the_json_api(runtime):
+    ask = [{"role": "user", "content": "What's the weather like in Paris?"}]
+    body = request(ask, model="local", max_tokens=60, tools=[WEATHER], tool_choice="required")
+    whole = json.loads(bridge.chat(body))
+    (call,) = whole["choices"][0]["message"]["tool_calls"]
+    assert whole["choices"][0]["finish_reason"] == "tool_calls" and call["function"]["name"] == "get_weather"
+    callback = RecordingCallback()
+    bridge.chat_stream(body, callback)
+    kind, done = callback.wait()
+    streamed = [e[1]["choices"][0]["delta"]["tool_calls"] for e in callback.events if e[0] == "token"]
+    assert kind == "done" and streamed and streamed[0][0]["function"] == call["function"]  # greedy: the same call
+    assert done["choices"][0]["message"]["tool_calls"][0]["function"] == call["function"]
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+    answer = json.loads(bridge.chat(request(ask, model="local", max_tokens=40,
+                                            response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})))  # fmt: skip
+    assert isinstance(json.loads(answer["choices"][0]["message"]["content"])["city"], str)
     wait_idle()
 
 
