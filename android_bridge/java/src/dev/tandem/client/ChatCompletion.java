@@ -1,6 +1,7 @@
 package dev.tandem.client;
 
 import java.util.Collections;
+import java.util.List;
 import java.util.Map;
 
 /**
@@ -12,6 +13,7 @@ public final class ChatCompletion {
     private final String id;
     private final String model;
     private final String content;
+    private final List<ToolCall> toolCalls;
     private final String finishReason;
     private final Usage usage;
     private final Routing routing;
@@ -23,6 +25,7 @@ public final class ChatCompletion {
         this.model = Json.getString(raw, "model");
         Map<String, Object> choice = Json.firstChoice(raw);
         this.content = Json.getString(Json.getMap(choice, "message"), "content");
+        this.toolCalls = ToolCall.listFromJson(Json.getMap(choice, "message"));
         this.finishReason = Json.getString(choice, "finish_reason");
         this.usage = Usage.fromJson(Json.getMap(raw, "usage"));
         this.routing = Routing.fromJson(Json.getMap(raw, "tandem"));
@@ -44,12 +47,17 @@ public final class ChatCompletion {
         return model;
     }
 
-    /** {@code choices[0].message.content}; null only if the server sent null. */
+    /** {@code choices[0].message.content}; null if the server sent null (an answer that is only tool calls). */
     public String getContent() {
         return content;
     }
 
-    /** {@code "stop"}, {@code "length"}, ...; null if the server sent none. */
+    /** The functions the model asked to call (finish reason {@code "tool_calls"}); empty when none. */
+    public List<ToolCall> getToolCalls() {
+        return toolCalls;
+    }
+
+    /** {@code "stop"}, {@code "length"}, {@code "tool_calls"}, ...; null if the server sent none. */
     public String getFinishReason() {
         return finishReason;
     }
@@ -71,6 +79,6 @@ public final class ChatCompletion {
     @Override
     public String toString() {
         return "ChatCompletion{id=" + id + ", model=" + model + ", finishReason=" + finishReason + ", usage=" + usage
-                + ", routing=" + routing + ", content=" + content + "}";
+                + ", routing=" + routing + ", content=" + content + ", toolCalls=" + toolCalls + "}";
     }
 }

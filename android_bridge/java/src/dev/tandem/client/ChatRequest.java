@@ -25,21 +25,57 @@ public final class ChatRequest {
     public static final class Message {
         private final String role;
         private final String content;
+        private final List<ToolCall> toolCalls;
+        private final String toolCallId;
 
         public Message(String role, String content) {
-            if (role == null || content == null) {
+            this(role, content, Collections.<ToolCall>emptyList(), null);
+            if (content == null) {
                 throw new IllegalArgumentException("a message needs a role and a content");
+            }
+        }
+
+        private Message(String role, String content, List<ToolCall> toolCalls, String toolCallId) {
+            if (role == null) {
+                throw new IllegalArgumentException("a message needs a role");
             }
             this.role = role;
             this.content = content;
+            this.toolCalls = Collections.unmodifiableList(new ArrayList<ToolCall>(toolCalls));
+            this.toolCallId = toolCallId;
+        }
+
+        /** An earlier assistant turn that asked for these calls (its {@link ChatCompletion#getToolCalls()}). */
+        public static Message assistantToolCalls(List<ToolCall> calls) {
+            if (calls == null || calls.isEmpty()) {
+                throw new IllegalArgumentException("an assistant tool-call turn needs at least one call");
+            }
+            return new Message("assistant", null, calls, null);
+        }
+
+        /** A call's result: role {@code "tool"}, with the call's id. */
+        public static Message toolResult(String toolCallId, String content) {
+            if (toolCallId == null || content == null) {
+                throw new IllegalArgumentException("a tool result needs the call's id and a content");
+            }
+            return new Message("tool", content, Collections.<ToolCall>emptyList(), toolCallId);
         }
 
         public String getRole() {
             return role;
         }
 
+        /** Null only for an assistant turn that is only tool calls. */
         public String getContent() {
             return content;
+        }
+
+        public List<ToolCall> getToolCalls() {
+            return toolCalls;
+        }
+
+        public String getToolCallId() {
+            return toolCallId;
         }
     }
 
@@ -130,6 +166,16 @@ public final class ChatRequest {
             Map<String, Object> one = new LinkedHashMap<String, Object>();
             one.put("role", m.getRole());
             one.put("content", m.getContent());
+            if (!m.getToolCalls().isEmpty()) {
+                List<Object> calls = new ArrayList<Object>();
+                for (ToolCall call : m.getToolCalls()) {
+                    calls.add(call.toJson());
+                }
+                one.put("tool_calls", calls);
+            }
+            if (m.getToolCallId() != null) {
+                one.put("tool_call_id", m.getToolCallId());
+            }
             wire.add(one);
         }
         body.put("messages", wire);
@@ -240,6 +286,33 @@ public final class ChatRequest {
         public Builder privateRequest(boolean privateRequest) {
             this.privateRequest = Boolean.valueOf(privateRequest);
             return this;
+        }
+
+        /**
+         * OpenAI's {@code tools}: each {@code {"type": "function", "function": {"name", "description",
+         * "parameters"}}} (parameters: a JSON Schema as nested Maps and Lists). The reply's
+         * {@link ChatCompletion#getToolCalls()} carries the calls the model asked for.
+         */
+        public Builder tools(List<Map<String, Object>> tools) {
+            return extra("tools", tools == null ? null : new ArrayList<Object>(tools));
+        }
+
+        /** {@code "none"}, {@code "auto"}, {@code "required"}, or a function's name (that function must be called). */
+        public Builder toolChoice(String choice) {
+            if (choice == null || "none".equals(choice) || "auto".equals(choice) || "required".equals(choice)) {
+                return extra("tool_choice", choice);
+            }
+            Map<String, Object> function = new LinkedHashMap<String, Object>();
+            function.put("name", choice);
+            Map<String, Object> named = new LinkedHashMap<String, Object>();
+            named.put("type", "function");
+            named.put("function", function);
+            return extra("tool_choice", named);
+        }
+
+        /** OpenAI's {@code response_format}, e.g. {@code {"type": "json_schema", "json_schema": {"name", "schema"}}}. */
+        public Builder responseFormat(Map<String, Object> format) {
+            return extra("response_format", format == null ? null : new LinkedHashMap<String, Object>(format));
         }
 
         /**

@@ -47,6 +47,7 @@ public final class TandemClientTest {
         run("sse: incremental parsing", TandemClientTest::sseParsing);
         run("errors: status and body map to typed exceptions", TandemClientTest::errorMapping);
         run("request: body fields", TandemClientTest::requestBody);
+        run("request: tools, tool_choice, response_format, tool turns", TandemClientTest::toolRequestBody);
         run("client: unreachable server", TandemClientTest::unreachable);
 
         if (args.length >= 2) {
@@ -61,6 +62,7 @@ public final class TandemClientTest {
             run("chat: unknown model -> NotFoundException", () -> unknownModel(client));
             run("auth: wrong key -> AuthenticationException", () -> wrongKey(baseUrl));
             run("auth: missing key -> AuthenticationException", () -> missingKey(baseUrl));
+            run("chat: tool calls, whole and streamed, and the result sent back", () -> toolCalls(client));
             run("stream: deltas add up to onComplete", () -> stream(client));
             run("stream: error status -> onError", () -> streamError(client));
             run("stream: cancel after the first delta", () -> cancelMidStream(client));
@@ -341,6 +343,74 @@ public final class TandemClientTest {
     }
 
     // ------------------------------------------------------------------------------ server checks
+
+    private static Map<String, Object> weatherTool() {
+        Map<String, Object> city = new LinkedHashMap<String, Object>();
+        city.put("type", "string");
+        city.put("maxLength", Long.valueOf(40));
+        Map<String, Object> parameters = new LinkedHashMap<String, Object>();
+        parameters.put("type", "object");
+        parameters.put("properties", Collections.<String, Object>singletonMap("city", city));
+        parameters.put("required", Collections.<Object>singletonList("city"));
+        Map<String, Object> function = new LinkedHashMap<String, Object>();
+        function.put("name", "get_weather");
+        function.put("description", "Get the current weather in a city");
+        function.put("parameters", parameters);
+        Map<String, Object> tool = new LinkedHashMap<String, Object>();
+        tool.put("type", "function");
+        tool.put("function", function);
+        return tool;
+    }
+
+    private static ChatRequest weatherRequest() {
+        return ChatRequest.builder().model("local").user("What's the weather like in Paris?").maxTokens(60).temperature(0)
+                .tools(Collections.singletonList(weatherTool())).toolChoice("get_weather").build();
+    }
+
+    private static void toolRequestBody() throws Exception {
+        ToolCall call = new ToolCall("call_1", "get_weather", "{\"city\": \"Paris\"}");
+        ChatRequest request = ChatRequest.builder().user("Weather?")
+                .messages(Arrays.asList(ChatRequest.Message.assistantToolCalls(Collections.singletonList(call)),
+                        ChatRequest.Message.toolResult("call_1", "sunny")))
+                .tools(Collections.singletonList(weatherTool())).toolChoice("get_weather")
+                .responseFormat(Collections.<String, Object>singletonMap("type", "json_object")).build();
+        Map<String, Object> body = Json.parseObject(request.toJson());
+        List<Object> messages = Json.getList(body, "messages");
+        @SuppressWarnings("unchecked")
+        Map<String, Object> assistant = (Map<String, Object>) messages.get(1);
+        @SuppressWarnings("unchecked")
+        Map<String, Object> result = (Map<String, Object>) messages.get(2);
+        check(assistant.containsKey("content") && assistant.get("content") == null, "a calls-only turn sends content null");
+        checkEquals(call.getArguments(), ToolCall.listFromJson(assistant).get(0).getArguments(), "arguments round trip");
+        checkEquals("tool", result.get("role"), "result role");
+        checkEquals("call_1", result.get("tool_call_id"), "result id");
+        checkEquals("get_weather", Json.getString(Json.getMap(Json.getMap(body, "tool_choice"), "function"), "name"), "named choice");
+        checkEquals("json_object", Json.getString(Json.getMap(body, "response_format"), "type"), "response_format");
+        checkEquals("required", Json.getString(Json.parseObject(ChatRequest.builder().user("x").toolChoice("required").build().toJson()),
+                "tool_choice"), "plain choice");
+    }
+
+    private static void toolCalls(TandemClient client) throws Exception {
+        ChatCompletion reply = client.chat(weatherRequest());
+        checkEquals("tool_calls", reply.getFinishReason(), "finish reason");
+        checkEquals(Integer.valueOf(1), Integer.valueOf(reply.getToolCalls().size()), "calls: " + reply);
+        ToolCall call = reply.getToolCalls().get(0);
+        check("get_weather".equals(call.getName()) && call.getArguments().contains("city") && call.getId().startsWith("call_"),
+                "call: " + call);
+        Recorder recorder = new Recorder();
+        StreamCall stream = client.stream(weatherRequest(), recorder);
+        check(stream.await(60000), "tool stream did not finish in 60 s");
+        ChatCompletion streamed = recorder.completion;
+        check(streamed != null && streamed.getToolCalls().size() == 1, "streamed calls: " + streamed);
+        checkEquals(call.getArguments(), streamed.getToolCalls().get(0).getArguments(), "greedy: the same arguments streamed");
+        checkEquals("tool_calls", streamed.getFinishReason(), "streamed finish reason");
+        ChatRequest next = ChatRequest.builder().model("local").user("What's the weather like in Paris?")
+                .messages(Arrays.asList(ChatRequest.Message.assistantToolCalls(reply.getToolCalls()),
+                        ChatRequest.Message.toolResult(call.getId(), "{\"sky\": \"sunny\", \"celsius\": 24}")))
+                .maxTokens(40).temperature(0).build();
+        ChatCompletion answer = client.chat(next);
+        check(answer.getToolCalls().isEmpty() && answer.getContent() != null && !answer.getContent().isEmpty(), "answer: " + answer);
+    }
 
     private static ChatRequest shortRequest() {
         return ChatRequest.builder().user("Say hello in five words.").maxTokens(16).temperature(0).build();
