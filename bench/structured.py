@@ -23,7 +23,7 @@ Sampling is each tier's default for the model (temperature 0.2, top_p 0.9) with 
   one-time preparation excluded), on the local tier's vocabulary.
 
 Keys: schema_validity_constrained (target 1.0), schema_validity_free, tool_name_accuracy (local,
-required), tool_call_rate_auto_local, throughput_ratio_constrained_c8_local (>= 0.90),
+required), tool_call_rate_auto_local, invalid_structure_rate_local, throughput_ratio_constrained_c8_local (>= 0.90),
 throughput_ratio_constrained_b32_cloud (>= 0.90), grammar_compile_p50_ms (<= 50); per-tier detail
 under "local" and "cloud", with every failing case's text.
 """
@@ -252,6 +252,9 @@ def main() -> None:
         "tool_call_rate_auto_local": report["local"]["tool_call_rate_auto"],
         "throughput_ratio_constrained_c8_local": report["local"]["throughput_c8"]["ratio"],
         "throughput_ratio_constrained_b32_cloud": report["cloud"]["throughput_b32"]["ratio"] if "cloud" in report else None,
+        # How often the cascade's invalid_structure escalation would fire on constrained local answers
+        # (cut off by max_tokens: the only way a constrained answer can fail to parse).
+        "invalid_structure_rate_local": report["local"]["length_cut_constrained"] / len(schema_cases),
         "grammar_compile_p50_ms": statistics.median(compile_ms),
         "grammar_compile_max_ms": max(compile_ms),
         "num_schema_cases": len(schema_cases), "num_tool_cases": len(tool_cases),
