@@ -191,10 +191,12 @@ def throughput(tier, cases, num_requests: int, concurrency: int, repetitions: in
     # isolated; without this, one cloud run measured 0.76x in its first repetition and 1.03x after).
     tier.run([([{"role": "user", "content": "Warm up."}], constraint if i % 2 else None, i, 16) for i in range(4)], concurrency)
     runs: dict[str, list[float]] = {"constrained": [], "free": []}
-    for _ in range(repetitions):
+    for repetition in range(repetitions):
         for mode in ("constrained", "free"):
-            jobs = [(schema_prompt(f"List some items for: {request}", LONG_LIST), constraint if mode == "constrained" else None,
-                     i, THROUGHPUT_MAX_TOKENS) for i, (_, request, _) in enumerate(chosen)]  # fmt: skip
+            # Prompts distinct per run from their first words: no run finds another's prompts in a prefix cache.
+            jobs = [(schema_prompt(f"Run {repetition} {mode}. List some items for: {request}", LONG_LIST),
+                     constraint if mode == "constrained" else None, i, THROUGHPUT_MAX_TOKENS)
+                    for i, (_, request, _) in enumerate(chosen)]  # fmt: skip
             answers, seconds = tier.run(jobs, concurrency, ignore_eos=mode == "free")
             assert all(n == THROUGHPUT_MAX_TOKENS for _, _, n in answers), "every answer runs its full length"
             runs[mode].append(sum(n for _, _, n in answers) / seconds)
