@@ -1,8 +1,9 @@
 """Starting and stopping the cloud tier's gRPC server (grpc.aio) around an engine.
 
 Besides tandem.v1.Tandem the server runs the standard grpc.health.v1 service (NOT_SERVING
-until the engine is ready, for "" and for "tandem.v1.Tandem") and server reflection, and,
-when API keys are configured, checks them on every call except health and reflection.
+until the engine is ready, for "" and for "tandem.v1.Tandem") and server reflection (unless
+turned off), and, when API keys are configured, checks them on every call except health and
+reflection. It listens on host:port, or on a unix domain socket.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class GrpcServerConfig:
     tls_key_path: str | None = None  # PEM private key
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # larger requests get RESOURCE_EXHAUSTED from gRPC
     max_concurrent_streams: int | None = None  # per HTTP/2 connection; None: gRPC's default
+    unix_socket_path: str | None = None  # listen on this unix domain socket instead of host:port
+    reflection: bool = True  # server reflection (grpcurl-style discovery); off for private listeners
 
     def __post_init__(self) -> None:
         self.api_keys = frozenset(self.api_keys)
@@ -58,6 +61,8 @@ class GrpcServerConfig:
 
     @property
     def address(self) -> str:
+        if self.unix_socket_path is not None:
+            return f"unix:{self.unix_socket_path}"
         host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
         return f"{host}:{self.port}"
 
@@ -93,8 +98,9 @@ async def start_grpc_server(engine: EngineProtocol, config: GrpcServerConfig) ->
     for name in HEALTH_SERVICES:  # the servicer starts out SERVING; nothing is served before the engine loads
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-    reflection.enable_server_reflection((SERVICE_NAME, health_name, reflection.SERVICE_NAME), server)
+    if config.reflection:
+        health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+        reflection.enable_server_reflection((SERVICE_NAME, health_name, reflection.SERVICE_NAME), server)
 
     try:
         port = server.add_secure_port(config.address, credentials) if credentials else server.add_insecure_port(config.address)
@@ -106,8 +112,9 @@ async def start_grpc_server(engine: EngineProtocol, config: GrpcServerConfig) ->
     readiness = asyncio.create_task(_track_readiness(engine, health_servicer), name="tandem-grpc-health")
     _running[server] = _Running(health_servicer, readiness, port)
     auth = f"{len(config.api_keys)} API key(s)" if config.api_keys else "no authentication"
-    logger.info("gRPC server on %s:%d (%s, %s)", config.host, port, "TLS" if credentials else "plaintext", auth)
-    if config.api_keys and not credentials and not is_loopback(config.host):
+    where = config.address if config.unix_socket_path is not None else f"{config.host}:{port}"
+    logger.info("gRPC server on %s (%s, %s)", where, "TLS" if credentials else "plaintext", auth)
+    if config.api_keys and not credentials and config.unix_socket_path is None and not is_loopback(config.host):
         logger.warning("API keys are checked but travel in plaintext: configure TLS for a non-loopback host")
     return server
 

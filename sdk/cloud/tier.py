@@ -1,7 +1,8 @@
 """The cloud tier `tandem serve` routes to, built from the [cloud] settings:
 
-- "embedded": the PyTorch cloud engine started in this process, behind its gRPC service on
-  a loopback port only this process knows (the cascade reaches it like a remote one);
+- "embedded": the PyTorch cloud engine started in this process, behind its gRPC service on a
+  listener only this process can use (serve_embedded: a per-process key, a unix socket in a
+  0700 directory, no reflection); the cascade reaches it like a remote one;
 - "grpc://HOST:PORT" / "grpcs://...": a `tandem cloud serve` elsewhere (sdk.cloud.grpc_client);
 - "http(s)://.../v1": any OpenAI-compatible server (sdk.cloud.openai_client);
 - "none": a device-only deployment; escalations answer locally, marked degraded.
@@ -10,6 +11,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import shutil
+import socket
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +29,7 @@ class CloudTier:
     grpc_server: Any = None  # the embedded engine's gRPC server
     description: str = "none"
     pending: bool = False  # an embedded tier not started yet (tandem serve starts it behind the local tier)
+    socket_folder: str | None = None  # the embedded listener's 0700 directory (removed on close)
 
     @property
     def is_ready(self) -> bool:
@@ -33,7 +40,7 @@ class CloudTier:
     def take(self, other: CloudTier) -> None:
         """Become `other`, a tier started later (its client, engine and server are ours to close)."""
         self.client, self.engine, self.grpc_server, self.description = other.client, other.engine, other.grpc_server, other.description
-        self.pending = False
+        self.socket_folder, self.pending = other.socket_folder, False
 
     async def close(self) -> None:
         """Stop in dependency order: the client, then the server it talks to, then the engine."""
@@ -45,6 +52,8 @@ class CloudTier:
             await stop_grpc_server(self.grpc_server, grace_s=2.0)
         if self.engine is not None:
             self.engine.shutdown()
+        if self.socket_folder is not None:
+            shutil.rmtree(self.socket_folder, ignore_errors=True)
 
 
 async def start_cloud_tier(settings) -> CloudTier:
@@ -67,16 +76,34 @@ async def start_cloud_tier(settings) -> CloudTier:
 
 async def _start_embedded(settings) -> CloudTier:
     from cloud_engine.async_engine import AsyncCloudEngine
-    from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server
-    from sdk.cloud.grpc_client import CloudClient
 
     engine = AsyncCloudEngine(settings.cloud_engine_config()).start()  # loads on its own thread
     try:
-        # Loopback, any free port, no keys: nothing outside this process is told the port.
-        server = await start_grpc_server(engine, GrpcServerConfig(host="127.0.0.1", port=0))
+        return await serve_embedded(engine)
     except BaseException:
         engine.shutdown()
         raise
-    target = f"127.0.0.1:{bound_port(server)}"
-    logger.info("embedded cloud engine: gRPC on %s (loopback only)", target)
-    return CloudTier(CloudClient(target), engine=engine, grpc_server=server, description=f"embedded ({target})")
+
+
+async def serve_embedded(engine, use_unix_socket: bool = hasattr(socket, "AF_UNIX")) -> CloudTier:
+    """The embedded engine behind a gRPC listener only this process can use: a random key that
+    lives in this process's memory only (every call but health needs it), no reflection, and a
+    unix domain socket in a fresh 0700 directory (loopback TCP where the platform has none). Any
+    other process on the host is refused, whatever port or path it finds."""
+    from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server
+    from sdk.cloud.grpc_client import CloudClient
+
+    key = secrets.token_urlsafe(32)
+    folder = tempfile.mkdtemp(prefix="tandem-cloud-") if use_unix_socket else None  # mkdtemp: mode 0700
+    try:
+        config = GrpcServerConfig(host="127.0.0.1", port=0, api_keys=frozenset({key}), reflection=False,
+                                  unix_socket_path=os.path.join(folder, "grpc.sock") if folder else None)  # fmt: skip
+        server = await start_grpc_server(engine, config)
+    except BaseException:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    target = config.address if folder else f"127.0.0.1:{bound_port(server)}"
+    logger.info("embedded cloud engine: gRPC on %s (this process only: a per-process key, no reflection)", target)
+    return CloudTier(CloudClient(target, api_key=key), engine=engine, grpc_server=server, description=f"embedded ({target})",
+                     socket_folder=folder)  # fmt: skip

@@ -25,6 +25,38 @@ from sdk.protocol.engine import InvalidRequestError, StructuredOutput
 JSON_FORMAT = {"whitespace_flexible": False, "whitespace_pattern": r"[ \n]{0,16}"}
 
 
+_OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+
+
+def closed_objects(schema):
+    """The schema with every object that lists `properties` and says nothing about others closed
+    (`additionalProperties: false`), as vLLM's default grammar backend (xgrammar's strict mode)
+    and OpenAI's strict schemas do. JSON Schema's own default is open, and a small model fills an
+    open object with keys of its own (SmolLM2 added `"required": [...]` to a pydantic model's
+    answer until max_tokens). A schema that sets any of additionalProperties, patternProperties or
+    unevaluatedProperties keeps its choice; allOf branches, and objects that combine their
+    properties with allOf or $ref, are left open (closing either part would refuse the other's keys)."""
+    if isinstance(schema, list):
+        return [closed_objects(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(sub) for sub in out[key]]
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = closed_objects(out[key])
+    if isinstance(out.get("properties"), dict) and not any(k in out for k in (*_OPEN_KEYWORDS, "allOf", "$ref")):
+        out["additionalProperties"] = False
+    return out
+
+
 class _Vocabulary:
     """What llguidance.TokenizerWrapper reads: token bytes, special ids, and a tokenizer."""
 
@@ -65,7 +97,7 @@ class GrammarMasks:
             if structured.kind == "lark":
                 grammar = llguidance.LLMatcher.grammar_from_lark(structured.grammar)
             else:
-                schema = json.loads(structured.schema) if structured.schema is not None else {"type": "object"}
+                schema = closed_objects(json.loads(structured.schema)) if structured.schema is not None else {"type": "object"}
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORMAT)
             matcher = llguidance.LLMatcher(self._tokenizer, grammar)
             error = matcher.get_error() if matcher.is_error() else None

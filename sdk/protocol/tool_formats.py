@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdk.protocol.engine import StructuredOutput
+from sdk.protocol.grammar import closed_objects
 
 # Whitespace inside a call's JSON, as for response_format (sdk.protocol.grammar.JSON_FORMAT).
 _JSON_OPTIONS = {"whitespace_flexible": False, "whitespace_pattern": r"[ \n]{0,16}"}
@@ -121,11 +122,9 @@ class ToolFormat:
 
     @staticmethod
     def call_schema(function: ToolFunction, arguments_key: str = "arguments") -> dict:
-        parameters = function.parameters if function.parameters is not None else {"type": "object"}
-        if "properties" in parameters and "additionalProperties" not in parameters:
-            # Arguments the function does not declare are a small model's inventions (SmolLM2
-            # added "temperature" to get_weather(city)): closed unless the schema opens it.
-            parameters = {**parameters, "additionalProperties": False}
+        # Arguments the function does not declare are a small model's inventions (SmolLM2 added
+        # "temperature" to get_weather(city)): objects are closed unless the schema opens them.
+        parameters = closed_objects(function.parameters) if function.parameters is not None else {"type": "object"}
         return {"type": "object", "properties": {"name": {"const": function.name}, arguments_key: parameters},
                 "required": ["name", arguments_key], "additionalProperties": False}  # fmt: skip
 

@@ -111,3 +111,19 @@ def test_a_tool_loop_renders_into_plain_messages_for_the_template():
     # Llama 3 results are the template's own tool turn; with no tools offered, no tools text is added.
     plain = render_tool_messages(history[1:], None, LLAMA3)
     assert plain[0] == history[1] and plain[2] == {"role": "tool", "content": '{"sky": "clear"}'}
+
+
+def test_objects_are_closed_unless_the_schema_says_otherwise():
+    """As vLLM's default backend does: a pydantic model's schema (no additionalProperties) takes no
+    keys of the model's own invention; a schema that opens an object keeps it open."""
+    from sdk.protocol.engine import StructuredOutput
+
+    pydantic_like = {"type": "object", "properties": {"name": {"type": "string"}, "pet": {"type": "object", "properties": {"kind": {"type": "string"}}}}}
+    closed = StructuredOutput("json_schema", json.dumps(pydantic_like))
+    assert accepts(closed, '{"name": "Ann", "pet": {"kind": "cat"}}')
+    assert not accepts(closed, '{"name": "Ann", "required": ["name"]}')
+    assert not accepts(closed, '{"name": "Ann", "pet": {"kind": "cat", "age": 3}}')
+    opened = StructuredOutput("json_schema", json.dumps({**pydantic_like, "additionalProperties": True}))
+    assert accepts(opened, '{"name": "Ann", "required": ["name"]}')
+    combined = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "integer"}}}]}
+    assert accepts(StructuredOutput("json_schema", json.dumps(combined)), '{"a": 1, "b": 2}')  # allOf stays satisfiable

@@ -216,7 +216,7 @@ class _SamplingFields(_TopLevel):
         """logit_bias with its keys as token ids (JSON object keys are strings)."""
         bias = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.strip().isdigit():
+            if not re.fullmatch(r"\s*[0-9]+\s*", key):  # str.isdigit() takes "²", which int() refuses
                 raise InvalidRequestError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}", "logit_bias")
             bias[int(key)] = value
         return bias
