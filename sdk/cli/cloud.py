@@ -46,8 +46,8 @@ def serve(
     max_concurrent_per_key: Optional[int] = typer.Option(None, envvar=_env("MAX_CONCURRENT_PER_KEY"), min=1, help="HTTP requests in flight at once per key (per client address without keys); default: no limit."),
     strict_fields: bool = typer.Option(False, "--strict-fields/--no-strict-fields", envvar=_env("STRICT_FIELDS"), help="Refuse HTTP request fields tandem does not know (400) instead of ignoring them with a warning."),
     max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, envvar=_env("MAX_BODY_BYTES"), min=1024, help="Largest HTTP request body, bytes; larger is 413 (gRPC has its own 4 MiB message limit)."),
-    tls_cert: Optional[str] = typer.Option(None, envvar=_env("TLS_CERT"), help="PEM certificate chain for gRPC TLS."),
-    tls_key: Optional[str] = typer.Option(None, envvar=_env("TLS_KEY"), help="PEM private key for gRPC TLS."),
+    tls_cert: Optional[str] = typer.Option(None, envvar=_env("TLS_CERT"), help="PEM certificate chain: TLS on both the gRPC and the HTTP port."),
+    tls_key: Optional[str] = typer.Option(None, envvar=_env("TLS_KEY"), help="PEM private key for --tls-cert."),
     log_level: LogLevel = typer.Option(LogLevel.info, envvar=_env("LOG_LEVEL"), case_sensitive=False, help="Log level."),
 ) -> None:
     """Serve the cloud engine: gRPC (default :50051) and the OpenAI HTTP API (default :8000)."""
@@ -58,6 +58,7 @@ def serve(
     from cloud_engine.config import CloudEngineConfig
     from cloud_engine.grpc.server import GrpcServerConfig
     from cloud_engine.spec_decode.config import parse_speculative
+    from sdk.openai_server.serve_loop import check_tls_files
     from sdk.protocol.api_keys import ApiKeyConfigError, load_api_keys
     from sdk.settings.fields import SettingsError
 
@@ -71,6 +72,7 @@ def serve(
                                           sampling=_sampling_defaults(sampling),
                                           **{k: v for k, v in overrides.items() if v is not None})
         grpc_config = GrpcServerConfig(host=host, port=grpc_port, api_keys=api_keys, tls_cert_path=tls_cert, tls_key_path=tls_key)
+        check_tls_files(tls_cert, tls_key)
     except (ValueError, ApiKeyConfigError, SettingsError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
@@ -101,17 +103,15 @@ async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, limit
     import asyncio
     import logging
 
-    import uvicorn
-
     from cloud_engine.grpc.server import start_grpc_server, stop_grpc_server
     from sdk.openai_server import create_app
-    from sdk.openai_server.serve_loop import HttpServer, stop_on_signals, watch_loading
+    from sdk.openai_server.serve_loop import HttpServer, http_config, stop_on_signals, watch_loading
 
     logger = logging.getLogger("tandem.cloud.serve")
 
     app = create_app(engine, served_model_names=[model_name] if model_name else None, api_keys=api_keys,
                      bind_host=host, **limits)
-    http = HttpServer(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
+    http = HttpServer(http_config(app, host, port, log_level, api_keys, grpc_config.tls_cert_path, grpc_config.tls_key_path))
     try:
         grpc_server = await start_grpc_server(engine, grpc_config)
     except OSError as exc:

@@ -35,6 +35,8 @@ def serve(
     max_concurrent_per_key: Optional[int] = typer.Option(None, min=1, help="Requests in flight at once per key (per client address without keys); default: no limit. [env: TANDEM_MAX_CONCURRENT_PER_KEY]"),
     strict_fields: Optional[bool] = typer.Option(None, "--strict-fields/--no-strict-fields", help="Refuse request fields tandem does not know (400) instead of ignoring them with a warning. [env: TANDEM_STRICT_FIELDS]"),
     max_body_bytes: Optional[int] = typer.Option(None, min=1024, help="Largest request body, bytes; larger is 413 (4 MiB). [env: TANDEM_MAX_BODY_BYTES]"),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="PEM certificate chain: serve HTTPS (with --tls-key). [env: TANDEM_TLS_CERT]"),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="PEM private key for --tls-cert. [env: TANDEM_TLS_KEY]"),
     kv_cache_tokens: Optional[int] = typer.Option(None, min=1, help="Local KV cells shared by all sequences (8192). [env: TANDEM_KV_CACHE_TOKENS]"),
     max_num_seqs: Optional[int] = typer.Option(None, min=1, help="Local sequences decoded together (16). [env: TANDEM_MAX_NUM_SEQS]"),
     max_num_batched_tokens: Optional[int] = typer.Option(None, min=1, help="Local token budget of one step (512). [env: TANDEM_MAX_NUM_BATCHED_TOKENS]"),
@@ -48,6 +50,7 @@ def serve(
     log_level: Optional[LogLevel] = typer.Option(None, case_sensitive=False, help="Log level (info). [env: TANDEM_LOG_LEVEL]"),
 ) -> None:
     """Serve the cascade over the OpenAI-compatible HTTP API: models auto, local, cloud."""
+    from sdk.openai_server.serve_loop import check_tls_files
     from sdk.protocol.api_keys import ApiKeyConfigError, load_api_keys
     from sdk.protocol.model_files import ModelNotFoundError, resolve_model_path
     from sdk.settings import SettingsError, load_settings
@@ -55,7 +58,7 @@ def serve(
     flags = {
         "server.host": host, "server.port": port, "server.api_key_file": api_key_file, "server.rate_limit": rate_limit,
         "server.max_concurrent_per_key": max_concurrent_per_key, "server.max_body_bytes": max_body_bytes,
-        "server.strict_fields": strict_fields,
+        "server.strict_fields": strict_fields, "server.tls_cert": tls_cert, "server.tls_key": tls_key,
         "server.log_level": log_level.value if log_level else None,
         "local.model": model, "local.model_name": model_name, "local.kv_cache_tokens": kv_cache_tokens,
         "local.max_num_seqs": max_num_seqs, "local.max_num_batched_tokens": max_num_batched_tokens,
@@ -67,7 +70,8 @@ def serve(
         settings = load_settings(config, cli=flags)
         resolve_model_path(settings.get("local.model"))  # load_settings checked the values, not the file
         api_keys = load_api_keys(settings.get("server.api_key_file"))
-    except (SettingsError, ModelNotFoundError, ApiKeyConfigError) as exc:
+        check_tls_files(settings.get("server.tls_cert"), settings.get("server.tls_key"))
+    except (SettingsError, ModelNotFoundError, ApiKeyConfigError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     level = settings.get("server.log_level")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -92,12 +96,10 @@ def run_serve(settings, api_keys: frozenset[str]) -> str | None:
 
 
 async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> str | None:
-    import uvicorn
-
     from sdk.cascade.runner import CascadeRunner
     from sdk.cloud.tier import CloudTier, start_cloud_tier
     from sdk.openai_server import attach_cloud_engine, create_app
-    from sdk.openai_server.serve_loop import HttpServer, stop_on_signals, watch_loading
+    from sdk.openai_server.serve_loop import HttpServer, http_config, stop_on_signals, watch_loading
 
     host, port, log_level = settings.get("server.host"), settings.get("server.port"), settings.get("server.log_level")
     embedded = settings.cloud_target().kind == "embedded"
@@ -116,7 +118,7 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
         max_concurrent_per_key=settings.get("server.max_concurrent_per_key"), max_body_bytes=settings.get("server.max_body_bytes"),
         bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready, strict_fields=settings.get("server.strict_fields"),
     )  # fmt: skip
-    http = HttpServer(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
+    http = HttpServer(http_config(app, host, port, log_level, api_keys, settings.get("server.tls_cert"), settings.get("server.tls_key")))
     stop_on_signals(http)
     failures: list[str] = []
 

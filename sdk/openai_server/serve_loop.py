@@ -6,10 +6,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 
 import uvicorn
+
+
+logger = logging.getLogger("tandem.serve")
+
+
+def check_tls_files(tls_cert: str | None, tls_key: str | None) -> None:
+    """ValueError unless both PEM paths are given and readable, or neither (plaintext)."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("TLS needs both --tls-cert and --tls-key (or neither, for plaintext)")
+    for what, path in (("certificate", tls_cert), ("private key", tls_key)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise ValueError(f"cannot read the TLS {what} {path!r}")
+
+
+def http_config(app, host: str, port: int, log_level: str, api_keys, tls_cert: str | None = None,
+                tls_key: str | None = None) -> uvicorn.Config:  # fmt: skip
+    """uvicorn's config for an HTTP listener: TLS when both PEM files are given (ValueError for one
+    alone or an unreadable one), and a warning when API keys would travel in plaintext beyond
+    loopback (a key sent over plain HTTP can be read by anyone on the path)."""
+    from sdk.protocol.api_keys import is_loopback
+
+    check_tls_files(tls_cert, tls_key)
+    if api_keys and tls_cert is None and not is_loopback(host):
+        logger.warning("API keys are checked on %s but travel in plaintext HTTP: configure --tls-cert and --tls-key "
+                       "(or terminate TLS in front of this server)", host)  # fmt: skip
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+                          ssl_certfile=tls_cert, ssl_keyfile=tls_key)  # fmt: skip
 
 
 class HttpServer(uvicorn.Server):

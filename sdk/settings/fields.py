@@ -175,6 +175,8 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     SettingField("server", "max_concurrent_per_key", int, None, "TANDEM_MAX_CONCURRENT_PER_KEY", "Requests (streams included) in flight at once per key (per client address without keys); one more is 429.", unset="no limit", check=_at_least(1)),
     SettingField("server", "strict_fields", bool, False, "TANDEM_STRICT_FIELDS", "Refuse request fields neither OpenAI nor a known extension defines (400) instead of ignoring them with a warning."),
     SettingField("server", "max_body_bytes", int, 4 * 1024 * 1024, "TANDEM_MAX_BODY_BYTES", "Largest HTTP request body; a larger one is 413 before it is read.", check=_at_least(1024)),
+    SettingField("server", "tls_cert", str, None, "TANDEM_TLS_CERT", "PEM certificate chain: the HTTP endpoint serves HTTPS (with tls_key).", unset="plaintext HTTP"),
+    SettingField("server", "tls_key", str, None, "TANDEM_TLS_KEY", "PEM private key for tls_cert.", unset="plaintext HTTP"),
     SettingField("local", "model", str, None, "TANDEM_MODEL", "GGUF file of the on-device model.", unset="the embedded SmolLM2-135M-Instruct", target="model_path"),
     SettingField("local", "model_name", str, None, "TANDEM_MODEL_NAME", "The id clients send as `model`.", unset="derived from the model file", target="model_name"),
     SettingField("local", "kv_cache_tokens", int, None, "TANDEM_KV_CACHE_TOKENS", "KV cells shared by all sequences.", _ENGINE_DEFAULT, _at_least(1), "kv_cache_tokens"),
