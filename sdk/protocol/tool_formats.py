@@ -24,10 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdk.protocol.engine import StructuredOutput
-from sdk.protocol.grammar import closed_objects
-
-# Whitespace inside a call's JSON, as for response_format (sdk.protocol.grammar.JSON_FORMAT).
-_JSON_OPTIONS = {"whitespace_flexible": False, "whitespace_pattern": r"[ \n]{0,16}"}
+from sdk.protocol.grammar import JSON_FORMAT, closed_objects
 
 
 @dataclass(frozen=True)
@@ -103,8 +100,8 @@ class ToolFormat:
         if request.required:
             return StructuredOutput("lark", grammar=f"start: {calls}\n{self.extra_rules(request)}")
         if text is not None:
-            schema = json.loads(text.schema) if text.schema is not None else {"type": "object"}
-            answer = f"%json{json.dumps({'x-guidance': _JSON_OPTIONS, **schema})}"
+            schema = closed_objects(json.loads(text.schema)) if text.schema is not None else {"type": "object"}
+            answer = f"%json{json.dumps({'x-guidance': JSON_FORMAT, **schema})}"
         else:  # any text that cannot be mistaken for a call
             answer = f"/[^{self.opener[0]}][\\s\\S]*/"
         return StructuredOutput("lark", grammar=f"start: answer | calls\nanswer: {answer}\ncalls: {calls}\n{self.extra_rules(request)}")
@@ -129,7 +126,7 @@ class ToolFormat:
                 "required": ["name", arguments_key], "additionalProperties": False}  # fmt: skip
 
     def one_call_schema(self, request: ToolRequest, arguments_key: str = "arguments") -> dict:
-        return {"x-guidance": _JSON_OPTIONS, "anyOf": [self.call_schema(f, arguments_key) for f in request.functions]}
+        return {"x-guidance": JSON_FORMAT, "anyOf": [self.call_schema(f, arguments_key) for f in request.functions]}
 
 
 def _load(text: str) -> Any:
@@ -157,7 +154,7 @@ class ListFormat(ToolFormat):
         return f"{self.opener}[\n{items}\n]{self.closer}"
 
     def calls_rule(self, request: ToolRequest) -> str:
-        schema = {"x-guidance": _JSON_OPTIONS, "type": "array", "minItems": 1,
+        schema = {"x-guidance": JSON_FORMAT, "type": "array", "minItems": 1,
                   "items": {"anyOf": [self.call_schema(f) for f in request.functions]}}  # fmt: skip
         if not request.parallel:
             schema["maxItems"] = 1
