@@ -20,6 +20,7 @@ The system prompt wording is tandem's own; the markers are each family's.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,7 @@ class ParsedCall:
     arguments: str  # JSON text, as OpenAI's function.arguments
 
 
-class ToolFormat:
+class ToolFormat(ABC):
     """One family's text format (subclasses); `opener` starts every answer that is a call."""
 
     name = ""
@@ -80,12 +81,14 @@ class ToolFormat:
                 f"Your output must follow this format exactly, with no other text:\n{self.example()}")  # fmt: skip
         return text if request.required else text + "\nIf no function fits the question, answer it in plain text instead."
 
+    @abstractmethod
     def example(self) -> str:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def calls_text(self, calls: list[ParsedCall]) -> str:
         """An earlier assistant turn's calls, as the model would have written them."""
-        raise NotImplementedError
+        ...
 
     def result_message(self, content: str) -> dict:
         """A tool's result as a message the chat template can render."""
@@ -106,16 +109,18 @@ class ToolFormat:
             answer = f"/[^{self.opener[0]}][\\s\\S]*/"
         return StructuredOutput("lark", grammar=f"start: answer | calls\nanswer: {answer}\ncalls: {calls}\n{self.extra_rules(request)}")
 
+    @abstractmethod
     def calls_rule(self, request: ToolRequest) -> str:
-        raise NotImplementedError
+        ...
 
     def extra_rules(self, request: ToolRequest) -> str:
         """Named rules calls_rule refers to (one line each)."""
         return ""
 
+    @abstractmethod
     def parse(self, text: str) -> list[ParsedCall] | None:
         """The calls in a whole answer, or None when it is not (or not entirely) calls."""
-        raise NotImplementedError
+        ...
 
     @staticmethod
     def call_schema(function: ToolFunction, arguments_key: str = "arguments") -> dict:

@@ -16,7 +16,7 @@ import pytest
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
-from tests.conftest import REPO_ROOT, _log_tail, clean_env, free_port
+from tests.conftest import REPO_ROOT, _log_tail, clean_env, free_port, stop_process as stop
 
 pytestmark = pytest.mark.slow
 KEY = "sk-tls-test"
@@ -55,15 +55,6 @@ def start(args: list[str], log_path, base_url: str, verify) -> subprocess.Popen:
             process.kill()
             pytest.fail(f"not healthy at {base_url}:\n{_log_tail(log_path)}")
         time.sleep(0.2)
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 async def test_cloud_serve_encrypts_its_http_and_grpc_ports(cert, tiny_dir, tmp_path):  # noqa: F811
