@@ -88,7 +88,7 @@ async def routed_completion(
 ) -> TandemChatCompletion:  # fmt: skip
     """The whole answer as one chat.completion with the `tandem` field."""
     events = runner.generate(chat.messages, chat.params, model=model, private=private, request_id=response_id,
-                             tool_choice=chat.tool_choice)  # fmt: skip
+                             tool_choice=chat.tool_choice, streamed=False)  # fmt: skip
     result = await collect(events)
     content, calls = chat.answers.read(result.text)
     return TandemChatCompletion(

@@ -48,8 +48,11 @@ class CascadeRequest:
     """The state of one request; `run()` streams its CascadeEvents."""
 
     def __init__(self, runner, messages: list, params: SamplingParams, mode: RoutingMode, threshold: float,
-                 private: bool, request_id: str, tool_choice: str | None = None):  # fmt: skip
+                 private: bool, request_id: str, tool_choice: str | None = None, streamed: bool = True):  # fmt: skip
         self.runner, self.config, self.params, self.request_id = runner, runner.config, params, request_id
+        # A streamed answer commits local after a hold window so its client sees tokens early; a
+        # non-streamed one is held until decided (its client waits for the end either way).
+        self.hold_window = self.config.stream_hold_window() if streamed else None
         self.messages = [message_as_dict(message) for message in messages]
         self.verdict = runner.privacy_rules.check_messages(self.messages, private=private)
         # With redaction allowed, matching rules no longer keep the request local; the flag still does.
@@ -102,7 +105,8 @@ class CascadeRequest:
         yield CascadeEvent("", None, self.answered_by.value, self.finish_reason, self._routing_info(), self.stop_reason)
 
     async def _local_first(self, pre: RoutingDecision | None) -> AsyncIterator[CascadeEvent]:
-        buffer = HoldBackBuffer(self.config.handoff, self.config.hold_tokens)
+        continuing = self.config.handoff == HandoffMode.CONTINUE.value
+        buffer = HoldBackBuffer(self.config.handoff, None if continuing else self.hold_window)
         if pre is not None or self.threshold == 0.0:
             self._settle_local(buffer)  # nothing can escalate: stream the local tokens as they come
         observing, escalation = True, None

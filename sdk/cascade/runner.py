@@ -99,18 +99,22 @@ class CascadeRunner:
         private: bool = False,
         request_id: str | None = None,
         tool_choice: str | None = None,
+        streamed: bool = True,
     ) -> AsyncIterator[CascadeEvent]:
         """Stream the answer (module docstring). Raises InvalidRequestError (400) for a bad
-        model name or a request the cloud calls invalid; cloud outages never raise."""
+        model name or a request the cloud calls invalid; cloud outages never raise.
+        `streamed=False` (a caller that only wants the whole answer) holds every local token
+        until the router has decided, instead of committing after CascadeConfig.hold_tokens."""
         mode, threshold = parse_model_choice(model)  # ModelChoiceError is an InvalidRequestError (400)
         if threshold is None:
             threshold = self.config.default_threshold
         request = CascadeRequest(
-            self, list(messages), params, mode, threshold, private, request_id or f"cascade-{uuid.uuid4().hex}", tool_choice
+            self, list(messages), params, mode, threshold, private, request_id or f"cascade-{uuid.uuid4().hex}", tool_choice,
+            streamed,
         )
         async for event in request.run():
             yield event
 
     async def complete(self, messages: Sequence, params: SamplingParams, **kwargs) -> CascadeResult:
         """The whole answer at once (see generate for the arguments)."""
-        return await collect(self.generate(messages, params, **kwargs))
+        return await collect(self.generate(messages, params, streamed=False, **kwargs))

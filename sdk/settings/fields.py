@@ -207,7 +207,7 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     _cascade("score_kind", str, "TANDEM_CASCADE_SCORE_KIND", "Confidence feature compared with the threshold."),
     _cascade("decide_at", str, "TANDEM_CASCADE_DECIDE_AT", "When the threshold is checked.", check=_one_of(*(d.value for d in DecideAt))),
     _cascade("handoff", str, "TANDEM_CASCADE_HANDOFF", "restart (cloud answers anew) or continue (after the local prefix; gRPC clouds only).", check=_one_of(*(m.value for m in HandoffMode))),
-    _cascade("hold_tokens", int, "TANDEM_CASCADE_HOLD_TOKENS", "Restart mode: tokens held back before committing local.", unset="held until decided"),
+    _cascade("hold_tokens", int, "TANDEM_CASCADE_HOLD_TOKENS", "Streamed answers, restart mode: local tokens held back before committing local (0: until decided).", unset="16 (at least min_tokens_k)"),
     _cascade("redact_before_escalation", bool, "TANDEM_CASCADE_REDACT_BEFORE_ESCALATION", "Escalate privacy-matching requests redacted instead of keeping them local."),
     _cascade("cloud_first_token_timeout_s", float, "TANDEM_CASCADE_CLOUD_FIRST_TOKEN_TIMEOUT_S", "Longest wait for the cloud's first token, seconds; then the answer is local (degraded: cloud_first_token_timeout).", check=_at_least(0, inclusive=False)),
     _cascade("cloud_stall_timeout_s", float, "TANDEM_CASCADE_CLOUD_STALL_TIMEOUT_S", "Longest gap between two cloud tokens, seconds; then the local model finishes (cloud_stall_timeout).", check=_at_least(0, inclusive=False)),

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
-from sdk.cascade.runner import CascadeConfig, CascadeRunner
+from sdk.cascade.runner import CascadeConfig, CascadeRunner, collect
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.engine import InvalidRequestError, SamplingParams
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, serve  # noqa: F401  (fixtures)
@@ -104,17 +104,32 @@ async def test_request_the_cloud_calls_invalid_is_the_callers_error(make_runner)
     assert runner.breaker.num_consecutive_failures == 0 and runner.breaker.state.value == "closed"
 
 
-async def test_hold_window_commits_local_before_a_late_escalation(make_runner, recording, local_engine):  # noqa: F811
+async def test_hold_window_commits_a_streamed_answer_before_a_late_escalation(make_runner, recording, local_engine):  # noqa: F811
     k = 4
     scores = await reference_scores(local_engine)
     threshold = between_threshold(scores, k)
     late = next((n for n in range(k + 1, len(scores) + 1) if scores[n - 1] < threshold), None)
     assert late is not None, f"this greedy answer never dips after token {k}: {scores}"
     held = await make_runner(min_tokens_k=k, hold_tokens=k)
-    result = await held.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")
+    result = await collect(held.generate(QUESTION, GREEDY, model=f"auto:{threshold!r}"))  # streamed
     # The window released the local tokens at K; the later dip cannot contradict them.
     assert (result.routing.tier, result.routing.escalated, result.routing.reason) == ("local", False, "committed_local")
     assert recording.received == [] and set(result.tiers) == {"local"}
-    unheld = await make_runner(min_tokens_k=k)  # held until decided: the same dip escalates
-    routing = (await unheld.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")).routing
+    # Not streamed, the same runner holds the answer until decided: the same dip escalates.
+    routing = (await held.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")).routing
     assert (routing.tier, routing.escalated, routing.decided_at_token) == ("cloud", True, late)
+
+
+async def test_a_confident_streamed_answer_reaches_the_client_while_it_is_generated(make_runner, local_engine):  # noqa: F811
+    # Default settings (restart hand-off, decide_at every_token): the stream commits local after
+    # the default hold window instead of holding a confident answer back to its end.
+    runner = await make_runner()
+    window = runner.config.stream_hold_window()
+    params = SamplingParams(max_tokens=window + 48, temperature=0.0, ignore_eos=True)
+    events = runner.generate(QUESTION, params, model="auto:0.001")  # judged, and confident enough
+    first = await anext(events)
+    still_generating = local_engine.num_in_flight > 0
+    rest = [event async for event in events]
+    assert first.tier == "local" and still_generating, "the first token waited for the whole local answer"
+    assert (rest[-1].routing.tier, rest[-1].routing.escalated) == ("local", False)
+    assert 1 + len(rest) - 1 == params.max_tokens  # every token once: the first, the others, then the routing event

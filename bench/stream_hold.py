@@ -1,0 +1,153 @@
+"""What the streamed cascade's hold window costs and keeps.
+
+    python -m bench.stream_hold [--quick] --json bench/results/stream_hold.json
+
+Restart hand-off holds a streamed local answer's first `hold_tokens` back while the router
+judges them (sdk.cascade.config). Two measurements, side by side in one run:
+
+1. Where the default streaming policy (mean_prob, K 8, every token) first escalates, on
+   SmolLM2's own answers to MT-bench first turns and GSM8K questions (RouteLLM's data in
+   shared/data), 256 tokens, the model's sampling defaults, at thresholds 0.3 / 0.5 / 0.7:
+   `low_confidence_escalations_by_token` counts them by position, so the share a window of
+   N tokens keeps is `by_token[N] / total`. Loop escalations are counted apart.
+2. TTFT of `tandem serve --cloud none` with `bench.serve` (GSM8K prompts, 4 clients,
+   streamed): model `local`, `auto` with the default window, and `auto` with
+   `hold_tokens = 0` (held until decided: what every streamed `auto` answer got before the
+   window). Keys `ttft_p50_ms_local`, `ttft_p50_ms_auto_window`, `ttft_p50_ms_auto_until_decided`
+   and `ttft_ratio_window_vs_until_decided`.
+
+--quick: 40 prompts for (1) and 8 for (2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from bench.first_contact import stop
+from bench.machine import report_header, write_report
+from bench.serve_datasets import DEFAULT_DATA_DIR
+from bench.serve_servers import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(DEFAULT_DATA_DIR)  # RouteLLM's data, as bench.serve finds it
+THRESHOLDS = (0.3, 0.5, 0.7)
+POSITIONS = (8, 16, 32, 64, 128, 256)
+HEADLINE_KEYS = ("low_confidence_escalations_by_token", "ttft_p50_ms_local", "ttft_p50_ms_auto_window",
+                 "ttft_p50_ms_auto_until_decided", "ttft_ratio_window_vs_until_decided")  # fmt: skip
+
+
+def prompts(num: int) -> list[str]:
+    chat = [json.loads(line)["turns"][0] for line in open(DATA / "mt_bench_questions.jsonl")]
+    maths = [json.loads(line)["question"] for line in open(DATA / "gsm8k_test.jsonl")]
+    half = num // 2
+    return chat[: num - half] + maths[:half]
+
+
+async def escalation_positions(texts: list[str]) -> dict:
+    """First escalation per answer and threshold, by StreamingPolicy as the cascade builds it."""
+    from local_runtime.async_engine import AsyncLocalEngine
+    from local_runtime.config import LocalEngineConfig
+    from router.streaming_policy import StreamingPolicy
+    from sdk.cascade.config import CascadeConfig
+    from sdk.protocol.engine import GenerationRequest, SamplingParams
+    from sdk.protocol.repetition import ESCALATE_LOOP
+
+    config = CascadeConfig()
+    engine = AsyncLocalEngine(LocalEngineConfig(max_num_seqs=8)).start()
+    engine.wait_ready(300)
+    first: dict[float, list] = {t: [] for t in THRESHOLDS}
+    slots = asyncio.Semaphore(8)
+
+    async def one(index: int, text: str) -> None:
+        async with slots:
+            ids = engine.apply_chat_template([{"role": "user", "content": text}])
+            policies = {t: StreamingPolicy(t, config.min_tokens_k, config.score_kind, decide_at=config.decide_at,
+                                           loop_rule=ESCALATE_LOOP) for t in THRESHOLDS}  # fmt: skip
+            found: dict[float, tuple | None] = {}
+            async for event in engine.generate(GenerationRequest(f"hold-{index}", ids, SamplingParams(max_tokens=256))):
+                for t, policy in policies.items():
+                    if t not in found and (decision := policy.observe(event)) is not None:
+                        found[t] = (decision.decided_at_token, str(decision.reason))
+            for t, policy in policies.items():
+                if t not in found:
+                    decision = policy.finish()
+                    found[t] = (decision.decided_at_token, str(decision.reason)) if decision.escalated else None
+                first[t].append(found[t])
+
+    try:
+        await asyncio.gather(*(one(i, text) for i, text in enumerate(texts)))
+    finally:
+        engine.shutdown()
+    out = {}
+    for t in THRESHOLDS:
+        escalated = [e for e in first[t] if e is not None]
+        low = sorted(pos for pos, reason in escalated if reason == "low_confidence")
+        out[str(t)] = {
+            "prompts": len(texts), "escalated": len(escalated), "by_reason": dict(Counter(r for _, r in escalated)),
+            "low_confidence_by_token": {str(n): sum(1 for p in low if p <= n) for n in POSITIONS},
+        }  # fmt: skip
+    return out
+
+
+def ttft_run(log_dir: Path, label: str, env_extra: dict, model: str, num_prompts: int) -> dict:
+    """bench.serve against a fresh `tandem serve --cloud none`; returns its report."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")} | env_extra
+    with open(log_dir / f"serve-{label}.log", "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "sdk.cli", "serve", "--cloud", "none", "--port", str(port)],
+                                  stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)  # fmt: skip
+        try:
+            out = log_dir / f"{label}.json"
+            subprocess.run([sys.executable, "-m", "bench.serve", "--base-url", f"http://127.0.0.1:{port}", "--model", model,
+                            "--dataset", "gsm8k", "--num-prompts", str(num_prompts), "--max-concurrency", "4",
+                            "--max-output-len", "160", "--json", str(out)],
+                           check=True, cwd=REPO, stdout=subprocess.DEVNULL, timeout=900)  # fmt: skip
+            return json.loads(out.read_text())
+        finally:
+            stop(server)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    from sdk.cascade.config import CascadeConfig
+
+    window = CascadeConfig().stream_hold_window()
+    positions = asyncio.run(escalation_positions(prompts(40 if args.quick else 140)))
+    num_prompts = 8 if args.quick else 16
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="stream-hold-") as tmp:
+        for label, env, model in [("local", {}, "local"), ("auto_window", {}, "auto"),
+                                  ("auto_until_decided", {"TANDEM_CASCADE_HOLD_TOKENS": "0"}, "auto")]:  # fmt: skip
+            report = ttft_run(Path(tmp), label, env, model, num_prompts)
+            metrics = report["metrics"]
+            runs[label] = {"completed": report["completed"], "failed": report["failed"],
+                           "ttft_ms_median": report["ttft_ms_median"], "output_throughput": report["output_throughput"],
+                           **{f"{name}_ms": metrics[f"{name}_ms"] for name in ("ttft", "tpot", "e2el")}}  # fmt: skip
+            print(label, runs[label], flush=True)
+    report = report_header("stream_hold") | {
+        "quick": args.quick,
+        "hold_tokens_default": window,
+        "escalation_positions": positions,
+        "low_confidence_escalations_by_token": positions["0.5"]["low_confidence_by_token"],
+        "ttft": runs,
+        "ttft_p50_ms_local": runs["local"]["ttft_ms_median"],
+        "ttft_p50_ms_auto_window": runs["auto_window"]["ttft_ms_median"],
+        "ttft_p50_ms_auto_until_decided": runs["auto_until_decided"]["ttft_ms_median"],
+        "ttft_ratio_window_vs_until_decided": runs["auto_window"]["ttft_ms_median"] / runs["auto_until_decided"]["ttft_ms_median"],
+    }
+    write_report(args.json, report, HEADLINE_KEYS)
+
+
+if __name__ == "__main__":
+    main()
