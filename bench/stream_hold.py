@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
+
+import httpx
 
 from bench.first_contact import stop
 from bench.machine import report_header, write_report
@@ -97,6 +101,18 @@ async def escalation_positions(texts: list[str]) -> dict:
     return out
 
 
+def wait_healthy(server: subprocess.Popen, url: str, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"bench.stream_hold: tandem serve exited ({server.returncode})")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise SystemExit("bench.stream_hold: tandem serve did not become healthy")
+
+
 def ttft_run(log_dir: Path, label: str, env_extra: dict, model: str, num_prompts: int) -> dict:
     """bench.serve against a fresh `tandem serve --cloud none`; returns its report."""
     port = free_port()
@@ -105,6 +121,7 @@ def ttft_run(log_dir: Path, label: str, env_extra: dict, model: str, num_prompts
         server = subprocess.Popen([sys.executable, "-m", "sdk.cli", "serve", "--cloud", "none", "--port", str(port)],
                                   stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)  # fmt: skip
         try:
+            wait_healthy(server, f"http://127.0.0.1:{port}/health")
             out = log_dir / f"{label}.json"
             subprocess.run([sys.executable, "-m", "bench.serve", "--base-url", f"http://127.0.0.1:{port}", "--model", model,
                             "--dataset", "gsm8k", "--num-prompts", str(num_prompts), "--max-concurrency", "4",
