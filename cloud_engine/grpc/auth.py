@@ -1,30 +1,35 @@
-"""API-key authentication of the gRPC service: `authorization: Bearer KEY` call metadata.
+"""Access to the gRPC service: `authorization: Bearer KEY` call metadata, per-client rate and
+concurrency limits, all decided by the process's sdk.protocol.access_gate.AccessGate (the
+one its HTTP listener asks too, so a key has one budget across both).
 
-Health checks and reflection stay public, so load balancers and grpcurl-style tools work
-without a key. Keys are checked with sdk.protocol.api_keys (constant time) and never logged: only
-their fingerprints are.
+Health checks and reflection stay public and unlimited, so load balancers and grpcurl-style
+tools work without a key. A refused call ends with UNAUTHENTICATED, or RESOURCE_EXHAUSTED
+with `retry-after` (whole seconds) and `tandem-error-type` in its trailing metadata; the
+request's bytes are parsed only once the call is admitted. An admitted call holds its
+in-flight slot until its handler returns, however it returns (finished, failed, cancelled).
 """
 
 from __future__ import annotations
 
-import logging
+import inspect
+import math
 from collections.abc import Awaitable, Callable
 
 import grpc
 
-from sdk.protocol.api_keys import bearer_token, key_fingerprint, matching_key
-
-logger = logging.getLogger(__name__)
+from cloud_engine.grpc.errors import ERROR_TYPE_KEY, RETRY_AFTER_KEY
+from sdk.protocol.access_gate import AUTH_BACKOFF, RATE_LIMITED, UNAUTHENTICATED, AccessGate, Refusal
+from sdk.protocol.api_keys import bearer_token
 
 AUTHORIZATION_KEY = "authorization"
 PUBLIC_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses calls without a configured key with UNAUTHENTICATED, before the handler runs."""
+class AccessInterceptor(grpc.aio.ServerInterceptor):
+    """Runs every non-public call through the AccessGate before its handler."""
 
-    def __init__(self, api_keys: frozenset[str]):
-        self.api_keys = api_keys
+    def __init__(self, gate: AccessGate):
+        self.gate = gate
 
     async def intercept_service(
         self,
@@ -32,20 +37,39 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or not self.api_keys or details.method.startswith(PUBLIC_METHOD_PREFIXES):
+        if handler is None or not self.gate.active or details.method.startswith(PUBLIC_METHOD_PREFIXES):
             return handler
-        header = _metadata_value(details.invocation_metadata, AUTHORIZATION_KEY)
-        presented = bearer_token(header)
-        key = matching_key(presented, self.api_keys)
-        if key is not None:
-            logger.debug("%s by key %s", details.method, key_fingerprint(key))
-            return handler
-        if presented is None:
-            message = "this server needs an API key: send the metadata `authorization: Bearer <key>`"
-        else:
-            message = "the API key is not valid"
-            logger.warning("%s refused: unknown API key %s", details.method, key_fingerprint(presented))
-        return _refusing(handler, message)
+        presented = bearer_token(_metadata_value(details.invocation_metadata, AUTHORIZATION_KEY))
+        return _gated(handler, self.gate, presented, details.method)
+
+
+def peer_host(peer: str | None) -> str:
+    """The host of a grpc peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path")."""
+    if not peer:
+        return "unknown"
+    scheme, _, rest = peer.partition(":")
+    if scheme == "ipv6":
+        return rest.rpartition("]")[0].lstrip("[") or rest
+    if scheme == "ipv4":
+        return rest.rpartition(":")[0] or rest
+    return scheme  # a unix socket's peers share one identity: "unix"
+
+
+def rpc_refusal(refusal: Refusal) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """The status, message and trailing metadata a refused call ends with."""
+    if refusal.kind == UNAUTHENTICATED:
+        if refusal.key_presented:
+            return grpc.StatusCode.UNAUTHENTICATED, "the API key is not valid", ()
+        return grpc.StatusCode.UNAUTHENTICATED, "this server needs an API key: send the metadata `authorization: Bearer <key>`", ()
+    retry = str(max(1, math.ceil(refusal.retry_after_s)))
+    who = "this API key" if refusal.per_key else "this client address"
+    if refusal.kind == AUTH_BACKOFF:
+        message = f"too many calls with a wrong or missing API key from this address: the key was not checked; retry in {retry}s"
+    elif refusal.kind == RATE_LIMITED:
+        message = f"rate limit reached for {who}: {refusal.limit:g} requests a minute; retry in {retry}s"
+    else:
+        message = f"too many concurrent requests for {who}: at most {refusal.limit:g} in flight at once"
+    return grpc.StatusCode.RESOURCE_EXHAUSTED, message, ((ERROR_TYPE_KEY, refusal.kind), (RETRY_AFTER_KEY, retry))
 
 
 def _metadata_value(metadata, key: str) -> str | None:
@@ -55,20 +79,40 @@ def _metadata_value(metadata, key: str) -> str | None:
     return None
 
 
-def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as `handler` that ends the call with UNAUTHENTICATED.
+def _gated(handler: grpc.RpcMethodHandler, gate: AccessGate, presented: str | None, method: str) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as `handler` that asks the gate first (it needs the peer, which
+    only the call's context knows). Unary requests arrive as raw bytes and are parsed after admission."""
+    kind = ("stream" if handler.request_streaming else "unary") + "_" + ("stream" if handler.response_streaming else "unary")
+    behavior = getattr(handler, kind)
+    parse = None if handler.request_streaming else handler.request_deserializer
 
-    It takes the request as raw bytes: nothing an unauthenticated caller sent gets parsed.
-    """
+    async def admit(context: grpc.aio.ServicerContext):
+        admission = gate.admit(presented, peer_host(context.peer()), method)
+        if admission.refusal is not None:
+            code, message, metadata = rpc_refusal(admission.refusal)
+            await context.abort(code, message, trailing_metadata=metadata)  # raises
+        return admission
 
-    async def refuse(request_or_iterator, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+    if inspect.isasyncgenfunction(behavior):
 
-    serializer = handler.response_serializer
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse, response_serializer=serializer)
+        async def gated(request, context):
+            admission = await admit(context)
+            try:
+                async for response in behavior(parse(request) if parse else request, context):
+                    yield response
+            finally:
+                gate.release(admission)
+    else:
+
+        async def gated(request, context):
+            admission = await admit(context)
+            try:
+                return await behavior(parse(request) if parse else request, context)
+            finally:
+                gate.release(admission)
+
+    make = getattr(grpc, f"{kind}_rpc_method_handler")
+    options = {"response_serializer": handler.response_serializer}
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse, response_serializer=serializer)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse, response_serializer=serializer)
-    return grpc.unary_unary_rpc_method_handler(refuse, response_serializer=serializer)
+        options["request_deserializer"] = handler.request_deserializer
+    return make(gated, **options)

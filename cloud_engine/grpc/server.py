@@ -2,8 +2,10 @@
 
 Besides tandem.v1.Tandem the server runs the standard grpc.health.v1 service (NOT_SERVING
 until the engine is ready, for "" and for "tandem.v1.Tandem") and server reflection (unless
-turned off), and, when API keys are configured, checks them on every call except health and
-reflection. It listens on host:port, or on a unix domain socket.
+turned off). When API keys or per-client limits are configured, every call except health and
+reflection goes through an AccessGate (cloud_engine.grpc.auth); pass the process's ClientLimits
+to share one budget per key with its HTTP listener. It listens on host:port, or on a unix
+domain socket.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from cloud_engine.grpc.auth import ApiKeyInterceptor
+from cloud_engine.grpc.auth import AccessInterceptor
 from cloud_engine.grpc.service import SERVICE_NAME, add_tandem_servicer
+from sdk.protocol.access_gate import AccessGate
 from sdk.protocol.api_keys import is_loopback
+from sdk.protocol.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits
 from sdk.protocol.engine import EngineProtocol
 
 logger = logging.getLogger(__name__)
@@ -47,6 +51,12 @@ class GrpcServerConfig:
     max_concurrent_streams: int | None = None  # per HTTP/2 connection; None: gRPC's default
     unix_socket_path: str | None = None  # listen on this unix domain socket instead of host:port
     reflection: bool = True  # server reflection (grpcurl-style discovery); off for private listeners
+    # The HTTP servers' settings, same meaning (sdk.protocol.client_limits); None: off.
+    rate_limit_per_minute: float | None = None  # calls a minute per key (per client address without keys)
+    rate_limit_burst: float | None = None  # default: the per-minute figure
+    max_concurrent_per_key: int | None = None  # calls in flight at once per key (per address without keys)
+    auth_backoff_after: int | None = DEFAULT_AUTH_BACKOFF_AFTER  # failed keys per address before it backs off; 0/None: off
+    auth_backoff_max_s: float = DEFAULT_AUTH_BACKOFF_MAX_S
 
     def __post_init__(self) -> None:
         self.api_keys = frozenset(self.api_keys)
@@ -79,8 +89,9 @@ class _Running:
 _running: weakref.WeakKeyDictionary[grpc.aio.Server, _Running] = weakref.WeakKeyDictionary()
 
 
-async def start_grpc_server(engine: EngineProtocol, config: GrpcServerConfig) -> grpc.aio.Server:
-    """A started server bound to config.address; raises GrpcServerStartError if it cannot listen."""
+async def start_grpc_server(engine: EngineProtocol, config: GrpcServerConfig, limits: ClientLimits | None = None) -> grpc.aio.Server:
+    """A started server bound to config.address; raises GrpcServerStartError if it cannot listen.
+    `limits`: the process's shared per-client budgets; None builds them from config."""
     credentials = _server_credentials(config)
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -90,7 +101,11 @@ async def start_grpc_server(engine: EngineProtocol, config: GrpcServerConfig) ->
     ]
     if config.max_concurrent_streams is not None:
         options.append(("grpc.max_concurrent_streams", config.max_concurrent_streams))
-    interceptors = [ApiKeyInterceptor(config.api_keys)] if config.api_keys else []
+    if limits is None:
+        limits = ClientLimits.build(config.rate_limit_per_minute, config.rate_limit_burst, config.max_concurrent_per_key,
+                                    auth_backoff_after=config.auth_backoff_after, auth_backoff_max_s=config.auth_backoff_max_s)
+    gate = AccessGate(config.api_keys, limits)
+    interceptors = [AccessInterceptor(gate)] if gate.active else []
     server = grpc.aio.server(interceptors=interceptors, options=options)
 
     add_tandem_servicer(engine, server)

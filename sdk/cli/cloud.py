@@ -42,8 +42,10 @@ def serve(
     num_speculative_tokens: Optional[int] = typer.Option(None, envvar=_env("NUM_SPECULATIVE_TOKENS"), min=1, max=16, help="Draft tokens per request per step (k); default 8. The adaptive policy lowers it at large batch or low acceptance."),
     sampling: Optional[list[str]] = typer.Option(None, "--sampling", metavar="KEY=VALUE", help="Default for a sampling field requests leave out (repeatable): temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; default: the model's (its metadata, a built-in table, else OpenAI's). [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
     api_key_file: Optional[str] = typer.Option(None, envvar=_env("API_KEY_FILE"), help="File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys)."),
-    rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="HTTP requests per minute per key (per client address without keys)."),
-    max_concurrent_per_key: Optional[int] = typer.Option(None, envvar=_env("MAX_CONCURRENT_PER_KEY"), min=1, help="HTTP requests in flight at once per key (per client address without keys); default: no limit."),
+    rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="Requests per minute per key (per client address without keys), HTTP and gRPC together."),
+    max_concurrent_per_key: Optional[int] = typer.Option(None, envvar=_env("MAX_CONCURRENT_PER_KEY"), min=1, help="Requests in flight at once per key (per client address without keys), HTTP and gRPC together; default: no limit."),
+    auth_backoff_after: int = typer.Option(10, envvar=_env("AUTH_BACKOFF_AFTER"), min=0, help="Failed API keys from one client address before it backs off (HTTP 429 / gRPC RESOURCE_EXHAUSTED, its key unchecked, 1 s doubling); 0: off."),
+    auth_backoff_max_s: float = typer.Option(300.0, envvar=_env("AUTH_BACKOFF_MAX_S"), min=1.0, help="Longest backoff wait, seconds."),
     strict_fields: bool = typer.Option(False, "--strict-fields/--no-strict-fields", envvar=_env("STRICT_FIELDS"), help="Refuse HTTP request fields tandem does not know (400) instead of ignoring them with a warning."),
     max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, envvar=_env("MAX_BODY_BYTES"), min=1024, help="Largest HTTP request body, bytes; larger is 413 (gRPC has its own 4 MiB message limit)."),
     tls_cert: Optional[str] = typer.Option(None, envvar=_env("TLS_CERT"), help="PEM certificate chain: TLS on both the gRPC and the HTTP port."),
@@ -60,6 +62,7 @@ def serve(
     from cloud_engine.spec_decode.config import parse_speculative
     from sdk.openai_server.serve_loop import check_tls_files
     from sdk.protocol.api_keys import ApiKeyConfigError, load_api_keys
+    from sdk.protocol.client_limits import ClientLimits
     from sdk.settings.fields import SettingsError
 
     logging.basicConfig(level=log_level.value.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -73,13 +76,15 @@ def serve(
                                           **{k: v for k, v in overrides.items() if v is not None})
         grpc_config = GrpcServerConfig(host=host, port=grpc_port, api_keys=api_keys, tls_cert_path=tls_cert, tls_key_path=tls_key)
         check_tls_files(tls_cert, tls_key)
+        # One budget per key for both listeners: a key cannot double its share by switching protocol.
+        client_limits = ClientLimits.build(rate_limit or None, None, max_concurrent_per_key,
+                                           auth_backoff_after=auth_backoff_after, auth_backoff_max_s=auth_backoff_max_s)
     except (ValueError, ApiKeyConfigError, SettingsError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
     engine = AsyncCloudEngine(engine_config).start()
     try:
-        limits = {"rate_limit_per_minute": rate_limit or None, "max_concurrent_per_key": max_concurrent_per_key,
-                  "max_body_bytes": max_body_bytes, "strict_fields": strict_fields}
+        limits = {"client_limits": client_limits, "max_body_bytes": max_body_bytes, "strict_fields": strict_fields}
         failed = asyncio.run(_serve_both(engine, grpc_config, host, port, api_keys, limits, model_name, log_level.value))
     finally:
         engine.shutdown()
@@ -113,7 +118,7 @@ async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, limit
                      bind_host=host, **limits)
     http = HttpServer(http_config(app, host, port, log_level, api_keys, grpc_config.tls_cert_path, grpc_config.tls_key_path))
     try:
-        grpc_server = await start_grpc_server(engine, grpc_config)
+        grpc_server = await start_grpc_server(engine, grpc_config, limits["client_limits"])
     except OSError as exc:
         return str(exc)
     failures: list[str] = []

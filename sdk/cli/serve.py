@@ -33,6 +33,7 @@ def serve(
     api_key_file: Optional[str] = typer.Option(None, help="File of API keys for this endpoint, one per line. [env: TANDEM_API_KEY_FILE]"),
     rate_limit: Optional[float] = typer.Option(None, min=0.0, help="Requests per minute per key. [env: TANDEM_RATE_LIMIT]"),
     max_concurrent_per_key: Optional[int] = typer.Option(None, min=1, help="Requests in flight at once per key (per client address without keys); default: no limit. [env: TANDEM_MAX_CONCURRENT_PER_KEY]"),
+    auth_backoff_after: Optional[int] = typer.Option(None, min=0, help="Failed API keys from one client address before it backs off (429 unchecked, 1 s doubling to [server] auth_backoff_max_s); 0: off; default 10. [env: TANDEM_AUTH_BACKOFF_AFTER]"),
     strict_fields: Optional[bool] = typer.Option(None, "--strict-fields/--no-strict-fields", help="Refuse request fields tandem does not know (400) instead of ignoring them with a warning. [env: TANDEM_STRICT_FIELDS]"),
     max_body_bytes: Optional[int] = typer.Option(None, min=1024, help="Largest request body, bytes; larger is 413 (4 MiB). [env: TANDEM_MAX_BODY_BYTES]"),
     tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="PEM certificate chain: serve HTTPS (with --tls-key). [env: TANDEM_TLS_CERT]"),
@@ -58,6 +59,7 @@ def serve(
     flags = {
         "server.host": host, "server.port": port, "server.api_key_file": api_key_file, "server.rate_limit": rate_limit,
         "server.max_concurrent_per_key": max_concurrent_per_key, "server.max_body_bytes": max_body_bytes,
+        "server.auth_backoff_after": auth_backoff_after,
         "server.strict_fields": strict_fields, "server.tls_cert": tls_cert, "server.tls_key": tls_key,
         "server.log_level": log_level.value if log_level else None,
         "local.model": model, "local.model_name": model_name, "local.kv_cache_tokens": kv_cache_tokens,
@@ -116,6 +118,7 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
         engine, served_model_names=[settings.get("local.model_name")] if settings.get("local.model_name") else None,
         api_keys=api_keys, rate_limit_per_minute=settings.get("server.rate_limit"),
         max_concurrent_per_key=settings.get("server.max_concurrent_per_key"), max_body_bytes=settings.get("server.max_body_bytes"),
+        auth_backoff_after=settings.get("server.auth_backoff_after"), auth_backoff_max_s=settings.get("server.auth_backoff_max_s"),
         bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready, strict_fields=settings.get("server.strict_fields"),
     )  # fmt: skip
     http = HttpServer(http_config(app, host, port, log_level, api_keys, settings.get("server.tls_cert"), settings.get("server.tls_key")))

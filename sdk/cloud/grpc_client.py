@@ -74,7 +74,8 @@ class CloudContextLengthError(CloudInvalidArgumentError, ContextLengthError):
 
 
 class CloudOverloadedError(CloudError, EngineOverloadedError):
-    """The server's queue is full (RESOURCE_EXHAUSTED); retry after `retry_after_s`."""
+    """RESOURCE_EXHAUSTED with a retry hint: the server's queue is full, or the caller spent its rate or
+    concurrency budget (`tandem-error-type` says which); retry after `retry_after_s`."""
 
 
 @dataclass

@@ -10,7 +10,9 @@ from typing import Callable
 from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response
 
+from sdk.protocol.access_gate import AccessGate
 from sdk.protocol.api_keys import key_fingerprint
+from sdk.protocol.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits
 from sdk.protocol.engine import EngineNotReadyError, EngineProtocol
 from sdk.protocol.openai_schema import ModelCard, ModelList
 from sdk.openai_server.access import AccessControl, warn_if_exposed
@@ -18,10 +20,9 @@ from sdk.openai_server.cascade_metrics import CascadeCollector
 from sdk.openai_server.chat import create_chat_completion
 from sdk.openai_server.completions import create_completion
 from sdk.openai_server.errors import from_exception, install_error_handlers, model_not_found
-from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, InFlightLimiter
+from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
 from sdk.openai_server.metrics import EngineStatsCollector, ServerMetrics
 from sdk.openai_server.openapi import install_openapi
-from sdk.openai_server.rate_limit import RequestRateLimiter
 from sdk.openai_server.serving import ServerState
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ def create_app(
     also_ready: Callable[[], bool] | None = None,
     cloud_engine: EngineProtocol | None = None,
     strict_fields: bool = False,
+    client_limits: ClientLimits | None = None,
+    auth_backoff_after: int | None = DEFAULT_AUTH_BACKOFF_AFTER,
+    auth_backoff_max_s: float = DEFAULT_AUTH_BACKOFF_MAX_S,
 ) -> FastAPI:
     """An app serving `engine` under `served_model_names` (default: the engine's own model name).
 
@@ -55,6 +59,11 @@ def create_app(
       `clock` drives the limiter (tests pass a fake one).
     - `max_concurrent_per_key`: requests in flight at once per key (per client IP without keys),
       streams included, until their response ends however it ends; one more is 429 at once.
+    - `auth_backoff_after`: with keys, failed keys from one client address before it backs off
+      (429 + Retry-After, its key unchecked, for 1 s doubling up to `auth_backoff_max_s`); 0/None: off.
+    - `client_limits`: those limits (rate, concurrency, auth backoff) already built (sdk.protocol.client_limits), to share one
+      budget per key with another listener of the process (`tandem cloud serve`'s gRPC port);
+      then the three settings above stay None.
 
     Always on (None turns it off): `max_body_bytes`, the largest request body; a larger one
     is 413 before more than that is read (openai_server.limits).
@@ -77,10 +86,12 @@ def create_app(
     api_keys = frozenset(api_keys)
     if any(not key.strip() for key in api_keys):
         raise ValueError("api_keys holds an empty key")
-    if rate_limit_per_minute is None and rate_limit_burst is not None:
-        raise ValueError("rate_limit_burst needs rate_limit_per_minute")
-    rate_limiter = None if rate_limit_per_minute is None else RequestRateLimiter(rate_limit_per_minute, rate_limit_burst, clock)
-    in_flight = None if max_concurrent_per_key is None else InFlightLimiter(max_concurrent_per_key)
+    if client_limits is None:
+        client_limits = ClientLimits.build(rate_limit_per_minute, rate_limit_burst, max_concurrent_per_key, clock,
+                                           auth_backoff_after, auth_backoff_max_s)  # fmt: skip
+    elif (rate_limit_per_minute, rate_limit_burst, max_concurrent_per_key) != (None, None, None):
+        raise ValueError("pass either client_limits or the rate and concurrency settings, not both")
+    gate = AccessGate(api_keys, client_limits)
     if max_body_bytes is not None and max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1 (or None for no limit), got {max_body_bytes}")
     if bind_host is not None:
@@ -99,15 +110,15 @@ def create_app(
     app.state.tandem = state
     if cloud_engine is not None:
         attach_cloud_engine(app, cloud_engine)
-    app.state.in_flight = in_flight  # per-client counts of requests being served (None: no limit)
+    app.state.in_flight = client_limits.in_flight  # per-client counts of requests being served (None: no limit)
     install_error_handlers(app)
     # The last one added runs first: keys, rate and in-flight limits from the headers alone,
     # then the body size, so an unauthenticated client's body is never read.
     if max_body_bytes is not None:
         state.metrics.http_rejections.labels("too_large")  # exported at 0 from the start
         app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes, on_reject=state.metrics.count_rejection)
-    if api_keys or rate_limiter is not None or in_flight is not None:
-        app.add_middleware(AccessControl, api_keys=api_keys, rate_limiter=rate_limiter, metrics=state.metrics, in_flight=in_flight)
+    if gate.active:
+        app.add_middleware(AccessControl, gate=gate, metrics=state.metrics)
 
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"], summary="Create a chat completion")
     app.add_api_route("/v1/completions", create_completion, methods=["POST"], summary="Create a completion")

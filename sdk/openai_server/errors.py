@@ -80,6 +80,19 @@ def rate_limited(wait_s: float, per_minute: float) -> OpenAIError:
     )
 
 
+def auth_backoff(wait_s: float) -> OpenAIError:
+    """429 for an address backing off after failed API keys: its key was not checked."""
+    retry_after = retry_after_header(wait_s)
+    return OpenAIError(
+        429,
+        f"Too many requests with a wrong or missing API key from this address. The key was not checked; "
+        f"please try again in {retry_after}s.",
+        type="requests",
+        code="auth_backoff",
+        headers={"Retry-After": retry_after},
+    )
+
+
 def model_not_found(model: str) -> OpenAIError:
     return OpenAIError(
         404, f"The model `{model}` does not exist. GET /v1/models lists the served models.", param="model", code="model_not_found"

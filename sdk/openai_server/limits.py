@@ -120,38 +120,3 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None  # the server (h11/httptools) refuses a malformed one itself
     return None
-
-
-class InFlightLimiter:
-    """Counts requests being served per client; `max_in_flight` at most each.
-
-    Used from the event loop only, so it takes no lock. A client's entry goes when its
-    count returns to 0, so idle clients cost nothing.
-    """
-
-    def __init__(self, max_in_flight: int):
-        if max_in_flight < 1:
-            raise ValueError(f"max_concurrent_per_key must be >= 1, got {max_in_flight}")
-        self.max_in_flight = max_in_flight
-        self._counts: dict[str, int] = {}
-
-    def try_acquire(self, client: str) -> bool:
-        count = self._counts.get(client, 0)
-        if count >= self.max_in_flight:
-            return False
-        self._counts[client] = count + 1
-        return True
-
-    def release(self, client: str) -> None:
-        count = self._counts.get(client, 0) - 1
-        if count > 0:
-            self._counts[client] = count
-        else:
-            self._counts.pop(client, None)
-
-    def in_flight(self, client: str) -> int:
-        return self._counts.get(client, 0)
-
-    @property
-    def total(self) -> int:
-        return sum(self._counts.values())

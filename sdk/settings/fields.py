@@ -173,6 +173,8 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     SettingField("server", "api_key_file", str, None, "TANDEM_API_KEY_FILE", "Keys clients must present, one per line (TANDEM_API_KEYS adds comma-separated ones).", unset="no key file"),
     SettingField("server", "rate_limit", float, None, "TANDEM_RATE_LIMIT", "Requests per minute per key.", unset="no limit", check=_at_least(0, inclusive=False)),
     SettingField("server", "max_concurrent_per_key", int, None, "TANDEM_MAX_CONCURRENT_PER_KEY", "Requests (streams included) in flight at once per key (per client address without keys); one more is 429.", unset="no limit", check=_at_least(1)),
+    SettingField("server", "auth_backoff_after", int, 10, "TANDEM_AUTH_BACKOFF_AFTER", "Failed API keys from one client address before it must wait (1 s, doubling to auth_backoff_max_s) and its requests get 429 unchecked; 0: off.", check=_at_least(0)),
+    SettingField("server", "auth_backoff_max_s", float, 300.0, "TANDEM_AUTH_BACKOFF_MAX_S", "Longest wait of a client address backing off after failed API keys, seconds.", check=_at_least(1)),
     SettingField("server", "strict_fields", bool, False, "TANDEM_STRICT_FIELDS", "Refuse request fields neither OpenAI nor a known extension defines (400) instead of ignoring them with a warning."),
     SettingField("server", "max_body_bytes", int, 4 * 1024 * 1024, "TANDEM_MAX_BODY_BYTES", "Largest HTTP request body; a larger one is 413 before it is read.", check=_at_least(1024)),
     SettingField("server", "tls_cert", str, None, "TANDEM_TLS_CERT", "PEM certificate chain: the HTTP endpoint serves HTTPS (with tls_key).", unset="plaintext HTTP"),

@@ -23,8 +23,8 @@ GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 async def test_api_keys_guard_the_service_but_not_health_or_reflection(engine, serve, caplog):  # noqa: F811  (fixtures)
     target = await serve(engine, api_keys=frozenset({"key-one", "key-two"}))
     async with CloudClient(target) as anonymous, CloudClient(target, api_key="wrong-key-123") as wrong:
-        with caplog.at_level(logging.DEBUG, logger="cloud_engine.grpc"):
-            for client, says in ((anonymous, "authorization: Bearer"), (wrong, "not valid")):
+        with caplog.at_level(logging.DEBUG, logger="sdk.protocol.access_gate"):
+            for client, says in ((wrong, "not valid"), (anonymous, "authorization: Bearer")):  # the first line per address is logged
                 with pytest.raises(CloudUnauthenticatedError) as caught:
                     await anext(client.generate([5, 6], GREEDY))
                 assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED and says in str(caught.value)

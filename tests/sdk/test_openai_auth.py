@@ -63,9 +63,9 @@ def assert_openai_error(response: httpx.Response, status: int, type_: str, code:
 
 
 async def test_keys_guard_the_api_and_metrics_but_not_health(engine, caplog):
-    caplog.set_level(logging.INFO, logger="sdk.openai_server")
+    caplog.set_level(logging.INFO, logger="sdk")
     app = create_app(engine, api_keys=frozenset({KEY, OTHER_KEY}))
-    async with http(app) as anonymous, http(app, WRONG_KEY) as wrong, http(app, KEY) as good:
+    async with http(app) as anonymous, http(app, WRONG_KEY, client_ip="127.0.0.2") as wrong, http(app, KEY) as good:
         missing = await anonymous.get("/v1/models")
         assert "didn't provide an API key" in assert_openai_error(missing, 401, "invalid_request_error", "invalid_api_key")["message"]
         assert missing.headers["www-authenticate"] == "Bearer"
@@ -112,6 +112,35 @@ async def test_rate_limit_is_per_key_with_retry_after_and_recovers(engine):
         clock.now += 1.0
         assert (await first.get("/v1/models")).status_code == 200
         assert rejections((await first.get("/metrics")).text, "rate_limited") == 2
+
+
+async def test_a_brute_force_loop_is_slowed_to_the_backoff_rate(engine, caplog):
+    # A guessing loop on a fake clock: each refused request takes 10 ms of "time". Without the
+    # backoff all 2,000 guesses would be checked; with it, 5 free ones, then one per doubling wait.
+    caplog.set_level(logging.INFO, logger="sdk")
+    clock = FakeClock()
+    app = create_app(engine, api_keys=frozenset({KEY}), clock=clock, auth_backoff_after=5, auth_backoff_max_s=8)
+    checked, backed_off = 0, 0
+    async with http(app, client_ip="10.0.0.9") as guesser, http(app, KEY, client_ip="10.0.0.10") as neighbour:
+        for guess in range(2000):  # 20 s of guessing
+            reply = await guesser.get("/v1/models", headers={"Authorization": f"Bearer sk-guess-{guess}"})
+            if reply.status_code == 401:
+                checked += 1
+            else:
+                error = assert_openai_error(reply, 429, "requests", "auth_backoff")
+                assert int(reply.headers["retry-after"]) >= 1 and "not checked" in error["message"]
+                backed_off += 1
+            clock.now += 0.01
+        # The waits after the 5 free guesses: 1, 2, 4, 8, 8 s (20 s in all): 5 more checked.
+        assert checked <= 5 + 5 and checked + backed_off == 2000
+        right = await guesser.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+        assert right.status_code == 429  # even the right key waits: it is not checked while backing off
+        assert (await neighbour.get("/v1/models")).status_code == 200  # another address is not affected
+        metrics = await neighbour.get("/metrics")
+        assert rejections(metrics.text, "auth_backoff") == backed_off + 1
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 2, lines  # one per address and kind: the repeats wait for the next minute
+    assert "sk-guess" not in caplog.text
 
 
 async def test_without_keys_the_limit_is_per_client_address(engine):

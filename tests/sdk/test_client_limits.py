@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sdk.openai_server import rate_limit
+from sdk.protocol import client_limits
 from sdk.openai_server.errors import retry_after_header
-from sdk.openai_server.rate_limit import RequestRateLimiter
+from sdk.protocol.client_limits import RequestRateLimiter
 
 
 class FakeClock:
@@ -54,7 +54,7 @@ def test_a_clock_stepping_back_does_not_drain_or_fill_a_bucket():
 
 
 def test_idle_buckets_are_dropped_once_there_are_many(monkeypatch):
-    monkeypatch.setattr(rate_limit, "MAX_IDLE_BUCKETS", 3)
+    monkeypatch.setattr(client_limits, "MAX_IDLE_BUCKETS", 3)
     clock = FakeClock()
     limiter = RequestRateLimiter(per_minute=60, burst=1, clock=clock)
     for client in ("a", "b", "c"):
@@ -76,3 +76,33 @@ def test_limits_that_would_refuse_everything_or_nothing_are_rejected(per_minute,
 @pytest.mark.parametrize("wait_s, header", [(0.0, "1"), (0.2, "1"), (1.0, "1"), (1.01, "2"), (29.5, "30")])
 def test_retry_after_is_whole_seconds_rounded_up_and_at_least_one(wait_s, header):
     assert retry_after_header(wait_s) == header
+
+
+def test_auth_backoff_starts_after_n_failures_and_doubles_to_the_cap():
+    clock = FakeClock()
+    backoff = client_limits.AuthFailureBackoff(after=3, max_wait_s=8, clock=clock)
+    assert [backoff.failed("a") for _ in range(2)] == [0.0, 0.0] and backoff.wait_s("a") == 0.0
+    assert backoff.failed("a") == 1.0 and backoff.wait_s("a") == 1.0  # the 3rd failure starts the wait
+    assert backoff.wait_s("b") == 0.0  # per address
+    waits = []
+    for _ in range(5):
+        clock.now += backoff.wait_s("a")
+        assert backoff.wait_s("a") == 0.0
+        waits.append(backoff.failed("a"))
+    assert waits == [2.0, 4.0, 8.0, 8.0, 8.0]
+
+
+def test_auth_backoff_forgets_a_quiet_address_but_not_on_success():
+    clock = FakeClock()
+    backoff = client_limits.AuthFailureBackoff(after=2, max_wait_s=4, forget_after_s=60, clock=clock)
+    backoff.failed("a"), backoff.failed("a")
+    clock.now += 59  # still remembered (no success resets it: there is no such call)
+    assert backoff.failed("a") == 2.0
+    clock.now += 61
+    assert backoff.wait_s("a") == 0.0 and backoff.failed("a") == 0.0  # a fresh count
+
+
+@pytest.mark.parametrize("after, max_wait_s", [(0, 10), (True, 10), (3, 0.5), (3, float("inf"))])
+def test_auth_backoff_refuses_bad_settings(after, max_wait_s):
+    with pytest.raises(ValueError, match="auth_backoff"):
+        client_limits.AuthFailureBackoff(after=after, max_wait_s=max_wait_s)

@@ -1,0 +1,140 @@
+"""Who may call a serving process and how much, decided once for all its listeners.
+
+The HTTP servers (sdk.openai_server.access) and the gRPC service (cloud_engine.grpc.auth)
+ask one `AccessGate` per process, so a key's budget is one budget whichever door its
+requests come through. Per request, in order: whether the caller's address is backing off
+after failed keys (then its key is not even checked), the API key (when keys are
+configured), the rate limit, the limit on requests in flight (sdk.protocol.client_limits).
+A caller is identified by its key, or by its address (`ip:<host>`) when the process has
+no keys. Each listener turns a `Refusal` into its own protocol's answer (HTTP 401/429,
+gRPC UNAUTHENTICATED/RESOURCE_EXHAUSTED) and releases an admitted request's slot when
+its response has ended, however it ended.
+
+Keys never reach the log: refusals log the key's fingerprint. Refusal lines are deduplicated
+per client and kind: the first is logged, repeats within LOG_EVERY_S are counted and the count
+rides on the next line logged for them, so a guessing loop cannot flood the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sdk.protocol.api_keys import key_fingerprint, matching_key
+from sdk.protocol.client_limits import ClientLimits
+
+logger = logging.getLogger(__name__)
+
+LOG_EVERY_S = 60.0  # at most one refusal line per client and kind this often
+MAX_LOG_KEYS = 10_000  # (client, kind) pairs remembered for deduplication
+
+UNAUTHENTICATED = "unauthenticated"
+AUTH_BACKOFF = "auth_backoff"
+RATE_LIMITED = "rate_limited"
+TOO_MANY_IN_FLIGHT = "too_many_in_flight"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request is not served."""
+
+    kind: str  # UNAUTHENTICATED, AUTH_BACKOFF, RATE_LIMITED or TOO_MANY_IN_FLIGHT
+    retry_after_s: float = 0.0  # seconds until the client may try again (all but UNAUTHENTICATED)
+    key_presented: bool = False  # UNAUTHENTICATED: a wrong key (True) or none at all
+    limit: float = 0.0  # the limit hit: requests a minute, or requests in flight
+    per_key: bool = True  # limits: counted per API key (False: per client address)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The gate's answer: a refusal, or the client whose in-flight slot the request holds."""
+
+    client: str  # the identity budgets are kept for: the key itself, or "ip:<host>"
+    refusal: Refusal | None = None
+    holds_slot: bool = False  # release() it when the response has ended
+
+
+class DedupLog:
+    """Logs the first line per key, then at most one per `every_s`, carrying the count it skipped."""
+
+    def __init__(self, every_s: float = LOG_EVERY_S, clock: Callable[[], float] = time.monotonic):
+        self.every_s = every_s
+        self.clock = clock
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # key -> (last logged, skipped since)
+
+    def info(self, key: tuple[str, str], message: str, *args) -> None:
+        now = self.clock()
+        last, skipped = self._seen.get(key, (None, 0))
+        if last is not None and now - last < self.every_s:
+            self._seen[key] = (last, skipped + 1)
+            return
+        if len(self._seen) >= MAX_LOG_KEYS and key not in self._seen:
+            self._seen.clear()  # a scan of addresses: forget counts rather than grow
+        self._seen[key] = (now, 0)
+        if skipped:
+            message, args = message + " (%d more like it not logged since the last line)", (*args, skipped)
+        logger.info(message, *args)
+
+
+class AccessGate:
+    """API keys plus ClientLimits for one serving process (module docstring)."""
+
+    def __init__(self, api_keys: Iterable[str] = frozenset(), limits: ClientLimits | None = None):
+        self.api_keys = frozenset(api_keys)
+        self.limits = limits or ClientLimits()
+        self.log = DedupLog(clock=self.limits.clock)
+
+    @property
+    def active(self) -> bool:
+        """Whether the gate can refuse anything (else listeners may skip it)."""
+        return bool(self.api_keys) or self.limits.active
+
+    def who(self, client: str) -> str:
+        """A loggable name for a client: a key's fingerprint, never the key."""
+        return f"key {key_fingerprint(client)}" if self.api_keys else client
+
+    def admit(self, presented_key: str | None, address: str, what: str, *, limited: bool = True) -> Admission:
+        """Decide on one request from `address` (the peer's host) presenting `presented_key`.
+
+        `what` names the call in log lines ("POST /v1/chat/completions", a gRPC method).
+        `limited=False` checks the key only (paths that must not spend a budget: /metrics)."""
+        client = f"ip:{address}"
+        if self.api_keys:
+            backoff = self.limits.auth_backoff
+            if backoff is not None and (wait_s := backoff.wait_s(address)) > 0:
+                self.log.info((address, AUTH_BACKOFF), "%s from %s refused unchecked: backing off after failed API keys "
+                              "(%.1fs left)", what, address, wait_s)  # fmt: skip
+                return Admission(client, Refusal(AUTH_BACKOFF, retry_after_s=wait_s, per_key=False))
+            key = matching_key(presented_key, self.api_keys)
+            if key is None:
+                waits = backoff.failed(address) if backoff is not None else 0.0
+                seen = f"unknown API key {key_fingerprint(presented_key)}" if presented_key else "no API key"
+                then = f"; it now waits {waits:g}s before its next key is checked" if waits else ""
+                self.log.info((address, UNAUTHENTICATED), "%s from %s refused: %s%s", what, address, seen, then)
+                return Admission(client, Refusal(UNAUTHENTICATED, key_presented=presented_key is not None))
+            client = key
+            logger.debug("%s by key %s", what, key_fingerprint(key))
+        if not limited:
+            return Admission(client)
+        per_key = bool(self.api_keys)
+        rate = self.limits.rate
+        if rate is not None and (wait_s := rate.acquire(client)) > 0:
+            self.log.info((client, RATE_LIMITED), "%s refused for %s: rate limit (%.1fs until its next request)",
+                          what, self.who(client), wait_s)  # fmt: skip
+            return Admission(client, Refusal(RATE_LIMITED, retry_after_s=wait_s, limit=rate.per_minute, per_key=per_key))
+        in_flight = self.limits.in_flight
+        if in_flight is None:
+            return Admission(client)
+        if not in_flight.try_acquire(client):
+            self.log.info((client, TOO_MANY_IN_FLIGHT), "%s refused for %s: %d requests already in flight",
+                          what, self.who(client), in_flight.max_in_flight)  # fmt: skip
+            return Admission(client, Refusal(TOO_MANY_IN_FLIGHT, retry_after_s=1.0, limit=in_flight.max_in_flight,
+                                             per_key=per_key))  # fmt: skip
+        return Admission(client, holds_slot=True)
+
+    def release(self, admission: Admission) -> None:
+        """End an admitted request: its in-flight slot goes back."""
+        if admission.holds_slot and self.limits.in_flight is not None:
+            self.limits.in_flight.release(admission.client)
