@@ -86,6 +86,9 @@ class CloudEngine:
         loaded.model.warm_up_packed(config.max_num_batched_tokens, config.max_logit_rows)  # memory flat from here
         self.vocab_size = self.model_config.vocab_size
         self._token_bytes = build_token_bytes(self.tokenizer)
+        # The longest text one token stands for, special tokens' names included (sdk.protocol.prompt_tokens).
+        added = [len(text.encode("utf-8")) for text in self.tokenizer.get_added_vocab()]
+        self.max_token_bytes = max([1, *added, *(len(piece) for piece in self._token_bytes)])
         # Structured requests' masks over the logits' width (ids past the tokenizer: never allowed).
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else min(self.eos_token_ids)
         self.grammar = GrammarMasks(lambda: [self.token_bytes(i) for i in range(self.vocab_size)], eos,

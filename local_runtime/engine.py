@@ -67,7 +67,7 @@ class LocalEngine:
         self.chat_template = self.backend.metadata("tokenizer.chat_template")
         self._bos_text = self.backend.special_token_text("bos")
         self._eos_text = self.backend.special_token_text("eos")
-        self._max_token_bytes = self.backend.max_token_bytes()
+        self.max_token_bytes = self.backend.max_token_bytes()  # a text of B bytes is >= B / this tokens
         # For min_tokens: the ids that would end generation early and are masked until then.
         self._end_ids = np.array([i for i in range(self.backend.n_vocab) if self.backend.is_end_of_generation(i)], dtype=np.int64)
         backend = self.backend  # structured requests' masks, over llama.cpp's token bytes
@@ -85,7 +85,7 @@ class LocalEngine:
         prompt = render_chat(self.chat_template, messages, self._bos_text, self._eos_text)
         # llama.cpp's special-token pass grows faster than linearly in the text (a 1.5 MB body
         # of small messages took over 30 s): refuse what cannot fit before tokenizing it.
-        min_tokens = len(prompt.encode("utf-8")) // self._max_token_bytes
+        min_tokens = len(prompt.encode("utf-8")) // self.max_token_bytes
         if min_tokens > self.max_model_len:
             raise ContextLengthError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your messages "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from cloud_engine.grpc import tandem_pb2 as pb
 from cloud_engine.grpc.errors import ModelNotFoundError
+from sdk.protocol.prompt_tokens import chat_prompt_tokens, text_prompt_tokens
 from sdk.protocol.engine import (
     EngineProtocol,
     GenerationRequest,
@@ -28,26 +29,27 @@ Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]  # text, token ids, o
 # -- server side: requests in --------------------------------------------------------------
 
 
-def generation_request(message: pb.GenerateRequest, engine: EngineProtocol, engine_request_id: str) -> GenerationRequest:
-    """The engine request for a GenerateRequest (the prompt rendered and tokenized, continuation appended)."""
+async def generation_request(message: pb.GenerateRequest, engine: EngineProtocol, engine_request_id: str) -> GenerationRequest:
+    """The engine request for a GenerateRequest (the prompt rendered and tokenized off the event loop
+    when large, sdk.protocol.prompt_tokens; continuation appended)."""
     if message.model and message.model != engine.model_name:
         raise ModelNotFoundError(
             f"the model {message.model!r} is not served here; ListModels lists the served models", "model"
         )
-    token_ids = prompt_token_ids(message, engine) + list(message.continuation_token_ids)
+    token_ids = await prompt_token_ids(message, engine) + list(message.continuation_token_ids)
     params = sampling_params(message, len(token_ids), engine.max_model_len)
     return GenerationRequest(engine_request_id, token_ids, params, priority=message.priority,
                              num_continuation_tokens=len(message.continuation_token_ids))
 
 
-def prompt_token_ids(message: pb.GenerateRequest, engine: EngineProtocol) -> list[int]:
+async def prompt_token_ids(message: pb.GenerateRequest, engine: EngineProtocol) -> list[int]:
     kind = message.WhichOneof("prompt")
     if kind is None:
         raise InvalidRequestError("the request has no prompt; set one of messages, prompt_token_ids or text", "prompt")
     if kind == "messages":
         if not message.messages.messages:
             raise InvalidRequestError("messages must contain at least one message", "messages")
-        return engine.apply_chat_template([{"role": m.role, "content": m.content} for m in message.messages.messages])
+        return await chat_prompt_tokens(engine, [{"role": m.role, "content": m.content} for m in message.messages.messages])
     if kind == "prompt_token_ids":
         if not message.prompt_token_ids.ids:
             raise InvalidRequestError("prompt_token_ids must contain at least one token id", "prompt_token_ids")
@@ -55,7 +57,7 @@ def prompt_token_ids(message: pb.GenerateRequest, engine: EngineProtocol) -> lis
     if not message.text:
         raise InvalidRequestError("text must not be empty", "text")
     # Raw text gets the model's BOS like any tokenizer call (as /v1/completions does).
-    return engine.tokenize(message.text, add_special=True)
+    return await text_prompt_tokens(engine, message.text, add_special=True)
 
 
 OPTIONAL_FLOATS = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")  # unset travels as absent

@@ -41,7 +41,7 @@ class TandemServicer(pb_grpc.TandemServicer):
         engine_request_id = f"{request_id}#{uuid.uuid4().hex[:12]}"
         engine = self.engine
         try:
-            events = engine.generate(convert.generation_request(request, engine, engine_request_id))
+            events = engine.generate(await convert.generation_request(request, engine, engine_request_id))
         except Exception as exc:
             await _abort_with(context, exc)  # raises: the call ends here
             return

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from sdk.protocol.engine import EngineProtocol, GenerationRequest, SamplingParams, TokenEvent
+from sdk.protocol.prompt_tokens import chat_prompt_tokens
 
 
 class LocalRun:
@@ -29,14 +30,14 @@ class LocalRun:
     def finished(self) -> bool:
         return bool(self.events) and self.events[-1].finish_reason is not None
 
-    def _prompt(self) -> list[int]:
+    async def _prompt(self) -> list[int]:
         if self.prompt_token_ids is None:
-            self.prompt_token_ids = list(self.engine.apply_chat_template(self.messages))
+            self.prompt_token_ids = await chat_prompt_tokens(self.engine, self.messages)
         return self.prompt_token_ids
 
     async def stream(self) -> AsyncIterator[TokenEvent]:
         """The local answer, token by token (stop() ends it early)."""
-        self._stream = self.engine.generate(GenerationRequest(self.request_id, self._prompt(), self.params))
+        self._stream = self.engine.generate(GenerationRequest(self.request_id, await self._prompt(), self.params))
         try:
             async for event in self._stream:
                 self.events.append(event)
@@ -72,7 +73,7 @@ class LocalRun:
             return
         params = dataclasses.replace(self.params, max_tokens=remaining)
         # The tail is the answer's start: a structured request's grammar consumes it first.
-        request = GenerationRequest(self.request_id + id_suffix, self._prompt() + prompt_tail, params,
+        request = GenerationRequest(self.request_id + id_suffix, await self._prompt() + prompt_tail, params,
                                     num_continuation_tokens=len(prompt_tail))
         async for event in self.engine.generate(request):
             self.events.append(event)

@@ -17,6 +17,7 @@ from typing import NamedTuple
 from sdk.cascade.runner import CascadeRunner
 from sdk.cascade.types import CascadeEvent, collect
 from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk, tandem_field, usage_of
+from sdk.protocol.prompt_tokens import chat_prompt_tokens
 from sdk.protocol.engine import EngineProtocol, InvalidRequestError, SamplingParams
 from sdk.protocol.openai_schema import (
     ChatChoice,
@@ -66,10 +67,10 @@ async def prepare_routed(runner: CascadeRunner, request: ChatCompletionRequest, 
     needs it, then prepare: what every front door of the cascade runs on a validated request."""
     shared = await runner.shares_vocabulary() if request.logit_bias else False
     check_routable(request, model, runner.local.model_name, shares_vocabulary=shared)
-    return prepare(runner.local, request)
+    return await prepare(runner.local, request)
 
 
-def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> RoutedChat:
+async def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> RoutedChat:
     """Messages and sampling parameters of a validated request (InvalidRequestError names the param).
     Tools are rendered in the local model's format for both tiers: the cloud gets the same messages
     and grammar (a tandem cloud engine enforces it whatever its own model's format)."""
@@ -77,7 +78,7 @@ def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> RoutedCha
     message_dicts = request.message_dicts(tool_format)
     # Only a missing max_tokens needs the prompt length (the default is what the context has left).
     missing_budget = request.max_tokens is None and request.max_completion_tokens is None
-    num_prompt_tokens = len(engine.apply_chat_template(message_dicts)) if missing_budget else 0
+    num_prompt_tokens = len(await chat_prompt_tokens(engine, message_dicts)) if missing_budget else 0
     tools = request.tool_request()
     return RoutedChat(message_dicts, request.sampling_params(num_prompt_tokens, engine.max_model_len, tool_format=tool_format),
                       ToolAnswers(tool_format, tools), None if tools is None else "required" if tools.required else "auto")  # fmt: skip

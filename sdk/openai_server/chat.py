@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sdk.protocol.engine import TokenEvent
+from sdk.protocol.prompt_tokens import chat_prompt_tokens
 from sdk.protocol.tool_calls import ToolAnswers
 from sdk.protocol.tool_formats import tool_format_of
 from sdk.protocol.openai_schema import (
@@ -43,7 +44,7 @@ async def create_chat_completion(request: Request) -> Response:
         return await create_routed_chat_completion(request, state, body, model)
     try:
         tool_format = tool_format_of(state.engine)
-        prompt_token_ids = state.engine.apply_chat_template(body.message_dicts(tool_format))
+        prompt_token_ids = await chat_prompt_tokens(state.engine, body.message_dicts(tool_format))
         max_model_len = state.engine.max_model_len
         response_id = new_id("chatcmpl")
         generation_requests = choice_requests(

@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from router.decision import RoutingMode
 from sdk.protocol.engine import InvalidRequestError, TokenEvent
+from sdk.protocol.prompt_tokens import text_prompt_tokens
 from sdk.protocol.openai_schema import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
@@ -26,7 +27,7 @@ async def create_completion(request: Request) -> Response:
         model = _completion_model(state, body.model)
         prompt = body.single_prompt()
         # Text gets the model's BOS like any tokenizer call; token ids are the caller's exact prompt.
-        prompt_token_ids = state.engine.tokenize(prompt, add_special=True) if isinstance(prompt, str) else prompt
+        prompt_token_ids = await text_prompt_tokens(state.engine, prompt) if isinstance(prompt, str) else prompt
         response_id = new_id("cmpl")
         generation_requests = choice_requests(response_id, prompt_token_ids, body.num_choices, body.sampling_params)
     except Exception as exc:

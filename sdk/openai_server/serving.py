@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -24,6 +25,7 @@ from sdk.openai_server.generation import (
 )
 from sdk.openai_server.metrics import ServerMetrics
 from sdk.openai_server.streaming import EventStreamResponse
+from sdk.protocol.prompt_tokens import LARGE_BODY_BYTES, off_loop
 from sdk.protocol.request_fields import unknown_fields
 
 logger = logging.getLogger(__name__)
@@ -107,7 +109,11 @@ async def parse_body(request: Request, model_cls: type[RequestModel]) -> Request
     """Validate the raw body ourselves: strict types, and malformed JSON as a 400 like any other; the
     models' validators refuse the fields tandem does not implement (request_fields); log the unknown ones."""
     state: ServerState = request.app.state.tandem
-    body = model_cls.model_validate_json(await request.body(), context={"strict_fields": state.strict_fields})
+    raw, context = await request.body(), {"strict_fields": state.strict_fields}
+    if len(raw) > LARGE_BODY_BYTES:  # 10,000 messages take ~20 ms to validate: not on the loop
+        body = await off_loop(functools.partial(model_cls.model_validate_json, raw, context=context))
+    else:
+        body = model_cls.model_validate_json(raw, context=context)
     unknown = unknown_fields(body.ignored_fields)
     if unknown:
         logger.warning("the request's fields %s are not known to tandem and were ignored", ", ".join(unknown))

@@ -116,6 +116,12 @@ class AsyncStepEngine:
         return self._engine.vocabulary_fingerprint if self._engine is not None else ""
 
     @property
+    def max_token_bytes(self) -> int | None:
+        """The longest text one token of the loaded model stands for (None while loading):
+        sdk.protocol.prompt_tokens bounds a prompt's tokens from its bytes with it."""
+        return getattr(self._engine, "max_token_bytes", None) if self._engine is not None else None
+
+    @property
     def chat_template(self) -> str | None:
         """The loaded model's chat template (None while loading, or when it has none)."""
         return self._engine.chat_template if self._engine is not None else None
