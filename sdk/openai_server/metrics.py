@@ -58,6 +58,7 @@ class EngineStatsCollector:
             ("prompt_tokens", "Prompt tokens processed.", stats.num_prompt_tokens_total),
             ("generation_tokens", "Tokens generated.", stats.num_generation_tokens_total),
             ("num_preemptions", "Requests preempted for lack of KV blocks.", stats.num_preemptions_total),
+            ("num_requests_aborted", "Requests stopped before their last token (client gone, cancelled, timed out).", stats.num_requests_aborted_total),
             ("prefix_cache_queries", "Tokens looked up in the prefix cache (vLLM's prefix_cache_queries).", stats.num_prefix_cache_query_tokens_total),
             ("prefix_cache_hits", "Prompt tokens served from the prefix cache (vLLM's prefix_cache_hits).", stats.num_prefix_cache_hit_tokens_total),
             ("spec_decode_num_drafts", "Speculative drafts verified (vLLM's spec_decode_num_drafts).", stats.num_spec_drafts_total),

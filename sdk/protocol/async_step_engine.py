@@ -11,6 +11,7 @@ asyncio queue with `call_soon_threadsafe`, one wake-up per event loop per step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections import deque
@@ -58,6 +59,7 @@ class AsyncStepEngine:
         self.max_model_len = max_model_len  # final value known once loaded
         self._load = load
         self._max_in_flight = max_in_flight
+        self._num_aborted = 0  # unfinished requests the engine thread aborted (written by it alone)
         self._engine: StepEngine | None = None
         self._load_error: BaseException | None = None
         self._wakeup = threading.Condition()
@@ -140,7 +142,7 @@ class AsyncStepEngine:
 
     def stats(self) -> EngineStats:
         # Read without a lock: a snapshot that may be one step stale is fine for metrics.
-        return self.engine.stats()
+        return dataclasses.replace(self.engine.stats(), num_requests_aborted_total=self._num_aborted)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Validate now (raising before any event), then stream the request's tokens."""
@@ -216,8 +218,8 @@ class AsyncStepEngine:
             for kind, payload in inbox:
                 if kind == "add":
                     self._add(engine, payload)
-                else:
-                    engine.abort_request(payload)
+                elif engine.abort_request(payload):
+                    self._num_aborted += 1  # it was still unfinished: its KV blocks are free now
             if not engine.has_unfinished_requests():
                 continue
             try:

@@ -269,6 +269,8 @@ class EngineStats:
     num_spec_draft_tokens_total: int = 0
     num_spec_accepted_tokens_total: int = 0
     spec_accepted_tokens_per_position: tuple[int, ...] = ()
+    # requests stopped before their last token (client gone, cancelled, timed out): the engine noticed
+    num_requests_aborted_total: int = 0
 
     @property
     def kv_usage(self) -> float:

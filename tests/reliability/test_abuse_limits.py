@@ -318,6 +318,7 @@ def test_clients_vanishing_at_random_points_free_everything(server):
     port = httpx.URL(server).port
     rng = random.Random(20240611)
     seen = []
+    aborted_before = metric(metrics_text(server), "tandem:num_requests_aborted_total")
     for round_ in range(6):
         # Two at a time per key, on two keys: up to the in-flight limit, never over it.
         threads = []
@@ -332,6 +333,12 @@ def test_clients_vanishing_at_random_points_free_everything(server):
     assert len(seen) == 24 and len({s.split(":")[0] for s in seen}) >= 4, seen
     text = idle(server, timeout_s=60)
     assert metric(text, "tandem:num_requests_waiting") == 0
+    # The engine saw each disconnect that came after its request was running: every client gone
+    # mid-stream at least (it read part of the answer), none that left during its headers or body.
+    aborted = metric(text, "tandem:num_requests_aborted_total") - aborted_before
+    mid_stream = sum(s.startswith("mid-stream:stream") for s in seen)
+    reached = sum(s.split(":")[0] in ("before-response", "mid-stream", "waiting") for s in seen)
+    assert mid_stream >= 1 and mid_stream <= aborted <= reached, (aborted, seen)
     # Every in-flight slot came back: each key may run its two requests again at once.
     with httpx.Client(base_url=server, timeout=120) as http:
         for key in KEYS[2:]:

@@ -10,7 +10,7 @@ from sdk import AsyncClient, Client
 from sdk.cloud.grpc_client import CloudUnavailableError
 from sdk.protocol.engine import InvalidRequestError
 from tests.conftest import free_port
-from tests.sdk.test_openai_server import wait_until_idle
+from tests.sdk.test_openai_server import metric, wait_until_idle
 
 pytestmark = pytest.mark.slow
 
@@ -55,10 +55,14 @@ async def test_errors_are_typed(client):
 
 
 async def test_closing_a_stream_early_frees_the_request(client, server_url):
-    stream = await client.chat.completions.create(model="local", messages=QUESTION, max_tokens=200, stream=True)
+    aborted = metric(httpx.get(f"{server_url}/metrics").text, "tandem:num_requests_aborted_total")
+    # A story of up to 400 tokens: it cannot end by itself between its first chunk and the close.
+    story = [{"role": "user", "content": "Write a long story about a dragon who learns to sail."}]
+    stream = await client.chat.completions.create(model="local", messages=story, max_tokens=400, stream=True)
     await anext(stream)
     await stream.aclose()
-    wait_until_idle(server_url)
+    text = wait_until_idle(server_url, timeout_s=5.0)
+    assert metric(text, "tandem:num_requests_aborted_total") == aborted + 1, "the server never saw the stream close"
 
 
 def test_sync_client_over_http(server_url):
