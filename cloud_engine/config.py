@@ -29,6 +29,9 @@ class CloudEngineConfig:
     max_model_len: int | None = None  # prompt + completion limit; None: min(model's own, KV pool, 8192)
     enable_chunked_prefill: bool = True  # split long prompts across steps, beside running decodes
     long_prefill_token_threshold: int = 0  # > 0 caps one request's prefill chunk per step
+    # Chunked prefill sized so a step beside running decodes takes about this long (measured
+    # costs, cloud_engine.step_cost); None: chunks fill the token budget.
+    step_time_target_ms: float | None = None
     enable_prefix_caching: bool = True  # reuse full KV blocks of identical prefixes
     scheduling_policy: str = "fcfs"  # fcfs, or priority (lower GenerationRequest.priority first)
     max_waiting: int = 1024  # queued requests beyond this are refused with 503
@@ -49,6 +52,7 @@ class CloudEngineConfig:
             (self.long_prefill_token_threshold >= 0, f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"),
             (self.scheduling_policy in POLICIES, f"scheduling_policy must be one of {', '.join(POLICIES)}, got {self.scheduling_policy!r}"),
             (self.attention_backend in ATTENTION_BACKENDS, f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"),
+            (self.step_time_target_ms is None or self.step_time_target_ms > 0, f"step_time_target_ms must be > 0, got {self.step_time_target_ms}"),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
         ]
         for ok, message in checks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import time
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ from cloud_engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from cloud_engine.spec_decode.policy import SpeculationPolicy
 from cloud_engine.spec_decode.rejection import verify_draft
 from cloud_engine.spec_decode.stats import SpecDecodeStats
+from cloud_engine.step_cost import StepCostModel
 from cloud_engine.token_bytes import build_token_bytes
 from sdk.protocol.engine import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
 from sdk.protocol.grammar import GrammarMasks
@@ -132,6 +134,8 @@ class CloudEngine:
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             policy=config.scheduling_policy,
         )
+        target_ms = config.step_time_target_ms if config.enable_chunked_prefill else None
+        self.step_cost = StepCostModel(target_ms / 1000.0) if target_ms else None
         self._generators: dict[str, torch.Generator] = {}
         self.spec_config = config.speculative
         self.spec_stats = SpecDecodeStats()
@@ -216,9 +220,19 @@ class CloudEngine:
     # -- the step --------------------------------------------------------------------------
 
     def step(self) -> list[TokenEvent]:
-        scheduler_output = self.scheduler.schedule()
+        started = time.perf_counter()
+        cost = self.step_cost
+        scheduler_output = self.scheduler.schedule(cost.prefill_budget(self.scheduler.num_decoding()) if cost else None)
         if not scheduler_output.num_scheduled_tokens:
             return []
+        if cost is not None:
+            try:
+                return self._step(scheduler_output)
+            finally:
+                cost.record(*_decodes_and_prefill(scheduler_output), time.perf_counter() - started)
+        return self._step(scheduler_output)
+
+    def _step(self, scheduler_output: SchedulerOutput) -> list[TokenEvent]:
         requests = self.scheduler.requests
         batch = self.runner.prepare(scheduler_output.num_scheduled_tokens, requests, self.kv_manager.get_block_ids,
                                     scheduler_output.scheduled_spec_token_ids)  # fmt: skip
@@ -363,3 +377,15 @@ class CloudEngine:
 
     def close(self) -> None:
         self.abort_all()
+
+
+def _decodes_and_prefill(out: SchedulerOutput) -> tuple[int, int]:
+    """(requests decoding, prompt tokens prefilled) in one scheduled step: a request with one new
+    token, plus its draft when speculating, decodes; the others prefill."""
+    decodes = prefill = 0
+    for rid, num in out.num_scheduled_tokens.items():
+        if num - len(out.scheduled_spec_token_ids.get(rid, ())) <= 1:
+            decodes += 1
+        else:
+            prefill += num
+    return decodes, prefill

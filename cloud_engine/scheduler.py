@@ -183,11 +183,18 @@ class Scheduler:
         self._finished_ids.append(request_id)
         return request
 
-    def schedule(self) -> SchedulerOutput:
-        """Pick this step's tokens per request, taking blocks for them (and preempting when short)."""
+    def num_decoding(self) -> int:
+        """Running requests with one token to compute: the decodes of the next step."""
+        return sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens <= 1)
+
+    def schedule(self, prefill_budget: int | None = None) -> SchedulerOutput:
+        """Pick this step's tokens per request, taking blocks for them (and preempting when short).
+        `prefill_budget`: at most this many prompt (or recompute) tokens in the step, beside the
+        decodes (cloud_engine.step_cost sizes it from a step-time target); None: the token budget."""
         out = SchedulerOutput(finished_ids=self._finished_ids)
         self._finished_ids = []
         budget = self.max_num_batched_tokens
+        prefill_left = budget if prefill_budget is None else prefill_budget
 
         for request in list(self.running):
             if budget == 0:
@@ -195,6 +202,9 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
+            prefilling = request.num_tokens - request.num_computed_tokens > 1
+            if prefilling:
+                num_new = min(num_new, prefill_left) if self.enable_chunked_prefill else num_new
             if num_new == 0:
                 continue
             spec = self._schedulable_spec(request, num_new, budget)
@@ -214,12 +224,16 @@ class Scheduler:
             out.num_scheduled_tokens[request.request_id] = num_new
             out.new_block_ids[request.request_id] = new_block_ids
             budget -= num_new
+            if prefilling:
+                prefill_left = max(0, prefill_left - num_new)
 
         # Admitting right after a preemption would only take the blocks back and thrash the pool.
         while not out.preempted_ids and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting.peek()
             computed_block_ids, num_cached = self.kv_cache_manager.get_computed_blocks(request)
             num_new = self._num_new_tokens(request, num_cached, budget)
+            if self.enable_chunked_prefill and num_new > 1:
+                num_new = min(num_new, prefill_left)
             if num_new == 0:
                 break  # head of line: later requests wait for it (FCFS fairness)
             new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new, computed_block_ids)
@@ -235,6 +249,7 @@ class Scheduler:
             out.new_request_ids.append(request.request_id)
             out.num_cached_tokens[request.request_id] = num_cached
             budget -= num_new
+            prefill_left = max(0, prefill_left - num_new)
         return out
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:

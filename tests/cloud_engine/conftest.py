@@ -102,9 +102,9 @@ class Driver:
         self.check_state()
         return request
 
-    def step(self) -> StepRecord:
+    def step(self, prefill_budget: int | None = None) -> StepRecord:
         s = self.s
-        out = s.schedule()
+        out = s.schedule(prefill_budget)
         self.check_output(out)
         before = {rid: (s.requests[rid].num_computed_tokens, s.requests[rid].num_tokens) for rid in out.num_scheduled_tokens}
         for rid, n in out.num_scheduled_tokens.items():

@@ -116,6 +116,26 @@ def test_chunked_prefill_splits_a_long_prompt_while_decodes_continue():
     d.assert_drained()
 
 
+def test_a_prefill_budget_caps_prompt_tokens_per_step_but_never_the_decodes():
+    d = Driver(make_scheduler(max_num_batched_tokens=64))
+    a = make_request("a", 4, max_tokens=30, arrival_time=0.0)
+    d.add(a)
+    d.step()
+    b, c = make_request("b", 20, max_tokens=2, arrival_time=1.0), make_request("c", 10, max_tokens=2, arrival_time=2.0)
+    d.add(b, c)
+    assert d.s.num_decoding() == 1
+    chunks = []
+    while b.num_output_tokens == 0:
+        rec = d.step(prefill_budget=6)
+        assert rec.out.num_scheduled_tokens["a"] == 1, "the decode runs every step, whatever the prefill budget"
+        chunks.append({rid: n for rid, n in rec.out.num_scheduled_tokens.items() if rid != "a"})
+    # 6 prompt tokens a step in all: b's chunks first, then c's prompt takes what b leaves (FCFS).
+    assert [sum(step.values()) for step in chunks[:-1]] == [6, 6, 6] and chunks[0] == {"b": 6}
+    assert chunks[-1]["b"] == 2 and chunks[-1]["c"] == 4
+    d.run()
+    d.assert_drained()
+
+
 def test_long_prefill_token_threshold_caps_one_requests_chunk():
     d = Driver(make_scheduler(max_num_batched_tokens=32, long_prefill_token_threshold=8))
     a, b = make_requests(2, 20, 2)
