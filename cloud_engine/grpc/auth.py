@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import urllib.parse
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -44,10 +45,12 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
 
 
 def peer_host(peer: str | None) -> str:
-    """The host of a grpc peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/path")."""
+    """The host of a grpc peer string ("ipv4:127.0.0.1:5000", "ipv6:%5B::1%5D:5000" (gRPC
+    percent-encodes the brackets), "unix:/path"): the port differs per connection, the host does not."""
     if not peer:
         return "unknown"
     scheme, _, rest = peer.partition(":")
+    rest = urllib.parse.unquote(rest)
     if scheme == "ipv6":
         return rest.rpartition("]")[0].lstrip("[") or rest
     if scheme == "ipv4":

@@ -9,6 +9,7 @@ import grpc
 import httpx
 import pytest
 
+from cloud_engine.grpc.auth import peer_host
 from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from sdk.cloud.grpc_client import CloudClient, CloudOverloadedError, CloudUnauthenticatedError
 from sdk.openai_server import create_app
@@ -106,3 +107,10 @@ async def test_wrong_keys_back_off_per_address_without_being_checked(engine, ser
         # 3 free guesses, a 1 s wait, one more, then a 2 s wait: 4 checked in 1.5 s, however fast the loop.
         assert codes.count("checked") == 4 and codes.count("backoff") > 10, codes[:12]
         await refused(right.list_models())  # the right key from the same address waits too
+
+
+@pytest.mark.parametrize("peer, host", [("ipv4:127.0.0.1:5000", "127.0.0.1"), ("ipv6:%5B::1%5D:5000", "::1"),
+                                        ("ipv6:[2001:db8::1]:443", "2001:db8::1"), ("unix:/tmp/s.sock", "unix"),
+                                        ("", "unknown")])  # fmt: skip
+def test_the_budget_identity_is_the_peer_host_without_its_port(peer, host):
+    assert peer_host(peer) == host

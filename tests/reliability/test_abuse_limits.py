@@ -112,7 +112,12 @@ def test_a_body_under_the_limit_reaches_the_context_check(server):
     completion = {"model": MODEL, "prompt": "cat " * 15000, "max_tokens": 4}
     response = httpx.post(f"{server}/v1/completions", json=completion, headers=auth())
     message = assert_openai_error(response, 400, "context_length_exceeded", "prompt")  # the prompt alone is over
-    assert str(MAX_MODEL_LEN) in message and "15001" in message
+    # 60,000 bytes are at least 740 tokens whatever the tokenizer does: refused before tokenizing.
+    assert str(MAX_MODEL_LEN) in message and "at least" in message
+    # 20,000 bytes pass that bound (>= 246 tokens) but tokenize to 5,001: the exact count is named.
+    response = httpx.post(f"{server}/v1/completions", json={**completion, "prompt": "cat " * 5000}, headers=auth())
+    message = assert_openai_error(response, 400, "context_length_exceeded", "prompt")
+    assert str(MAX_MODEL_LEN) in message and "5001" in message
 
 
 # -- the schema's limits ------------------------------------------------------------------------
