@@ -225,12 +225,11 @@ class CloudEngine:
         scheduler_output = self.scheduler.schedule(cost.prefill_budget(self.scheduler.num_decoding()) if cost else None)
         if not scheduler_output.num_scheduled_tokens:
             return []
-        if cost is not None:
-            try:
-                return self._step(scheduler_output)
-            finally:
+        try:
+            return self._step(scheduler_output)
+        finally:
+            if cost is not None:
                 cost.record(*_decodes_and_prefill(scheduler_output), time.perf_counter() - started)
-        return self._step(scheduler_output)
 
     def _step(self, scheduler_output: SchedulerOutput) -> list[TokenEvent]:
         requests = self.scheduler.requests

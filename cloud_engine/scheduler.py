@@ -202,9 +202,10 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = self._num_new_tokens(request, request.num_computed_tokens, budget)
-            prefilling = request.num_tokens - request.num_computed_tokens > 1
+            # Without chunking a prompt runs whole or waits (_num_new_tokens): the budget cannot split it.
+            prefilling = self.enable_chunked_prefill and request.num_tokens - request.num_computed_tokens > 1
             if prefilling:
-                num_new = min(num_new, prefill_left) if self.enable_chunked_prefill else num_new
+                num_new = min(num_new, prefill_left)
             if num_new == 0:
                 continue
             spec = self._schedulable_spec(request, num_new, budget)

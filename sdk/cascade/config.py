@@ -48,7 +48,10 @@ class CascadeConfig:
     tool_calls: str = "auto"  # where turns offering tools go: auto / local / cloud (router.pre_generation.ToolTurns)
 
     def stream_hold_window(self) -> int | None:
-        """Tokens a streamed restart-mode answer holds back (router.hold_back); None: until decided."""
+        """Tokens a streamed answer holds back (router.hold_back); None: until decided, or (continue
+        mode) nothing: tokens are released as they come."""
+        if self.handoff == HandoffMode.CONTINUE.value:
+            return None
         if self.hold_tokens is None:
             return max(DEFAULT_HOLD_TOKENS, self.min_tokens_k)
         return self.hold_tokens or None

@@ -105,8 +105,7 @@ class CascadeRequest:
         yield CascadeEvent("", None, self.answered_by.value, self.finish_reason, self._routing_info(), self.stop_reason)
 
     async def _local_first(self, pre: RoutingDecision | None) -> AsyncIterator[CascadeEvent]:
-        continuing = self.config.handoff == HandoffMode.CONTINUE.value
-        buffer = HoldBackBuffer(self.config.handoff, None if continuing else self.hold_window)
+        buffer = HoldBackBuffer(self.config.handoff, self.hold_window)
         if pre is not None or self.threshold == 0.0:
             self._settle_local(buffer)  # nothing can escalate: stream the local tokens as they come
         observing, escalation = True, None

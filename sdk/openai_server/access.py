@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sdk.protocol.access_gate import AUTH_BACKOFF, RATE_LIMITED, UNAUTHENTICATED, AccessGate, Refusal
+from sdk.protocol.access_gate import AUTH_BACKOFF, RATE_LIMITED, TOO_MANY_IN_FLIGHT, UNAUTHENTICATED, AccessGate, Refusal
 from sdk.protocol.api_keys import bearer_token, is_loopback
 from sdk.openai_server.errors import OpenAIError, auth_backoff, invalid_api_key, rate_limited
 from sdk.openai_server.limits import too_many_in_flight
@@ -40,9 +40,9 @@ class AccessControl:
         self.gate = gate
         self.metrics = metrics
         if gate.limits.in_flight is not None:
-            metrics.http_rejections.labels("too_many_in_flight")  # exported at 0 from the start
+            metrics.http_rejections.labels(TOO_MANY_IN_FLIGHT)  # exported at 0 from the start
         if gate.api_keys and gate.limits.auth_backoff is not None:
-            metrics.http_rejections.labels("auth_backoff")
+            metrics.http_rejections.labels(AUTH_BACKOFF)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:

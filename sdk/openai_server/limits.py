@@ -1,4 +1,4 @@
-"""Abuse limits the request schema cannot express: body size and requests in flight per client.
+"""Abuse limits the request schema cannot express: body size, and the 429 for requests in flight.
 
 - Body size: a request whose Content-Length is over `max_body_bytes` is refused (413)
   before a byte of its body is read; a chunked body (no Content-Length) is counted as it
@@ -8,10 +8,11 @@
 - In flight: at most `max_in_flight` requests per client (its API key, or its address
   without keys) are being served at once: streaming or not, from the moment the request
   passes the access checks until its response has ended however it ended (finished,
-  failed, client gone). One more is 429 at once; nothing queues.
+  failed, client gone). One more is 429 at once; nothing queues. The count is the process's
+  AccessGate's (sdk.protocol.access_gate, asked by access.AccessControl); its answer is here.
 
-Both are plain ASGI middleware (like access.AccessControl): they never wrap the response,
-so streaming and client-disconnect detection behave exactly as without them.
+BodySizeLimit is plain ASGI middleware (like access.AccessControl): it never wraps the response,
+so streaming and client-disconnect detection behave exactly as without it.
 """
 
 from __future__ import annotations
