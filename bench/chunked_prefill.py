@@ -5,13 +5,17 @@
 16 requests decode steadily; while they do, long prompts (>= 1500 tokens) arrive (one
 after the steady requests have made 8 tokens, then one every 24 tokens). We measure
 the inter-token latency (gap between consecutive tokens of a steady request, as the
-engine emits them) with chunked prefill under a 256-token step budget, and without
-chunking (a whole prompt in one step, budget 4096), in the same run, same model, same
-arrivals; and with chunks sized from a step-time target (`--step-target-ms`, default 80: under
-twice a decode-only step here, cloud_engine.step_cost) under the same budget. Keys, the target
-mode against unchunked: `itl_p90_ratio` (target <= 2), `itl_p99_ratio` (<= 0.5),
-`long_prompt_ttft_ratio` (the long prompts' time to first token, <= 1.5); the fixed-budget
-mode's ratios stay under `token_budget_*`.
+engine emits them) and the long prompts' time to first token in three modes, in turn, same
+model, same arrivals: chunked prefill under a fixed 256-token step budget; without chunking
+(a whole prompt in one step, budget 4096); and chunks paced by step time
+(cloud_engine.prefill_pacing): steps stay under `--step-target-ms` (60: a decode-only step here
+plus a few prompt tokens) except a share (`--slow-step-share`, 0.08) that may run up to
+`--step-max-ms` (1100). Those three settings are the SLOs below restated: fewer than 10% slow
+steps keeps p90 at a target-sized step, and the maximum sits under half the unchunked p99.
+Keys, the target mode against unchunked, medians over the repetitions with `_spread`
+(min, max): `itl_p90_ratio` (target <= 2), `itl_p99_ratio` (<= 0.5), `long_prompt_ttft_ratio`
+(<= 1.5); a target counts as met only when its whole spread meets it. The fixed-budget mode's
+ratios are under `token_budget_*`.
 """
 
 from __future__ import annotations
@@ -77,25 +81,38 @@ def run(engine: CloudEngine, steady_tokens: int, long_lengths: list[int], seed: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
-    parser.add_argument("--quick", action="store_true", help="fewer long prompts and tokens (under 3 minutes here)")
+    parser.add_argument("--quick", action="store_true", help="two long prompts, 96 steady tokens, 2 repetitions (about 4 minutes here)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--step-target-ms", type=float, default=80.0, help="the step-time target mode's target")
+    parser.add_argument("--repeats", type=int, default=None, help="repetitions of all three modes (default 3; 2 with --quick)")
+    parser.add_argument("--step-target-ms", type=float, default=60.0, help="the target mode's step-time target")
+    parser.add_argument("--step-max-ms", type=float, default=1100.0, help="how long the target mode's occasional long steps may run")
+    parser.add_argument("--slow-step-share", type=float, default=0.08, help="the share of steps that may run past the target")
     args = parser.parse_args()
 
-    steady_tokens, long_lengths = (48, [1500, 1600]) if args.quick else (128, [1500, 1700, 1900, 2000])
+    steady_tokens, long_lengths = (96, [1500, 1700]) if args.quick else (128, [1500, 1700, 1900, 2000])
+    repeats = args.repeats or (2 if args.quick else 3)
     modes = {
         "chunked": dict(enable_chunked_prefill=True, max_num_batched_tokens=256),
-        "step_target": dict(enable_chunked_prefill=True, max_num_batched_tokens=256, step_time_target_ms=args.step_target_ms),
+        "step_target": dict(enable_chunked_prefill=True, max_num_batched_tokens=2048, step_time_target_ms=args.step_target_ms,
+                            step_time_max_ms=args.step_max_ms, slow_step_share=args.slow_step_share),
         "unchunked": dict(enable_chunked_prefill=False, max_num_batched_tokens=4096),
     }
-    results = {}
+    engines = {}
     for name, overrides in modes.items():
-        engine = CloudEngine(CloudEngineConfig(device=args.device, max_num_seqs=32, max_model_len=4096, kv_cache_gb=1.0, **overrides))
-        run(engine, 12, [64], seed=1)  # warm-up
-        results[name] = run(engine, steady_tokens, long_lengths, seed=0)
-        print(name, json.dumps(results[name]), flush=True)
-        engine.close()
-
+        engines[name] = CloudEngine(CloudEngineConfig(device=args.device, max_num_seqs=32, max_model_len=4096, kv_cache_gb=1.0, **overrides))
+        # Warm-up on other prompts: kernels built, and the target mode's cost model has measured
+        # long chunks, as it would have on a server that has been running.
+        run(engines[name], 48, [1200], seed=1000)
+    # The modes take turns within each repetition, so a noisy minute on this shared machine
+    # falls on all three rather than on one.
+    runs = {name: [] for name in modes}
+    for rep in range(repeats):
+        for name, engine in engines.items():
+            runs[name].append(run(engine, steady_tokens, long_lengths, seed=rep))
+            print(rep, name, json.dumps(runs[name][-1]), flush=True)
+    engine = engines["unchunked"]
+    per_run = [ratios(runs["step_target"][i], runs["unchunked"][i]) for i in range(repeats)]
+    per_run_budget = [ratios(runs["chunked"][i], runs["unchunked"][i]) for i in range(repeats)]
     report = {
         "benchmark": "chunked_prefill",
         "command": "python -m bench.chunked_prefill " + " ".join(sys.argv[1:]),
@@ -103,15 +120,34 @@ def main() -> None:
         "model": "embedded SmolLM2-135M-Instruct (GGUF, dequantized)",
         "device": str(engine.device), "dtype": str(engine.dtype),
         "workload": f"{NUM_STEADY} steady requests (32-token prompts, {steady_tokens} greedy tokens); long prompts of "
-                    f"{long_lengths} tokens arriving after 8, 32, 56, ... steady tokens",
-        "modes": {k: {kk: vv for kk, vv in v.items()} for k, v in modes.items()},
-        "results": results,
-        **ratios(results["step_target"], results["unchunked"]),
-        **{f"token_budget_{k}": v for k, v in ratios(results["chunked"], results["unchunked"]).items()},
+                    f"{long_lengths} tokens arriving after 8, 32, 56, ... steady tokens; {repeats} repetitions, modes in turn",
+        "modes": modes,
+        "results": {name: median_run(r) for name, r in runs.items()},
+        "runs": runs,
+        **summarize(per_run),
+        **{f"token_budget_{k}": v for k, v in summarize(per_run_budget).items()},
+        "num_slow_steps_total": engines["step_target"].pacer.num_slow_steps_total,
         "targets": TARGETS,
     }
-    report["targets_met"] = {k: report[k] <= v for k, v in TARGETS.items()}
-    write_report(args.json, report, ("itl_p90_ratio", "itl_p99_ratio", "long_prompt_ttft_ratio", "targets_met"))
+    report["targets_met"] = {k: report[k] <= v and report[f"{k}_spread"][1] <= v for k, v in TARGETS.items()}
+    write_report(args.json, report, ("itl_p90_ratio", "itl_p90_ratio_spread", "itl_p99_ratio", "itl_p99_ratio_spread",
+                                     "long_prompt_ttft_ratio", "long_prompt_ttft_ratio_spread", "targets_met"))
+    for engine in engines.values():
+        engine.close()
+
+
+def median_run(runs: list[dict]) -> dict:
+    return {key: float(np.median([r[key] for r in runs])) for key in runs[0]}
+
+
+def summarize(per_run: list[dict]) -> dict:
+    """Each ratio's median over the repetitions, and its spread (min, max)."""
+    out = {}
+    for key in per_run[0]:
+        values = [r[key] for r in per_run]
+        out[key] = float(np.median(values))
+        out[f"{key}_spread"] = [min(values), max(values)]
+    return out
 
 
 def ratios(mode: dict, unchunked: dict) -> dict:

@@ -30,8 +30,10 @@ class CloudEngineConfig:
     enable_chunked_prefill: bool = True  # split long prompts across steps, beside running decodes
     long_prefill_token_threshold: int = 0  # > 0 caps one request's prefill chunk per step
     # Chunked prefill sized so a step beside running decodes takes about this long (measured
-    # costs, cloud_engine.step_cost); None: chunks fill the token budget.
+    # costs, cloud_engine.prefill_pacing); None: chunks fill the token budget.
     step_time_target_ms: float | None = None
+    step_time_max_ms: float | None = None  # a share of steps may run this long to prefill more (None: the target)
+    slow_step_share: float = 0.05  # of the steps with decodes, at most this share run past the target
     enable_prefix_caching: bool = True  # reuse full KV blocks of identical prefixes
     scheduling_policy: str = "fcfs"  # fcfs, or priority (lower GenerationRequest.priority first)
     max_waiting: int = 1024  # queued requests beyond this are refused with 503
@@ -53,6 +55,9 @@ class CloudEngineConfig:
             (self.scheduling_policy in POLICIES, f"scheduling_policy must be one of {', '.join(POLICIES)}, got {self.scheduling_policy!r}"),
             (self.attention_backend in ATTENTION_BACKENDS, f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"),
             (self.step_time_target_ms is None or self.step_time_target_ms > 0, f"step_time_target_ms must be > 0, got {self.step_time_target_ms}"),
+            (self.step_time_max_ms is None or (self.step_time_target_ms is not None and self.step_time_max_ms >= self.step_time_target_ms),
+             f"step_time_max_ms ({self.step_time_max_ms}) needs step_time_target_ms set and must be >= it (got {self.step_time_target_ms})"),
+            (0.0 <= self.slow_step_share <= 1.0, f"slow_step_share must be in [0, 1], got {self.slow_step_share}"),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
         ]
         for ok, message in checks:

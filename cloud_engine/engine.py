@@ -36,7 +36,7 @@ from cloud_engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from cloud_engine.spec_decode.policy import SpeculationPolicy
 from cloud_engine.spec_decode.rejection import verify_draft
 from cloud_engine.spec_decode.stats import SpecDecodeStats
-from cloud_engine.step_cost import StepCostModel
+from cloud_engine.prefill_pacing import PrefillPacer, step_shape
 from cloud_engine.token_bytes import build_token_bytes
 from sdk.protocol.engine import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
 from sdk.protocol.grammar import GrammarMasks
@@ -135,7 +135,8 @@ class CloudEngine:
             policy=config.scheduling_policy,
         )
         target_ms = config.step_time_target_ms if config.enable_chunked_prefill else None
-        self.step_cost = StepCostModel(target_ms / 1000.0) if target_ms else None
+        self.pacer = PrefillPacer(target_ms / 1000.0, (config.step_time_max_ms or target_ms) / 1000.0,
+                                  config.slow_step_share) if target_ms else None  # fmt: skip
         self._generators: dict[str, torch.Generator] = {}
         self.spec_config = config.speculative
         self.spec_stats = SpecDecodeStats()
@@ -221,15 +222,17 @@ class CloudEngine:
 
     def step(self) -> list[TokenEvent]:
         started = time.perf_counter()
-        cost = self.step_cost
-        scheduler_output = self.scheduler.schedule(cost.prefill_budget(self.scheduler.num_decoding()) if cost else None)
+        pacer = self.pacer
+        allowance = pacer.allowance(self.scheduler.num_decoding()) if pacer else None
+        scheduler_output = self.scheduler.schedule(allowance)
         if not scheduler_output.num_scheduled_tokens:
             return []
+        shape = step_shape(scheduler_output, self.scheduler.requests) if pacer else None
         try:
             return self._step(scheduler_output)
         finally:
-            if cost is not None:
-                cost.record(*_decodes_and_prefill(scheduler_output), time.perf_counter() - started)
+            if pacer is not None:
+                pacer.record(shape, time.perf_counter() - started, allowance)
 
     def _step(self, scheduler_output: SchedulerOutput) -> list[TokenEvent]:
         requests = self.scheduler.requests
@@ -376,15 +379,3 @@ class CloudEngine:
 
     def close(self) -> None:
         self.abort_all()
-
-
-def _decodes_and_prefill(out: SchedulerOutput) -> tuple[int, int]:
-    """(requests decoding, prompt tokens prefilled) in one scheduled step: a request with one new
-    token, plus its draft when speculating, decodes; the others prefill."""
-    decodes = prefill = 0
-    for rid, num in out.num_scheduled_tokens.items():
-        if num - len(out.scheduled_spec_token_ids.get(rid, ())) <= 1:
-            decodes += 1
-        else:
-            prefill += num
-    return decodes, prefill

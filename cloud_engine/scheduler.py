@@ -19,13 +19,33 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Protocol
 
 from cloud_engine.block_manager import KVCacheManager
 from cloud_engine.request import Request
 from sdk.protocol.request_status import RequestStatus
 
 POLICIES = ("fcfs", "priority")
+
+
+class PrefillAllowance(Protocol):
+    """What one step may prefill beside its decodes (cloud_engine.prefill_pacing sizes it in time)."""
+
+    def grant(self, num_computed: int, wanted: int) -> int:
+        """Prompt tokens a request with `num_computed` tokens done may compute now, of `wanted` (taken)."""
+        ...
+
+
+class TokenAllowance:
+    """A fixed number of prompt tokens for the step, first come first served."""
+
+    def __init__(self, num_tokens: int):
+        self.num_tokens_left = num_tokens
+
+    def grant(self, num_computed: int, wanted: int) -> int:
+        num = max(0, min(wanted, self.num_tokens_left))
+        self.num_tokens_left -= num
+        return num
 
 
 @dataclass
@@ -187,14 +207,14 @@ class Scheduler:
         """Running requests with one token to compute: the decodes of the next step."""
         return sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens <= 1)
 
-    def schedule(self, prefill_budget: int | None = None) -> SchedulerOutput:
+    def schedule(self, prefill: PrefillAllowance | None = None) -> SchedulerOutput:
         """Pick this step's tokens per request, taking blocks for them (and preempting when short).
-        `prefill_budget`: at most this many prompt (or recompute) tokens in the step, beside the
-        decodes (cloud_engine.step_cost sizes it from a step-time target); None: the token budget."""
+        `prefill`: how many prompt (or recompute) tokens the step may carry beside the decodes
+        (cloud_engine.prefill_pacing sizes it from a step-time target); None: the token budget."""
         out = SchedulerOutput(finished_ids=self._finished_ids)
         self._finished_ids = []
         budget = self.max_num_batched_tokens
-        prefill_left = budget if prefill_budget is None else prefill_budget
+        prefill = TokenAllowance(budget) if prefill is None else prefill
 
         for request in list(self.running):
             if budget == 0:
@@ -205,7 +225,7 @@ class Scheduler:
             # Without chunking a prompt runs whole or waits (_num_new_tokens): the budget cannot split it.
             prefilling = self.enable_chunked_prefill and request.num_tokens - request.num_computed_tokens > 1
             if prefilling:
-                num_new = min(num_new, prefill_left)
+                num_new = prefill.grant(request.num_computed_tokens, num_new)
             if num_new == 0:
                 continue
             spec = self._schedulable_spec(request, num_new, budget)
@@ -225,8 +245,6 @@ class Scheduler:
             out.num_scheduled_tokens[request.request_id] = num_new
             out.new_block_ids[request.request_id] = new_block_ids
             budget -= num_new
-            if prefilling:
-                prefill_left = max(0, prefill_left - num_new)
 
         # Admitting right after a preemption would only take the blocks back and thrash the pool.
         while not out.preempted_ids and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -234,7 +252,7 @@ class Scheduler:
             computed_block_ids, num_cached = self.kv_cache_manager.get_computed_blocks(request)
             num_new = self._num_new_tokens(request, num_cached, budget)
             if self.enable_chunked_prefill and num_new > 1:
-                num_new = min(num_new, prefill_left)
+                num_new = prefill.grant(num_cached, num_new)
             if num_new == 0:
                 break  # head of line: later requests wait for it (FCFS fairness)
             new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new, computed_block_ids)
@@ -250,7 +268,6 @@ class Scheduler:
             out.new_request_ids.append(request.request_id)
             out.num_cached_tokens[request.request_id] = num_cached
             budget -= num_new
-            prefill_left = max(0, prefill_left - num_new)
         return out
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:

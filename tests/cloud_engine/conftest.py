@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from cloud_engine.block_manager import KVCacheManager
 from cloud_engine.request import Request
-from cloud_engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from cloud_engine.scheduler import ModelRunnerOutput, PrefillAllowance, Scheduler, SchedulerOutput
 from sdk.protocol.engine import SamplingParams
 from sdk.protocol.request_status import RequestStatus
 
@@ -102,9 +102,9 @@ class Driver:
         self.check_state()
         return request
 
-    def step(self, prefill_budget: int | None = None) -> StepRecord:
+    def step(self, prefill: PrefillAllowance | None = None) -> StepRecord:
         s = self.s
-        out = s.schedule(prefill_budget)
+        out = s.schedule(prefill)
         self.check_output(out)
         before = {rid: (s.requests[rid].num_computed_tokens, s.requests[rid].num_tokens) for rid in out.num_scheduled_tokens}
         for rid, n in out.num_scheduled_tokens.items():

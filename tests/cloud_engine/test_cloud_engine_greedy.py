@@ -61,11 +61,12 @@ def test_greedy_matches_transformers_batched_together(llm, prompts, hf_tokens):
 def test_chunked_prefill_matches_unchunked(prompts):
     long_prompt = [t for p in prompts for t in p][:300]
     results = []
-    # A 1 ms step-time target: after the first measured prefill step every chunk is the minimum (16).
+    # The short request decodes while the long prompt prefills, so the paced mode (a 1 ms
+    # target, a long step now and then) splits it into chunks of several sizes.
     for overrides in (dict(max_num_batched_tokens=16), dict(enable_chunked_prefill=False, max_num_batched_tokens=512),
-                      dict(max_num_batched_tokens=256, step_time_target_ms=1.0)):  # fmt: skip
+                      dict(max_num_batched_tokens=256, step_time_target_ms=1.0, step_time_max_ms=30.0, slow_step_share=0.3)):  # fmt: skip
         engine_llm = LLM(None, dtype="float32", kv_cache_gb=0.1, max_num_seqs=8, max_model_len=512, enable_prefix_caching=False, **overrides)
-        results.append(engine_llm.generate([long_prompt], greedy())[0].token_ids)
+        results.append([o.token_ids for o in engine_llm.generate([prompts[0], long_prompt], greedy())])
     assert results[0] == results[1] == results[2]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_engine.scheduler import ModelRunnerOutput
+from cloud_engine.scheduler import ModelRunnerOutput, TokenAllowance
 from sdk.protocol.request_status import RequestStatus
 from tests.cloud_engine.conftest import (
     BS,
@@ -126,7 +126,7 @@ def test_a_prefill_budget_caps_prompt_tokens_per_step_but_never_the_decodes():
     assert d.s.num_decoding() == 1
     chunks = []
     while b.num_output_tokens == 0:
-        rec = d.step(prefill_budget=6)
+        rec = d.step(prefill=TokenAllowance(6))
         assert rec.out.num_scheduled_tokens["a"] == 1, "the decode runs every step, whatever the prefill budget"
         chunks.append({rid: n for rid, n in rec.out.num_scheduled_tokens.items() if rid != "a"})
     # 6 prompt tokens a step in all: b's chunks first, then c's prompt takes what b leaves (FCFS).
