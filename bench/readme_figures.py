@@ -56,9 +56,10 @@ FIGURES = (
            "ratio_vs_hf_static_spread"),
     Figure("cloud engine vs HF one at a time", "engine_throughput", "ratio_vs_hf_sequential", 2, ">= 8.0"),
     Figure("cloud penalties on/off at B=32", "engine_throughput", "penalty_throughput_ratio_cloud_b32", 3, ">= 0.95"),
-    Figure("chunked prefill ITL p90, step-time target / unchunked", "chunked_prefill", "itl_p90_ratio", 2, "<= 2.0"),
-    Figure("chunked prefill ITL p99, step-time target / unchunked", "chunked_prefill", "itl_p99_ratio", 3, "<= 0.5"),
-    Figure("chunked prefill long-prompt TTFT, step-time target / unchunked", "chunked_prefill", "long_prompt_ttft_ratio", 2, "<= 1.5"),
+    Figure("chunked prefill ITL p90, paced / unchunked (median of 3)", "chunked_prefill", "itl_p90_ratio", 2, "<= 2.0", "itl_p90_ratio_spread"),
+    Figure("chunked prefill ITL p99, paced / unchunked (median of 3)", "chunked_prefill", "itl_p99_ratio", 3, "<= 0.5", "itl_p99_ratio_spread"),
+    Figure("chunked prefill long-prompt TTFT, paced / unchunked (median of 3)", "chunked_prefill", "long_prompt_ttft_ratio", 2, "<= 1.5",
+           "long_prompt_ttft_ratio_spread"),
     Figure("prefix cache TTFT, cached / uncached", "prefix_cache", "ttft_ratio", 3, "<= 0.3"),
     Figure("stream ITL p99 under max-size bodies / without", "tokenize_stall", "itl_p99_ratio_under_max_bodies", 2, "<= 1.2",
            "itl_p99_ratio_spread"),
@@ -67,29 +68,34 @@ FIGURES = (
     Figure("README example, slowest of 5 (s)", "first_contact", "readme_example_s", 2, "<= 10"),
 )
 
-# Figures README quotes in its prose: (a regex whose group 1 is the number as written, the
-# figure it must equal at that figure's digits).
-QUOTES = (
-    (r"`ratio_vs_hf_static` \*\*([\d.]+)\*\*", Figure("", "engine_throughput", "ratio_vs_hf_static", 2)),
-    (r"`ratio_vs_hf_sequential` \*\*([\d.]+)\*\*", Figure("", "engine_throughput", "ratio_vs_hf_sequential", 2)),
-    (r"`penalty_throughput_ratio_cloud_b32` \*\*([\d.]+)\*\*", Figure("", "engine_throughput", "penalty_throughput_ratio_cloud_b32", 3)),
-    (r"p50 / p90 / p99 \*\*[\d.]+ / ([\d.]+) / [\d.]+\*\*x", Figure("", "chunked_prefill", "itl_p90_ratio", 2)),
-    (r"p50 / p90 / p99 \*\*[\d.]+ / [\d.]+ / ([\d.]+)\*\*x", Figure("", "chunked_prefill", "itl_p99_ratio", 3)),
-    (r"TTFT \*\*([\d.]+)x\*\* \(", Figure("", "chunked_prefill", "long_prompt_ttft_ratio", 1)),
-    (r"`ttft_ratio` \*\*([\d.]+)\*\*", Figure("", "prefix_cache", "ttft_ratio", 3)),
-    (r"against 68 ms without them, ratio ([\d.]+) ", Figure("", "tokenize_stall", "itl_p99_ratio_under_max_bodies", 2)),
-    (r"held until decided 2466 ms \(([\d.]+)x", Figure("", "stream_hold", "ttft_ratio_window_vs_until_decided", 2)),
-)
-
-
+# A figure in README's prose is a link to the JSON it came from, so a reader can open it and a
+# test can check it: [3.05](bench/results/engine_throughput.json#ratio_vs_hf_static). The key
+# is a dotted path (list indices are numbers) with an optional scale, `*100` or `*1000` (a
+# fraction written as a percentage, seconds as milliseconds); the written digits set the
+# precision compared.
+LINK = re.compile(r"\[(?P<number>[-+]?\d[\d,]*(?:\.\d+)?)\]\(bench/results/(?P<bench>[\w.-]+)\.json#(?P<key>[\w.-]+)(?:\*(?P<scale>\d+))?\)")
+# What reads as a measured figure in prose: a decimal, or a number with a unit of measure.
+# Settings and inputs are written in code spans (`temperature 0.2`), which are not figures.
+FIGURE_LIKE = re.compile(r"(?<![\w.#/-])[-+]?\d[\d,]*(?:\.\d+)?(?:\s?(?:x|%|ms|s|µs|tok/s|MiB|MB|GB|GFLOPS)(?![\w/])|(?<=\.\d)|(?<=\.\d\d)|(?<=\.\d\d\d)|(?<=\.\d\d\d\d))")
 def load(bench: str) -> dict:
     return json.loads((RESULTS / f"{bench}.json").read_text())
 
 
 def lookup(data: dict, key: str) -> float:
-    for part in key.split("."):
-        data = data[part]
-    return float(data)
+    """The number at a dotted path; a key that itself holds dots ("0.5", "quantile_0.05") is found too."""
+    return float(_walk(data, key.split(".")))
+
+
+def _walk(data, parts: list[str]):
+    if not parts:
+        return data
+    if isinstance(data, list):
+        return _walk(data[int(parts[0])], parts[1:])
+    for n in range(len(parts), 0, -1):  # the longest key first
+        name = ".".join(parts[:n])
+        if name in data:
+            return _walk(data[name], parts[n:])
+    raise KeyError(".".join(parts))
 
 
 def machine(bench: str) -> str:
@@ -113,16 +119,35 @@ def readme_block(text: str) -> str:
     return text[start : end + len(END)]
 
 
-def quote_mismatches(text: str) -> list[str]:
-    """Every QUOTES figure README states that differs from its JSON (or that README no longer states)."""
+def link_mismatches(text: str) -> list[str]:
+    """Every figure README links to a JSON that differs from it (or whose key is missing)."""
     wrong = []
-    for pattern, fig in QUOTES:
-        found = re.findall(pattern, text)
-        if not found:
-            wrong.append(f"{pattern!r}: not found in README")
-        expected = f"{fig.value():.{fig.digits}f}"
-        wrong += [f"{fig.bench}.{fig.key}: README says {got}, the JSON {expected}" for got in found if got != expected]
+    for match in LINK.finditer(text):
+        written, bench, key, scale = match["number"], match["bench"], match["key"], int(match["scale"] or 1)
+        try:
+            value = lookup(load(bench), key) * scale
+        except (OSError, KeyError, IndexError, TypeError, ValueError) as error:
+            wrong.append(f"{match[0]}: {type(error).__name__}: {error}")
+            continue
+        digits = len(written.split(".")[1]) if "." in written else 0
+        expected = f"{value:{'+' if written[0] in '+-' else ''}{',' if ',' in written else ''}.{digits}f}"
+        if written != expected:
+            wrong.append(f"{bench}.{key}: README says {written}, the JSON {expected}")
     return wrong
+
+
+def unlinked_figures(text: str) -> list[str]:
+    """Figure-like numbers in README that are neither linked to their JSON nor in the rendered table.
+    Code (fenced blocks and spans: commands, settings, targets, keys) is not a figure."""
+    text = text.replace(readme_block(text), "")
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = LINK.sub("", text)
+    text = re.sub(r"`[^`]*`", "", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)  # other links' targets
+    found = []
+    for line in text.splitlines():
+        found += [f"{m[0].strip()!r} in: {line.strip()[:100]}" for m in FIGURE_LIKE.finditer(line)]
+    return found
 
 
 def main() -> None:
@@ -135,7 +160,9 @@ def main() -> None:
         return
     text = README.read_text()
     README.write_text(text.replace(readme_block(text), table))
-    print(f"README: {len(FIGURES)} figures written; quotes that disagree: {quote_mismatches(README.read_text()) or 'none'}")
+    text = README.read_text()
+    print(f"README: {len(FIGURES)} figures written; linked figures that disagree: {link_mismatches(text) or 'none'}; "
+          f"figures without a link: {len(unlinked_figures(text))}")
 
 
 if __name__ == "__main__":
