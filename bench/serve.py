@@ -6,7 +6,7 @@
         [--burstiness 1.0] [--max-concurrency C] [--seed 0] [--goodput ttft:MS tpot:MS e2el:MS]
         [--tokenizer PATH.gguf] [--api-key KEY] [--json PATH] [--quick]
 
-    python -m bench.serve --compare-local --json bench/results/serve_local_vs_llama_cpp.json [--quick]
+    python -m bench.serve --compare-local --json bench/results/serve_local_vs_llama_server.json [--quick]
 
 Every request streams (`stream_options.include_usage`) and asks for a fixed output
 length (`ignore_eos` + `min_tokens`; see bench/serve_client.py). Reported: TTFT, TPOT,
@@ -16,13 +16,15 @@ meeting every SLO given). `--model` defaults to the first id of GET /v1/models.
 Token counts: see bench/serve_datasets.py (server usage when sent, else a GGUF
 tokenizer given with --tokenizer, else estimates).
 
-`--compare-local` runs tandem serve and llama-cpp-python's own server
-(`python -m llama_cpp.server`) on the same GGUF (default: the embedded SmolLM2) with the
-same threads, one after the other, under the same workload at 8 concurrent clients, and
-reports `ratio_output_tps_vs_llama_cpp_server` (target >= 1.7). See bench/serve_compare.py.
+`--compare-local` runs tandem serve, llama.cpp's llama-server (built from the installed
+llama-cpp-python's sdist by scripts/build-llama-server.sh) and llama-cpp-python's own server
+on the same GGUF (default: the embedded SmolLM2) with the same threads and KV capacity, one
+after the other, at 1, 4, 8 and 16 concurrent clients, 3 repetitions, and reports
+`ratio_output_tps_vs_llama_server_c8` and the other ratios with their spread. See
+bench/serve_compare.py.
 
---quick: 8 prompts of ~64 tokens answering 32 (compare mode: 16 prompts), for a check
-in well under a minute.
+--quick: 8 prompts of ~64 tokens answering 32, for a check in well under a minute
+(compare mode: the full 64-prompt workload at 8 clients only, 2 repetitions).
 """
 
 from __future__ import annotations
@@ -74,16 +76,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--label", help="a name for the server in the report")
     p.add_argument("--json", help="write the report here (bench.machine.write_report)")
     p.add_argument("--quick", action="store_true", help="a small run (see above)")
-    p.add_argument("--compare-local", action="store_true", help="tandem serve vs llama_cpp.server, side by side")
+    p.add_argument("--compare-local", action="store_true", help="tandem serve vs llama-server and llama_cpp.server, in turn")
     p.add_argument("--model-path", help="compare mode: the GGUF both servers load (default: the embedded SmolLM2)")
-    p.add_argument("--threads", type=int, help="compare mode: llama.cpp threads of both servers (default: all cores)")
+    p.add_argument("--threads", type=int, help="compare mode: llama.cpp threads of every server (default: all cores)")
+    p.add_argument("--repeats", type=int, help="compare mode: repetitions (default 3; --quick 2)")
     args = p.parse_args(argv)
     args.command_line = "python -m bench.serve " + " ".join(sys.argv[1:] if argv is None else argv)
     if not args.compare_local and not args.base_url:
         p.error("--base-url is required (or --compare-local to start the servers here)")
     quick_or = (lambda quick, full: quick if args.quick else full)
     if args.num_prompts is None:
-        args.num_prompts = quick_or(16, 64) if args.compare_local else quick_or(8, 64)
+        args.num_prompts = 64 if args.compare_local else quick_or(8, 64)
     if args.random_input_len is None:
         args.random_input_len = 128 if args.compare_local else quick_or(64, 128)
     if args.random_output_len is None:

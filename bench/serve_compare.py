@@ -1,29 +1,78 @@
-"""bench.serve --compare-local: tandem's local endpoint against llama-cpp-python's own server.
+"""bench.serve --compare-local: tandem's local endpoint against llama.cpp's own servers.
 
-Both servers load the same GGUF with the same llama.cpp threads, flash attention on
-and llama.cpp's extra (repacked) buffer types off; they run one after the other, never
-at once (these machines have 2 cores). Each gets one warm-up request, then the same
-seeded workload (default: 64 random prompts of ~128 tokens answering exactly 64,
-greedy, chat endpoint) from 8 concurrent clients. The headline is
-`ratio_output_tps_vs_llama_cpp_server` = tandem output tokens/s / llama_cpp.server
-output tokens/s, against the issue's target of 1.7.
+    python -m bench.serve --compare-local [--quick] --json bench/results/serve_local_vs_llama_server.json
+
+Servers, one at a time (these machines have 2 cores), all on the same GGUF and threads:
+`tandem serve --cloud none`; llama.cpp's C++ `llama-server` (scripts/build-llama-server.sh:
+the llama.cpp commit tandem's backend uses), with `--no-repack` (tandem's setting: no extra
+buffer types) and with llama.cpp's default (repacked layouts where a tensor type has one);
+and, at 8 clients only, llama-cpp-
+python's `llama_cpp.server` (the earlier baseline, which serves one request at a time).
+Configured alike: NUM_SLOTS sequences, CTX_PER_SLOT KV cells per sequence and the same total
+(llama-server's -c is divided among its slots; tandem gets --kv-cache-tokens NUM_SLOTS x
+CTX_PER_SLOT and --max-model-len CTX_PER_SLOT), STEP_TOKENS tokens per step (tandem's
+--max-num-batched-tokens, llama-server's -b and -ub), prompt caching on (both defaults;
+random prompts share no prefix), flash attention on.
+
+The workload (default: 64 random prompts of ~128 tokens plus the chat template, exactly 64
+output tokens, greedy) runs at each concurrency in CONCURRENCIES; every repetition runs
+every (concurrency, server) pair once, servers in turn, so a noisy minute on a shared
+machine falls on all of them. Per concurrency and server: medians over the repetitions of
+output tok/s, TTFT and ITL p50/p99; and tandem / llama-server ratios per repetition, their
+median and spread (min, max). --quick: 8 clients only, 2 repetitions.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import subprocess
 
 from bench.machine import machine_info
 from bench.serve_client import ClientConfig
 from bench.serve_datasets import GgufTokenizer
 from bench.serve_report import console, print_summary
 from bench.serve_run import benchmark, build_samples, headline, workload_description
-from bench.serve_servers import llama_cpp_server, tandem_server
+from bench.serve_servers import REPO_ROOT, ManagedServer, llama_cpp_server, llama_server, tandem_server
 
-COMPARE_CONCURRENCY = 8
-TARGET_RATIO = 1.7
-HEADLINE_KEYS = ("ratio_output_tps_vs_llama_cpp_server", "target_met", "output_throughput")
+CONCURRENCIES = (1, 4, 8, 16)
+QUICK_CONCURRENCIES = (8,)
+REPEATS, QUICK_REPEATS = 3, 2
+NUM_SLOTS = 16  # sequences each server runs at once (the largest concurrency)
+CTX_PER_SLOT = 1024  # KV cells per sequence; the workload needs ~230
+STEP_TOKENS = 512  # tokens one step / llama_decode call carries at most
+BASELINE_CONCURRENCY = 8  # where llama_cpp.server runs (it serializes requests; more clients change nothing)
+TARGETS = {"ratio_output_tps_vs_llama_server_c8": (">=", 1.0),
+           "ratio_output_tps_vs_llama_server_default_c8": (">=", 0.9),
+           "ratio_ttft_p50_vs_llama_server_c8": ("<=", 1.0)}
+HEADLINE_KEYS = ("ratio_output_tps_vs_llama_server_c8", "ratio_output_tps_vs_llama_server_c8_spread",
+                 "ratio_ttft_p50_vs_llama_server_c8", "ratio_ttft_p50_vs_llama_server_c8_spread", "targets_met")
+
+
+def build_llama_server() -> tuple[str, str]:
+    """The llama-server binary (built on first use) and the llama.cpp commit it was built from."""
+    run = subprocess.run(["bash", os.path.join(REPO_ROOT, "scripts", "build-llama-server.sh")], cwd=REPO_ROOT,
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"scripts/build-llama-server.sh failed:\n{run.stderr[-3000:]}")
+    binary = run.stdout.strip().splitlines()[-1]
+    with open(os.path.join(os.path.dirname(binary), "llama-cpp.commit")) as f:
+        return binary, f.read().strip()
+
+
+def servers_at(concurrency: int, binary: str, model_path: str, model_name: str, threads: int) -> list[ManagedServer]:
+    servers = [
+        tandem_server(model_path, threads, max_num_seqs=NUM_SLOTS, max_model_len=CTX_PER_SLOT,
+                      kv_cache_tokens=NUM_SLOTS * CTX_PER_SLOT, max_num_batched_tokens=STEP_TOKENS,
+                      extra_args=["--model-name", model_name]),
+        llama_server(binary, model_path, threads, model_name, NUM_SLOTS, CTX_PER_SLOT, STEP_TOKENS, STEP_TOKENS),
+        llama_server(binary, model_path, threads, model_name, NUM_SLOTS, CTX_PER_SLOT, STEP_TOKENS, STEP_TOKENS,
+                     repack=False),
+    ]
+    if concurrency == BASELINE_CONCURRENCY:
+        servers.append(llama_cpp_server(model_path, threads, model_name, n_ctx=CTX_PER_SLOT))
+    return servers
 
 
 def run_compare(args: argparse.Namespace) -> dict:
@@ -32,55 +81,101 @@ def run_compare(args: argparse.Namespace) -> dict:
     model_path = resolve_model_path(args.model_path)
     model_name = model_name_for(args.model_path)
     threads = args.threads or os.cpu_count() or 1
-    if args.max_concurrency is None:
-        args.max_concurrency = COMPARE_CONCURRENCY
+    concurrencies = QUICK_CONCURRENCIES if args.quick else CONCURRENCIES
+    repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
+    binary, llama_cpp_commit = build_llama_server()
     tokenizer = GgufTokenizer(args.tokenizer or model_path)
     samples = build_samples(args, tokenizer)
-    longest = max(s.prompt_len + s.output_len for s in samples) + 256  # room for the chat template
-    servers = [  # tandem's own defaults (16 sequences, 8192 KV cells) unless the workload needs more
-        tandem_server(args.model_path, threads, max_num_seqs=args.max_concurrency if args.max_concurrency > 16 else None),
-        llama_cpp_server(model_path, threads, model_name, n_ctx=max(longest, 2048)),
-    ]
-    runs: dict[str, dict] = {}
-    server_info: dict[str, dict] = {}
-    for server in servers:
-        console.print(f"starting {server.name}: {' '.join(server.command)}")
-        with server:
-            console.print(f"{server.name} ready in {server.startup_s:.1f}s")
-            config = ClientConfig(server.base_url, model_name, args.endpoint, None, args.temperature,
-                                  args.ignore_eos, args.timeout)
-            runs[server.name] = benchmark(config, samples, args, server.name)
-        server_info[server.name] = {"description": server.description, "command": " ".join(server.command),
-                                    "startup_s": server.startup_s,
-                                    "exit_code_after_sigterm": server.process.returncode,  # -15: uvicorn re-raised it
-                                    "log": server.log_path}
-    print_summary(runs)
-
-    tandem, baseline = runs["tandem"], runs["llama_cpp_server"]
-    ratio = tandem["output_throughput"] / baseline["output_throughput"] if baseline["output_throughput"] else None
-    complete = tandem["failed"] == 0 and baseline["failed"] == 0
+    runs: dict[int, dict[str, list[dict]]] = {c: {} for c in concurrencies}
+    commands: dict[str, dict] = {}
+    for rep in range(repeats):
+        for concurrency in concurrencies:
+            args.max_concurrency = concurrency
+            for server in servers_at(concurrency, binary, model_path, model_name, threads):
+                label = f"{server.name} c={concurrency} rep {rep + 1}/{repeats}"
+                console.print(f"starting {label}: {' '.join(server.command)}")
+                with server:
+                    config = ClientConfig(server.base_url, model_name, args.endpoint, None, args.temperature,
+                                          args.ignore_eos, args.timeout)
+                    runs[concurrency].setdefault(server.name, []).append(benchmark(config, samples, args, label))
+                commands[server.name] = {"description": server.description, "command": " ".join(server.command)}
+            print_summary({name: rs[-1] for name, rs in runs[concurrency].items()})
     return {
-        "benchmark": "serve_local_vs_llama_cpp",
+        "benchmark": "serve_local_vs_llama_server",
         "command": args.command_line,
         "machine": machine_info(),
+        "llama_cpp_commit": llama_cpp_commit,
+        "llama_server_binary": binary,
         "model": os.path.basename(model_path),
         "threads": threads,
+        "config": {"num_slots": NUM_SLOTS, "ctx_per_slot": CTX_PER_SLOT, "step_tokens": STEP_TOKENS,
+                   "concurrencies": list(concurrencies), "repeats": repeats},
         "workload": workload_description(args, tokenizer),
-        "servers": {name: {**server_info[name], **headline(runs[name]), "metrics": runs[name]} for name in runs},
-        "output_throughput": {name: runs[name]["output_throughput"] for name in runs},
-        "ratio_output_tps_vs_llama_cpp_server": ratio,
-        "ratio_request_throughput_vs_llama_cpp_server": (tandem["request_throughput"] / baseline["request_throughput"]
-                                                         if baseline["request_throughput"] else None),
-        "ratio_ttft_median_vs_llama_cpp_server": (tandem["ttft_ms"]["median"] / baseline["ttft_ms"]["median"]
-                                                  if tandem["ttft_ms"]["median"] and baseline["ttft_ms"]["median"]
-                                                  else None),
-        "target_ratio_output_tps": TARGET_RATIO,
-        "target_met": bool(complete and ratio is not None and ratio >= TARGET_RATIO),
-        "quick": args.quick,
+        "servers": commands,
+        "by_concurrency": {f"c{c}": summarize(runs[c]) for c in concurrencies},
+        **headline_ratios(runs),
+        "targets": {key: f"{op} {bound}" for key, (op, bound) in TARGETS.items()},
         "notes": [
-            "llama_cpp.server streams carry no usage: its output tokens are max_tokens for streams that stopped "
-            "for length (min_tokens = max_tokens keeps its end-of-sequence token masked), and its prompt tokens "
-            "are counted with the GGUF's tokenizer and chat template (the same numbers tandem's usage reports)",
+            "tandem's local engine loads models without llama.cpp's extra (repacked) buffer types (they break its "
+            "batch invariance), as 'llama_server_no_repack' does (--no-repack); 'llama_server' runs llama.cpp's "
+            "default; on SmolLM2 Q4_1 nothing is repacked either way. llama_cpp.server runs llama.cpp's defaults",
+            "tandem splits each step into llama.cpp ubatches of at most 63 tokens (batch-invariant kernels); "
+            "llama-server's -ub is STEP_TOKENS",
             "the benchmark client runs on the same cores as the server; timings on shared machines are noisy",
         ],
-    }
+    } | {"targets_met": targets_met(runs)}
+
+
+def summarize(by_server: dict[str, list[dict]]) -> dict:
+    """Per server: the median over repetitions of each headline figure, and every repetition's."""
+    out = {}
+    for name, reps in by_server.items():
+        figures = [_figures(m) for m in reps]
+        out[name] = {key: _median([f[key] for f in figures]) for key in figures[0]}
+        out[name]["failed"] = sum(m["failed"] for m in reps)
+        out[name]["runs"] = [{**headline(m), **_figures(m)} for m in reps]
+    return out
+
+
+def _figures(metrics: dict) -> dict:
+    return {"output_tps": metrics["output_throughput"], "ttft_p50_ms": metrics["ttft_ms"]["median"],
+            "ttft_p99_ms": metrics["ttft_ms"]["p99"], "itl_p50_ms": metrics["itl_ms"]["median"],
+            "itl_p99_ms": metrics["itl_ms"]["p99"]}
+
+
+def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
+    """tandem / each llama.cpp server, per repetition (servers ran in turn), median and spread."""
+    out = {}
+    for concurrency, by_server in runs.items():
+        tandem = by_server["tandem"]
+        # "" is llama-server with tandem's buffer-type setting (no repacking), "_default" llama.cpp's default.
+        for name, suffix in (("llama_server_no_repack", ""), ("llama_server", "_default"),
+                             ("llama_cpp_server", "_cpp_python")):  # fmt: skip
+            other = by_server.get(name)
+            if not other:
+                continue
+            for figure, key in (("output_tps", "output_tps"), ("ttft_p50_ms", "ttft_p50")):
+                ratios = [_figures(t)[figure] / _figures(o)[figure] for t, o in zip(tandem, other)]
+                name_key = f"ratio_{key}_vs_llama_server{suffix}_c{concurrency}" if name != "llama_cpp_server" \
+                    else f"ratio_{key}_vs_llama_cpp_server_c{concurrency}"
+                out[name_key] = _median(ratios)
+                out[f"{name_key}_spread"] = [min(ratios), max(ratios)]
+    return out
+
+
+def targets_met(runs: dict[int, dict[str, list[dict]]]) -> dict:
+    """Met only when the whole spread meets the target (a bound inside it is not met)."""
+    ratios = headline_ratios(runs)
+    met = {}
+    for key, (op, bound) in TARGETS.items():
+        if key not in ratios:
+            met[key] = None
+            continue
+        low, high = ratios[f"{key}_spread"]
+        met[key] = low >= bound if op == ">=" else high <= bound
+    return met
+
+
+def _median(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None

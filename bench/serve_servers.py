@@ -1,9 +1,9 @@
 """Start and stop the servers bench.serve compares, as subprocesses on loopback.
 
 `ManagedServer` is a context manager: it starts the command, waits until the server
-answers its readiness URL (tandem: /health 200, which waits for the model; llama-cpp-
-python's server: /v1/models 200, it loads the model before it binds), and on exit
-stops it with SIGTERM (both run uvicorn, which shuts down gracefully), then SIGKILL.
+answers its readiness URL (tandem and llama-server: /health 200, which waits for the model;
+llama-cpp-python's server: /v1/models 200, it loads the model before it binds), and on exit
+stops it with SIGTERM (all three shut down gracefully on it), then SIGKILL.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def _clean_env() -> dict:
 
 
 def tandem_server(model_path: str | None, threads: int, port: int | None = None, max_num_seqs: int | None = None,
-                  max_model_len: int | None = None, extra_args: list[str] | None = None) -> ManagedServer:
+                  max_model_len: int | None = None, extra_args: list[str] | None = None,
+                  kv_cache_tokens: int | None = None, max_num_batched_tokens: int | None = None) -> ManagedServer:
     """`tandem serve` (the local tier's OpenAI endpoint) on a free port, without a cloud tier:
     the comparison is of the local engines, and an idle in-process cloud engine would only
     take memory and start-up time."""
@@ -124,14 +125,36 @@ def tandem_server(model_path: str | None, threads: int, port: int | None = None,
         command += ["--max-num-seqs", str(max_num_seqs)]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
+    if kv_cache_tokens:
+        command += ["--kv-cache-tokens", str(kv_cache_tokens)]
+    if max_num_batched_tokens:
+        command += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
     command += extra_args or []
     return ManagedServer("tandem", command, port, "/health", "tandem serve (local_runtime continuous batching over "
-                         "llama.cpp, flash attention, use_extra_bufts off)", env=_clean_env())
+                         "llama.cpp, flash attention, no extra buffer types)", env=_clean_env())
+
+
+def llama_server(binary: str, model_path: str, threads: int, model_alias: str, num_slots: int, ctx_per_slot: int,
+                 n_batch: int, n_ubatch: int, repack: bool = True, port: int | None = None) -> ManagedServer:
+    """llama.cpp's own C++ server (scripts/build-llama-server.sh): `num_slots` parallel slots with
+    continuous batching, each with `ctx_per_slot` KV cells (its -c is the total, divided among the
+    slots), prompt caching on (its default), flash attention on (as tandem), the web UI off.
+    `repack=False` is its --no-repack (llama.cpp's extra buffer types off)."""
+    port = port or free_port()
+    command = [binary, "-m", model_path, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+               "-tb", str(threads), "-np", str(num_slots), "-c", str(num_slots * ctx_per_slot), "-b", str(n_batch),
+               "-ub", str(n_ubatch), "-fa", "on", "-a", model_alias, "--no-webui"]
+    if not repack:
+        command.append("--no-repack")
+    name = "llama_server" if repack else "llama_server_no_repack"
+    return ManagedServer(name, command, port, "/health",
+                         f"llama.cpp llama-server -np {num_slots} ({ctx_per_slot} KV cells a slot, -b {n_batch} "
+                         f"-ub {n_ubatch}, flash attention{', --no-repack' if not repack else ''})", env=_clean_env())
 
 
 def llama_cpp_server(model_path: str, threads: int, model_alias: str, port: int | None = None,
                      n_ctx: int = 4096) -> ManagedServer:
-    """llama-cpp-python's own OpenAI server on the same GGUF, through bench.serve_llama_cpp_server.
+    """llama-cpp-python's own OpenAI server (`python -m llama_cpp.server`) on the same GGUF.
 
     Settings chosen for a fair baseline: the same threads for prompt and decode, flash
     attention on (as tandem), logits only for the last token (its default `logits_all`
@@ -140,14 +163,14 @@ def llama_cpp_server(model_path: str, threads: int, model_alias: str, port: int 
     which would truncate all but one of 8 concurrent streams.
     """
     port = port or free_port()
-    command = [sys.executable, "-m", "bench.serve_llama_cpp_server", "--model", model_path,
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", model_path,
                "--model_alias", model_alias, "--host", "127.0.0.1", "--port", str(port),
                "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
                "--flash_attn", "true", "--logits_all", "false", "--use_mlock", "false",
                "--interrupt_requests", "false", "--verbose", "false"]
     return ManagedServer("llama_cpp_server", command, port, "/v1/models",
                          "python -m llama_cpp.server (one Llama, requests served one at a time under a lock; "
-                         "flash attention, logits_all off, interrupt_requests off, use_extra_bufts off)",
+                         "flash attention, logits_all off, interrupt_requests off)",
                          env=_clean_env())
 
 

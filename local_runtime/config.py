@@ -23,6 +23,10 @@ class LocalEngineConfig:
     n_threads: int | None = None  # CPU threads for llama.cpp; None: all cores
     n_gpu_layers: int = 0  # layers offloaded when llama.cpp was built with a GPU backend
     flash_attn: bool = True  # llama.cpp flash attention (also on CPU)
+    # llama.cpp's repacked CPU weight layouts where a tensor type has one (Q4_0, Q4_K, IQ4_NL, ...):
+    # faster matmuls, but a row's result then depends on how many rows share the call, so they
+    # need batch_invariant off (tests/local_runtime/test_extra_buffer_types.py).
+    extra_buffer_types: bool = False
     batch_invariant: bool = True  # prefill numerics do not depend on what a request is batched with
     strict_batch_invariance: bool = False  # also pad lone decodes so they never change kernel (~40% slower at c=1)
     repetition_stop: bool = True  # for requests that leave repetition_stop unset (sdk.protocol.repetition)
@@ -39,6 +43,9 @@ class LocalEngineConfig:
             (self.max_num_batched_tokens >= 2, "max_num_batched_tokens must be >= 2"),
             (not self.batch_invariant or self.flash_attn, "batch_invariant needs flash_attn (only its per-row kernel is invariant)"),
             (not self.strict_batch_invariance or self.batch_invariant, "strict_batch_invariance needs batch_invariant"),
+            (not (self.extra_buffer_types and self.batch_invariant),
+             "extra_buffer_types needs batch_invariant off: llama.cpp's repacked kernels give a sequence other "
+             "logits depending on what shares its batch; set batch_invariant = false to trade that guarantee for them"),
             (self.n_threads is None or self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}"),
         ]
         for ok, message in checks:

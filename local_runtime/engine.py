@@ -54,6 +54,7 @@ class LocalEngine:
                 n_threads=config.threads,
                 n_gpu_layers=config.n_gpu_layers,
                 flash_attn=config.flash_attn,
+                extra_buffer_types=config.extra_buffer_types,
                 batch_invariant=config.batch_invariant and config.n_gpu_layers == 0,
                 pad_single_decodes=config.strict_batch_invariance and config.n_gpu_layers == 0,
             )

@@ -32,6 +32,7 @@ class LlamaBackendConfig:
     n_threads: int
     n_gpu_layers: int = 0
     flash_attn: bool = True
+    extra_buffer_types: bool = False  # llama.cpp's repacked (CPU_REPACK, AMX) weight layouts (its own default is on)
     batch_invariant: bool = True  # keep prefill ubatches on the per-row attention kernel (see below)
     pad_single_decodes: bool = False  # also keep lone decodes off the split-KV kernel (costs ~40%)
 
@@ -87,8 +88,11 @@ class LlamaBackend:
         _init_backend_once(llama_cpp)
 
         model_params = llama_cpp.llama_model_default_params()
-        # llama.cpp's AMX/repacked buffer types crash in llama_decode on these CPUs.
-        model_params.use_extra_bufts = False
+        # Repacked layouts exist per tensor type (Q4_0, Q4_K, IQ4_NL, ... on x86; none for Q4_1, so
+        # on the embedded SmolLM2 this changes nothing). Off by default because their kernels make
+        # a row's logits depend on its batch (README: "Extra buffer types"), not for the crash that
+        # once kept them off and no longer reproduces.
+        model_params.use_extra_bufts = config.extra_buffer_types
         model_params.n_gpu_layers = config.n_gpu_layers
         self.model = llama_cpp.llama_model_load_from_file(config.model_path.encode(), model_params)
         if not self.model:

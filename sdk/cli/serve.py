@@ -45,6 +45,8 @@ def serve(
     max_waiting: Optional[int] = typer.Option(None, min=0, help="Queued local requests beyond this get 503 (256). [env: TANDEM_MAX_WAITING]"),
     threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for llama.cpp; default: all cores. [env: TANDEM_THREADS]"),
     n_gpu_layers: Optional[int] = typer.Option(None, min=0, help="Layers offloaded to a GPU when llama.cpp has one. [env: TANDEM_N_GPU_LAYERS]"),
+    batch_invariant: Optional[bool] = typer.Option(None, "--batch-invariant/--no-batch-invariant", help="A sequence's numbers do not depend on what shares its batch; default on. [env: TANDEM_LOCAL_BATCH_INVARIANT]"),
+    extra_buffer_types: Optional[bool] = typer.Option(None, "--extra-buffer-types/--no-extra-buffer-types", help="llama.cpp's repacked CPU weight layouts for tensor types that have one (Q4_0, Q4_K, IQ4_NL, ...; llama-server's default); needs --no-batch-invariant; default off. [env: TANDEM_LOCAL_EXTRA_BUFFER_TYPES]"),
     repetition_stop: Optional[bool] = typer.Option(None, "--repetition-stop/--no-repetition-stop", help="Stop a local answer caught in an exact loop (finish_reason length, stop_reason repetition) unless the request sends repetition_stop false; default on. [env: TANDEM_LOCAL_REPETITION_STOP]"),
     local_sampling: Optional[list[str]] = typer.Option(None, "--local-sampling", metavar="KEY=VALUE", help="Local tier's default for a sampling field requests leave out (repeatable): temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; default: the model's (SmolLM2-Instruct: temperature=0.2, top_p=0.9). [env: TANDEM_LOCAL_SAMPLING_<KEY>]"),
     cloud_sampling: Optional[list[str]] = typer.Option(None, "--cloud-sampling", metavar="KEY=VALUE", help="The embedded cloud engine's, likewise. [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
@@ -65,7 +67,7 @@ def serve(
         "local.model": model, "local.model_name": model_name, "local.kv_cache_tokens": kv_cache_tokens,
         "local.max_num_seqs": max_num_seqs, "local.max_num_batched_tokens": max_num_batched_tokens,
         "local.max_model_len": max_model_len, "local.max_waiting": max_waiting, "local.threads": threads,
-        "local.n_gpu_layers": n_gpu_layers, "local.repetition_stop": repetition_stop, "cloud.url": cloud, "cascade.threshold": threshold,
+        "local.n_gpu_layers": n_gpu_layers, "local.batch_invariant": batch_invariant, "local.extra_buffer_types": extra_buffer_types, "local.repetition_stop": repetition_stop, "cloud.url": cloud, "cascade.threshold": threshold,
     }  # fmt: skip
     try:  # every configuration error is reported before anything loads or binds
         flags |= sampling_flags("local", local_sampling) | sampling_flags("cloud", cloud_sampling)

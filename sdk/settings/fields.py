@@ -188,6 +188,8 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     SettingField("local", "max_waiting", int, None, "TANDEM_MAX_WAITING", "Queued requests beyond this get 503.", _ENGINE_DEFAULT, _at_least(0), "max_waiting"),
     SettingField("local", "threads", int, None, "TANDEM_THREADS", "CPU threads for llama.cpp.", "all cores", _at_least(1), "n_threads"),
     SettingField("local", "n_gpu_layers", int, None, "TANDEM_N_GPU_LAYERS", "Layers offloaded when llama.cpp has a GPU backend.", _ENGINE_DEFAULT, _at_least(0), "n_gpu_layers"),
+    SettingField("local", "batch_invariant", bool, None, "TANDEM_LOCAL_BATCH_INVARIANT", "A sequence's numbers do not depend on what shares its batch (prefill in ubatches of at most 63 tokens).", "on", None, "batch_invariant"),
+    SettingField("local", "extra_buffer_types", bool, None, "TANDEM_LOCAL_EXTRA_BUFFER_TYPES", "llama.cpp's repacked CPU weight layouts for the tensor types that have one (Q4_0, Q4_K, IQ4_NL, ...; llama-server's default); needs batch_invariant off.", "off", None, "extra_buffer_types"),
     SettingField("local", "repetition_stop", bool, None, "TANDEM_LOCAL_REPETITION_STOP", "Stop answers caught in an exact loop (finish_reason length, stop_reason repetition) unless a request sends repetition_stop false.", "on", None, "repetition_stop"),
     SettingField("cloud", "url", str, "embedded", "TANDEM_CLOUD", f"The cloud tier: {CLOUD_URL_FORMS}.", check=parse_cloud_url),
     SettingField("cloud", "api_key", str, None, "TANDEM_CLOUD_API_KEY", "Key presented to the cloud server.", unset="no key sent", secret=True),

@@ -199,19 +199,6 @@ def test_client_reports_failures_without_raising():
     assert not cut_short.ok and "finish_reason" in cut_short.error
 
 
-def test_extra_buffer_types_are_off_inside_the_patch_and_back_after():
-    import llama_cpp
-    import llama_cpp.llama_cpp as low_level
-
-    from tests.local_runtime.reference_llama import without_extra_buffer_types
-
-    assert low_level.llama_model_default_params().use_extra_bufts
-    with without_extra_buffer_types():
-        assert not low_level.llama_model_default_params().use_extra_bufts
-        assert not llama_cpp.llama_model_default_params().use_extra_bufts
-    assert low_level.llama_model_default_params().use_extra_bufts
-
-
 # -- real servers -------------------------------------------------------------------------------
 
 
@@ -267,3 +254,52 @@ def test_llama_cpp_server_serves_concurrent_fixed_length_streams(tmp_path):
     # interrupt_requests off: a waiting request must not cut the running stream short.
     assert (m["completed"], m["failed"]) == (4, 0)
     assert m["total_output_tokens"] == 4 * 8 and m["output_len_sources"] == {"length": 4}
+
+
+# -- compare mode's arithmetic ----------------------------------------------------------------
+
+
+def _metrics(output_tps: float, ttft_ms: float) -> dict:
+    latency = {"median": ttft_ms, "p99": ttft_ms * 2, "mean": ttft_ms, "p90": ttft_ms, "count": 1}
+    return {"output_throughput": output_tps, "ttft_ms": latency, "itl_ms": {**latency, "median": 40.0, "p99": 90.0},
+            "tpot_ms": latency, "completed": 64, "failed": 0, "request_throughput": 1.0}
+
+
+def test_compare_ratios_pair_repetitions_and_report_their_spread():
+    from bench.serve_compare import headline_ratios, summarize, targets_met
+
+    runs = {8: {"tandem": [_metrics(90, 900), _metrics(100, 1000), _metrics(80, 1100)],
+                "llama_server_no_repack": [_metrics(90, 1000), _metrics(80, 1000), _metrics(100, 1000)],
+                "llama_server": [_metrics(45, 500)] * 3}}  # fmt: skip
+    ratios = headline_ratios(runs)
+    # Repetition by repetition (the servers ran in turn): 1.0, 1.25, 0.8 -> median 1.0.
+    assert ratios["ratio_output_tps_vs_llama_server_c8"] == pytest.approx(1.0)
+    assert ratios["ratio_output_tps_vs_llama_server_c8_spread"] == pytest.approx([0.8, 1.25])
+    assert ratios["ratio_ttft_p50_vs_llama_server_c8"] == pytest.approx(1.0)
+    assert ratios["ratio_output_tps_vs_llama_server_default_c8"] == pytest.approx(2.0)  # llama.cpp's default buffers
+    assert "ratio_output_tps_vs_llama_cpp_server_c8" not in ratios  # that server did not run
+    # A median at the target with part of the spread below it is not met.
+    assert targets_met(runs)["ratio_output_tps_vs_llama_server_c8"] is False
+    assert targets_met(runs)["ratio_ttft_p50_vs_llama_server_c8"] is False
+    summary = summarize(runs[8])
+    assert summary["tandem"]["output_tps"] == 90 and len(summary["tandem"]["runs"]) == 3
+    assert summary["llama_server_no_repack"]["ttft_p99_ms"] == 2000
+
+
+def test_compare_servers_are_configured_alike():
+    from bench.serve_compare import CTX_PER_SLOT, NUM_SLOTS, STEP_TOKENS, servers_at
+
+    servers = {s.name: s.command for s in servers_at(8, "/bin/llama-server", "/m.gguf", "m", 2)}
+    assert set(servers) == {"tandem", "llama_server", "llama_server_no_repack", "llama_cpp_server"}
+    assert "llama_cpp_server" not in {s.name for s in servers_at(4, "/bin/llama-server", "/m.gguf", "m", 2)}
+
+    def flag(command: list[str], name: str) -> str:
+        return command[command.index(name) + 1]
+
+    tandem, ls = servers["tandem"], servers["llama_server"]
+    assert int(flag(tandem, "--kv-cache-tokens")) == int(flag(ls, "-c")) == NUM_SLOTS * CTX_PER_SLOT
+    assert int(flag(tandem, "--max-num-seqs")) == int(flag(ls, "-np")) == NUM_SLOTS
+    assert int(flag(tandem, "--max-model-len")) == CTX_PER_SLOT
+    assert int(flag(tandem, "--max-num-batched-tokens")) == int(flag(ls, "-b")) == STEP_TOKENS
+    assert flag(tandem, "--threads") == flag(ls, "-t") == flag(ls, "-tb") == "2"
+    assert "--no-repack" in servers["llama_server_no_repack"] and "--no-repack" not in ls

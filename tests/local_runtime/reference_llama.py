@@ -5,14 +5,25 @@ from __future__ import annotations
 import contextlib
 
 
+def load_reference_llama(model_path: str, **kwargs):
+    """A `Llama` with tandem's kernel settings: flash attention on, quiet, and llama.cpp's extra
+    (repacked) buffer types off as tandem's local engine loads them (LocalEngineConfig.extra_buffer_types)."""
+    import llama_cpp
+
+    kwargs.setdefault("flash_attn", True)
+    kwargs.setdefault("verbose", False)
+    with without_extra_buffer_types():
+        llama = llama_cpp.Llama(model_path, **kwargs)
+    if llama.model_params.use_extra_bufts:
+        raise RuntimeError("the reference Llama still uses extra buffer types; the patch missed")
+    return llama
+
+
 @contextlib.contextmanager
 def without_extra_buffer_types():
-    """While active, every model llama-cpp-python loads skips the extra (AMX/repacked) buffer types.
-
-    The high-level API has no switch for use_extra_bufts, and those buffer types crash
-    llama_decode on these CPUs. `Llama` reads the defaults through the `llama_cpp.llama_cpp`
-    module (the package only re-exports them), so both attributes are patched.
-    """
+    """While active, models llama-cpp-python loads skip the extra (repacked) buffer types. The
+    high-level API has no switch for them, and `Llama` reads the defaults through the
+    `llama_cpp.llama_cpp` module (the package only re-exports them), so both are patched."""
     import llama_cpp
     import llama_cpp.llama_cpp as low_level
 
@@ -28,19 +39,6 @@ def without_extra_buffer_types():
         yield
     finally:
         low_level.llama_model_default_params = llama_cpp.llama_model_default_params = original
-
-
-def load_reference_llama(model_path: str, **kwargs):
-    """A `Llama` with tandem's kernel settings (flash attention on, quiet, no extra buffer types)."""
-    import llama_cpp
-
-    kwargs.setdefault("flash_attn", True)
-    kwargs.setdefault("verbose", False)
-    with without_extra_buffer_types():
-        llama = llama_cpp.Llama(model_path, **kwargs)
-    if llama.model_params.use_extra_bufts:
-        raise RuntimeError("the reference Llama still uses extra buffer types; the patch missed")
-    return llama
 
 
 def reference_greedy(llama, prompt_token_ids: list[int], max_tokens: int) -> list[int]:
