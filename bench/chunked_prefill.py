@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from bench.machine import machine_info, write_report
+from bench.repetitions import median_and_spread
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.engine import CloudEngine
 from sdk.protocol.engine import GenerationRequest, SamplingParams
@@ -144,9 +145,7 @@ def summarize(per_run: list[dict]) -> dict:
     """Each ratio's median over the repetitions, and its spread (min, max)."""
     out = {}
     for key in per_run[0]:
-        values = [r[key] for r in per_run]
-        out[key] = float(np.median(values))
-        out[f"{key}_spread"] = [min(values), max(values)]
+        out[key], out[f"{key}_spread"] = median_and_spread([r[key] for r in per_run])
     return out
 
 

@@ -74,9 +74,10 @@ FIGURES = (
 # fraction written as a percentage, seconds as milliseconds); the written digits set the
 # precision compared.
 LINK = re.compile(r"\[(?P<number>[-+]?\d[\d,]*(?:\.\d+)?)\]\(bench/results/(?P<bench>[\w.-]+)\.json#(?P<key>[\w.-]+)(?:\*(?P<scale>\d+))?\)")
-# What reads as a measured figure in prose: a decimal, or a number with a unit of measure.
-# Settings and inputs are written in code spans (`temperature 0.2`), which are not figures.
-FIGURE_LIKE = re.compile(r"(?<![\w.#/-])[-+]?\d[\d,]*(?:\.\d+)?(?:\s?(?:x|%|ms|s|µs|tok/s|MiB|MB|GB|GFLOPS)(?![\w/])|(?<=\.\d)|(?<=\.\d\d)|(?<=\.\d\d\d)|(?<=\.\d\d\d\d))")
+# A number in prose, with the unit of measure that may follow it. It reads as a measured
+# figure when it is a decimal or has a unit; settings and inputs are written in code spans
+# (`temperature 0.2`), which are not figures.
+NUMBER = re.compile(r"(?<![\w.#/-])(?P<number>[-+]?\d[\d,]*(?:\.\d+)?)(?P<unit>\s?(?:x|%|ms|s|µs|tok/s|MiB|MB|GB|GFLOPS)(?![\w/]))?")
 def load(bench: str) -> dict:
     return json.loads((RESULTS / f"{bench}.json").read_text())
 
@@ -146,7 +147,8 @@ def unlinked_figures(text: str) -> list[str]:
     text = re.sub(r"\]\([^)]*\)", "]", text)  # other links' targets
     found = []
     for line in text.splitlines():
-        found += [f"{m[0].strip()!r} in: {line.strip()[:100]}" for m in FIGURE_LIKE.finditer(line)]
+        found += [f"{m[0].strip()!r} in: {line.strip()[:100]}" for m in NUMBER.finditer(line)
+                  if m["unit"] or "." in m["number"]]
     return found
 
 

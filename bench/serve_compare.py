@@ -30,6 +30,7 @@ import statistics
 import subprocess
 
 from bench.machine import machine_info
+from bench.repetitions import median_and_spread
 from bench.serve_client import ClientConfig
 from bench.serve_datasets import GgufTokenizer
 from bench.serve_report import console, print_summary
@@ -100,6 +101,7 @@ def run_compare(args: argparse.Namespace) -> dict:
                     runs[concurrency].setdefault(server.name, []).append(benchmark(config, samples, args, label))
                 commands[server.name] = {"description": server.description, "command": " ".join(server.command)}
             print_summary({name: rs[-1] for name, rs in runs[concurrency].items()})
+    ratios = headline_ratios(runs)
     return {
         "benchmark": "serve_local_vs_llama_server",
         "command": args.command_line,
@@ -113,17 +115,18 @@ def run_compare(args: argparse.Namespace) -> dict:
         "workload": workload_description(args, tokenizer),
         "servers": commands,
         "by_concurrency": {f"c{c}": summarize(runs[c]) for c in concurrencies},
-        **headline_ratios(runs),
+        **ratios,
         "targets": {key: f"{op} {bound}" for key, (op, bound) in TARGETS.items()},
+        "targets_met": targets_met(ratios),
         "notes": [
             "tandem's local engine loads models without llama.cpp's extra (repacked) buffer types (they break its "
             "batch invariance), as 'llama_server_no_repack' does (--no-repack); 'llama_server' runs llama.cpp's "
-            "default; on SmolLM2 Q4_1 nothing is repacked either way. llama_cpp.server runs llama.cpp's defaults",
+            "default; on SmolLM2 Q4_1 nothing is repacked either way. llama_cpp.server loads as tandem does",
             "tandem splits each step into llama.cpp ubatches of at most 63 tokens (batch-invariant kernels); "
             "llama-server's -ub is STEP_TOKENS",
             "the benchmark client runs on the same cores as the server; timings on shared machines are noisy",
         ],
-    } | {"targets_met": targets_met(runs)}
+    }
 
 
 def summarize(by_server: dict[str, list[dict]]) -> dict:
@@ -158,14 +161,12 @@ def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
                 ratios = [_figures(t)[figure] / _figures(o)[figure] for t, o in zip(tandem, other)]
                 name_key = f"ratio_{key}_vs_llama_server{suffix}_c{concurrency}" if name != "llama_cpp_server" \
                     else f"ratio_{key}_vs_llama_cpp_server_c{concurrency}"
-                out[name_key] = _median(ratios)
-                out[f"{name_key}_spread"] = [min(ratios), max(ratios)]
+                out[name_key], out[f"{name_key}_spread"] = median_and_spread(ratios)
     return out
 
 
-def targets_met(runs: dict[int, dict[str, list[dict]]]) -> dict:
-    """Met only when the whole spread meets the target (a bound inside it is not met)."""
-    ratios = headline_ratios(runs)
+def targets_met(ratios: dict) -> dict:
+    """Of headline_ratios' figures: met only when the whole spread meets the target (a bound inside it is not)."""
     met = {}
     for key, (op, bound) in TARGETS.items():
         if key not in ratios:

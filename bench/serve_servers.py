@@ -154,7 +154,7 @@ def llama_server(binary: str, model_path: str, threads: int, model_alias: str, n
 
 def llama_cpp_server(model_path: str, threads: int, model_alias: str, port: int | None = None,
                      n_ctx: int = 4096) -> ManagedServer:
-    """llama-cpp-python's own OpenAI server (`python -m llama_cpp.server`) on the same GGUF.
+    """llama-cpp-python's own OpenAI server on the same GGUF, through bench.serve_llama_cpp_server.
 
     Settings chosen for a fair baseline: the same threads for prompt and decode, flash
     attention on (as tandem), logits only for the last token (its default `logits_all`
@@ -163,14 +163,14 @@ def llama_cpp_server(model_path: str, threads: int, model_alias: str, port: int 
     which would truncate all but one of 8 concurrent streams.
     """
     port = port or free_port()
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", model_path,
+    command = [sys.executable, "-m", "bench.serve_llama_cpp_server", "--model", model_path,
                "--model_alias", model_alias, "--host", "127.0.0.1", "--port", str(port),
                "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
                "--flash_attn", "true", "--logits_all", "false", "--use_mlock", "false",
                "--interrupt_requests", "false", "--verbose", "false"]
     return ManagedServer("llama_cpp_server", command, port, "/v1/models",
                          "python -m llama_cpp.server (one Llama, requests served one at a time under a lock; "
-                         "flash attention, logits_all off, interrupt_requests off)",
+                         "flash attention, logits_all off, interrupt_requests off, no extra buffer types)",
                          env=_clean_env())
 
 

@@ -135,7 +135,8 @@ class CloudEngine:
             policy=config.scheduling_policy,
         )
         target_ms = config.step_time_target_ms if config.enable_chunked_prefill else None
-        self.pacer = PrefillPacer(target_ms / 1000.0, (config.step_time_max_ms or target_ms) / 1000.0,
+        max_ms = config.step_time_max_ms
+        self.pacer = PrefillPacer(target_ms / 1000.0, max_ms / 1000.0 if max_ms else None,
                                   config.slow_step_share) if target_ms else None  # fmt: skip
         self._generators: dict[str, torch.Generator] = {}
         self.spec_config = config.speculative

@@ -47,8 +47,8 @@ class StepCostModel:
 
     def __init__(self, forget_steps: int = FORGET_STEPS):
         self._decay = 1.0 - 1.0 / forget_steps
-        self._gram = np.zeros((4, 4))  # weighted sum of x x^T
-        self._moment = np.zeros(4)  # weighted sum of x y
+        self._gram = np.zeros((4, 4))  # decayed sum of x x^T, x = features / seconds (relative error)
+        self._moment = np.zeros(4)  # decayed sum of x (each row's target is 1 after that scaling)
         self._weights = np.zeros(4)  # fixed, per decode, per prefill token, per context token (scaled)
         self.num_prefill_steps = 0
 

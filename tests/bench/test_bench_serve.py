@@ -199,6 +199,19 @@ def test_client_reports_failures_without_raising():
     assert not cut_short.ok and "finish_reason" in cut_short.error
 
 
+def test_extra_buffer_types_are_off_inside_the_patch_and_back_after():
+    import llama_cpp
+    import llama_cpp.llama_cpp as low_level
+
+    from tests.local_runtime.reference_llama import without_extra_buffer_types
+
+    assert low_level.llama_model_default_params().use_extra_bufts
+    with without_extra_buffer_types():
+        assert not low_level.llama_model_default_params().use_extra_bufts
+        assert not llama_cpp.llama_model_default_params().use_extra_bufts
+    assert low_level.llama_model_default_params().use_extra_bufts
+
+
 # -- real servers -------------------------------------------------------------------------------
 
 
@@ -279,8 +292,8 @@ def test_compare_ratios_pair_repetitions_and_report_their_spread():
     assert ratios["ratio_output_tps_vs_llama_server_default_c8"] == pytest.approx(2.0)  # llama.cpp's default buffers
     assert "ratio_output_tps_vs_llama_cpp_server_c8" not in ratios  # that server did not run
     # A median at the target with part of the spread below it is not met.
-    assert targets_met(runs)["ratio_output_tps_vs_llama_server_c8"] is False
-    assert targets_met(runs)["ratio_ttft_p50_vs_llama_server_c8"] is False
+    assert targets_met(ratios)["ratio_output_tps_vs_llama_server_c8"] is False
+    assert targets_met(ratios)["ratio_ttft_p50_vs_llama_server_c8"] is False
     summary = summarize(runs[8])
     assert summary["tandem"]["output_tps"] == 90 and len(summary["tandem"]["runs"]) == 3
     assert summary["llama_server_no_repack"]["ttft_p99_ms"] == 2000
