@@ -44,12 +44,17 @@ class PrefixHit:
     num_tokens: int  # len(block_ids) * block_size
 
 
+def hash_block(parent_hash: int, block_token_ids: Sequence[int]) -> int:
+    """A full block's key: its tokens, chained over the key of the block before it (0 for the first)."""
+    return hash((parent_hash, tuple(block_token_ids)))
+
+
 def chain_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     """Hashes of the full blocks of `token_ids`, each chained over its parent's."""
     hashes: list[int] = []
     parent = 0
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(token_ids[start : start + block_size])))
+        parent = hash_block(parent, token_ids[start : start + block_size])
         hashes.append(parent)
     return hashes
 
@@ -65,7 +70,11 @@ class BlockManager:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free_ids: deque[int] = deque(range(num_blocks))
         self._tables: dict[SeqKey, list[int]] = {}
-        self._hashed: dict[int, int] = {}  # block hash -> id of a live block with that prefix
+        # block hash -> ids of the live blocks with that prefix, oldest first: two sequences
+        # admitted in one step compute the same prefix into twin blocks, and when the first is
+        # freed the twin must stay findable.
+        self._hashed: dict[int, dict[int, None]] = {}
+        self._num_published: dict[SeqKey, int] = {}  # leading blocks of a table already hashed
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -95,10 +104,10 @@ class BlockManager:
         for i, block_hash in enumerate(chain_block_hashes(token_ids, self.block_size)):
             if (i + 1) * self.block_size > max_tokens:
                 break
-            block_id = self._hashed.get(block_hash)
-            if block_id is None:
+            twins = self._hashed.get(block_hash)
+            if not twins:
                 break
-            block = self.blocks[block_id]
+            block = self.blocks[next(iter(twins))]
             start = i * self.block_size
             if block.token_ids != tuple(token_ids[start : start + self.block_size]):
                 break  # a hash collision: never share cells that hold other tokens
@@ -131,6 +140,7 @@ class BlockManager:
         for block_id in hit.block_ids:
             self.blocks[block_id].holders.add(seq)
         self._tables[seq] = list(hit.block_ids)
+        self._num_published[seq] = len(hit.block_ids)  # published by the sequence that computed them
 
     def allocate(self, seq: SeqKey, num_tokens: int) -> list[int] | None:
         """Grow `seq`'s table to fit `num_tokens` tokens; the new block ids, or None if the pool is short."""
@@ -146,28 +156,36 @@ class BlockManager:
         return new_ids
 
     def publish_full_blocks(self, seq: SeqKey, token_ids: Sequence[int], num_computed_tokens: int) -> None:
-        """Make `seq`'s full, computed blocks findable by later sequences with the same prefix."""
+        """Make `seq`'s full, computed blocks findable by later sequences with the same prefix.
+
+        Incremental (nano-vllm's hash_blocks): only blocks filled since the last call are
+        hashed, each seeded from its parent's hash, so a step costs the new blocks, not the chain."""
         table = self._tables.get(seq, [])
         num_full = min(num_computed_tokens // self.block_size, len(table))
-        for i, block_hash in enumerate(chain_block_hashes(token_ids[: num_full * self.block_size], self.block_size)):
+        start = self._num_published.get(seq, 0)
+        for i in range(start, num_full):
             block = self.blocks[table[i]]
             if block.block_hash is None:
-                block.block_hash = block_hash
+                parent = self.blocks[table[i - 1]].block_hash if i else 0
                 block.token_ids = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
-            # Also for blocks hashed earlier: two sequences admitted in one step compute the
-            # same prefix into different blocks and only the first is mapped; once that one
-            # is freed, this re-maps the twin, else the still-live prefix is never shared again.
-            self._hashed.setdefault(block.block_hash, block.block_id)
+                block.block_hash = hash_block(parent, block.token_ids)
+            self._hashed.setdefault(block.block_hash, {})[block.block_id] = None
+        if num_full > start:
+            self._num_published[seq] = num_full
 
     def free(self, seq: SeqKey) -> None:
         """Drop `seq`'s references; blocks nobody holds return to the free queue."""
+        self._num_published.pop(seq, None)
         for block_id in self._tables.pop(seq, []):
             block = self.blocks[block_id]
             block.holders.discard(seq)
             if block.holders:
                 continue
-            if block.block_hash is not None and self._hashed.get(block.block_hash) == block_id:
-                del self._hashed[block.block_hash]
+            twins = self._hashed.get(block.block_hash) if block.block_hash is not None else None
+            if twins is not None:
+                twins.pop(block_id, None)
+                if not twins:
+                    del self._hashed[block.block_hash]
             block.block_hash, block.token_ids = None, ()
             self._free_ids.append(block_id)
 
@@ -181,5 +199,10 @@ class BlockManager:
         for block in self.blocks:
             expected = {s for s, t in self._tables.items() if block.block_id in t}
             assert block.holders == expected, f"block {block.block_id} holders {block.holders} != {expected}"
-        for block_hash, block_id in self._hashed.items():
-            assert self.blocks[block_id].holders, f"hash {block_hash} points at free block {block_id}"
+        for block_hash, twins in self._hashed.items():
+            assert twins, f"hash {block_hash} maps to no block"
+            for block_id in twins:
+                assert self.blocks[block_id].holders, f"hash {block_hash} points at free block {block_id}"
+                assert self.blocks[block_id].block_hash == block_hash, f"block {block_id} is mapped under another hash"
+        for seq, num in self._num_published.items():
+            assert num <= len(self._tables.get(seq, ())), f"{seq!r} published more blocks than it holds"

@@ -176,7 +176,7 @@ class LocalEngine:
         for request, token, mask in zip(requests, sampled, allowed):
             if not request.output_token_ids:
                 self.num_prompt_tokens_total += request.num_prompt_tokens
-            request.output_token_ids.append(token.token_id)
+            request.append_output_token(token.token_id)
             if request.matcher is not None:
                 request.matcher.consume_token(token.token_id)
             self.num_generation_tokens_total += 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from local_runtime.block_manager import BlockManager
+from local_runtime.block_manager import BlockManager, PrefixHit
 from local_runtime.request import Request, RequestStatus
 
 
@@ -121,7 +121,7 @@ class Scheduler:
         """Take a slot and blocks for the first chunk; None (and no change) if they are short."""
         # Leave at least the last token to compute: its logits pick the next token.
         hit = self.block_manager.find_prefix(request.all_token_ids, max_tokens=request.num_tokens - 1)
-        num_cached = hit.num_tokens if hit else 0
+        source, num_cached = self._longest_computed_prefix(request, hit)
         num_new = min(request.num_tokens - num_cached, budget)
         needed = -(-(num_cached + num_new) // self.block_manager.block_size) - (len(hit.block_ids) if hit else 0)
         if needed > self.block_manager.num_free_blocks:
@@ -130,7 +130,8 @@ class Scheduler:
         self.num_prefix_cache_query_tokens_total += request.num_tokens
         if hit:
             self.block_manager.share(request.request_id, hit)
-            out.prefix_copies.append((self.requests[hit.source].slot, slot, num_cached))
+        if num_cached:
+            out.prefix_copies.append((source.slot, slot, num_cached))
             self.num_prefix_cache_hit_tokens_total += num_cached
         self.block_manager.allocate(request.request_id, num_cached + num_new)
         request.slot = slot
@@ -140,6 +141,28 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         return num_new
+
+    def _longest_computed_prefix(self, request: Request, hit: PrefixHit | None) -> tuple[Request | None, int]:
+        """The running request whose computed cells hold the longest prefix of `request`, and its length.
+
+        Full blocks come from the hash map (shared in the books); past them, llama.cpp's cells
+        can be shared token by token, as llama-server's prompt cache reuses a slot's common
+        prefix: a system prompt of 24 tokens shares 24, not the 16 of its one full block. The
+        partial block is still booked as the newcomer's own, so the books stay an upper bound."""
+        limit = request.num_tokens - 1
+        tokens = request.all_token_ids
+        base = hit.num_tokens if hit else 0
+        candidates = [self.requests[hit.source]] if hit else self.running
+        best, best_len = (candidates[0] if hit else None), base
+        for candidate in candidates:
+            end = min(candidate.num_computed_tokens, limit)
+            theirs = candidate.all_token_ids
+            n = base
+            while n < end and theirs[n] == tokens[n]:
+                n += 1
+            if n > best_len:
+                best, best_len = candidate, n
+        return best, best_len
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Free a running request for recompute; it rejoins the front of the queue."""

@@ -268,13 +268,13 @@ def test_chain_hash_depends_on_parent():
     assert hit is not None and hit.num_tokens == 4 and hit.source == "b"
 
 
-def _colliding_hashes(token_ids, block_size):
-    """Every chain at block i hashes to i: the worst possible hash function."""
-    return list(range(len(token_ids) // block_size))
+def _colliding_hash_block(parent_hash, block_token_ids):
+    """Every chain at block i hashes to i + 1, whatever its tokens: the worst possible hash function."""
+    return parent_hash + 1
 
 
 def test_hash_collision_never_shares_other_tokens(monkeypatch):
-    monkeypatch.setattr(bm_module, "chain_block_hashes", _colliding_hashes)
+    monkeypatch.setattr(bm_module, "hash_block", _colliding_hash_block)
     bm = make_bm(8)
     computed(bm, "a", [1, 2, 3, 4, 5, 6, 7, 8])
     # Same hashes, different tokens: the stored token ids must veto the match.
@@ -291,7 +291,7 @@ def test_hash_collision_in_the_parent_chain_never_shares_other_tokens(monkeypatc
     each one's own tokens match the query -- but b's cells for positions 0..3 hold
     9s. Sharing b's first two blocks would hand the query wrong KV.
     """
-    monkeypatch.setattr(bm_module, "chain_block_hashes", _colliding_hashes)
+    monkeypatch.setattr(bm_module, "hash_block", _colliding_hash_block)
     bm = make_bm(8)
     computed(bm, "a", [1, 2, 3, 4])
     computed(bm, "b", [9, 9, 9, 9, 5, 6, 7, 8])
@@ -325,12 +325,10 @@ def test_duplicate_content_published_twice_stays_consistent():
     computed(bm, "a", tokens)
     computed(bm, "b", tokens)
     bm.check_invariants()
-    assert {bm._hashed[h] for h in chain_block_hashes(tokens, BS)} == set(bm.block_table("a"))
+    assert [next(iter(bm._hashed[h])) for h in chain_block_hashes(tokens, BS)] == bm.block_table("a")
     bm.free("a")
     bm.check_invariants()
-    # b republishes after its next step (on_step_done publishes every step): its twin blocks
-    # take over the hash map, so the prefix that is still live stays shareable.
-    bm.publish_full_blocks("b", tokens, len(tokens))
+    # b's twin blocks stay mapped, so the prefix that is still live stays shareable.
     hit = bm.find_prefix(tokens + [0], max_tokens=8)
     assert hit is not None and hit.source == "b" and hit.block_ids == bm.block_table("b")
     bm.check_invariants()
@@ -498,8 +496,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
                     # A published block holds this sequence's tokens at that position, computed.
                     assert (i + 1) * bm.block_size <= s["computed"]
                     assert block.token_ids == tuple(s["tokens"][i * bm.block_size : (i + 1) * bm.block_size])
-        for block_hash, block_id in bm._hashed.items():
-            assert bm.blocks[block_id].block_hash == block_hash
+        for block_hash, twins in bm._hashed.items():
+            assert twins and all(bm.blocks[block_id].block_hash == block_hash for block_id in twins)
 
     def teardown(self):
         if not hasattr(self, "bm"):
@@ -526,8 +524,8 @@ class CollidingHashMachine(BlockManagerMachine):
 
     @initialize(num_blocks=st.integers(2, 12), block_size=st.sampled_from([1, 2]))
     def setup(self, num_blocks, block_size):
-        self._real_hashes = bm_module.chain_block_hashes
-        bm_module.chain_block_hashes = _colliding_hashes
+        self._real_hash = bm_module.hash_block
+        bm_module.hash_block = _colliding_hash_block
         self.bm = BlockManager(num_blocks, block_size)
         self.seqs = {}
         self.next_id = 0
@@ -536,8 +534,8 @@ class CollidingHashMachine(BlockManagerMachine):
         try:
             super().teardown()
         finally:
-            if hasattr(self, "_real_hashes"):
-                bm_module.chain_block_hashes = self._real_hashes
+            if hasattr(self, "_real_hash"):
+                bm_module.hash_block = self._real_hash
 
 
 CollidingHashMachine.TestCase.settings = settings(
@@ -547,3 +545,35 @@ CollidingHashMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestCollidingHashMachine = CollidingHashMachine.TestCase
+
+
+def test_publishing_hashes_only_the_blocks_filled_since_the_last_call(monkeypatch):
+    """nano-vllm's incremental hashing: a long sequence's step costs its new blocks, not its chain."""
+    calls = []
+    real = bm_module.hash_block
+    monkeypatch.setattr(bm_module, "hash_block", lambda parent, tokens: calls.append(tuple(tokens)) or real(parent, tokens))
+    bm = make_bm(16)
+    tokens = list(range(100, 100 + 6 * BS))
+    bm.allocate("a", len(tokens))
+    for computed_tokens in range(1, len(tokens) + 1):
+        bm.publish_full_blocks("a", tokens, computed_tokens)
+    assert len(calls) == 6  # once per block, however many steps it took
+    # The incremental chain equals the chain computed from scratch.
+    assert [bm.blocks[b].block_hash for b in bm.block_table("a")] == chain_block_hashes(tokens, BS)
+    hit = bm.find_prefix(tokens + [0], max_tokens=len(tokens))
+    assert hit is not None and hit.num_tokens == len(tokens)
+    bm.check_invariants()
+
+
+def test_a_shared_prefix_is_not_hashed_again_by_the_sharer():
+    bm = make_bm(16)
+    prefix = list(range(1, 2 * BS + 1))
+    computed(bm, "a", prefix)
+    hit = bm.find_prefix(prefix + [7, 7], max_tokens=2 * BS)
+    bm.share("b", hit)
+    bm.allocate("b", 2 * BS + BS)
+    bm.publish_full_blocks("b", prefix + [7] * BS, 3 * BS)
+    assert len(bm._hashed) == 3  # a's two blocks and b's own third
+    bm.free("a")
+    bm.check_invariants()
+    assert bm.find_prefix(prefix + [7] * BS + [0], max_tokens=3 * BS).num_tokens == 3 * BS

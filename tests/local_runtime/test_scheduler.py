@@ -105,7 +105,7 @@ class Sim:
             r = s.requests.get(rid)
             if r is None or r.num_computed_tokens != r.num_tokens:
                 continue
-            r.output_token_ids.append(fake_token(r))
+            r.append_output_token(fake_token(r))
             sampled.append(rid)
             if r.num_output_tokens >= r.params.max_tokens:
                 s.finish_request(rid, RequestStatus.FINISHED_LENGTH)
@@ -140,8 +140,11 @@ class Sim:
         for src, dst, n in out.prefix_copies:
             assert src in running_slots and dst in running_slots and src != dst
             dst_req = next(r for r in s.running if r.slot == dst)
-            assert n > 0 and n % bs == 0 and n < dst_req.num_tokens
-            assert dst_req.num_computed_tokens == n
+            assert 0 < n < dst_req.num_tokens and dst_req.num_computed_tokens == n
+            src_req = next(r for r in s.running if r.slot == src)
+            # The books share the full blocks only; a partial tail's cells are shared in llama.cpp
+            # while the newcomer books a block of its own for them (an upper bound stays one).
+            assert self.bm.block_table(dst_req.request_id)[: n // bs] == self.bm.block_table(src_req.request_id)[: n // bs]
         for rid in out.preempted_ids:
             r = self.all_requests[rid]
             assert r.status == RequestStatus.PREEMPTED and r.slot is None and r.num_computed_tokens == 0
@@ -371,7 +374,7 @@ def test_preempted_request_is_not_scheduled_in_the_step_that_preempts_it():
 # -- prefix sharing ------------------------------------------------------------------------
 
 
-def test_prefix_sharing_copies_full_blocks_and_counts_references():
+def test_prefix_sharing_copies_the_common_prefix_and_books_its_full_blocks():
     sim = Sim(make_scheduler(num_blocks=32, max_num_seqs=4, budget=64))
     common = list(range(1, 11))  # 10 tokens: 2 full blocks + 2
     a = make_request("a", common + [50, 51], max_tokens=6)
@@ -380,17 +383,18 @@ def test_prefix_sharing_copies_full_blocks_and_counts_references():
     b = make_request("b", common + [60, 61, 62], max_tokens=3)
     sim.add(b)
     rec = sim.step()
-    assert rec.out.prefix_copies == [(a.slot, b.slot, 8)]
-    n = rec.out.prefix_copies[0][2]
-    assert n % BS == 0 and n < b.num_tokens
-    assert b.num_cached_tokens == 8
-    assert rec.before["b"] == (8, 13) and rec.out.num_scheduled_tokens["b"] == 5
+    # All 10 common tokens' cells (llama-server's prompt cache reuses a slot's common prefix
+    # token by token too); the books share the 2 full blocks, and b books its own third.
+    assert rec.out.prefix_copies == [(a.slot, b.slot, 10)]
+    assert b.num_cached_tokens == 10
+    assert rec.before["b"] == (10, 13) and rec.out.num_scheduled_tokens["b"] == 3
     shared = sim.bm.block_table("a")[:2]
     assert sim.bm.block_table("b")[:2] == shared
     assert all(sim.bm.blocks[i].ref_count == 2 for i in shared)
     assert all(sim.bm.blocks[i].holders == {"a", "b"} for i in shared)
     assert sim.bm.blocks[sim.bm.block_table("a")[2]].ref_count == 1
-    assert sim.s.num_prefix_cache_hit_tokens_total == 8
+    assert sim.bm.block_table("b")[2] != sim.bm.block_table("a")[2]
+    assert sim.s.num_prefix_cache_hit_tokens_total == 10
     sim.run()
     sim.assert_drained()
 
@@ -404,9 +408,38 @@ def test_identical_prompt_never_shares_its_last_token():
     b = make_request("b", prompt, max_tokens=2)
     sim.add(b)
     rec = sim.step()
-    # Only the first block: the last prompt token must be computed for b's logits.
-    assert rec.out.prefix_copies == [(a.slot, b.slot, 4)]
-    assert rec.out.num_scheduled_tokens["b"] == 4
+    # All but the last prompt token: it must be computed for b's logits.
+    assert rec.out.prefix_copies == [(a.slot, b.slot, 7)]
+    assert rec.out.num_scheduled_tokens["b"] == 1
+    sim.run()
+    sim.assert_drained()
+
+
+def test_a_prefix_shorter_than_a_block_is_shared_from_a_running_request():
+    sim = Sim(make_scheduler(num_blocks=32, max_num_seqs=4, budget=64))
+    a = make_request("a", [1, 2, 3, 7, 7], max_tokens=6)
+    sim.add(a)
+    sim.step()
+    b = make_request("b", [1, 2, 3, 8, 8, 8], max_tokens=2)
+    c = make_request("c", [9, 2, 3, 8], max_tokens=2)  # nothing in common at position 0
+    sim.add(b, c)
+    rec = sim.step()
+    assert rec.out.prefix_copies == [(a.slot, b.slot, 3)]
+    assert rec.before["b"] == (3, 6) and rec.before["c"] == (0, 4)
+    assert sim.bm.block_table("b")[0] != sim.bm.block_table("a")[0]  # booked as b's own
+    sim.run()
+    sim.assert_drained()
+
+
+def test_a_prefix_is_shared_only_as_far_as_the_source_has_computed():
+    sim = Sim(make_scheduler(num_blocks=32, max_num_seqs=4, budget=6))
+    a = make_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], max_tokens=2)
+    sim.add(a)
+    sim.step()  # a computed 6 of its 10 prompt tokens
+    b = make_request("b", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11], max_tokens=2)
+    sim.add(b)
+    rec = sim.step()  # a takes 4 (its last chunk); b may share only the 6 already in a's cells
+    assert rec.out.prefix_copies == [(a.slot, b.slot, 6)]
     sim.run()
     sim.assert_drained()
 
