@@ -76,6 +76,8 @@ class LocalEngine:
                                     lambda text: backend.tokenize(text, add_special=False, parse_special=False))
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        # Each step's logits land here (one row per request that samples), not in a fresh array.
+        self._logits_buffer = np.empty((config.max_num_seqs, self.backend.n_vocab), dtype=np.float32)
 
     # -- text in ---------------------------------------------------------------------------
 
@@ -161,7 +163,7 @@ class LocalEngine:
                 want_logits[i + num_new - 1] = 1
                 sampled_requests.append(request)
             i += num_new
-        logits = self.backend.decode(token_ids, positions, slots, want_logits)
+        logits = self.backend.decode(token_ids, positions, slots, want_logits, out=self._logits_buffer)
         return sampled_requests, logits
 
     def _update(self, requests: list[Request], logits: np.ndarray) -> list[TokenEvent]:

@@ -138,8 +138,13 @@ class LlamaBackend:
 
     # -- decoding --------------------------------------------------------------------------
 
-    def decode(self, token_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, want_logits: np.ndarray) -> np.ndarray:
-        """Run one llama_decode over a flat batch; logits rows for the tokens that asked, in order."""
+    def decode(self, token_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, want_logits: np.ndarray,
+               out: np.ndarray | None = None) -> np.ndarray:
+        """Run one llama_decode over a flat batch; logits rows for the tokens that asked, in order.
+
+        `out`: a float32 [rows, n_vocab] buffer the caller reuses step after step (the rows are
+        written into its head and a view returned; it is overwritten by the next call). A fresh
+        1.5 MB array per step costs its page faults every step."""
         n = len(token_ids)
         if n == 0 or n > self.config.n_batch:
             raise ValueError(f"batch of {n} tokens; must be 1..{self.config.n_batch}")
@@ -160,11 +165,13 @@ class LlamaBackend:
             self.clear_slot(self.scratch_slot)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} on a batch of {n} tokens")
-        out_rows = np.flatnonzero(want_logits).tolist()
-        logits = np.empty((len(out_rows), self.n_vocab), dtype=np.float32)
-        for row, batch_index in enumerate(out_rows):
-            ptr = self._lib.llama_get_logits_ith(self.ctx, batch_index)
-            logits[row] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        n_out = int(np.count_nonzero(want_logits))
+        if out is not None and out.shape[0] >= n_out and out.shape[1] == self.n_vocab and out.dtype == np.float32:
+            logits = out[:n_out]
+        else:
+            logits = np.empty((n_out, self.n_vocab), dtype=np.float32)
+        if n_out:  # llama_get_logits: every output row, in batch order (llama.cpp undoes its ubatch reordering)
+            logits[:] = np.ctypeslib.as_array(self._lib.llama_get_logits(self.ctx), shape=(n_out, self.n_vocab))
         return logits
 
     def clear_slot(self, slot: int) -> None:

@@ -10,6 +10,7 @@ min-p, top-k and top-p, using the request's own RNG (reproducible per seed).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,11 +32,12 @@ def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[np
     only: the signals and logprobs stay the model's own)."""
     rows = np.arange(logits.shape[0])
     top1_ids = np.argmax(logits, axis=1)
-    shifted = logits - logits[rows, top1_ids][:, None]  # <= 0, so exp cannot overflow
-    exp = np.exp(shifted)
+    shifted, exp = _scratch(logits.shape)
+    np.subtract(logits, logits[rows, top1_ids][:, None], out=shifted)  # <= 0, so exp cannot overflow
+    np.exp(shifted, out=exp)
     log_z = np.log(exp.sum(axis=1, dtype=np.float64))  # float64 sum: 49k terms
     # H = log Z - E_p[shifted]; a single pass over the row instead of materialising p * log p.
-    entropies = log_z - (exp * shifted).sum(axis=1, dtype=np.float64) / np.exp(log_z)
+    entropies = log_z - np.multiply(exp, shifted, out=exp).sum(axis=1, dtype=np.float64) / np.exp(log_z)
     shifted[rows, top1_ids] = -np.inf  # the runner-up, without a full partition
     margins = 1.0 / np.exp(log_z) - np.exp(shifted.max(axis=1) - log_z)
     shifted[rows, top1_ids] = 0.0
@@ -72,6 +74,21 @@ def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[np
             )
         )
     return results
+
+
+_scratch_local = threading.local()
+
+
+def _scratch(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Two float32 work arrays of `shape`, kept per thread between steps. Fresh 1.5 MB
+    temporaries each step cost more than the maths: in the engine, between llama_decode
+    calls, every new page faulted in (the signals took 3 ms for 8 rows instead of 0.6)."""
+    rows, vocab = shape
+    buffers = getattr(_scratch_local, "buffers", None)
+    if buffers is None or buffers[0].shape[0] < rows or buffers[0].shape[1] != vocab:
+        buffers = tuple(np.empty((max(rows, 16), vocab), dtype=np.float32) for _ in range(2))
+        _scratch_local.buffers = buffers
+    return buffers[0][:rows], buffers[1][:rows]
 
 
 def _top_ids(row_logprobs: np.ndarray, k: int) -> list[int]:

@@ -100,6 +100,20 @@ def test_min_tokens_masks_end_and_stop_tokens_until_reached(ignore_eos):
         assert np.isfinite(got).all()
 
 
+def test_min_tokens_under_ignore_eos_changes_logits_only_with_stop_token_ids():
+    """A fixed-length request (ignore_eos + min_tokens, as benchmark clients send) has nothing to
+    hold back, so the samplers skip its per-row logits copy; stop_token_ids still get masked."""
+    assert not params(min_tokens=5, ignore_eos=True).changes_logits
+    assert params(min_tokens=5, ignore_eos=True, stop_token_ids=[9]).changes_logits
+    assert params(min_tokens=5).changes_logits
+    prompt, output = history(3)
+    logits = row_logits(11)
+    logits[END_IDS[0]] = logits.max() + 5.0  # the end token is the greedy pick
+    p = params(min_tokens=10, ignore_eos=True, temperature=0.0)
+    picked = local_sample_batch(logits[None].copy(), [p], [np.random.default_rng(0)], [(prompt, output)], np.array(END_IDS))
+    assert picked[0].token_id == END_IDS[0]  # under ignore_eos an end token is an ordinary token
+
+
 @pytest.mark.parametrize("min_p", [0.05, 0.3])
 def test_min_p_after_temperature_matches_transformers(min_p):
     scaled = row_logits(9).astype(np.float64) / 0.7

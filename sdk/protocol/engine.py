@@ -167,7 +167,14 @@ class SamplingParams:
         """The logits depend on the tokens so far (penalties, the min_tokens mask): speculative
         decoding drafts nothing for such a request."""
         return (self.repetition_penalty not in (None, 1.0) or bool(self.presence_penalty) or bool(self.frequency_penalty)
-                or self.min_tokens > 0)  # fmt: skip
+                or self.masks_end_tokens)  # fmt: skip
+
+    @property
+    def masks_end_tokens(self) -> bool:
+        """min_tokens has ids to hold back: the end-of-generation ids (unless ignore_eos, under which
+        they end nothing) and stop_token_ids. `ignore_eos` + `min_tokens` alone (how benchmark
+        clients ask for a fixed length) changes no logit, so it costs no per-row logits copy."""
+        return self.min_tokens > 0 and (not self.ignore_eos or bool(self.stop_token_ids))
 
     @property
     def changes_logits(self) -> bool:
