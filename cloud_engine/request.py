@@ -27,5 +27,4 @@ class Request(EngineRequest):
     spec_token_ids: list[int] = field(default_factory=list)
     num_draft_tokens: int = 0  # drafted tokens the target verified
     num_accepted_tokens: int = 0  # of those, accepted
-    matcher: object | None = None  # llguidance.LLMatcher of a structured request (sdk.protocol.grammar)
     forced: list[bool] = field(default_factory=list)  # per token emitted this step: the grammar allowed that one only

@@ -181,7 +181,7 @@ class BlockManager:
             block.holders.discard(seq)
             if block.holders:
                 continue
-            twins = self._hashed.get(block.block_hash) if block.block_hash is not None else None
+            twins = self._hashed.get(block.block_hash)  # None for an unpublished block
             if twins is not None:
                 twins.pop(block_id, None)
                 if not twins:

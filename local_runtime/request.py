@@ -20,4 +20,3 @@ class Request(EngineRequest):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.rng = np.random.default_rng(self.params.seed)
-        self.matcher = None  # llguidance.LLMatcher of a structured request (local_runtime.grammar); None otherwise

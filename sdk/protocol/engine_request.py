@@ -29,6 +29,7 @@ class EngineRequest:
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at the latest admission
+    matcher: object | None = None  # llguidance.LLMatcher of a structured request (sdk.protocol.grammar)
 
     def __post_init__(self) -> None:
         self.text_stream = TextStream(self.params.stop)
