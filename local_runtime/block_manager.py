@@ -173,6 +173,25 @@ class BlockManager:
         if num_full > start:
             self._num_published[seq] = num_full
 
+    def rename(self, seq: SeqKey, new_key: SeqKey) -> None:
+        """Hand `seq`'s blocks to `new_key` unchanged (a finished sequence's blocks kept by the prompt cache)."""
+        if new_key in self._tables:
+            raise ValueError(f"{new_key!r} already holds blocks")
+        table = self._tables.pop(seq, [])
+        for block_id in table:
+            holders = self.blocks[block_id].holders
+            holders.discard(seq)
+            holders.add(new_key)
+        self._tables[new_key] = table
+        if seq in self._num_published:
+            self._num_published[new_key] = self._num_published.pop(seq)
+
+    def num_blocks_held_only_by(self, keys: Sequence[SeqKey]) -> int:
+        """Blocks that no sequence but those of `keys` references (what evicting them all would free)."""
+        key_set = set(keys)
+        seen = {b for key in key_set for b in self._tables.get(key, ())}
+        return sum(1 for b in seen if self.blocks[b].holders <= key_set)
+
     def free(self, seq: SeqKey) -> None:
         """Drop `seq`'s references; blocks nobody holds return to the free queue."""
         self._num_published.pop(seq, None)

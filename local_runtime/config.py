@@ -29,6 +29,9 @@ class LocalEngineConfig:
     extra_buffer_types: bool = False
     batch_invariant: bool = True  # prefill numerics do not depend on what a request is batched with
     strict_batch_invariance: bool = False  # also pad lone decodes so they never change kernel (~40% slower at c=1)
+    # A finished request's slot keeps its cells (local_runtime.prompt_cache) until the slot or its
+    # blocks are needed, so the next prompt with the same prefix (a chat's next turn) copies them.
+    cache_finished_prompts: bool = True
     repetition_stop: bool = True  # for requests that leave repetition_stop unset (sdk.protocol.repetition)
     sampling: dict = field(default_factory=dict)  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
 

@@ -64,7 +64,8 @@ class LocalEngine:
         if self.max_model_len > self.backend.n_ctx_train:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's trained context {self.backend.n_ctx_train}")
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   cache_finished_prompts=config.cache_finished_prompts)
         self.chat_template = self.backend.metadata("tokenizer.chat_template")
         self._bos_text = self.backend.special_token_text("bos")
         self._eos_text = self.backend.special_token_text("eos")
@@ -122,6 +123,11 @@ class LocalEngine:
     def abort_request(self, request_id: str) -> bool:
         """Free the request's slot and blocks now; False if it was not here."""
         return self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED) is not None
+
+    def clear_prompt_cache(self) -> None:
+        """Forget every finished prompt's cells now (local_runtime.prompt_cache)."""
+        for slot in self.scheduler.clear_prompt_cache():
+            self.backend.clear_slot(slot)
 
     def abort_all(self) -> None:
         for request_id in list(self.scheduler.requests):
@@ -199,7 +205,7 @@ class LocalEngine:
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             num_kv_blocks_total=self.block_manager.num_blocks,
-            num_kv_blocks_used=self.block_manager.num_used_blocks,
+            num_kv_blocks_used=self.block_manager.num_used_blocks - self.scheduler.num_cached_blocks,
             num_prompt_tokens_total=self.num_prompt_tokens_total,
             num_generation_tokens_total=self.num_generation_tokens_total,
             num_preemptions_total=self.scheduler.num_preemptions_total,

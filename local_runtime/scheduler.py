@@ -5,6 +5,11 @@ up to the rest of the budget for a prefill chunk. Running requests go first;
 waiting ones join while budget, sequence slots and KV blocks last. When a
 running request cannot grow, the newest running request is preempted: its
 blocks are freed, its slot's cells cleared, and it is recomputed later.
+
+A finished request's slot and blocks go to the prompt cache (local_runtime.prompt_cache)
+instead of back to the pool, so a later prompt with the same prefix copies its cells; cached
+entries are evicted, least recently used first, whenever a slot or blocks are short, before
+any waiting request is refused or running one preempted.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from local_runtime.block_manager import BlockManager, PrefixHit
+from local_runtime.prompt_cache import CachedKey, CachedPrompt, PromptCache
 from local_runtime.request import Request, RequestStatus
 
 
@@ -37,8 +43,12 @@ class SchedulerOutput:
 class Scheduler:
     """Owns the waiting queue, the running list, the slots and the block manager."""
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 cache_finished_prompts: bool = True):  # fmt: skip
         self.block_manager = block_manager
+        self.cache_finished_prompts = cache_finished_prompts
+        self.prompt_cache = PromptCache()
+        self._pinned: set[CachedKey] = set()  # cache entries this schedule() copies from: not evictable until the copies ran
         self.max_num_batched_tokens = max_num_batched_tokens
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -59,8 +69,13 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks only the prompt cache holds (free for the taking: evicting the entries frees them)."""
+        return self.block_manager.num_blocks_held_only_by([entry.key for entry in self.prompt_cache])
+
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
-        """Mark a request finished and release its slot and blocks at once."""
+        """Mark a request finished; its slot and blocks go to the prompt cache (or back at once)."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
@@ -68,9 +83,22 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
-        self._release(request)
+        if self.cache_finished_prompts and request.slot is not None and request.num_computed_tokens > 0:
+            entry = self.prompt_cache.add(request.slot, request.all_token_ids, request.num_computed_tokens)
+            self.block_manager.rename(request_id, entry.key)
+            request.slot = None
+        else:
+            self._release(request)
         request.status = status
         return request
+
+    def clear_prompt_cache(self) -> list[int]:
+        """Evict every cached prompt; the slots whose cells the caller must clear now (they are
+        free slots from here on, so the next schedule must not clear them again)."""
+        while self._evict_one():
+            pass
+        slots, self._slots_to_clear = self._slots_to_clear, []
+        return slots
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -82,6 +110,8 @@ class Scheduler:
                 continue  # preempted earlier in this loop, or no budget left
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             while self.block_manager.allocate(request.request_id, request.num_computed_tokens + num_new) is None:
+                if self._evict_one():
+                    continue
                 # The newest request sits at or after this one, so it has no budget yet to return.
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -94,7 +124,7 @@ class Scheduler:
             budget -= num_new
 
         # Joining right after a preemption would just thrash the pool.
-        while self.waiting and budget > 0 and self._free_slots and not preempted_this_step:
+        while self.waiting and budget > 0 and (self._free_slots or self.prompt_cache) and not preempted_this_step:
             request = self.waiting[0]
             num_new = self._admit(request, budget, out)
             if num_new is None:
@@ -103,6 +133,7 @@ class Scheduler:
             out.num_scheduled_tokens[request.request_id] = num_new
             budget -= num_new
 
+        self._pinned = set()  # the copies run before anything can evict again
         out.cleared_slots, self._slots_to_clear = self._slots_to_clear, []
         return out
 
@@ -123,9 +154,14 @@ class Scheduler:
         hit = self.block_manager.find_prefix(request.all_token_ids, max_tokens=request.num_tokens - 1)
         source, num_cached = self._longest_computed_prefix(request, hit)
         num_new = min(request.num_tokens - num_cached, budget)
-        needed = -(-(num_cached + num_new) // self.block_manager.block_size) - (len(hit.block_ids) if hit else 0)
-        if needed > self.block_manager.num_free_blocks:
-            return None
+        if not self._make_room(self._blocks_needed(num_cached + num_new, hit), self._keep_for(source)):
+            # Room only by evicting the prefix's own cache entry: compute the prompt from scratch.
+            if not isinstance(source, CachedPrompt):
+                return None
+            hit, source, num_cached = None, None, 0
+            num_new = min(request.num_tokens, budget)
+            if not self._make_room(self._blocks_needed(num_new, None), self._pinned):
+                return None
         slot = self._free_slots.popleft()
         self.num_prefix_cache_query_tokens_total += request.num_tokens
         if hit:
@@ -133,6 +169,9 @@ class Scheduler:
         if num_cached:
             out.prefix_copies.append((source.slot, slot, num_cached))
             self.num_prefix_cache_hit_tokens_total += num_cached
+            if isinstance(source, CachedPrompt):
+                self.prompt_cache.touch(source)
+                self._pinned.add(source.key)
         self.block_manager.allocate(request.request_id, num_cached + num_new)
         request.slot = slot
         request.num_computed_tokens = num_cached
@@ -142,8 +181,32 @@ class Scheduler:
         self.running.append(request)
         return num_new
 
-    def _longest_computed_prefix(self, request: Request, hit: PrefixHit | None) -> tuple[Request | None, int]:
-        """The running request whose computed cells hold the longest prefix of `request`, and its length.
+    def _blocks_needed(self, num_tokens: int, hit: PrefixHit | None) -> int:
+        return -(-num_tokens // self.block_manager.block_size) - (len(hit.block_ids) if hit else 0)
+
+    def _keep_for(self, source: Request | CachedPrompt | None) -> set[CachedKey]:
+        return self._pinned | {source.key} if isinstance(source, CachedPrompt) else self._pinned
+
+    def _make_room(self, num_blocks: int, keep: set[CachedKey]) -> bool:
+        """Evict cached prompts not in `keep` until a slot and `num_blocks` blocks are free."""
+        while not self._free_slots or self.block_manager.num_free_blocks < num_blocks:
+            if not self._evict_one(keep):
+                return False
+        return True
+
+    def _evict_one(self, keep: set[CachedKey] | None = None) -> bool:
+        """Drop the least recently used cached prompt (its slot is cleared by the next step)."""
+        entry = self.prompt_cache.pop_least_recent(self._pinned if keep is None else keep)
+        if entry is None:
+            return False
+        self.block_manager.free(entry.key)
+        self._slots_to_clear.append(entry.slot)
+        self._free_slots.append(entry.slot)
+        return True
+
+    def _longest_computed_prefix(self, request: Request, hit: PrefixHit | None) -> tuple[Request | CachedPrompt | None, int]:
+        """The sequence (running, or a cached prompt) whose computed cells hold the longest prefix of
+        `request`, and its length.
 
         Full blocks come from the hash map (shared in the books); past them, llama.cpp's cells
         can be shared token by token, as llama-server's prompt cache reuses a slot's common
@@ -152,7 +215,7 @@ class Scheduler:
         limit = request.num_tokens - 1
         tokens = request.all_token_ids
         base = hit.num_tokens if hit else 0
-        candidates = [self.requests[hit.source]] if hit else self.running
+        candidates = [self.requests.get(hit.source) or self.prompt_cache.get(hit.source)] if hit else [*self.running, *self.prompt_cache]
         best, best_len = (candidates[0] if hit else None), base
         for candidate in candidates:
             end = min(candidate.num_computed_tokens, limit)

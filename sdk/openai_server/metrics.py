@@ -49,7 +49,7 @@ class EngineStatsCollector:
             ("num_requests_running", "Requests decoding in the engine now.", stats.num_running),
             ("num_requests_waiting", "Requests queued for admission.", stats.num_waiting),
             ("kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).", stats.kv_usage),
-            ("kv_blocks_used", "KV blocks held by requests or the prefix cache.", stats.num_kv_blocks_used),
+            ("kv_blocks_used", "KV blocks held by requests (cached prefixes nobody holds, which can be reclaimed, are not counted).", stats.num_kv_blocks_used),
             ("kv_blocks_total", "KV blocks in the pool.", stats.num_kv_blocks_total),
         ]
         for name, doc, value in gauges:

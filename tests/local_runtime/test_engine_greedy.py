@@ -1,14 +1,15 @@
 """Greedy output of the real local engine: batch-invariant and equal to llama.cpp's own API.
 
 Batch invariance holds while each sequence's KV cells stay in position order, i.e.
-while no other request leaves mid-flight (see local_runtime/llama_backend.py); the
-batched requests here therefore all generate the same number of tokens.
+while no other request leaves mid-flight and no cached prompt is evicted mid-flight (see
+local_runtime/llama_backend.py); the batched requests here therefore all generate the same
+number of tokens, and start from an empty prompt cache.
 """
 
 import pytest
 
 from sdk.protocol.model_files import default_model_path
-from tests.local_runtime.conftest import greedy, run_to_completion
+from tests.local_runtime.conftest import QUESTIONS, greedy, run_to_completion
 from tests.local_runtime.reference_llama import load_reference_llama, reference_greedy
 
 pytestmark = pytest.mark.slow
@@ -25,6 +26,9 @@ def test_greedy_identical_alone_and_batched_with_seven_others(engine, chat_promp
         token_ids(run_to_completion(engine, [greedy(f"alone-{i}", p, NUM_TOKENS, ignore_eos=True)])[f"alone-{i}"])
         for i, p in enumerate(chat_prompts)
     ]
+    # Otherwise each batched prompt copies its alone run's cells, and evicting those entries to
+    # make room frees cells mid-flight: the batch would test the prompt cache, not batching.
+    engine.clear_prompt_cache()
     batched = run_to_completion(engine, [greedy(f"batch-{i}", p, NUM_TOKENS, ignore_eos=True) for i, p in enumerate(chat_prompts)])
     for i in range(len(chat_prompts)):
         assert token_ids(batched[f"batch-{i}"]) == alone[i], f"prompt {i} diverged when batched"
@@ -61,6 +65,7 @@ def test_prefix_sharing_reuses_blocks_and_keeps_output(engine, chat_prompts):
     first = engine.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}])
     second = engine.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}])
     expected = token_ids(run_to_completion(engine, [greedy("solo", second, 12, ignore_eos=True)])["solo"])
+    engine.clear_prompt_cache()  # the sharer must find the holder's cells, not the solo run's
     hits_before = engine.stats().num_prefix_cache_hit_tokens_total
 
     engine.add_request(greedy("holder", first, 40, ignore_eos=True))
@@ -73,3 +78,23 @@ def test_prefix_sharing_reuses_blocks_and_keeps_output(engine, chat_prompts):
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.stats().num_kv_blocks_used == 0
+
+
+def test_a_finished_prompt_is_reused_by_the_next_turn_and_the_answer_is_unchanged(engine, chat_prompts):
+    """The prompt cache: a chat's second turn copies the first turn's cells (prompt and answer)
+    from the finished request's slot, and answers exactly as it does from an empty cache."""
+    engine.clear_prompt_cache()
+    first = run_to_completion(engine, [greedy("turn-1", chat_prompts[0], 12)])["turn-1"]
+    answer = "".join(e.text for e in first)  # an end-of-turn token adds no text
+    conversation = [{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": answer},
+                    {"role": "user", "content": "And of Italy?"}]  # fmt: skip
+    second_prompt = engine.apply_chat_template(conversation)
+    hits_before = engine.stats().num_prefix_cache_hit_tokens_total
+    reused = token_ids(run_to_completion(engine, [greedy("turn-2", second_prompt, 12, ignore_eos=True)])["turn-2"])
+    shared = engine.stats().num_prefix_cache_hit_tokens_total - hits_before
+    assert shared >= len(chat_prompts[0]), "the second turn did not reuse the first turn's prompt"
+    assert engine.stats().num_kv_blocks_used == 0 and engine.scheduler.num_cached_blocks > 0
+    engine.clear_prompt_cache()
+    assert engine.block_manager.num_used_blocks == 0
+    fresh = token_ids(run_to_completion(engine, [greedy("turn-2-fresh", second_prompt, 12, ignore_eos=True)])["turn-2-fresh"])
+    assert reused == fresh

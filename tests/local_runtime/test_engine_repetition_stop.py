@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sdk.protocol.repetition import STOP_LOOP, find_loop
-from tests.local_runtime.conftest import greedy, make_engine, run_to_completion
+from tests.local_runtime.conftest import assert_no_blocks_held, greedy, make_engine, run_to_completion
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_loop_stops_where_the_rule_fires(engine, looping):
     last = events[-1]
     assert (last.finish_reason, last.stop_reason) == ("length", "repetition")
     assert all(event.stop_reason is None for event in events[:-1])
-    assert engine.block_manager.num_used_blocks == 0  # the stopped request's blocks are back
+    assert_no_blocks_held(engine)  # the stopped request's blocks are back
 
 
 def test_ignore_eos_and_a_request_opt_out_keep_the_loop(engine, looping):

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from sdk.protocol.engine import GenerationRequest, InvalidRequestError, SamplingParams, StructuredOutput
-from tests.local_runtime.conftest import run_to_completion
+from tests.local_runtime.conftest import assert_no_blocks_held, run_to_completion
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def test_every_finished_answer_fits_its_schema(engine):
         name = request.request_id.rsplit("-", 1)[0]
         jsonschema.validate(json.loads(text), SCHEMAS.get(name, {"type": "object"}))
     assert finished >= 0.75 * len(requests) and answers["person-greedy"][-1].finish_reason == "stop"
-    assert engine.block_manager.num_used_blocks == 0
+    assert_no_blocks_held(engine)
 
 
 def test_a_schema_it_cannot_take_and_conflicting_options_are_refused(engine):

@@ -24,8 +24,11 @@ from sdk.protocol.engine import SamplingParams
 BS = 4
 
 
-def make_scheduler(num_blocks: int = 64, block_size: int = BS, max_num_seqs: int = 4, budget: int = 32) -> Scheduler:
-    return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+def make_scheduler(num_blocks: int = 64, block_size: int = BS, max_num_seqs: int = 4, budget: int = 32,
+                   cache: bool = False) -> Scheduler:  # fmt: skip
+    """Without the prompt cache unless asked: most tests pin what happens when a request lets go."""
+    return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                     cache_finished_prompts=cache)  # fmt: skip
 
 
 def make_request(request_id: str, prompt: list[int] | int, max_tokens: int = 4) -> Request:
@@ -65,6 +68,7 @@ class Sim:
         self.all_requests: dict[str, Request] = {}
         self.steps: list[StepRecord] = []
         self.preempted: list[str] = []
+        self.copies_from_cache = 0
 
     def add(self, *requests: Request) -> None:
         for request in requests:
@@ -129,6 +133,7 @@ class Sim:
         s, bs = self.s, self.bm.block_size
         assert out.total_num_scheduled_tokens <= s.max_num_batched_tokens
         running_slots = {r.slot for r in s.running}
+        cached_slots = {entry.slot for entry in s.prompt_cache}
         for rid, n in out.num_scheduled_tokens.items():
             r = s.requests[rid]
             assert n >= 1, f"{rid} scheduled {n} tokens"
@@ -138,13 +143,15 @@ class Sim:
             assert len(self.bm.block_table(rid)) * bs >= r.num_computed_tokens + n
         assert len(set(out.cleared_slots)) == len(out.cleared_slots)
         for src, dst, n in out.prefix_copies:
-            assert src in running_slots and dst in running_slots and src != dst
+            assert src in running_slots | cached_slots and dst in running_slots and src != dst
+            self.copies_from_cache += src in cached_slots
             dst_req = next(r for r in s.running if r.slot == dst)
             assert 0 < n < dst_req.num_tokens and dst_req.num_computed_tokens == n
-            src_req = next(r for r in s.running if r.slot == src)
+            src_key = next((r.request_id for r in s.running if r.slot == src), None)
+            src_key = src_key or next(e.key for e in s.prompt_cache if e.slot == src)
             # The books share the full blocks only; a partial tail's cells are shared in llama.cpp
             # while the newcomer books a block of its own for them (an upper bound stays one).
-            assert self.bm.block_table(dst_req.request_id)[: n // bs] == self.bm.block_table(src_req.request_id)[: n // bs]
+            assert self.bm.block_table(dst_req.request_id)[: n // bs] == self.bm.block_table(src_key)[: n // bs]
         for rid in out.preempted_ids:
             r = self.all_requests[rid]
             assert r.status == RequestStatus.PREEMPTED and r.slot is None and r.num_computed_tokens == 0
@@ -155,9 +162,9 @@ class Sim:
         s, bm = self.s, self.bm
         bm.check_invariants()
         assert 0 <= bm.num_used_blocks <= bm.num_blocks
-        slots = [r.slot for r in s.running]
+        slots = [r.slot for r in s.running] + [entry.slot for entry in s.prompt_cache]
         assert None not in slots
-        assert len(set(slots)) == len(slots), f"two running requests share a slot: {slots}"
+        assert len(set(slots)) == len(slots), f"two running requests or cached prompts share a slot: {slots}"
         assert not set(slots) & set(s._free_slots)
         assert sorted(slots + list(s._free_slots)) == list(range(self.num_slots))
         assert len(s.running) <= self.num_slots
@@ -169,10 +176,21 @@ class Sim:
         held = {rid for rid in s.requests if bm.block_table(rid)}
         assert held <= {r.request_id for r in s.running}, "a request that is not running holds blocks"
         assert set(s.requests) == {r.request_id for r in s.running} | {r.request_id for r in s.waiting}
+        for entry in s.prompt_cache:  # a cached prompt's slot still holds its computed tokens (an abort
+            # mid-step leaves that step's chunk after them, never copied: copies stop at num_computed_tokens)
+            n = entry.num_computed_tokens
+            assert self.cells[entry.slot][:n] == entry.all_token_ids[:n]
+            assert len(bm.block_table(entry.key)) * bm.block_size >= entry.num_computed_tokens
 
     def assert_drained(self) -> None:
         s, bm = self.s, self.bm
         assert s.num_unfinished == 0 and not s.requests
+        assert bm.num_free_blocks + s.num_cached_blocks == bm.num_blocks  # nothing leaked: the cache holds the rest
+        cached_slots = {entry.slot for entry in s.prompt_cache}
+        cleared = s.clear_prompt_cache()
+        assert cached_slots <= set(cleared)
+        for slot in cleared:
+            self.cells[slot] = []
         assert bm.num_free_blocks == bm.num_blocks
         assert bm._hashed == {}
         assert sorted(s._free_slots) == list(range(self.num_slots))
@@ -539,6 +557,86 @@ def test_abort_preempted_request():
     sim.assert_drained()
 
 
+# -- the prompt cache: finished requests keep their cells until they are needed ------------
+
+
+def test_a_chats_next_turn_copies_the_finished_turn_from_its_slot():
+    sim = Sim(make_scheduler(num_blocks=32, max_num_seqs=2, budget=64, cache=True))
+    turn1 = make_request("t1", list(range(1, 11)), max_tokens=3)
+    sim.add(turn1)
+    sim.run()
+    entry = next(iter(sim.s.prompt_cache))
+    # The prompt and the first two answer tokens have cells; the last sampled token never ran.
+    assert entry.num_computed_tokens == 12
+    assert sim.s.num_cached_blocks == 3 and sim.bm.num_free_blocks == 29
+    turn2 = make_request("t2", turn1.all_token_ids + [40, 41, 42], max_tokens=2)
+    sim.add(turn2)
+    rec = sim.step()
+    assert rec.out.prefix_copies == [(entry.slot, turn2.slot, 12)]
+    assert rec.out.num_scheduled_tokens == {"t2": 4} and turn2.num_cached_tokens == 12  # turn 1's last token, then 3
+    sim.run()
+    sim.assert_drained()
+
+
+def test_cached_prompts_give_way_least_recent_first_to_a_request_that_needs_the_room():
+    sim = Sim(make_scheduler(num_blocks=6, max_num_seqs=4, budget=64, cache=True))
+    a, b = make_requests((7, 2), (7, 2))  # 8 computed cells each: 2 blocks
+    sim.add(a)
+    sim.run()
+    sim.add(b)
+    sim.run()
+    slot_a, slot_b = (entry.slot for entry in sim.s.prompt_cache)
+    assert sim.bm.num_free_blocks == 2
+    c = make_request("c", 11, max_tokens=2)  # needs 3 blocks: a's entry (the older) goes
+    sim.add(c)
+    rec = sim.step()
+    assert rec.out.cleared_slots == [slot_a] and rec.out.preempted_ids == []
+    assert [entry.slot for entry in sim.s.prompt_cache] == [slot_b]
+    sim.run()
+    sim.assert_drained()
+
+
+def test_a_cached_prompt_is_evicted_before_a_running_request_is_preempted():
+    sim = Sim(make_scheduler(num_blocks=5, max_num_seqs=2, budget=64, cache=True))
+    a = make_request("a", 7, max_tokens=2)
+    sim.add(a)
+    sim.run()
+    (entry,) = sim.s.prompt_cache
+    b = make_request("b", 8, max_tokens=10)  # grows from 2 blocks to 5: needs the cached 2
+    sim.add(b)
+    sim.run()
+    assert sim.preempted == [] and b.num_output_tokens == 10
+    assert any(entry.slot in rec.out.cleared_slots for rec in sim.steps)
+    sim.assert_drained()
+
+
+def test_a_prompt_whose_only_room_is_its_own_cached_prefix_is_computed_from_scratch():
+    sim = Sim(make_scheduler(num_blocks=4, max_num_seqs=2, budget=64, cache=True))
+    a = make_request("a", list(range(1, 9)), max_tokens=5)  # 12 computed cells: 3 blocks cached
+    sim.add(a)
+    sim.run()
+    b = make_request("b", list(range(1, 9)) + [60] * 7, max_tokens=2)  # 16 cells: all 4 blocks
+    sim.add(b)
+    rec = sim.step()  # sharing a's 2 full prefix blocks would still need 3 more of the 1 free
+    assert rec.out.prefix_copies == [] and rec.out.num_scheduled_tokens == {"b": 15}
+    assert len(sim.s.prompt_cache) == 0
+    sim.run()
+    sim.assert_drained()
+
+
+def test_every_slot_held_by_cached_prompts_still_admits():
+    sim = Sim(make_scheduler(num_blocks=32, max_num_seqs=2, budget=64, cache=True))
+    a, b, c = make_requests((5, 1), (5, 1), (5, 1))
+    sim.add(a, b)
+    sim.run()
+    assert len(sim.s.prompt_cache) == 2 and not sim.s._free_slots
+    sim.add(c)
+    rec = sim.step()
+    assert "r2" in rec.out.num_scheduled_tokens and len(rec.out.cleared_slots) == 1
+    sim.run()
+    sim.assert_drained()
+
+
 # -- property: random workloads ------------------------------------------------------------
 
 
@@ -562,14 +660,15 @@ def workloads(draw):
         abort_at = draw(st.one_of(st.none(), st.integers(0, 30)))
         mid_step = draw(st.booleans())
         specs.append((f"q{i}", prompt, max_tokens, arrival, abort_at, mid_step))
-    return block_size, num_blocks, max_num_seqs, budget, specs
+    return block_size, num_blocks, max_num_seqs, budget, specs, draw(st.booleans())
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_finish_and_keep_the_books(workload):
-    block_size, num_blocks, max_num_seqs, budget, specs = workload
-    sim = Sim(make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs, budget=budget))
+    block_size, num_blocks, max_num_seqs, budget, specs, cache = workload
+    sim = Sim(make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs, budget=budget,
+                             cache=cache))  # fmt: skip
     pending = sorted(specs, key=lambda spec: spec[3])
     step = 0
     max_steps = 2_000
@@ -592,4 +691,5 @@ def test_random_workloads_finish_and_keep_the_books(workload):
     event(f"preempted: {bool(sim.preempted)}")
     event(f"prefix copies: {any(rec.out.prefix_copies for rec in sim.steps)}")
     event(f"aborted: {any(r.status == RequestStatus.FINISHED_ABORTED for r in sim.all_requests.values())}")
+    event(f"copied from a cached prompt: {sim.copies_from_cache > 0}")
     sim.assert_drained()

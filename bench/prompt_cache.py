@@ -1,0 +1,126 @@
+"""What the prompt cache saves a chat: time to first token of each turn, cache on against off.
+
+    python -m bench.prompt_cache --json bench/results/prompt_cache.json [--quick]
+
+An app on the device runs one conversation at a time and resends it whole every turn. Here
+the local engine (tandem serve's defaults, 2 threads, the embedded SmolLM2) plays MT-Bench's
+two-turn conversations plus a third turn asking for a one-sentence summary: greedy answers
+of up to 64 tokens, each turn's prompt the chat template over everything said so far. Every
+conversation runs twice, back to back, with `cache_finished_prompts` on and off (the order
+alternating), from an empty cache each time, so only reuse within the conversation counts.
+
+Keys: `ttft_ms_p50` per mode and turn, `ratio_ttft_cached_vs_uncached_turn2` and `_turn3`
+(medians of per-conversation ratios, with their interquartile spread), prompt tokens computed
+per mode, and `answers_identical` (the fraction of conversations whose greedy answers are the
+same token for token in both modes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+from bench.machine import report_header, write_report
+from bench.serve_datasets import DEFAULT_DATA_DIR
+from local_runtime.config import LocalEngineConfig
+from local_runtime.engine import LocalEngine
+from sdk.protocol.engine import GenerationRequest, SamplingParams
+
+CONFIG = dict(n_threads=2)  # everything else: tandem serve's defaults
+MAX_TOKENS = 64
+SUMMARY_TURN = "Now summarize your answers in one sentence."
+HEADLINE_KEYS = ("ratio_ttft_cached_vs_uncached_turn2", "ratio_ttft_cached_vs_uncached_turn3", "answers_identical")
+
+
+def conversations(data_dir: str, count: int) -> list[list[str]]:
+    """The user turns of the first `count` MT-Bench questions, plus the summary request."""
+    with open(os.path.join(data_dir, "mt_bench_questions.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [list(row["turns"][:2]) + [SUMMARY_TURN] for row in rows[:count]]
+
+
+def first_token_then_rest(engine: LocalEngine, request_id: str, prompt: list[int]) -> tuple[float, list[int], str]:
+    """Run one request alone: seconds to its first token, its tokens, and its text."""
+    start = time.perf_counter()
+    engine.add_request(GenerationRequest(request_id, prompt, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)))
+    ttft, tokens, text = None, [], []
+    while engine.has_unfinished_requests():
+        for event in engine.step():
+            if ttft is None:
+                ttft = time.perf_counter() - start
+            tokens.append(event.token_id)
+            text.append(event.text)
+    return ttft, tokens, "".join(text)
+
+
+def play(engine: LocalEngine, turns: list[str], cache: bool, tag: str) -> dict:
+    """One conversation from an empty cache: per turn TTFT (s), prompt tokens computed, answer tokens."""
+    engine.clear_prompt_cache()
+    engine.scheduler.cache_finished_prompts = cache
+    messages, result = [], {"ttft_s": [], "computed": [], "answers": []}
+    for i, user in enumerate(turns):
+        messages.append({"role": "user", "content": user})
+        prompt = engine.apply_chat_template(messages)
+        hits_before = engine.stats().num_prefix_cache_hit_tokens_total
+        ttft, tokens, text = first_token_then_rest(engine, f"{tag}-turn{i + 1}", prompt)
+        result["ttft_s"].append(ttft)
+        result["computed"].append(len(prompt) - (engine.stats().num_prefix_cache_hit_tokens_total - hits_before))
+        result["answers"].append(tokens)
+        messages.append({"role": "assistant", "content": text})
+    return result
+
+
+def quartiles(values: list[float]) -> list[float]:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return [q[0], q[2]]
+
+
+def run(count: int, data_dir: str) -> dict:
+    engine = LocalEngine(LocalEngineConfig(**CONFIG))
+    try:
+        play(engine, ["Hello."], True, "warm-up")
+        runs = {True: [], False: []}
+        for n, turns in enumerate(conversations(data_dir, count)):
+            for cache in ((True, False) if n % 2 == 0 else (False, True)):  # alternate which mode goes first
+                runs[cache].append(play(engine, turns, cache, f"c{n}-{'on' if cache else 'off'}"))
+        stats = engine.stats()
+    finally:
+        engine.close()
+    num_turns = len(runs[True][0]["ttft_s"])
+    report: dict = {"config": CONFIG | {"conversations": len(runs[True]), "turns": num_turns, "max_tokens": MAX_TOKENS,
+                                        "kv_cache_tokens": LocalEngineConfig().kv_cache_tokens,
+                                        "max_num_seqs": LocalEngineConfig().max_num_seqs}}  # fmt: skip
+    for cache, name in ((True, "cached"), (False, "uncached")):
+        report[name] = {
+            f"ttft_ms_p50_turn{t + 1}": statistics.median(r["ttft_s"][t] for r in runs[cache]) * 1000 for t in range(num_turns)
+        } | {
+            "prompt_tokens_computed": sum(sum(r["computed"]) for r in runs[cache]),
+        }  # fmt: skip
+    for t in range(1, num_turns):
+        ratios = [on["ttft_s"][t] / off["ttft_s"][t] for on, off in zip(runs[True], runs[False])]
+        report[f"ratio_ttft_cached_vs_uncached_turn{t + 1}"] = statistics.median(ratios)
+        report[f"ratio_ttft_cached_vs_uncached_turn{t + 1}_spread"] = quartiles(ratios)
+    first = [on["ttft_s"][0] / off["ttft_s"][0] for on, off in zip(runs[True], runs[False])]
+    report["ratio_ttft_cached_vs_uncached_turn1"] = statistics.median(first)  # nothing to reuse: the noise floor
+    report["ratio_ttft_cached_vs_uncached_turn1_spread"] = quartiles(first)
+    same = [on["answers"] == off["answers"] for on, off in zip(runs[True], runs[False])]
+    report["answers_identical"] = sum(same) / len(same)
+    report["prompt_tokens_total"] = stats.num_prompt_tokens_total
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--quick", action="store_true", help="8 conversations instead of 40")
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="RouteLLM's data (mt_bench_questions.jsonl)")
+    args = parser.parse_args()
+    report = report_header("prompt_cache") | run(8 if args.quick else 40, args.data_dir)
+    write_report(args.json, report, HEADLINE_KEYS)
+
+
+if __name__ == "__main__":
+    main()
