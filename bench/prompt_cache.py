@@ -13,6 +13,15 @@ Keys: `ttft_ms_p50` per mode and turn, `ratio_ttft_cached_vs_uncached_turn2` and
 (medians of per-conversation ratios, with their interquartile spread), prompt tokens computed
 per mode, and `answers_identical` (the fraction of conversations whose greedy answers are the
 same token for token in both modes).
+
+    python -m bench.prompt_cache --overhead --json bench/results/prompt_cache_overhead.json [--quick]
+
+What cached prompts cost when nothing reuses them: bench.local_step_profile's workload (8
+clients, random prompts) with `max_cached_prompts` 0 (no cache), 2 (the default) and 16 (every
+slot's last prompt, as llama-server keeps them), interleaved, 3 repetitions (--quick: 1 of 16
+prompts). Cached cells widen the KV view every decode walks in llama.cpp's unified pool. Keys:
+`decode_step_ms_p50` per setting (median over repetitions) and `ratio_decode_step_vs_no_cache_k2`,
+`_k16` with their spread (min-max of the per-repetition ratios).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from local_runtime.config import LocalEngineConfig
 from local_runtime.engine import LocalEngine
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 
-CONFIG = dict(n_threads=2)  # everything else: tandem serve's defaults
+CONFIG = dict(n_threads=2)  # everything else: tandem serve's defaults (max_cached_prompts 2)
 MAX_TOKENS = 64
 SUMMARY_TURN = "Now summarize your answers in one sentence."
 HEADLINE_KEYS = ("ratio_ttft_cached_vs_uncached_turn2", "ratio_ttft_cached_vs_uncached_turn3", "answers_identical")
@@ -112,12 +121,43 @@ def run(count: int, data_dir: str) -> dict:
     return report
 
 
+OVERHEAD_SETTINGS = (0, 2, 16)
+OVERHEAD_KEYS = ("ratio_decode_step_vs_no_cache_k2", "ratio_decode_step_vs_no_cache_k16")
+
+
+def overhead(num_prompts: int, repeats: int) -> dict:
+    import bench.local_step_profile as step_profile
+
+    base = dict(step_profile.CONFIG)
+    steps: dict[int, list[float]] = {k: [] for k in OVERHEAD_SETTINGS}
+    try:
+        for _ in range(repeats):
+            for k in OVERHEAD_SETTINGS:
+                step_profile.CONFIG = base | {"max_cached_prompts": k}
+                steps[k].append(step_profile.run(num_prompts, 8)["decode_step_ms_p50"])
+    finally:
+        step_profile.CONFIG = base
+    report: dict = {"config": base | {"clients": 8, "num_prompts": num_prompts, "repeats": repeats},
+                    "decode_step_ms_p50": {f"k{k}": statistics.median(v) for k, v in steps.items()},
+                    "decode_step_ms_runs": {f"k{k}": v for k, v in steps.items()}}  # fmt: skip
+    for k in OVERHEAD_SETTINGS[1:]:
+        ratios = [a / b for a, b in zip(steps[k], steps[0])]
+        report[f"ratio_decode_step_vs_no_cache_k{k}"] = statistics.median(ratios)
+        report[f"ratio_decode_step_vs_no_cache_k{k}_spread"] = [min(ratios), max(ratios)]
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="8 conversations instead of 40")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="RouteLLM's data (mt_bench_questions.jsonl)")
+    parser.add_argument("--overhead", action="store_true", help="what cached prompts cost 8 clients with nothing to reuse")
     args = parser.parse_args()
+    if args.overhead:
+        report = report_header("prompt_cache_overhead") | overhead(16 if args.quick else 64, 1 if args.quick else 3)
+        write_report(args.json, report, OVERHEAD_KEYS)
+        return
     report = report_header("prompt_cache") | run(8 if args.quick else 40, args.data_dir)
     write_report(args.json, report, HEADLINE_KEYS)
 

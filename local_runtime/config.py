@@ -32,6 +32,10 @@ class LocalEngineConfig:
     # A finished request's slot keeps its cells (local_runtime.prompt_cache) until the slot or its
     # blocks are needed, so the next prompt with the same prefix (a chat's next turn) copies them.
     cache_finished_prompts: bool = True
+    # How many finished prompts stay cached. Every cached cell widens the KV view each decode
+    # walks (llama.cpp's unified pool), ~7% per 8-decode step with all 16 slots' prompts kept at
+    # 8 clients (bench/results/prompt_cache_overhead.json); a chat's next turn needs only its own.
+    max_cached_prompts: int = 2
     repetition_stop: bool = True  # for requests that leave repetition_stop unset (sdk.protocol.repetition)
     sampling: dict = field(default_factory=dict)  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
 
@@ -42,6 +46,7 @@ class LocalEngineConfig:
             (self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
             (self.max_num_batched_tokens >= self.max_num_seqs, f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) so every running sequence can decode each step"),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
+            (self.max_cached_prompts >= 0, f"max_cached_prompts must be >= 0, got {self.max_cached_prompts}"),
             (self.max_model_len is None or 1 <= self.max_model_len <= self.num_blocks * self.block_size, f"max_model_len ({self.max_model_len}) must fit the KV pool ({self.num_blocks * self.block_size} tokens)"),
             (self.max_num_batched_tokens >= 2, "max_num_batched_tokens must be >= 2"),
             (not self.batch_invariant or self.flash_attn, "batch_invariant needs flash_attn (only its per-row kernel is invariant)"),

@@ -65,7 +65,8 @@ class LocalEngine:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's trained context {self.backend.n_ctx_train}")
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   cache_finished_prompts=config.cache_finished_prompts)
+                                   cache_finished_prompts=config.cache_finished_prompts,
+                                   max_cached_prompts=config.max_cached_prompts)
         self.chat_template = self.backend.metadata("tokenizer.chat_template")
         self._bos_text = self.backend.special_token_text("bos")
         self._eos_text = self.backend.special_token_text("eos")

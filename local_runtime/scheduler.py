@@ -44,9 +44,10 @@ class Scheduler:
     """Owns the waiting queue, the running list, the slots and the block manager."""
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 cache_finished_prompts: bool = True):  # fmt: skip
+                 cache_finished_prompts: bool = True, max_cached_prompts: int | None = None):  # fmt: skip
         self.block_manager = block_manager
         self.cache_finished_prompts = cache_finished_prompts
+        self.max_cached_prompts = max_num_seqs if max_cached_prompts is None else max_cached_prompts
         self.prompt_cache = PromptCache()
         self._pinned: set[CachedKey] = set()  # cache entries this schedule() copies from: not evictable until the copies ran
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -87,6 +88,8 @@ class Scheduler:
             entry = self.prompt_cache.add(request.slot, request.all_token_ids, request.num_computed_tokens)
             self.block_manager.rename(request_id, entry.key)
             request.slot = None
+            while len(self.prompt_cache) > self.max_cached_prompts and self._evict_one():
+                pass
         else:
             self._release(request)
         request.status = status

@@ -25,10 +25,10 @@ BS = 4
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = BS, max_num_seqs: int = 4, budget: int = 32,
-                   cache: bool = False) -> Scheduler:  # fmt: skip
+                   cache: bool = False, max_cached: int | None = None) -> Scheduler:  # fmt: skip
     """Without the prompt cache unless asked: most tests pin what happens when a request lets go."""
     return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                     cache_finished_prompts=cache)  # fmt: skip
+                     cache_finished_prompts=cache, max_cached_prompts=max_cached)  # fmt: skip
 
 
 def make_request(request_id: str, prompt: list[int] | int, max_tokens: int = 4) -> Request:
@@ -624,6 +624,17 @@ def test_a_prompt_whose_only_room_is_its_own_cached_prefix_is_computed_from_scra
     sim.assert_drained()
 
 
+def test_at_most_max_cached_prompts_stay_the_most_recent():
+    sim = Sim(make_scheduler(num_blocks=32, max_num_seqs=4, budget=64, cache=True, max_cached=2))
+    s = sim.s
+    a, b, c = make_requests((5, 1), (5, 1), (5, 1))
+    for r in (a, b, c):
+        sim.add(r)
+        sim.run()
+    assert [e.all_token_ids for e in s.prompt_cache] == [b.all_token_ids, c.all_token_ids]
+    sim.assert_drained()
+
+
 def test_every_slot_held_by_cached_prompts_still_admits():
     sim = Sim(make_scheduler(num_blocks=32, max_num_seqs=2, budget=64, cache=True))
     a, b, c = make_requests((5, 1), (5, 1), (5, 1))
@@ -660,15 +671,15 @@ def workloads(draw):
         abort_at = draw(st.one_of(st.none(), st.integers(0, 30)))
         mid_step = draw(st.booleans())
         specs.append((f"q{i}", prompt, max_tokens, arrival, abort_at, mid_step))
-    return block_size, num_blocks, max_num_seqs, budget, specs, draw(st.booleans())
+    return block_size, num_blocks, max_num_seqs, budget, specs, draw(st.booleans()), draw(st.sampled_from([None, 0, 1, 2]))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_finish_and_keep_the_books(workload):
-    block_size, num_blocks, max_num_seqs, budget, specs, cache = workload
+    block_size, num_blocks, max_num_seqs, budget, specs, cache, max_cached = workload
     sim = Sim(make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs, budget=budget,
-                             cache=cache))  # fmt: skip
+                             cache=cache, max_cached=max_cached))  # fmt: skip
     pending = sorted(specs, key=lambda spec: spec[3])
     step = 0
     max_steps = 2_000
