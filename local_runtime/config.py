@@ -33,8 +33,8 @@ class LocalEngineConfig:
     # blocks are needed, so the next prompt with the same prefix (a chat's next turn) copies them.
     cache_finished_prompts: bool = True
     # How many finished prompts stay cached. Every cached cell widens the KV view each decode
-    # walks (llama.cpp's unified pool), ~7% per 8-decode step with all 16 slots' prompts kept at
-    # 8 clients (bench/results/prompt_cache_overhead.json); a chat's next turn needs only its own.
+    # walks (llama.cpp's unified pool): an 8-client decode step slows by a few percent with
+    # cached prompts nobody reuses (bench.prompt_cache --overhead); a chat's next turn needs only its own.
     max_cached_prompts: int = 2
     repetition_stop: bool = True  # for requests that leave repetition_stop unset (sdk.protocol.repetition)
     sampling: dict = field(default_factory=dict)  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
