@@ -38,7 +38,7 @@ from local_runtime.config import LocalEngineConfig
 from local_runtime.engine import LocalEngine
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 
-CONFIG = dict(n_threads=2)  # everything else: tandem serve's defaults (max_cached_prompts 2)
+CONFIG = dict(n_threads=2)  # everything else: tandem serve's defaults (max_cached_prompts 2); the cache is toggled per run
 MAX_TOKENS = 64
 SUMMARY_TURN = "Now summarize your answers in one sentence."
 HEADLINE_KEYS = ("ratio_ttft_cached_vs_uncached_turn2", "ratio_ttft_cached_vs_uncached_turn3", "answers_identical")
@@ -133,7 +133,7 @@ def overhead(num_prompts: int, repeats: int) -> dict:
     try:
         for _ in range(repeats):
             for k in OVERHEAD_SETTINGS:
-                step_profile.CONFIG = base | {"max_cached_prompts": k}
+                step_profile.CONFIG = base | {"cache_finished_prompts": True, "max_cached_prompts": k}
                 steps[k].append(step_profile.run(num_prompts, 8)["decode_step_ms_p50"])
     finally:
         step_profile.CONFIG = base

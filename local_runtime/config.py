@@ -31,7 +31,9 @@ class LocalEngineConfig:
     strict_batch_invariance: bool = False  # also pad lone decodes so they never change kernel (~40% slower at c=1)
     # A finished request's slot keeps its cells (local_runtime.prompt_cache) until the slot or its
     # blocks are needed, so the next prompt with the same prefix (a chat's next turn) copies them.
-    cache_finished_prompts: bool = True
+    # Off by default: llama.cpp then places later cells around the cached ones, and its attention
+    # sums a sequence's cells in cell order, so a repeated seeded request can sample differently.
+    cache_finished_prompts: bool = False
     # How many finished prompts stay cached. Every cached cell widens the KV view each decode
     # walks (llama.cpp's unified pool): an 8-client decode step slows by a few percent with
     # cached prompts nobody reuses (bench.prompt_cache --overhead); a chat's next turn needs only its own.

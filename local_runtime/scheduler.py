@@ -44,7 +44,7 @@ class Scheduler:
     """Owns the waiting queue, the running list, the slots and the block manager."""
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 cache_finished_prompts: bool = True, max_cached_prompts: int | None = None):  # fmt: skip
+                 cache_finished_prompts: bool = False, max_cached_prompts: int | None = None):  # fmt: skip
         self.block_manager = block_manager
         self.cache_finished_prompts = cache_finished_prompts
         self.max_cached_prompts = max_num_seqs if max_cached_prompts is None else max_cached_prompts

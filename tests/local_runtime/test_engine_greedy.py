@@ -84,6 +84,7 @@ def test_a_finished_prompt_is_reused_by_the_next_turn_and_the_answer_is_unchange
     """The prompt cache: a chat's second turn copies the first turn's cells (prompt and answer)
     from the finished request's slot, and answers exactly as it does from an empty cache."""
     engine.clear_prompt_cache()
+    engine.scheduler.cache_finished_prompts = True  # opt-in (local_runtime.config)
     first = run_to_completion(engine, [greedy("turn-1", chat_prompts[0], 12)])["turn-1"]
     answer = "".join(e.text for e in first)  # an end-of-turn token adds no text
     conversation = [{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": answer},
@@ -94,6 +95,7 @@ def test_a_finished_prompt_is_reused_by_the_next_turn_and_the_answer_is_unchange
     shared = engine.stats().num_prefix_cache_hit_tokens_total - hits_before
     assert shared >= len(chat_prompts[0]), "the second turn did not reuse the first turn's prompt"
     assert engine.stats().num_kv_blocks_used == 0 and engine.scheduler.num_cached_blocks > 0
+    engine.scheduler.cache_finished_prompts = False
     engine.clear_prompt_cache()
     assert engine.block_manager.num_used_blocks == 0
     fresh = token_ids(run_to_completion(engine, [greedy("turn-2-fresh", second_prompt, 12, ignore_eos=True)])["turn-2-fresh"])

@@ -47,12 +47,7 @@ def test_bad_requests_are_refused_before_running(engine):
 
 def test_async_cancel_frees_blocks_and_slot_at_once(chat_prompts):
     async def scenario():
-        # Seeds reproduce while each sequence's cells stay in position order (README: batch invariance).
-        # With 8 streams on 4 slots the prompt cache would evict entries mid-flight and llama.cpp
-        # refills the freed cells, as it does for requests that leave mid-flight; off here, so the
-        # cancel and the seeds are what this pins.
-        config = LocalEngineConfig(kv_cache_tokens=2048, max_num_seqs=4, max_model_len=512, cache_finished_prompts=False)
-        engine = AsyncLocalEngine(config).start()
+        engine = AsyncLocalEngine(LocalEngineConfig(kv_cache_tokens=2048, max_num_seqs=4, max_model_len=512)).start()
         await asyncio.to_thread(engine.wait_ready, 120)
         try:
             stream = engine.generate(GenerationRequest("c", chat_prompts[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)))
