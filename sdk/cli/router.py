@@ -17,10 +17,23 @@ def _progress(total: int, description: str):
     return Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True, disable=total < CHUNK)
 
 
+def _load_tables(names: list[str], data_dir: str) -> list:
+    """Every --data table, in order (`routellm` for RouteLLM's own); a table named twice is an error."""
+    from router.eval_tables import TableError, load_routellm, load_table
+
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise TableError(f"--data {twice[0]} is given more than once")
+    examples = []
+    for name in names:
+        examples += load_routellm(data_dir) if name == "routellm" else load_table(name)
+    return examples
+
+
 @router_app.command("train")
 def train(
     out: str = typer.Option(..., "--out", help="Where to write the whole scorer (MiniLM + head, one ONNX file; the head alone with --head-only)."),
-    data: str = typer.Option("routellm", "--data", help="`routellm` (the GSM8K + MMLU tables) or one table file (.csv/.jsonl)."),
+    data: list[str] = typer.Option(["routellm"], "--data", help="`routellm` (the GSM8K + MMLU tables) or a table file (.csv/.jsonl); repeat to train on several."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="RouteLLM data directory; default: ../shared/data/routellm."),
     holdout_fraction: float = typer.Option(0.25, min=0.0, max=0.9, help="Share of subjects held out to report APGR (0: no report)."),
     seed: int = typer.Option(0, help="Seed of the subject split and the head's initialization."),
@@ -34,14 +47,14 @@ def train(
     import json
     from pathlib import Path
 
-    from router.eval_tables import DEFAULT_DATA_DIR, TableError, load_routellm, load_table
+    from router.eval_tables import DEFAULT_DATA_DIR, TableError
     from router.prompt_router.embedder_export import EmbedderUnavailableError, check_precision
     from router.prompt_router.training import HeadConfig, train_router
 
     try:
         config = HeadConfig(label=label, kind=kind, num_steps=steps, seed=seed)
         check_precision(precision)
-        examples = load_routellm(data_dir or DEFAULT_DATA_DIR) if data == "routellm" else load_table(data)
+        examples = _load_tables(data, data_dir or DEFAULT_DATA_DIR)
     except (ValueError, TableError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     with _progress(len(examples), "embedding prompts") as bar:

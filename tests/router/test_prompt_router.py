@@ -205,3 +205,28 @@ def test_cli_train_writes_a_loadable_whole_scorer(tmp_path, router_cache):
     scorer = load_scorer(out)
     scores = scorer.score(["Compute 1234 / 9 by long division.", "Say hello to friend number 99."])
     assert scores[0] > scores[1] and scorer.metadata["kind"] == "scorer"
+
+
+@pytest.mark.slow
+def test_cli_train_takes_every_data_table(tmp_path, router_cache):
+    """--data repeats: both tables are trained on (a second one used to replace the first)."""
+    from typer.testing import CliRunner
+
+    from sdk.cli.router import router_app
+
+    tables = [tmp_path / "first.csv", tmp_path / "second.csv"]
+    for n, table in enumerate(tables):
+        with open(table, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["prompt", "weak_correct", "strong_correct", "subject"])
+            for i in range(24):
+                hard = i % 3 == 0
+                prompt = f"Compute {1000 + i} / {7 + n} by long division." if hard else f"Say hello to friend {n}-{i}."
+                writer.writerow([prompt, str(not hard), "true", f"subject_{n}_{i % 2}"])
+    out = tmp_path / "router.onnx"
+    args = ["train", "--data", str(tables[0]), "--data", str(tables[1]), "--out", str(out), "--steps", "20"]
+    result = CliRunner().invoke(router_app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.with_suffix(".report.json").read_text())["num_final_train"] == 48
+    again = CliRunner().invoke(router_app, ["train", "--data", str(tables[0]), "--data", str(tables[0]), "--out", str(out)])
+    assert again.exit_code != 0 and "more than once" in again.output
