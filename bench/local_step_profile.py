@@ -61,8 +61,10 @@ class TimedBackend:
         return out
 
 
-def run(num_prompts: int, clients: int = 8) -> dict:
-    engine = LocalEngine(LocalEngineConfig(**CONFIG))
+def run(num_prompts: int, clients: int = 8, overrides: dict | None = None) -> dict:
+    """`overrides`: engine settings on top of CONFIG (bench.prompt_cache --overhead varies the cache)."""
+    config = CONFIG | (overrides or {})
+    engine = LocalEngine(LocalEngineConfig(**config))
     samples = random_requests(num_prompts + 1, 128, 64, seed=0)
     prompts = [engine.apply_chat_template([{"role": "user", "content": s.prompt}]) for s in samples]
     prompt_tokens = sum(len(p) for p in prompts[:num_prompts])
@@ -97,7 +99,7 @@ def run(num_prompts: int, clients: int = 8) -> dict:
     step_total = sum(s[0] for s in steps)
     decode_total = sum(s[1] for s in steps)
     return {
-        "config": CONFIG | {"clients": clients, "num_prompts": num_prompts, "prompt_words": 128, "output_tokens": 64},
+        "config": config | {"clients": clients, "num_prompts": num_prompts, "prompt_words": 128, "output_tokens": 64},
         "elapsed_s": elapsed,
         "output_tokens_per_s": output_tokens / elapsed,
         "num_steps": len(steps),

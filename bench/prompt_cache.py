@@ -126,17 +126,14 @@ OVERHEAD_KEYS = ("ratio_decode_step_vs_no_cache_k2", "ratio_decode_step_vs_no_ca
 
 
 def overhead(num_prompts: int, repeats: int) -> dict:
-    import bench.local_step_profile as step_profile
+    from bench.local_step_profile import CONFIG as base
+    from bench.local_step_profile import run as run_step_profile
 
-    base = dict(step_profile.CONFIG)
     steps: dict[int, list[float]] = {k: [] for k in OVERHEAD_SETTINGS}
-    try:
-        for _ in range(repeats):
-            for k in OVERHEAD_SETTINGS:
-                step_profile.CONFIG = base | {"cache_finished_prompts": True, "max_cached_prompts": k}
-                steps[k].append(step_profile.run(num_prompts, 8)["decode_step_ms_p50"])
-    finally:
-        step_profile.CONFIG = base
+    for _ in range(repeats):
+        for k in OVERHEAD_SETTINGS:
+            cache = {"cache_finished_prompts": True, "max_cached_prompts": k}
+            steps[k].append(run_step_profile(num_prompts, 8, cache)["decode_step_ms_p50"])
     report: dict = {"config": base | {"clients": 8, "num_prompts": num_prompts, "repeats": repeats},
                     "decode_step_ms_p50": {f"k{k}": statistics.median(v) for k, v in steps.items()},
                     "decode_step_ms_runs": {f"k{k}": v for k, v in steps.items()}}  # fmt: skip
