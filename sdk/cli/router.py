@@ -18,53 +18,46 @@ def _progress(total: int, description: str):
 
 
 def _load_tables(names: list[str], data_dir: str) -> list:
-    """Every --data table, in order (`routellm` for RouteLLM's own); a table named twice is an error."""
+    """Every --data table, in order (`routellm` for RouteLLM's own, `none` for no table); a table named twice is an error."""
     from router.eval_tables import TableError, load_routellm, load_table
 
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise TableError(f"--data {twice[0]} is given more than once")
+    if "none" in names and len(names) > 1:
+        raise TableError("--data none means no table; it cannot be combined with other tables")
     examples = []
     for name in names:
-        examples += load_routellm(data_dir) if name == "routellm" else load_table(name)
+        if name != "none":
+            examples += load_routellm(data_dir) if name == "routellm" else load_table(name)
     return examples
 
 
 @router_app.command("train")
 def train(
-    out: str = typer.Option(..., "--out", help="Where to write the whole scorer (MiniLM + head, one ONNX file; the head alone with --head-only)."),
-    data: list[str] = typer.Option(["routellm"], "--data", help="`routellm` (the GSM8K + MMLU tables) or a table file (.csv/.jsonl); repeat to train on several."),
+    out: str = typer.Option(..., "--out", help="Where to write the router (one ONNX file)."),
+    data: list[str] = typer.Option(["routellm"], "--data", help="`routellm` (the GSM8K + MMLU tables), a table file (.csv/.jsonl) in RouteLLM's or tandem's format, or `none`; repeat to train on several."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="RouteLLM data directory; default: ../shared/data/routellm."),
-    holdout_fraction: float = typer.Option(0.25, min=0.0, max=0.9, help="Share of subjects held out to report APGR (0: no report)."),
-    seed: int = typer.Option(0, help="Seed of the subject split and the head's initialization."),
-    label: str = typer.Option("weak_wrong", help="What the head predicts: weak_wrong or strong_wins."),
-    kind: str = typer.Option("logistic", help="Head: logistic or mlp."),
-    steps: int = typer.Option(400, min=1, help="Full-batch Adam steps."),
-    precision: str = typer.Option("int8", help="Embedder the head is trained on and shipped with: int8 (fast) or fp32 (exact)."),
-    head_only: bool = typer.Option(False, "--head-only", help="Write only the head (it runs after the cached embedder export); how the shipped default_head.onnx is made."),
+    holdout_fraction: float = typer.Option(0.25, min=0.0, max=0.9, help="Share of the tables' subjects held out to report APGR (0: no report)."),
+    seed: int = typer.Option(0, help="Seed of the subject split."),
+    alpha: float = typer.Option(1.0, min=0.0, help="Ridge penalty of the head (standardized prompt-shape features)."),
 ) -> None:
     """Train a router; print its APGR on held-out subjects and write a JSON report next to --out."""
     import json
     from pathlib import Path
 
     from router.eval_tables import DEFAULT_DATA_DIR, TableError
-    from router.prompt_router.embedder_export import EmbedderUnavailableError, check_precision
-    from router.prompt_router.training import HeadConfig, train_router
+    from router.prompt_router.training import train_router
 
     try:
-        config = HeadConfig(label=label, kind=kind, num_steps=steps, seed=seed)
-        check_precision(precision)
         examples = _load_tables(data, data_dir or DEFAULT_DATA_DIR)
     except (ValueError, TableError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    with _progress(len(examples), "embedding prompts") as bar:
-        task = bar.add_task("embed", total=len(examples))
-        try:
-            report = train_router(examples, out, config, holdout_fraction, seed, kind="head" if head_only else "scorer",
-                                  progress=lambda n: bar.advance(task, n), precision=precision)  # fmt: skip
-        except (ValueError, EmbedderUnavailableError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
+    try:
+        report = train_router(examples, out, holdout_fraction=holdout_fraction, seed=seed, alpha=alpha)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
     report_path = Path(out).with_suffix(".report.json")
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     for name in ("heldout", "heldout_mmlu"):
@@ -72,15 +65,14 @@ def train(
             figures = report[name]
             typer.echo(f"{name}: APGR {figures['apgr']:.3f} (random {figures['random_apgr']:.2f}, oracle "
                        f"{figures['oracle_apgr']:.3f}), CPT(50%) {figures['cpt50']:.3f}, {figures['num_examples']} prompts")  # fmt: skip
-    what = "head" if head_only else "whole scorer"
-    typer.echo(f"wrote {out} ({what}, {precision} embedder, trained on all {len(examples)} examples) and {report_path}")
+    typer.echo(f"wrote {out} (trained on {len(examples)} table rows) and {report_path}")
 
 
 @router_app.command("score")
 def score(
     data: str = typer.Option(..., "--data", help="CSV with a `prompt` column."),
     out: str = typer.Option(..., "--out", help="CSV to write: prompt,score (higher = more need for the strong tier)."),
-    router: str | None = typer.Option(None, "--router", help="A whole scorer from `tandem router train`; default: the shipped router."),
+    router: str | None = typer.Option(None, "--router", help="A router from `tandem router train`; default: the shipped router."),
 ) -> None:
     """Score every prompt of a CSV with the prompt router."""
     import csv

@@ -1,6 +1,7 @@
-"""The prompt router: ONNX export parity, the export cache, refusing bad files, the shipped
-default, the CLI. Every test runs against a private cache directory (one MiniLM export,
-~15 s, shared by the module), never the user's."""
+"""The prompt router: prompt-shape features, the per-tier head, the topic correction learned
+from traffic, their ONNX graph against the numpy reference (and MiniLM against PyTorch),
+refusing bad files, the shipped default, the CLI. Tests that export MiniLM run against a
+private cache directory (one export, ~15 s, shared by the module), never the user's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import json
 import numpy as np
 import pytest
 
+from router.eval_tables import RoutingExample
 from router.prompt_router import embedder_export
+from router.prompt_router.linear_head import fit_head
+from router.prompt_router.prompt_shape import NUM_SHAPE_FEATURES, SHAPE_FEATURES, SHAPE_VERSION, shape_features
 from router.prompt_router.scorer import (
     FORMAT_VERSION,
     METADATA_KEY,
@@ -20,6 +24,8 @@ from router.prompt_router.scorer import (
     load_scorer,
     load_tokenizer,
 )
+from router.prompt_router.topic_correction import fit_topic_correction
+from router.prompt_router.training import LabelledRows, fit, heldout_gain, table_rows, write_router
 
 PROMPTS = [
     f"Question {i}: " + " ".join(["what is the integral of x squared", "name the capital of France",
@@ -35,21 +41,34 @@ def router_cache(tmp_path_factory):
         yield embedder_export.cache_dir()
 
 
-def _metadata(**changes) -> dict:
-    document = {"format_version": FORMAT_VERSION, "kind": "scorer", "model_fingerprint": embedder_export.model_fingerprint(),
-                "embedder_precision": "fp32", "label": "weak_wrong", "max_tokens": 256, "trained_at": "2025-01-01T00:00:00+00:00", "metrics": {}}  # fmt: skip
-    return document | changes
-
-
-def _random_layers(seed: int = 0):
+def _examples(n: int = 240, seed: int = 0) -> list[RoutingExample]:
+    """The weak tier fails the arithmetic-heavy prompts; the strong tier gets most right."""
     rng = np.random.default_rng(seed)
-    return [(rng.normal(0, 0.3, (384, 16)).astype(np.float32), rng.normal(0, 0.1, 16).astype(np.float32)),
-            (rng.normal(0, 0.3, (16, 1)).astype(np.float32), np.zeros(1, dtype=np.float32))]  # fmt: skip
+    examples = []
+    for i in range(n):
+        hard = i % 3 == 0
+        prompt = f"Compute {1000 + i} * {7 + i % 5} = ? then (x + {i}) / 2" if hard else f"Say hello to friend number {i}."
+        examples.append(RoutingExample(prompt, bool(not hard and rng.random() < 0.9), bool(rng.random() < 0.9), f"mmlu_s{i % 6}"))
+    return examples
+
+
+def _traffic(examples: list[RoutingExample], dim: int = 384, seed: int = 0) -> LabelledRows:
+    """Traffic rows with unit embeddings: topic A (the first half) is harder for the weak tier
+    than the head predicts; a third of the rows know only one label, some none."""
+    rng = np.random.default_rng(seed)
+    rows = table_rows(examples)
+    topic_a = np.arange(len(examples)) < len(examples) // 2
+    centres = rng.normal(size=(2, dim))
+    embedding = centres[np.where(topic_a, 0, 1)] + 0.3 * rng.normal(size=(len(examples), dim))
+    rows.embedding = (embedding / np.linalg.norm(embedding, axis=1, keepdims=True)).astype(np.float32)
+    rows.labels[topic_a, 0] = (rng.random(topic_a.sum()) < 0.2).astype(float)  # topic A: the weak tier mostly wrong
+    rows.labels[1::3, 1] = np.nan
+    rows.labels[2::7] = np.nan
+    return rows
 
 
 def test_split_holds_out_whole_subjects_and_evaluates():
-    from router.eval_tables import RoutingExample
-    from router.prompt_router.training import evaluate, subject_split
+    from router.prompt_router.cross_validation import evaluate, subject_split
 
     rng = np.random.default_rng(0)
     examples = [RoutingExample(f"p{i}", bool(rng.random() < 0.5), bool(rng.random() < 0.8), f"mmlu_s{i % 8}") for i in range(400)]
@@ -62,29 +81,121 @@ def test_split_holds_out_whole_subjects_and_evaluates():
     assert figures["oracle_apgr"] > 0.9 and abs(figures["apgr"] - 0.5) < 0.25  # random scores: about half the gap
 
 
-def test_refuses_wrong_or_corrupt_files(tmp_path, router_cache):
+def test_prompt_shape_reads_stem_choices_and_notation():
+    question = "Which value solves 2x + 3 = 7?\nA. 1\nB. 2\nC. the empty set\nD. 4"
+    row = dict(zip(SHAPE_FEATURES, shape_features([question, "Hello there."]).T))
+    assert shape_features([]).shape == (0, NUM_SHAPE_FEATURES) and np.isfinite(shape_features(["", "?"])).all()
+    assert row["log_stem_chars"][0] == pytest.approx(np.log1p(len("Which value solves 2x + 3 = 7?\n")))
+    assert row["log_choice_chars_max"][0] == pytest.approx(np.log1p(len("the empty set")))
+    assert row["choices_have_digits"].tolist() == [1.0, 0.0] and row["log_choice_chars_max"][1] == 0.0
+    assert row["notation_share"][0] > 0 and row["notation_share"][1] == 0 and row["log_questions"][0] > 0
+    with pytest.raises(TypeError):
+        shape_features("one string")
+
+
+def test_head_fits_each_tier_on_the_rows_that_know_it():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 3))
+    weak, strong = 0.5 + 0.2 * x[:, 0], 0.8 - 0.1 * x[:, 1]
+    strong_seen = strong.copy()
+    strong_seen[::2] = np.nan  # half the rows never heard how the strong tier did
+    head = fit_head(x, weak, strong_seen, alpha=1e-6)
+    np.testing.assert_allclose(head.predict(x), np.c_[weak, strong], atol=1e-6)
+    weight, bias = head.folded()  # the standardization folded in: the same map on raw features
+    np.testing.assert_allclose(x @ weight + bias, head.predict(x), atol=1e-9)
+    # A weight of 2 is the row twice.
+    duplicated = fit_head(np.vstack([x, x[:10]]), np.r_[weak, weak[:10]], np.r_[strong, strong[:10]], alpha=1.0)
+    by_weight = fit_head(x, weak, strong, alpha=1.0, sample_weight=np.r_[np.full(10, 2.0), np.ones(390)])
+    # (standardization differs slightly between the two: it is computed over the rows given)
+    np.testing.assert_allclose(duplicated.predict(x), by_weight.predict(x), atol=2e-3)
+    with pytest.raises(ValueError, match="no row knows how the strong tier did"):
+        fit_head(x[:3], weak[:3], np.full(3, np.nan))
+    # Statistics add: two halves summed fit exactly as the whole.
+    from router.prompt_router.linear_head import HeadStatistics
+
+    labels = np.c_[weak, strong_seen]
+    halves = HeadStatistics.of(x[:150], labels[:150]) + HeadStatistics.of(x[150:], labels[150:])
+    np.testing.assert_allclose(halves.solve(1.0).predict(x), HeadStatistics.of(x, labels).solve(1.0).predict(x), atol=1e-9)
+    again = HeadStatistics.from_json(json.loads(json.dumps(halves.as_json())))
+    np.testing.assert_allclose(again.solve(1.0).predict(x), halves.solve(1.0).predict(x), atol=1e-12)
+
+
+def test_topic_correction_learns_a_topic_the_head_misjudges():
+    examples = _examples()
+    traffic = _traffic(examples)
+    head, _ = fit(table_rows(examples), None)
+    before = heldout_gain(head, None, traffic)
+    head_again, correction = fit(table_rows(examples), traffic)
+    assert correction is not None and correction.weight.shape == (384, 2)  # a linear map: no prompt's embedding is kept
+    after = heldout_gain(head_again, correction, traffic)
+    topic_a = np.arange(len(examples)) < len(examples) // 2
+    # The weak tier fails topic A more than its shape says: its predicted gain goes up relative to topic B.
+    lift = (after[topic_a].mean() - after[~topic_a].mean()) - (before[topic_a].mean() - before[~topic_a].mean())
+    assert lift > 0.1, lift
+    assert fit_topic_correction(traffic.embedding[:10], np.arange(10), traffic.labels[:10], np.zeros((10, 2))) is None
+
+
+def test_router_graph_matches_the_numpy_reference(tmp_path):
+    examples = _examples()
+    head, _ = fit(table_rows(examples), None)
+    write_router(head, None, tmp_path / "cold.onnx", {"note": "test"})
+    scorer = load_scorer(tmp_path / "cold.onnx")
+    outputs = scorer.outputs(PROMPTS + [e.prompt for e in examples[:20]])
+    expected = heldout_gain(head, None, table_rows([RoutingExample(p, True, True, "x") for p in PROMPTS] + examples[:20]))
+    np.testing.assert_allclose(outputs.gain, expected, atol=1e-5)
+    np.testing.assert_allclose(outputs.score, np.clip(0.5 + expected / 2, 0, 1), atol=1e-5)
+    assert outputs.embedding is None and scorer.tokenizer is None  # a cold router loads no embedding model
+    assert scorer.metadata["format_version"] == FORMAT_VERSION and scorer.metadata["shape_version"] == SHAPE_VERSION
+
+
+def _cold_router(**metadata_changes):
+    """(onnx, a cold router's graph, its metadata with `metadata_changes`)."""
     import onnx
 
-    from router.prompt_router.head_graph import build_head_model
+    from router.prompt_router.router_graph import build_router_graph
+    from router.prompt_router.training import router_metadata
 
+    head, _ = fit(table_rows(_examples()), None)
+    metadata = router_metadata(None, {}, None) | metadata_changes
+    return onnx, build_router_graph(head, None, router_metadata(None, {}, None)), metadata
+
+
+def test_refuses_wrong_or_corrupt_files(tmp_path):
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"not an onnx file at all")
     with pytest.raises(RouterFormatError, match="not a loadable ONNX model"):
         load_scorer(garbage)
     with pytest.raises(FileNotFoundError):
         load_scorer(tmp_path / "missing.onnx")
-    head = build_head_model(_random_layers(), _metadata())
-    bare = onnx.ModelProto.FromString(head.SerializeToString())
+    onnx, model, _ = _cold_router()
+    bare = onnx.ModelProto.FromString(model.SerializeToString())
     del bare.metadata_props[:]
     onnx.save(bare, tmp_path / "bare.onnx")
     with pytest.raises(RouterFormatError, match="not a tandem prompt router"):
         load_scorer(tmp_path / "bare.onnx")
-    onnx.save(head, tmp_path / "head.onnx")  # a head alone is not a whole scorer
-    with pytest.raises(RouterFormatError, match="kind 'head'"):
-        load_scorer(tmp_path / "head.onnx")
-    other = build_head_model(_random_layers(), _metadata())
-    onnx.helper.set_model_props(other, {METADATA_KEY: json.dumps(_metadata(model_fingerprint="minilm-l6-v2:0000"))})
-    onnx.save(other, tmp_path / "other.onnx")  # another embedder's router: metadata checked before the graph
+    cases = {
+        "format_version": (1, "format_version 1 is not supported.*retrain"),  # the MiniLM-head routers before traffic learning
+        "shape_version": (SHAPE_VERSION + 1, "shape_version"),
+        "topic_correction": ({"dims": 16}, "exactly when it has a topic correction"),  # no embedder for it
+    }
+    for key, (value, message) in cases.items():
+        _, _, metadata = _cold_router(**{key: value})
+        onnx.helper.set_model_props(model, {METADATA_KEY: json.dumps(metadata)})
+        onnx.save(model, tmp_path / f"{key}.onnx")
+        with pytest.raises(RouterFormatError, match=message):
+            load_scorer(tmp_path / f"{key}.onnx")
+
+
+@pytest.mark.slow
+def test_traffic_router_with_another_embedder_is_refused(tmp_path, router_cache):
+    examples = _examples()
+    write_router(*fit(table_rows(examples), _traffic(examples)), tmp_path / "learned.onnx", {})
+    import onnx
+
+    model = onnx.load(str(tmp_path / "learned.onnx"))
+    document = json.loads(model.metadata_props[0].value) | {"model_fingerprint": "minilm-l6-v2:0000"}
+    onnx.helper.set_model_props(model, {METADATA_KEY: json.dumps(document)})
+    onnx.save(model, tmp_path / "other.onnx")
     with pytest.raises(RouterModelMismatchError, match="retrain"):
         load_scorer(tmp_path / "other.onnx")
 
@@ -105,30 +216,30 @@ def test_export_is_cached_and_reused(router_cache, monkeypatch):
 
 
 @pytest.mark.slow
-def test_whole_scorer_matches_pytorch(tmp_path, router_cache):
-    import onnx
+def test_traffic_router_matches_pytorch_and_numpy(tmp_path, router_cache):
+    """A router trained from traffic (fp32 export merged in): its embedding output equals
+    PyTorch's MiniLM, and its gain the numpy reference over those embeddings."""
     import torch
 
-    from router.prompt_router.head_graph import build_head_model, merge_scorer
-
-    embedder = onnx.load(str(embedder_export.ensure_embedder(precision="fp32")))  # the exact export
-    layers = _random_layers()
-    head = build_head_model(layers, _metadata(), ir_version=embedder.ir_version)
-    onnx.save(merge_scorer(embedder, head, _metadata()), tmp_path / "whole.onnx")
-    scores = load_scorer(tmp_path / "whole.onnx").score(PROMPTS)
-
+    examples = _examples()
+    head, correction = fit(table_rows(examples), _traffic(examples))
+    write_router(head, correction, tmp_path / "learned.onnx", {}, precision="fp32")
+    scorer = load_scorer(tmp_path / "learned.onnx")
+    outputs = scorer.outputs(PROMPTS)
     module, tokenizer = embedder_export.pytorch_embedder(), load_tokenizer()
     expected = []
     for start in range(0, len(PROMPTS), 25):  # PyTorch on other batches (other padding) than onnxruntime
         inputs = {k: torch.from_numpy(v) for k, v in _encode(tokenizer, PROMPTS[start : start + 25]).items()}
         with torch.no_grad():
-            hidden = module(**inputs)
-            for weight, bias in layers[:-1]:
-                hidden = torch.relu(hidden @ torch.from_numpy(weight) + torch.from_numpy(bias))
-            expected.append(torch.sigmoid(hidden @ torch.from_numpy(layers[-1][0]) + torch.from_numpy(layers[-1][1]))[:, 0])
-    expected = torch.cat(expected).numpy()
-    assert scores.shape == (100,) and np.std(expected) > 0.01  # a head that actually varies
-    np.testing.assert_allclose(scores, expected, atol=1e-4, rtol=0)
+            expected.append(module(**inputs).numpy())
+    expected = np.concatenate(expected)
+    np.testing.assert_allclose(outputs.embedding, expected, atol=1e-4, rtol=0)
+    rows = table_rows([RoutingExample(p, True, True, "x") for p in PROMPTS])
+    rows.embedding = expected
+    reference = heldout_gain(head, correction, rows)
+    assert np.std(reference) > 0.01  # a router that actually varies
+    np.testing.assert_allclose(outputs.gain, reference, atol=1e-4)
+    assert scorer.metadata["topic_correction"]["dims"] == correction.dims
 
 
 @pytest.mark.slow
@@ -140,34 +251,28 @@ def test_int8_embedder_stays_close_to_the_exact_export(router_cache):
     exact, small = embedder_export.ensure_embedder(precision="fp32"), embedder_export.ensure_embedder(precision="int8")
     assert small != exact and small.stat().st_size < exact.stat().st_size / 3
     tokenizer = load_tokenizer()
-    embeddings = [run_batched(tokenizer, PROMPTS, lambda inputs, s=open_session(path): s.run(["embedding"], inputs)[0])
+    embeddings = [np.stack(run_batched(tokenizer, PROMPTS, lambda rows, inputs, s=open_session(path): s.run(["embedding"], inputs)[0]))
                   for path in (exact, small)]  # fmt: skip
     cosine = (embeddings[0] * embeddings[1]).sum(axis=1)
     assert cosine.min() > 0.98, cosine.min()
     assert np.abs(embeddings[0] - embeddings[1]).max() > 1e-4  # it is quantized, not a copy of fp32
 
 
-def test_unknown_embedder_precision_is_refused(router_cache):
-    from router.prompt_router.scorer import validate_router_metadata
-
-    with pytest.raises(RouterFormatError, match="embedder_precision"):
-        validate_router_metadata(_metadata(embedder_precision="int4"))
+def test_unknown_embedder_precision_is_refused():
     with pytest.raises(ValueError, match="precision"):
         embedder_export.ensure_embedder(precision="fp16")
 
 
-@pytest.mark.slow
-def test_default_scorer_scores_deterministically(router_cache):
+def test_default_scorer_scores_deterministically():
     scorer = load_scorer()
     first, second = scorer.score(PROMPTS[:20]), scorer.score(PROMPTS[:20])
-    assert first.shape == (20,) and np.all((first >= 0) & (first <= 1))
+    assert first.shape == (20,) and np.all((first >= 0) & (first <= 1)) and np.std(first) > 0
     np.testing.assert_array_equal(first, second)
-    assert abs(scorer(PROMPTS[3]) - first[3]) < 1e-5  # one prompt alone (no padding) = in a batch
-    assert scorer.metrics["heldout_mmlu"]["apgr"] > 0.5 and scorer.metadata["embedder_precision"] == "int8"
+    assert abs(scorer(PROMPTS[3]) - first[3]) < 1e-6  # one prompt alone = in a batch
+    assert scorer.metrics["heldout_mmlu"]["apgr"] > 0.5 and scorer.metadata["topic_correction"] is None
 
 
-@pytest.mark.slow
-def test_cli_score_writes_prompt_score_rows(tmp_path, router_cache):
+def test_cli_score_writes_prompt_score_rows(tmp_path):
     from typer.testing import CliRunner
 
     from sdk.cli.router import router_app
@@ -183,50 +288,44 @@ def test_cli_score_writes_prompt_score_rows(tmp_path, router_cache):
     assert all(0.0 <= float(r["score"]) <= 1.0 for r in rows) and list(rows[0]) == ["prompt", "score"]
 
 
-@pytest.mark.slow
-def test_cli_train_writes_a_loadable_whole_scorer(tmp_path, router_cache):
+def _write_table(path, examples):
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["prompt", "weak_correct", "strong_correct", "subject"])
+        for e in examples:
+            writer.writerow([e.prompt, str(e.weak_correct), str(e.strong_correct), e.source])
+
+
+def test_cli_train_writes_a_loadable_router(tmp_path):
     from typer.testing import CliRunner
 
     from sdk.cli.router import router_app
 
     table, out = tmp_path / "table.csv", tmp_path / "router.onnx"
-    with open(table, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["prompt", "weak_correct", "strong_correct", "subject"])
-        for i in range(48):
-            hard = i % 3 == 0  # the weak tier fails the long-division prompts
-            prompt = f"Compute {1000 + i} / {7 + i % 5} by long division." if hard else f"Say hello to friend number {i}."
-            writer.writerow([prompt, str(not hard), "true", f"subject_{i % 4}"])
-    result = CliRunner().invoke(router_app, ["train", "--data", str(table), "--out", str(out), "--steps", "30"])
+    _write_table(table, _examples())
+    result = CliRunner().invoke(router_app, ["train", "--data", str(table), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "heldout: APGR" in result.output
     report = json.loads(out.with_suffix(".report.json").read_text())
-    assert len(report["heldout_groups"]) == 1 and report["num_final_train"] == 48
+    assert len(report["heldout_groups"]) == 2 and report["num_table_rows"] == 240
     scorer = load_scorer(out)
-    scores = scorer.score(["Compute 1234 / 9 by long division.", "Say hello to friend number 99."])
-    assert scores[0] > scores[1] and scorer.metadata["kind"] == "scorer"
+    scores = scorer.score(["Compute 1234 * 9 = ? then (x + 3) / 2", "Say hello to friend number 99."])
+    assert scores[0] > scores[1] and scorer.metadata["kind"] == "router"
 
 
-@pytest.mark.slow
-def test_cli_train_takes_every_data_table(tmp_path, router_cache):
+def test_cli_train_takes_every_data_table(tmp_path):
     """--data repeats: both tables are trained on (a second one used to replace the first)."""
     from typer.testing import CliRunner
 
     from sdk.cli.router import router_app
 
+    examples = _examples()
     tables = [tmp_path / "first.csv", tmp_path / "second.csv"]
-    for n, table in enumerate(tables):
-        with open(table, "w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["prompt", "weak_correct", "strong_correct", "subject"])
-            for i in range(24):
-                hard = i % 3 == 0
-                prompt = f"Compute {1000 + i} / {7 + n} by long division." if hard else f"Say hello to friend {n}-{i}."
-                writer.writerow([prompt, str(not hard), "true", f"subject_{n}_{i % 2}"])
+    _write_table(tables[0], examples[:100])
+    _write_table(tables[1], examples[100:])
     out = tmp_path / "router.onnx"
-    args = ["train", "--data", str(tables[0]), "--data", str(tables[1]), "--out", str(out), "--steps", "20"]
-    result = CliRunner().invoke(router_app, args)
+    result = CliRunner().invoke(router_app, ["train", "--data", str(tables[0]), "--data", str(tables[1]), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert json.loads(out.with_suffix(".report.json").read_text())["num_final_train"] == 48
-    again = CliRunner().invoke(router_app, ["train", "--data", str(tables[0]), "--data", str(tables[0]), "--out", str(out)])
-    assert again.exit_code != 0 and "more than once" in again.output
+    assert json.loads(out.with_suffix(".report.json").read_text())["num_table_rows"] == 240
+    twice = CliRunner().invoke(router_app, ["train", "--data", str(tables[0]), "--data", str(tables[0]), "--out", str(out)])
+    assert twice.exit_code != 0 and "more than once" in twice.output

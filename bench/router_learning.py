@@ -1,0 +1,342 @@
+"""A router that learns from the app's own traffic, simulated on RouteLLM's MMLU tables.
+
+    python -m bench.router_learning [--quick] --json bench/results/router_learning.json
+
+1. Zero-shot (the cold start): every recipe on MMLU subjects it never saw, 4-fold grouped
+   CV (every subject held out once per seed; GSM8K always trains) x seeds; per (seed, fold)
+   APGR, the mean and its standard error, and each recipe paired against prompt length on
+   the same folds. Recipes: prompt length (untrained), the shipped head (ridge per tier on
+   the prompt shape), the same head trained for "the weak tier is wrong" only, ridge per
+   tier on the MiniLM embedding, and on shape + embedding.
+2. Traffic simulation: per seed, a quarter of the MMLU subjects is held out; the cold head
+   trains on the rest (+ GSM8K) and the held-out subjects' prompts arrive as traffic, in a
+   seeded shuffled order (and subject-blocked: one subject after another). Labels arrive as
+   they would in the product: feedback on `feedback` of the requests says how the tier that
+   answered did (the cold router sends its top `cloud_share` by score to the cloud, a cut
+   set on the training subjects); shadow sampling of `shadow` of the locally answered
+   requests judges both tiers. Whenever the labels reach a checkpoint (a share of the
+   stream's length), each learning method is retrained on the labels so far and scores the
+   part of the stream not yet seen; APGR there, paired with the cold router's on the same
+   rows. Methods: the shipped one (`router.prompt_router.training.fit`: the head refitted
+   on tables + labelled traffic, then the topic correction of its residuals), the topic
+   correction alone over the cold head, the head refit alone, a nearest-neighbour memory of
+   the cold head's residuals (k 50), per-cluster residual means (k-means, 15 clusters, over
+   every embedding seen so far), and per-subject residual means (an oracle: the product has
+   no subject ids). The shipped settings (16 directions, ridge 100, traffic rows x3) were
+   chosen on seeds 100-131, apart from the seeds reported here.
+
+Baseline: the cold router on the same rows (`*_minus_cold`); a random router is 0.5.
+Embeddings: the int8 MiniLM export the router runs (cached; minutes the first time).
+Writes the JSON and `<stem>.png` (APGR against labels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.machine import report_header, write_report
+from router.eval_tables import DEFAULT_DATA_DIR, RoutingExample, load_routellm
+from router.prompt_router.cross_validation import evaluate, grouped_cv, mean_and_se, subject_split
+from router.prompt_router.linear_head import fit_head
+from router.prompt_router.topic_correction import fit_topic_correction
+from router.prompt_router.training import LabelledRows, fit, heldout_gain, table_rows
+
+SEEDS, QUICK_SEEDS = tuple(range(20)), tuple(range(6))
+CV_SEEDS, QUICK_CV_SEEDS = tuple(range(5)), (0, 1)
+CHECKPOINTS = (0.0, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2)  # labels as a share of the stream's length
+MIN_REST = 200  # a checkpoint needs this many prompts still to come
+TARGETS = {"apgr_zero_shot_unseen": 0.58, "apgr_at_10pct_labels": 0.60}
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """How labels arrive."""
+
+    feedback: float = 0.2  # share of requests whose served answer gets feedback
+    shadow: float = 0.1  # share of locally answered requests also sent to the cloud and judged
+    cloud_share: float = 0.3  # the cold router's operating point: which requests the cloud answers
+    blocked: bool = False  # subjects arrive one after another instead of shuffled
+
+
+# ---------------------------------------------------------------- 1. zero-shot
+
+
+def zero_shot(examples: list[RoutingExample], embeddings: np.ndarray, seeds) -> dict:
+    rows = table_rows(examples)
+    lengths = np.array([len(e.prompt) for e in examples], float)
+    both = np.hstack([rows.shape, embeddings])
+
+    def ridge(features, weak_only=False):
+        def score(train, held):
+            labels = rows.labels[train].copy()
+            if weak_only:  # "the weak tier is wrong": a strong tier that is always right
+                labels[:, 1] = 1.0
+            head = fit_head(features[train], labels[:, 0], labels[:, 1])
+            tiers = head.predict(features[held])
+            return tiers[:, 1] - tiers[:, 0]
+        return score
+
+    recipes = {
+        "prompt_length": lambda train, held: lengths[held],
+        "shape_ridge_per_tier": ridge(rows.shape),  # shipped
+        "shape_ridge_weak_wrong": ridge(rows.shape, weak_only=True),
+        "embedding_ridge_per_tier": ridge(embeddings),
+        "shape_and_embedding_ridge_per_tier": ridge(both),
+    }
+    return grouped_cv(examples, recipes, folds=4, seeds=seeds, baseline="prompt_length")
+
+
+# ---------------------------------------------------------------- 2. traffic simulation
+
+
+def _kmeans(points: np.ndarray, k: int, seed: int, iterations: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """(centres, assignment) by Lloyd's algorithm on unit vectors (cosine)."""
+    rng = np.random.default_rng(seed)
+    centres = points[rng.choice(len(points), size=min(k, len(points)), replace=False)]
+    for _ in range(iterations):
+        assignment = np.argmax(points @ centres.T, axis=1)
+        for c in range(len(centres)):
+            members = points[assignment == c]
+            if len(members):
+                mean = members.mean(0)
+                centres[c] = mean / max(np.linalg.norm(mean), 1e-12)
+    return centres, np.argmax(points @ centres.T, axis=1)
+
+
+def _group_means(groups_known: np.ndarray, residuals: np.ndarray, groups_rest: np.ndarray, shrink: float = 5.0) -> np.ndarray:
+    out = np.zeros(len(groups_rest))
+    for group in np.unique(groups_rest):
+        mine = groups_known == group
+        out[groups_rest == group] = residuals[mine].sum() / (mine.sum() + shrink)
+    return out
+
+
+def _residual_means(labels: np.ndarray, predicted: np.ndarray, groups_known: np.ndarray, groups_rest: np.ndarray) -> np.ndarray:
+    """Per group and tier, the mean residual of the known labels, shrunk: [rest, 2]."""
+    out = np.zeros((len(groups_rest), 2))
+    for column in range(2):
+        known = ~np.isnan(labels[:, column])
+        out[:, column] = _group_means(groups_known[known], (labels[:, column] - predicted[:, column])[known], groups_rest)
+    return out
+
+
+def _knn_corrections(traffic: LabelledRows, predicted: np.ndarray, rest: LabelledRows, k: int = 50, shrink: float = 1.0) -> np.ndarray:
+    """Per tier, the cosine-weighted mean residual of the k most similar labelled prompts, shrunk."""
+    out = np.zeros((len(rest), 2))
+    for column in range(2):
+        known = np.flatnonzero(~np.isnan(traffic.labels[:, column]))
+        if not known.size:
+            continue
+        similarity = rest.embedding @ traffic.embedding[known].T
+        nearest = np.argpartition(-similarity, min(k, known.size) - 1, axis=1)[:, :k]
+        weight = np.maximum(np.take_along_axis(similarity, nearest, 1), 0.0)
+        residual = traffic.labels[known, column] - predicted[known, column]
+        out[:, column] = (weight * residual[nearest]).sum(1) / (weight.sum(1) + shrink)
+    return out
+
+
+def method_scores(name: str, tables: LabelledRows, cold, seen: LabelledRows, labelled: np.ndarray, rest: LabelledRows,
+                  subjects_seen, subjects_rest, seed: int) -> np.ndarray:  # fmt: skip
+    """Strong-need scores of the `rest` rows from method `name`, given the stream so far (`seen`:
+    every prompt's shape and embedding, labels NaN where none came; `labelled` has some)."""
+    if name == "cold" or not labelled.size:
+        return heldout_gain(cold, None, rest)
+    if name == "shipped":
+        return heldout_gain(*fit(tables, seen), rest)
+    if name == "head_refit_only":
+        head, _ = fit(tables, LabelledRows(seen.shape, seen.labels))
+        return heldout_gain(head, None, rest)
+    traffic = seen.take(labelled)
+    predicted = cold.predict(traffic.shape)
+    if name == "topic_correction_only":
+        return heldout_gain(cold, fit_topic_correction(seen.embedding, labelled, traffic.labels, predicted), rest)
+    if name == "knn_memory":
+        correction = _knn_corrections(traffic, predicted, rest)
+    elif name == "cluster_means":
+        centres, assignment = _kmeans(seen.embedding, 15, seed)
+        groups_rest = np.argmax(rest.embedding @ centres.T, axis=1)
+        correction = _residual_means(traffic.labels, predicted, assignment[labelled], groups_rest)
+    elif name == "subject_means_oracle":
+        correction = _residual_means(traffic.labels, predicted, np.asarray(subjects_seen)[labelled], np.asarray(subjects_rest))
+    else:
+        raise ValueError(f"unknown method {name!r}")
+    tiers = cold.predict(rest.shape) + correction
+    return tiers[:, 1] - tiers[:, 0]
+
+
+METHODS = ("cold", "shipped", "topic_correction_only", "head_refit_only", "knn_memory", "cluster_means", "subject_means_oracle")
+
+
+def revealed_labels(stream: LabelledRows, cold, cut: float, traffic: Traffic, rng) -> np.ndarray:
+    """[n, 2] labels as the product would learn them (NaN where nothing was said)."""
+    served_cloud = heldout_gain(cold, None, stream) >= cut
+    draw = rng.random(len(stream))
+    feedback = draw < traffic.feedback
+    shadow = (rng.random(len(stream)) < traffic.shadow) & ~served_cloud  # only local answers are shadowed
+    known_weak = (feedback & ~served_cloud) | shadow
+    known_strong = (feedback & served_cloud) | shadow
+    labels = np.full((len(stream), 2), np.nan)
+    labels[known_weak, 0] = stream.labels[known_weak, 0]
+    labels[known_strong, 1] = stream.labels[known_strong, 1]
+    return labels
+
+
+def simulate(examples: list[RoutingExample], embeddings: np.ndarray, seed: int, traffic: Traffic, methods=METHODS,
+             checkpoints=CHECKPOINTS) -> dict:  # fmt: skip
+    """One seed: {checkpoint: {method: APGR on the rest, "num_labels", "position"}}."""
+    rng = np.random.default_rng(seed)
+    rows = table_rows(examples)
+    rows.embedding = embeddings
+    train, held, _ = subject_split(examples, 0.25, seed)
+    if traffic.blocked:
+        subjects = sorted({rows.groups[i] for i in held})
+        rng.shuffle(subjects)
+        order = np.concatenate([rng.permutation([i for i in held if rows.groups[i] == s]) for s in subjects])
+    else:
+        order = rng.permutation(held)
+    tables = rows.take(train)
+    tables.embedding = None
+    cold, _ = fit(tables, None)
+    cut = float(np.quantile(heldout_gain(cold, None, tables), 1 - traffic.cloud_share))
+    stream = rows.take(order)
+    labels = revealed_labels(stream, cold, cut, traffic, rng)
+    stream_examples = [examples[i] for i in order]
+    num_labels = np.cumsum(~np.isnan(labels).all(1))
+    out = {}
+    for share in checkpoints:
+        need = int(round(share * len(stream)))
+        position = 0 if need == 0 else int(np.searchsorted(num_labels, need)) + 1
+        if len(stream) - position < MIN_REST:
+            out[share] = None
+            continue
+        seen = LabelledRows(stream.shape[:position], labels[:position], stream.embedding[:position], stream.groups[:position])
+        labelled = np.flatnonzero(~np.isnan(seen.labels).all(1))
+        rest = stream.take(np.arange(position, len(stream)))
+        out[share] = {"num_labels": int(labelled.size), "position": position}
+        for name in methods:
+            scores = method_scores(name, tables, cold, seen, labelled, rest, stream.groups[:position], rest.groups, seed)
+            out[share][name] = evaluate(scores, stream_examples[position:])["apgr"]
+    return out
+
+
+def summarize_runs(runs: list[dict], methods=METHODS) -> dict:
+    """Per checkpoint and method: mean APGR, SE, and the paired difference to cold."""
+    table = {}
+    for share in runs[0]:
+        done = [run[share] for run in runs if run[share] is not None]
+        if not done:
+            continue
+        entry = {"num_seeds": len(done), "num_labels_mean": float(np.mean([d["num_labels"] for d in done]))}
+        for name in methods:
+            mean, se = mean_and_se([d[name] for d in done])
+            entry[name] = {"apgr": mean, "apgr_se": se}
+            if name != "cold":
+                diff, diff_se = mean_and_se([d[name] - d["cold"] for d in done])
+                entry[name] |= {"minus_cold": diff, "minus_cold_se": diff_se}
+        table[f"{share:g}"] = entry
+    return table
+
+
+def labels_to_reach(curve: dict, method: str, level: float = 0.60) -> float | None:
+    """Mean labels at the first checkpoint whose mean APGR reaches `level`; None if none does."""
+    for entry in curve.values():
+        if entry[method]["apgr"] >= level:
+            return entry["num_labels_mean"]
+    return None
+
+
+def plot(curves: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes_row = plt.subplots(1, len(curves), figsize=(6.0 * len(curves), 4.6), squeeze=False)
+    try:
+        for axes, (title, curve) in zip(axes_row[0], curves.items()):
+            shares = [float(s) * 100 for s in curve]
+            for name in METHODS:
+                means = np.array([entry[name]["apgr"] for entry in curve.values()])
+                ses = np.array([entry[name]["apgr_se"] for entry in curve.values()])
+                style = {"cold": {"color": "grey", "linestyle": "--"}, "subject_means_oracle": {"color": "black", "linestyle": ":"}}
+                line = axes.plot(shares, means, marker="o", markersize=3, label=name, **style.get(name, {}))[0]
+                axes.fill_between(shares, means - ses, means + ses, alpha=0.12, color=line.get_color())
+            axes.axhline(0.60, color="tab:red", linewidth=0.8, label="target 0.60")
+            axes.axhline(0.5, color="grey", linewidth=0.6, linestyle=":", label="random")
+            axes.set_xlabel("labels so far, % of the stream's length")
+            axes.set_ylabel("APGR on the part of the stream not yet seen")
+            axes.set_title(title, fontsize="medium")
+            axes.grid(alpha=0.3)
+            axes.legend(fontsize="x-small")
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+    finally:
+        plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--quick", action="store_true", help=f"{len(QUICK_SEEDS)} simulation seeds, {len(QUICK_CV_SEEDS)} CV seeds")
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    parser.add_argument("--feedback", type=float, default=Traffic.feedback)
+    parser.add_argument("--shadow", type=float, default=Traffic.shadow)
+    args = parser.parse_args()
+
+    from router.prompt_router.embeddings import cached_embeddings
+
+    start = time.perf_counter()
+    examples = [e for e in load_routellm(args.data_dir)]
+    embeddings = cached_embeddings([e.prompt for e in examples])
+    seeds, cv_seeds = (QUICK_SEEDS, QUICK_CV_SEEDS) if args.quick else (SEEDS, CV_SEEDS)
+    cold_start = zero_shot(examples, embeddings, cv_seeds)
+    shipped = cold_start["recipes"]["shape_ridge_per_tier"]
+    print("zero-shot:", {name: round(r["apgr"], 4) for name, r in cold_start["recipes"].items()}, flush=True)
+
+    settings = {
+        "shuffled": Traffic(args.feedback, args.shadow),
+        "shuffled_feedback_only": Traffic(args.feedback + args.shadow, 0.0),
+        "shuffled_shadow_only": Traffic(0.0, args.feedback + args.shadow),
+        "subject_blocked": Traffic(args.feedback, args.shadow, blocked=True),
+    }
+    curves = {}
+    for name, traffic in settings.items():
+        curves[name] = summarize_runs([simulate(examples, embeddings, seed, traffic) for seed in seeds])
+        print(name, {share: round(entry["shipped"]["apgr"], 4) for share, entry in curves[name].items()}, flush=True)
+    headline = curves["shuffled"]["0.1"]["shipped"]
+    png = Path(args.json).with_suffix(".png")
+    plot({f"{name}: feedback {t.feedback:.0%}, shadow {t.shadow:.0%}": curves[name] for name, t in settings.items()
+          if name in ("shuffled", "subject_blocked")}, png)  # fmt: skip
+    report = {
+        **report_header("router_learning"),
+        "quick": args.quick,
+        "baseline": "zero-shot: prompt length on the same folds; simulation: the cold router on the same unseen rows",
+        "apgr_zero_shot_unseen": shipped["apgr"],
+        "apgr_zero_shot_unseen_se": shipped["apgr_se"],
+        "apgr_zero_shot_unseen_minus_length": shipped["minus_prompt_length"],
+        "apgr_zero_shot_unseen_minus_length_se": shipped["minus_prompt_length_se"],
+        "apgr_prompt_length_unseen": cold_start["recipes"]["prompt_length"]["apgr"],
+        "apgr_at_10pct_labels": headline["apgr"],
+        "apgr_at_10pct_labels_se": headline["apgr_se"],
+        "apgr_at_10pct_labels_minus_cold": headline["minus_cold"],
+        "apgr_at_10pct_labels_minus_cold_se": headline["minus_cold_se"],
+        "labels_to_reach_0_60": labels_to_reach(curves["shuffled"], "shipped"),
+        "targets": TARGETS,
+        "zero_shot": cold_start,
+        "simulation": {"seeds": list(seeds), "held_out_subject_share": 0.25, "checkpoints": list(CHECKPOINTS), "min_rest": MIN_REST,
+                       "settings": {name: t.__dict__ for name, t in settings.items()}, "curves": curves},
+        "plot": str(png),
+        "seconds": time.perf_counter() - start,
+    }  # fmt: skip
+    write_report(args.json, report, ("apgr_zero_shot_unseen", "apgr_zero_shot_unseen_se", "apgr_zero_shot_unseen_minus_length",
+                                     "apgr_zero_shot_unseen_minus_length_se", "apgr_at_10pct_labels", "apgr_at_10pct_labels_se",
+                                     "apgr_at_10pct_labels_minus_cold", "labels_to_reach_0_60"))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
