@@ -5,6 +5,7 @@
     val reply = bridge.callAttr("chat", requestJson).toString()  // {"messages": [{"role": "user", ...}]}
     val id = bridge.callAttr("chat_stream", requestJson, callback).toString()   // returns at once
     bridge.callAttr("cancel", requestId); bridge.callAttr("status"); bridge.callAttr("stop")
+    bridge.callAttr("feedback", "{\"id\": \"chatcmpl-...\", \"thumbs\": \"up\"}")  // with "traffic": {"record": true}
 
 Every function takes and returns JSON text. A failure returns (or, for a stream, reaches
 on_error with) an error object `{"error": {"code", "message", "type", "param", "status"}}`
@@ -23,7 +24,7 @@ from collections.abc import Callable
 
 from android_bridge.errors import BridgeError, dumps, not_started, parse_object
 
-__all__ = ["cancel", "chat", "chat_stream", "start", "status", "stop", "version"]
+__all__ = ["cancel", "chat", "chat_stream", "feedback", "start", "status", "stop", "version"]
 
 API_VERSION = 1  # bumped on any incompatible change to the functions or their JSON
 
@@ -127,6 +128,16 @@ def cancel(request_id: str) -> dict:
     if not _running().cancel(request_id):
         raise BridgeError("request_not_found", f"no request {request_id!r} is in flight (unknown, or already ended)", 404, "not_found")
     return {"ok": True, "id": request_id}
+
+
+@_json_call
+def feedback(request_json: str) -> dict:
+    """How right an answer was, for the router to learn from: {"id": "<the chat.completion's id>",
+    "score": 0..1} or {"id", "thumbs": "up" | "down"}. Needs the runtime started with
+    "traffic": {"record": true}. Returns {"object": "feedback", "id", "score", "recorded", "tier"}
+    (recorded false for a privacy-flagged request); error code "response_not_found" for an id
+    the record never saw."""
+    return _running().feedback(parse_object(request_json, "the feedback request"))
 
 
 @_json_call

@@ -40,6 +40,7 @@ class BridgeRuntime:
         self.engine = None
         self.cloud = None
         self.runner = None
+        self.learning = None  # sdk.traffic.learning.Learning
         self.started_at = time.time()
         self._in_flight: dict[str, _InFlight] = {}
         self._cloud_check: dict | None = None
@@ -75,8 +76,12 @@ class BridgeRuntime:
         from sdk.cascade.runner import CascadeRunner
         from sdk.cloud.tier import start_cloud_tier
 
+        from sdk.traffic.learning import start_learning
+
         self.cloud = await start_cloud_tier(self.settings)  # clients bind to the loop they are made in
         self.runner = CascadeRunner(self.engine, self.cloud.client, self.settings.cascade_config())
+        self.learning = start_learning(self.runner, self.settings.traffic_settings())  # [traffic] record: feedback() needs it
+        self.learning.start_background()
 
     def stop(self, grace_s: float = 5.0) -> None:
         """End every request (their callbacks get runtime_stopped), then the cloud tier, the engine, the loop."""
@@ -91,6 +96,11 @@ class BridgeRuntime:
             for dispatcher in dispatchers:  # their last callback (runtime_stopped) is delivered before stop returns
                 if not dispatcher.join(grace_s):
                     logger.warning("android_bridge: a callback of %s is still running at stop", dispatcher.request_id)
+            if self.learning is not None:
+                try:
+                    self._submit(self.learning.close(), internal=True).result(timeout=grace_s + 30)
+                except Exception:
+                    logger.exception("android_bridge: the traffic record did not close cleanly")
             if self.cloud is not None:
                 try:
                     # An embedded engine's shutdown joins its thread (up to 30 s while it is still loading).
@@ -242,6 +252,22 @@ class BridgeRuntime:
         dispatcher.done(reply.model_dump(mode="json", exclude_none=True))
 
     # -- status ----------------------------------------------------------------------------
+
+    def feedback(self, body: dict) -> dict:
+        """POST /v1/feedback's answer for {"id", "score" | "thumbs"} (sdk.client's feedback, in-process)."""
+        from sdk.client.async_client import InProcessBackend, build_feedback
+        from sdk.traffic.record import FeedbackError
+
+        request = build_feedback(body.get("id"), body.get("score"), body.get("thumbs"))
+        unknown = sorted(set(body) - {"id", "score", "thumbs"})
+        if unknown:
+            raise BridgeError("invalid_request_error", f"unknown field(s) {', '.join(unknown)}; feedback takes id, score or thumbs",
+                              param=unknown[0])  # fmt: skip
+        try:
+            return self._submit(InProcessBackend(self.runner).feedback(request)).result().model_dump(exclude_none=True)
+        except FeedbackError as exc:
+            code = "response_not_found" if exc.status == 404 else "permission_denied"
+            raise BridgeError(code, str(exc), exc.status, "not_found" if exc.status == 404 else "permission_denied", "id") from None
 
     def status(self, check_cloud: bool, timeout_s: float) -> dict:
         return self._submit(self._status(check_cloud, timeout_s)).result(timeout=timeout_s + 10)

@@ -217,6 +217,13 @@ class RouterParameters:
             tiers[known] += embedding[known] @ self.topic_weight + self.topic_bias
         return tiers
 
+    def as_stored(self) -> RouterParameters:
+        """The same parameters rounded to float32, as a router file holds them."""
+        def f32(array):
+            return None if array is None else np.asarray(array, np.float32).astype(np.float64)
+
+        return RouterParameters(f32(self.head_weight), f32(self.head_bias), f32(self.topic_weight), f32(self.topic_bias))
+
     @classmethod
     def of(cls, head: LinearHead, correction: TopicCorrection | None) -> RouterParameters:
         weight, bias = head.folded()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 
 from router.chat_text import iter_message_texts, message_as_dict, message_text_length
@@ -31,6 +32,7 @@ from router.policy import (
 )
 from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, refusal_reason, stream_from_cloud
 from sdk.cascade.local import LocalRun
+from sdk.cascade.traffic import after_request
 from sdk.cascade.types import CascadeEvent, RoutingInfo
 from sdk.protocol.engine import ContextLengthError, SamplingParams, TokenEvent
 from sdk.protocol.repetition import ESCALATE_LOOP
@@ -48,8 +50,14 @@ class CascadeRequest:
     """The state of one request; `run()` streams its CascadeEvents."""
 
     def __init__(self, runner, messages: list, params: SamplingParams, mode: RoutingMode, threshold: float,
-                 private: bool, request_id: str, tool_choice: str | None = None, streamed: bool = True):  # fmt: skip
+                 private: bool, request_id: str, tool_choice: str | None = None, streamed: bool = True,
+                 key_fingerprint: str | None = None, model: str = "auto"):  # fmt: skip
         self.runner, self.config, self.params, self.request_id = runner, runner.config, params, request_id
+        self.started = time.monotonic()
+        self.key_fingerprint, self.model = key_fingerprint, model
+        self.scorer = runner.prompt_scorer  # read once: a retrain may swap the runner's meanwhile
+        self.router_outputs = None  # what the prompt router computed for this prompt, when it ran
+        self.answer_parts: list[str] = []  # the text the client got (the record's and the shadow judge's)
         # A streamed answer commits local after a hold window so its client sees tokens early; a
         # non-streamed one is held until decided (its client waits for the end either way).
         self.hold_window = self.config.stream_hold_window() if streamed else None
@@ -66,10 +74,9 @@ class CascadeRequest:
         self.context = RequestContext(prompt_text, mode, flagged_private=private, tool_choice=tool_choice)
         pre = [PrivateFirst(lambda _text: kept_local_rules), ForcedTier(), ThresholdOnePolicy(threshold),
                ToolTurns(self.config.tool_calls, threshold)]  # fmt: skip
-        if runner.prompt_scorer is not None:  # last: only requests the others leave open are scored
+        if self.scorer is not None:  # last: only requests the others leave open are scored
             router_threshold = self.config.prompt_router_threshold
-            score = lambda text: float(runner.prompt_scorer.score([text])[0])  # noqa: E731
-            pre.append(PromptRouterPolicy(score, threshold if router_threshold is None else router_threshold))
+            pre.append(PromptRouterPolicy(self._score_prompt, threshold if router_threshold is None else router_threshold))
         probe = runner.probe
         self.cascade = compose(
             pre=pre,
@@ -90,8 +97,20 @@ class CascadeRequest:
         self.stop_reason: str | None = None  # "repetition": the tier that answered stopped a loop
         self.local_committed = False  # the local answer is settled: its tokens go straight to the client
 
+    def _score_prompt(self, text: str) -> float:
+        self.router_outputs = self.scorer.outputs([text])
+        return float(self.router_outputs.score[0])
+
     async def run(self) -> AsyncIterator[CascadeEvent]:
-        if self.runner.prompt_scorer is not None:
+        async for event in self._run():
+            if event.routing is None:
+                self.answer_parts.append(event.text)
+            else:
+                after_request(self, event)
+            yield event
+
+    async def _run(self) -> AsyncIterator[CascadeEvent]:
+        if self.scorer is not None:
             # The prompt router runs ONNX for ~20 ms: off the event loop, which serves other streams meanwhile.
             pre = await asyncio.to_thread(self.cascade.before_generation, self.context)
         else:

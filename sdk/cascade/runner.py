@@ -63,7 +63,10 @@ class CascadeRunner:
         self.routes = RouteCounter()
         # The learned parts (sdk.cascade.models), loaded once: ONNX sessions shared by all requests.
         self.probe = load_local_probe(self.config.probe, local) if self.config.probe else None
+        # Replaced whole by a background retrain (sdk.traffic.retrain); each request reads it once.
         self.prompt_scorer = load_prompt_scorer(self.config.prompt_router) if self.config.prompt_router else None
+        self.traffic = None  # sdk.traffic.record.TrafficRecord: set by `tandem serve` when [traffic] record is on
+        self.shadow = None  # sdk.traffic.shadow.ShadowSampler, likewise with shadow_fraction > 0
         self._shared_vocabulary: bool | None = None  # settled by shares_vocabulary once the cloud has said
 
     async def shares_vocabulary(self) -> bool:
@@ -100,17 +103,19 @@ class CascadeRunner:
         request_id: str | None = None,
         tool_choice: str | None = None,
         streamed: bool = True,
+        key_fingerprint: str | None = None,
     ) -> AsyncIterator[CascadeEvent]:
         """Stream the answer (module docstring). Raises InvalidRequestError (400) for a bad
         model name or a request the cloud calls invalid; cloud outages never raise.
         `streamed=False` (a caller that only wants the whole answer) holds every local token
-        until the router has decided, instead of committing after CascadeConfig.hold_tokens."""
+        until the router has decided, instead of committing after CascadeConfig.hold_tokens.
+        `key_fingerprint`: whose request it is, for the traffic record (feedback must come from the same key)."""
         mode, threshold = parse_model_choice(model)  # ModelChoiceError is an InvalidRequestError (400)
         if threshold is None:
             threshold = self.config.default_threshold
         request = CascadeRequest(
             self, list(messages), params, mode, threshold, private, request_id or f"cascade-{uuid.uuid4().hex}", tool_choice,
-            streamed,
+            streamed, key_fingerprint, model,
         )
         async for event in request.run():
             yield event

@@ -9,6 +9,7 @@ from sdk.cli.config import config_app
 from sdk.cli.eval import register_eval_commands
 from sdk.cli.router import router_app
 from sdk.cli.serve import serve
+from sdk.cli.traffic import traffic_app
 
 app = typer.Typer(help="tandem: a hybrid on-device-to-cloud LLM runtime.", no_args_is_help=True)
 app.command()(serve)
@@ -16,6 +17,7 @@ app.add_typer(cloud_app, name="cloud")
 app.add_typer(config_app, name="config")
 register_eval_commands(app)
 app.add_typer(router_app, name="router")
+app.add_typer(traffic_app, name="traffic")
 
 
 @app.command()

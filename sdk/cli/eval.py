@@ -27,13 +27,21 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def _load(data: str, data_dir: str | None, datasets: str, router: str, higher_means: HigherMeans | None):
+def _load(data: str | None, data_dir: str | None, datasets: str, router: str, higher_means: HigherMeans | None,
+          from_traffic: str | None = None):  # fmt: skip
     from rich.console import Console
 
     from router.evaluation.inputs import load_examples, router_scores
 
-    with Console(stderr=True).status(f"reading {data}"):  # RouteLLM's tables hold whole responses: seconds
-        table = load_examples(data, data_dir, [name.strip() for name in datasets.split(",") if name.strip()])
+    if (data is None) == (from_traffic is None):
+        raise ValueError("give one of --data (a table) and --from-traffic (a traffic record)")
+    with Console(stderr=True).status(f"reading {data or from_traffic}"):  # RouteLLM's tables hold whole responses: seconds
+        if from_traffic is not None:
+            from sdk.traffic.table import traffic_table
+
+            table = traffic_table(from_traffic)
+        else:
+            table = load_examples(data, data_dir, [name.strip() for name in datasets.split(",") if name.strip()])
     return table, router_scores(router, table.examples, higher_means.value if higher_means else None)
 
 
@@ -102,7 +110,8 @@ def eval_command(
 
 
 def calibrate_command(
-    data: str = typer.Option(..., "--data", help=_DATA_HELP),
+    data: str | None = typer.Option(None, "--data", help=_DATA_HELP),
+    from_traffic: str | None = typer.Option(None, "--from-traffic", help="Calibrate on a traffic record of `tandem serve` ([traffic] record): its requests with both tiers judged; routers column:router_score (with --higher-means cloud) or column:confidence."),
     router: str = typer.Option(..., "--router", help="column:NAME or scores:FILE.csv (random and oracle have no deployable threshold)."),
     quality: float | None = typer.Option(None, "--quality", min=0.0, help="Target: this fraction of the strong tier's accuracy, e.g. 0.95."),
     cloud_share: float | None = typer.Option(None, "--cloud-share", min=0.0, max=1.0, help="Target: this share of requests to the cloud, e.g. 0.3."),
@@ -135,7 +144,7 @@ def calibrate_command(
         prices = dict(read_config(path).get("cascade", {}).get("prices") or {})
         cloud = {"input_per_million": cloud_input_price, "output_per_million": cloud_output_price}
         prices["cloud"] = {**prices.get("cloud", {}), **{k: v for k, v in cloud.items() if v is not None}}
-        table, scores = _load(data, data_dir, datasets, router, higher_means)
+        table, scores = _load(data, data_dir, datasets, router, higher_means, from_traffic)
         costs = cost_model(table.examples, CostTable.from_config(prices), prompt_tokens, completion_tokens)
         point = choose_threshold(scores.confidence, table.examples, targets[0], costs)
         if not dry_run:

@@ -36,7 +36,9 @@ def _load_tables(names: list[str], data_dir: str) -> list:
 @router_app.command("train")
 def train(
     out: str = typer.Option(..., "--out", help="Where to write the router (one ONNX file)."),
-    data: list[str] = typer.Option(["routellm"], "--data", help="`routellm` (the GSM8K + MMLU tables), a table file (.csv/.jsonl) in RouteLLM's or tandem's format, or `none`; repeat to train on several."),
+    data: list[str] | None = typer.Option(None, "--data", help="`routellm` (the GSM8K + MMLU tables), a table file (.csv/.jsonl) in RouteLLM's or tandem's format, or `none`; repeat to train on several. Default: routellm, or with --from-traffic the tables --base-router was trained on (their statistics travel in the file)."),
+    from_traffic: list[str] | None = typer.Option(None, "--from-traffic", help="A traffic record written by `tandem serve` ([traffic] record = true); repeat for several. Its labels refit the head and give the topic correction (the router then carries MiniLM)."),
+    base_router: str | None = typer.Option(None, "--base-router", help="With --from-traffic and no --data: the router whose table statistics to start from; default: the shipped one."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="RouteLLM data directory; default: ../shared/data/routellm."),
     holdout_fraction: float = typer.Option(0.25, min=0.0, max=0.9, help="Share of the tables' subjects held out to report APGR (0: no report)."),
     seed: int = typer.Option(0, help="Seed of the subject split."),
@@ -47,15 +49,20 @@ def train(
     from pathlib import Path
 
     from router.eval_tables import DEFAULT_DATA_DIR, TableError
+    from router.prompt_router.embedder_export import EmbedderUnavailableError
+    from router.prompt_router.scorer import RouterError
     from router.prompt_router.training import train_router
 
     try:
-        examples = _load_tables(data, data_dir or DEFAULT_DATA_DIR)
-    except (ValueError, TableError) as exc:
+        examples = _load_tables(data or (["none"] if from_traffic else ["routellm"]), data_dir or DEFAULT_DATA_DIR)
+        base = _base_statistics(base_router) if from_traffic and not data else None
+        traffic = _load_traffic(from_traffic) if from_traffic else None
+    except (ValueError, TableError, RouterError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:
-        report = train_router(examples, out, holdout_fraction=holdout_fraction, seed=seed, alpha=alpha)
-    except ValueError as exc:
+        report = train_router(examples, out, traffic=traffic, holdout_fraction=holdout_fraction if examples else 0.0, seed=seed,
+                              alpha=alpha, base=base)  # fmt: skip
+    except (ValueError, EmbedderUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     report_path = Path(out).with_suffix(".report.json")
@@ -65,7 +72,35 @@ def train(
             figures = report[name]
             typer.echo(f"{name}: APGR {figures['apgr']:.3f} (random {figures['random_apgr']:.2f}, oracle "
                        f"{figures['oracle_apgr']:.3f}), CPT(50%) {figures['cpt50']:.3f}, {figures['num_examples']} prompts")  # fmt: skip
-    typer.echo(f"wrote {out} (trained on {len(examples)} table rows) and {report_path}")
+    if traffic is not None:
+        correction = report["recipe"]["topic_correction"]
+        typer.echo(f"traffic: {report['num_traffic_rows']} rows, {report['num_traffic_judged']} with both tiers judged"
+                   + (f", topic correction from {correction['num_rows']} embedded prompts" if correction else ", too few embedded prompts for a topic correction"))  # fmt: skip
+    typer.echo(f"wrote {out} (trained on {len(examples)} table rows{' and ' + str(report['num_base_rows']) + ' of the base router' if base else ''}) and {report_path}")
+
+
+def _base_statistics(path: str | None):
+    """The public-table statistics a router file carries (the shipped one by default)."""
+    from router.prompt_router.linear_head import HeadStatistics
+    from router.prompt_router.scorer import RouterFormatError, load_scorer
+
+    scorer = load_scorer(path)
+    document = scorer.metadata.get("prior_statistics")
+    if document is None:
+        raise RouterFormatError(f"{scorer.path} carries no table statistics to start from; give --data")
+    return HeadStatistics.from_json(document)
+
+
+def _load_traffic(paths: list[str]):
+    """Every --from-traffic record's rows, with vectors made by the default (int8) MiniLM export."""
+    import numpy as np
+
+    from router.prompt_router.embedder_export import DEFAULT_PRECISION, model_fingerprint
+    from router.prompt_router.training import LabelledRows
+    from sdk.traffic.rows import load_traffic_rows
+
+    parts = [load_traffic_rows(path, embedder=f"{model_fingerprint()}|{DEFAULT_PRECISION}").rows for path in paths]
+    return LabelledRows(np.vstack([p.shape for p in parts]), np.vstack([p.labels for p in parts]), np.vstack([p.embedding for p in parts]))
 
 
 @router_app.command("score")

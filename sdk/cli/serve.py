@@ -104,6 +104,7 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
     from sdk.cloud.tier import CloudTier, start_cloud_tier
     from sdk.openai_server import attach_cloud_engine, create_app
     from sdk.openai_server.serve_loop import HttpServer, http_config, stop_on_signals, watch_loading
+    from sdk.traffic.learning import start_learning
 
     host, port, log_level = settings.get("server.host"), settings.get("server.port"), settings.get("server.log_level")
     embedded = settings.cloud_target().kind == "embedded"
@@ -116,13 +117,21 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
     except (OSError, ValueError) as exc:
         await cloud.close()
         return f"the cascade could not start: {exc}"
+    traffic_settings = settings.traffic_settings()
+    try:
+        learning = start_learning(runner, traffic_settings)
+    except Exception as exc:  # an unusable record file (another schema, no permission): say so before serving
+        await cloud.close()
+        return f"the traffic record could not start: {exc}"
     app = create_app(
         engine, served_model_names=[settings.get("local.model_name")] if settings.get("local.model_name") else None,
         api_keys=api_keys, rate_limit_per_minute=settings.get("server.rate_limit"),
         max_concurrent_per_key=settings.get("server.max_concurrent_per_key"), max_body_bytes=settings.get("server.max_body_bytes"),
         auth_backoff_after=settings.get("server.auth_backoff_after"), auth_backoff_max_s=settings.get("server.auth_backoff_max_s"),
         bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready, strict_fields=settings.get("server.strict_fields"),
+        traffic=learning.record, feedback_per_minute=traffic_settings.feedback_per_minute,
     )  # fmt: skip
+    learning.attach_metrics(app)
     http = HttpServer(http_config(app, host, port, log_level, api_keys, settings.get("server.tls_cert"), settings.get("server.tls_key")))
     stop_on_signals(http)
     failures: list[str] = []
@@ -151,6 +160,7 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
     watcher = asyncio.create_task(bring_up_embedded() if embedded else watch_loading("local", engine, http, failures, logger, started))
     logger.info("serving the cascade on http://%s:%d (cloud tier: %s, threshold %.2f)",
                 host, port, cloud.description, runner.config.default_threshold)
+    learning.start_background()
     try:
         await http.serve()
         if not http.started and not failures:
@@ -158,5 +168,6 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
+        await learning.close()
         await cloud.close()
     return failures[0] if failures else None

@@ -14,6 +14,7 @@ synchronous twin (sdk.client.sync_client).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -29,8 +30,10 @@ from sdk.cascade.runner import CascadeRunner
 from sdk.openai_server.errors import from_validation_errors
 from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest
+from sdk.protocol.openai_schema.feedback import FeedbackRequest, FeedbackResponse
+from sdk.traffic.record import FeedbackError
 
-__all__ = ["AsyncClient", "TandemChatCompletion", "TandemChatCompletionChunk"]
+__all__ = ["AsyncClient", "FeedbackError", "FeedbackResponse", "TandemChatCompletion", "TandemChatCompletionChunk"]
 
 
 def build_request(model: str, messages: list, private: bool, fields: dict[str, Any]) -> ChatCompletionRequest:
@@ -53,6 +56,15 @@ def build_request(model: str, messages: list, private: bool, fields: dict[str, A
     return request  # its validators refused what tandem does not do: a clear error, not prose
 
 
+def build_feedback(response_id: str, score: float | None, thumbs: str | None) -> FeedbackRequest:
+    """Validated like the server's POST /v1/feedback body; InvalidRequestError names the param."""
+    try:
+        return FeedbackRequest.model_validate_json(json.dumps({"id": response_id, "score": score, "thumbs": thumbs}))
+    except ValidationError as exc:
+        error = from_validation_errors(exc.errors(include_url=False))
+        raise InvalidRequestError(error.info.message, error.info.param or "id") from None
+
+
 class InProcessBackend:
     """The cascade runner in this process."""
 
@@ -68,6 +80,13 @@ class InProcessBackend:
         response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         call = routed_stream if stream else routed_completion
         return await call(self.runner, chat, model=model, private=private, response_id=response_id, created=created)
+
+    async def feedback(self, request: FeedbackRequest) -> FeedbackResponse:
+        record = self.runner.traffic
+        if record is None:
+            raise FeedbackError(404, "feedback needs the runner's traffic record (sdk.traffic: [traffic] record = true)")
+        outcome = await asyncio.to_thread(record.feedback, request.id, None, request.value, "thumbs" if request.thumbs else "score")
+        return FeedbackResponse(id=request.id, score=request.value, **outcome)
 
 
 class AsyncCompletions:
@@ -126,6 +145,14 @@ class AsyncClient:
             self.runner = None
             self._backend = HttpBackend(base_url, api_key, timeout_s)
         self.chat = _AsyncChat(self._backend)
+
+    async def feedback(self, response_id: str, *, score: float | None = None, thumbs: str | None = None) -> FeedbackResponse:
+        """Say how right a routed answer was: `score` in [0, 1] or `thumbs` "up"/"down" for the
+        `id` of a chat completion this client received (POST /v1/feedback over HTTP). It labels
+        the tier that answered, for the router to learn from. FeedbackError (status 404) for an id
+        never recorded, (403) for another key's response; a privacy-flagged response comes back
+        with recorded=False."""
+        return await self._backend.feedback(build_feedback(response_id, score, thumbs))
 
     async def close(self) -> None:
         """Close the cloud channel (in-process) or the HTTP connections."""

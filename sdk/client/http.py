@@ -15,7 +15,9 @@ import httpx
 
 from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk
 from sdk.cloud.openai_client import CONNECT_TIMEOUT_S, sse_data
-from sdk.cloud.openai_wire import error_from_response, error_from_transport, parse_data
+from sdk.cloud.openai_wire import _error_info, error_from_response, error_from_transport, parse_data
+from sdk.protocol.openai_schema.feedback import FeedbackRequest, FeedbackResponse
+from sdk.traffic.record import FeedbackError
 
 
 class HttpBackend:
@@ -28,6 +30,9 @@ class HttpBackend:
 
     async def close(self) -> None:
         await self.http.aclose()
+
+    async def feedback(self, request: FeedbackRequest) -> FeedbackResponse:
+        return await _feedback(self.http, self.base_url, request)
 
     async def create(self, model: str, messages: list, stream: bool, private: bool, fields: dict):
         body = {"model": model, "messages": messages, **{k: v for k, v in fields.items() if v is not None}}
@@ -49,6 +54,19 @@ class HttpBackend:
             await response.aclose()
             raise
         return _chunks(response, self.base_url)
+
+
+async def _feedback(http: httpx.AsyncClient, base_url: str, request: FeedbackRequest) -> FeedbackResponse:
+    try:
+        response = await http.post(f"{base_url}/feedback", content=request.model_dump_json(exclude_none=True),
+                                   headers={"Content-Type": "application/json"})  # fmt: skip
+    except httpx.TransportError as error:
+        raise error_from_transport(error, base_url) from None
+    if response.status_code in (403, 404):  # the answers feedback itself gives: the same error as in-process
+        raise FeedbackError(response.status_code, str(_error_info(response.content).get("message") or response.text))
+    if response.status_code != 200:
+        raise error_from_response(response.status_code, response.headers, response.content, base_url)
+    return FeedbackResponse.model_validate_json(response.content)
 
 
 async def _chunks(response: httpx.Response, base_url: str) -> AsyncIterator[TandemChatCompletionChunk]:

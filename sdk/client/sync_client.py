@@ -81,6 +81,10 @@ class Client:
             raise RuntimeError("this Client is closed")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
+    def feedback(self, response_id: str, *, score: float | None = None, thumbs: str | None = None):
+        """AsyncClient.feedback, blocking: how right the answer `response_id` was."""
+        return self._run(self._async.feedback(response_id, score=score, thumbs=thumbs))
+
     def close(self) -> None:
         """Close the cloud channel (bound to this client's loop), then stop the loop thread."""
         if self._closed:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sdk.protocol.access_gate import AUTH_BACKOFF, RATE_LIMITED, TOO_MANY_IN_FLIGHT, UNAUTHENTICATED, AccessGate, Refusal
-from sdk.protocol.api_keys import bearer_token, is_loopback
+from sdk.protocol.api_keys import bearer_token, is_loopback, key_fingerprint
 from sdk.openai_server.errors import OpenAIError, auth_backoff, invalid_api_key, rate_limited
 from sdk.openai_server.limits import too_many_in_flight
 from sdk.openai_server.metrics import ServerMetrics
@@ -56,6 +56,8 @@ class AccessControl:
             self.metrics.count_rejection(admission.refusal.kind)
             await http_error(admission.refusal).response()(scope, receive, send)
             return
+        if self.gate.api_keys:  # whose request this is (handlers read request.state.key_fingerprint; never the key)
+            scope.setdefault("state", {})["key_fingerprint"] = key_fingerprint(admission.client)
         try:  # returns when the response has ended: finished, failed, cancelled or the client gone
             await self.app(scope, receive, send)
         finally:

@@ -12,13 +12,14 @@ from starlette.responses import JSONResponse, Response
 
 from sdk.protocol.access_gate import AccessGate
 from sdk.protocol.api_keys import key_fingerprint
-from sdk.protocol.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits
+from sdk.protocol.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits, RequestRateLimiter
 from sdk.protocol.engine import EngineNotReadyError, EngineProtocol
 from sdk.protocol.openai_schema import ModelCard, ModelList
 from sdk.openai_server.access import AccessControl, warn_if_exposed
 from sdk.openai_server.cascade_metrics import CascadeCollector
 from sdk.openai_server.chat import create_chat_completion
 from sdk.openai_server.completions import create_completion
+from sdk.openai_server.feedback import create_feedback
 from sdk.openai_server.errors import from_exception, install_error_handlers, model_not_found
 from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
 from sdk.openai_server.metrics import EngineStatsCollector, ServerMetrics
@@ -46,6 +47,8 @@ def create_app(
     client_limits: ClientLimits | None = None,
     auth_backoff_after: int | None = DEFAULT_AUTH_BACKOFF_AFTER,
     auth_backoff_max_s: float = DEFAULT_AUTH_BACKOFF_MAX_S,
+    traffic=None,
+    feedback_per_minute: float | None = None,
 ) -> FastAPI:
     """An app serving `engine` under `served_model_names` (default: the engine's own model name).
 
@@ -78,6 +81,8 @@ def create_app(
     `tandem:cloud_engine_*` (its KV blocks, running and waiting requests, tokens).
     `strict_fields`: request fields neither OpenAI nor a known extension defines are a 400
     instead of being ignored with a warning (sdk.protocol.request_fields).
+    `traffic` (with a cascade): the sdk.traffic.record.TrafficRecord the runner writes to, which
+    POST /v1/feedback labels, at most `feedback_per_minute` calls a minute per key (or address).
     """
     if served_model_names is not None and not served_model_names:
         raise ValueError("served_model_names must name at least one model, or be None to use the engine's name")
@@ -107,6 +112,9 @@ def create_app(
                         strict_fields=strict_fields)
     if cascade is not None:
         state.metrics.registry.register(CascadeCollector(cascade))
+        state.traffic = traffic
+        if feedback_per_minute is not None:
+            state.feedback_limiter = RequestRateLimiter(feedback_per_minute, clock=clock)
     app.state.tandem = state
     if cloud_engine is not None:
         attach_cloud_engine(app, cloud_engine)
@@ -122,6 +130,8 @@ def create_app(
 
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"], summary="Create a chat completion")
     app.add_api_route("/v1/completions", create_completion, methods=["POST"], summary="Create a completion")
+    if cascade is not None:
+        app.add_api_route("/v1/feedback", create_feedback, methods=["POST"], summary="Say how right a routed answer was (labels for the router)")
     install_openapi(app)  # the handlers read raw bodies: document them from the schema
 
     @app.get("/health", summary="200 once the model is loaded, 503 before")

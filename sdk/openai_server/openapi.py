@@ -15,12 +15,14 @@ from sdk.protocol.openai_schema import (
     ErrorResponse,
     ModelList,
 )
+from sdk.protocol.openai_schema.feedback import FeedbackRequest, FeedbackResponse
 
 # path -> (method, request body model or None, response model)
 DOCUMENTED: dict[str, tuple[str, type[BaseModel] | None, type[BaseModel]]] = {
     "/v1/chat/completions": ("post", ChatCompletionRequest, ChatCompletionResponse),
     "/v1/completions": ("post", CompletionRequest, CompletionResponse),
     "/v1/models": ("get", None, ModelList),
+    "/v1/feedback": ("post", FeedbackRequest, FeedbackResponse),  # with a cascade only
 }
 _ERRORS = {"400": "invalid request (the error names the field)", "401": "missing or wrong API key",
            "404": "unknown model", "413": "body too large", "429": "rate or in-flight limit",
@@ -36,12 +38,14 @@ def install_openapi(app: FastAPI) -> None:
             schema = generate()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for path, (method, request_model, response_model) in DOCUMENTED.items():
+                if path not in schema["paths"]:
+                    continue  # a route this app does not have (feedback without a cascade)
                 operation = schema["paths"][path][method]
                 if request_model is not None:
                     operation["requestBody"] = {"required": True, "content": {"application/json": {
                         "schema": _component(components, request_model, "validation")}}}  # fmt: skip
                 ok = {"application/json": {"schema": _component(components, response_model, "serialization")}}
-                if request_model is not None:
+                if request_model is not None and "stream" in request_model.model_fields:
                     ok["text/event-stream"] = {"schema": {"type": "string", "description": (
                         "with stream: true, server-sent events: one chunk object per `data:` line "
                         "(the response shape with deltas), then `data: [DONE]`")}}  # fmt: skip

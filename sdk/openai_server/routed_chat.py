@@ -32,7 +32,8 @@ async def create_routed_chat_completion(request: Request, state: ServerState, bo
         return from_exception(exc).response()
     response_id, created = new_id("chatcmpl"), int(time.time())
     call = routed_stream if body.stream else routed_completion
-    answer = call(runner, chat, model=model, private=bool(body.private), response_id=response_id, created=created)
+    answer = call(runner, chat, model=model, private=bool(body.private), response_id=response_id, created=created,
+                  key_fingerprint=getattr(request.state, "key_fingerprint", None))  # fmt: skip
     try:
         result = await cancel_on_disconnect(request, answer)
     except ClientDisconnected:

@@ -54,6 +54,8 @@ class ServerState:
     cascade: Any = None  # sdk.cascade.CascadeRunner (not imported: the plain server stays light)
     cloud_engine: EngineProtocol | None = None  # tandem serve's embedded cloud engine, if any
     strict_fields: bool = False  # refuse unknown request fields with a 400 instead of ignoring them
+    traffic: Any = None  # sdk.traffic.record.TrafficRecord, when `tandem serve` keeps one (POST /v1/feedback needs it)
+    feedback_limiter: Any = None  # sdk.protocol.client_limits.RequestRateLimiter for POST /v1/feedback
 
     @property
     def engine_model_names(self) -> list[str]:

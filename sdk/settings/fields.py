@@ -19,6 +19,7 @@ from router.decision import HandoffMode
 from router.privacy import PrivacyRules
 from router.streaming_policy import DecideAt
 from sdk.cascade.config import CascadeConfig
+from sdk.traffic.config import TrafficSettings
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -154,6 +155,13 @@ def _cascade(key: str, type_: type, env: str | None, help: str, target: str | No
 
 
 _ENGINE_DEFAULT = "the engine's default"
+_TRAFFIC = {f.name: f.default for f in dataclasses.fields(TrafficSettings)}
+
+
+def _traffic(key: str, type_: type, help: str, **extra: Any) -> SettingField:
+    """A [traffic] key, its default taken from TrafficSettings."""
+    env = None if type_ is dict else f"TANDEM_TRAFFIC_{key.upper()}"
+    return SettingField("traffic", key, type_, _TRAFFIC[key], env, help, target=key, **extra)
 
 # [local.sampling] / [cloud.sampling]: the tier's default for a field a request leaves out.
 _SAMPLING_KEYS = (
@@ -227,6 +235,22 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     _cascade("tool_calls", str, "TANDEM_CASCADE_TOOL_CALLS", "Where turns offering tools go: auto (tool_choice auto to the cloud, required local), local, or cloud.", check=_one_of("auto", "local", "cloud")),
     _cascade("privacy", dict, None, "Privacy rules: detectors, patterns (router.privacy).", check=PrivacyRules.from_config),
     _cascade("prices", dict, None, "USD per million tokens per tier (router.costs).", check=CostTable.from_config),
+    _traffic("record", bool, "Keep a record of routed requests (SQLite): router features, tier, signals, cost, latency, labels; never text unless record_text."),
+    _traffic("path", str, "The record's SQLite file.", unset="$TANDEM_DATA_DIR/traffic.sqlite3, else ~/.local/share/tandem/traffic.sqlite3"),
+    _traffic("record_text", bool, "Also keep prompt and answer text (privacy-flagged requests are never stored)."),
+    _traffic("retention_days", float, "Rows older than this are deleted (hourly).", check=_at_least(0, inclusive=False)),
+    _traffic("max_mb", float, "Largest record; past it the oldest rows are deleted.", check=_at_least(1)),
+    _traffic("embed", bool, "Store a MiniLM embedding of each recorded prompt (what a router learns topics from; ~10-20 ms of CPU per request, off the request path)."),
+    _traffic("feedback_per_minute", float, "POST /v1/feedback calls a minute per key (per client address without keys).", check=_at_least(0, inclusive=False)),
+    _traffic("shadow_fraction", float, "Share of locally answered requests also sent to the cloud in the background, both answers judged (never privacy-flagged ones).", check=_at_least(0, high=1)),
+    _traffic("shadow_daily_cloud_tokens", int, "Cloud tokens shadow calls may use per UTC day (reserved before each call).", check=_at_least(0)),
+    _traffic("judge", str, "How shadow answers are judged: exact_match (final answers compared, the cloud's as reference) or the base URL of an OpenAI-compatible judge."),
+    _traffic("judge_model", str, "The judge endpoint's model id.", unset="none (needed with a judge URL)"),
+    _traffic("judge_api_key", str, "Key presented to the judge endpoint.", unset="no key sent", secret=True),
+    _traffic("retrain", bool, "Retrain the prompt router from the record in the background; swap it in when it beats the serving one on the newest labels."),
+    _traffic("retrain_every_labels", int, "New labels between two background retrains.", check=_at_least(1)),
+    _traffic("retrain_holdout_labels", int, "The newest labels kept out of a retrain to compare the two routers.", check=_at_least(10)),
+    _traffic("router_dir", str, "Where retrained routers are written (latest.onnx is the newest swapped in).", unset="routers/ next to the record"),
 )
 FIELDS: dict[str, SettingField] = {field.dotted: field for field in FIELDS_LIST}
 SECTIONS: dict[str, tuple[SettingField, ...]] = {

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from local_runtime.config import LocalEngineConfig
     from sdk.cascade.config import CascadeConfig
     from sdk.protocol.sampling_defaults import SamplingDefaults
+    from sdk.traffic.config import TrafficSettings
 
 __all__ = ["Settings", "load_settings", "settings_from_mapping"]
 
@@ -92,6 +93,11 @@ class Settings:
         from sdk.cascade.config import CascadeConfig
 
         return CascadeConfig(**self._targets("cascade"), cloud_model=self.get("cloud.model_name"))
+
+    def traffic_settings(self) -> TrafficSettings:
+        from sdk.traffic.config import TrafficSettings
+
+        return TrafficSettings(**self._targets("traffic"))
 
     def cloud_target(self) -> CloudTarget:
         return parse_cloud_url(self.get("cloud.url"))
@@ -240,8 +246,14 @@ def _validate(settings: Settings) -> None:
             f"OpenAI-compatible cloud {target.target} (cloud.url, {_describe(settings.sources['cloud.url'])}): such a "
             "server cannot continue another model's token ids; use handoff = 'restart' or a grpc:// cloud"
         )
+    if settings.get("traffic.shadow_fraction") > 0 and target.kind == "none":
+        raise SettingsError(f"traffic.shadow_fraction = {settings.get('traffic.shadow_fraction')} "
+                            f"({_describe(settings.sources['traffic.shadow_fraction'])}) needs a cloud tier; cloud.url is 'none'")  # fmt: skip
+    if settings.get("traffic.retrain") and not settings.get("cascade.prompt_router"):
+        raise SettingsError(f"traffic.retrain ({_describe(settings.sources['traffic.retrain'])}) retrains the prompt router: "
+                            "set cascade.prompt_router (e.g. 'default') so there is one to replace")  # fmt: skip
     for section, build in (("cascade", settings.cascade_config), ("local", settings.local_engine_config),
-                           ("cloud", settings.cloud_engine_config)):
+                           ("cloud", settings.cloud_engine_config), ("traffic", settings.traffic_settings)):
         try:
             build()
         except (ValueError, TypeError) as exc:

@@ -50,13 +50,14 @@ def java_classes(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
-    """(base_url, process, log_path) of a `tandem serve --cloud none` that wants KEY."""
+    """(base_url, process, log_path) of a `tandem serve --cloud none` that wants KEY (and keeps a traffic record: feedback)."""
     folder = tmp_path_factory.mktemp("java-serve")
     (folder / "keys").write_text(f"# the Java client test's key\n{KEY}\n")
     args = ["serve", "--cloud", "none", "--threads", "1", "--max-model-len", "512", "--kv-cache-tokens", "4096",
             "--log-level", "warning", "--api-key-file", str(folder / "keys")]
     log_path = folder / "server.log"
-    with running_server(args, log_path) as (process, base_url):
+    record = {"TANDEM_TRAFFIC_RECORD": "1", "TANDEM_TRAFFIC_PATH": str(folder / "traffic.sqlite3"), "TANDEM_TRAFFIC_EMBED": "0"}
+    with running_server(args, log_path, extra_env=record) as (process, base_url):
         yield base_url, process, log_path
 
 

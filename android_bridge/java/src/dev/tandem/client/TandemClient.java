@@ -165,6 +165,26 @@ public final class TandemClient {
         return call;
     }
 
+    /**
+     * POST {@code /feedback}: how right the answer {@code responseId} (a {@link ChatCompletion#getId()} this key
+     * received) was, {@code score} from 0 (wrong) to 1 (right). It labels the tier that answered, for the router
+     * to learn from; the server needs {@code [traffic] record = true}.
+     *
+     * @return true when stored; false when the request was privacy-flagged (nothing about it is kept)
+     * @throws NotFoundException for an id the server never recorded
+     * @throws TandemException 403 (another key's response), 429 (too many), 400 (a score outside [0, 1])
+     */
+    public boolean feedback(String responseId, double score) throws TandemException {
+        if (responseId == null) {
+            throw new IllegalArgumentException("responseId must not be null");
+        }
+        Map<String, Object> body = new LinkedHashMap<String, Object>();
+        body.put("id", responseId);
+        body.put("score", Double.valueOf(score));
+        Map<String, Object> reply = callJson("POST", baseUrl + "/feedback", Json.write(body));
+        return Boolean.TRUE.equals(reply.get("recorded"));
+    }
+
     /** GET {@code /models}: the ids of the served models (tandem: auto, local, cloud, the model's name). */
     public List<String> listModels() throws TandemException {
         Map<String, Object> reply = callJson("GET", baseUrl + "/models", null);

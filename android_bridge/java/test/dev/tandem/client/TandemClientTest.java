@@ -57,6 +57,7 @@ public final class TandemClientTest {
             run("health", () -> check(client.health(), "health() should be true"));
             run("listModels", () -> listModels(client));
             run("chat: non-streaming", () -> chat(client));
+            run("feedback: recorded, and an unknown id -> NotFoundException", () -> feedback(client));
             run("chat: private request, odd characters, extra field", () -> chatPrivate(client));
             run("chat: temperature 5 -> InvalidRequestException", () -> invalidRequest(client));
             run("chat: unknown model -> NotFoundException", () -> unknownModel(client));
@@ -438,6 +439,14 @@ public final class TandemClientTest {
         checkEquals("local", reply.getRouting().getTier(), "routing tier");
         check(!reply.getRouting().isDegraded() || reply.getRouting().getDegradedReason() != null, "degraded reason");
         check(reply.getRaw().get("tandem") instanceof Map, "raw map");
+    }
+
+    private static void feedback(final TandemClient client) throws Exception {
+        ChatCompletion reply = client.chat(shortRequest());
+        check(client.feedback(reply.getId(), 1.0), "feedback on our own answer should be recorded");
+        check(client.feedback(reply.getId(), 0.0), "a second verdict replaces the first");
+        expect(NotFoundException.class, () -> client.feedback("chatcmpl-never-issued", 1.0));
+        expect(InvalidRequestException.class, () -> client.feedback(reply.getId(), 2.0));
     }
 
     private static void chatPrivate(TandemClient client) throws Exception {

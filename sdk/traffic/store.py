@@ -1,0 +1,168 @@
+"""SQLite operations on a traffic record file, used by its one writer thread (sdk.traffic.record),
+by `tandem traffic`, and by training (`tandem router train --from-traffic`).
+
+The file is created 0600 in a directory created 0700: it holds features derived from users'
+prompts. WAL journal, so readers (feedback lookups, training, the CLI) never block the writer.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sdk.traffic.schema import migrate
+
+SIZE_SLACK = 0.9  # over the size bound, the oldest rows go until the file is below this share of it
+
+
+def connect(path: str | os.PathLike, *, create: bool = True) -> sqlite3.Connection:
+    """A connection with the schema current (migrated if older). `create=False`: the file must exist."""
+    path = Path(path)
+    if not path.exists():
+        if not create:
+            raise FileNotFoundError(f"no traffic record at {path}")
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, mode=0o700)
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    conn = sqlite3.connect(str(path), isolation_level=None, timeout=10.0, check_same_thread=False)
+    try:
+        if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # must precede the first table
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def to_blob(vector) -> bytes | None:
+    return None if vector is None else np.asarray(vector, dtype="<f4").tobytes()
+
+
+def from_blob(blob: bytes | None) -> np.ndarray | None:
+    return None if blob is None else np.frombuffer(blob, dtype="<f4")
+
+
+REQUEST_COLUMNS = (
+    "id", "created_at", "key_fingerprint", "model", "tier", "escalated", "reason", "decided_by", "degraded_reason",
+    "confidence", "decided_at_token", "finish_reason", "router_score", "router", "latency_ms", "local_prompt_tokens",
+    "local_completion_tokens", "cloud_prompt_tokens", "cloud_completion_tokens", "cost_usd", "signals", "shape",
+    "shape_version", "embedding", "embedder", "prompt_text", "answer_text",
+)  # fmt: skip
+
+
+def insert_request(conn: sqlite3.Connection, row: dict) -> None:
+    unknown = set(row) - set(REQUEST_COLUMNS)
+    if unknown:
+        raise ValueError(f"not request columns: {sorted(unknown)}")
+    columns = [c for c in REQUEST_COLUMNS if c in row]
+    values = [json.dumps(row[c]) if c == "signals" and row[c] is not None else row[c] for c in columns]
+    conn.execute(f"INSERT OR REPLACE INTO requests ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", values)
+
+
+def upsert_label(conn: sqlite3.Connection, response_id: str, source: str, weak: float | None, strong: float | None,
+                 detail: str = "", created_at: float | None = None) -> bool:  # fmt: skip
+    """One label per (response, source): a repeat replaces it. False when the response is not recorded."""
+    if conn.execute("SELECT 1 FROM requests WHERE id = ?", (response_id,)).fetchone() is None:
+        return False
+    conn.execute(
+        "INSERT OR REPLACE INTO labels (response_id, source, weak, strong, created_at, detail) VALUES (?, ?, ?, ?, ?, ?)",
+        (response_id, source, weak, strong, time.time() if created_at is None else created_at, detail),
+    )
+    return True
+
+
+def today() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+
+
+def bump_counter(conn: sqlite3.Connection, name: str, amount: int = 1, day: str | None = None) -> None:
+    conn.execute(
+        "INSERT INTO counters (day, name, value) VALUES (?, ?, ?) ON CONFLICT (day, name) DO UPDATE SET value = value + excluded.value",
+        (day or today(), name, amount),
+    )
+
+
+def owner_of(conn: sqlite3.Connection, response_id: str) -> tuple[bool, str | None, str | None]:
+    """(recorded, key fingerprint, tier that answered) of a response."""
+    row = conn.execute("SELECT key_fingerprint, tier FROM requests WHERE id = ?", (response_id,)).fetchone()
+    return (False, None, None) if row is None else (True, row[0], row[1])
+
+
+def delete_older_than(conn: sqlite3.Connection, cutoff: float) -> int:
+    """Rows created before `cutoff` (unix seconds) and their labels; counters of days before it."""
+    deleted = conn.execute("DELETE FROM requests WHERE created_at < ?", (cutoff,)).rowcount
+    cutoff_day = datetime.datetime.fromtimestamp(cutoff, datetime.timezone.utc).date().isoformat()
+    conn.execute("DELETE FROM counters WHERE day < ?", (cutoff_day,))
+    return deleted
+
+
+def file_bytes(conn: sqlite3.Connection) -> int:
+    """Pages in use times page size: the database's size, free pages not counted."""
+    pages = conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]
+    return pages * conn.execute("PRAGMA page_size").fetchone()[0]
+
+
+def enforce_size(conn: sqlite3.Connection, max_bytes: int) -> int:
+    """Over `max_bytes`: delete the oldest rows (a tenth at a time) until under SIZE_SLACK of it,
+    then hand the freed pages back to the file system. Returns the rows deleted."""
+    deleted = 0
+    while file_bytes(conn) > max_bytes * SIZE_SLACK:
+        count = conn.execute("SELECT count(*) FROM requests").fetchone()[0]
+        if count == 0:
+            break
+        deleted += conn.execute(
+            "DELETE FROM requests WHERE id IN (SELECT id FROM requests ORDER BY created_at LIMIT ?)", (max(1, count // 10),)
+        ).rowcount
+    if deleted:
+        conn.execute("PRAGMA incremental_vacuum")
+    return deleted
+
+
+def purge(conn: sqlite3.Connection, *, older_than_s: float | None = None, key_fingerprint: str | None = None,
+          everything: bool = False) -> int:  # fmt: skip
+    """Delete rows (and their labels): all of them, those older than `older_than_s` seconds,
+    and/or those of one key. Returns the requests deleted."""
+    if everything:
+        deleted = conn.execute("DELETE FROM requests").rowcount
+        conn.execute("DELETE FROM counters")
+    else:
+        clauses, values = [], []
+        if older_than_s is not None:
+            clauses.append("created_at < ?")
+            values.append(time.time() - older_than_s)
+        if key_fingerprint is not None:
+            clauses.append("key_fingerprint = ?")
+            values.append(key_fingerprint)
+        if not clauses:
+            raise ValueError("purge needs everything, older_than_s or key_fingerprint")
+        deleted = conn.execute(f"DELETE FROM requests WHERE {' AND '.join(clauses)}", values).rowcount
+    conn.execute("PRAGMA incremental_vacuum")
+    return deleted
+
+
+def stats(conn: sqlite3.Connection) -> dict:
+    """What the file holds, for `tandem traffic stats`."""
+    one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
+    by_tier = dict(conn.execute("SELECT tier, count(*) FROM requests GROUP BY tier").fetchall())
+    by_source = dict(conn.execute("SELECT source, count(*) FROM labels GROUP BY source").fetchall())
+    counters = {}
+    for name, value in conn.execute("SELECT name, sum(value) FROM counters GROUP BY name"):
+        counters[name] = value
+    return {
+        "requests": one("SELECT count(*) FROM requests"), "by_tier": by_tier,
+        "with_embedding": one("SELECT count(*) FROM requests WHERE embedding IS NOT NULL"),
+        "with_text": one("SELECT count(*) FROM requests WHERE prompt_text IS NOT NULL"),
+        "labels": by_source, "counters": counters,
+        "oldest": one("SELECT min(created_at) FROM requests"), "newest": one("SELECT max(created_at) FROM requests"),
+        "bytes": file_bytes(conn),
+    }  # fmt: skip

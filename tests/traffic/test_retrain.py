@@ -1,0 +1,146 @@
+"""Retraining the prompt router from the record (sdk.traffic.retrain): the candidate is kept
+only when it beats the serving router on the newest labels, and the swap is atomic: a
+reader of the router file or of runner.prompt_scorer sees the old router or the new one
+whole, never half of either."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from router.eval_tables import RoutingExample
+from router.prompt_router.embedder_export import model_fingerprint
+from router.prompt_router.scorer import load_scorer
+from router.prompt_router.training import fit, table_rows, write_router
+from sdk.traffic import store
+from sdk.traffic.retrain import BackgroundRetrainer, RetrainResult, retrain_once
+from sdk.traffic.config import TrafficSettings
+
+PROMPTS = [f"Question {i}: " + ("compute 3 * (4 + 5) = ?" if i % 3 == 0 else "tell me about the history of Rome.") * (1 + i % 4)
+           for i in range(40)]  # fmt: skip
+
+
+def _router(path, alpha: float = 1.0, flip: bool = False) -> str:
+    """A cold router without table statistics; `flip` swaps which prompts the tables call hard,
+    so its scores differ."""
+    examples = [RoutingExample(p, (i % 3 != 0) != flip, True, f"mmlu_s{i % 4}") for i, p in enumerate(PROMPTS * 3)]
+    head, _ = fit(table_rows(examples), None, alpha=alpha)
+    return write_router(head, None, path, {"alpha": alpha})
+
+
+def _fill(path, rows: int, weak_rate_by_topic: tuple[float, float], seed: int = 0) -> None:
+    """A record of `rows` requests in two topics (unit embeddings around two centres) whose local tier
+    is right at the given rates, every row judged on both tiers, labels arriving in order."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(2, 384))
+    conn = store.connect(path)
+    embedder = f"{model_fingerprint()}|int8"
+    from router.prompt_router.prompt_shape import shape_features
+
+    for i in range(rows):
+        topic = i % 2
+        vector = centres[topic] + 0.3 * rng.normal(size=384)
+        text = PROMPTS[i % len(PROMPTS)]
+        store.insert_request(conn, {"id": f"r{i}", "created_at": 1000.0 + i, "model": "auto", "tier": "local", "escalated": 0,
+                                    "reason": "confident", "shape": store.to_blob(shape_features([text])[0]), "shape_version": 1,
+                                    "embedding": store.to_blob(vector / np.linalg.norm(vector)), "embedder": embedder})  # fmt: skip
+        weak = float(rng.random() < weak_rate_by_topic[topic])
+        store.upsert_label(conn, f"r{i}", "shadow", weak, 1.0, "test", created_at=2000.0 + i)
+    conn.close()
+
+
+def test_nothing_to_go_on_is_a_skip(tmp_path):
+    db = tmp_path / "traffic.sqlite3"
+    _fill(db, 100, (0.7, 0.7))
+    serving = load_scorer()  # the shipped router: it carries the public tables' statistics
+    few = retrain_once(str(db), serving, str(tmp_path / "routers"), holdout_labels=100)
+    assert (few.outcome, few.num_labels) == ("skipped", 100) and "needs 120" in few.detail
+    store.connect(tmp_path / "empty.sqlite3").close()
+    assert retrain_once(str(tmp_path / "empty.sqlite3"), serving, str(tmp_path / "routers"), 100).outcome == "skipped"
+    bare = load_scorer(_router(tmp_path / "bare.onnx"))  # trained without statistics to refit from
+    assert "no table statistics" in retrain_once(str(db), bare, str(tmp_path / "routers"), 10).detail
+    assert not (tmp_path / "routers").exists()
+
+
+@pytest.mark.slow
+def test_a_better_candidate_is_written_whole_and_swapped_in(tmp_path):
+    db = tmp_path / "traffic.sqlite3"
+    _fill(db, 600, (0.1, 0.95))  # topic 0: the local tier is wrong far more than the prompt shape says
+    runner = SimpleNamespace(prompt_scorer=load_scorer())
+    settings = TrafficSettings(record=True, path=str(db), retrain=True, retrain_holdout_labels=100)
+    record = SimpleNamespace(num_label_rows=lambda: 600)
+    retrainer = BackgroundRetrainer(runner, record, settings)
+    result = asyncio.run(retrainer.maybe_retrain())
+    assert result.outcome == "swapped", result
+    assert result.candidate_brier < result.serving_brier and retrainer.outcomes["swapped"] == 1
+    fresh = runner.prompt_scorer
+    assert fresh.path == result.path and fresh.metadata["topic_correction"]["num_rows"] == 500  # the newest 100 held out
+    latest = load_scorer(os.path.join(settings.routers_dir, "latest.onnx"))
+    np.testing.assert_allclose(latest.score(PROMPTS), fresh.score(PROMPTS))
+    assert asyncio.run(retrainer.maybe_retrain()) is None  # no new labels since
+    again = asyncio.run(retrainer.retrain())  # the same labels: the candidate is the serving router again
+    assert again.outcome == "kept" and again.candidate_brier == pytest.approx(again.serving_brier, abs=1e-6)
+    assert runner.prompt_scorer is fresh and len(list((tmp_path / "routers").glob("router-*.onnx"))) == 1
+
+
+def test_readers_see_one_router_or_the_other_whole(tmp_path):
+    """A writer replaces the router file again and again (training.write_router: aside, then
+    renamed) while readers load it: every load succeeds and scores like one of the two."""
+    first, second = _router(tmp_path / "a.onnx"), _router(tmp_path / "b.onnx", flip=True)
+    expected = [load_scorer(first).score(PROMPTS), load_scorer(second).score(PROMPTS)]
+    assert np.abs(expected[0] - expected[1]).max() > 0.05
+    target = tmp_path / "serving.onnx"
+    _router(target)
+    stop, failures, loads = threading.Event(), [], [0]
+
+    def write():
+        flip = False
+        while not stop.is_set():
+            _router(target, flip=flip)
+            flip = not flip
+
+    def read():
+        while not stop.is_set():
+            try:
+                scores = load_scorer(target).score(PROMPTS)
+                if not any(np.allclose(scores, e, atol=1e-6) for e in expected):
+                    failures.append("a mixture")
+                loads[0] += 1
+            except Exception as exc:  # noqa: BLE001
+                failures.append(repr(exc))
+
+    threads = [threading.Thread(target=write)] + [threading.Thread(target=read) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert not failures and loads[0] > 10
+
+
+async def test_a_swap_mid_traffic_changes_the_router_between_requests(tmp_path):
+    """Requests read runner.prompt_scorer once; a swap during traffic gives each request one router."""
+    routers = [load_scorer(_router(tmp_path / "a.onnx")), load_scorer(_router(tmp_path / "b.onnx", flip=True))]
+    expected = [r.score(PROMPTS) for r in routers]
+    runner = SimpleNamespace(prompt_scorer=routers[0])
+    seen = []
+
+    async def request(i: int):
+        scorer = runner.prompt_scorer  # as CascadeRequest does
+        await asyncio.sleep(0)
+        seen.append(np.allclose(scorer.score([PROMPTS[i % 40]])[0], expected[routers.index(scorer)][i % 40], atol=1e-6))
+
+    async def swap():
+        await asyncio.sleep(0)
+        runner.prompt_scorer = routers[1]
+
+    await asyncio.gather(*(request(i) for i in range(50)), swap(), *(request(i) for i in range(50, 100)))
+    assert all(seen) and runner.prompt_scorer is routers[1]
+    assert RetrainResult("kept", "").path is None
