@@ -66,6 +66,12 @@ FIGURES = (
     Figure("streamed auto TTFT p50, hold window / held until decided", "stream_hold", "ttft_ratio_window_vs_until_decided", 2),
     Figure("structured output throughput, constrained / free (local, 8 clients)", "structured", "throughput_ratio_constrained_c8_local", 3),
     Figure("README example, slowest of 5 (s)", "first_contact", "readme_example_s", 2, "<= 10"),
+    Figure("prompt router APGR, unseen MMLU subjects, zero-shot (mean of 4 folds x 5 seeds, +-1 SE)", "router_learning",
+           "apgr_zero_shot_unseen", 3, ">= 0.58", "apgr_zero_shot_unseen_interval"),
+    Figure("prompt router APGR minus prompt length, same folds (paired)", "router_learning", "apgr_zero_shot_unseen_minus_length", 3),
+    Figure("prompt router APGR after 10% of the stream is labelled (simulated traffic, 20 seeds, +-1 SE)", "router_learning",
+           "apgr_at_10pct_labels", 3, ">= 0.60", "apgr_at_10pct_labels_interval"),
+    Figure("  the same minus the cold router on the same prompts (paired)", "router_learning", "apgr_at_10pct_labels_minus_cold", 3),
 )
 
 # A figure in README's prose is a link to the JSON it came from, so a reader can open it and a

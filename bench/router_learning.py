@@ -318,11 +318,13 @@ def main() -> None:
         "baseline": "zero-shot: prompt length on the same folds; simulation: the cold router on the same unseen rows",
         "apgr_zero_shot_unseen": shipped["apgr"],
         "apgr_zero_shot_unseen_se": shipped["apgr_se"],
+        "apgr_zero_shot_unseen_interval": [shipped["apgr"] - shipped["apgr_se"], shipped["apgr"] + shipped["apgr_se"]],  # +- 1 SE
         "apgr_zero_shot_unseen_minus_length": shipped["minus_prompt_length"],
         "apgr_zero_shot_unseen_minus_length_se": shipped["minus_prompt_length_se"],
         "apgr_prompt_length_unseen": cold_start["recipes"]["prompt_length"]["apgr"],
         "apgr_at_10pct_labels": headline["apgr"],
         "apgr_at_10pct_labels_se": headline["apgr_se"],
+        "apgr_at_10pct_labels_interval": [headline["apgr"] - headline["apgr_se"], headline["apgr"] + headline["apgr_se"]],
         "apgr_at_10pct_labels_minus_cold": headline["minus_cold"],
         "apgr_at_10pct_labels_minus_cold_se": headline["minus_cold_se"],
         "labels_to_reach_0_60": labels_to_reach(curves["shuffled"], "shipped"),

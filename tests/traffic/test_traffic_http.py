@@ -131,3 +131,21 @@ def test_the_sdk_client_sends_feedback_over_http(served):
         with pytest.raises(FeedbackError) as unknown:
             sdk_client.feedback("chatcmpl-never", score=1.0)
         assert unknown.value.status == 404
+
+
+def test_router_train_reads_the_record_the_server_wrote(served, tmp_path):
+    """`tandem router train --from-traffic` on this server's own file (written live, still open)."""
+    from typer.testing import CliRunner
+
+    from sdk.cli.app import app
+
+    url, db = served
+    out = tmp_path / "from-traffic.onnx"
+    result = CliRunner().invoke(app, ["router", "train", "--from-traffic", str(db), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    # embed = 0 here and exact-match shadows judge the local tier only: the head keeps the shipped
+    # statistics and there is no topic correction, and saying so is the point.
+    assert "0 with both tiers judged" in result.output and "too few embedded prompts" in result.output
+    from router.prompt_router.scorer import load_scorer
+
+    assert load_scorer(out).metadata["topic_correction"] is None
