@@ -8,7 +8,7 @@ import logging
 import time
 
 from sdk.cascade.types import CascadeEvent
-from sdk.traffic.record import TrafficEntry
+from sdk.traffic.entry import TrafficEntry
 
 logger = logging.getLogger("tandem.cascade")
 

@@ -24,12 +24,12 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from router.prompt_router.prompt_shape import SHAPE_VERSION, shape_features
 from sdk.traffic import store
+from sdk.traffic.entry import TrafficEntry, entry_row
 
 logger = logging.getLogger("tandem.traffic")
 
@@ -50,28 +50,6 @@ class TrafficConfig:
     def __post_init__(self):
         if not self.retention_days > 0 or not self.max_mb > 0 or self.queue_size < 1:
             raise ValueError("traffic retention_days and max_mb must be > 0 and queue_size >= 1")
-
-
-@dataclass
-class TrafficEntry:
-    """One routed request, as the cascade saw it (text held in memory until the writer has it)."""
-
-    response_id: str
-    key_fingerprint: str | None
-    model: str
-    routing: object  # sdk.cascade.types.RoutingInfo
-    finish_reason: str | None
-    latency_ms: float
-    prompt_text: str
-    flagged_private: bool  # the private flag or a privacy rule matched: counted, never stored
-    answer_text: str | None = None
-    router_score: float | None = None
-    router_name: str | None = None
-    shape: np.ndarray | None = None  # from the router, when it ran
-    embedding: np.ndarray | None = None  # from the router, when it has an embedder
-    embedder: str | None = None  # what made `embedding`
-    signals: dict | None = None  # the local answer's confidence features at its end
-    created_at: float = field(default_factory=time.time)
 
 
 class FeedbackError(Exception):
@@ -259,28 +237,10 @@ class TrafficRecord:
                 conn.execute("ROLLBACK")
 
     def _row(self, entry: TrafficEntry) -> dict:
-        routing = entry.routing
-        cost = getattr(routing, "cost", {}) or {}
-        shape = entry.shape if entry.shape is not None else shape_features([entry.prompt_text])[0]
         embedding, embedder = entry.embedding, entry.embedder
         if embedding is None and self.config.embed:
             embedding, embedder = self._embed(entry.prompt_text)
-        keep_text = self.config.record_text
-        return {
-            "id": entry.response_id, "created_at": entry.created_at, "key_fingerprint": entry.key_fingerprint,
-            "model": entry.model, "tier": routing.tier, "escalated": int(routing.escalated), "reason": str(routing.reason),
-            "decided_by": routing.decided_by, "degraded_reason": routing.degraded_reason, "confidence": routing.confidence,
-            "decided_at_token": routing.decided_at_token, "finish_reason": entry.finish_reason,
-            "router_score": entry.router_score, "router": entry.router_name, "latency_ms": entry.latency_ms,
-            "local_prompt_tokens": cost.get("local", {}).get("prompt_tokens"),
-            "local_completion_tokens": cost.get("local", {}).get("completion_tokens"),
-            "cloud_prompt_tokens": cost.get("cloud", {}).get("prompt_tokens"),
-            "cloud_completion_tokens": cost.get("cloud", {}).get("completion_tokens"),
-            "cost_usd": cost.get("total_cost_usd"), "signals": entry.signals,
-            "shape": store.to_blob(shape), "shape_version": SHAPE_VERSION,
-            "embedding": store.to_blob(embedding), "embedder": embedder if embedding is not None else None,
-            "prompt_text": entry.prompt_text if keep_text else None, "answer_text": entry.answer_text if keep_text else None,
-        }  # fmt: skip
+        return entry_row(entry, embedding, embedder, keep_text=self.config.record_text)
 
     def _embed(self, text: str) -> tuple[np.ndarray | None, str | None]:
         if self._embed_failed:

@@ -7,7 +7,8 @@ import hashlib
 import numpy as np
 
 from sdk.cascade.types import RoutingInfo
-from sdk.traffic.record import TrafficConfig, TrafficEntry, TrafficRecord
+from sdk.traffic.entry import TrafficEntry
+from sdk.traffic.record import TrafficConfig, TrafficRecord
 
 
 class HashEmbedder:
