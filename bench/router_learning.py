@@ -251,30 +251,37 @@ def labels_to_reach(curve: dict, method: str, level: float = 0.60) -> float | No
 
 
 def plot(curves: dict, path: Path) -> None:
+    """Per traffic setting (a column): APGR on the rest of the stream (top) and the paired gain
+    over the cold router on the same prompts (bottom: what the labels bought), each +-1 SE."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes_row = plt.subplots(1, len(curves), figsize=(6.0 * len(curves), 4.6), squeeze=False)
+    styles = {"cold": {"color": "grey", "linestyle": "--"}, "subject_means_oracle": {"color": "black", "linestyle": ":"}}
+    figure, grid = plt.subplots(2, len(curves), figsize=(6.0 * len(curves), 8.4), squeeze=False, sharex=True)
     try:
-        for axes, (title, curve) in zip(axes_row[0], curves.items()):
+        for column, (title, curve) in enumerate(curves.items()):
             shares = [float(s) * 100 for s in curve]
-            for name in METHODS:
-                means = np.array([entry[name]["apgr"] for entry in curve.values()])
-                ses = np.array([entry[name]["apgr_se"] for entry in curve.values()])
-                style = {"cold": {"color": "grey", "linestyle": "--"}, "subject_means_oracle": {"color": "black", "linestyle": ":"}}
-                line = axes.plot(shares, means, marker="o", markersize=3, label=name, **style.get(name, {}))[0]
-                axes.fill_between(shares, means - ses, means + ses, alpha=0.12, color=line.get_color())
-            axes.axhline(0.60, color="tab:red", linewidth=0.8, label="target 0.60")
-            axes.axhline(0.5, color="grey", linewidth=0.6, linestyle=":", label="random")
-            axes.set_xlabel("labels so far, % of the stream's length")
-            axes.set_ylabel("APGR on the part of the stream not yet seen")
-            axes.set_title(title, fontsize="medium")
-            axes.grid(alpha=0.3)
-            axes.legend(fontsize="x-small")
+            for row, (key, se_key) in enumerate((("apgr", "apgr_se"), ("minus_cold", "minus_cold_se"))):
+                axes = grid[row][column]
+                for name in METHODS:
+                    means = np.array([entry[name].get(key, 0.0) for entry in curve.values()])
+                    ses = np.array([entry[name].get(se_key, 0.0) for entry in curve.values()])
+                    line = axes.plot(shares, means, marker="o", markersize=3, label=name, **styles.get(name, {}))[0]
+                    axes.fill_between(shares, means - ses, means + ses, alpha=0.12, color=line.get_color())
+                if row == 0:
+                    axes.axhline(0.60, color="tab:red", linewidth=0.8, label="target 0.60")
+                    axes.set_title(title, fontsize="medium")
+                    axes.set_ylabel("APGR on the part of the stream not yet seen")
+                    axes.legend(fontsize="x-small")
+                else:
+                    axes.axhline(0.0, color="grey", linewidth=0.8)
+                    axes.set_ylabel("minus the cold router, same prompts (paired)")
+                    axes.set_xlabel("labels so far, % of the stream's length")
+                axes.grid(alpha=0.3)
         figure.tight_layout()
-        figure.savefig(path, dpi=110)
+        figure.savefig(path, dpi=100)
     finally:
         plt.close(figure)
 
