@@ -298,7 +298,8 @@ def main() -> None:
     from router.prompt_router.embeddings import cached_embeddings
 
     start = time.perf_counter()
-    examples = [e for e in load_routellm(args.data_dir)]
+    header = report_header("router_learning")  # before the plot is written: the commit of the code, not "+dirty" from our own PNG
+    examples = list(load_routellm(args.data_dir))
     embeddings = cached_embeddings([e.prompt for e in examples])
     seeds, cv_seeds = (QUICK_SEEDS, QUICK_CV_SEEDS) if args.quick else (SEEDS, CV_SEEDS)
     cold_start = zero_shot(examples, embeddings, cv_seeds)
@@ -320,7 +321,7 @@ def main() -> None:
     plot({f"{name}: feedback {t.feedback:.0%}, shadow {t.shadow:.0%}": curves[name] for name, t in settings.items()
           if name in ("shuffled", "subject_blocked")}, png)  # fmt: skip
     report = {
-        **report_header("router_learning"),
+        **header,
         "quick": args.quick,
         "baseline": "zero-shot: prompt length on the same folds; simulation: the cold router on the same unseen rows",
         "apgr_zero_shot_unseen": shipped["apgr"],
