@@ -209,28 +209,34 @@ class TrafficRecord:
             conn.close()
 
     def _write(self, conn, items: list) -> None:
+        """One transaction for a batch, applied in arrival order: a label may follow its request in the same batch."""
         if not items:
             return
-        rows = [self._row(item) for item in items if isinstance(item, TrafficEntry) and not item.flagged_private]
+        # Embedding happens before the transaction: the file stays unlocked meanwhile.
+        rows = {id(item): self._row(item) for item in items if isinstance(item, TrafficEntry) and not item.flagged_private}
+        stored = labelled = flagged = 0
         try:
             conn.execute("BEGIN IMMEDIATE")
             for item in items:
-                if isinstance(item, TrafficEntry) and item.flagged_private:
-                    store.bump_counter(conn, "privacy_flagged")
-                    self.num_flagged += 1
+                if isinstance(item, TrafficEntry):
+                    if item.flagged_private:
+                        store.bump_counter(conn, "privacy_flagged")
+                        flagged += 1
+                    else:
+                        store.insert_request(conn, rows[id(item)])
+                        stored += 1
                 elif isinstance(item, _Label):
-                    if store.upsert_label(conn, item.response_id, item.source, item.weak, item.strong, item.detail):
-                        self.num_labels += 1
+                    labelled += store.upsert_label(conn, item.response_id, item.source, item.weak, item.strong, item.detail)
                 elif isinstance(item, tuple) and item[0] == "counter":
                     store.bump_counter(conn, item[1], item[2])
-            for row in rows:
-                store.insert_request(conn, row)
             with self._dropped_lock:
                 dropped, self._dropped_unsaved = self._dropped_unsaved, 0
             if dropped:
                 store.bump_counter(conn, "dropped", dropped)
             conn.execute("COMMIT")
-            self.num_recorded += len(rows)
+            self.num_recorded += stored
+            self.num_labels += labelled
+            self.num_flagged += flagged
         except Exception:  # a full disk, a locked file: serving goes on, the rows are lost (logged)
             logger.exception("the traffic record could not write %d rows", len(items))
             if conn.in_transaction:

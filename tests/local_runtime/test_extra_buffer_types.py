@@ -87,9 +87,24 @@ def test_a_decode_rows_logits_depend_on_its_batch_only_with_repacked_weights(gem
                    np.zeros(30, np.int8))
     together = backend.decode(np.full(6, 777, np.int32), np.r_[40, np.full(5, 30)].astype(np.int32),
                               np.arange(6, dtype=np.int32), np.ones(6, np.int8))
-    # Without repacking the row is the same bit for bit; repacked kernels treat 2 rows and 6 differently.
-    assert np.array_equal(pair[0], together[0]) != extra_buffer_types
+    same = np.array_equal(pair[0], together[0])
     backend.close()
+    if not extra_buffer_types:
+        assert same  # without repacking the row is the same bit for bit
+    elif same:
+        # Whether repacked kernels treat 2 rows and 6 differently depends on the CPU's kernels
+        # (seen on an earlier CI machine; an AVX2-only EPYC gave the same bits): batch invariance
+        # cannot count on them either way, which is all the guard needs.
+        pytest.skip(f"this CPU's repacked kernels ({_simd_flags()}) gave a decode row the same bits beside 1 and 5 others")
+
+
+def _simd_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    return " ".join(sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "avx_vnni"))) or "none listed"
 
 
 def test_repacked_weights_survive_the_engines_batching_sharing_and_aborts(gemma_path):

@@ -97,7 +97,9 @@ async def test_keys_never_appear_in_the_server_log(keyed_cloud_server):
 
 def test_config_show_masks_the_cloud_key(tmp_path):
     config = tmp_path / "tandem.toml"
-    config.write_text(f'[cloud]\nurl = "grpcs://cloud.example:443"\napi_key = "{KEY}"\n')
+    config.write_text(f'[cloud]\nurl = "grpcs://cloud.example:443"\napi_key = "{KEY}"\n'
+                      f'[traffic]\nrecord = true\nshadow_fraction = 0.1\njudge = "https://judge.example/v1"\n'
+                      f'judge_model = "big"\njudge_api_key = "{KEY}-judge"\n')
     for extra in ([], ["--json"]):
         out = subprocess.run([sys.executable, "-m", "sdk.cli", "config", "show", "--config", str(config), *extra],
                              capture_output=True, text=True, env=clean_env(), cwd=REPO_ROOT, timeout=60)  # fmt: skip
@@ -107,7 +109,8 @@ def test_config_show_masks_the_cloud_key(tmp_path):
     out = subprocess.run([sys.executable, "-m", "sdk.cli", "config", "show"], capture_output=True, text=True,
                          env=env, cwd=tmp_path, timeout=60)  # fmt: skip
     assert out.returncode == 0 and WRONG_KEY not in out.stdout + out.stderr
-    assert [f.dotted for f in FIELDS.values() if f.secret] == ["cloud.api_key"]  # the one secret setting
+    # the secret settings: the cloud's key and the shadow judge's
+    assert [f.dotted for f in FIELDS.values() if f.secret] == ["cloud.api_key", "traffic.judge_api_key"]
 
 
 # -- binding ---------------------------------------------------------------------------------

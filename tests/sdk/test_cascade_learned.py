@@ -69,10 +69,11 @@ class CountingScorer:
 
     def __init__(self, scorer):
         self.scorer, self.prompts = scorer, []
+        self.metadata, self.path = scorer.metadata, scorer.path
 
-    def score(self, prompts):
+    def outputs(self, prompts):
         self.prompts += list(prompts)
-        return self.scorer.score(prompts)
+        return self.scorer.outputs(prompts)
 
 
 async def test_prompt_router_decides_before_generation(make_runner, recording):  # noqa: F811

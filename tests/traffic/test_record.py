@@ -92,6 +92,20 @@ def test_feedback_belongs_to_the_key_that_got_the_answer(tmp_path):
     again.close()
 
 
+def test_a_label_in_the_same_batch_as_its_request_is_kept(tmp_path):
+    """The writer applies a batch in arrival order (labels used to be applied before the batch's requests, and lost)."""
+    from sdk.traffic.record import TrafficConfig, TrafficRecord
+
+    record = TrafficRecord(TrafficConfig(str(tmp_path / "t.sqlite3")), embedder_factory=HashEmbedder)
+    record.record(entry("chatcmpl-1"))  # not started: both wait in the queue and go in one batch
+    record.feedback("chatcmpl-1", "fp-a", 1.0)
+    record.judgment("chatcmpl-1", 1.0, 1.0, "exact_match")
+    record.start()
+    record.flush()
+    assert record.num_label_rows() == 2 and record.num_labels == 2 and record.num_recorded == 1
+    record.close()
+
+
 def test_retention_size_bound_and_purge(tmp_path):
     path = tmp_path / "traffic.sqlite3"
     record = open_record(path, retention_days=1.0, max_mb=1.0)
