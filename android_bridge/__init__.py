@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from android_bridge.errors import BridgeError, dumps, not_started, parse_object
 
-__all__ = ["cancel", "chat", "chat_stream", "feedback", "start", "status", "stop", "version"]
+__all__ = ["cancel", "chat", "chat_stream", "embeddings", "feedback", "start", "status", "stop", "version"]
 
 API_VERSION = 1  # bumped on any incompatible change to the functions or their JSON
 
@@ -138,6 +138,15 @@ def feedback(request_json: str) -> dict:
     (recorded false for a privacy-flagged request); error code "response_not_found" for an id
     the record never saw."""
     return _running().feedback(parse_object(request_json, "the feedback request"))
+
+
+@_json_call
+def embeddings(request_json: str) -> dict:
+    """Text embeddings, OpenAI's shape: {"input": "text" | ["text", ...], "encoding_format": "float" |
+    "base64"} -> {"object": "list", "data": [{"embedding": [...384 floats], "index"}], "model":
+    "all-MiniLM-L6-v2", "usage"}. The model loads on the first call (about a second; its ONNX export
+    must already be in the cache: the device has no torch to make it)."""
+    return _running().embeddings(parse_object(request_json, "the embeddings request"))
 
 
 @_json_call

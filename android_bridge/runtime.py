@@ -41,6 +41,7 @@ class BridgeRuntime:
         self.cloud = None
         self.runner = None
         self.learning = None  # sdk.traffic.learning.Learning
+        self.backend = None  # sdk.client.async_client.InProcessBackend
         self.started_at = time.time()
         self._in_flight: dict[str, _InFlight] = {}
         self._cloud_check: dict | None = None
@@ -82,6 +83,9 @@ class BridgeRuntime:
         self.runner = CascadeRunner(self.engine, self.cloud.client, self.settings.cascade_config())
         self.learning = start_learning(self.runner, self.settings.traffic_settings())  # [traffic] record: feedback() needs it
         self.learning.start_background()
+        from sdk.client.async_client import InProcessBackend
+
+        self.backend = InProcessBackend(self.runner)  # feedback() and embeddings() (the embedding model loads on first use)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """End every request (their callbacks get runtime_stopped), then the cloud tier, the engine, the loop."""
@@ -255,7 +259,7 @@ class BridgeRuntime:
 
     def feedback(self, body: dict) -> dict:
         """POST /v1/feedback's answer for {"id", "score" | "thumbs"} (sdk.client's feedback, in-process)."""
-        from sdk.client.async_client import InProcessBackend, build_feedback
+        from sdk.client.async_client import build_feedback
         from sdk.traffic.record import FeedbackError
 
         request = build_feedback(body.get("id"), body.get("score"), body.get("thumbs"))
@@ -264,10 +268,16 @@ class BridgeRuntime:
             raise BridgeError("invalid_request_error", f"unknown field(s) {', '.join(unknown)}; feedback takes id, score or thumbs",
                               param=unknown[0])  # fmt: skip
         try:
-            return self._submit(InProcessBackend(self.runner).feedback(request)).result().model_dump(exclude_none=True)
+            return self._submit(self.backend.feedback(request)).result().model_dump(exclude_none=True)
         except FeedbackError as exc:
             code = "response_not_found" if exc.status == 404 else "permission_denied"
             raise BridgeError(code, str(exc), exc.status, "not_found" if exc.status == 404 else "permission_denied", "id") from None
+
+    def embeddings(self, body: dict) -> dict:
+        """POST /v1/embeddings' answer for OpenAI's embeddings body (all-MiniLM-L6-v2, in-process)."""
+        from sdk.client.async_client import build_embedding_request
+
+        return self._submit(self.backend.embeddings(build_embedding_request(body))).result().model_dump(exclude_none=True)
 
     def status(self, check_cloud: bool, timeout_s: float) -> dict:
         return self._submit(self._status(check_cloud, timeout_s)).result(timeout=timeout_s + 10)

@@ -39,6 +39,7 @@ from cloud_engine.spec_decode.stats import SpecDecodeStats
 from cloud_engine.prefill_pacing import PrefillPacer, step_shape
 from cloud_engine.token_bytes import build_token_bytes
 from sdk.protocol.engine import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
+from sdk.protocol.detokenize import detokenize
 from sdk.protocol.grammar import GrammarMasks
 from sdk.protocol.request_status import RequestStatus
 from sdk.protocol.sampling_defaults import resolve_sampling_defaults
@@ -181,6 +182,9 @@ class CloudEngine:
 
     def token_text(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def detokenize(self, token_ids) -> str:
+        return detokenize(token_ids, self.vocab_size, self.token_bytes)
 
     # -- requests --------------------------------------------------------------------------
 

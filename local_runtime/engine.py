@@ -30,6 +30,7 @@ from sdk.protocol.engine import (
 from sdk.protocol.model_files import model_name_for, resolve_model_path
 from sdk.protocol.sampling_defaults import resolve_sampling_defaults
 from sdk.protocol.token_events import check_stop, make_token_event
+from sdk.protocol.detokenize import detokenize
 from sdk.protocol.vocabulary import vocabulary_fingerprint
 
 # The default context limit when the model's own is larger: long enough for chat, and
@@ -85,6 +86,9 @@ class LocalEngine:
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self.backend.tokenize(text, add_special=add_special, parse_special=False)
+
+    def detokenize(self, token_ids) -> str:
+        return detokenize(token_ids, self.backend.n_vocab, self.backend.token_bytes)
 
     def apply_chat_template(self, messages) -> list[int]:
         prompt = render_chat(self.chat_template, messages, self._bos_text, self._eos_text)

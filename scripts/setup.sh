@@ -14,6 +14,9 @@ pip install --quiet -e ".${extra:+[$extra]}"
 # Build the cloud engine's CPU attention kernel now (~30 s once, cached in ~/.cache/tandem/kernels),
 # so the first `tandem serve` compiles nothing. Without a compiler the engine uses its portable path.
 python -c 'from cloud_engine.kernels.cpu_build import cpu_kernels; cpu_kernels()' || true
+# Export all-MiniLM-L6-v2 to ONNX now (~30 s once, cached in ~/.cache/tandem/prompt_router): fp32 serves
+# POST /v1/embeddings, int8 is what routers trained from traffic run; the first request then waits for nothing.
+python -c 'from router.prompt_router.embedder_export import ensure_embedder; ensure_embedder(precision="int8")' || true
 # The gpu extra's onnxruntime-gpu shares the `onnxruntime` package with the CPU build that
 # tandem depends on; remove the CPU build and reinstall the GPU one so its files win.
 if [[ ",${extra}," == *",gpu,"* ]]; then

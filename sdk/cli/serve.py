@@ -104,6 +104,7 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
     from sdk.cloud.tier import CloudTier, start_cloud_tier
     from sdk.openai_server import attach_cloud_engine, create_app
     from sdk.openai_server.serve_loop import HttpServer, http_config, stop_on_signals, watch_loading
+    from sdk.embeddings.service import EmbeddingService
     from sdk.traffic.learning import start_learning
 
     host, port, log_level = settings.get("server.host"), settings.get("server.port"), settings.get("server.log_level")
@@ -130,6 +131,7 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
         auth_backoff_after=settings.get("server.auth_backoff_after"), auth_backoff_max_s=settings.get("server.auth_backoff_max_s"),
         bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready, strict_fields=settings.get("server.strict_fields"),
         traffic=learning.record, feedback_per_minute=traffic_settings.feedback_per_minute,
+        embeddings=EmbeddingService(threads=1),  # loads on first use: MiniLM beside llama.cpp gets one core
     )  # fmt: skip
     learning.attach_metrics(app)
     http = HttpServer(http_config(app, host, port, log_level, api_keys, settings.get("server.tls_cert"), settings.get("server.tls_key")))

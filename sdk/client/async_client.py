@@ -30,6 +30,7 @@ from sdk.cascade.runner import CascadeRunner
 from sdk.openai_server.errors import from_validation_errors
 from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest
+from sdk.protocol.openai_schema.embeddings import EmbeddingRequest, EmbeddingResponse
 from sdk.protocol.openai_schema.feedback import FeedbackRequest, FeedbackResponse
 from sdk.traffic.record import FeedbackError
 
@@ -56,6 +57,17 @@ def build_request(model: str, messages: list, private: bool, fields: dict[str, A
     return request  # its validators refused what tandem does not do: a clear error, not prose
 
 
+def build_embedding_request(fields: dict[str, Any]) -> EmbeddingRequest:
+    """Validated like the server's POST /v1/embeddings body; InvalidRequestError names the param."""
+    try:
+        return EmbeddingRequest.model_validate_json(json.dumps({k: v for k, v in fields.items() if v is not None}))
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ValidationError):
+            error = from_validation_errors(exc.errors(include_url=False))
+            raise InvalidRequestError(error.info.message, error.info.param or "input") from None
+        raise InvalidRequestError(f"arguments must be JSON values: {exc}", "input") from None
+
+
 def build_feedback(response_id: str, score: float | None, thumbs: str | None) -> FeedbackRequest:
     """Validated like the server's POST /v1/feedback body; InvalidRequestError names the param."""
     try:
@@ -70,6 +82,7 @@ class InProcessBackend:
 
     def __init__(self, runner: CascadeRunner):
         self.runner = runner
+        self._embeddings = None  # sdk.embeddings.service.EmbeddingService, made on first use
 
     async def close(self) -> None:
         if self.runner.cloud is not None:
@@ -80,6 +93,17 @@ class InProcessBackend:
         response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         call = routed_stream if stream else routed_completion
         return await call(self.runner, chat, model=model, private=private, response_id=response_id, created=created)
+
+    async def embeddings(self, request: EmbeddingRequest) -> EmbeddingResponse:
+        if self._embeddings is None:
+            from sdk.embeddings.service import EmbeddingService
+
+            self._embeddings = EmbeddingService(threads=1)
+        model = request.model or self._embeddings.model_id
+        if model != self._embeddings.model_id:
+            raise InvalidRequestError(f"embeddings come from {self._embeddings.model_id!r}, not {model!r}", "model")
+        result = await self._embeddings.embed(request.texts, bool(request.truncate))
+        return EmbeddingResponse.of(result.vectors, result.num_tokens, model, request.encoding_format or "float", request.ignored_fields)
 
     async def feedback(self, request: FeedbackRequest) -> FeedbackResponse:
         record = self.runner.traffic
@@ -128,6 +152,22 @@ class _AsyncChat:
         self.completions = AsyncCompletions(backend)
 
 
+class AsyncEmbeddings:
+    def __init__(self, backend):
+        self._backend = backend
+
+    async def create(self, *, input: str | list[str], model: str | None = None, encoding_format: str | None = None,
+                     dimensions: int | None = None, user: str | None = None, truncate: bool | None = None,
+                     **unsupported) -> EmbeddingResponse:  # fmt: skip
+        """OpenAI's embeddings.create over all-MiniLM-L6-v2 (in-process, or the endpoint's
+        POST /v1/embeddings): 384 floats per text, or base64 with encoding_format="base64"."""
+        if unsupported:
+            raise TypeError(f"create() got unsupported argument(s): {', '.join(sorted(unsupported))}")
+        request = build_embedding_request({"input": input, "model": model, "encoding_format": encoding_format,
+                                           "dimensions": dimensions, "user": user, "truncate": truncate})  # fmt: skip
+        return await self._backend.embeddings(request)
+
+
 class AsyncClient:
     """client.chat.completions.create(...) in the caller's event loop, over a CascadeRunner in
     this process, or over HTTP to a `tandem serve` endpoint (base_url, api_key)."""
@@ -145,6 +185,7 @@ class AsyncClient:
             self.runner = None
             self._backend = HttpBackend(base_url, api_key, timeout_s)
         self.chat = _AsyncChat(self._backend)
+        self.embeddings = AsyncEmbeddings(self._backend)
 
     async def feedback(self, response_id: str, *, score: float | None = None, thumbs: str | None = None) -> FeedbackResponse:
         """Say how right a routed answer was: `score` in [0, 1] or `thumbs` "up"/"down" for the

@@ -16,6 +16,7 @@ import httpx
 from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk
 from sdk.cloud.openai_client import CONNECT_TIMEOUT_S, sse_data
 from sdk.cloud.openai_wire import _error_info, error_from_response, error_from_transport, parse_data
+from sdk.protocol.openai_schema.embeddings import EmbeddingRequest, EmbeddingResponse
 from sdk.protocol.openai_schema.feedback import FeedbackRequest, FeedbackResponse
 from sdk.traffic.record import FeedbackError
 
@@ -33,6 +34,16 @@ class HttpBackend:
 
     async def feedback(self, request: FeedbackRequest) -> FeedbackResponse:
         return await _feedback(self.http, self.base_url, request)
+
+    async def embeddings(self, request: EmbeddingRequest) -> EmbeddingResponse:
+        body = request.model_dump(exclude_none=True, exclude_defaults=True) | {"input": request.input}
+        try:
+            response = await self.http.post(f"{self.base_url}/embeddings", json=body)
+        except httpx.TransportError as error:
+            raise error_from_transport(error, self.base_url) from None
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.headers, response.content, self.base_url)
+        return EmbeddingResponse.model_validate_json(response.content)
 
     async def create(self, model: str, messages: list, stream: bool, private: bool, fields: dict):
         body = {"model": model, "messages": messages, **{k: v for k, v in fields.items() if v is not None}}

@@ -49,6 +49,15 @@ class _Completions:
         return _SyncStream(self._client, result) if kwargs.get("stream") else result
 
 
+class _Embeddings:
+    def __init__(self, client: "Client"):
+        self._client = client
+
+    def create(self, **kwargs):
+        """AsyncClient.embeddings.create, blocking."""
+        return self._client._run(self._client._async.embeddings.create(**kwargs))
+
+
 class _Chat:
     def __init__(self, client: "Client"):
         self.completions = _Completions(client)
@@ -74,6 +83,7 @@ class Client:
             raise
         self.runner = runner
         self.chat = _Chat(self)
+        self.embeddings = _Embeddings(self)
 
     def _run(self, coroutine):
         if self._closed:

@@ -19,12 +19,14 @@ from sdk.openai_server.access import AccessControl, warn_if_exposed
 from sdk.openai_server.cascade_metrics import CascadeCollector
 from sdk.openai_server.chat import create_chat_completion
 from sdk.openai_server.completions import create_completion
+from sdk.openai_server.embeddings import create_embeddings
 from sdk.openai_server.feedback import create_feedback
 from sdk.openai_server.errors import from_exception, install_error_handlers, model_not_found
 from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
 from sdk.openai_server.metrics import EngineStatsCollector, ServerMetrics
 from sdk.openai_server.openapi import install_openapi
 from sdk.openai_server.serving import ServerState
+from sdk.openai_server.tokenize import create_detokenize, create_tokenize
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ def create_app(
     auth_backoff_max_s: float = DEFAULT_AUTH_BACKOFF_MAX_S,
     traffic=None,
     feedback_per_minute: float | None = None,
+    embeddings=None,
 ) -> FastAPI:
     """An app serving `engine` under `served_model_names` (default: the engine's own model name).
 
@@ -83,6 +86,7 @@ def create_app(
     instead of being ignored with a warning (sdk.protocol.request_fields).
     `traffic` (with a cascade): the sdk.traffic.record.TrafficRecord the runner writes to, which
     POST /v1/feedback labels, at most `feedback_per_minute` calls a minute per key (or address).
+    `embeddings`: an sdk.embeddings.service.EmbeddingService for POST /v1/embeddings (listed in /v1/models).
     """
     if served_model_names is not None and not served_model_names:
         raise ValueError("served_model_names must name at least one model, or be None to use the engine's name")
@@ -115,6 +119,7 @@ def create_app(
         state.traffic = traffic
         if feedback_per_minute is not None:
             state.feedback_limiter = RequestRateLimiter(feedback_per_minute, clock=clock)
+    state.embeddings = embeddings
     app.state.tandem = state
     if cloud_engine is not None:
         attach_cloud_engine(app, cloud_engine)
@@ -130,6 +135,10 @@ def create_app(
 
     app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"], summary="Create a chat completion")
     app.add_api_route("/v1/completions", create_completion, methods=["POST"], summary="Create a completion")
+    app.add_api_route("/tokenize", create_tokenize, methods=["POST"], summary="Text or chat messages to token ids (vLLM's shape)")
+    app.add_api_route("/detokenize", create_detokenize, methods=["POST"], summary="Token ids to text (vLLM's shape)")
+    if embeddings is not None:
+        app.add_api_route("/v1/embeddings", create_embeddings, methods=["POST"], summary="Create embeddings")
     if cascade is not None:
         app.add_api_route("/v1/feedback", create_feedback, methods=["POST"], summary="Say how right a routed answer was (labels for the router)")
     install_openapi(app)  # the handlers read raw bodies: document them from the schema
@@ -151,10 +160,15 @@ def create_app(
     @app.get("/v1/models", summary="The models this server answers to")
     async def list_models() -> Response:
         cards = await asyncio.to_thread(lambda: [_card(state, name) for name in state.model_names])  # fingerprints: a vocabulary pass on first read
+        if state.embeddings is not None:  # before the engine's own names, which stay last (clients take the last as "the model")
+            embedding = ModelCard(id=state.embeddings.model_id, created=state.created, max_model_len=state.embeddings.window)
+            cards.insert(len(cards) - len(state.engine_model_names), embedding)
         return _json(ModelList(data=cards))
 
     @app.get("/v1/models/{model:path}", summary="One served model")
     async def get_model(model: str) -> Response:
+        if state.embeddings is not None and model == state.embeddings.model_id:
+            return _json(ModelCard(id=model, created=state.created, max_model_len=state.embeddings.window))
         if model not in state.model_names:
             return model_not_found(model).response()
         return _json(await asyncio.to_thread(_card, state, model))

@@ -15,7 +15,9 @@ from sdk.protocol.openai_schema import (
     ErrorResponse,
     ModelList,
 )
+from sdk.protocol.openai_schema.embeddings import EmbeddingRequest, EmbeddingResponse
 from sdk.protocol.openai_schema.feedback import FeedbackRequest, FeedbackResponse
+from sdk.protocol.openai_schema.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 # path -> (method, request body model or None, response model)
 DOCUMENTED: dict[str, tuple[str, type[BaseModel] | None, type[BaseModel]]] = {
@@ -23,6 +25,9 @@ DOCUMENTED: dict[str, tuple[str, type[BaseModel] | None, type[BaseModel]]] = {
     "/v1/completions": ("post", CompletionRequest, CompletionResponse),
     "/v1/models": ("get", None, ModelList),
     "/v1/feedback": ("post", FeedbackRequest, FeedbackResponse),  # with a cascade only
+    "/v1/embeddings": ("post", EmbeddingRequest, EmbeddingResponse),  # tandem serve
+    "/tokenize": ("post", TokenizeRequest, TokenizeResponse),
+    "/detokenize": ("post", DetokenizeRequest, DetokenizeResponse),
 }
 _ERRORS = {"400": "invalid request (the error names the field)", "401": "missing or wrong API key",
            "404": "unknown model", "413": "body too large", "429": "rate or in-flight limit",

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.decision import RoutingMode, parse_model_choice
-from sdk.protocol.engine import EngineOverloadedError, EngineProtocol, GenerationRequest, TokenEvent
+from sdk.protocol.engine import EngineOverloadedError, EngineProtocol, GenerationRequest, InvalidRequestError, TokenEvent
 from sdk.openai_server.errors import from_exception, model_not_found
 from sdk.openai_server.generation import (
     ChoiceState,
@@ -56,6 +56,7 @@ class ServerState:
     strict_fields: bool = False  # refuse unknown request fields with a 400 instead of ignoring them
     traffic: Any = None  # sdk.traffic.record.TrafficRecord, when `tandem serve` keeps one (POST /v1/feedback needs it)
     feedback_limiter: Any = None  # sdk.protocol.client_limits.RequestRateLimiter for POST /v1/feedback
+    embeddings: Any = None  # sdk.embeddings.service.EmbeddingService: POST /v1/embeddings (tandem serve)
 
     @property
     def engine_model_names(self) -> list[str]:
@@ -85,6 +86,9 @@ class ServerState:
             return names[0]
         if requested in names:
             return requested
+        if self.embeddings is not None and requested == self.embeddings.model_id:
+            raise InvalidRequestError(f"{requested!r} is an embedding model: POST /v1/embeddings; chat with "
+                                      f"{', '.join(self.model_names)}", "model")  # fmt: skip
         raise model_not_found(requested)
 
 

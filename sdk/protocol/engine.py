@@ -295,6 +295,11 @@ class EngineProtocol(Protocol):
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
 
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of token ids as answers render them (sdk.protocol.detokenize); InvalidRequestError
+        names an id outside the vocabulary."""
+        ...
+
     def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
         """Render chat messages with the model's own template and tokenize them.
 

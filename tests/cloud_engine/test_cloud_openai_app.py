@@ -44,3 +44,18 @@ async def test_completion_streaming_errors_and_metrics(client):
                  "tandem:generation_tokens_total", "tandem:time_to_first_token_seconds_bucket"):
         assert name in metrics
     assert "tandem:kv_blocks_used 0.0" in metrics
+
+
+async def test_tokenize_and_detokenize_round_trip(client):
+    """vLLM's /tokenize and /detokenize on the hosted app (the cloud engine's tokenizer)."""
+    r = await client.post("/tokenize", json={"model": "tiny", "prompt": "w5 w6 w7", "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) == 3 and body["max_model_len"] == 64 and len(body["token_strs"]) == 3
+    back = await client.post("/detokenize", json={"tokens": body["tokens"]})
+    # the tiny word-level vocabulary's tokens carry no spaces (a BPE's do: tests/sdk/test_embeddings.py)
+    assert back.status_code == 200 and back.json()["prompt"].replace(" ", "") == "w5w6w7"
+    for path, bad, param in (("/detokenize", {"tokens": [1, 10**9]}, "tokens[1]"), ("/tokenize", {"prompt": "x", "messages": []}, "prompt"),
+                             ("/tokenize", {"prompt": "x", "lora": "y"}, "lora"), ("/tokenize", {"model": "nope", "prompt": "x"}, "model")):
+        r = await client.post(path, json=bad)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, (path, bad, r.text)

@@ -27,7 +27,7 @@ def routing(response) -> dict:
 
 
 def test_models_and_health_name_both_tiers(server_url, client):
-    assert [m.id for m in client.models.list().data] == ["auto", "local", "cloud", MODEL]
+    assert [m.id for m in client.models.list().data] == ["auto", "local", "cloud", "all-MiniLM-L6-v2", MODEL]
     assert httpx.get(f"{server_url}/health").json() == {"status": "ok", "local": "ready", "cloud": "closed"}
 
 
