@@ -72,6 +72,9 @@ FIGURES = (
     Figure("prompt router APGR after 10% of the stream is labelled (simulated traffic, 20 seeds, +-1 SE)", "router_learning",
            "apgr_at_10pct_labels", 3, ">= 0.60", "apgr_at_10pct_labels_interval"),
     Figure("  the same minus the cold router on the same prompts (paired)", "router_learning", "apgr_at_10pct_labels_minus_cold", 3),
+    Figure("embeddings texts/s at batch 32, tandem / sentence-transformers (median of 3)", "embeddings",
+           "ratio_vs_sentence_transformers_b32", 2, ">= 1.0", "ratio_vs_sentence_transformers_b32_spread"),
+    Figure("embeddings: smallest cosine to sentence-transformers' fp32 vector", "embeddings", "cosine_min_vs_fp32", 4, ">= 0.98"),
 )
 
 # A figure in README's prose is a link to the JSON it came from, so a reader can open it and a
