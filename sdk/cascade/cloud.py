@@ -138,8 +138,10 @@ async def stream_from_cloud(
                 )  # fmt: skip
                 async for event in _paced(stream, timeouts):
                     started = True
-                    # An HTTP cloud may send fewer chunks than tokens; its own count wins when it has one.
-                    usage.completion_tokens = max(usage.completion_tokens + 1, event.num_output_tokens or 0)
+                    # The cloud's own count wins when it gives one (an HTTP cloud may send fewer chunks than
+                    # tokens, or a last chunk that is no token: counting events said 41 for llama-server's 40).
+                    reported = event.num_output_tokens
+                    usage.completion_tokens = reported if reported is not None else usage.completion_tokens + 1
                     usage.prompt_tokens = event.num_prompt_tokens or usage.prompt_tokens
                     yield event
                 break

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -111,7 +112,7 @@ class OpenAICloudClient:
         messages = chat_messages(prompt)
         timeout_s = self._timeout(timeout_s)
         deadline = _deadline(timeout_s)
-        headers = {"X-Request-Id": request_id} if request_id else {}
+        headers = {"X-Request-Id": request_id_header(request_id)} if request_id else {}
         with self._mapped_errors(timeout_s):
             body = request_body(messages, params, model or await self._first_model(deadline), priority)
             request = self.http.build_request("POST", f"{self.base_url}/chat/completions", json=body, headers=headers)
@@ -184,6 +185,19 @@ class OpenAICloudClient:
 
     def _timeout(self, timeout_s: float | None) -> float | None:
         return self.timeout_s if timeout_s is None else timeout_s
+
+
+def request_id_header(request_id: str) -> str:
+    """X-Request-Id as a UUID: llama-cpp-python's server refuses any other value with a bare 400
+    (vLLM takes anything). tandem's ids end in a uuid4's hex (chatcmpl-<32 hex>), which becomes
+    that UUID, so logs on both sides still match; any other id maps to a stable uuid5 of itself."""
+    tail = request_id.rsplit("-", 1)[-1]
+    if len(tail) == 32:
+        try:
+            return str(uuid.UUID(hex=tail))
+        except ValueError:
+            pass
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, request_id))
 
 
 def _checked(read, *args) -> CloudTokenEvent | None:

@@ -138,7 +138,8 @@ class ChunkStream:
         entries = ((choice.get("logprobs") or {}).get("content")) or []
         if not text and finish_reason is None and not entries:
             return None  # the role prelude, or an empty keep-alive delta
-        self.num_events += 1
+        if text or entries:  # a chunk that only says how the stream ended is no token (llama-server sends one)
+            self.num_events += 1
         event = _event(self.request_id or str(chunk.get("id", "")), text, entries, finish_reason, self.num_events)
         if finish_reason is None:
             return event
