@@ -86,11 +86,11 @@ async def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> Rou
 
 async def routed_completion(
     runner: CascadeRunner, chat: RoutedChat, *, model: str, private: bool, response_id: str, created: int,
-    key_fingerprint: str | None = None,
+    key_fingerprint: str | None = None, user: str | None = None,
 ) -> TandemChatCompletion:  # fmt: skip
     """The whole answer as one chat.completion with the `tandem` field."""
     events = runner.generate(chat.messages, chat.params, model=model, private=private, request_id=response_id,
-                             tool_choice=chat.tool_choice, streamed=False, key_fingerprint=key_fingerprint)  # fmt: skip
+                             tool_choice=chat.tool_choice, streamed=False, key_fingerprint=key_fingerprint, user=user)  # fmt: skip
     result = await collect(events)
     content, calls = chat.answers.read(result.text)
     return TandemChatCompletion(
@@ -103,14 +103,14 @@ async def routed_completion(
 
 async def routed_stream(
     runner: CascadeRunner, chat: RoutedChat, *, model: str, private: bool, response_id: str, created: int,
-    key_fingerprint: str | None = None,
+    key_fingerprint: str | None = None, user: str | None = None,
 ) -> AsyncIterator[TandemChatCompletionChunk]:  # fmt: skip
     """The answer as chat.completion.chunk objects.
 
     The first event is pulled before this returns, so a refused request (bad model, a
     prompt the cloud calls invalid) raises here, while a server can still answer 400."""
     events = runner.generate(chat.messages, chat.params, model=model, private=private, request_id=response_id,
-                             tool_choice=chat.tool_choice, key_fingerprint=key_fingerprint)  # fmt: skip
+                             tool_choice=chat.tool_choice, key_fingerprint=key_fingerprint, user=user)  # fmt: skip
     try:
         first = await anext(events, None)
     except BaseException:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -30,14 +31,17 @@ from router.policy import (
     ToolTurns,
     compose,
 )
+from sdk.budgets.manager import BudgetExhaustedError, Verdict
 from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, refusal_reason, stream_from_cloud
 from sdk.cascade.local import LocalRun
 from sdk.cascade.traffic import after_request
 from sdk.cascade.types import CascadeEvent, RoutingInfo
 from sdk.protocol.engine import ContextLengthError, SamplingParams, TokenEvent
+from sdk.protocol.prompt_tokens import chat_prompt_tokens
 from sdk.protocol.repetition import ESCALATE_LOOP
 
-COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
+COMMITTED_LOCAL = "committed_local"
+CLOUD_PROMPT_MARGIN = 1.25  # a budget reservation's allowance for the cloud's tokenizer splitting the prompt finer  # an escalation came after restart-mode tokens were released
 
 
 def escalates_loops(params: SamplingParams) -> bool:
@@ -51,10 +55,15 @@ class CascadeRequest:
 
     def __init__(self, runner, messages: list, params: SamplingParams, mode: RoutingMode, threshold: float,
                  private: bool, request_id: str, tool_choice: str | None = None, streamed: bool = True,
-                 key_fingerprint: str | None = None, model: str = "auto"):  # fmt: skip
+                 key_fingerprint: str | None = None, model: str = "auto", user: str | None = None):  # fmt: skip
         self.runner, self.config, self.params, self.request_id = runner, runner.config, params, request_id
         self.started = time.monotonic()
-        self.key_fingerprint, self.model = key_fingerprint, model
+        self.key_fingerprint, self.model, self.user = key_fingerprint, model, user
+        self.mode = mode
+        self.budget = runner.budgets.verdict(key_fingerprint, user) if runner.budgets is not None else None
+        self.reservation = None  # the cloud cost held against the budgets before the cloud is called
+        self.budget_refused = None  # the Verdict that kept this request from the cloud
+        self.budget_settled = False
         self.scorer = runner.prompt_scorer  # read once: a retrain may swap the runner's meanwhile
         self.router_outputs = None  # what the prompt router computed for this prompt, when it ran
         self.answer_parts: list[str] = []  # the text the client got (the record's and the shadow judge's)
@@ -102,12 +111,43 @@ class CascadeRequest:
         return float(self.router_outputs.score[0])
 
     async def run(self) -> AsyncIterator[CascadeEvent]:
-        async for event in self._run():
-            if event.routing is None:
-                self.answer_parts.append(event.text)
-            else:
-                after_request(self, event)
-            yield event
+        if self.mode is RoutingMode.CLOUD and await self._budget_refusal() is not None:
+            raise BudgetExhaustedError(self.budget_refused)
+        try:
+            async for event in self._run():
+                if event.routing is None:
+                    self.answer_parts.append(event.text)
+                else:
+                    after_request(self, event)
+                yield event
+        finally:
+            self._settle_budget()  # also when the client left part-way: what was reserved is released
+
+    async def _budget_refusal(self) -> str | None:
+        """Hold the cloud call's largest cost against the key's (and user's) budgets before it is made
+        (sdk.budgets.manager); "budget_exhausted" when it does not fit. Exact under concurrency: every
+        reservation is taken on the event loop, against what is spent and what others hold."""
+        budgets = self.runner.budgets
+        if budgets is None or self.reservation is not None:
+            return None
+        self.budget_refused = self.budget
+        if not self.budget.exhausted:
+            num_prompt = self.local.num_prompt_tokens or len(await chat_prompt_tokens(self.runner.local, self.cloud_messages))
+            largest = self.cost.table.request_cost("cloud", math.ceil(num_prompt * CLOUD_PROMPT_MARGIN), self.params.max_tokens)
+            self.reservation, breach = budgets.reserve(self.key_fingerprint, self.user, largest)
+            if self.reservation is not None:
+                return None
+            self.budget_refused = Verdict(hard=(breach,))
+        budgets.count(self.budget_refused, "refused" if self.mode is RoutingMode.CLOUD else "kept_local")
+        return "budget_exhausted"
+
+    def _settle_budget(self) -> None:
+        if self.runner.budgets is None or self.budget_settled:
+            return
+        self.budget_settled = True
+        tokens = {tier: usage.prompt_tokens + usage.completion_tokens for tier, usage in self.cost.by_tier.items()}
+        self.runner.budgets.settle(self.reservation, self.key_fingerprint, self.user, self.cost.total_cost_usd,
+                                   tokens.get("cloud", 0), sum(tokens.values()))  # fmt: skip
 
     async def _run(self) -> AsyncIterator[CascadeEvent]:
         if self.scorer is not None:
@@ -159,7 +199,8 @@ class CascadeRequest:
         if not buffer.can_escalate:
             self.refused_as_committed = True
             return False
-        self.degraded_reason = self._refusal()
+        # The budget before the breaker: a half-open breaker's trial call must not be taken and then not made.
+        self.degraded_reason = await self._budget_refusal() or self._refusal()
         return self.degraded_reason is None
 
     def _refusal(self) -> str | None:
@@ -185,7 +226,7 @@ class CascadeRequest:
         if plan is not None:
             self.handoff = plan.mode  # _may_hand_off already asked the breaker
         else:
-            self.degraded_reason = self._refusal()
+            self.degraded_reason = await self._budget_refusal() or self._refusal()
         num_cloud_tokens, cloud_text = 0, []
         if self.degraded_reason is None:
             if self.redactions:
@@ -193,6 +234,7 @@ class CascadeRequest:
             prefix = plan.prefix_token_ids if plan is not None and plan.prefix_token_ids else ()
             params = dataclasses.replace(self.params, max_tokens=max(1, self.params.max_tokens - len(prefix)))
             usage = CloudUsage()
+            counted = False
             try:
                 async for event in stream_from_cloud(
                     self.runner.cloud, self.runner.breaker, self.cloud_messages, params, usage,
@@ -207,10 +249,15 @@ class CascadeRequest:
                     self._ended_by(event)
                     yield CascadeEvent(event.text, event.token_id, Tier.CLOUD.value)
                 self.cost.add("cloud", usage.prompt_tokens, usage.completion_tokens)
+                counted = True
                 return
             except CloudFailed as failure:
                 self.degraded_reason = failure.reason
                 self.cost.add("cloud", usage.prompt_tokens, usage.completion_tokens)
+                counted = True
+            finally:
+                if not counted:  # the client left mid-stream: what the cloud spent so far still counts (budgets)
+                    self.cost.add("cloud", usage.prompt_tokens, usage.completion_tokens)
             if num_cloud_tokens:
                 async for event in self._take_over(plan, "".join(cloud_text), num_cloud_tokens):
                     yield event
@@ -264,6 +311,7 @@ class CascadeRequest:
             self.cost.add("local", self.local.num_prompt_tokens, self.local.num_generated)
         info.cost = self.cost.as_dict()
         self.runner.ledger.record(self.cost)
+        self._settle_budget()
         self.runner.routes.record(info)
         return info
 

@@ -67,6 +67,7 @@ class CascadeRunner:
         self.prompt_scorer = load_prompt_scorer(self.config.prompt_router) if self.config.prompt_router else None
         self.traffic = None  # sdk.traffic.record.TrafficRecord: set by `tandem serve` when [traffic] record is on
         self.shadow = None  # sdk.traffic.shadow.ShadowSampler, likewise with shadow_fraction > 0
+        self.budgets = None  # sdk.budgets.manager.BudgetManager: spend limits per key and user (server.budgets_file)
         self._shared_vocabulary: bool | None = None  # settled by shares_vocabulary once the cloud has said
 
     async def shares_vocabulary(self) -> bool:
@@ -104,18 +105,21 @@ class CascadeRunner:
         tool_choice: str | None = None,
         streamed: bool = True,
         key_fingerprint: str | None = None,
+        user: str | None = None,
     ) -> AsyncIterator[CascadeEvent]:
         """Stream the answer (module docstring). Raises InvalidRequestError (400) for a bad
         model name or a request the cloud calls invalid; cloud outages never raise.
         `streamed=False` (a caller that only wants the whole answer) holds every local token
         until the router has decided, instead of committing after CascadeConfig.hold_tokens.
-        `key_fingerprint`: whose request it is, for the traffic record (feedback must come from the same key)."""
+        `key_fingerprint`: whose request it is, for the traffic record (feedback must come from the same key)
+        and the budgets; `user`: the request's OpenAI `user` (per-user budgets). Over a hard budget, model
+        `cloud` raises BudgetExhaustedError (429) and `auto` answers locally (degraded `budget_exhausted`)."""
         mode, threshold = parse_model_choice(model)  # ModelChoiceError is an InvalidRequestError (400)
         if threshold is None:
             threshold = self.config.default_threshold
         request = CascadeRequest(
             self, list(messages), params, mode, threshold, private, request_id or f"cascade-{uuid.uuid4().hex}", tool_choice,
-            streamed, key_fingerprint, model,
+            streamed, key_fingerprint, model, user,
         )
         async for event in request.run():
             yield event

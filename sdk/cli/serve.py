@@ -75,6 +75,10 @@ def serve(
         resolve_model_path(settings.get("local.model"))  # load_settings checked the values, not the file
         api_keys = load_api_keys(settings.get("server.api_key_file"))
         check_tls_files(settings.get("server.tls_cert"), settings.get("server.tls_key"))
+        if settings.get("server.budgets_file"):
+            from sdk.budgets.manager import check_budgets
+
+            check_budgets(settings.get("server.budgets_file"), cloud_prices_are_zero(settings))
     except (SettingsError, ModelNotFoundError, ApiKeyConfigError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     level = settings.get("server.log_level")
@@ -83,6 +87,14 @@ def serve(
     if failed:
         typer.echo(f"tandem serve: {failed}", err=True)
         raise typer.Exit(code=1)
+
+
+def cloud_prices_are_zero(settings) -> bool:
+    """Whether the cascade's cloud tier costs nothing at the configured prices (USD budgets then mean nothing)."""
+    from router.costs import CostTable
+
+    prices = CostTable.from_config(settings.get("cascade.prices")).prices("cloud")
+    return prices.input_per_million == 0 and prices.output_per_million == 0
 
 
 def run_serve(settings, api_keys: frozenset[str]) -> str | None:
@@ -118,6 +130,16 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
     except (OSError, ValueError) as exc:
         await cloud.close()
         return f"the cascade could not start: {exc}"
+    budgets = None
+    if settings.get("server.budgets_file"):
+        from sdk.budgets.manager import open_budgets
+
+        try:
+            budgets = runner.budgets = open_budgets(settings.get("server.budgets_file"), settings.get("server.spend_path"),
+                                                    cloud_prices_are_zero(settings))  # fmt: skip
+        except (OSError, ValueError) as exc:
+            await cloud.close()
+            return f"the budgets could not start: {exc}"
     traffic_settings = settings.traffic_settings()
     try:
         learning = start_learning(runner, traffic_settings)
@@ -132,6 +154,7 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
         bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready, strict_fields=settings.get("server.strict_fields"),
         traffic=learning.record, feedback_per_minute=traffic_settings.feedback_per_minute,
         embeddings=EmbeddingService(threads=1),  # loads on first use: MiniLM beside llama.cpp gets one core
+        budgets=budgets,
     )  # fmt: skip
     learning.attach_metrics(app)
     http = HttpServer(http_config(app, host, port, log_level, api_keys, settings.get("server.tls_cert"), settings.get("server.tls_key")))
@@ -171,5 +194,7 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
         await learning.close()
+        if budgets is not None:
+            await asyncio.to_thread(budgets.ledger.close)
         await cloud.close()
     return failures[0] if failures else None

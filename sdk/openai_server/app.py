@@ -16,6 +16,8 @@ from sdk.protocol.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_
 from sdk.protocol.engine import EngineNotReadyError, EngineProtocol
 from sdk.protocol.openai_schema import ModelCard, ModelList
 from sdk.openai_server.access import AccessControl, warn_if_exposed
+from sdk.openai_server.budget import get_budget
+from sdk.openai_server.budget_metrics import BudgetCollector
 from sdk.openai_server.cascade_metrics import CascadeCollector
 from sdk.openai_server.chat import create_chat_completion
 from sdk.openai_server.completions import create_completion
@@ -52,6 +54,7 @@ def create_app(
     traffic=None,
     feedback_per_minute: float | None = None,
     embeddings=None,
+    budgets=None,
 ) -> FastAPI:
     """An app serving `engine` under `served_model_names` (default: the engine's own model name).
 
@@ -87,6 +90,8 @@ def create_app(
     `traffic` (with a cascade): the sdk.traffic.record.TrafficRecord the runner writes to, which
     POST /v1/feedback labels, at most `feedback_per_minute` calls a minute per key (or address).
     `embeddings`: an sdk.embeddings.service.EmbeddingService for POST /v1/embeddings (listed in /v1/models).
+    `budgets`: an sdk.budgets.manager.BudgetManager (with a cascade, the runner's own: cascade.budgets);
+    GET /v1/budget reports it and /metrics counts what it did.
     """
     if served_model_names is not None and not served_model_names:
         raise ValueError("served_model_names must name at least one model, or be None to use the engine's name")
@@ -120,6 +125,9 @@ def create_app(
         if feedback_per_minute is not None:
             state.feedback_limiter = RequestRateLimiter(feedback_per_minute, clock=clock)
     state.embeddings = embeddings
+    state.budgets = budgets
+    if budgets is not None:
+        state.metrics.registry.register(BudgetCollector(budgets))
     app.state.tandem = state
     if cloud_engine is not None:
         attach_cloud_engine(app, cloud_engine)
@@ -137,6 +145,8 @@ def create_app(
     app.add_api_route("/v1/completions", create_completion, methods=["POST"], summary="Create a completion")
     app.add_api_route("/tokenize", create_tokenize, methods=["POST"], summary="Text or chat messages to token ids (vLLM's shape)")
     app.add_api_route("/detokenize", create_detokenize, methods=["POST"], summary="Token ids to text (vLLM's shape)")
+    if budgets is not None:
+        app.add_api_route("/v1/budget", get_budget, methods=["GET"], summary="What the caller's key (and ?user=) has left of its budgets")
     if embeddings is not None:
         app.add_api_route("/v1/embeddings", create_embeddings, methods=["POST"], summary="Create embeddings")
     if cascade is not None:

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sdk.budgets.manager import BudgetExhaustedError
 from sdk.protocol.engine import (
     ContextLengthError,
     EngineNotReadyError,
@@ -114,6 +115,9 @@ def from_exception(exc: BaseException) -> OpenAIError:
         return OpenAIError(503, str(exc), type="service_unavailable", code="model_not_ready", headers={"Retry-After": "1"})
     if isinstance(exc, ValidationError):
         return from_validation_errors(exc.errors(include_url=False))
+    if isinstance(exc, BudgetExhaustedError):
+        # OpenAI's quota error: its clients stop retrying a 429 when told so (x-should-retry).
+        return OpenAIError(429, str(exc), type="insufficient_quota", code="insufficient_quota", headers={"x-should-retry": "false"})
     logger.error("unexpected error while serving a request", exc_info=exc)
     return OpenAIError(500, f"The server hit an internal error ({type(exc).__name__}); it was logged.", type="server_error")
 

@@ -31,9 +31,11 @@ async def create_routed_chat_completion(request: Request, state: ServerState, bo
     except Exception as exc:
         return from_exception(exc).response()
     response_id, created = new_id("chatcmpl"), int(time.time())
+    key = getattr(request.state, "key_fingerprint", None)
+    headers = budget_headers(runner, key, body.user)
     call = routed_stream if body.stream else routed_completion
     answer = call(runner, chat, model=model, private=bool(body.private), response_id=response_id, created=created,
-                  key_fingerprint=getattr(request.state, "key_fingerprint", None))  # fmt: skip
+                  key_fingerprint=key, user=body.user)  # fmt: skip
     try:
         result = await cancel_on_disconnect(request, answer)
     except ClientDisconnected:
@@ -45,8 +47,19 @@ async def create_routed_chat_completion(request: Request, state: ServerState, bo
     if not body.stream:
         if body.ignored_fields:
             result.tandem["ignored_fields"] = body.ignored_fields
-        return Response(result.model_dump_json(), media_type="application/json")
-    return EventStreamResponse(_sse(result, body.include_usage, body.ignored_fields))
+        return Response(result.model_dump_json(), media_type="application/json", headers=headers)
+    return EventStreamResponse(_sse(result, body.include_usage, body.ignored_fields), headers=headers)
+
+
+def budget_headers(runner, key: str | None, user: str | None) -> dict[str, str]:
+    """`x-tandem-budget-warning` naming each soft budget this key (or user) has reached (counted in /metrics)."""
+    if runner.budgets is None:
+        return {}
+    verdict = runner.budgets.verdict(key, user)
+    if not verdict.soft:
+        return {}
+    runner.budgets.count(verdict, "warned")
+    return {"x-tandem-budget-warning": "; ".join(breach.describe() for breach in verdict.soft)}
 
 
 async def _sse(chunks, include_usage: bool, ignored_fields: list[str]):

@@ -57,6 +57,7 @@ class ServerState:
     traffic: Any = None  # sdk.traffic.record.TrafficRecord, when `tandem serve` keeps one (POST /v1/feedback needs it)
     feedback_limiter: Any = None  # sdk.protocol.client_limits.RequestRateLimiter for POST /v1/feedback
     embeddings: Any = None  # sdk.embeddings.service.EmbeddingService: POST /v1/embeddings (tandem serve)
+    budgets: Any = None  # sdk.budgets.manager.BudgetManager of a server without a cascade (tandem cloud serve's hosted API)
 
     @property
     def engine_model_names(self) -> list[str]:

@@ -185,6 +185,8 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     SettingField("server", "auth_backoff_max_s", float, 300.0, "TANDEM_AUTH_BACKOFF_MAX_S", "Longest wait of a client address backing off after failed API keys, seconds.", check=_at_least(1)),
     SettingField("server", "strict_fields", bool, False, "TANDEM_STRICT_FIELDS", "Refuse request fields neither OpenAI nor a known extension defines (400) instead of ignoring them with a warning."),
     SettingField("server", "max_body_bytes", int, 4 * 1024 * 1024, "TANDEM_MAX_BODY_BYTES", "Largest HTTP request body; a larger one is 413 before it is read.", check=_at_least(1024)),
+    SettingField("server", "budgets_file", str, None, "TANDEM_BUDGETS_FILE", "Spend limits per API key and per user (TOML, reloaded when it changes): see README, Budgets.", unset="no budgets"),
+    SettingField("server", "spend_path", str, None, "TANDEM_SPEND_PATH", "Where spend against the budgets is kept (SQLite; survives restarts).", unset="$TANDEM_DATA_DIR/spend.sqlite3, else ~/.local/share/tandem/spend.sqlite3"),
     SettingField("server", "tls_cert", str, None, "TANDEM_TLS_CERT", "PEM certificate chain: the HTTP endpoint serves HTTPS (with tls_key).", unset="plaintext HTTP"),
     SettingField("server", "tls_key", str, None, "TANDEM_TLS_KEY", "PEM private key for tls_cert.", unset="plaintext HTTP"),
     SettingField("local", "model", str, None, "TANDEM_MODEL", "GGUF file of the on-device model.", unset="the embedded SmolLM2-135M-Instruct", target="model_path"),

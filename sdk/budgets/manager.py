@@ -1,0 +1,229 @@
+"""Budget decisions for one server: is this key (and its user) over a limit, what to tell it,
+and what it spent. The budgets file is re-read when its modification time changes (a bad
+edit is logged and the previous budgets stay).
+
+The bound under concurrency: before a request calls the cloud, its largest possible cloud cost
+(the prompt, counted by the local tokenizer with a 25% margin for the cloud's, plus max_tokens,
+at the cloud's prices) is reserved against each hard USD limit of its key and user, on the event
+loop; the call is made only if spent + reserved + it fits. When the request ends, the
+reservation is released and the real cost added. So a period's spend stays within the limit,
+unless a cloud counts a prompt at more than 1.25x the local tokenizer's tokens (then by that
+excess). Cloud-share limits are checked when a call starts: concurrent calls may pass a share
+limit by what they add (tests/budgets pins both with 200 concurrent requests).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sdk.budgets.config import BudgetConfig, BudgetConfigError, Limit, Limits, load_budgets
+from sdk.budgets.ledger import SpendLedger, key_scope, periods, user_scope
+
+logger = logging.getLogger("tandem.budgets")
+
+RELOAD_CHECK_S = 2.0  # how often the file's modification time is looked at
+
+
+@dataclass(frozen=True)
+class Breach:
+    scope: str  # "key" or "user"
+    limit: Limit
+    spent: float  # USD, or the cloud share
+    held: float = 0.0  # USD reserved by requests in flight (a refused reservation)
+    wanted: float = 0.0  # USD the refused request would have reserved
+
+    def describe(self) -> str:
+        if self.wanted:
+            return (f"{self.scope} budget {self.limit.name} cannot hold this request's largest cloud cost ({self.wanted:.4f} USD: "
+                    f"{self.spent:.4f} spent and {self.held:.4f} held by requests in flight, of {self.limit.value:g} this "
+                    f"{self.limit.period}, UTC)")  # fmt: skip
+        what = f"{self.spent:.4f} USD of {self.limit.value:g}" if self.limit.kind == "usd" else f"cloud share {self.spent:.3f} of {self.limit.value:g}"
+        return f"{self.scope} budget {self.limit.name} reached ({what} this {self.limit.period}, UTC)"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """USD held against every (scope, period) of a request's budgets until it ends."""
+
+    held: tuple[tuple[str, str], ...]
+    usd: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    hard: tuple[Breach, ...] = ()
+    soft: tuple[Breach, ...] = ()
+
+    @property
+    def exhausted(self) -> bool:
+        return bool(self.hard)
+
+
+class BudgetExhaustedError(Exception):
+    """A request that needs the cloud from a key (or user) over a hard budget: HTTP 429 insufficient_quota."""
+
+    def __init__(self, verdict: Verdict):
+        self.verdict = verdict
+        super().__init__("; ".join(breach.describe() for breach in verdict.hard) + ": the cloud tier takes no more requests "
+                         "from this key until the period ends (GET /v1/budget says what is left); model auto still answers on the device")  # fmt: skip
+
+
+@dataclass
+class BudgetCounts:
+    refused: int = 0  # model cloud: 429
+    kept_local: int = 0  # model auto: answered locally
+    soft_warnings: int = 0
+    reloads: int = 0
+    failed_reloads: int = 0
+    by_limit: dict[str, int] = field(default_factory=dict)
+
+
+class BudgetManager:
+    def __init__(self, budgets_path: str, ledger: SpendLedger, prices_are_zero: bool, clock: Callable[[], float] = time.monotonic):
+        self.path = budgets_path
+        self.ledger = ledger
+        self.prices_are_zero = prices_are_zero
+        self.clock = clock
+        self.counts = BudgetCounts()
+        self.config = self._checked(load_budgets(budgets_path))  # BudgetConfigError before serving starts
+        self._held: dict[tuple[str, str], float] = {}  # (scope, period) -> USD reserved by requests in flight
+        self._mtime = os.stat(budgets_path).st_mtime_ns
+        self._checked_at = clock()
+
+    def _checked(self, config: BudgetConfig) -> BudgetConfig:
+        return require_prices(config, self.prices_are_zero)
+
+    def maybe_reload(self) -> None:
+        now = self.clock()
+        if now - self._checked_at < RELOAD_CHECK_S:
+            return
+        self._checked_at = now
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+            if mtime == self._mtime:
+                return
+            self._mtime = mtime
+            self.config = self._checked(load_budgets(self.path))
+            self.counts.reloads += 1
+            logger.info("budgets reloaded from %s", self.path)
+        except (OSError, BudgetConfigError) as exc:
+            self.counts.failed_reloads += 1
+            logger.error("budgets file %s not reloaded (the previous budgets stay): %s", self.path, exc)
+
+    def _limits(self, key: str | None, user: str | None) -> list[tuple[str, str, Limits]]:
+        scopes = [("key", key_scope(key), self.config.for_key(key))]
+        if user:
+            scopes.append(("user", user_scope(key, user), self.config.per_user))
+        return scopes
+
+    def verdict(self, key: str | None, user: str | None) -> Verdict:
+        self.maybe_reload()
+        hard, soft = [], []
+        for name, scope, limits in self._limits(key, user):
+            for limit in limits.limits:
+                spend = self.ledger.spend(scope, limit.period)
+                spent = spend.usd if limit.kind == "usd" else spend.cloud_share
+                if spent >= limit.value and (limit.kind == "usd" or spend.total_tokens):
+                    (hard if limit.hard else soft).append(Breach(name, limit, spent))
+        return Verdict(tuple(hard), tuple(soft))
+
+    def count(self, verdict: Verdict, outcome: str) -> None:
+        """Count what a verdict did to a request: "refused", "kept_local" or "warned"."""
+        if outcome == "refused":
+            self.counts.refused += 1
+        elif outcome == "kept_local":
+            self.counts.kept_local += 1
+        elif outcome == "warned":
+            self.counts.soft_warnings += 1
+        for breach in verdict.hard + verdict.soft:
+            self.counts.by_limit[f"{breach.scope}:{breach.limit.name}"] = self.counts.by_limit.get(f"{breach.scope}:{breach.limit.name}", 0) + 1
+
+    def reserve(self, key: str | None, user: str | None, usd: float) -> tuple[Reservation | None, Breach | None]:
+        """Hold `usd` (a cloud call's largest cost) against every hard USD limit of the key and user:
+        (the reservation, None), or (None, the limit it would break). A hard cloud-share limit already
+        reached refuses too (shares are checked when a call starts, not reserved)."""
+        self.maybe_reload()
+        current = periods(self.ledger.clock())
+        held = []
+        for name, scope, limits in self._limits(key, user):
+            for limit in limits.limits:
+                if not limit.hard:
+                    continue
+                spend = self.ledger.spend(scope, limit.period)
+                pair = (scope, current[limit.period])
+                if limit.kind == "usd":
+                    if spend.usd + self._held.get(pair, 0.0) + usd > limit.value:
+                        return None, Breach(name, limit, spend.usd, self._held.get(pair, 0.0), usd)
+                    held.append(pair)
+                elif spend.total_tokens and spend.cloud_share >= limit.value:
+                    return None, Breach(name, limit, spend.cloud_share)
+        for pair in held:
+            self._held[pair] = self._held.get(pair, 0.0) + usd
+        return Reservation(tuple(held), usd), None
+
+    def settle(self, reservation: Reservation | None, key: str | None, user: str | None, usd: float, cloud_tokens: int,
+               total_tokens: int) -> None:  # fmt: skip
+        """A request has ended: release what it held and add what it cost."""
+        if reservation is not None:
+            for pair in reservation.held:
+                left = self._held.get(pair, 0.0) - reservation.usd
+                if left > 1e-12:
+                    self._held[pair] = left
+                else:
+                    self._held.pop(pair, None)
+        self.record(key, user, usd, cloud_tokens, total_tokens)
+
+    def record(self, key: str | None, user: str | None, usd: float, cloud_tokens: int, total_tokens: int) -> None:
+        scopes = [key_scope(key)] + ([user_scope(key, user)] if user else [])
+        self.ledger.record(scopes, usd, cloud_tokens, total_tokens)
+
+    def status(self, key: str | None, user: str | None) -> dict:
+        """GET /v1/budget: per scope and limit, the limit, what was spent and what is left."""
+        self.maybe_reload()
+        out = {"object": "budget", "key_fingerprint": key, "user": user, "scopes": []}
+        for name, scope, limits in self._limits(key, user):
+            entries = []
+            for limit in limits.limits:
+                spend = self.ledger.spend(scope, limit.period)
+                spent = spend.usd if limit.kind == "usd" else spend.cloud_share
+                entries.append({"limit": limit.name, "period": limit.period, "value": limit.value, "spent": spent,
+                                "remaining": max(0.0, limit.value - spent), "exhausted": spent >= limit.value,
+                                "requests": spend.requests})  # fmt: skip
+            out["scopes"].append({"scope": name, "limits": entries})
+        return out
+
+
+def default_spend_path() -> str:
+    """$TANDEM_DATA_DIR/spend.sqlite3, else ~/.local/share/tandem/spend.sqlite3."""
+    root = os.environ.get("TANDEM_DATA_DIR") or os.path.join(os.path.expanduser("~"), ".local", "share", "tandem")
+    return os.path.join(root, "spend.sqlite3")
+
+
+def require_prices(config: BudgetConfig, prices_are_zero: bool) -> BudgetConfig:
+    """`config`, unless it sets USD budgets while every request costs 0 USD (BudgetConfigError says so)."""
+    if config.uses_usd and prices_are_zero:
+        raise BudgetConfigError(
+            f"{config.source} sets USD budgets, but the cloud tier's prices are 0, so every request costs 0 USD and "
+            "no USD budget could ever be reached: set [cascade.prices] cloud (tandem serve) or --price-input-per-million / "
+            "--price-output-per-million (tandem cloud serve), or budget by cloud_share"
+        )  # fmt: skip
+    return config
+
+
+def check_budgets(budgets_file: str, prices_are_zero: bool) -> None:
+    """BudgetConfigError for a file that cannot run here (before anything loads)."""
+    require_prices(load_budgets(budgets_file), prices_are_zero)
+
+
+def open_budgets(budgets_file: str, spend_path: str | None, prices_are_zero: bool) -> BudgetManager:
+    """The manager of a server: the budgets file checked, the spend ledger opened (and its writer started)."""
+    ledger = SpendLedger(spend_path or default_spend_path()).start()
+    try:
+        return BudgetManager(budgets_file, ledger, prices_are_zero)
+    except BaseException:
+        ledger.close()
+        raise

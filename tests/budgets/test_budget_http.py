@@ -1,0 +1,102 @@
+"""Budgets through the server (tandem serve's app over the real cascade: SmolLM2 on the device,
+the tiny cloud engine over gRPC, two API keys): the spend stays within a hard budget under 200
+concurrent requests, over it `cloud` is a 429 OpenAI clients do not retry and `auto` answers
+locally, per-user budgets, the soft warning, GET /v1/budget, and no drift between what the
+responses say they cost and what the ledger kept."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+import pytest
+
+from sdk.budgets.ledger import SpendLedger, key_scope
+from sdk.budgets.manager import BudgetManager
+from sdk.openai_server import create_app
+from sdk.protocol.api_keys import key_fingerprint
+from tests.cloud_engine.grpc_helpers import long_tiny_dir, serve  # noqa: F401  (fixtures)
+from tests.sdk.test_cascade import cloud_engine, local_engine, make_runner, recording  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.slow
+
+KEY, OTHER = "sk-budget-key-0123456789", "sk-budget-other-0123456789"
+PRICES = {"cloud": {"input_per_million": 1000.0, "output_per_million": 2000.0}}
+ASK = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+
+
+async def app_with_budgets(make_runner, tmp_path, budgets_text: str):  # noqa: F811
+    runner = await make_runner(prices=PRICES)
+    (tmp_path / "budgets.toml").write_text(budgets_text)
+    ledger = SpendLedger(tmp_path / "spend.sqlite3").start()
+    runner.budgets = BudgetManager(str(tmp_path / "budgets.toml"), ledger, prices_are_zero=False)
+    app = create_app(runner.local, cascade=runner, budgets=runner.budgets, api_keys={KEY, OTHER})
+    return runner, ledger, app
+
+
+def client(app, key: str = KEY) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=300,
+                             headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+
+
+async def test_spend_stays_within_the_budget_under_200_concurrent_requests(make_runner, tmp_path):  # noqa: F811
+    runner, ledger, app = await app_with_budgets(make_runner, tmp_path, "[default]\nusd_per_day = 0.5\n")
+    async with client(app) as http:
+        replies = await asyncio.gather(*(http.post("/v1/chat/completions", json={"model": "cloud", **ASK}) for _ in range(200)))
+        statuses = [r.status_code for r in replies]
+        ok = [r.json() for r in replies if r.status_code == 200]
+        refused = [r for r in replies if r.status_code == 429]
+        assert set(statuses) <= {200, 429} and ok and refused, statuses
+        cost = ok[0]["tandem"]["cost"]["total_cost_usd"]
+        assert cost > 0 and all(r["tandem"]["tier"] == "cloud" for r in ok)
+        spent = sum(r["tandem"]["cost"]["total_cost_usd"] for r in ok)
+        assert spent <= 0.5 + 1e-9  # the documented bound: reservations keep concurrent calls inside the budget
+        error = refused[0].json()["error"]
+        assert (error["type"], error["code"]) == ("insufficient_quota", "insufficient_quota") and "usd_per_day" in error["message"]
+        assert refused[0].headers["x-should-retry"] == "false"
+        # Sequentially, the rest of the budget is used up to what fits, then every cloud call is refused:
+        # what is left is less than one request's largest cost (its reservation; the message says it).
+        while (last := await http.post("/v1/chat/completions", json={"model": "cloud", **ASK})).status_code == 200:
+            spent += cost
+        wanted = float(re.search(r"largest cloud cost \(([0-9.]+) USD", last.json()["error"]["message"]).group(1))
+        assert cost <= wanted and 0.5 - spent < wanted and spent <= 0.5 + 1e-9
+        # auto answers on the device instead, marked degraded.
+        local = (await http.post("/v1/chat/completions", json={"model": "auto:1", **ASK})).json()
+        assert (local["tandem"]["tier"], local["tandem"]["degraded_reason"]) == ("local", "budget_exhausted")
+        # Another key has its own budget.
+        async with client(app, OTHER) as other:
+            assert (await other.post("/v1/chat/completions", json={"model": "cloud", **ASK})).status_code == 200
+        status = (await http.get("/v1/budget")).json()
+        [limit] = status["scopes"][0]["limits"]
+        assert status["key_fingerprint"] == key_fingerprint(KEY) and limit["limit"] == "usd_per_day"
+        assert limit["exhausted"] is False and limit["spent"] == pytest.approx(spent) and limit["remaining"] < wanted
+    ledger.flush()
+    persisted = SpendLedger(tmp_path / "spend.sqlite3").start()
+    assert persisted.spend(key_scope(key_fingerprint(KEY)), "day").usd == pytest.approx(spent, abs=1e-9)  # no drift
+    persisted.close()
+    ledger.close()
+
+
+async def test_per_user_budgets_and_the_soft_warning(make_runner, tmp_path):  # noqa: F811
+    text = "[default]\nsoft_usd_per_day = 0.0001\n[per_user]\nusd_per_day = 0.05\n"
+    runner, ledger, app = await app_with_budgets(make_runner, tmp_path, text)
+    async with client(app) as http:
+        first = await http.post("/v1/chat/completions", json={"model": "cloud", "user": "alice", **ASK})
+        assert first.status_code == 200 and "x-tandem-budget-warning" not in first.headers
+        codes = []
+        for _ in range(30):
+            reply = await http.post("/v1/chat/completions", json={"model": "cloud", "user": "alice", **ASK})
+            codes.append(reply.status_code)
+            if reply.status_code == 429:
+                assert "user budget usd_per_day" in reply.json()["error"]["message"]
+                break
+        assert codes[-1] == 429
+        bob = await http.post("/v1/chat/completions", json={"model": "cloud", "user": "bob", **ASK})
+        assert bob.status_code == 200 and "soft_usd_per_day" in bob.headers["x-tandem-budget-warning"]
+        alice = (await http.get("/v1/budget", params={"user": "alice"})).json()
+        assert [s["scope"] for s in alice["scopes"]] == ["key", "user"] and alice["user"] == "alice"
+        metrics = (await http.get("/metrics")).text
+        assert 'tandem:budget_requests_total{outcome="refused"} 1.0' in metrics
+        assert 'tandem:budget_requests_total{outcome="warned"}' in metrics
+    ledger.close()
