@@ -112,14 +112,15 @@ def embedded_server(args: argparse.Namespace) -> ManagedServer:
 
 
 def local_model_name(base_url: str) -> str:
-    """The local model's own id from /v1/models (the one that is not a routed name)."""
+    """The local model's own id from /v1/models: the last one that is not a routed name (tandem serve
+    lists the routed names, then its embedding model, then the engine's own names)."""
     response = httpx.get(base_url + "/v1/models", timeout=10.0, trust_env=False)
     response.raise_for_status()
     ids = [entry["id"] for entry in response.json().get("data", [])]
     names = [i for i in ids if i not in ROUTED and not i.startswith("auto:")]
     if not names:
         raise RuntimeError(f"{base_url}/v1/models lists no local model name: {ids}")
-    return names[0]
+    return names[-1]
 
 
 def warm_up(base_url: str) -> dict:
