@@ -2,6 +2,7 @@
 
     python -m bench.soak --json bench/results/soak.json [--quick]
     python -m bench.soak --base-url http://127.0.0.1:8000 [--pid PID] --json soak.json
+    python -m bench.soak --budget-usd-per-day 2 --json bench/results/soak_budgets.json [--quick]
 
 Starts `tandem serve` on the embedded default (the local SmolLM2 plus the PyTorch cloud
 engine in the same process behind loopback gRPC) with one llama.cpp thread, unless
@@ -32,6 +33,10 @@ the quarters are long enough) and their p99 drift ratio (last / first), throughp
 broke: the JSON says which targets were met. The gauges are the local engine's and, where
 /metrics exports them (tandem:cloud_engine_*), the embedded cloud engine's; the idle wait and
 the KV target cover both. RSS samples split VmRSS into its anonymous and file-backed parts.
+
+--budget-usd-per-day X (a server started here): budgets on, one hard USD limit per day for the
+key, cloud prices set; the report's `budget` section checks the persisted spend against each
+request's cost (bench/soak_budget.py); a 429 insufficient_quota is `refused_by_budget`.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ import argparse
 import asyncio
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 import httpx
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -47,6 +54,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench.machine import machine_info, write_report
 from bench.serve_report import console
 from bench.serve_servers import ManagedServer, ServerStartError, free_port
+from bench.soak_budget import bill_per_request, budget_report, write_budget_config
 from bench.soak_client import run_soak
 from bench.soak_probe import ServerProbe
 from bench.soak_report import analyze, print_soak_summary
@@ -79,6 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra argument to tandem serve, repeatable; write --server-arg=--flag for flags")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="RouteLLM's data (prompts)")
+    p.add_argument("--budget-usd-per-day", type=float, help="budgets on: a hard USD limit per day for the key (bench/soak_budget.py)")
     p.add_argument("--per-request", action="store_true", help="also write every request's record to the JSON")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--quick", action="store_true", help="60 requests of 8..48 tokens: a check in a few minutes")
@@ -99,14 +108,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.prompt_shares = dict(zip(PROMPT_KINDS, args.prompt_shares))
     if args.pid is not None and not args.base_url:
         p.error("--pid goes with --base-url")
+    if args.budget_usd_per_day is not None and (args.base_url or args.budget_usd_per_day <= 0):
+        p.error("--budget-usd-per-day needs a positive value and a server started here (no --base-url)")
     return args
 
 
-def embedded_server(args: argparse.Namespace) -> ManagedServer:
+def embedded_server(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> ManagedServer:
     """`tandem serve` with the default (embedded) cloud tier on a free port, TANDEM_* settings dropped."""
     port = free_port()
     command = [sys.executable, "-m", "sdk.cli", "serve", "--port", str(port), "--threads", str(args.threads),
-               "--max-model-len", str(args.max_model_len), "--log-level", "warning", *args.server_arg]
+               "--max-model-len", str(args.max_model_len), "--log-level", "warning", *extra, *args.server_arg]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     return ManagedServer("tandem", command, port, "/health", "tandem serve, embedded cloud engine (default)", env=env)
 
@@ -128,8 +139,10 @@ def warm_up(base_url: str) -> dict:
     times = {}
     with httpx.Client(timeout=300.0, trust_env=False) as client:
         for model in ("local", "cloud"):
+            # A `user` of its own: with budgets on, its cost gets a ledger row like every soak request's.
             response = client.post(base_url + "/v1/chat/completions", json={
-                "model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}]})
+                "model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}],
+                "user": f"soak-warm-up-{model}"})
             if response.status_code != 200:
                 raise RuntimeError(f"warm-up request to {model!r} got HTTP {response.status_code}: "
                                    f"{response.text[:300]}")
@@ -164,7 +177,10 @@ def run(args: argparse.Namespace, base_url: str, pid: int | None, server_info: d
     pool = PromptPool(args.data_dir)
     requests = build_workload(args.num_requests, args.seed, tuple(args.max_tokens), args.cancel_fraction,
                               args.invalid_fraction, local_model_name(base_url), pool, args.prompt_shares)
+    if args.budget_usd_per_day is not None:
+        bill_per_request(requests)
     results, duration, probe, end = asyncio.run(soak(args, base_url, pid, requests))
+    args.soak_outcome = (requests, results)  # the budget report reads the ledger once the server has stopped
     report = {
         "benchmark": "soak",
         "command": args.command_line,
@@ -206,7 +222,10 @@ def main(argv: list[str] | None = None) -> None:
             base_url = args.base_url.rstrip("/").removesuffix("/v1")
             report = run(args, base_url, args.pid, {"started_here": False})
         else:
-            server = embedded_server(args)
+            budget = None
+            if args.budget_usd_per_day is not None:
+                budget = write_budget_config(Path(tempfile.mkdtemp(prefix="tandem-soak-budget-")), args.budget_usd_per_day)
+            server = embedded_server(args, ("--config", budget["config"]) if budget else ())
             with server:
                 console.print(f"tandem serve ready on {server.base_url} after {server.startup_s:.1f}s")
                 report = run(args, server.base_url, server.process.pid,
@@ -214,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
                               "startup_s": server.startup_s})
             report["server"]["exit_code"] = server.process.returncode
             report["server"]["log"] = _log_findings(server.log_path)
+            if budget is not None:  # read back what the stopped server persisted
+                report["budget"] = budget_report(budget["spend_path"], args.budget_usd_per_day, *args.soak_outcome)
+                report["targets"].update({f"budget_{k}": v for k, v in report["budget"]["targets"].items()})
     except (ServerStartError, RuntimeError, httpx.HTTPError) as exc:
         raise SystemExit(f"bench.soak: {exc}") from None
     print_soak_summary(report)

@@ -2,7 +2,8 @@
 
 Outcomes: completed (the stream ended with a finish_reason and [DONE]); cancelled_by_client
 (the client closed the stream after its planned number of content chunks);
-rejected_as_expected (an invalid request answered with the status it must get); failed,
+rejected_as_expected (an invalid request answered with the status it must get);
+refused_by_budget (a 429 insufficient_quota: a hard budget reached, with --budget-usd-per-day); failed,
 with a cause: `http_<status>:<error code or type>`, `stream_error:<code or type>`,
 `no_finish_reason`, `stream_ended_without_done`, `client_timeout` (the per-request limit
 passed: never a hang), `exception:<class>`, or `unexpected_status_<got>_wanted_<want>`.
@@ -20,7 +21,7 @@ import httpx
 
 from bench.soak_workload import SoakRequest
 
-OUTCOMES = ("completed", "cancelled_by_client", "rejected_as_expected", "failed")
+OUTCOMES = ("completed", "cancelled_by_client", "rejected_as_expected", "refused_by_budget", "failed")
 
 
 @dataclass
@@ -41,6 +42,7 @@ class SoakResult:
     content_chunks: int = 0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cost_usd: float | None = None  # the last chunk's tandem.cost.total_cost_usd (routed models)
     start_s: float = 0.0
     end_s: float = 0.0
     cancel_not_reached: bool = False  # a planned cancel whose stream finished first
@@ -66,6 +68,8 @@ async def _stream(client: httpx.AsyncClient, url: str, req: SoakRequest, result:
             result.detail = raw.decode("utf-8", errors="replace")[:200]
             if response.status_code == req.expect_status:
                 result.outcome = "rejected_as_expected"
+            elif response.status_code == 429 and code == "insufficient_quota":
+                result.outcome = "refused_by_budget"
             else:
                 result.outcome = "failed"
                 result.cause = f"http_{response.status_code}:{code}"
@@ -99,6 +103,7 @@ async def _stream(client: httpx.AsyncClient, url: str, req: SoakRequest, result:
                 result.tier = chunk["tandem"].get("tier")
                 result.escalated = chunk["tandem"].get("escalated")
                 result.route_reason = chunk["tandem"].get("reason")
+                result.cost_usd = (chunk["tandem"].get("cost") or {}).get("total_cost_usd", result.cost_usd)
                 if chunk["tandem"].get("degraded"):
                     result.degraded_reason = chunk["tandem"].get("degraded_reason") or "unknown"
             if req.cancel_after_chunks and result.content_chunks >= req.cancel_after_chunks:

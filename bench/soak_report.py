@@ -127,7 +127,8 @@ def print_soak_summary(report: dict) -> None:
     rows = [
         ("duration (s)", _fmt(report["duration_s"])),
         ("completed / cancelled by client", f"{req['completed']} / {req['cancelled_by_client']}"),
-        ("rejected as expected / failed", f"{req['rejected_as_expected']} / {req['failed']}"),
+        ("rejected as expected / refused by budget / failed",
+         f"{req['rejected_as_expected']} / {req['refused_by_budget']} / {req['failed']}"),
         ("lost requests", _fmt(report["lost_requests"])),
         ("completed by tier", ", ".join(f"{k} {v}" for k, v in esc["completed_by_tier"].items()) or "-"),
         ("degraded to local (cloud failed)", ", ".join(f"{k} {v}" for k, v in
@@ -149,6 +150,13 @@ def print_soak_summary(report: dict) -> None:
         ("throughput (completed req/s, out tok/s)", f"{_fmt(report['throughput']['completed_requests_per_s'], 2)}, "
                                                     f"{_fmt(report['throughput']['output_tokens_per_s'])}"),
     ]
+    budget = report.get("budget")
+    if budget:
+        rows += [("budget: persisted total / per-request sum (USD)",
+                  f"{budget['persisted_key_total_usd']:.6f} / {budget['persisted_per_request_sum_usd']:.6f}"),
+                 ("budget: drift (USD) / mismatched requests", f"{budget['drift_usd']:.2e} / {budget['mismatched_requests']}"),
+                 ("budget: limit (USD) / refused / kept local", f"{budget['usd_per_day']:g} / {budget['refused_by_budget']} / "
+                                                               f"{budget['kept_local_budget_exhausted']}")]
     for label, value in rows:
         table.add_row(label, value)
     console.print(table)

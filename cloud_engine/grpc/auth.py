@@ -11,6 +11,7 @@ in-flight slot until its handler returns, however it returns (finished, failed, 
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import math
 import urllib.parse
@@ -20,10 +21,14 @@ import grpc
 
 from cloud_engine.grpc.errors import ERROR_TYPE_KEY, RETRY_AFTER_KEY
 from sdk.protocol.access_gate import AUTH_BACKOFF, RATE_LIMITED, UNAUTHENTICATED, AccessGate, Refusal
-from sdk.protocol.api_keys import bearer_token
+from sdk.protocol.api_keys import bearer_token, key_fingerprint
 
 AUTHORIZATION_KEY = "authorization"
 PUBLIC_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+# The admitted call's key fingerprint (None without keys), for the servicer to bill the request
+# to (GenerationRequest.caller): set in the call's own task, before its handler runs.
+CALLER_KEY_FINGERPRINT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tandem_grpc_caller_key", default=None)
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):
@@ -94,6 +99,8 @@ def _gated(handler: grpc.RpcMethodHandler, gate: AccessGate, presented: str | No
         if admission.refusal is not None:
             code, message, metadata = rpc_refusal(admission.refusal)
             await context.abort(code, message, trailing_metadata=metadata)  # raises
+        if gate.api_keys:
+            CALLER_KEY_FINGERPRINT.set(key_fingerprint(admission.client))
         return admission
 
     if inspect.isasyncgenfunction(behavior):

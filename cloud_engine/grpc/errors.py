@@ -17,6 +17,7 @@ from sdk.protocol.engine import (
     EngineNotReadyError,
     EngineOverloadedError,
     InvalidRequestError,
+    QuotaExceededError,
 )
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ CONTEXT_LENGTH_TYPE = "context_length_exceeded"
 OVERLOADED_TYPE = "overloaded"
 NOT_READY_TYPE = "not_ready"
 MODEL_NOT_FOUND_TYPE = "model_not_found"
+INSUFFICIENT_QUOTA_TYPE = "insufficient_quota"  # OpenAI's code: a budget reached; no retry-after (retrying will not help)
 
 # Status messages echo request values (a model name, a role): bounded, since gRPC sends the message
 # percent-encoded in trailing metadata and a client refuses metadata over its limit (8 KiB by default),
@@ -73,6 +75,8 @@ def status_for(exc: BaseException) -> RpcStatus:
     if isinstance(exc, EngineOverloadedError):
         retry = str(max(1, math.ceil(exc.retry_after_s)))
         return RpcStatus(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), _typed(OVERLOADED_TYPE) + ((RETRY_AFTER_KEY, retry),))
+    if isinstance(exc, QuotaExceededError):
+        return RpcStatus(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), _typed(INSUFFICIENT_QUOTA_TYPE))
     if isinstance(exc, EngineNotReadyError):
         return RpcStatus(grpc.StatusCode.UNAVAILABLE, str(exc), _typed(NOT_READY_TYPE) + ((RETRY_AFTER_KEY, "1"),))
     # The traceback may hold prompt text or paths: it goes to the log, the client gets a generic line.

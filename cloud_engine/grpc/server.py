@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default for received messages
 READY_POLL_S = 0.1  # how soon health turns SERVING once the engine has loaded
-HEALTH_POLL_S = 1.0  # afterwards: how soon it turns NOT_SERVING if the engine stops
+HEALTH_POLL_S = 0.2  # afterwards: how soon it turns NOT_SERVING if the engine stops or the replica drains
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server, as load balancers ask
 
 

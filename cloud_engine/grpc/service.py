@@ -17,10 +17,11 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cloud_engine.grpc import convert
+from cloud_engine.grpc.auth import CALLER_KEY_FINGERPRINT
 from cloud_engine.grpc import tandem_pb2 as pb
 from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
 from cloud_engine.grpc.errors import status_for
-from sdk.protocol.engine import EngineProtocol
+from sdk.protocol.engine import Caller, EngineProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,9 @@ class TandemServicer(pb_grpc.TandemServicer):
         engine_request_id = f"{request_id}#{uuid.uuid4().hex[:12]}"
         engine = self.engine
         try:
-            events = engine.generate(await convert.generation_request(request, engine, engine_request_id))
+            generation_request = await convert.generation_request(request, engine, engine_request_id)
+            generation_request.caller = Caller(CALLER_KEY_FINGERPRINT.get())  # budgets bill per key (gRPC has no `user`)
+            events = engine.generate(generation_request)
         except Exception as exc:
             await _abort_with(context, exc)  # raises: the call ends here
             return

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from sdk.budgets.config import BudgetConfig, BudgetConfigError, Limit, Limits, load_budgets
 from sdk.budgets.ledger import SpendLedger, key_scope, periods, user_scope
+from sdk.protocol.engine import QuotaExceededError
 
 logger = logging.getLogger("tandem.budgets")
 
@@ -62,8 +63,11 @@ class Verdict:
     def exhausted(self) -> bool:
         return bool(self.hard)
 
+    def describe_soft(self) -> str:
+        return "; ".join(breach.describe() for breach in self.soft)
 
-class BudgetExhaustedError(Exception):
+
+class BudgetExhaustedError(QuotaExceededError):
     """A request that needs the cloud from a key (or user) over a hard budget: HTTP 429 insufficient_quota."""
 
     def __init__(self, verdict: Verdict):
@@ -83,10 +87,12 @@ class BudgetCounts:
 
 
 class BudgetManager:
-    def __init__(self, budgets_path: str, ledger: SpendLedger, prices_are_zero: bool, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, budgets_path: str, ledger: SpendLedger, prices_are_zero: bool, clock: Callable[[], float] = time.monotonic,
+                 cloud_only: bool = False):  # fmt: skip
         self.path = budgets_path
         self.ledger = ledger
         self.prices_are_zero = prices_are_zero
+        self.cloud_only = cloud_only  # a server that answers only on the cloud (require_usd_only)
         self.clock = clock
         self.counts = BudgetCounts()
         self.config = self._checked(load_budgets(budgets_path))  # BudgetConfigError before serving starts
@@ -95,7 +101,7 @@ class BudgetManager:
         self._checked_at = clock()
 
     def _checked(self, config: BudgetConfig) -> BudgetConfig:
-        return require_prices(config, self.prices_are_zero)
+        return check_config(config, self.prices_are_zero, self.cloud_only)
 
     def maybe_reload(self) -> None:
         now = self.clock()
@@ -214,16 +220,36 @@ def require_prices(config: BudgetConfig, prices_are_zero: bool) -> BudgetConfig:
     return config
 
 
-def check_budgets(budgets_file: str, prices_are_zero: bool) -> None:
+def require_usd_only(config: BudgetConfig) -> BudgetConfig:
+    """`config`, unless it sets cloud-share limits, which a server answering only on the cloud
+    (`tandem cloud serve`) cannot apply: every token there is a cloud token."""
+    scopes = [("[default]", config.default), ("[per_user]", config.per_user)]
+    scopes += [(f"[keys.{fingerprint}]", limits) for fingerprint, limits in config.keys.items()]
+    for where, limits in scopes:
+        shares = [limit.name for limit in limits.limits if limit.kind == "cloud_share"]
+        if shares:
+            raise BudgetConfigError(
+                f"{config.source} {where} sets {', '.join(shares)}: tandem cloud serve answers every request on the cloud, "
+                "so its cloud share is always 1; budget it in USD (cloud_share limits are for tandem serve's cascade)"
+            )  # fmt: skip
+    return config
+
+
+def check_config(config: BudgetConfig, prices_are_zero: bool, cloud_only: bool = False) -> BudgetConfig:
+    config = require_prices(config, prices_are_zero)
+    return require_usd_only(config) if cloud_only else config
+
+
+def check_budgets(budgets_file: str, prices_are_zero: bool, cloud_only: bool = False) -> None:
     """BudgetConfigError for a file that cannot run here (before anything loads)."""
-    require_prices(load_budgets(budgets_file), prices_are_zero)
+    check_config(load_budgets(budgets_file), prices_are_zero, cloud_only)
 
 
-def open_budgets(budgets_file: str, spend_path: str | None, prices_are_zero: bool) -> BudgetManager:
+def open_budgets(budgets_file: str, spend_path: str | None, prices_are_zero: bool, cloud_only: bool = False) -> BudgetManager:
     """The manager of a server: the budgets file checked, the spend ledger opened (and its writer started)."""
     ledger = SpendLedger(spend_path or default_spend_path()).start()
     try:
-        return BudgetManager(budgets_file, ledger, prices_are_zero)
+        return BudgetManager(budgets_file, ledger, prices_are_zero, cloud_only=cloud_only)
     except BaseException:
         ledger.close()
         raise

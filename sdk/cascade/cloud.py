@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from router.circuit_breaker import CircuitBreaker
 from router.failure_kinds import FailureKind, classify_failure
-from sdk.cloud.grpc_client import CloudClient, CloudError, CloudInvalidArgumentError, CloudTokenEvent
+from sdk.cloud.grpc_client import CloudClient, CloudError, CloudInvalidArgumentError, CloudQuotaExceededError, CloudTokenEvent
 from sdk.protocol.engine import SamplingParams
 
 logger = logging.getLogger("tandem.router")
@@ -28,6 +28,7 @@ DEGRADED_REASONS = {
     FailureKind.INTERNAL: "cloud_error",
 }
 
+QUOTA_REASON = "cloud_quota_exhausted"  # the cloud refused the tier's key: its budget there is spent (429 insufficient_quota)
 
 RETRY_BACKOFF_S = 0.05  # before the one retry of a call the cloud could not take
 
@@ -140,8 +141,8 @@ async def stream_from_cloud(
                     started = True
                     # The cloud's own count wins when it gives one (an HTTP cloud may send fewer chunks than
                     # tokens, or a last chunk that is no token: counting events said 41 for llama-server's 40).
-                    reported = event.num_output_tokens
-                    usage.completion_tokens = reported if reported is not None else usage.completion_tokens + 1
+                    counted = event.num_output_tokens
+                    usage.completion_tokens = counted if counted is not None else usage.completion_tokens + 1
                     usage.prompt_tokens = event.num_prompt_tokens or usage.prompt_tokens
                     yield event
                 break
@@ -160,6 +161,12 @@ async def stream_from_cloud(
         breaker.record_failure(FailureKind.INVALID_ARGUMENT)  # frees a half-open trial, counts nothing
         reported = True
         raise
+    except CloudQuotaExceededError as error:
+        # The cloud's budget for this tier's key is spent: the tier is healthy, so the breaker counts
+        # nothing (as for an invalid argument), and the request is answered locally.
+        breaker.record_failure(FailureKind.INVALID_ARGUMENT)
+        reported = True
+        raise CloudFailed(QUOTA_REASON) from error
     except CloudError as error:
         kind = classify_failure(error)
         if kind is FailureKind.AUTH:

@@ -2,8 +2,10 @@
 
 Both servers share one AsyncCloudEngine and one asyncio loop. The model loads on the
 engine thread, so /health answers 503 and gRPC health says NOT_SERVING until it is in.
-SIGTERM/SIGINT: uvicorn stops accepting and drains HTTP, then gRPC health turns
-NOT_SERVING and in-flight streams get a grace period before the engine shuts down.
+SIGTERM/SIGINT drain the replica (sdk.openai_server.drain): health turns NOT_SERVING on both
+listeners, new requests are refused (UNAVAILABLE / 503: a client retries them elsewhere), the
+ones in flight get --drain-grace-s to finish; then HTTP and gRPC stop and the engine shuts down.
+A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ def serve(
     auth_backoff_max_s: float = typer.Option(300.0, envvar=_env("AUTH_BACKOFF_MAX_S"), min=1.0, help="Longest backoff wait, seconds."),
     strict_fields: bool = typer.Option(False, "--strict-fields/--no-strict-fields", envvar=_env("STRICT_FIELDS"), help="Refuse HTTP request fields tandem does not know (400) instead of ignoring them with a warning."),
     max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, envvar=_env("MAX_BODY_BYTES"), min=1024, help="Largest HTTP request body, bytes; larger is 413 (gRPC has its own 4 MiB message limit)."),
+    price_input_per_million: float = typer.Option(0.0, envvar=_env("PRICE_INPUT_PER_MILLION"), min=0.0, help="USD per million prompt tokens this server charges (budgets bill at it)."),
+    price_output_per_million: float = typer.Option(0.0, envvar=_env("PRICE_OUTPUT_PER_MILLION"), min=0.0, help="USD per million completion tokens."),
+    budgets_file: Optional[str] = typer.Option(None, envvar=_env("BUDGETS_FILE"), help="TOML of USD budgets per API key and per `user` (reloaded when it changes; see README, Budgets): over a hard one, 429 insufficient_quota. Needs the prices."),
+    spend_path: Optional[str] = typer.Option(None, envvar=_env("SPEND_PATH"), help="SQLite file of what each key spent (default: $TANDEM_DATA_DIR/spend.sqlite3)."),
+    admin_key_file: Optional[str] = typer.Option(None, envvar=_env("ADMIN_KEY_FILE"), help="File holding the admin key of POST /admin/drain and /admin/resume (take this replica out of rotation and back); without it, no admin endpoints."),
+    drain_grace_s: float = typer.Option(30.0, envvar=_env("DRAIN_GRACE_S"), min=0.0, help="On SIGTERM: seconds the requests in flight get to finish while health says NOT_SERVING and new ones are refused."),
     tls_cert: Optional[str] = typer.Option(None, envvar=_env("TLS_CERT"), help="PEM certificate chain: TLS on both the gRPC and the HTTP port."),
     tls_key: Optional[str] = typer.Option(None, envvar=_env("TLS_KEY"), help="PEM private key for --tls-cert."),
     log_level: LogLevel = typer.Option(LogLevel.info, envvar=_env("LOG_LEVEL"), case_sensitive=False, help="Log level."),
@@ -60,6 +68,9 @@ def serve(
     from cloud_engine.config import CloudEngineConfig
     from cloud_engine.grpc.server import GrpcServerConfig
     from cloud_engine.spec_decode.config import parse_speculative
+    from router.costs import TierPrices
+    from sdk.budgets.config import BudgetConfigError
+    from sdk.budgets.manager import check_budgets
     from sdk.openai_server.serve_loop import check_tls_files
     from sdk.protocol.api_keys import ApiKeyConfigError, load_api_keys
     from sdk.protocol.client_limits import ClientLimits
@@ -76,16 +87,23 @@ def serve(
                                           **{k: v for k, v in overrides.items() if v is not None})
         grpc_config = GrpcServerConfig(host=host, port=grpc_port, api_keys=api_keys, tls_cert_path=tls_cert, tls_key_path=tls_key)
         check_tls_files(tls_cert, tls_key)
+        prices = TierPrices(price_input_per_million, price_output_per_million)
+        admin_key = _read_admin_key(admin_key_file) if admin_key_file else None
+        if budgets_file:
+            check_budgets(budgets_file, prices_are_zero=prices == TierPrices(), cloud_only=True)
         # One budget per key for both listeners: a key cannot double its share by switching protocol.
         client_limits = ClientLimits.build(rate_limit or None, None, max_concurrent_per_key,
                                            auth_backoff_after=auth_backoff_after, auth_backoff_max_s=auth_backoff_max_s)
-    except (ValueError, ApiKeyConfigError, SettingsError) as exc:
+    except (ValueError, ApiKeyConfigError, SettingsError, BudgetConfigError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
     engine = AsyncCloudEngine(engine_config).start()
     try:
         limits = {"client_limits": client_limits, "max_body_bytes": max_body_bytes, "strict_fields": strict_fields}
-        failed = asyncio.run(_serve_both(engine, grpc_config, host, port, api_keys, limits, model_name, log_level.value))
+        billing = (budgets_file, spend_path, prices) if budgets_file else None
+        replica = {"admin_key": admin_key, "drain_grace_s": drain_grace_s}
+        failed = asyncio.run(_serve_both(engine, grpc_config, host, port, api_keys, limits, model_name, log_level.value,
+                                         billing, replica))  # fmt: skip
     finally:
         engine.shutdown()
     if failed:
@@ -103,26 +121,69 @@ def _sampling_defaults(pairs: list[str] | None) -> dict:
     return {dotted.rpartition(".")[2]: value for dotted, value in sampling_flags("cloud", from_env + list(pairs or [])).items()}
 
 
-async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, limits: dict, model_name, log_level: str) -> str | None:
-    """Run uvicorn and the gRPC server until a signal or a failed load; returns why it failed, or None."""
+def _read_admin_key(path: str) -> str:
+    """The admin key: the file's first non-comment line (ValueError for a missing, empty or short one)."""
+    try:
+        with open(path) as handle:
+            lines = [line.strip() for line in handle if line.strip() and not line.lstrip().startswith("#")]
+    except OSError as exc:
+        raise ValueError(f"cannot read the admin key file {path!r}: {exc.strerror}") from exc
+    if not lines or len(lines[0]) < 16:
+        raise ValueError(f"the admin key file {path!r} must hold one key of at least 16 characters")
+    return lines[0]
+
+
+async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, limits: dict, model_name, log_level: str,
+                      billing: tuple | None = None, replica: dict | None = None) -> str | None:  # fmt: skip
+    """Run uvicorn and the gRPC server until a signal or a failed load; returns why it failed, or None.
+    `billing`: (budgets file, spend path, prices): both listeners serve the engine through one
+    sdk.budgets.metered_engine.BudgetedEngine, so a key has one budget whichever door it uses."""
     import asyncio
     import logging
 
-    from cloud_engine.grpc.server import start_grpc_server, stop_grpc_server
-    from sdk.openai_server import create_app
-    from sdk.openai_server.serve_loop import HttpServer, http_config, stop_on_signals, watch_loading
-
     logger = logging.getLogger("tandem.cloud.serve")
 
+    budgets = None
+    if billing is not None:
+        from sdk.budgets.manager import open_budgets
+        from sdk.budgets.metered_engine import BudgetedEngine
+
+        budgets_file, spend_path, prices = billing
+        try:
+            budgets = open_budgets(budgets_file, spend_path, prices_are_zero=False, cloud_only=True)
+        except (OSError, ValueError) as exc:
+            return f"the budgets could not start: {exc}"
+        engine = BudgetedEngine(engine, budgets, prices)
+    try:
+        return await _serve_engine(engine, grpc_config, host, port, api_keys, limits, model_name, log_level, budgets, logger,
+                                   replica or {})  # fmt: skip
+    finally:
+        if budgets is not None:
+            await asyncio.to_thread(budgets.ledger.close)
+
+
+async def _serve_engine(engine, grpc_config, host, port, api_keys, limits, model_name, log_level, budgets, logger,
+                        replica: dict) -> str | None:  # fmt: skip
+    """Both listeners over one DrainableEngine (a replica of a replicated tier: sdk.openai_server.drain)."""
+    import asyncio
+
+    from cloud_engine.grpc.server import start_grpc_server, stop_grpc_server
+    from sdk.openai_server import create_app
+    from sdk.openai_server.drain import DrainableEngine, admin_routes
+    from sdk.openai_server.serve_loop import HttpServer, drain_on_signals, http_config, watch_loading
+
+    engine = DrainableEngine(engine)
     app = create_app(engine, served_model_names=[model_name] if model_name else None, api_keys=api_keys,
-                     bind_host=host, **limits)
+                     bind_host=host, budgets=budgets, **limits)
+    if replica.get("admin_key"):
+        admin_routes(app, engine, replica["admin_key"])
     http = HttpServer(http_config(app, host, port, log_level, api_keys, grpc_config.tls_cert_path, grpc_config.tls_key_path))
     try:
         grpc_server = await start_grpc_server(engine, grpc_config, limits["client_limits"])
     except OSError as exc:
         return str(exc)
     failures: list[str] = []
-    stop_on_signals(http)
+    drain_on_signals(http, engine, replica.get("drain_grace_s", 30.0))
     watcher = asyncio.create_task(watch_loading("cloud", engine, http, failures, logger))
     logger.info("gRPC on %s, HTTP on %s:%d", grpc_config.address, host, port)
     try:

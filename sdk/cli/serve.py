@@ -26,7 +26,7 @@ def serve(
     config: Optional[str] = typer.Option(None, "--config", help="TOML config file (default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml if present)."),
     model: Optional[str] = typer.Option(None, "--model", help="Local GGUF file; default: the embedded SmolLM2-135M-Instruct. [env: TANDEM_MODEL]"),
     model_name: Optional[str] = typer.Option(None, help="The id of the local model without routing; default: derived from the file. [env: TANDEM_MODEL_NAME]"),
-    cloud: Optional[str] = typer.Option(None, "--cloud", help="embedded (default), none, grpc://HOST:PORT, grpcs://HOST:PORT or an OpenAI-compatible https://HOST/v1. [env: TANDEM_CLOUD]"),
+    cloud: Optional[str] = typer.Option(None, "--cloud", help="embedded (default), none, grpc://HOST:PORT, grpcs://HOST:PORT, replicas (ipv4:H1:P1,H2:P2 or dns:///HOST:PORT: round robin over the healthy ones) or an OpenAI-compatible https://HOST/v1. [env: TANDEM_CLOUD]"),
     threshold: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Routing threshold of model `auto`: 0 never escalates, 1 always does. [env: TANDEM_THRESHOLD]"),
     host: Optional[str] = typer.Option(None, help="Address to listen on; default 127.0.0.1. [env: TANDEM_HOST]"),
     port: Optional[int] = typer.Option(None, min=0, max=65535, help="TCP port; default 8000. [env: TANDEM_PORT]"),

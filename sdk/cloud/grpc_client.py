@@ -11,6 +11,7 @@ and close it (or use `async with`).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from collections.abc import AsyncIterator, Sequence
@@ -25,6 +26,7 @@ from cloud_engine.grpc.errors import (
     CONTEXT_LENGTH_TYPE,
     ERROR_PARAM_KEY,
     ERROR_TYPE_KEY,
+    INSUFFICIENT_QUOTA_TYPE,
     RETRY_AFTER_KEY,
 )
 from sdk.protocol.engine import (
@@ -33,13 +35,14 @@ from sdk.protocol.engine import (
     EngineNotReadyError,
     EngineOverloadedError,
     InvalidRequestError,
+    QuotaExceededError,
     SamplingParams,
 )
 
 __all__ = [
     "CloudClient", "CloudModel", "CloudTokenEvent", "CloudError", "CloudUnauthenticatedError",
     "CloudUnavailableError", "CloudDeadlineExceededError", "CloudInvalidArgumentError",
-    "CloudContextLengthError", "CloudOverloadedError",
+    "CloudContextLengthError", "CloudOverloadedError", "CloudQuotaExceededError",
 ]  # fmt: skip
 
 
@@ -78,6 +81,11 @@ class CloudOverloadedError(CloudError, EngineOverloadedError):
     concurrency budget (`tandem-error-type` says which); retry after `retry_after_s`."""
 
 
+class CloudQuotaExceededError(CloudError, QuotaExceededError):
+    """The key's budget on the cloud server is spent (RESOURCE_EXHAUSTED `insufficient_quota`, HTTP 429
+    `insufficient_quota`): retrying will not help until the budget's period ends."""
+
+
 @dataclass
 class CloudModel:
     """A model the cloud tier serves."""
@@ -98,11 +106,36 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
 
+# gRPC's own name syntax for several servers: "ipv4:10.0.0.1:50051,10.0.0.2:50051", "ipv6:[::1]:50051,...",
+# "dns:///cloud.internal:50051" (every address the name resolves to, re-resolved as it changes).
+REPLICA_TARGET_SCHEMES = ("dns:", "ipv4:", "ipv6:")
+
+# For those: calls spread over the replicas in turn (round_robin), each replica watched through
+# grpc.health.v1 (the servers implement it) so one that is NOT_SERVING (loading, draining on
+# SIGTERM or an admin call) gets no new calls until it serves again; calls it already has go on.
+REPLICA_SERVICE_CONFIG = json.dumps({
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "healthCheckConfig": {"serviceName": pb.DESCRIPTOR.services_by_name["Tandem"].full_name},
+})  # fmt: skip
+
+
+def is_replica_target(target: str) -> bool:
+    """Whether `target` names a set of replicas in gRPC's name syntax (not one host:port)."""
+    return target.startswith(REPLICA_TARGET_SCHEMES)
+
+
+def channel_options(target: str) -> tuple[tuple[str, object], ...]:
+    if not is_replica_target(target):
+        return CHANNEL_OPTIONS
+    return CHANNEL_OPTIONS + (("grpc.service_config", REPLICA_SERVICE_CONFIG),)
+
 
 class CloudClient:
     """Talks to one tandem.v1 server.
 
-    target: "host:port". api_key: sent as `authorization: Bearer <key>`.
+    target: "host:port", or replicas in gRPC's name syntax ("ipv4:h1:p1,h2:p2", "dns:///host:port"):
+    round robin over the replicas that report SERVING (REPLICA_SERVICE_CONFIG).
+    api_key: sent as `authorization: Bearer <key>`.
     tls_root_cert: None for plaintext; PEM bytes or a PEM file path to trust that CA (or
     self-signed certificate); True for TLS with the system's trusted roots.
     timeout_s: the default deadline of each call (of a whole Generate stream), None for none.
@@ -119,9 +152,9 @@ class CloudClient:
     def channel(self) -> grpc.aio.Channel:
         if self._channel is None:
             if self._credentials is None:
-                self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+                self._channel = grpc.aio.insecure_channel(self.target, options=channel_options(self.target))
             else:
-                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=CHANNEL_OPTIONS)
+                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=channel_options(self.target))
         return self._channel
 
     async def close(self) -> None:
@@ -206,6 +239,8 @@ def cloud_error(error: grpc.aio.AioRpcError, target: str = "") -> CloudError:
         cls = CloudDeadlineExceededError
     elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
         cls = CloudContextLengthError if metadata.get(ERROR_TYPE_KEY) == CONTEXT_LENGTH_TYPE else CloudInvalidArgumentError
+    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and metadata.get(ERROR_TYPE_KEY) == INSUFFICIENT_QUOTA_TYPE:
+        cls = CloudQuotaExceededError
     elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and RETRY_AFTER_KEY in metadata:
         cls = CloudOverloadedError  # the engine's queue; gRPC's own limits (message size) carry no retry-after
     else:

@@ -22,6 +22,7 @@ from sdk.cloud.grpc_client import (
     CloudError,
     CloudInvalidArgumentError,
     CloudOverloadedError,
+    CloudQuotaExceededError,
     CloudUnauthenticatedError,
     CloudUnavailableError,
 )
@@ -30,6 +31,7 @@ from sdk.protocol.engine import InvalidRequestError, SamplingParams, StructuredO
 UNKNOWN_TOKEN_ID = -1  # the text's token ids are the server's, and OpenAI's API does not send them
 CONTEXT_LENGTH_CODE = "context_length_exceeded"  # OpenAI's and tandem's error code (sdk.openai_server.errors)
 OVERLOADED_CODE = "server_overloaded"  # tandem's 503 for a full queue (sdk.openai_server.errors)
+QUOTA_CODE = "insufficient_quota"  # OpenAI's (and tandem's budgets') 429 for spent credit: not a reason to back off and retry
 
 
 # -- requests --------------------------------------------------------------------------------
@@ -213,6 +215,8 @@ def error_from_response(status: int, headers: Mapping[str, str], body: bytes, ba
         return CloudError(message, S.PERMISSION_DENIED, param=param)  # router.failure_kinds: AUTH
     if status == 408 or status == 504:
         return CloudDeadlineExceededError(message, S.DEADLINE_EXCEEDED, param=param)
+    if status == 429 and QUOTA_CODE in (code, kind):
+        return CloudQuotaExceededError(message, S.RESOURCE_EXHAUSTED, param=param)
     if status == 429 or (status == 503 and OVERLOADED_CODE in (code, kind)):
         # 429: rate limited; tandem's own 503 "server_overloaded" is its queue being full.
         return CloudOverloadedError(message, S.RESOURCE_EXHAUSTED, param=param, retry_after_s=retry_after_s)

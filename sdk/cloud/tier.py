@@ -66,10 +66,12 @@ async def start_cloud_tier(settings) -> CloudTier:
         from sdk.cloud.openai_client import OpenAICloudClient
 
         return CloudTier(OpenAICloudClient(target.target, api_key=api_key), description=target.target)
-    from sdk.cloud.grpc_client import CloudClient
+    from sdk.cloud.grpc_client import CloudClient, is_replica_target
 
     if target.kind == "grpc":
-        tls = (settings.get("cloud.tls_ca") or True) if target.tls else None
+        # Replicas in gRPC's name syntax have no grpcs:// form: TLS when a CA file is configured.
+        replicas_over_tls = is_replica_target(target.target) and settings.get("cloud.tls_ca")
+        tls = (settings.get("cloud.tls_ca") or True) if target.tls or replicas_over_tls else None
         return CloudTier(CloudClient(target.target, api_key=api_key, tls_root_cert=tls), description=settings.get("cloud.url"))
     return await _start_embedded(settings)
 

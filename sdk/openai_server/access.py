@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 # Load balancers probe /health without credentials; everything else (the API, /metrics,
 # and any route added later) needs a key once keys are configured.
-PUBLIC_PATHS = frozenset({"/health"})
+# /admin/* checks its own admin key (sdk.openai_server.drain), never an API key.
+PUBLIC_PATHS = frozenset({"/health", "/admin/drain", "/admin/resume", "/admin/status"})
 # Prometheus scrapes must not spend a client's request budget (nor be throttled by it).
 UNLIMITED_PATHS = PUBLIC_PATHS | {"/metrics"}
 

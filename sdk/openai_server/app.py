@@ -17,6 +17,7 @@ from sdk.protocol.engine import EngineNotReadyError, EngineProtocol
 from sdk.protocol.openai_schema import ModelCard, ModelList
 from sdk.openai_server.access import AccessControl, warn_if_exposed
 from sdk.openai_server.budget import get_budget
+from sdk.openai_server.drain import DRAINING_MESSAGE
 from sdk.openai_server.budget_metrics import BudgetCollector
 from sdk.openai_server.cascade_metrics import CascadeCollector
 from sdk.openai_server.chat import create_chat_completion
@@ -155,6 +156,8 @@ def create_app(
 
     @app.get("/health", summary="200 once the model is loaded, 503 before")
     async def health() -> Response:
+        if getattr(engine, "draining", False) is True:  # sdk.openai_server.drain: out of rotation
+            return from_exception(EngineNotReadyError(DRAINING_MESSAGE)).response()
         if not engine.is_ready or (cascade is None and also_ready is not None and not also_ready()):
             return from_exception(EngineNotReadyError("the model is still loading; retry shortly")).response()
         if cascade is None:

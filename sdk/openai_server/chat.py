@@ -53,7 +53,7 @@ async def create_chat_completion(request: Request) -> Response:
         )
     except Exception as exc:
         return from_exception(exc).response()
-    job = Job(model, generation_requests, len(prompt_token_ids), arrival_time)
+    job = Job(model, generation_requests, len(prompt_token_ids), arrival_time, user=body.user)
     created = int(time.time())
     tools = body.tool_request()
     answers = lambda: ToolAnswers(tool_format, tools)  # noqa: E731

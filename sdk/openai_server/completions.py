@@ -32,7 +32,7 @@ async def create_completion(request: Request) -> Response:
         generation_requests = choice_requests(response_id, prompt_token_ids, body.num_choices, body.sampling_params)
     except Exception as exc:
         return from_exception(exc).response()
-    job = Job(model, generation_requests, len(prompt_token_ids), arrival_time)
+    job = Job(model, generation_requests, len(prompt_token_ids), arrival_time, user=body.user)
     created = int(time.time())
     return await run_job(
         request, state, job,

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from sdk.cascade.openai import prepare_routed, routed_completion, routed_stream
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ClientDisconnected, cancel_on_disconnect
-from sdk.openai_server.serving import CLIENT_CLOSED_STATUS, ServerState, new_id
+from sdk.openai_server.serving import BUDGET_WARNING_HEADER, CLIENT_CLOSED_STATUS, ServerState, new_id
 from sdk.openai_server.streaming import DONE, EventStreamResponse, sse
 from sdk.protocol.engine import EngineOverloadedError
 from sdk.protocol.openai_schema import ChatCompletionRequest
@@ -59,7 +59,7 @@ def budget_headers(runner, key: str | None, user: str | None) -> dict[str, str]:
     if not verdict.soft:
         return {}
     runner.budgets.count(verdict, "warned")
-    return {"x-tandem-budget-warning": "; ".join(breach.describe() for breach in verdict.soft)}
+    return {BUDGET_WARNING_HEADER: verdict.describe_soft()}
 
 
 async def _sse(chunks, include_usage: bool, ignored_fields: list[str]):

@@ -58,6 +58,24 @@ def stop_on_signals(http: HttpServer) -> None:
         loop.add_signal_handler(signum, lambda: setattr(http, "should_exit", True))
 
 
+def drain_on_signals(http: HttpServer, engine, grace_s: float) -> None:
+    """SIGINT/SIGTERM drain `engine` (a sdk.openai_server.drain.DrainableEngine), give the requests in
+    flight up to `grace_s`, then make `http.serve()` return; a second signal stops at once."""
+    from sdk.openai_server.drain import drain_then_stop
+
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task] = []
+
+    def on_signal() -> None:
+        if tasks:  # asked twice: stop now
+            http.should_exit = True
+            return
+        tasks.append(loop.create_task(drain_then_stop(engine, lambda: setattr(http, "should_exit", True), grace_s, logger)))
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal)
+
+
 async def watch_loading(name: str, engine, http: HttpServer, failures: list[str], logger: logging.Logger,
                         started: float | None = None) -> None:  # fmt: skip
     """Log when `engine` has loaded, and how long it took since `started` (time.monotonic());

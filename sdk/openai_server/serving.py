@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.decision import RoutingMode, parse_model_choice
-from sdk.protocol.engine import EngineOverloadedError, EngineProtocol, GenerationRequest, InvalidRequestError, TokenEvent
+from sdk.protocol.engine import Caller, EngineOverloadedError, EngineProtocol, GenerationRequest, InvalidRequestError, TokenEvent
 from sdk.openai_server.errors import from_exception, model_not_found
 from sdk.openai_server.generation import (
     ChoiceState,
@@ -31,6 +31,8 @@ from sdk.protocol.request_fields import unknown_fields
 logger = logging.getLogger(__name__)
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
+
+BUDGET_WARNING_HEADER = "x-tandem-budget-warning"  # a soft budget reached (sdk.budgets)
 
 # Nginx's code for "client closed request"; nobody reads it, but access logs show why.
 CLIENT_CLOSED_STATUS = 499
@@ -58,6 +60,11 @@ class ServerState:
     feedback_limiter: Any = None  # sdk.protocol.client_limits.RequestRateLimiter for POST /v1/feedback
     embeddings: Any = None  # sdk.embeddings.service.EmbeddingService: POST /v1/embeddings (tandem serve)
     budgets: Any = None  # sdk.budgets.manager.BudgetManager of a server without a cascade (tandem cloud serve's hosted API)
+
+    @property
+    def bills_user(self) -> bool:
+        """Whether requests' `user` field is billed (budgets), so it is not an ignored field."""
+        return self.budgets is not None or getattr(self.cascade, "budgets", None) is not None
 
     @property
     def engine_model_names(self) -> list[str]:
@@ -101,6 +108,7 @@ class Job:
     generation_requests: list[GenerationRequest]
     num_prompt_tokens: int
     arrival_time: float  # time.monotonic() when the request arrived, for TTFT and E2E
+    user: str | None = None  # the request's `user` (budgets bill it)
 
 
 def new_id(prefix: str) -> str:
@@ -116,7 +124,8 @@ async def parse_body(request: Request, model_cls: type[RequestModel]) -> Request
     """Validate the raw body ourselves: strict types, and malformed JSON as a 400 like any other; the
     models' validators refuse the fields tandem does not implement (request_fields); log the unknown ones."""
     state: ServerState = request.app.state.tandem
-    raw, context = await request.body(), {"strict_fields": state.strict_fields}
+    raw = await request.body()
+    context = {"strict_fields": state.strict_fields, "uses_user": state.bills_user}
     if len(raw) > LARGE_BODY_BYTES:  # 10,000 messages take ~20 ms to validate: not on the loop
         body = await off_loop(functools.partial(model_cls.model_validate_json, raw, context=context))
     else:
@@ -132,6 +141,19 @@ def ignored_extension(body) -> dict | None:
     return {"ignored_fields": body.ignored_fields} if body.ignored_fields else None
 
 
+def bill_to_caller(request: Request, state: ServerState, job: Job) -> dict[str, str]:
+    """Name the caller on each of the job's requests when the engine bills them (the prompt on the
+    first choice only, as usage counts it); the soft-budget warning header, if any."""
+    soft_warnings = getattr(state.engine, "soft_warnings", None)  # sdk.budgets.metered_engine.BudgetedEngine
+    if soft_warnings is None:
+        return {}
+    key = getattr(request.state, "key_fingerprint", None)
+    for index, generation_request in enumerate(job.generation_requests):
+        generation_request.caller = Caller(key, job.user, bills_prompt=index == 0)
+    verdict = soft_warnings(Caller(key, job.user))
+    return {BUDGET_WARNING_HEADER: verdict.describe_soft()} if verdict.soft else {}
+
+
 async def run_job(
     request: Request,
     state: ServerState,
@@ -142,16 +164,21 @@ async def run_job(
     stream_body: Callable[[tuple[int, TokenEvent] | None, object], EventStreamResponse],
     complete_body: Callable[[Sequence[ChoiceState]], BaseModel],
 ) -> Response:
-    """Run a job and answer with a stream or a whole body, cancelling it if the client leaves."""
+    """Run a job and answer with a stream or a whole body, cancelling it if the client leaves.
+    On a server whose engine is billed (sdk.budgets.metered_engine), the requests carry their
+    caller, and a soft budget reached adds `x-tandem-budget-warning`."""
+    headers = bill_to_caller(request, state, job)
     choices = merge_choices(state.engine, job.generation_requests, state.metrics, job.arrival_time)
     try:
         if stream:
             # Pull the first event before the 200 goes out, so a request the engine refuses
             # (context length, overload) is still answered with its proper status.
             first = await cancel_on_disconnect(request, anext(choices, None))
-            return stream_body(first, choices)
+            response = stream_body(first, choices)
+            response.headers.update(headers)
+            return response
         states = await cancel_on_disconnect(request, collect_choices(choices, len(job.generation_requests), keep_events))
-        return Response(complete_body(states).model_dump_json(), media_type="application/json")
+        return Response(complete_body(states).model_dump_json(), media_type="application/json", headers=headers)
     except ClientDisconnected:
         await choices.aclose()
         return Response(status_code=CLIENT_CLOSED_STATUS)

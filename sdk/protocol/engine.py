@@ -44,6 +44,12 @@ class EngineNotReadyError(EngineError):
     """The engine is still loading or is shutting down."""
 
 
+class QuotaExceededError(EngineError):
+    """The caller has spent what its budget allows this period: retrying will not help until it
+    ends (HTTP 429 insufficient_quota with x-should-retry: false, gRPC RESOURCE_EXHAUSTED with
+    `tandem-error-type: insufficient_quota` and no retry-after)."""
+
+
 MIN_SAMPLING_TEMPERATURE = 1e-5  # below it, sampling is greedy
 
 
@@ -182,6 +188,19 @@ class SamplingParams:
         return self.uses_token_history or bool(self.logit_bias) or self.structured is not None
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Whose request this is, for a server that bills it (sdk.budgets.metered_engine); engines ignore it.
+
+    `key_fingerprint`: the API key's fingerprint (None on a server without keys); `user`: the
+    OpenAI `user` field. `bills_prompt`: False for the 2nd..nth choice of one request, whose
+    prompt OpenAI's usage (and so the bill) counts once."""
+
+    key_fingerprint: str | None = None
+    user: str | None = None
+    bills_prompt: bool = True
+
+
 @dataclass
 class GenerationRequest:
     """One prompt, already tokenized, to be continued by the engine."""
@@ -194,6 +213,7 @@ class GenerationRequest:
     # continuing a local answer, the local model resuming or taking over): a structured request's
     # grammar consumes them before it masks the first new token.
     num_continuation_tokens: int = 0
+    caller: Caller | None = None  # who is billed for it (servers with budgets); not sent over gRPC
 
     @property
     def continuation_token_ids(self) -> list[int]:

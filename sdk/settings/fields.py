@@ -39,13 +39,17 @@ class CloudTarget:
     tls: bool = False  # grpcs:// or https://
 
 
-CLOUD_URL_FORMS = "'embedded', 'none', grpc://HOST:PORT, grpcs://HOST:PORT or an OpenAI-compatible http(s):// base URL"
+CLOUD_URL_FORMS = ("'embedded', 'none', grpc://HOST:PORT, grpcs://HOST:PORT, replicas in gRPC's syntax (ipv4:H1:P1,H2:P2, "
+                   "ipv6:[H1]:P1,..., dns:///HOST:PORT) or an OpenAI-compatible http(s):// base URL")
+REPLICA_SCHEMES = ("ipv4:", "ipv6:", "dns:")  # sdk.cloud.grpc_client.REPLICA_TARGET_SCHEMES: round robin over them
 
 
 def parse_cloud_url(url: str) -> CloudTarget:
     """The cloud tier named by `url`; SettingsError (saying which forms are allowed) otherwise."""
     if url in ("embedded", "none"):
         return CloudTarget(url)
+    if url.startswith(REPLICA_SCHEMES):
+        return CloudTarget("grpc", _replica_target(url), tls=False)
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -59,6 +63,24 @@ def parse_cloud_url(url: str) -> CloudTarget:
     if parts.scheme in ("http", "https") and parts.hostname:
         return CloudTarget("http", url.rstrip("/"), tls=parts.scheme == "https")
     raise SettingsError(f"cloud URL {url!r} is not supported; expected {CLOUD_URL_FORMS}")
+
+
+def _replica_target(url: str) -> str:
+    """A set of replicas as gRPC names them, checked enough that a typo fails here, not at the first call."""
+    scheme, _, rest = url.partition(":")
+    if scheme == "dns":
+        name = rest[3:] if rest.startswith("///") else rest
+        host, _, port = name.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SettingsError(f"cloud URL {url!r} must be dns:///HOST:PORT (every address HOST resolves to, on PORT)")
+        return url
+    addresses = rest.split(",")
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536 or (scheme == "ipv6" and not host.startswith("[")):
+            form = "[ADDR]:PORT" if scheme == "ipv6" else "ADDR:PORT"
+            raise SettingsError(f"cloud URL {url!r}: {address!r} is not {form}; expected {scheme}:{form},{form},...")
+    return url
 
 
 Check = Callable[[Any], object]  # raises ValueError (or TypeError) saying what is allowed
@@ -205,7 +227,7 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     SettingField("local", "repetition_stop", bool, None, "TANDEM_LOCAL_REPETITION_STOP", "Stop answers caught in an exact loop (finish_reason length, stop_reason repetition) unless a request sends repetition_stop false.", "on", None, "repetition_stop"),
     SettingField("cloud", "url", str, "embedded", "TANDEM_CLOUD", f"The cloud tier: {CLOUD_URL_FORMS}.", check=parse_cloud_url),
     SettingField("cloud", "api_key", str, None, "TANDEM_CLOUD_API_KEY", "Key presented to the cloud server.", unset="no key sent", secret=True),
-    SettingField("cloud", "tls_ca", str, None, "TANDEM_CLOUD_TLS_CA", "PEM file of CAs trusted for grpcs://.", unset="the system's root certificates"),
+    SettingField("cloud", "tls_ca", str, None, "TANDEM_CLOUD_TLS_CA", "PEM file of CAs trusted for grpcs:// (and, when set, TLS to replicas named ipv4:/ipv6:/dns:).", unset="the system's root certificates"),
     SettingField("cloud", "model_name", str, None, "TANDEM_CLOUD_MODEL_NAME", "Model id sent to the cloud server (and served by the embedded engine).", unset="the server's default model", target="model_name"),
     SettingField("cloud", "model", str, None, "TANDEM_CLOUD_MODEL", "The embedded cloud engine's model: HF directory or GGUF file.", unset="the embedded SmolLM2-135M-Instruct", target="model"),
     SettingField("cloud", "device", str, "auto", "TANDEM_CLOUD_DEVICE", "Embedded engine device: auto, cpu, cuda or cuda:N.", target="device"),

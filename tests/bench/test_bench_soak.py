@@ -164,7 +164,7 @@ def test_small_soak_against_tandem_serve(tmp_path):
     # Small enough for about a minute on 2 shared cores (the embedded cloud engine shares them).
     run = subprocess.run([sys.executable, "-m", "bench.soak", "--num-requests", "28", "--concurrency", "8",
                           "--max-tokens", "8", "16", "--prompt-shares", "0.65", "0.3", "0.05", "--cancel-fraction",
-                          "0.15", "--invalid-fraction", "0.1", "--per-request", "--json", str(out)],
+                          "0.15", "--invalid-fraction", "0.1", "--budget-usd-per-day", "0.5", "--per-request", "--json", str(out)],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -172,7 +172,7 @@ def test_small_soak_against_tandem_serve(tmp_path):
     assert report["command"].startswith("python -m bench.soak") and report["machine"]["cores"] >= 1
     assert report["lost_requests"] == 0 and req["lost"] == 0
     assert req["failed"] == 0, req["failure_samples"]
-    assert req["completed"] + req["cancelled_by_client"] + req["rejected_as_expected"] == req["total"] == 28
+    assert req["completed"] + req["cancelled_by_client"] + req["rejected_as_expected"] + req["refused_by_budget"] == req["total"] == 28
     assert len(report["per_request"]) == 28 and all(r["outcome"] for r in report["per_request"])
     assert req["cancelled_by_client"] >= 1 and req["rejected_as_expected"] >= 1
     assert report["escalations"]["completed_by_tier"].get("cloud", 0) >= 1
@@ -182,3 +182,28 @@ def test_small_soak_against_tandem_serve(tmp_path):
     assert report["rss_growth_pct_from_10pct"] is not None and report["targets"]["lost_requests_zero"]
     assert report["latency_quarters"]["first"]["e2e_ms"]["count"] > 0
     assert report["server"]["exit_code"] == 0 and report["samples"][-1]["label"] == "end"
+    # Budgets on: the spend the stopped server persisted is each request's cost, summed, within the limit.
+    budget = report["budget"]
+    assert budget["targets"] == {"no_drift": True, "responses_match_ledger": True, "within_limit": True}, budget
+    assert 0 < budget["persisted_key_total_usd"] <= 0.5 and budget["requests_with_a_row"] >= 20
+
+
+def test_budget_report_finds_drift_and_mismatches(tmp_path):
+    """bench/soak_budget.py's arithmetic on a ledger written by hand: a row the key has but no request
+    explains is drift; a request whose persisted cost differs from its response's is a mismatch."""
+    import sqlite3
+
+    from bench.soak_budget import budget_report
+
+    path = tmp_path / "spend.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE spend (scope TEXT, period TEXT, usd REAL, cloud_tokens INTEGER, total_tokens INTEGER, "
+                     "requests INTEGER, PRIMARY KEY (scope, period))")
+        conn.executemany("INSERT INTO spend VALUES (?, ?, ?, 0, 0, 1)", [
+            ("key:-", "day:2026-11-25", 0.30), ("key:-", "month:2026-11", 0.30),
+            ("user:-:soak-0", "day:2026-11-25", 0.10), ("user:-:soak-1", "day:2026-11-25", 0.15)])
+    requests = [SoakRequest(i, {"model": "auto"}, "auto", "short") for i in range(2)]
+    results = [SoakResult(0, outcome="completed", cost_usd=0.10), SoakResult(1, outcome="completed", cost_usd=0.12)]
+    report = budget_report(str(path), 0.25, requests, results)
+    assert report["drift_usd"] == pytest.approx(0.05) and report["mismatched_requests"] == 1
+    assert report["targets"] == {"no_drift": False, "responses_match_ledger": False, "within_limit": False}

@@ -100,3 +100,23 @@ async def test_per_user_budgets_and_the_soft_warning(make_runner, tmp_path):  # 
         assert 'tandem:budget_requests_total{outcome="refused"} 1.0' in metrics
         assert 'tandem:budget_requests_total{outcome="warned"}' in metrics
     ledger.close()
+
+
+async def test_a_cascade_whose_cloud_key_is_out_of_budget_answers_locally(make_runner, recording, serve, tmp_path):  # noqa: F811
+    """The hosted side's budget (tandem cloud serve with --budgets-file) seen from a cascade: its cloud
+    key's 429-equivalent (gRPC RESOURCE_EXHAUSTED insufficient_quota) keeps the answer local with its
+    own reason, and the breaker counts nothing (the tier is healthy; another key may still use it)."""
+    from router.costs import TierPrices
+    from sdk.budgets.metered_engine import BudgetedEngine
+    from tests.sdk.test_cascade import GREEDY, QUESTION
+
+    (tmp_path / "budgets.toml").write_text("[default]\nusd_per_day = 0.000001\n")
+    ledger = SpendLedger(tmp_path / "spend.sqlite3").start()
+    budgets = BudgetManager(str(tmp_path / "budgets.toml"), ledger, prices_are_zero=False, cloud_only=True)
+    runner = await make_runner(await serve(BudgetedEngine(recording, budgets, TierPrices(1000.0, 2000.0))))
+    for _ in range(3):
+        result = await runner.complete(QUESTION, GREEDY, model="auto:1")
+        assert (result.routing.tier, result.routing.degraded_reason) == ("local", "cloud_quota_exhausted")
+    assert runner.breaker.state.value == "closed" and runner.breaker.num_consecutive_failures == 0
+    assert budgets.counts.refused == 3 and recording.received  # the cloud saw the requests and refused them
+    ledger.close()

@@ -20,6 +20,7 @@ from sdk.cloud.grpc_client import (
     CloudInvalidArgumentError,
     CloudModel,
     CloudOverloadedError,
+    CloudQuotaExceededError,
     CloudUnauthenticatedError,
     CloudUnavailableError,
 )
@@ -190,6 +191,8 @@ async def test_continuation_and_token_ids_are_refused(client):
 @pytest.mark.parametrize("status, body, headers, cls, kind, message", [
     (403, b'{"error": {"message": "not allowed", "type": "x"}}', {}, CloudError, FailureKind.AUTH, "not allowed"),
     (429, b'{"error": {"message": "slow down"}}', {"retry-after": "7"}, CloudOverloadedError, FailureKind.OVERLOADED, "slow down"),
+    (429, b'{"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}',
+     {}, CloudQuotaExceededError, FailureKind.OVERLOADED, "current quota"),  # spent credit: the cascade answers locally
     (503, b'{"error": {"message": "loading"}}', {}, CloudUnavailableError, FailureKind.UNAVAILABLE, "loading"),
     (503, b'{"error": {"message": "queue full", "code": "server_overloaded"}}', {"retry-after": "2"},
      CloudOverloadedError, FailureKind.OVERLOADED, "queue full"),  # tandem's own full queue

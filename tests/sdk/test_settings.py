@@ -196,13 +196,18 @@ input_per_million = 0.5
     ("grpcs://[::1]:443", CloudTarget("grpc", "[::1]:443", tls=True)),
     ("http://localhost:8000/v1", CloudTarget("http", "http://localhost:8000/v1")),
     ("https://api.example.com/v1/", CloudTarget("http", "https://api.example.com/v1", tls=True)),
+    # Replicas, in gRPC's own syntax (round robin with health checks: sdk.cloud.grpc_client)
+    ("ipv4:127.0.0.1:50051,127.0.0.1:50052", CloudTarget("grpc", "ipv4:127.0.0.1:50051,127.0.0.1:50052")),
+    ("ipv6:[::1]:50051,[::1]:50052", CloudTarget("grpc", "ipv6:[::1]:50051,[::1]:50052")),
+    ("dns:///cloud.internal:50051", CloudTarget("grpc", "dns:///cloud.internal:50051")),
 ])
 def test_parse_cloud_url(url, expected):
     assert parse_cloud_url(url) == expected
 
 
 @pytest.mark.parametrize("url", ["", "Embedded", "ftp://x", "grpc://host", "grpc://:50051", "grpc://h:0",
-                                 "grpc://h:port", "grpc://h:1/path", "grpcs://h:99999", "https://", "cloud:50051"])
+                                 "grpc://h:port", "grpc://h:1/path", "grpcs://h:99999", "https://", "cloud:50051",
+                                 "ipv4:127.0.0.1", "ipv4:127.0.0.1:1,", "ipv6:::1:50051", "dns:///cloud", "dns:///h:0"])
 def test_parse_cloud_url_refuses(url):
     with pytest.raises(SettingsError, match="cloud URL"):
         parse_cloud_url(url)

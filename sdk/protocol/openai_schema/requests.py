@@ -147,7 +147,7 @@ class _SamplingFields(_TopLevel):
     stop: Union[str, list[str], None] = None
     stop_token_ids: list[int] | None = None  # extension (vLLM)
     seed: int | None = Field(default=None, ge=_SEED_MIN, le=_SEED_MAX)
-    user: str | None = None  # accepted for compatibility; not used
+    user: str | None = None  # per-user budgets (sdk.budgets) bill it; ignored on a server without budgets
     presence_penalty: float | None = None  # OpenAI: over generated tokens, [-2, 2]
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
@@ -170,10 +170,11 @@ class _SamplingFields(_TopLevel):
     def num_choices(self) -> int:
         return self.n or 1
 
-    def check_fields(self, strict: bool = False) -> list[str]:
+    def check_fields(self, strict: bool = False, uses_user: bool = False) -> list[str]:
         """Refuse output-changing fields tandem does not implement (InvalidRequestError names the
-        field); return the names accepted but ignored. `strict`: unknown names are refused too."""
-        ignored = (["user"] if self.user is not None else []) + classify_extra_fields(self.model_extra or {})
+        field); return the names accepted but ignored. `strict`: unknown names are refused too.
+        `uses_user`: the server bills `user` (budgets), so it is not an ignored field."""
+        ignored = (["user"] if self.user is not None and not uses_user else []) + classify_extra_fields(self.model_extra or {})
         # Only a chat request's own messages: on /v1/completions a stray "messages" is just an extra field.
         messages = self.messages if "messages" in type(self).model_fields else []
         for index, message in enumerate(messages):
@@ -198,14 +199,16 @@ class _SamplingFields(_TopLevel):
     def _refuse_what_tandem_does_not_do(self, info: ValidationInfo):
         """Refusals as validation (InvalidRequestError passes through pydantic unchanged, naming its
         field): what would otherwise be ignored silently, worded the way OpenAI words it; then
-        the fields beyond the schema (check_fields; context {"strict_fields": True} refuses unknown ones)."""
+        the fields beyond the schema (check_fields; context {"strict_fields": True} refuses unknown ones,
+        {"uses_user": True} says the server bills `user`)."""
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
         if len(self.stop_list) > MAX_STOP_STRINGS:
             raise InvalidRequestError(f"stop accepts at most {MAX_STOP_STRINGS} strings, got {len(self.stop_list)}", "stop")
         self.token_logit_bias  # noqa: B018  (raises for keys that are not token ids)
         self._refuse_for_endpoint()
-        self.check_fields(strict=bool((info.context or {}).get("strict_fields")))
+        context = info.context or {}
+        self.check_fields(strict=bool(context.get("strict_fields")), uses_user=bool(context.get("uses_user")))
         return self
 
     def _refuse_for_endpoint(self) -> None:

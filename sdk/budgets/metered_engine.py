@@ -1,0 +1,63 @@
+"""Budgets on a server that answers only on the cloud (`tandem cloud serve`'s hosted API): an
+engine wrapper that bills each request to its caller (GenerationRequest.caller), so the HTTP
+and the gRPC listener, which share the wrapped engine, share one budget per key.
+
+Per request: before the engine sees it, its largest cost (its prompt tokens, counted by the
+engine's own tokenizer, plus max_tokens, at the server's prices) is reserved against each hard
+USD limit of the key and user (sdk.budgets.manager: the bound under concurrency); a request
+that does not fit raises BudgetExhaustedError (HTTP 429 insufficient_quota, gRPC
+RESOURCE_EXHAUSTED). When its stream ends, however it ends (finished, failed, the client gone),
+the reservation is released and the real cost recorded: the prompt once the engine has
+answered with a first token, and each token generated. That is the usage the response
+reports, so the ledger and the responses agree token for token.
+
+Cloud-share limits mean nothing here (every token is a cloud token) and are refused at start
+(sdk.budgets.manager.require_usd_only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from router.costs import TierPrices
+from sdk.budgets.manager import BudgetExhaustedError, BudgetManager, Verdict
+from sdk.protocol.engine import Caller, EngineProtocol, GenerationRequest, TokenEvent
+from sdk.protocol.engine_wrapper import EngineWrapper
+
+
+class BudgetedEngine(EngineWrapper):
+    """`engine`, with every generation billed to its caller's budgets."""
+
+    def __init__(self, engine: EngineProtocol, budgets: BudgetManager, prices: TierPrices):
+        super().__init__(engine)
+        self.budgets = budgets
+        self.prices = prices
+
+    def soft_warnings(self, caller: Caller | None) -> Verdict:
+        """The soft limits this caller has reached (counted as warned when there are any)."""
+        caller = caller or Caller()
+        verdict = self.budgets.verdict(caller.key_fingerprint, caller.user)
+        if verdict.soft:
+            self.budgets.count(Verdict(soft=verdict.soft), "warned")
+        return Verdict(soft=verdict.soft)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        caller = request.caller or Caller()
+        num_prompt = len(request.prompt_token_ids) if caller.bills_prompt else 0
+        largest = self.prices.cost(num_prompt, request.params.max_tokens)
+        reservation, breach = self.budgets.reserve(caller.key_fingerprint, caller.user, largest)
+        if breach is not None:
+            refused = Verdict(hard=(breach,))
+            self.budgets.count(refused, "refused")
+            raise BudgetExhaustedError(refused)
+        prompt_tokens = generated = 0
+        try:
+            async for event in self.engine.generate(request):
+                prompt_tokens = num_prompt  # the engine has computed the prompt
+                generated = event.num_output_tokens or generated + 1  # as the response's usage counts (ChoiceState)
+                yield event
+        finally:  # also when the client left or the engine failed: what was computed is billed
+            usd = self.prices.cost(prompt_tokens, generated)
+            self.budgets.settle(reservation, caller.key_fingerprint, caller.user, usd, prompt_tokens + generated,
+                                prompt_tokens + generated)  # fmt: skip
+
