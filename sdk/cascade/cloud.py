@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 from router.circuit_breaker import CircuitBreaker
 from router.failure_kinds import FailureKind, classify_failure
-from sdk.cloud.grpc_client import CloudClient, CloudError, CloudInvalidArgumentError, CloudQuotaExceededError, CloudTokenEvent
+from sdk.cloud.grpc_client import (
+    CloudClient,
+    CloudError,
+    CloudInvalidArgumentError,
+    CloudQuotaExceededError,
+    CloudTokenEvent,
+    is_replica_target,
+)
 from sdk.protocol.engine import SamplingParams
 
 logger = logging.getLogger("tandem.router")
@@ -163,13 +170,17 @@ async def stream_from_cloud(
         raise
     except CloudQuotaExceededError as error:
         # The cloud's budget for this tier's key is spent: the tier is healthy, so the breaker counts
-        # nothing (as for an invalid argument), and the request is answered locally.
-        breaker.record_failure(FailureKind.INVALID_ARGUMENT)
+        # nothing, and the request is answered locally.
+        breaker.record_abandoned()
         reported = True
         raise CloudFailed(QUOTA_REASON) from error
     except CloudError as error:
         kind = classify_failure(error)
-        if kind is FailureKind.AUTH:
+        if kind is FailureKind.UNAVAILABLE and started and is_replica_target(getattr(client, "target", "")):
+            # One replica of several went away mid-stream: the channel already sends the next call to
+            # another, so this says nothing about the tier (calls that cannot start at all still count).
+            breaker.record_abandoned()
+        elif kind is FailureKind.AUTH:
             breaker.record_auth_failure(error.code.name)  # escalation stays off until breaker.reset()
         else:
             breaker.record_failure(kind)

@@ -33,6 +33,7 @@ class DrainableEngine(EngineWrapper):
         super().__init__(engine)
         self.draining = False
         self.in_flight = 0
+        self.started = 0  # generations this replica took (refused ones not counted)
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -58,6 +59,7 @@ class DrainableEngine(EngineWrapper):
         if self.draining:
             raise EngineNotReadyError(DRAINING_MESSAGE)
         self.in_flight += 1
+        self.started += 1
         self._idle.clear()
         try:
             async for event in self.engine.generate(request):
@@ -68,7 +70,7 @@ class DrainableEngine(EngineWrapper):
                 self._idle.set()
 
     def status(self) -> dict:
-        return {"draining": self.draining, "in_flight": self.in_flight}
+        return {"draining": self.draining, "in_flight": self.in_flight, "started": self.started}
 
 
 def admin_routes(app, engine: DrainableEngine, admin_key: str) -> None:

@@ -89,6 +89,7 @@ def test_java_client_against_tandem_serve(java_classes, keyed_server):
         f"server log:\n{_log_tail(log_path)}"
     )
     assert "0 failed" in result.stdout, result.stdout
+    assert "PASS embeddings" in result.stdout, result.stdout  # the server checks ran, embeddings among them
     assert process.poll() is None, f"the server died:\n{_log_tail(log_path)}"
     # The cancelled streams and the timed-out request must have been stopped and their KV blocks freed.
     _wait_until_idle(base_url)

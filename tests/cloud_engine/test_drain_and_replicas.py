@@ -25,22 +25,9 @@ SHORT = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 PROMPT = [1, 2, 3, 4]
 
 
-class CountingReplica(DrainableEngine):
-    """A replica that counts the generations it was given."""
-
-    def __init__(self, engine):  # noqa: F811
-        super().__init__(engine)
-        self.started = 0
-
-    async def generate(self, request):
-        self.started += 1
-        async for event in super().generate(request):
-            yield event
-
-
 @pytest.fixture
 async def replicas(engine):  # noqa: F811
-    wrappers = [CountingReplica(engine) for _ in range(3)]
+    wrappers = [DrainableEngine(engine) for _ in range(3)]
     servers = [await start_grpc_server(w, GrpcServerConfig(port=0)) for w in wrappers]
     target = "ipv4:" + ",".join(f"127.0.0.1:{bound_port(s)}" for s in servers)
     client = CloudClient(target)
@@ -100,7 +87,7 @@ async def test_a_draining_replica_finishes_its_streams_and_refuses_new_ones(engi
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
             assert (await http.post("/admin/drain", headers={"Authorization": f"Bearer {KEY}"})).status_code == 403  # an API key is not the admin key
             drained = await http.post("/admin/drain", headers={"Authorization": f"Bearer {ADMIN}"})
-            assert drained.status_code == 200 and drained.json() == {"draining": True, "in_flight": 1}
+            assert drained.status_code == 200 and drained.json() == {"draining": True, "in_flight": 1, "started": 1}
             health = await http.get("/health")
             assert health.status_code == 503 and "draining" in health.json()["error"]["message"]
             assert await _health(client, "NOT_SERVING")

@@ -185,6 +185,63 @@ public final class TandemClient {
         return Boolean.TRUE.equals(reply.get("recorded"));
     }
 
+    /** The embedding model {@code tandem serve} serves on {@code /embeddings}. */
+    public static final String EMBEDDING_MODEL = "all-MiniLM-L6-v2";
+
+    /**
+     * POST {@code /embeddings}: one vector per text, in the order given (all-MiniLM-L6-v2, 384 floats,
+     * unit length; a text's vector does not depend on the others sent with it). Runs on the device.
+     *
+     * @throws InvalidRequestException for an empty list, an empty text or one over the model's 256-token window
+     */
+    public List<float[]> embeddings(List<String> texts) throws TandemException {
+        if (texts == null || texts.isEmpty()) {
+            throw new IllegalArgumentException("texts must hold at least one text");
+        }
+        Map<String, Object> body = new LinkedHashMap<String, Object>();
+        body.put("model", EMBEDDING_MODEL);
+        body.put("input", new ArrayList<String>(texts));
+        Map<String, Object> reply = callJson("POST", baseUrl + "/embeddings", Json.write(body));
+        List<Object> data = Json.getList(reply, "data");
+        if (data == null || data.size() != texts.size()) {
+            throw new ServerException("the embeddings reply does not hold one vector per text", 200, null, null, null, null);
+        }
+        float[][] vectors = new float[texts.size()][];
+        for (Object item : data) {
+            @SuppressWarnings("unchecked")
+            Map<String, Object> entry = item instanceof Map ? (Map<String, Object>) item : null;
+            Long index = Json.getLong(entry, "index");
+            List<Object> values = Json.getList(entry, "embedding");
+            if (index == null || index.longValue() < 0 || index.longValue() >= vectors.length || values == null) {
+                throw new ServerException("an embedding without a valid index and vector", 200, null, null, null, null);
+            }
+            float[] vector = new float[values.size()];
+            for (int i = 0; i < vector.length; i++) {
+                Object value = values.get(i);
+                if (!(value instanceof Number)) {
+                    throw new ServerException("an embedding holds a value that is not a number", 200, null, null, null, null);
+                }
+                vector[i] = ((Number) value).floatValue();
+            }
+            vectors[index.intValue()] = vector;
+        }
+        List<float[]> out = new ArrayList<float[]>(vectors.length);
+        for (float[] vector : vectors) {
+            if (vector == null) {
+                throw new ServerException("the embeddings reply skips an index", 200, null, null, null, null);
+            }
+            out.add(vector);
+        }
+        return out;
+    }
+
+    /** One text's embedding: {@link #embeddings(List)} of a one-element list. */
+    public float[] embedding(String text) throws TandemException {
+        List<String> one = new ArrayList<String>();
+        one.add(text);
+        return embeddings(one).get(0);
+    }
+
     /** GET {@code /models}: the ids of the served models (tandem: auto, local, cloud, the model's name). */
     public List<String> listModels() throws TandemException {
         Map<String, Object> reply = callJson("GET", baseUrl + "/models", null);

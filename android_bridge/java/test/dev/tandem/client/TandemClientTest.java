@@ -58,6 +58,7 @@ public final class TandemClientTest {
             run("listModels", () -> listModels(client));
             run("chat: non-streaming", () -> chat(client));
             run("feedback: recorded, and an unknown id -> NotFoundException", () -> feedback(client));
+            run("embeddings: unit vectors, batch equals single, empty text refused", () -> embeddings(client));
             run("chat: private request, odd characters, extra field", () -> chatPrivate(client));
             run("chat: temperature 5 -> InvalidRequestException", () -> invalidRequest(client));
             run("chat: unknown model -> NotFoundException", () -> unknownModel(client));
@@ -447,6 +448,22 @@ public final class TandemClientTest {
         check(client.feedback(reply.getId(), 0.0), "a second verdict replaces the first");
         expect(NotFoundException.class, () -> client.feedback("chatcmpl-never-issued", 1.0));
         expect(InvalidRequestException.class, () -> client.feedback(reply.getId(), 2.0));
+    }
+
+    private static void embeddings(final TandemClient client) throws Exception {
+        List<float[]> two = client.embeddings(Arrays.asList("A cat sat on the mat.", "Stock markets fell sharply."));
+        checkEquals(Integer.valueOf(2), Integer.valueOf(two.size()), "one vector per text");
+        checkEquals(Integer.valueOf(384), Integer.valueOf(two.get(0).length), "MiniLM's width");
+        double norm = 0;
+        for (float v : two.get(0)) {
+            norm += v * v;
+        }
+        check(Math.abs(norm - 1.0) < 1e-3, "unit length: " + norm);
+        float[] single = client.embedding("A cat sat on the mat.");
+        for (int i = 0; i < single.length; i++) {
+            check(Math.abs(single[i] - two.get(0)[i]) < 1e-5, "batched and single vectors agree at " + i);
+        }
+        expect(InvalidRequestException.class, () -> client.embedding(""));
     }
 
     private static void chatPrivate(TandemClient client) throws Exception {
