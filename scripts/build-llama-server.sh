@@ -25,11 +25,16 @@ if [ -x "$binary" ] && "$binary" --version >/dev/null 2>&1; then
     exit 0
 fi
 
-for tool in cmake make c++; do
+for tool in make c++; do
     command -v "$tool" >/dev/null || { echo "build-llama-server: '$tool' not found (needed to build llama-server)" >&2; exit 1; }
 done
 work=$(mktemp -d "${TMPDIR:-/tmp}/llama-server-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+if ! command -v cmake >/dev/null; then  # the PyPI wheel, as llama-cpp-python's own build gets it
+    echo "build-llama-server: no cmake on PATH; installing the cmake wheel into the build folder" >&2
+    "$python" -m pip install --quiet --target "$work/cmake" cmake >&2
+    export PATH="$work/cmake/bin:$PATH" PYTHONPATH="$work/cmake${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 echo "build-llama-server: fetching the llama-cpp-python $version sdist" >&2
 "$python" -m pip download --quiet --no-binary :all: --no-deps "llama-cpp-python==$version" -d "$work" >&2

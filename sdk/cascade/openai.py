@@ -97,7 +97,7 @@ async def routed_completion(
         id=response_id, created=created, model=model,
         choices=[ChatChoice(index=0, message=ChatResponseMessage.answer(content, calls),
                             finish_reason="tool_calls" if calls else result.finish_reason, stop_reason=result.stop_reason)],
-        usage=usage_of(result.routing, len(result.token_ids)), tandem=tandem_field(result.routing),
+        usage=usage_of(result.routing, result.tiers), tandem=tandem_field(result.routing),
     )  # fmt: skip
 
 
@@ -127,7 +127,7 @@ async def _chunks(
         choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason, stop_reason=stop_reason)
         return TandemChatCompletionChunk(id=response_id, created=created, model=model, choices=[choice], **extra)
 
-    num_tokens = 0
+    tiers: list[str] = []  # the tier of each event released
     try:
         yield chunk(DeltaMessage(role="assistant", content=""))  # OpenAI opens with the role
         event = first
@@ -143,10 +143,10 @@ async def _chunks(
                     yield chunk(DeltaMessage(tool_calls=tool_call_deltas(calls)))
                 yield chunk(
                     DeltaMessage(), "tool_calls" if calls else event.finish_reason, event.stop_reason,  # collect() ignores the final event's text too
-                    usage=usage_of(routing, num_tokens), tandem=tandem_field(routing),
+                    usage=usage_of(routing, tiers), tandem=tandem_field(routing),
                 )  # fmt: skip
                 return
-            num_tokens += 1
+            tiers.append(event.tier)
             content = answers.feed(0, event.text)
             if content:  # tokens whose text is held back (partial characters, a call being written) need no chunk
                 yield chunk(DeltaMessage(content=content))

@@ -3,6 +3,7 @@ sdk.cascade.openai builds and sdk.client returns to apps."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sdk.cascade.types import RoutingInfo
@@ -38,11 +39,16 @@ def tandem_field(routing: RoutingInfo) -> dict[str, Any]:
     }
 
 
-def usage_of(routing: RoutingInfo, num_completion_tokens: int) -> Usage:
-    """Usage as the answering tier saw it: its prompt, and every token released to the app."""
+def usage_of(routing: RoutingInfo, tiers: Sequence[str]) -> Usage:
+    """Usage as the answering tier saw it: its prompt, and the completion tokens released to the app.
+
+    `tiers`: the tier of each event released. The local tier's events are its tokens; the cloud's
+    part is the cloud's own count (the cost ledger's), since an OpenAI-compatible cloud's chunks are
+    not tokens one to one (llama.cpp's servers end with a chunk that only carries the finish_reason)."""
     prompt_tokens = int(routing.cost.get(routing.tier, {}).get("prompt_tokens", 0))
-    return Usage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=num_completion_tokens,
-        total_tokens=prompt_tokens + num_completion_tokens,
-    )
+    num_local = sum(tier == "local" for tier in tiers)
+    num_cloud_events = len(tiers) - num_local
+    cloud_count = routing.cost.get("cloud", {}).get("completion_tokens")
+    num_cloud = int(cloud_count) if num_cloud_events and cloud_count is not None else num_cloud_events
+    completion_tokens = num_local + num_cloud
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens)
