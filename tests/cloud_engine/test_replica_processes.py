@@ -36,6 +36,7 @@ ADMIN = "replica-admin-key-0123456789"
 PROMPT = [1, 5, 9, 13]
 SHORT = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 LONG = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+LONGEST = SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True)  # phase 3: still running when B is killed
 
 
 @dataclass
@@ -61,7 +62,8 @@ class Outcome:
 
 def start_replica(model_dir: str, folder) -> Replica:
     http_port, grpc_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    # One torch thread each: three processes on a 2-core machine with two threads each ran ~10x slower.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")} | {"OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "sdk.cli", "cloud", "serve", "--model", model_dir, "--model-name", "tiny",
                "--dtype", "float32", "--kv-cache-gb", "0.02", "--port", str(http_port), "--grpc-port", str(grpc_port),
                "--admin-key-file", str(folder / "admin"), "--drain-grace-s", "60", "--log-level", "warning"]
@@ -145,17 +147,20 @@ async def test_three_replicas_split_drain_kill_and_stop(replicas):
 
         # 3. One killed mid-load: its streams end with an error after the tokens they got; the rest
         # complete; calls made after the kill go to the other two.
-        long_calls = [asyncio.create_task(call(client, breaker, LONG)) for _ in range(9)]
-        assert await wait_for(lambda: b.status()["in_flight"] >= 1), "replica B never got a long stream"
+        outcomes = [Outcome() for _ in range(9)]
+        long_calls = [asyncio.create_task(call(client, breaker, LONGEST, outcome)) for outcome in outcomes]
+        # Kill B once every stream has its first token: B's are then cut mid-way, not retried elsewhere.
+        assert await wait_for(lambda: all(o.tokens >= 1 or o.failure for o in outcomes) and b.status()["in_flight"] >= 1), \
+            f"replica B never got a long stream: {outcomes}"
         b.process.kill()
         b.process.wait()
         after_kill = await _in_waves(client, breaker, SHORT, 20, 4)
-        outcomes = await asyncio.gather(*long_calls)
+        await asyncio.gather(*long_calls)
         cut = [o for o in outcomes if o.failure is not None]
         whole = [o for o in outcomes if o.failure is None]
-        assert cut, "no stream was running on the killed replica"
-        assert all(o.failure == "cloud_unavailable" and 0 < o.tokens < LONG.max_tokens for o in cut)  # seen, counted
-        assert all(o.finish_reason == "length" and o.tokens == LONG.max_tokens for o in whole)
+        assert cut, f"no stream was running on the killed replica: {outcomes}"
+        assert all(o.failure == "cloud_unavailable" and 0 < o.tokens < LONGEST.max_tokens for o in cut)  # seen, counted
+        assert all(o.finish_reason == "length" and o.tokens == LONGEST.max_tokens for o in whole)
         assert all(o.finish_reason == "length" and o.failure is None for o in after_kill)
         # One replica's cut streams say nothing about the tier: the breaker stays closed.
         assert breaker.state.value == "closed" and breaker.num_consecutive_failures == 0
