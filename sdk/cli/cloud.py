@@ -34,6 +34,7 @@ def serve(
     port: int = typer.Option(8000, envvar=_env("PORT"), min=0, max=65535, help="OpenAI HTTP API port."),
     grpc_port: int = typer.Option(50051, envvar=_env("GRPC_PORT"), min=0, max=65535, help="gRPC port."),
     device: str = typer.Option("auto", envvar=_env("DEVICE"), help="auto, cpu, cuda or cuda:N."),
+    threads: Optional[int] = typer.Option(None, envvar=_env("THREADS"), min=1, help="CPU threads of torch's kernels (default: torch's, one per core); several replicas on one host need their share each."),
     dtype: str = typer.Option("auto", envvar=_env("DTYPE"), help="auto, float32, bfloat16, float16."),
     kv_cache_gb: Optional[float] = typer.Option(None, envvar=_env("KV_CACHE_GB"), min=0.0, help="KV cache budget; default: a fraction of free memory."),
     max_num_seqs: Optional[int] = typer.Option(None, envvar=_env("MAX_NUM_SEQS"), min=1, help="Requests in one step; default 32."),
@@ -97,6 +98,10 @@ def serve(
     except (ValueError, ApiKeyConfigError, SettingsError, BudgetConfigError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)  # process-wide: the engine thread's kernels use it
     engine = AsyncCloudEngine(engine_config).start()
     try:
         limits = {"client_limits": client_limits, "max_body_bytes": max_body_bytes, "strict_fields": strict_fields}

@@ -62,11 +62,11 @@ class Outcome:
 
 def start_replica(model_dir: str, folder) -> Replica:
     http_port, grpc_port = free_port(), free_port()
-    # One torch thread each: three processes on a 2-core machine with two threads each ran ~10x slower.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")} | {"OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     command = [sys.executable, "-m", "sdk.cli", "cloud", "serve", "--model", model_dir, "--model-name", "tiny",
                "--dtype", "float32", "--kv-cache-gb", "0.02", "--port", str(http_port), "--grpc-port", str(grpc_port),
-               "--admin-key-file", str(folder / "admin"), "--drain-grace-s", "60", "--log-level", "warning"]
+               "--admin-key-file", str(folder / "admin"), "--drain-grace-s", "60", "--log-level", "warning",
+               "--threads", "1"]  # three processes on 2 cores with torch's default threads ran the test 7x slower
     log_path = folder / f"replica-{grpc_port}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
