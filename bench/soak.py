@@ -172,7 +172,8 @@ async def soak(args: argparse.Namespace, base_url: str, pid: int | None, request
     return results, duration, probe, end
 
 
-def run(args: argparse.Namespace, base_url: str, pid: int | None, server_info: dict) -> dict:
+def run(args: argparse.Namespace, base_url: str, pid: int | None, server_info: dict) -> tuple[dict, tuple]:
+    """The report, and (requests, results) for the budget report (it reads the ledger once the server has stopped)."""
     warm = warm_up(base_url)
     pool = PromptPool(args.data_dir)
     requests = build_workload(args.num_requests, args.seed, tuple(args.max_tokens), args.cancel_fraction,
@@ -180,7 +181,6 @@ def run(args: argparse.Namespace, base_url: str, pid: int | None, server_info: d
     if args.budget_usd_per_day is not None:
         bill_per_request(requests)
     results, duration, probe, end = asyncio.run(soak(args, base_url, pid, requests))
-    args.soak_outcome = (requests, results)  # the budget report reads the ledger once the server has stopped
     report = {
         "benchmark": "soak",
         "command": args.command_line,
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace, base_url: str, pid: int | None, server_info: d
     if args.per_request:
         report["per_request"] = [{**req.summary(), **(vars(res) if res else {"outcome": None})}
                                  for req, res in zip(requests, results)]
-    return report
+    return report, (requests, results)
 
 
 def _log_findings(path: str) -> dict:
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.base_url:
             base_url = args.base_url.rstrip("/").removesuffix("/v1")
-            report = run(args, base_url, args.pid, {"started_here": False})
+            report, _ = run(args, base_url, args.pid, {"started_here": False})
         else:
             budget = None
             if args.budget_usd_per_day is not None:
@@ -228,13 +228,13 @@ def main(argv: list[str] | None = None) -> None:
             server = embedded_server(args, ("--config", budget["config"]) if budget else ())
             with server:
                 console.print(f"tandem serve ready on {server.base_url} after {server.startup_s:.1f}s")
-                report = run(args, server.base_url, server.process.pid,
-                             {"started_here": True, "command": " ".join(server.command[1:]),
-                              "startup_s": server.startup_s})
+                report, outcome = run(args, server.base_url, server.process.pid,
+                                      {"started_here": True, "command": " ".join(server.command[1:]),
+                                       "startup_s": server.startup_s})
             report["server"]["exit_code"] = server.process.returncode
             report["server"]["log"] = _log_findings(server.log_path)
             if budget is not None:  # read back what the stopped server persisted
-                report["budget"] = budget_report(budget["spend_path"], args.budget_usd_per_day, *args.soak_outcome)
+                report["budget"] = budget_report(budget["spend_path"], args.budget_usd_per_day, *outcome)
                 report["targets"].update({f"budget_{k}": v for k, v in report["budget"]["targets"].items()})
     except (ServerStartError, RuntimeError, httpx.HTTPError) as exc:
         raise SystemExit(f"bench.soak: {exc}") from None

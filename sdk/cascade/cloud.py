@@ -20,8 +20,8 @@ from sdk.cloud.grpc_client import (
     CloudInvalidArgumentError,
     CloudQuotaExceededError,
     CloudTokenEvent,
-    is_replica_target,
 )
+from sdk.cloud.targets import is_replica_target
 from sdk.protocol.engine import SamplingParams
 
 logger = logging.getLogger("tandem.router")

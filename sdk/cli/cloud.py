@@ -127,15 +127,13 @@ def _sampling_defaults(pairs: list[str] | None) -> dict:
 
 
 def _read_admin_key(path: str) -> str:
-    """The admin key: the file's first non-comment line (ValueError for a missing, empty or short one)."""
-    try:
-        with open(path) as handle:
-            lines = [line.strip() for line in handle if line.strip() and not line.lstrip().startswith("#")]
-    except OSError as exc:
-        raise ValueError(f"cannot read the admin key file {path!r}: {exc.strerror}") from exc
-    if not lines or len(lines[0]) < 16:
+    """The admin key: the file's first key (ApiKeyConfigError for an unreadable file, ValueError for a missing or short key)."""
+    from sdk.protocol.api_keys import read_key_file
+
+    keys = read_key_file(path, "the admin key file")
+    if not keys or len(keys[0]) < 16:
         raise ValueError(f"the admin key file {path!r} must hold one key of at least 16 characters")
-    return lines[0]
+    return keys[0]
 
 
 async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, limits: dict, model_name, log_level: str,

@@ -29,6 +29,7 @@ from cloud_engine.grpc.errors import (
     INSUFFICIENT_QUOTA_TYPE,
     RETRY_AFTER_KEY,
 )
+from sdk.cloud.targets import is_replica_target
 from sdk.protocol.engine import (
     ContextLengthError,
     EngineError,
@@ -106,22 +107,13 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
 
-# gRPC's own name syntax for several servers: "ipv4:10.0.0.1:50051,10.0.0.2:50051", "ipv6:[::1]:50051,...",
-# "dns:///cloud.internal:50051" (every address the name resolves to, re-resolved as it changes).
-REPLICA_TARGET_SCHEMES = ("dns:", "ipv4:", "ipv6:")
-
-# For those: calls spread over the replicas in turn (round_robin), each replica watched through
+# Replica targets (sdk.cloud.targets): calls spread over the replicas in turn (round_robin), each replica watched through
 # grpc.health.v1 (the servers implement it) so one that is NOT_SERVING (loading, draining on
 # SIGTERM or an admin call) gets no new calls until it serves again; calls it already has go on.
 REPLICA_SERVICE_CONFIG = json.dumps({
     "loadBalancingConfig": [{"round_robin": {}}],
     "healthCheckConfig": {"serviceName": pb.DESCRIPTOR.services_by_name["Tandem"].full_name},
 })  # fmt: skip
-
-
-def is_replica_target(target: str) -> bool:
-    """Whether `target` names a set of replicas in gRPC's name syntax (not one host:port)."""
-    return target.startswith(REPLICA_TARGET_SCHEMES)
 
 
 def channel_options(target: str) -> tuple[tuple[str, object], ...]:

@@ -66,7 +66,8 @@ async def start_cloud_tier(settings) -> CloudTier:
         from sdk.cloud.openai_client import OpenAICloudClient
 
         return CloudTier(OpenAICloudClient(target.target, api_key=api_key), description=target.target)
-    from sdk.cloud.grpc_client import CloudClient, is_replica_target
+    from sdk.cloud.grpc_client import CloudClient
+    from sdk.cloud.targets import is_replica_target
 
     if target.kind == "grpc":
         # Replicas in gRPC's name syntax have no grpcs:// form: TLS when a CA file is configured.

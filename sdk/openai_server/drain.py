@@ -13,13 +13,12 @@ its grace period) before it stops. `POST /admin/resume` ends a drain started by 
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from sdk.protocol.api_keys import bearer_token
+from sdk.protocol.api_keys import bearer_token, matching_key
 from sdk.protocol.engine import EngineNotReadyError, EngineProtocol, GenerationRequest, TokenEvent
 from sdk.protocol.engine_wrapper import EngineWrapper
 
@@ -78,8 +77,7 @@ def admin_routes(app, engine: DrainableEngine, admin_key: str) -> None:
     (a separate secret: an API key that may generate must not take a replica out of rotation)."""
 
     def authorized(request: Request) -> bool:
-        presented = bearer_token(request.headers.get("authorization")) or ""
-        return hmac.compare_digest(presented.encode(), admin_key.encode())
+        return matching_key(bearer_token(request.headers.get("authorization")), (admin_key,)) is not None
 
     async def drain(request: Request) -> Response:
         if not authorized(request):

@@ -24,17 +24,23 @@ def load_api_keys(path: str | None = None, env_var: str = API_KEYS_ENV) -> froze
     """Keys from `path` and `$env_var`; empty when neither is set (the server then runs without auth)."""
     keys: set[str] = set()
     if path:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                lines = handle.read().splitlines()
-        except OSError as error:
-            raise ApiKeyConfigError(f"cannot read API key file {path!r}: {error.strerror}") from error
-        file_keys = {line.strip() for line in lines if line.strip() and not line.strip().startswith("#")}
+        file_keys = read_key_file(path, "API key file")
         if not file_keys:
             raise ApiKeyConfigError(f"API key file {path!r} holds no key")
-        keys |= file_keys
+        keys |= set(file_keys)
     keys |= {part.strip() for part in os.environ.get(env_var, "").split(",") if part.strip()}
     return frozenset(keys)
+
+
+def read_key_file(path: str, what: str) -> list[str]:
+    """The keys of a key file, in order: one per line, blank lines and `#` comments skipped
+    (ApiKeyConfigError, naming `what`, when it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError as error:
+        raise ApiKeyConfigError(f"cannot read {what} {path!r}: {error.strerror}") from error
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
 
 
 def bearer_token(header_value: str | None) -> str | None:

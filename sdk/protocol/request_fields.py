@@ -111,3 +111,11 @@ def classify_message_fields(extra: Mapping[str, Any], index: int) -> list[str]:
 def unknown_fields(ignored: list[str]) -> list[str]:
     """Of the ignored names, those neither OpenAI nor a known extension defines (the `--strict-fields` set)."""
     return [name for name in ignored if name.rpartition(".")[2] not in IGNORED_FIELDS]
+
+
+def refuse_unknown_fields(ignored: list[str], strict: bool) -> None:
+    """Under --strict-fields, InvalidRequestError naming the first ignored name no one defines."""
+    unknown = unknown_fields(ignored)
+    if strict and unknown:
+        raise InvalidRequestError(f"unknown field {unknown[0]!r} (this server refuses fields it does not know: "
+                                  "--strict-fields)", unknown[0])  # fmt: skip

@@ -19,6 +19,7 @@ from router.decision import HandoffMode
 from router.privacy import PrivacyRules
 from router.streaming_policy import DecideAt
 from sdk.cascade.config import CascadeConfig
+from sdk.cloud.targets import is_replica_target
 from sdk.traffic.config import TrafficSettings
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
@@ -41,14 +42,13 @@ class CloudTarget:
 
 CLOUD_URL_FORMS = ("'embedded', 'none', grpc://HOST:PORT, grpcs://HOST:PORT, replicas in gRPC's syntax (ipv4:H1:P1,H2:P2, "
                    "ipv6:[H1]:P1,..., dns:///HOST:PORT) or an OpenAI-compatible http(s):// base URL")
-REPLICA_SCHEMES = ("ipv4:", "ipv6:", "dns:")  # sdk.cloud.grpc_client.REPLICA_TARGET_SCHEMES: round robin over them
 
 
 def parse_cloud_url(url: str) -> CloudTarget:
     """The cloud tier named by `url`; SettingsError (saying which forms are allowed) otherwise."""
     if url in ("embedded", "none"):
         return CloudTarget(url)
-    if url.startswith(REPLICA_SCHEMES):
+    if is_replica_target(url):
         return CloudTarget("grpc", _replica_target(url), tls=False)
     try:
         parts = urlsplit(url)

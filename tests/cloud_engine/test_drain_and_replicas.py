@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
-from sdk.cloud.grpc_client import CloudClient, CloudUnavailableError, is_replica_target
+from sdk.cloud.grpc_client import CloudClient, CloudUnavailableError
+from sdk.cloud.targets import is_replica_target
 from sdk.openai_server import create_app
 from sdk.openai_server.drain import DrainableEngine, admin_routes
 from sdk.protocol.engine import SamplingParams

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationInfo, model_validator
 
 from sdk.protocol.engine import InvalidRequestError
-from sdk.protocol.request_fields import classify_extra_fields, unknown_fields
+from sdk.protocol.request_fields import classify_extra_fields, refuse_unknown_fields
 
 MAX_INPUTS = 2048
 EMBEDDING_MODEL_ID = "all-MiniLM-L6-v2"  # the one embedding model tandem serves (sdk.embeddings)
@@ -41,10 +41,7 @@ class EmbeddingRequest(BaseModel):
         if self.dimensions is not None:
             raise InvalidRequestError("dimensions is not supported: all-MiniLM-L6-v2 has one size, 384; leave it out", "dimensions")
         ignored = (["user"] if self.user is not None else []) + classify_extra_fields(self.model_extra or {})
-        unknown = unknown_fields(ignored)
-        if (info.context or {}).get("strict_fields") and unknown:
-            raise InvalidRequestError(f"unknown field {unknown[0]!r} (this server refuses fields it does not know: "
-                                      "--strict-fields)", unknown[0])  # fmt: skip
+        refuse_unknown_fields(ignored, bool((info.context or {}).get("strict_fields")))
         self._ignored_fields = ignored
         return self
 

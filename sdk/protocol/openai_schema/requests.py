@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
 from sdk.protocol.engine import ContextLengthError, InvalidRequestError, SamplingParams, StructuredOutput
-from sdk.protocol.request_fields import classify_extra_fields, classify_message_fields, unknown_fields
+from sdk.protocol.request_fields import classify_extra_fields, classify_message_fields, refuse_unknown_fields
 from sdk.protocol.tool_calls import render_tool_messages
 from sdk.protocol.tool_formats import LIST, ToolFormat, ToolFunction, ToolRequest
 
@@ -179,10 +179,7 @@ class _SamplingFields(_TopLevel):
         messages = self.messages if "messages" in type(self).model_fields else []
         for index, message in enumerate(messages):
             ignored += classify_message_fields(message.model_extra or {}, index)
-        unknown = unknown_fields(ignored)
-        if strict and unknown:
-            raise InvalidRequestError(f"unknown field {unknown[0]!r} (this server refuses fields it does not know: "
-                                      "--strict-fields)", unknown[0])  # fmt: skip
+        refuse_unknown_fields(ignored, strict)
         self._ignored_fields = ignored
         return ignored
 
