@@ -137,6 +137,15 @@ class BudgetManager:
                     (hard if limit.hard else soft).append(Breach(name, limit, spent))
         return Verdict(tuple(hard), tuple(soft))
 
+    def soft_warning(self, key: str | None, user: str | None) -> str | None:
+        """What the `x-tandem-budget-warning` header says: each soft limit this key (or user) has
+        reached, counted as warned; None when none is."""
+        soft = Verdict(soft=self.verdict(key, user).soft)
+        if not soft.soft:
+            return None
+        self.count(soft, "warned")
+        return soft.describe_soft()
+
     def count(self, verdict: Verdict, outcome: str) -> None:
         """Count what a verdict did to a request: "refused", "kept_local" or "warned"."""
         if outcome == "refused":

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 
 from router.costs import TierPrices
 from sdk.budgets.manager import BudgetExhaustedError, BudgetManager, Verdict
-from sdk.protocol.engine import Caller, EngineProtocol, GenerationRequest, TokenEvent
+from sdk.protocol.engine import Caller, EngineProtocol, GenerationRequest, TokenEvent, output_tokens_after
 from sdk.protocol.engine_wrapper import EngineWrapper
 
 
@@ -33,13 +33,9 @@ class BudgetedEngine(EngineWrapper):
         self.budgets = budgets
         self.prices = prices
 
-    def soft_warnings(self, caller: Caller | None) -> Verdict:
-        """The soft limits this caller has reached (counted as warned when there are any)."""
-        caller = caller or Caller()
-        verdict = self.budgets.verdict(caller.key_fingerprint, caller.user)
-        if verdict.soft:
-            self.budgets.count(Verdict(soft=verdict.soft), "warned")
-        return Verdict(soft=verdict.soft)
+    def soft_warning(self, caller: Caller) -> str | None:
+        """The soft-budget warning for this caller, if any (counted; sdk.budgets.manager)."""
+        return self.budgets.soft_warning(caller.key_fingerprint, caller.user)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         caller = request.caller or Caller()
@@ -54,7 +50,7 @@ class BudgetedEngine(EngineWrapper):
         try:
             async for event in self.engine.generate(request):
                 prompt_tokens = num_prompt  # the engine has computed the prompt
-                generated = event.num_output_tokens or generated + 1  # as the response's usage counts (ChoiceState)
+                generated = output_tokens_after(event, generated)  # as the response's usage counts
                 yield event
         finally:  # also when the client left or the engine failed: what was computed is billed
             usd = self.prices.cost(prompt_tokens, generated)

@@ -14,7 +14,7 @@ from typing import AsyncIterator, Awaitable, Sequence, TypeVar
 
 from starlette.requests import Request
 
-from sdk.protocol.engine import EngineProtocol, GenerationRequest, TokenEvent
+from sdk.protocol.engine import EngineProtocol, GenerationRequest, TokenEvent, output_tokens_after
 from sdk.protocol.openai_schema import CompletionTokensDetails, Usage
 from sdk.openai_server.metrics import ServerMetrics
 
@@ -44,7 +44,7 @@ class ChoiceState:
         self.text_parts.append(event.text)
         if keep_event:
             self.events.append(event)
-        self.num_output_tokens = event.num_output_tokens or self.num_output_tokens + 1
+        self.num_output_tokens = output_tokens_after(event, self.num_output_tokens)
         self.num_draft_tokens, self.num_accepted_tokens = event.num_draft_tokens, event.num_accepted_tokens
         if event.finish_reason is not None:
             self.finish_reason, self.stop_reason = event.finish_reason, event.stop_reason

@@ -53,13 +53,8 @@ async def create_routed_chat_completion(request: Request, state: ServerState, bo
 
 def budget_headers(runner, key: str | None, user: str | None) -> dict[str, str]:
     """`x-tandem-budget-warning` naming each soft budget this key (or user) has reached (counted in /metrics)."""
-    if runner.budgets is None:
-        return {}
-    verdict = runner.budgets.verdict(key, user)
-    if not verdict.soft:
-        return {}
-    runner.budgets.count(verdict, "warned")
-    return {BUDGET_WARNING_HEADER: verdict.describe_soft()}
+    warning = runner.budgets.soft_warning(key, user) if runner.budgets is not None else None
+    return {BUDGET_WARNING_HEADER: warning} if warning else {}
 
 
 async def _sse(chunks, include_usage: bool, ignored_fields: list[str]):

@@ -144,14 +144,14 @@ def ignored_extension(body) -> dict | None:
 def bill_to_caller(request: Request, state: ServerState, job: Job) -> dict[str, str]:
     """Name the caller on each of the job's requests when the engine bills them (the prompt on the
     first choice only, as usage counts it); the soft-budget warning header, if any."""
-    soft_warnings = getattr(state.engine, "soft_warnings", None)  # sdk.budgets.metered_engine.BudgetedEngine
-    if soft_warnings is None:
+    soft_warning = getattr(state.engine, "soft_warning", None)  # sdk.budgets.metered_engine.BudgetedEngine
+    if soft_warning is None:
         return {}
     key = getattr(request.state, "key_fingerprint", None)
     for index, generation_request in enumerate(job.generation_requests):
         generation_request.caller = Caller(key, job.user, bills_prompt=index == 0)
-    verdict = soft_warnings(Caller(key, job.user))
-    return {BUDGET_WARNING_HEADER: verdict.describe_soft()} if verdict.soft else {}
+    warning = soft_warning(Caller(key, job.user))
+    return {BUDGET_WARNING_HEADER: warning} if warning else {}
 
 
 async def run_job(

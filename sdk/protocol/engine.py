@@ -278,6 +278,12 @@ class TokenEvent:
     forced: bool = False
 
 
+def output_tokens_after(event: TokenEvent, counted: int) -> int:
+    """A request's completion tokens after `event`, `counted` before it: the engine's own count when it
+    gives one, else one more. The one rule for what usage reports and what budgets bill."""
+    return event.num_output_tokens or counted + 1
+
+
 @dataclass
 class EngineStats:
     """A snapshot for /metrics and status calls."""
