@@ -159,8 +159,10 @@ class OpenAICloudClient:
         if self._default_model is None:
             response = await self._get("/models", deadline)
             try:
-                self._default_model = str(response.json()["data"][0]["id"])
-            except (ValueError, KeyError, IndexError, TypeError):
+                # The first chat model: a card of type "embeddings" (tandem's, LM Studio's) cannot answer chat.
+                cards = response.json()["data"]
+                self._default_model = str(next(card["id"] for card in cards if card.get("type", "llm") != "embeddings"))
+            except (ValueError, KeyError, StopIteration, TypeError, AttributeError):
                 raise CloudUnavailableError(
                     f"{self.base_url}/models lists no model to send requests to", grpc.StatusCode.UNAVAILABLE
                 ) from None

@@ -174,14 +174,13 @@ def create_app(
     async def list_models() -> Response:
         cards = await asyncio.to_thread(lambda: [_card(state, name) for name in state.model_names])  # fingerprints: a vocabulary pass on first read
         if state.embeddings is not None:  # before the engine's own names, which stay last (clients take the last as "the model")
-            embedding = ModelCard(id=state.embeddings.model_id, created=state.created, max_model_len=state.embeddings.window)
-            cards.insert(len(cards) - len(state.engine_model_names), embedding)
+            cards.insert(len(cards) - len(state.engine_model_names), _embedding_card(state))
         return _json(ModelList(data=cards))
 
     @app.get("/v1/models/{model:path}", summary="One served model")
     async def get_model(model: str) -> Response:
         if state.embeddings is not None and model == state.embeddings.model_id:
-            return _json(ModelCard(id=model, created=state.created, max_model_len=state.embeddings.window))
+            return _json(_embedding_card(state))
         if model not in state.model_names:
             return model_not_found(model).response()
         return _json(await asyncio.to_thread(_card, state, model))
@@ -209,9 +208,16 @@ def _card(state: ServerState, name: str) -> ModelCard:
     elif name.startswith("auto"):
         engine = None  # either tier may answer: each model card says its own
     defaults = getattr(engine, "sampling_defaults", None)
+    route = state.routed_mode(name, default_auto=False)
     return ModelCard(id=name, created=state.created, max_model_len=state.engine.max_model_len or None,
                      sampling_defaults=defaults.as_dict() if defaults is not None else None,
-                     vocabulary_fingerprint=getattr(engine, "vocabulary_fingerprint", None) or None)
+                     vocabulary_fingerprint=getattr(engine, "vocabulary_fingerprint", None) or None,
+                     route=route.value if route is not None else None)
+
+
+def _embedding_card(state: ServerState) -> ModelCard:
+    return ModelCard(id=state.embeddings.model_id, created=state.created, max_model_len=state.embeddings.window,
+                     type="embeddings")
 
 
 def _json(model) -> Response:

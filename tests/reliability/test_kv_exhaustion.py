@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from bench.served_models import own_chat_model_id
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
 from sdk.openai_server import create_app
@@ -75,7 +76,7 @@ def test_tandem_serve_with_a_tiny_kv_pool_finishes_every_stream(tmp_path):
 
         async def scenario():
             async with httpx.AsyncClient(base_url=base_url, timeout=240) as http:
-                model = (await http.get("/v1/models")).json()["data"][0]["id"]
+                model = own_chat_model_id((await http.get("/v1/models")).json()["data"])
 
                 def body(i: int) -> dict:
                     messages = [{"role": "user", "content": f"Count from {i} upwards."}]

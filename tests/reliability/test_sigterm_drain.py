@@ -20,6 +20,7 @@ import time
 import httpx
 import pytest
 
+from bench.served_models import own_chat_model_id
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.grpc_helpers import long_tiny_dir  # noqa: F401  (fixture)
@@ -113,7 +114,7 @@ def test_tandem_serve_drains_in_flight_streams_on_sigterm(tmp_path):
             "--log-level", "warning"]  # fmt: skip
     process, base_url = start(args, log_path, free_port())
     try:
-        model = httpx.get(f"{base_url}/v1/models").json()["data"][0]["id"]
+        model = own_chat_model_id(httpx.get(f"{base_url}/v1/models").json()["data"])
         messages = [{"role": "user", "content": "Tell me a long story."}]
         body = {"model": model, "messages": messages, "max_tokens": 48, "temperature": 0, "ignore_eos": True}
 
@@ -139,7 +140,7 @@ def test_tandem_serve_cuts_a_stream_longer_than_the_grace(tmp_path):
     args = ["serve", "--cloud", "none", "--max-model-len", "2048", "--threads", "1", "--log-level", "warning"]
     process, base_url = start(args, log_path, free_port())
     try:
-        model = httpx.get(f"{base_url}/v1/models").json()["data"][0]["id"]
+        model = own_chat_model_id(httpx.get(f"{base_url}/v1/models").json()["data"])
         body = {"model": model, "messages": [{"role": "user", "content": "Go on forever."}], "max_tokens": 1800,
                 "temperature": 0, "ignore_eos": True}  # fmt: skip
 

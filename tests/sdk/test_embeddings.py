@@ -153,3 +153,19 @@ def test_tokenize_and_detokenize_per_tier_and_for_the_embedding_model(server_url
     assert post("/detokenize", {"model": MODEL, "tokens": minilm["tokens"]}).json()["prompt"] == "hello, tokens : cafe!"
     refused = post("/tokenize", {"model": "auto", "prompt": text})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+
+
+def test_models_say_what_each_model_is_for(server_url, client):
+    """A client picks a chat model by the card's `type` (and tandem's `route`), never by its place:
+    the embedding model is listed among the chat models (bench.tokenize_stall once sent chat to it)."""
+    from bench.served_models import chat_model_ids, own_chat_model_id
+
+    cards = httpx.get(f"{server_url}/v1/models", timeout=30).json()["data"]
+    kinds = {card["id"]: (card["type"], card.get("route")) for card in cards}
+    assert kinds[MODEL] == ("embeddings", None)
+    assert kinds["auto"] == ("llm", "auto") and kinds["local"] == ("llm", "local") and kinds["cloud"] == ("llm", "cloud")
+    own = own_chat_model_id(cards)
+    assert kinds[own] == ("llm", None) and own == cards[-1]["id"]  # the engine's own name, still listed last
+    assert MODEL not in chat_model_ids(cards)
+    assert httpx.get(f"{server_url}/v1/models/{MODEL}", timeout=30).json()["type"] == "embeddings"
+    assert client.models.retrieve("auto").model_extra["route"] == "auto"

@@ -188,7 +188,13 @@ class ModelCard(_Response):
     # from: {"temperature": {"value": 0.2, "source": "built-in: ..."}, ...}; absent when not known
     sampling_defaults: dict[str, dict[str, Any]] | None = None
     vocabulary_fingerprint: str | None = None  # extension (tandem): sdk.protocol.vocabulary; equal = same token ids
-    _omitted_when_none: ClassVar[tuple[str, ...]] = ("sampling_defaults", "vocabulary_fingerprint")
+    # extension (LM Studio's /api/v0/models field): what the model is for, so a client picks a chat
+    # model by it instead of by its place in the list
+    type: Literal["llm", "embeddings"] = "llm"
+    # extension (tandem): for the cascade's routed names only, the tier the name sends a request to
+    # ("auto" lets the router choose); absent on a model the server runs itself
+    route: Literal["auto", "local", "cloud"] | None = None
+    _omitted_when_none: ClassVar[tuple[str, ...]] = ("sampling_defaults", "vocabulary_fingerprint", "route")
 
 
 class ModelList(BaseModel):
