@@ -92,14 +92,22 @@ async def serve_embedded(engine, use_unix_socket: bool = hasattr(socket, "AF_UNI
     """The embedded engine behind a gRPC listener only this process can use: a random key that
     lives in this process's memory only (every call but health needs it), no reflection, and a
     unix domain socket in a fresh 0700 directory (loopback TCP where the platform has none). Any
-    other process on the host is refused, whatever port or path it finds."""
+    other process on the host is refused, whatever port or path it finds, and cannot lock this
+    process out by failing keys: the listener has no failed-key backoff (see below)."""
     from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server
     from sdk.cloud.grpc_client import CloudClient
 
     key = secrets.token_urlsafe(32)
     folder = tempfile.mkdtemp(prefix="tandem-cloud-") if use_unix_socket else None  # mkdtemp: mode 0700
     try:
-        config = GrpcServerConfig(host="127.0.0.1", port=0, api_keys=frozenset({key}), reflection=False,
+        # No failed-key backoff here (auth_backoff_after=0), on the socket and on the TCP fallback alike.
+        # The backoff is kept per peer address, and every peer of a unix socket is one address ("unix":
+        # grpc reports no pid or uid for it, and its auth context carries no SO_PEERCRED), as is every
+        # process on loopback ("127.0.0.1"): another process sending wrong keys would lock this process
+        # out of its own cloud tier (escalations degraded to cloud_overloaded). The backoff has nothing
+        # to protect here anyway: the key is 256 random bits that never leave this process's memory,
+        # so guessing it is hopeless at any rate, and only this user can reach the 0700 socket folder.
+        config = GrpcServerConfig(host="127.0.0.1", port=0, api_keys=frozenset({key}), reflection=False, auth_backoff_after=0,
                                   unix_socket_path=os.path.join(folder, "grpc.sock") if folder else None)  # fmt: skip
         server = await start_grpc_server(engine, config)
     except BaseException:

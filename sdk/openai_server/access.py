@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 
 # Load balancers probe /health without credentials; everything else (the API, /metrics,
 # and any route added later) needs a key once keys are configured.
-# /admin/* checks its own admin key (sdk.openai_server.drain), never an API key.
+# /admin/* checks its own admin key (sdk.openai_server.drain), never an API key, but through
+# the same AccessGate: a wrong admin key spends the failed-key backoff of its address like a wrong
+# API key, so no door of the process lets an address guess faster than the others.
 PUBLIC_PATHS = frozenset({"/health", "/admin/drain", "/admin/resume", "/admin/status"})
 # Prometheus scrapes must not spend a client's request budget (nor be throttled by it).
 UNLIMITED_PATHS = PUBLIC_PATHS | {"/metrics"}

@@ -133,6 +133,7 @@ def create_app(
     if cloud_engine is not None:
         attach_cloud_engine(app, cloud_engine)
     app.state.in_flight = client_limits.in_flight  # per-client counts of requests being served (None: no limit)
+    app.state.access_gate = gate  # routes that check a secret of their own (/admin/*) ask it too: one backoff per address
     install_error_handlers(app)
     # The last one added runs first: keys, rate and in-flight limits from the headers alone,
     # then the body size, so an unauthenticated client's body is never read.

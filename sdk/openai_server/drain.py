@@ -18,7 +18,9 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from sdk.protocol.api_keys import bearer_token, matching_key
+from sdk.openai_server.access import http_error
+from sdk.protocol.access_gate import AUTH_BACKOFF, AccessGate
+from sdk.protocol.api_keys import bearer_token
 from sdk.protocol.engine import EngineNotReadyError, EngineProtocol, GenerationRequest, TokenEvent
 from sdk.protocol.engine_wrapper import EngineWrapper
 
@@ -74,26 +76,40 @@ class DrainableEngine(EngineWrapper):
 
 def admin_routes(app, engine: DrainableEngine, admin_key: str) -> None:
     """POST /admin/drain, POST /admin/resume and GET /admin/status, for a caller with `admin_key`
-    (a separate secret: an API key that may generate must not take a replica out of rotation)."""
+    (a separate secret: an API key that may generate must not take a replica out of rotation).
 
-    def authorized(request: Request) -> bool:
-        return matching_key(bearer_token(request.headers.get("authorization")), (admin_key,)) is not None
+    The admin key is checked by the app's AccessGate (create_app's `app.state.access_gate`), behind
+    the same failed-key backoff per client address as the API keys: a wrong admin key is a failed
+    try of its address, and an address backing off gets the API's 429 + Retry-After unchecked."""
+    gate: AccessGate = app.state.access_gate
+    metrics = app.state.tandem.metrics
+    admin_keys = frozenset({admin_key})
+
+    def refused(request: Request) -> Response | None:
+        """None for the admin key; else the answer (403, or 429 while the address backs off)."""
+        address = request.client.host if request.client is not None else "unknown"  # as AccessControl sees it
+        _, refusal = gate.check_key(bearer_token(request.headers.get("authorization")), admin_keys, address,
+                                    f"{request.method} {request.url.path}", name="admin key")  # fmt: skip
+        if refusal is None:
+            return None
+        metrics.count_rejection(refusal.kind)
+        return http_error(refusal).response() if refusal.kind == AUTH_BACKOFF else _forbidden()
 
     async def drain(request: Request) -> Response:
-        if not authorized(request):
-            return _forbidden()
+        if (refusal := refused(request)) is not None:
+            return refusal
         engine.drain()
         return JSONResponse(engine.status())
 
     async def resume(request: Request) -> Response:
-        if not authorized(request):
-            return _forbidden()
+        if (refusal := refused(request)) is not None:
+            return refusal
         engine.resume()
         return JSONResponse(engine.status())
 
     async def status(request: Request) -> Response:
-        if not authorized(request):
-            return _forbidden()
+        if (refusal := refused(request)) is not None:
+            return refusal
         return JSONResponse(engine.status())
 
     app.add_api_route("/admin/drain", drain, methods=["POST"], summary="Take this replica out of rotation (needs the admin key)")

@@ -82,11 +82,11 @@ def rate_limited(wait_s: float, per_minute: float) -> OpenAIError:
 
 
 def auth_backoff(wait_s: float) -> OpenAIError:
-    """429 for an address backing off after failed API keys: its key was not checked."""
+    """429 for an address backing off after failed API keys (or admin keys): its key was not checked."""
     retry_after = retry_after_header(wait_s)
     return OpenAIError(
         429,
-        f"Too many requests with a wrong or missing API key from this address. The key was not checked; "
+        f"Too many requests with a wrong or missing API key (or admin key) from this address. The key was not checked; "
         f"please try again in {retry_after}s.",
         type="requests",
         code="auth_backoff",

@@ -8,7 +8,8 @@ configured), the rate limit, the limit on requests in flight (sdk.protocol.clien
 A caller is identified by its key, or by its address (`ip:<host>`) when the process has
 no keys. Each listener turns a `Refusal` into its own protocol's answer (HTTP 401/429,
 gRPC UNAUTHENTICATED/RESOURCE_EXHAUSTED) and releases an admitted request's slot when
-its response has ended, however it ended.
+its response has ended, however it ended. The admin key of /admin/* (sdk.openai_server.drain)
+is checked by the same gate (`check_key`): one failed-key backoff per address for every secret.
 
 Keys never reach the log: refusals log the key's fingerprint. Refusal lines are deduplicated
 per client and kind: the first is logged, repeats within LOG_EVERY_S are counted and the count
@@ -102,18 +103,9 @@ class AccessGate:
         `limited=False` checks the key only (paths that must not spend a budget: /metrics)."""
         client = f"ip:{address}"
         if self.api_keys:
-            backoff = self.limits.auth_backoff
-            if backoff is not None and (wait_s := backoff.wait_s(address)) > 0:
-                self.log.info((address, AUTH_BACKOFF), "%s from %s refused unchecked: backing off after failed API keys "
-                              "(%.1fs left)", what, address, wait_s)  # fmt: skip
-                return Admission(client, Refusal(AUTH_BACKOFF, retry_after_s=wait_s, per_key=False))
-            key = matching_key(presented_key, self.api_keys)
-            if key is None:
-                waits = backoff.failed(address) if backoff is not None else 0.0
-                seen = f"unknown API key {key_fingerprint(presented_key)}" if presented_key else "no API key"
-                then = f"; it now waits {waits:g}s before its next key is checked" if waits else ""
-                self.log.info((address, UNAUTHENTICATED), "%s from %s refused: %s%s", what, address, seen, then)
-                return Admission(client, Refusal(UNAUTHENTICATED, key_presented=presented_key is not None))
+            key, refusal = self.check_key(presented_key, self.api_keys, address, what)
+            if refusal is not None:
+                return Admission(client, refusal)
             client = key
             logger.debug("%s by key %s", what, key_fingerprint(key))
         if not limited:
@@ -133,6 +125,26 @@ class AccessGate:
             return Admission(client, Refusal(TOO_MANY_IN_FLIGHT, retry_after_s=1.0, limit=in_flight.max_in_flight,
                                              per_key=per_key))  # fmt: skip
         return Admission(client, holds_slot=True)
+
+    def check_key(self, presented_key: str | None, keys: frozenset[str], address: str, what: str,
+                  name: str = "API key") -> tuple[str | None, Refusal | None]:  # fmt: skip
+        """The key of `keys` that `presented_key` is, or why not: AUTH_BACKOFF while `address` backs
+        off (the key is not even compared), else UNAUTHENTICATED, which counts as a failed try of
+        `address`. Every secret a listener checks comes through here (the API keys in `admit`, the
+        admin key of /admin/*), so a guess at any of them spends the one backoff of its address."""
+        backoff = self.limits.auth_backoff
+        if backoff is not None and (wait_s := backoff.wait_s(address)) > 0:
+            self.log.info((address, AUTH_BACKOFF), "%s from %s refused unchecked: backing off after failed keys "
+                          "(%.1fs left)", what, address, wait_s)  # fmt: skip
+            return None, Refusal(AUTH_BACKOFF, retry_after_s=wait_s, per_key=False)
+        key = matching_key(presented_key, keys)
+        if key is not None:
+            return key, None
+        waits = backoff.failed(address) if backoff is not None else 0.0
+        seen = f"unknown {name} {key_fingerprint(presented_key)}" if presented_key else f"no {name}"
+        then = f"; it now waits {waits:g}s before its next key is checked" if waits else ""
+        self.log.info((address, UNAUTHENTICATED), "%s from %s refused: %s%s", what, address, seen, then)
+        return None, Refusal(UNAUTHENTICATED, key_presented=presented_key is not None)
 
     def release(self, admission: Admission) -> None:
         """End an admitted request: its in-flight slot goes back."""

@@ -15,9 +15,11 @@ from cloud_engine.config import CloudEngineConfig
 from sdk.protocol.api_keys import key_fingerprint
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 from sdk.openai_server import create_app, warn_if_exposed
+from sdk.openai_server.drain import DrainableEngine, admin_routes
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
 
 KEY, OTHER_KEY, WRONG_KEY = "sk-tandem-good-0123456789", "sk-tandem-other-0123456789", "sk-tandem-wrong-0123456789"
+ADMIN_KEY = "admin-key-0123456789abcdef"
 COMPLETION = {"model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 2, "temperature": 0}
 
 
@@ -213,3 +215,43 @@ def test_create_app_warns_about_an_exposed_bind_and_rejects_bad_settings(engine,
         create_app(engine, rate_limit_burst=5)
     with pytest.raises(ValueError):
         create_app(engine, rate_limit_per_minute=0)
+
+
+async def test_wrong_admin_keys_back_off_like_wrong_api_keys(engine, caplog):
+    # /admin/* is a door of the same process: its admin key is checked behind the same failed-key
+    # backoff per address, which it shares with the API keys (a guess at either counts for both).
+    caplog.set_level(logging.INFO, logger="sdk")
+    clock = FakeClock()
+    replica = DrainableEngine(engine)
+    app = create_app(replica, api_keys=frozenset({KEY}), clock=clock, auth_backoff_after=3, auth_backoff_max_s=8)
+    admin_routes(app, replica, ADMIN_KEY)
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with http(app, client_ip="10.0.0.9") as guesser, http(app, client_ip="10.0.0.10") as neighbour:
+        for guess in range(3):  # the free tries: each checked and refused as before
+            reply = await guesser.get("/admin/status", headers={"Authorization": f"Bearer admin-guess-{guess}"})
+            assert_openai_error(reply, 403, "permission_error", "forbidden")
+        for method, path in [("GET", "/admin/status"), ("POST", "/admin/drain"), ("POST", "/admin/resume")]:
+            backed_off = await guesser.request(method, path, headers=admin)  # even the right key: not checked
+            error = assert_openai_error(backed_off, 429, "requests", "auth_backoff")  # the API-key path's answer
+            assert backed_off.headers["retry-after"] == "1" and "not checked" in error["message"]
+        assert not replica.draining
+        api = await guesser.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+        assert_openai_error(api, 429, "requests", "auth_backoff")  # one backoff per address, every door
+        assert (await neighbour.get("/admin/status", headers=admin)).status_code == 200  # another address is not affected
+
+        checked, waited = 0, 0
+        for guess in range(2000):  # 20 s of guessing at 10 ms a try: one checked at 1, 3, 7 and 15 s (waits 1, 2, 4, 8 s)
+            reply = await guesser.post("/admin/drain", headers={"Authorization": f"Bearer admin-guess-{guess}"})
+            checked += reply.status_code == 403
+            waited += reply.status_code == 429
+            clock.now += 0.01
+        assert checked == 4 and checked + waited == 2000 and not replica.draining
+
+        for guess in range(3):  # API-key failures lock the admin door of their address too
+            assert (await neighbour.get("/v1/models", headers={"Authorization": f"Bearer sk-guess-{guess}"})).status_code == 401
+        assert_openai_error(await neighbour.get("/admin/status", headers=admin), 429, "requests", "auth_backoff")
+        clock.now += 1.0  # its wait is over: the admin key is checked again
+        assert (await neighbour.post("/admin/drain", headers=admin)).json()["draining"] is True
+        metrics = await neighbour.get("/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        assert rejections(metrics.text, "auth_backoff") == 3 + 1 + waited + 1
+    assert ADMIN_KEY not in caplog.text and "admin-guess" not in caplog.text  # fingerprints only
