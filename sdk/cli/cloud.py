@@ -47,7 +47,7 @@ def serve(
     api_key_file: Optional[str] = typer.Option(None, envvar=_env("API_KEY_FILE"), help="File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys)."),
     rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="Requests per minute per key (per client address without keys), HTTP and gRPC together."),
     max_concurrent_per_key: Optional[int] = typer.Option(None, envvar=_env("MAX_CONCURRENT_PER_KEY"), min=1, help="Requests in flight at once per key (per client address without keys), HTTP and gRPC together; default: no limit."),
-    auth_backoff_after: int = typer.Option(10, envvar=_env("AUTH_BACKOFF_AFTER"), min=0, help="Failed API keys from one client address before it backs off (HTTP 429 / gRPC RESOURCE_EXHAUSTED, its key unchecked, 1 s doubling); 0: off."),
+    auth_backoff_after: int = typer.Option(10, envvar=_env("AUTH_BACKOFF_AFTER"), min=0, help="Failed keys (API keys and the admin key) from one client address before it backs off (HTTP 429 / gRPC RESOURCE_EXHAUSTED, its key unchecked, 1 s doubling); 0: off."),
     auth_backoff_max_s: float = typer.Option(300.0, envvar=_env("AUTH_BACKOFF_MAX_S"), min=1.0, help="Longest backoff wait, seconds."),
     strict_fields: bool = typer.Option(False, "--strict-fields/--no-strict-fields", envvar=_env("STRICT_FIELDS"), help="Refuse HTTP request fields tandem does not know (400) instead of ignoring them with a warning."),
     max_body_bytes: int = typer.Option(DEFAULT_MAX_BODY_BYTES, envvar=_env("MAX_BODY_BYTES"), min=1024, help="Largest HTTP request body, bytes; larger is 413 (gRPC has its own 4 MiB message limit)."),
