@@ -85,8 +85,20 @@ FIGURES = (
 LINK = re.compile(r"\[(?P<number>[-+]?\d[\d,]*(?:\.\d+)?)\]\(bench/results/(?P<bench>[\w.-]+)\.json#(?P<key>[\w.-]+)(?:\*(?P<scale>\d+))?\)")
 # A number in prose, with the unit of measure that may follow it. It reads as a measured
 # figure when it is a decimal or has a unit; settings and inputs are written in code spans
-# (`temperature 0.2`), which are not figures.
-NUMBER = re.compile(r"(?<![\w.#/-])(?P<number>[-+]?\d[\d,]*(?:\.\d+)?)(?P<unit>\s?(?:x|%|ms|s|µs|tok/s|MiB|MB|GB|GFLOPS)(?![\w/]))?")
+# (`temperature 0.2`), which are not figures so long as they read as code (`BARE_SPAN`).
+_DECIMAL = r"[-+]?\d[\d,]*(?:\.\d+)?"
+_UNIT = r"\s?(?:x|%|ms|s|µs|tok/s|MiB|MB|GB|GFLOPS)(?![\w/])"
+NUMBER = re.compile(rf"(?<![\w.#/-])(?P<number>{_DECIMAL})(?P<unit>{_UNIT})?")
+# A code span is code when it says what its number is: a name, a flag or a key beside it
+# (`--drain-grace-s 30`, `temperature 0.2`, `k=8`), a comparison (`target <= 1.2`, `≥ 0.95`),
+# an expression or a version (`0.5 + gain / 2`, `1.9.1`). A span that holds nothing but a
+# number or a range and its unit (`22 s`, `150-170 s`, `0.75`) says nothing of the kind: it is
+# a figure typed in code font, and is checked like one in prose (a decimal or a unit makes it
+# a figure; a bare integer such as a default `30` is not, in prose either).
+BARE_SPAN = re.compile(rf"\s*(?P<number>{_DECIMAL}(?:\s?[-–]\s?{_DECIMAL})?)(?P<unit>{_UNIT})?\s*")
+CODE_SPAN = re.compile(r"`([^`]*)`")
+
+
 def load(bench: str) -> dict:
     return json.loads((RESULTS / f"{bench}.json").read_text())
 
@@ -148,13 +160,21 @@ def link_mismatches(text: str) -> list[str]:
 
 def unlinked_figures(text: str) -> list[str]:
     """Figure-like numbers in README that are neither linked to their JSON nor in the rendered table.
-    Code (fenced blocks and spans: commands, settings, targets, keys) is not a figure."""
+    Code (fenced blocks, and spans that read as code: commands, settings, targets, keys) is not a
+    figure; a span that is only a number and its unit is (`BARE_SPAN`)."""
     text = text.replace(readme_block(text), "")
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = LINK.sub("", text)
-    text = re.sub(r"`[^`]*`", "", text)
-    text = re.sub(r"\]\([^)]*\)", "]", text)  # other links' targets
     found = []
+    for span in CODE_SPAN.finditer(text):
+        bare = BARE_SPAN.fullmatch(span[1])
+        if bare and (bare["unit"] or "." in bare["number"]):
+            start, end = text.rfind("\n", 0, span.start()) + 1, text.find("\n", span.end())
+            line = text[start : end if end >= 0 else len(text)]
+            found.append(f"{span[0]!r} (a figure in a code span: link it, or name the setting) in: "
+                         f"{line.strip()[:100]}")
+    text = CODE_SPAN.sub("", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)  # other links' targets
     for line in text.splitlines():
         found += [f"{m[0].strip()!r} in: {line.strip()[:100]}" for m in NUMBER.finditer(line)
                   if m["unit"] or "." in m["number"]]

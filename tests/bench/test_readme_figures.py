@@ -44,3 +44,32 @@ def test_the_checks_see_typed_figures_and_wrong_links():
     assert len(readme_figures.link_mismatches(wrong)) == 2
     scaled = "[12.8](bench/results/engine_throughput.json#penalties_b32.off_run_spread*100)"
     assert readme_figures.link_mismatches(scaled) == []
+
+
+def _checked(prose: str) -> list[str]:
+    return readme_figures.unlinked_figures(prose + "\n" + readme_figures.START + "\n" + readme_figures.END)
+
+
+def test_a_measured_figure_in_a_code_span_is_caught():
+    # What README once said: test durations and ratios typed in code font, with no JSON behind them.
+    typed = ("Three replicas took `150-170 s` for that test, with one thread each `22 s`.\n"
+             "The run before measured `0.75` and a TTFT ratio of `1.71`; APGR `0.50`-`0.52`; the load split within `20%`.")
+    found = _checked(typed)
+    assert [entry.split(" ", 1)[0] for entry in found] == [
+        "'`150-170", "'`22", "'`0.75`'", "'`1.71`'", "'`0.50`'", "'`0.52`'", "'`20%`'"], found
+    assert all("code span" in entry for entry in found)
+    # Linked, the same figure is checked against its JSON instead.
+    linked = "The quick run measured [0.899](bench/results/serve_local_vs_llama_server_quick.json#ratio_output_tps_vs_llama_server_c8)."
+    assert _checked(linked) == [] and readme_figures.link_mismatches(linked) == []
+
+
+def test_settings_targets_and_code_in_spans_are_not_figures():
+    settings = (
+        "Default `30`, a `256`-token window, `--drain-grace-s 30`, `temperature 0.2, top_p 0.9`, at `threshold 0.5`, "
+        "`slow_step_share = 0.05`, `max_body_bytes` (default `4 * 1024 * 1024`), target `<= 1.2`, `≥ 0.95`, `≤ 10 ms`, "
+        "`compile p50 <= 50 ms`, `k=8`, `auto:0.35`, `0.5 + gain / 2`, `quantile_0.05`, `1e-4`, llguidance `1.9.1`, "
+        "`CPT(50%)`, `python -m bench.soak --num-requests 2000 --prompt-shares 0.5 0.35 0.15`, file `0600`.")
+    assert _checked(settings) == []
+    # A fenced block is code whatever it holds, and the same figure in prose is still caught.
+    fenced = "```\n$ time pytest\n22 s\n```\nOne thread each took 22 s."
+    assert [entry.split(" in:")[0] for entry in _checked(fenced)] == ["'22 s'"]
