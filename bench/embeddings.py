@@ -41,6 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="128 texts instead of 512")
+    parser.add_argument("--smoke", action="store_true", help="32 texts, one round: checks the bench works")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     args = parser.parse_args()
 
@@ -50,11 +51,11 @@ def main() -> None:
     from router.prompt_router.embedder_export import package_model_dir
     from sdk.embeddings.model import WINDOW, EmbeddingModel
 
-    header = report_header("embeddings")
+    header = report_header("embeddings", smoke=args.smoke)
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     prompts = [e.prompt for e in load_routellm(args.data_dir)]
-    texts = random.Random(0).sample(prompts, 128 if args.quick else 512)
+    texts = random.Random(0).sample(prompts, 32 if args.smoke else 128 if args.quick else 512)
     ours = EmbeddingModel(threads=threads)
     theirs = SentenceTransformer(str(package_model_dir()), device="cpu")
     theirs.max_seq_length = WINDOW
@@ -70,7 +71,7 @@ def main() -> None:
         texts_per_s(embed, texts[:64], 32)
         texts_per_s(embed, texts[:16], 1)
     rounds = {f"{side}_b{batch}": [] for side in ("tandem", "sentence_transformers") for batch in (1, 32)}
-    for _ in range(ROUNDS):
+    for _ in range(1 if args.smoke else ROUNDS):
         for batch in (1, 32):
             rounds[f"tandem_b{batch}"].append(texts_per_s(tandem, texts, batch))
             rounds[f"sentence_transformers_b{batch}"].append(texts_per_s(reference, texts, batch))

@@ -1,7 +1,7 @@
 """A new user's first minute, measured: `tandem serve` with no options on the embedded default,
 then README's own example, unchanged, through the official `openai` client.
 
-    python -m bench.first_contact [--quick] --json bench/results/first_contact.json
+    python -m bench.first_contact [--quick | --smoke | --starts N] --json bench/results/first_contact.json
 
 For each start: seconds from launching `python -m sdk.cli serve` until /health answers 200 (the
 local tier is ready) and until its body no longer says `"cloud": "loading"` (the embedded cloud
@@ -10,7 +10,8 @@ engine is in). The first start is the first launch in this run (whatever caches 
 leaves it); later starts find the OS file cache warm. After the last start, README's example runs
 five times; `readme_example_s` is the slowest. Keys and targets:
 `readme_example_s` (< 10), `health_ready_first_start_s`, `health_ready_second_start_s` (<= 3),
-`cloud_ready_second_start_s` (<= 15). --quick: two starts instead of four.
+`cloud_ready_second_start_s` (<= 15). `--starts N` (default 4; --quick 2); --smoke: two starts and
+one run of the example (it only checks the bench works).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.machine import machine_info, write_report
+from bench.machine import report_header, write_report
 from bench.serve_servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,17 +98,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--quick", action="store_true", help="two starts instead of four")
+    parser.add_argument("--smoke", action="store_true", help="two starts, the example once: checks the bench works")
+    parser.add_argument("--starts", type=int, help="starts of tandem serve (default 4; --quick and --smoke 2; at least 2)")
     args = parser.parse_args()
+    num_starts = args.starts or (2 if args.quick or args.smoke else 4)
+    if num_starts < 2:
+        parser.error("--starts must be at least 2: the second-start figures need a start after the first")
     kernel_cache = Path(os.environ.get("TANDEM_KERNEL_CACHE", Path.home() / ".cache" / "tandem" / "kernels"))
     kernel_cache_warm = kernel_cache.is_dir() and any(kernel_cache.iterdir())
     starts, example = [], []
     with tempfile.TemporaryDirectory(prefix="first-contact-") as log_dir:
-        num_starts = 2 if args.quick else 4
         for index in range(num_starts):
             process, base_url, timings = start_and_time(Path(log_dir), index)
             try:
                 if index == num_starts - 1:
-                    example = run_readme_example(base_url)
+                    example = run_readme_example(base_url, times=1 if args.smoke else 5)
             finally:
                 stop(process)
             starts.append(timings)
@@ -115,9 +120,7 @@ def main() -> None:
                   f"cloud ready after {timings['cloud_ready_s']:.2f} s", flush=True)  # fmt: skip
     later = starts[1:]
     report = {
-        "benchmark": "first_contact",
-        "command": "python -m bench.first_contact " + " ".join(sys.argv[1:]),
-        "machine": machine_info(),
+        **report_header("first_contact", smoke=args.smoke),
         "kernel_cache_warm": kernel_cache_warm,
         "starts": starts,
         "readme_example": example,

@@ -1,6 +1,6 @@
 """Where the local engine's time goes on bench.serve's compare workload, without HTTP.
 
-    python -m bench.local_step_profile --json bench/results/local_step_profile.json [--quick] [--clients 8]
+    python -m bench.local_step_profile --json bench/results/local_step_profile.json [--quick | --smoke] [--clients 8]
 
 The engine configured as `bench.serve --compare-local` configures `tandem serve` (16 slots,
 16 x 1024 KV cells, 512-token steps, 2 threads), driven in-process by a closed loop of 8
@@ -122,9 +122,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="16 prompts instead of 64")
-    parser.add_argument("--clients", type=int, default=8, help="requests kept in flight (default 8, as the compare's c8)")
+    parser.add_argument("--smoke", action="store_true", help="4 prompts, 2 clients: checks the bench works")
+    parser.add_argument("--clients", type=int, default=None, help="requests kept in flight (default 8, as the compare's c8)")
     args = parser.parse_args()
-    report = report_header("local_step_profile") | run(16 if args.quick else 64, args.clients)
+    num_prompts, clients = (4, args.clients or 2) if args.smoke else (16 if args.quick else 64, args.clients or 8)
+    report = report_header("local_step_profile", smoke=args.smoke) | run(num_prompts, clients)
     write_report(args.json, report, HEADLINE_KEYS)
 
 

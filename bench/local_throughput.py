@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
-import sys
 import time
 
 import numpy as np
 
-from bench.machine import machine_info
+from bench.machine import report_header, write_report
 from bench.penalty_compare import compare as compare_penalties
 from local_runtime.async_engine import AsyncLocalEngine
 from local_runtime.config import LocalEngineConfig
@@ -37,7 +35,7 @@ CONCURRENCY_LEVELS = (1, 4, 8, 16)
 WORDS = "the a river city model token light engine paper garden music window story number quiet".split()
 
 
-def make_workload(num_requests: int, seed: int, engine_tokenize) -> list[tuple[list[int], int]]:
+def make_workload(num_requests: int, seed: int, engine_tokenize, output_range: tuple[int, int] = (64, 192)) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) pairs, chat-like: prompts of 16-64 tokens, answers of 64-192.
 
     Prefill runs at only ~340 tokens/s on these 2-core CPUs (compute-bound), so the
@@ -47,7 +45,7 @@ def make_workload(num_requests: int, seed: int, engine_tokenize) -> list[tuple[l
     work = []
     for _ in range(num_requests):
         text = " ".join(rng.choice(WORDS) for _ in range(64))
-        work.append((engine_tokenize(text)[: rng.randint(16, 64)], rng.randint(64, 192)))
+        work.append((engine_tokenize(text)[: rng.randint(16, 64)], rng.randint(*output_range)))
     return work
 
 
@@ -160,52 +158,55 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--quick", action="store_true", help="fewer requests (finishes in under 3 minutes here)")
+    parser.add_argument("--smoke", action="store_true", help="c=1 and c=8 only, 8-16 output tokens, one penalty "
+                        "repetition: checks the bench works")
     parser.add_argument("--model", default=None, help="GGUF to measure; default: the embedded SmolLM2")
     args = parser.parse_args()
 
-    requests_per_client = 1 if args.quick else 3
+    requests_per_client = 1 if args.quick or args.smoke else 3
+    levels = (1, 8) if args.smoke else CONCURRENCY_LEVELS  # the headline ratios need c=1 and c=8
+    output_range = (8, 16) if args.smoke else (64, 192)
     model_path = args.model or default_model_path()
     config = LocalEngineConfig(model_path=args.model, max_num_seqs=16)
 
     engine = AsyncLocalEngine(config).start()
     engine.wait_ready()
     tokenize = engine.tokenize
-    workloads = {c: make_workload(max(4, c * requests_per_client), seed=c, engine_tokenize=tokenize) for c in CONCURRENCY_LEVELS}
+    workloads = {c: make_workload(max(4, c * requests_per_client), seed=c, engine_tokenize=tokenize, output_range=output_range)
+                 for c in levels}
 
     results: dict = {"tandem": {}, "ceiling": {}}
     asyncio.run(run_tandem(engine, workloads[1][:1], 1))  # warm-up: page in weights, build graphs
-    for c in CONCURRENCY_LEVELS:
+    for c in levels:
         results["tandem"][f"c{c}"] = asyncio.run(run_tandem(engine, workloads[c], c))
         print(f"tandem c={c}: {results['tandem'][f'c{c}']['output_tokens_per_s']:.1f} tok/s", flush=True)
     penalties = compare_penalties(lambda sampling, min_tokens: asyncio.run(
-        run_tandem(engine, workloads[8], 8, sampling, min_tokens))["output_tokens_per_s"])  # fmt: skip
+        run_tandem(engine, workloads[8], 8, sampling, min_tokens))["output_tokens_per_s"], repeats=1 if args.smoke else 3)  # fmt: skip
     print(f"penalties on/off at c=8: {penalties['ratio_median']:.3f} (spread of off runs {penalties['off_run_spread']:.3f})", flush=True)
     engine.shutdown()
 
     results["sequential"] = run_sequential_llama(model_path, workloads[8], n_ctx=1024, threads=config.threads)
     print(f"sequential Llama: {results['sequential']['output_tokens_per_s']:.1f} tok/s", flush=True)
-    for c in CONCURRENCY_LEVELS:
+    for c in levels:
         results["ceiling"][f"b{c}"] = run_ceiling(model_path, workloads[c], c, config)
         print(f"ceiling batch={c}: {results['ceiling'][f'b{c}']['output_tokens_per_s']:.1f} tok/s", flush=True)
 
-    tps = {c: results["tandem"][f"c{c}"]["output_tokens_per_s"] for c in CONCURRENCY_LEVELS}
+    tps = {c: results["tandem"][f"c{c}"]["output_tokens_per_s"] for c in levels}
     seq = results["sequential"]["output_tokens_per_s"]
     report = {
-        "benchmark": "local_throughput",
-        "command": "python -m bench.local_throughput " + " ".join(sys.argv[1:]),
-        "machine": machine_info(),
+        **report_header("local_throughput", smoke=args.smoke),
         "model": os.path.basename(model_path),
         "config": {"kv_cache_tokens": config.kv_cache_tokens, "max_num_seqs": config.max_num_seqs,
                    "max_num_batched_tokens": config.max_num_batched_tokens, "threads": config.threads,
                    "flash_attn": config.flash_attn, "batch_invariant": config.batch_invariant},
-        "workload": f"greedy, ignore_eos; prompts 16-64 tokens, outputs 64-192 tokens; c clients back to back, "
+        "workload": f"greedy, ignore_eos; prompts 16-64 tokens, outputs {output_range[0]}-{output_range[1]} tokens; c clients back to back, "
                     f"{requests_per_client} request(s) each (at least 4 requests per level)",
         "baselines": {"sequential": "llama-cpp-python high-level Llama.generate, one request after another",
                       "ceiling": "the same prompts and output tokens through raw batched llama_decode + argmax, "
                                  "no scheduler: prompts prefilled c at a time, then every decode step a full batch of c"},
         "results": results,
-        "ratio_vs_sequential": {f"c{c}": tps[c] / seq for c in CONCURRENCY_LEVELS},
-        "efficiency": {f"c{c}": tps[c] / results["ceiling"][f"b{c}"]["output_tokens_per_s"] for c in CONCURRENCY_LEVELS},
+        "ratio_vs_sequential": {f"c{c}": tps[c] / seq for c in levels},
+        "efficiency": {f"c{c}": tps[c] / results["ceiling"][f"b{c}"]["output_tokens_per_s"] for c in levels},
         "penalties_c8": penalties,
         "penalty_throughput_ratio_local_c8": penalties["ratio_median"],
         "ratio_vs_sequential_c8": tps[8] / seq,
@@ -214,11 +215,8 @@ def main() -> None:
         "targets": {"efficiency_c8": 0.85, "ratio_vs_sequential_c8": 1.7, "single_stream_ratio": 0.9,
                     "penalty_throughput_ratio_local_c8": 0.95},
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps({k: report[k] for k in ("ratio_vs_sequential_c8", "efficiency_c8", "single_stream_ratio",
-                                             "penalty_throughput_ratio_local_c8")}, indent=2))
+    write_report(args.json, report, ("ratio_vs_sequential_c8", "efficiency_c8", "single_stream_ratio",
+                                     "penalty_throughput_ratio_local_c8"))
 
 
 if __name__ == "__main__":

@@ -149,13 +149,17 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="8 conversations instead of 40")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="RouteLLM's data (mt_bench_questions.jsonl)")
+    parser.add_argument("--smoke", action="store_true", help="2 conversations (with --overhead: 16 prompts, once): "
+                        "checks the bench works")
     parser.add_argument("--overhead", action="store_true", help="what cached prompts cost 8 clients with nothing to reuse")
     args = parser.parse_args()
     if args.overhead:
-        report = report_header("prompt_cache_overhead") | overhead(16 if args.quick else 64, 1 if args.quick else 3)
+        report = report_header("prompt_cache_overhead", smoke=args.smoke) | overhead(
+            16 if args.quick or args.smoke else 64, 1 if args.quick or args.smoke else 3)
         write_report(args.json, report, OVERHEAD_KEYS)
         return
-    report = report_header("prompt_cache") | run(8 if args.quick else 40, args.data_dir)
+    count = 2 if args.smoke else 8 if args.quick else 40
+    report = report_header("prompt_cache", smoke=args.smoke) | run(count, args.data_dir)
     write_report(args.json, report, HEADLINE_KEYS)
 
 

@@ -12,7 +12,7 @@ Every request streams (`stream_options.include_usage`) and asks for a fixed outp
 length (`ignore_eos` + `min_tokens`; see bench/serve_client.py). Reported: TTFT, TPOT,
 ITL, E2E latency (mean, median, p90, p99 in ms), request / output-token / total-token
 throughput, completed and failed requests with error samples, and goodput (requests/s
-meeting every SLO given). `--model` defaults to the first id of GET /v1/models.
+meeting every SLO given). `--model` defaults to the first chat model of GET /v1/models (bench.served_models).
 Token counts: see bench/serve_datasets.py (server usage when sent, else a GGUF
 tokenizer given with --tokenizer, else estimates).
 
@@ -33,8 +33,6 @@ import argparse
 import math
 import sys
 
-import httpx
-
 from bench.machine import machine_info, write_report
 from bench.serve_client import ClientConfig, arrival_times
 from bench.serve_compare import HEADLINE_KEYS as COMPARE_HEADLINE_KEYS
@@ -42,6 +40,7 @@ from bench.serve_compare import run_compare
 from bench.serve_datasets import DEFAULT_DATA_DIR, GgufTokenizer
 from bench.serve_metrics import parse_goodput
 from bench.serve_report import console, print_summary
+from bench.served_models import chat_model_ids, fetch_model_cards
 from bench.serve_run import BenchmarkError, benchmark, build_samples, headline, workload_description
 from bench.serve_servers import ServerStartError
 
@@ -52,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
-    p.add_argument("--model", help="model id to send; default: the first of GET /v1/models")
+    p.add_argument("--model", help="model id to send; default: the first chat model of GET /v1/models")
     p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     p.add_argument("--dataset", choices=("random", "gsm8k", "mmlu"), default="random")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="RouteLLM's data (gsm8k, mmlu)")
@@ -76,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--label", help="a name for the server in the report")
     p.add_argument("--json", help="write the report here (bench.machine.write_report)")
     p.add_argument("--quick", action="store_true", help="a small run (see above)")
+    p.add_argument("--smoke", action="store_true", help="8 requests of 32 prompt and 8 output tokens, once: checks "
+                   "the bench works (compare mode: c=8 only; llama-server is built first if needed)")
     p.add_argument("--compare-local", action="store_true", help="tandem serve vs llama-server and llama_cpp.server, in turn")
     p.add_argument("--model-path", help="compare mode: the GGUF both servers load (default: the embedded SmolLM2)")
     p.add_argument("--threads", type=int, help="compare mode: llama.cpp threads of every server (default: all cores)")
@@ -86,11 +87,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--base-url is required (or --compare-local to start the servers here)")
     quick_or = (lambda quick, full: quick if args.quick else full)
     if args.num_prompts is None:
-        args.num_prompts = 64 if args.compare_local else quick_or(8, 64)
+        args.num_prompts = 8 if args.smoke else 64 if args.compare_local else quick_or(8, 64)
     if args.random_input_len is None:
-        args.random_input_len = 128 if args.compare_local else quick_or(64, 128)
+        args.random_input_len = 32 if args.smoke else 128 if args.compare_local else quick_or(64, 128)
     if args.random_output_len is None:
-        args.random_output_len = 64 if args.compare_local else quick_or(32, 64)
+        args.random_output_len = 8 if args.smoke else 64 if args.compare_local else quick_or(32, 64)
     if args.quick and args.dataset == "gsm8k":
         args.max_output_len = min(args.max_output_len, 64)
     if args.num_prompts < 1:
@@ -103,24 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def discover_models(base_url: str, api_key: str | None) -> list[dict]:
-    """GET /v1/models: the server's model entries ([] if it does not answer)."""
-    root = base_url.rstrip("/")
-    root = root[: -len("/v1")] if root.endswith("/v1") else root
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        response = httpx.get(root + "/v1/models", headers=headers, timeout=10.0, trust_env=False)
-        return response.json().get("data", []) if response.status_code == 200 else []
-    except (httpx.HTTPError, ValueError):
-        return []
-
-
 def run_single(args: argparse.Namespace) -> dict:
     tokenizer = GgufTokenizer(args.tokenizer) if args.tokenizer else None
-    models = discover_models(args.base_url, args.api_key)
-    model = args.model or (models[0]["id"] if models else None)
+    models = fetch_model_cards(args.base_url, args.api_key)
+    chat_ids = chat_model_ids(models)
+    model = args.model or (chat_ids[0] if chat_ids else None)
     if model is None:
-        raise SystemExit(f"--model not given and {args.base_url}/v1/models lists no model; pass --model NAME")
+        raise SystemExit(f"--model not given and {args.base_url}/v1/models lists no chat model; pass --model NAME")
     config = ClientConfig(args.base_url, model, args.endpoint, args.api_key, args.temperature, args.ignore_eos,
                           args.timeout)
     samples = build_samples(args, tokenizer)
@@ -129,8 +119,10 @@ def run_single(args: argparse.Namespace) -> dict:
     print_summary({label: metrics})
     return {
         "benchmark": "serve",
+        "smoke": args.smoke,
         "command": args.command_line,
         "machine": machine_info(),
+        "failed_requests": metrics["failed"],
         "server": {"label": label, "base_url": args.base_url, "url": config.url, "model": model,
                    "models_listed": models},
         "workload": workload_description(args, tokenizer),

@@ -19,7 +19,10 @@ output tokens, greedy) runs at each concurrency in CONCURRENCIES; every repetiti
 every (concurrency, server) pair once, servers in turn, so a noisy minute on a shared
 machine falls on all of them. Per concurrency and server: medians over the repetitions of
 output tok/s, TTFT and ITL p50/p99; and tandem / llama-server ratios per repetition, their
-median and spread (min, max). --quick: 8 clients only, 2 repetitions.
+median and spread (min, max). --quick: 8 clients only, 2 repetitions; --smoke: 8 clients, 8 short
+requests, once (checks the bench works). A server that does not start (llama-server's repacked
+variant dies with SIGILL on some AMX machines) is one missing row: `servers_not_started` says
+which, with its exit code and signal, and the rest is compared.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from bench.serve_client import ClientConfig
 from bench.serve_datasets import GgufTokenizer
 from bench.serve_report import console, print_summary
 from bench.serve_run import benchmark, build_samples, headline, workload_description
-from bench.serve_servers import REPO_ROOT, ManagedServer, llama_cpp_server, llama_server, tandem_server
+from bench.serve_servers import REPO_ROOT, ManagedServer, ServerStartError, llama_cpp_server, llama_server, tandem_server
 
 CONCURRENCIES = (1, 4, 8, 16)
 QUICK_CONCURRENCIES = (8,)
@@ -82,28 +85,40 @@ def run_compare(args: argparse.Namespace) -> dict:
     model_path = resolve_model_path(args.model_path)
     model_name = model_name_for(args.model_path)
     threads = args.threads or os.cpu_count() or 1
-    concurrencies = QUICK_CONCURRENCIES if args.quick else CONCURRENCIES
-    repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
+    concurrencies = QUICK_CONCURRENCIES if args.quick or args.smoke else CONCURRENCIES
+    repeats = args.repeats or (1 if args.smoke else QUICK_REPEATS if args.quick else REPEATS)
     binary, llama_cpp_commit = build_llama_server()
     tokenizer = GgufTokenizer(args.tokenizer or model_path)
     samples = build_samples(args, tokenizer)
     runs: dict[int, dict[str, list[dict]]] = {c: {} for c in concurrencies}
     commands: dict[str, dict] = {}
+    not_started: list[dict] = []
     for rep in range(repeats):
         for concurrency in concurrencies:
             args.max_concurrency = concurrency
             for server in servers_at(concurrency, binary, model_path, model_name, threads):
                 label = f"{server.name} c={concurrency} rep {rep + 1}/{repeats}"
                 console.print(f"starting {label}: {' '.join(server.command)}")
-                with server:
+                commands[server.name] = {"description": server.description, "command": " ".join(server.command)}
+                try:
+                    server.start()
+                except ServerStartError as exc:  # one missing row (e.g. SIGILL on a CPU it was not built for), not a lost run
+                    console.print(f"[red]{label} did not start: {exc}[/red]")
+                    not_started.append({"server": server.name, "concurrency": concurrency, "repetition": rep + 1,
+                                        "exit_code": exc.exit_code, "signal": exc.signal_name, "error": str(exc)[-2000:]})
+                    runs[concurrency].setdefault(server.name, []).append(None)
+                    continue
+                try:
                     config = ClientConfig(server.base_url, model_name, args.endpoint, None, args.temperature,
                                           args.ignore_eos, args.timeout)
                     runs[concurrency].setdefault(server.name, []).append(benchmark(config, samples, args, label))
-                commands[server.name] = {"description": server.description, "command": " ".join(server.command)}
-            print_summary({name: rs[-1] for name, rs in runs[concurrency].items()})
+                finally:
+                    server.stop()
+            print_summary({name: rs[-1] for name, rs in runs[concurrency].items() if rs[-1] is not None})
     ratios = headline_ratios(runs)
     return {
         "benchmark": "serve_local_vs_llama_server",
+        "smoke": args.smoke,
         "command": args.command_line,
         "machine": machine_info(),
         "llama_cpp_commit": llama_cpp_commit,
@@ -114,6 +129,8 @@ def run_compare(args: argparse.Namespace) -> dict:
                    "concurrencies": list(concurrencies), "repeats": repeats},
         "workload": workload_description(args, tokenizer),
         "servers": commands,
+        "servers_not_started": not_started,
+        "failed_requests": sum(m["failed"] for by_server in runs.values() for reps in by_server.values() for m in reps if m),
         "by_concurrency": {f"c{c}": summarize(runs[c]) for c in concurrencies},
         **ratios,
         "targets": {key: f"{op} {bound}" for key, (op, bound) in TARGETS.items()},
@@ -133,10 +150,15 @@ def summarize(by_server: dict[str, list[dict]]) -> dict:
     """Per server: the median over repetitions of each headline figure, and every repetition's."""
     out = {}
     for name, reps in by_server.items():
-        figures = [_figures(m) for m in reps]
+        started = [m for m in reps if m is not None]
+        if not started:
+            out[name] = {"started": 0}
+            continue
+        figures = [_figures(m) for m in started]
         out[name] = {key: _median([f[key] for f in figures]) for key in figures[0]}
-        out[name]["failed"] = sum(m["failed"] for m in reps)
-        out[name]["runs"] = [{**headline(m), **_figures(m)} for m in reps]
+        out[name]["failed"] = sum(m["failed"] for m in started)
+        out[name]["started"] = len(started)
+        out[name]["runs"] = [{**headline(m), **_figures(m)} if m is not None else None for m in reps]
     return out
 
 
@@ -154,11 +176,12 @@ def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
         # "" is llama-server with tandem's buffer-type setting (no repacking), "_default" llama.cpp's default.
         for name, suffix in (("llama_server_no_repack", ""), ("llama_server", "_default"),
                              ("llama_cpp_server", "_cpp_python")):  # fmt: skip
-            other = by_server.get(name)
-            if not other:
+            # Only repetitions where both servers ran: a server that did not start leaves its row out.
+            pairs = [(t, o) for t, o in zip(tandem, by_server.get(name, [])) if t is not None and o is not None]
+            if not pairs:
                 continue
             for figure, key in (("output_tps", "output_tps"), ("ttft_p50_ms", "ttft_p50")):
-                ratios = [_figures(t)[figure] / _figures(o)[figure] for t, o in zip(tandem, other)]
+                ratios = [_figures(t)[figure] / _figures(o)[figure] for t, o in pairs]
                 name_key = f"ratio_{key}_vs_llama_server{suffix}_c{concurrency}" if name != "llama_cpp_server" \
                     else f"ratio_{key}_vs_llama_cpp_server_c{concurrency}"
                 out[name_key], out[f"{name_key}_spread"] = median_and_spread(ratios)

@@ -32,7 +32,22 @@ def free_port() -> int:
 
 
 class ServerStartError(RuntimeError):
-    """A server exited or never became ready; the message carries its log's tail."""
+    """A server exited or never became ready; the message carries its log's tail, `exit_code` the
+    process's return code (negative: the signal that ended it; None: it never became ready)."""
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    @property
+    def signal_name(self) -> str | None:
+        """SIGILL for a binary built for instructions the CPU lacks, SIGSEGV, ...; None when no signal ended it."""
+        if self.exit_code is None or self.exit_code >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exit_code).name
+        except ValueError:
+            return f"signal {-self.exit_code}"
 
 
 @dataclass
@@ -72,7 +87,7 @@ class ManagedServer:
             while True:
                 if self.process.poll() is not None:
                     raise ServerStartError(f"{self.name} exited with {self.process.returncode} while starting "
-                                           f"({' '.join(self.command)}):\n{self.log_tail()}")
+                                           f"({' '.join(self.command)}):\n{self.log_tail()}", self.process.returncode)
                 try:
                     if _ready(client.get(self.base_url + self.ready_path)):
                         break

@@ -53,6 +53,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench.machine import machine_info, write_report
 from bench.serve_report import console
+from bench.served_models import fetch_model_cards, own_chat_model_id
 from bench.serve_servers import ManagedServer, ServerStartError, free_port
 from bench.soak_budget import bill_per_request, budget_report, write_budget_config
 from bench.soak_client import run_soak
@@ -63,7 +64,6 @@ from bench.soak_workload import (DEFAULT_DATA_DIR, INVALID_BODIES, MODEL_MIX, PR
 
 HEADLINE_KEYS = ("lost_requests", "kv_blocks_used_at_end", "rss_growth_pct_from_10pct", "p99_latency_drift_ratio",
                  "targets")
-ROUTED = ("auto", "local", "cloud")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,12 +91,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-request", action="store_true", help="also write every request's record to the JSON")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--quick", action="store_true", help="60 requests of 8..48 tokens: a check in a few minutes")
+    p.add_argument("--smoke", action="store_true", help="12 requests of 4..12 tokens, 4 at a time: checks the bench "
+                   "works (any failed or lost request then exits non-zero)")
     args = p.parse_args(argv)
     args.command_line = "python -m bench.soak " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.num_requests is None:
-        args.num_requests = 60 if args.quick else 2000
+        args.num_requests = 12 if args.smoke else 60 if args.quick else 2000
     if args.max_tokens is None:
-        args.max_tokens = (8, 48) if args.quick else (8, 96)
+        args.max_tokens = (4, 12) if args.smoke else (8, 48) if args.quick else (8, 96)
+    if args.smoke:
+        args.concurrency = min(args.concurrency, 4)
     if args.num_requests < 4 or args.concurrency < 1:
         p.error("need --num-requests >= 4 and --concurrency >= 1")
     if not 1 <= args.max_tokens[0] <= args.max_tokens[1]:
@@ -123,15 +127,8 @@ def embedded_server(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> Ma
 
 
 def local_model_name(base_url: str) -> str:
-    """The local model's own id from /v1/models: the last one that is not a routed name (tandem serve
-    lists the routed names, then its embedding model, then the engine's own names)."""
-    response = httpx.get(base_url + "/v1/models", timeout=10.0, trust_env=False)
-    response.raise_for_status()
-    ids = [entry["id"] for entry in response.json().get("data", [])]
-    names = [i for i in ids if i not in ROUTED and not i.startswith("auto:")]
-    if not names:
-        raise RuntimeError(f"{base_url}/v1/models lists no local model name: {ids}")
-    return names[-1]
+    """The local model's own id: the chat model tandem serve runs itself (bench.served_models)."""
+    return own_chat_model_id(fetch_model_cards(base_url))
 
 
 def warm_up(base_url: str) -> dict:
@@ -239,6 +236,9 @@ def main(argv: list[str] | None = None) -> None:
     except (ServerStartError, RuntimeError, httpx.HTTPError) as exc:
         raise SystemExit(f"bench.soak: {exc}") from None
     print_soak_summary(report)
+    report["smoke"] = args.smoke
+    if args.smoke:  # a full soak records failures as findings (its targets); a smoke run that has any is broken
+        report["failed_requests"] = report["requests"]["failed"] + report["lost_requests"]
     if args.json:
         write_report(args.json, report, HEADLINE_KEYS)
         console.print(f"wrote {args.json}")

@@ -16,7 +16,7 @@ judges them (sdk.cascade.config). Two measurements, side by side in one run:
    window). Keys `ttft_p50_ms_local`, `ttft_p50_ms_auto_window`, `ttft_p50_ms_auto_until_decided`
    and `ttft_ratio_window_vs_until_decided`.
 
---quick: 40 prompts for (1) and 8 for (2).
+--quick: 40 prompts for (1) and 8 for (2); --smoke: 4 short ones for each (checks the bench works).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def prompts(num: int) -> list[str]:
     return chat[: num - half] + maths[:half]
 
 
-async def escalation_positions(texts: list[str]) -> dict:
+async def escalation_positions(texts: list[str], max_tokens: int = 256) -> dict:
     """First escalation per answer and threshold, by StreamingPolicy as the cascade builds it."""
     from local_runtime.async_engine import AsyncLocalEngine
     from local_runtime.config import LocalEngineConfig
@@ -76,7 +76,7 @@ async def escalation_positions(texts: list[str]) -> dict:
             policies = {t: StreamingPolicy(t, config.min_tokens_k, config.score_kind, decide_at=config.decide_at,
                                            loop_rule=ESCALATE_LOOP) for t in THRESHOLDS}  # fmt: skip
             found: dict[float, tuple | None] = {}
-            async for event in engine.generate(GenerationRequest(f"hold-{index}", ids, SamplingParams(max_tokens=256))):
+            async for event in engine.generate(GenerationRequest(f"hold-{index}", ids, SamplingParams(max_tokens=max_tokens))):
                 for t, policy in policies.items():
                     if t not in found and (decision := policy.observe(event)) is not None:
                         found[t] = (decision.decided_at_token, str(decision.reason))
@@ -113,7 +113,7 @@ def wait_healthy(server: subprocess.Popen, url: str, timeout_s: float = 300.0) -
     raise SystemExit("bench.stream_hold: tandem serve did not become healthy")
 
 
-def ttft_run(log_dir: Path, label: str, env_extra: dict, model: str, num_prompts: int) -> dict:
+def ttft_run(log_dir: Path, label: str, env_extra: dict, model: str, num_prompts: int, max_output_len: int = 160) -> dict:
     """bench.serve against a fresh `tandem serve --cloud none`; returns its report."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")} | env_extra
@@ -125,7 +125,7 @@ def ttft_run(log_dir: Path, label: str, env_extra: dict, model: str, num_prompts
             out = log_dir / f"{label}.json"
             subprocess.run([sys.executable, "-m", "bench.serve", "--base-url", f"http://127.0.0.1:{port}", "--model", model,
                             "--dataset", "gsm8k", "--num-prompts", str(num_prompts), "--max-concurrency", "4",
-                            "--max-output-len", "160", "--json", str(out)],
+                            "--max-output-len", str(max_output_len), "--json", str(out)],
                            check=True, cwd=REPO, stdout=subprocess.DEVNULL, timeout=900)  # fmt: skip
             return json.loads(out.read_text())
         finally:
@@ -136,24 +136,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="4 prompts of 64 tokens for (1), 4 of 32 for (2): "
+                        "checks the bench works")
     args = parser.parse_args()
     from sdk.cascade.config import CascadeConfig
 
     window = CascadeConfig().stream_hold_window()
-    positions = asyncio.run(escalation_positions(prompts(40 if args.quick else 140)))
-    num_prompts = 8 if args.quick else 16
+    num_positions = 4 if args.smoke else 40 if args.quick else 140
+    positions = asyncio.run(escalation_positions(prompts(num_positions), max_tokens=64 if args.smoke else 256))
+    num_prompts = 4 if args.smoke else 8 if args.quick else 16
     runs = {}
     with tempfile.TemporaryDirectory(prefix="stream-hold-") as tmp:
         for label, env, model in [("local", {}, "local"), ("auto_window", {}, "auto"),
                                   ("auto_until_decided", {"TANDEM_CASCADE_HOLD_TOKENS": "0"}, "auto")]:  # fmt: skip
-            report = ttft_run(Path(tmp), label, env, model, num_prompts)
+            report = ttft_run(Path(tmp), label, env, model, num_prompts, 32 if args.smoke else 160)
             metrics = report["metrics"]
             runs[label] = {"completed": report["completed"], "failed": report["failed"],
                            "ttft_ms_median": report["ttft_ms_median"], "output_throughput": report["output_throughput"],
                            **{f"{name}_ms": metrics[f"{name}_ms"] for name in ("ttft", "tpot", "e2el")}}  # fmt: skip
             print(label, runs[label], flush=True)
-    report = report_header("stream_hold") | {
+    report = report_header("stream_hold", smoke=args.smoke) | {
         "quick": args.quick,
+        "failed_requests": sum(run["failed"] for run in runs.values()),
         "hold_tokens_default": window,
         "escalation_positions": positions,
         "low_confidence_escalations_by_token": positions["0.5"]["low_confidence_by_token"],

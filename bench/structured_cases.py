@@ -83,3 +83,30 @@ TOOL_CASES: list[tuple[str, list[dict], str]] = [
     ("Add a dentist appointment on March 3 to my calendar.", CALENDAR_TOOLS, "create_event"),
     ("What do I have on my calendar on Monday?", CALENDAR_TOOLS, "list_events"),
 ]
+
+# Larger schemas shaped like app forms and API payloads, written apart from SCHEMA_CASES and never
+# generated from (bench.structured times their grammar compile only): many properties, nesting,
+# arrays of objects, enums, numeric bounds, optional fields.
+_ADDRESS = {"type": "object", "properties": {"street": STR, "city": SHORT, "postcode": {"type": "string", "pattern": "^[0-9A-Z -]{3,10}$"},
+            "country": {"enum": ["DE", "FR", "GB", "US", "JP", "BR"]}}, "required": ["street", "city", "country"]}  # fmt: skip
+OTHER_SCHEMAS: list[dict] = [
+    {"type": "object", "properties": {f"field_{i}": [STR, {"type": "integer"}, {"type": "boolean"}][i % 3] for i in range(24)},
+     "required": [f"field_{i}" for i in range(0, 24, 2)]},
+    {"type": "object", "properties": {"customer": {"type": "object", "properties": {"name": STR, "email": SHORT, "address": _ADDRESS},
+                                                   "required": ["name", "address"]},
+                                      "lines": {"type": "array", "minItems": 1, "maxItems": 20, "items": {
+                                          "type": "object", "properties": {"sku": SHORT, "quantity": {"type": "integer", "minimum": 1},
+                                                                           "unit_price": {"type": "number", "minimum": 0}},
+                                          "required": ["sku", "quantity", "unit_price"]}},
+                                      "currency": {"enum": ["EUR", "USD", "GBP", "JPY"]}, "notes": STR},
+     "required": ["customer", "lines", "currency"]},
+    {"type": "object", "properties": {"events": {"type": "array", "items": {"type": "object", "properties": {
+        "title": STR, "start": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}$"},
+        "attendees": {"type": "array", "items": SHORT, "maxItems": 8},
+        "recurrence": {"anyOf": [{"type": "null"}, {"enum": ["daily", "weekly", "monthly"]}]}}, "required": ["title", "start"]}}},
+     "required": ["events"]},
+    {"type": "object", "properties": {"tree": {"type": "object", "properties": {"label": SHORT, "children": {"type": "array", "items": {
+        "type": "object", "properties": {"label": SHORT, "children": {"type": "array", "items": {
+            "type": "object", "properties": {"label": SHORT, "weight": {"type": "number"}}, "required": ["label"]}}},
+        "required": ["label"]}}}, "required": ["label", "children"]}}, "required": ["tree"]},
+]

@@ -1,7 +1,7 @@
 """Do huge prompts stall the other streams? Stream ITL with and without a client posting the
 largest bodies that pass the server's byte pre-check, in a loop.
 
-    python -m bench.tokenize_stall [--quick] --json bench/results/tokenize_stall.json
+    python -m bench.tokenize_stall [--quick | --smoke] --json bench/results/tokenize_stall.json
 
 `tandem serve --cloud none` on the embedded SmolLM2; 8 clients stream chat answers (a short
 prompt, 128 tokens, greedy, `ignore_eos`), `--rounds` requests each, through the local model's
@@ -34,6 +34,7 @@ from bench.machine import report_header, write_report
 from bench.serve_client import ClientConfig, send_request
 from bench.serve_datasets import SampleRequest
 from bench.serve_metrics import percentile
+from bench.served_models import fetch_model_cards, own_chat_model_id
 from bench.serve_servers import free_port
 from bench.stream_hold import wait_healthy
 
@@ -72,9 +73,9 @@ def max_bodies(model: str, max_model_len: int, max_token_bytes: int) -> list[byt
     return [json.dumps(one).encode(), json.dumps(many).encode()]
 
 
-async def streams(config: ClientConfig, rounds: int) -> list:
+async def streams(config: ClientConfig, rounds: int, output_tokens: int = OUTPUT_TOKENS) -> list:
     prompt = "Write a long story about a lighthouse keeper and the sea, in many short paragraphs."
-    sample = SampleRequest(prompt, 24, OUTPUT_TOKENS)
+    sample = SampleRequest(prompt, 24, output_tokens)
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=STREAMS + 2)) as client:
 
         async def worker() -> list:
@@ -93,11 +94,11 @@ async def post_bodies(url: str, bodies: list[bytes], done: asyncio.Event, answer
             index += 1
 
 
-async def phase(config: ClientConfig, rounds: int, bodies: list[bytes] | None) -> dict:
+async def phase(config: ClientConfig, rounds: int, bodies: list[bytes] | None, output_tokens: int = OUTPUT_TOKENS) -> dict:
     done, answers = asyncio.Event(), {}
     loader = asyncio.create_task(post_bodies(config.url, bodies, done, answers)) if bodies else None
     started = time.monotonic()
-    results = await streams(config, rounds)
+    results = await streams(config, rounds, output_tokens)
     done.set()
     if loader is not None:
         await loader
@@ -114,10 +115,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="one round of 16-token streams, one pair of phases: "
+                        "checks the bench works")
     parser.add_argument("--rounds", type=int, help="requests per stream client per phase (default 4; --quick 2)")
     args = parser.parse_args()
-    rounds = args.rounds or (2 if args.quick else 4)
-    pairs = 1 if args.quick else 2
+    rounds = args.rounds or (1 if args.smoke else 2 if args.quick else 4)
+    pairs = 1 if args.quick or args.smoke else 2
+    output_tokens = 16 if args.smoke else OUTPUT_TOKENS
     max_model_len, max_token_bytes = limits_of_server()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="tokenize-stall-") as tmp, open(Path(tmp) / "serve.log", "wb") as log:
@@ -126,22 +130,23 @@ def main() -> None:
         try:
             base = f"http://127.0.0.1:{port}"
             wait_healthy(server, f"{base}/health")
-            model = next(m["id"] for m in httpx.get(f"{base}/v1/models").json()["data"] if m["id"] not in ("auto", "local", "cloud"))
+            model = own_chat_model_id(fetch_model_cards(base))
             config = ClientConfig(base_url=base, model=model)
             bodies = max_bodies(model, max_model_len, max_token_bytes)
-            asyncio.run(streams(config, 1))  # warm-up, not measured
+            asyncio.run(streams(config, 1, output_tokens))  # warm-up, not measured
             phases = []
             for _ in range(pairs):
                 for load in (None, bodies):
-                    phases.append(asyncio.run(phase(config, rounds, load)))
+                    phases.append(asyncio.run(phase(config, rounds, load, output_tokens)))
                     print(json.dumps(phases[-1]), flush=True)
         finally:
             stop(server)
     without = [p["itl_ms"]["p99"] for p in phases if not p["load"]]
     with_load = [p["itl_ms"]["p99"] for p in phases if p["load"]]
     ratios = [w / wo for w, wo in zip(with_load, without)]
-    report = report_header("tokenize_stall") | {
-        "quick": args.quick, "streams": STREAMS, "output_tokens": OUTPUT_TOKENS, "rounds": rounds,
+    report = report_header("tokenize_stall", smoke=args.smoke) | {
+        "quick": args.quick, "streams": STREAMS, "output_tokens": output_tokens, "rounds": rounds,
+        "failed_requests": sum(p["failed"] for p in phases),
         "max_model_len": max_model_len, "max_token_bytes": max_token_bytes, "body_bytes": [len(b) for b in bodies],
         "phases": phases,
         "itl_p99_ms_without": statistics.median(without), "itl_p99_ms_with": statistics.median(with_load),
