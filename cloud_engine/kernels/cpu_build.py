@@ -32,14 +32,24 @@ def kernel_cache_dir() -> Path:
     return Path(base) / "tandem" / "kernels"
 
 
+def cxx_compiler() -> str | None:
+    """The C++ compiler torch's extension builder runs ($CXX, else c++), or None when it is not on PATH."""
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+# Why the last build failed, for tests: with a compiler present, a failed build is a failure there.
+last_build_error: str | None = None
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_kernels():
     """The compiled extension module, or None when it cannot be built here (reason logged)."""
+    global last_build_error
     import torch
     from torch.utils import cpp_extension
 
     _put_ninja_on_path()
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
+    if cxx_compiler() is None:
         logger.warning("no C++ compiler found; cloud engine uses the portable attention path on CPU")
         return None
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + fingerprint().encode()
@@ -56,6 +66,7 @@ def cpu_kernels():
                 verbose=False,
             )
     except Exception as error:  # a missing compiler, ninja or header: fall back, never fail the engine
+        last_build_error = str(error)
         logger.warning("could not build the CPU attention kernel (%s); using the portable attention path", error)
         return None
 

@@ -4,7 +4,8 @@ F.linear on bf16 CPU tensors reorders the weight into oneDNN's blocked layout on
 call; packing once at load time removes that. Measured on a 2-core EPYC (AVX512-BF16):
 1.5-2x faster at decode batch sizes 1-2 and 1.2x at 32, with bit-identical outputs. The
 ops are the ones torch.compile's CPU backend emits (`torch.ops.mkldnn`); a build without
-them, or one that disagrees with F.linear on a probe input, keeps the plain layers.
+them, a CPU without oneDNN's bf16 path, or a build that disagrees with F.linear on a probe
+input keeps the plain layers.
 
 oneDNN builds (JIT-compiles) a primitive for every input row count it meets and keeps it in a
 cache of 1024 entries, each with its own scratch memory (~0.45 MB on average over row counts
@@ -65,17 +66,33 @@ class PackedLinear(nn.Module):
         return out[:rows] if padding else out
 
 
-def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Packing applies to bf16 on CPU where oneDNN is built in and agrees with F.linear."""
+def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this machine can pack: bf16 on a CPU that oneDNN has a bf16 path for (AVX-512
+    BW/VL/DQ or AVX-NE-CONVERT on x86, torch's own check), in a torch built with oneDNN."""
     if device.type != "cpu" or dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (RuntimeError, AttributeError):  # a torch without the op
+        return False
+
+
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Packing applies where the machine supports it (packing_supported) and the packed layer
+    agrees with F.linear on a probe input: a torch whose packed path is wrong keeps the plain
+    layers instead of serving wrong numbers (tests/cloud_engine/test_packed_linear.py fails there)."""
+    if not packing_supported(device, dtype):
         return False
     try:
         weight, probe = torch.randn(48, 32, dtype=dtype), torch.randn(3, 32, dtype=dtype)
         packed = PackedLinear(weight, None)(probe)
-        return bool(torch.allclose(packed.float(), F.linear(probe, weight).float(), rtol=1e-2, atol=1e-2))
+        agrees = bool(torch.allclose(packed.float(), F.linear(probe, weight).float(), rtol=1e-2, atol=1e-2))
     except (RuntimeError, AttributeError) as error:
-        logger.info("oneDNN weight packing unavailable (%s); using plain linear layers", error)
+        logger.warning("oneDNN weight packing failed on this bf16-capable CPU (%s); using plain linear layers", error)
         return False
+    if not agrees:
+        logger.warning("oneDNN's packed linear disagrees with F.linear on this machine; using plain linear layers")
+    return agrees
 
 
 def pack_linears(module: nn.Module) -> int:

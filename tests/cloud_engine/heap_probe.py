@@ -9,7 +9,7 @@ from typing import Callable
 
 import pytest
 
-needs_glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="reads glibc's mallinfo2")
+needs_glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="not glibc: reads glibc's mallinfo2")
 
 
 class _MallInfo2(ctypes.Structure):

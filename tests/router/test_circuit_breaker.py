@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import grpc
 import pytest
 
 from router.circuit_breaker import BreakerState, CircuitBreaker, CircuitOpenError
@@ -147,7 +148,6 @@ def test_classify_failure(error, kind):
 
 
 def test_classify_failure_reads_the_sdk_cloud_errors():
-    grpc = pytest.importorskip("grpc")
     from sdk.cloud.grpc_client import CloudUnauthenticatedError, CloudUnavailableError
 
     assert classify_failure(CloudUnavailableError("down", grpc.StatusCode.UNAVAILABLE)) is FailureKind.UNAVAILABLE
