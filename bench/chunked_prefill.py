@@ -1,6 +1,6 @@
 """What chunked prefill buys decoding requests when long prompts arrive, in tandem's cloud engine.
 
-    python -m bench.chunked_prefill --json bench/results/chunked_prefill.json [--quick]
+    python -m bench.chunked_prefill --json bench/results/chunked_prefill.json [--quick | --smoke]
 
 16 requests decode steadily; while they do, long prompts (>= 1500 tokens) arrive (one
 after the steady requests have made 8 tokens, then one every 24 tokens). We measure
@@ -83,6 +83,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="two long prompts, 96 steady tokens, 2 repetitions (about 4 minutes here)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="only checks that the bench works (one 300-token long prompt, 12 steady tokens, 1 repetition): figures meaningless")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--repeats", type=int, default=None, help="repetitions of all three modes (default 3; 2 with --quick)")
     parser.add_argument("--step-target-ms", type=float, default=60.0, help="the target mode's step-time target")
@@ -91,7 +93,10 @@ def main() -> None:
     args = parser.parse_args()
 
     steady_tokens, long_lengths = (96, [1500, 1700]) if args.quick else (128, [1500, 1700, 1900, 2000])
-    repeats = args.repeats or (2 if args.quick else 3)
+    warm_up = (48, [1200])
+    if args.smoke:  # a long prompt still over the 256-token budget, so chunking and pacing run
+        steady_tokens, long_lengths, warm_up = 12, [300], (12, [260])
+    repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
     modes = {
         "chunked": dict(enable_chunked_prefill=True, max_num_batched_tokens=256),
         "step_target": dict(enable_chunked_prefill=True, max_num_batched_tokens=2048, step_time_target_ms=args.step_target_ms,
@@ -103,7 +108,7 @@ def main() -> None:
         engines[name] = CloudEngine(CloudEngineConfig(device=args.device, max_num_seqs=32, max_model_len=4096, kv_cache_gb=1.0, **overrides))
         # Warm-up on other prompts: kernels built, and the target mode's cost model has measured
         # long chunks, as it would have on a server that has been running.
-        run(engines[name], 48, [1200], seed=1000)
+        run(engines[name], *warm_up, seed=1000)
     # The modes take turns within each repetition, so a noisy minute on this shared machine
     # falls on all three rather than on one.
     runs = {name: [] for name in modes}
@@ -116,6 +121,7 @@ def main() -> None:
     per_run_budget = [ratios(runs["chunked"][i], runs["unchunked"][i]) for i in range(repeats)]
     report = {
         "benchmark": "chunked_prefill",
+        "smoke": args.smoke,
         "command": "python -m bench.chunked_prefill " + " ".join(sys.argv[1:]),
         "machine": machine_info(),
         "model": "embedded SmolLM2-135M-Instruct (GGUF, dequantized)",

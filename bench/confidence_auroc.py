@@ -1,7 +1,7 @@
 """How well confidence signals and the learned probe predict "the local answer is right",
 on a task whose answers can be checked: generated arithmetic of rising difficulty.
 
-    python -m bench.confidence_auroc --json bench/results/confidence_auroc.json [--n N] [--seed S]
+    python -m bench.confidence_auroc --json bench/results/confidence_auroc.json [--n N] [--seed S] [--smoke]
 
 The embedded local model (SmolLM2-135M-Instruct, GGUF) answers every question greedily
 (temperature 0, at most 16 tokens), all requests submitted at once so the engine batches
@@ -45,6 +45,7 @@ TOP_LOGPROBS = 5  # alternatives per token, so mean_topk_mass is defined
 HOLDOUT_FRACTION = 0.4  # share of each class held out for the reported AUROCs
 DEFAULT_N = 600
 DEFAULT_SEED = 0
+SMOKE_N = 60  # enough answers that both classes reach the probe's fit, calibration and held-out rows
 
 
 def local_engine_config(n_threads: int | None = None):
@@ -262,12 +263,14 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
-    parser.add_argument("--n", type=int, default=DEFAULT_N, help=f"questions (default {DEFAULT_N})")
+    parser.add_argument("--n", type=int, default=None, help=f"questions (default {DEFAULT_N}; {SMOKE_N} with --smoke)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="question generator and split seed")
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
+    parser.add_argument("--smoke", action="store_true", help=f"only checks that the bench works ({SMOKE_N} questions): figures meaningless")
     args = parser.parse_args()
+    n = args.n if args.n is not None else SMOKE_N if args.smoke else DEFAULT_N
 
-    answers = collect_answers(args.n, args.seed, args.threads)
+    answers = collect_answers(n, args.seed, args.threads)
     result = evaluate(answers, args.seed)
     print(format_table(result), flush=True)
     wrong_examples = [
@@ -275,9 +278,9 @@ def main() -> None:
         for item, text, right in zip(answers.items, answers.texts, answers.labels) if not right
     ]  # fmt: skip
     report = {
-        **report_header("confidence_auroc"),
+        **report_header("confidence_auroc", smoke=args.smoke),
         "model": "embedded SmolLM2-135M-Instruct (GGUF Q4_1), local_runtime.AsyncLocalEngine",
-        "workload": f"{args.n} generated arithmetic questions (seed {args.seed}), {len(LEVELS)} difficulty levels in "
+        "workload": f"{n} generated arithmetic questions (seed {args.seed}), {len(LEVELS)} difficulty levels in "
                     f"equal shares; greedy, max_tokens {MAX_TOKENS}, {TOP_LOGPROBS} top logprobs; label = the reply's "
                     f"answer (number after its first '=', else its first integer) equals the true one; stratified split holding out {HOLDOUT_FRACTION:.0%}",
         "generation": {"seconds": answers.seconds, "output_tokens": answers.num_output_tokens},

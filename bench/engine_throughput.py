@@ -1,6 +1,6 @@
 """Offline throughput of tandem's cloud engine against HF transformers, measured side by side.
 
-    python -m bench.engine_throughput --json bench/results/engine_throughput.json [--quick]
+    python -m bench.engine_throughput --json bench/results/engine_throughput.json [--quick | --smoke]
 
 A heterogeneous workload (prompt lengths 16-512, output lengths 8-256, fixed seed,
 greedy, EOS ignored so every system produces the same tokens count) runs through:
@@ -121,11 +121,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--quick", action="store_true", help="a smaller workload (under 3 minutes here)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="only checks that the bench works (4 requests, prompts 16-32 tokens, 8 output tokens, one run each): figures meaningless")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto", help="auto (tandem's default for the device), float32, bfloat16; both systems use it")
     args = parser.parse_args()
 
     num_requests, max_prompt, max_output = (16, 256, 64) if args.quick else (64, 512, 256)
+    if args.smoke:
+        num_requests, max_prompt, max_output = 4, 32, 8
     model_path = default_model_path()
     llm = LLM(None, device=args.device, dtype=args.dtype, max_num_seqs=32, max_num_batched_tokens=512, kv_cache_gb=1.0)
     engine = llm.engine
@@ -133,7 +137,7 @@ def main() -> None:
 
     warm_up = make_workload(4, seed=1, tokenize=engine.tokenize, max_prompt=max_prompt, max_output=max_output)
     run_tandem(llm, warm_up)  # not the measured prompts: nothing measured finds its prefix cached
-    repeats = 1 if args.quick else REPEATS
+    repeats = 1 if args.quick or args.smoke else REPEATS
     runs = []
     for _ in range(repeats):
         engine.kv_manager.reset_prefix_cache()
@@ -164,6 +168,7 @@ def main() -> None:
     tandem_runs = results["tandem"]["runs_output_tokens_per_s"]
     report = {
         "benchmark": "engine_throughput",
+        "smoke": args.smoke,
         "command": "python -m bench.engine_throughput " + " ".join(sys.argv[1:]),
         "machine": machine_info(),
         "model": os.path.basename(model_path) + " (dequantized)",

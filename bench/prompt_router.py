@@ -1,7 +1,7 @@
 """The prompt router's scoring latency, as the device runs it (onnxruntime CPU, one prompt per
 call after warm-up, 1 intra-op thread and onnxruntime's default count).
 
-    python -m bench.prompt_router [--quick] --json bench/results/prompt_router.json [--data-dir DIR]
+    python -m bench.prompt_router [--quick | --smoke] --json bench/results/prompt_router.json [--data-dir DIR]
 
 Two routers: the shipped cold start (prompt shape + linear head: no embedding model), and a
 router trained from traffic (the int8 MiniLM export + the head + a topic correction), built
@@ -25,6 +25,14 @@ from router.eval_tables import DEFAULT_DATA_DIR, load_routellm
 from router.prompt_router.scorer import MAX_TOKENS, PromptScorer, load_scorer
 
 TARGET_P50_MS = 10.0
+SMOKE_EXAMPLES, SMOKE_PROMPTS = 400, 20  # --smoke: table rows kept (so few prompts to embed), prompts timed
+
+
+def smoke_examples(examples: list, count: int, seed: int = 0) -> list:
+    """`count` of the table's rows drawn at random, in table order: every subject stays, with fewer rows
+    (what --smoke runs on, so that the MiniLM embeddings take seconds instead of minutes)."""
+    rows = sorted(random.Random(seed).sample(range(len(examples)), min(count, len(examples))))
+    return [examples[i] for i in rows]
 
 
 def latency(prompts: list[str], threads: int | None, warmup: int = 20, scorer: PromptScorer | None = None) -> dict:
@@ -58,10 +66,14 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="50 prompts instead of 200")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"only checks that the bench works ({SMOKE_EXAMPLES} table rows, {SMOKE_PROMPTS} prompts): figures meaningless")
     args = parser.parse_args()
 
     examples = load_routellm(args.data_dir)
-    sample = random.Random(0).sample([e.prompt for e in examples], 50 if args.quick else 200)
+    if args.smoke:
+        examples = smoke_examples(examples, SMOKE_EXAMPLES)
+    sample = random.Random(0).sample([e.prompt for e in examples], SMOKE_PROMPTS if args.smoke else 50 if args.quick else 200)
     with tempfile.TemporaryDirectory() as scratch:
         learned = traffic_router(examples, Path(scratch) / "traffic_router.onnx")
         timings = {
@@ -71,7 +83,7 @@ def main() -> None:
         }
     lengths = [len(e.ids) for e in learned.tokenizer.encode_batch(sample)]
     report = {
-        **report_header("prompt_router"),
+        **report_header("prompt_router", smoke=args.smoke),
         "quick": args.quick,
         "baseline": "none run: a latency target, p50 <= 10 ms on 1 thread",
         "latency_p50_ms_1_thread": timings["default_threads_1"]["p50_ms"],

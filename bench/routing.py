@@ -1,6 +1,6 @@
 """Routing quality and scoring latency of tandem's routers, as `tandem eval` measures them.
 
-    python -m bench.routing --json bench/results/routing.json [--quick] [--data-dir DIR]
+    python -m bench.routing --json bench/results/routing.json [--quick | --smoke] [--data-dir DIR]
 
 Writes the JSON, and next to it `<stem>_mmlu.png` and `<stem>_arithmetic.png` (quality
 against cloud share, router.evaluation.plot). Every metric is router.evaluation.metrics'
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.confidence_auroc import DEFAULT_N, DEFAULT_SEED, HOLDOUT_FRACTION, Answers, collect_answers, heldout_scores
+from bench.confidence_auroc import DEFAULT_N, DEFAULT_SEED, HOLDOUT_FRACTION, SMOKE_N, Answers, collect_answers, heldout_scores
 from bench.machine import report_header, write_report
 from bench.prompt_router import latency
 from router.eval_tables import DEFAULT_DATA_DIR
@@ -71,6 +71,7 @@ FOLDS, SEEDS, QUICK_SEEDS = 4, (0, 1, 2), (0,)
 QUICK_N = 200
 NUM_RANDOM_SEEDS = 100  # tandem eval's default
 NUM_LATENCY_PROMPTS, QUICK_LATENCY_PROMPTS = 200, 50
+SMOKE_LATENCY_PROMPTS = 20
 STRONG_ASSUMPTION = "strong_correct = True for every arithmetic item: the cloud is assumed always right (not measured)"
 TARGETS = {"prompt_router_apgr_unseen_mmlu": 0.60, "prompt_router_latency_p50_ms": 10.0}
 
@@ -219,10 +220,10 @@ def strict(report: dict) -> dict:
     return json.loads(report_json(report))
 
 
-def build(data_dir: str, quick: bool, n: int | None, seed: int, threads: int | None) -> tuple[dict, dict, dict]:
-    """(the bench report, the MMLU section, the arithmetic section)."""
-    seeds = QUICK_SEEDS if quick else SEEDS
-    n = n or (QUICK_N if quick else DEFAULT_N)
+def build(data_dir: str, quick: bool, n: int | None, seed: int, threads: int | None, smoke: bool = False) -> tuple[dict, dict, dict]:
+    """(the bench report, the MMLU section, the arithmetic section). `smoke`: tiny sizes, figures meaningless."""
+    seeds = QUICK_SEEDS if quick or smoke else SEEDS
+    n = n or (SMOKE_N if smoke else QUICK_N if quick else DEFAULT_N)
     start = time.perf_counter()
     table = load_examples("routellm", data_dir)
     mmlu = unseen_mmlu(table, FOLDS, seeds)
@@ -234,14 +235,15 @@ def build(data_dir: str, quick: bool, n: int | None, seed: int, threads: int | N
     arith, scored = arithmetic(answers, seed)
     print(f"arithmetic: {n} answers in {generation_seconds:.0f} s, {answers.labels.mean():.1%} right", flush=True)
 
-    sample = random.Random(0).sample([e.prompt for e in table.examples], QUICK_LATENCY_PROMPTS if quick else NUM_LATENCY_PROMPTS)
+    num_latency_prompts = SMOKE_LATENCY_PROMPTS if smoke else QUICK_LATENCY_PROMPTS if quick else NUM_LATENCY_PROMPTS
+    sample = random.Random(0).sample([e.prompt for e in table.examples], num_latency_prompts)
     router_latency = latency(sample, 1)
     probe_timing = probe_latency(scored.onnx_probe, answers.features[scored.heldout])
 
     routers, arith_routers = mmlu["routers"], arith["routers"]
     best = "signal:" + arith["best_signal"]
     report = {
-        **report_header("routing"),
+        **report_header("routing", smoke=smoke),
         "quick": quick,
         "baseline": "random router: APGR 0.5 in expectation (tandem eval's random router, measured under each section's routers.random)",
         "random_apgr": 0.5,
@@ -311,9 +313,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=None, help=f"arithmetic questions (default {DEFAULT_N}, {QUICK_N} with --quick)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="arithmetic question generator and split seed")
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
+    parser.add_argument("--smoke", action="store_true", help=f"only checks that the bench works (one CV seed, {SMOKE_N} arithmetic "
+                                                             f"questions, {SMOKE_LATENCY_PROMPTS} latency prompts): figures meaningless")
     args = parser.parse_args()
 
-    report, mmlu, arith = build(args.data_dir, args.quick, args.n, args.seed, args.threads)
+    report, mmlu, arith = build(args.data_dir, args.quick, args.n, args.seed, args.threads, smoke=args.smoke)
     print_report(mmlu)
     print_report(plotted(arith, ["probe", "signal:" + arith["best_signal"], "random", "oracle"]))
     print_signals(arith)

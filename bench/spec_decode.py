@@ -1,7 +1,7 @@
 """Speculative decoding in tandem's cloud engine: n-gram lookup and a layer-skip draft model
 against speculation off, at batch 1 and at 32 concurrent requests.
 
-    python -m bench.spec_decode --json bench/results/spec_decode.json [--quick]
+    python -m bench.spec_decode --json bench/results/spec_decode.json [--quick | --smoke]
 
 Two workloads, chat-templated, greedy (temperature 0), EOS honoured:
 
@@ -322,15 +322,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--quick", action="store_true", help="fewer prompts and tokens (under 3 minutes here)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="only checks that the bench works (1 prompt per workload, 16 tokens, a batch of 4): figures meaningless")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="auto (the engine's serving default), float32, bfloat16")
     args = parser.parse_args()
-    if args.quick:
+    if args.smoke:
+        report = run_bench(num_prompts=1, max_tokens=16, batch_size=4, b32_repeats=1, dtype=args.dtype, device=args.device)
+    elif args.quick:
         report = run_bench(num_prompts=4, max_tokens=64, b32_repeats=1, dtype=args.dtype, device=args.device)
     else:
         report = run_bench(num_prompts=16, max_tokens=128, b32_repeats=2, k_sweep=(2, 4), nonadaptive_b32=True,
                            dtype=args.dtype, device=args.device)  # fmt: skip
-    report = {"benchmark": "spec_decode", "command": "python -m bench.spec_decode " + " ".join(sys.argv[1:]),
+    report = {"benchmark": "spec_decode", "smoke": args.smoke, "command": "python -m bench.spec_decode " + " ".join(sys.argv[1:]),
               "machine": machine_info(), **report}  # fmt: skip
     write_report(args.json, report, tuple(k for k in HEADLINE if k in report))
 

@@ -142,12 +142,12 @@ class CloudTier:
 # -- measurements ----------------------------------------------------------------------------------
 
 
-def validity(tier, cases) -> dict:
+def validity(tier, cases, max_tokens: int = MAX_TOKENS) -> dict:
     jobs, order = [], []
     for i, (name, request, schema) in enumerate(cases):
         for free in (False, True):
             structured = None if free else StructuredOutput("json_schema", json.dumps(schema))
-            jobs.append((schema_prompt(request, schema), structured, i, MAX_TOKENS))
+            jobs.append((schema_prompt(request, schema), structured, i, max_tokens))
             order.append((name, schema, free))
     answers, _ = tier.run(jobs)
     out = {"constrained": [], "free": []}
@@ -161,8 +161,8 @@ def validity(tier, cases) -> dict:
     }
 
 
-def tools(tier, cases) -> dict:
-    jobs = [(*tool_job(question, tool_set, required), i, MAX_TOKENS) for required in (True, False)
+def tools(tier, cases, max_tokens: int = MAX_TOKENS) -> dict:
+    jobs = [(*tool_job(question, tool_set, required), i, max_tokens) for required in (True, False)
             for i, (question, tool_set, _) in enumerate(cases)]  # fmt: skip
     answers, _ = tier.run(jobs)
     picked = {True: [], False: []}
@@ -261,20 +261,21 @@ def main() -> None:
     repetitions = 1 if args.quick or args.smoke else 3
     local_requests, cloud_requests = (4, 4) if args.smoke else (8 if args.quick else 24, 32)
     max_tokens = 16 if args.smoke else THROUGHPUT_MAX_TOKENS
+    answer_tokens = 48 if args.smoke else MAX_TOKENS  # validity and tools
 
     report = report_header("structured", smoke=args.smoke)
     local = LocalTier()
     try:
         compile_ms = compile_times_ms(local.grammar(), bench_constraints(schema_cases, tool_cases))
         other_compile_ms = compile_times_ms(local.grammar(), other_constraints())
-        report["local"] = {**validity(local, schema_cases), **tools(local, tool_cases),
+        report["local"] = {**validity(local, schema_cases, answer_tokens), **tools(local, tool_cases, answer_tokens),
                            "throughput_c8": throughput(local, schema_cases, local_requests, 8, repetitions, max_tokens)}  # fmt: skip
     finally:
         local.close()
     if not args.skip_cloud:
         cloud = CloudTier()
         report["machine"]["cloud_dtype"] = cloud.dtype
-        report["cloud"] = {**validity(cloud, schema_cases), **tools(cloud, tool_cases),
+        report["cloud"] = {**validity(cloud, schema_cases, answer_tokens), **tools(cloud, tool_cases, answer_tokens),
                            "throughput_b32": throughput(cloud, schema_cases, cloud_requests, 32, repetitions, max_tokens)}  # fmt: skip
     both = [report[tier] for tier in ("local", "cloud") if tier in report]
     report.update({

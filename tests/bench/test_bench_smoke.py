@@ -1,0 +1,54 @@
+"""Every bench runs at HEAD: each `python -m bench.NAME --smoke` (tiny sizes, the real code paths)
+must exit 0 and write a report with its headline figures, no NaN anywhere and `"smoke": true`.
+bench.machine.write_report already refuses a missing, NaN or None headline figure and failed
+requests (exit non-zero), so a bench that rots (a renamed model, a request that now fails, a
+server variant that cannot start) fails here instead of publishing NaN.
+
+Before this test existed, bench.tokenize_stall at 90e93b4 sent its chat requests to the embedding
+model /v1/models lists first: all 32 failed and it wrote NaN figures with exit 0."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, clean_env
+
+pytestmark = pytest.mark.slow
+
+# Extra arguments per bench (beyond --smoke --json PATH). bench.serve's smoke compares the local
+# servers (it builds llama-server first when no build is cached: CI's llama-server tests need it too).
+BENCHES: dict[str, list[str]] = {
+    "chunked_prefill": [], "confidence_auroc": [], "embeddings": [], "engine_throughput": [], "first_contact": [],
+    "grammar_libraries": [], "local_step_profile": [], "local_throughput": [], "loop_stop": [], "prefix_cache": [],
+    "prompt_cache": [], "prompt_router": [], "router_learning": [], "routing": [], "serve": ["--compare-local"],
+    "soak": [], "spec_decode": [], "stream_hold": [], "structured": [], "tokenize_stall": [],
+}  # fmt: skip
+NOT_BENCHES = {"readme_figures", "serve_llama_cpp_server"}  # entry points that measure nothing: a checker, a server launcher
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} in the report")  # NaN/Infinity: not JSON, and not a figure
+
+
+def test_every_bench_entry_point_has_a_smoke_run():
+    entry_points = {path.stem for path in (REPO_ROOT / "bench").glob("*.py") if '__name__ == "__main__"' in path.read_text()}
+    assert entry_points - NOT_BENCHES == set(BENCHES)
+
+
+@pytest.mark.parametrize("name", sorted(BENCHES))
+def test_bench_smoke_run(name: str, tmp_path: Path):
+    out = tmp_path / f"{name}.json"
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", f"bench.{name}", "--smoke", *BENCHES[name], "--json", str(out)],
+                         cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=900)  # fmt: skip
+    print(f"bench.{name} --smoke: {time.monotonic() - started:.1f} s")
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    report = json.loads(out.read_text(), parse_constant=_reject_constant)
+    assert report["smoke"] is True
+    assert report.get("failed_requests", 0) == 0
