@@ -46,7 +46,8 @@ def test_bench_smoke_run(name: str, tmp_path: Path):
     out = tmp_path / f"{name}.json"
     started = time.monotonic()
     run = subprocess.run([sys.executable, "-m", f"bench.{name}", "--smoke", *BENCHES[name], "--json", str(out)],
-                         cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=900)  # fmt: skip
+                         cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True,
+                         timeout=1800 if name == "serve" else 900)  # serve may build llama-server first (~5-10 min)  # fmt: skip
     print(f"bench.{name} --smoke: {time.monotonic() - started:.1f} s")
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     report = json.loads(out.read_text(), parse_constant=_reject_constant)
