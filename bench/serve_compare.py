@@ -189,11 +189,12 @@ def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
 
 
 def targets_met(ratios: dict) -> dict:
-    """Of headline_ratios' figures: met only when the whole spread meets the target (a bound inside it is not)."""
+    """Of headline_ratios' figures: met only when the whole spread meets the target (a bound inside it is not);
+    "not measured" where a server did not start (a missing row, not a lost run)."""
     met = {}
     for key, (op, bound) in TARGETS.items():
         if key not in ratios:
-            met[key] = None
+            met[key] = "not measured"
             continue
         low, high = ratios[f"{key}_spread"]
         met[key] = low >= bound if op == ">=" else high <= bound
