@@ -12,7 +12,7 @@ greedy, EOS ignored so every system produces the same tokens count) runs through
   tokens count;
 * HF sequential: transformers `generate` one request at a time.
 
-All three use the same weights (the embedded SmolLM2 GGUF, dequantized) in the same
+All three use the same weights (the embedded SmolLM2 GGUF, dequantized, or --model) in the same
 dtype on the same device: tandem's default (bfloat16 on CUDA and on CPUs with native
 bf16 such as AVX512-BF16, float32 elsewhere) unless --dtype says otherwise. HF loads the
 GGUF in float32 and is then cast with `.to(dtype)`, because asked for bfloat16 directly
@@ -37,6 +37,7 @@ import torch
 
 from bench.machine import machine_info, write_report
 from bench.penalty_compare import compare as compare_penalties
+from bench.random_model import describe_model
 from cloud_engine.llm import LLM
 from sdk.protocol.model_files import default_model_path
 from sdk.protocol.engine import SamplingParams
@@ -78,9 +79,12 @@ def median_run(runs: list[dict]) -> dict:
 def load_hf(model_path: str, dtype: torch.dtype, device: torch.device):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(model_path), gguf_file=os.path.basename(model_path), dtype=torch.float32
-    ).to(device=device, dtype=dtype)  # cast after loading: see the module docstring
+    if os.path.isdir(model_path):
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(model_path), gguf_file=os.path.basename(model_path), dtype=torch.float32
+        ).to(device=device, dtype=dtype)  # cast after loading: see the module docstring
     model.eval()
     model.generation_config.eos_token_id = None  # ignore EOS, as tandem's run does
     model.generation_config.pad_token_id = 0
@@ -124,14 +128,16 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="only checks that the bench works (4 requests, prompts 16-32 tokens, 8 output tokens, one run each): figures meaningless")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--model", help="a GGUF or HF directory (default: the embedded SmolLM2 GGUF); "
+                                        "bench.random_model writes one in a real shape where the GGUF cannot go")
     parser.add_argument("--dtype", default="auto", help="auto (tandem's default for the device), float32, bfloat16; both systems use it")
     args = parser.parse_args()
 
     num_requests, max_prompt, max_output = (16, 256, 64) if args.quick else (64, 512, 256)
     if args.smoke:
         num_requests, max_prompt, max_output = 4, 32, 8
-    model_path = default_model_path()
-    llm = LLM(None, device=args.device, dtype=args.dtype, max_num_seqs=32, max_num_batched_tokens=512, kv_cache_gb=1.0)
+    model_path = args.model or default_model_path()
+    llm = LLM(model_path, device=args.device, dtype=args.dtype, max_num_seqs=32, max_num_batched_tokens=512, kv_cache_gb=1.0)
     engine = llm.engine
     work = make_workload(num_requests, seed=0, tokenize=engine.tokenize, max_prompt=max_prompt, max_output=max_output)
 
@@ -171,7 +177,7 @@ def main() -> None:
         "smoke": args.smoke,
         "command": "python -m bench.engine_throughput " + " ".join(sys.argv[1:]),
         "machine": machine_info(),
-        "model": os.path.basename(model_path) + " (dequantized)",
+        "model": describe_model(model_path),
         "config": config,
         "workload": f"{num_requests} requests, seed 0, prompts 16-{max_prompt} tokens, outputs 8-{max_output} tokens, greedy, EOS ignored",
         "baselines": {

@@ -19,6 +19,7 @@ from cloud_engine.block_manager import KVCacheManager
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.cpu_features import has_native_bf16
 from cloud_engine.host_memory import keep_freed_memory_in_heap
+from cloud_engine.host_threads import limit_host_threads_for_gpu
 from cloud_engine.kernels import select_decode_kernel
 from cloud_engine.kv_cache import (
     KVCacheBudgetError,
@@ -76,6 +77,7 @@ class CloudEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cpu":
             keep_freed_memory_in_heap()
+        limit_host_threads_for_gpu(self.device)
         loaded = load_model(config.model, dtype=self.dtype, device=self.device)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer

@@ -29,7 +29,7 @@ BENCHES: dict[str, list[str]] = {
     "prompt_cache": [], "prompt_router": [], "router_learning": [], "routing": [], "serve": ["--compare-local"],
     "soak": [], "spec_decode": [], "stream_hold": [], "structured": [], "tokenize_stall": [],
 }  # fmt: skip
-NOT_BENCHES = {"readme_figures", "serve_llama_cpp_server"}  # entry points that measure nothing: a checker, a server launcher
+NOT_BENCHES = {"random_model", "readme_figures", "serve_llama_cpp_server"}  # measure nothing: a model writer, a checker, a server launcher
 
 
 def _reject_constant(name: str):

@@ -1,0 +1,91 @@
+"""Write an HF model directory with random weights in a real model's shape, for speed benches.
+
+    python -m bench.random_model --shape smollm2-135m --out /tmp/smollm2-random [--tokenizer DIR]
+
+Throughput does not depend on the weights' values (every bench that uses this ignores EOS,
+so each request produces exactly its requested token count), so a machine that cannot hold
+the embedded GGUF (the GPU machines take at most 64 MiB of files, the GGUF is 98 MB) can
+still time the engine on the real shape. Figures measured this way say so: the report's
+`model` names the shape and "random weights". Acceptance rates of speculative decoding DO
+depend on the weights: never time a speculative run on this.
+
+The tokenizer is SmolLM2's (exported from the embedded GGUF here when --tokenizer is not
+given, or an exported copy, so prompts tokenize as they would with the real model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+# Public configs; the larger shapes use SmolLM2's 49,152-token vocabulary so one tokenizer serves all.
+SHAPES = {
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, rope_theta=100000.0, tie_word_embeddings=True),
+    "smollm2-360m": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                         num_key_value_heads=5, rope_theta=100000.0, tie_word_embeddings=True),
+    "smollm2-1.7b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                         num_key_value_heads=32, rope_theta=130000.0, tie_word_embeddings=True),
+}  # fmt: skip
+VOCAB_SIZE = 49152
+RANDOM_WEIGHTS_FILE = "random_weights.json"
+
+
+def export_tokenizer(out_dir: str) -> None:
+    """SmolLM2's tokenizer and chat template, read from the embedded GGUF, as HF files."""
+    from cloud_engine.loader.tokenizer import load_gguf_tokenizer
+    from sdk.protocol.model_files import default_model_path
+
+    load_gguf_tokenizer(default_model_path()).save_pretrained(out_dir)
+
+
+def write_random_model(shape: str, out_dir: str, tokenizer_dir: str | None = None, seed: int = 0,
+                       device: str = "cpu") -> str:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    os.makedirs(out_dir, exist_ok=True)
+    if tokenizer_dir is None:
+        export_tokenizer(out_dir)
+    else:
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
+    config = LlamaConfig(vocab_size=VOCAB_SIZE, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                         bos_token_id=1, eos_token_id=2, architectures=["LlamaForCausalLM"], **SHAPES[shape])
+    torch.manual_seed(seed)
+    with torch.device(device):  # initialising a 1.7B model on a GPU takes seconds instead of a minute
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, RANDOM_WEIGHTS_FILE), "w") as f:  # how benches know to say "random weights"
+        json.dump({"shape": shape, "seed": seed}, f)
+    return out_dir
+
+
+def describe_model(path: str) -> str:
+    """What a report calls the model at `path`: its file or folder name, and the shape when the weights are random."""
+    marker = os.path.join(path, RANDOM_WEIGHTS_FILE)
+    if os.path.isdir(path) and os.path.exists(marker):
+        with open(marker) as f:
+            return f"{json.load(f)['shape']} shape, random weights (bench.random_model), SmolLM2 tokenizer"
+    return os.path.basename(path.rstrip("/")) + (" (dequantized)" if path.endswith(".gguf") else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokenizer", help="an HF tokenizer directory (default: exported from the embedded GGUF)")
+    parser.add_argument("--export-tokenizer-only", action="store_true", help="write only the tokenizer files to --out")
+    parser.add_argument("--device", default="cpu", help="where to initialise the weights")
+    args = parser.parse_args()
+    if args.export_tokenizer_only:
+        os.makedirs(args.out, exist_ok=True)
+        export_tokenizer(args.out)
+    else:
+        write_random_model(args.shape, args.out, args.tokenizer, device=args.device)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()

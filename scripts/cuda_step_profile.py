@@ -1,0 +1,49 @@
+"""Where a decode step's time goes (scripts/cuda-check.sh runs it on a GPU): wall time per engine phase, cProfile, torch profiler.
+
+    python scripts/cuda_step_profile.py MODEL_DIR BATCH OUT.txt
+"""
+import cProfile, io, os, pstats, sys, time
+import torch
+from cloud_engine.llm import LLM
+from sdk.protocol.engine import SamplingParams
+
+model, batch, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+llm = LLM(model, kv_cache_gb=1.0, max_num_seqs=32)
+eng = llm.engine
+sync = (lambda: torch.cuda.synchronize()) if eng.device.type == "cuda" else (lambda: None)
+# Phase timers around the engine's own step pieces.
+phases = {}
+def timed(obj, name, label):
+    fn = getattr(obj, name)
+    def wrapper(*a, **k):
+        sync(); t = time.perf_counter()
+        r = fn(*a, **k)
+        sync(); phases[label] = phases.get(label, 0.0) + time.perf_counter() - t
+        return r
+    setattr(obj, name, wrapper)
+timed(eng.scheduler, "schedule", "schedule")
+timed(eng.runner, "prepare", "prepare")
+timed(eng.runner, "execute", "execute(forward)")
+timed(eng, "_sample", "sample")
+timed(eng.scheduler, "update_from_output", "update")
+timed(eng, "_finish_tokens", "finish_tokens")
+prompts = [[100 + i] * 64 for i in range(batch)]
+def run(n_tokens):
+    llm.generate(prompts, [SamplingParams(max_tokens=n_tokens, temperature=0.0, ignore_eos=True)] * batch)
+run(8)  # warm-up
+phases.clear(); steps0 = 0
+sync(); t = time.perf_counter(); run(64); sync(); wall = time.perf_counter() - t
+lines = [f"device {eng.device} dtype {eng.dtype} backend {eng.attention_backend} threads {torch.get_num_threads()} batch {batch}",
+         f"64 tokens x {batch}: {wall:.3f} s, {64 * batch / wall:.1f} tok/s, {wall / 65 * 1000:.1f} ms per step (1 prefill + 64 decodes)"]
+lines += [f"  {k:18s} {v * 1000 / 65:8.2f} ms/step" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])]
+# Profiles without the sync wrappers' distortion beyond what they add (noted).
+prof = cProfile.Profile(); prof.enable(); run(32); prof.disable()
+s = io.StringIO(); pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(35); lines.append(s.getvalue())
+acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if eng.device.type == "cuda" else [])
+with torch.profiler.profile(activities=acts) as p:
+    run(16)
+lines.append(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+if eng.device.type == "cuda":
+    lines.append(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
+open(out, "w").write("\n".join(lines))
+print("\n".join(lines[:12]))
