@@ -1,8 +1,8 @@
 """On a GPU, the host's CPU only launches kernels: one intra-op thread, not one per core.
 
 Measured on an H200 machine (16 cores, SmolLM2-135M's shape, 16 decoding requests): a decode
-step took 40.9 ms with torch's default of 16 intra-op threads and 20.7 ms with one, while the
-GPU's own work was ~3.4 ms a step. The step is bound by the host launching ~690 small kernels,
+step took 41.6 ms with torch's default of 16 intra-op threads and 21.0 ms with one, while the
+GPU's own work was ~3.5 ms a step. The step is bound by the host launching ~1,400 small kernels,
 and idle OpenMP workers compete with the one thread that launches them. vLLM's GPU workers
 make the same choice (torch parallelism reduced to 1 unless OMP_NUM_THREADS says otherwise).
 An explicit OMP_NUM_THREADS is the operator's choice and is kept.
