@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 
 from bench.json_schemas import ONE_FEATURE_SCHEMAS
+from bench.repetitions import nearest_rank
 
 
 @dataclass
@@ -233,10 +234,7 @@ def footprint(distribution: str, module: str) -> dict:
 
 
 def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return nearest_rank(values, q) if values else None  # None: the library compiled nothing
 
 
 def main() -> None:

@@ -36,14 +36,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import re
 import statistics
 import time
 
-from bench.json_schemas import ONE_FEATURE_SCHEMAS
 from bench.machine import report_header, write_report
-from bench.structured_cases import OTHER_SCHEMAS, SCHEMA_CASES, TOOL_CASES
+from bench.structured_cases import SCHEMA_CASES, TOOL_CASES
+from bench.structured_compile import grammar_compile_figures
 from sdk.protocol.engine import GenerationRequest, SamplingParams, StructuredOutput
 from sdk.protocol.tool_calls import ToolAnswer, render_tool_messages
 from sdk.protocol.tool_formats import LIST, ToolFunction, ToolRequest
@@ -215,37 +214,11 @@ def throughput(tier, cases, num_requests: int, concurrency: int, repetitions: in
     }  # fmt: skip
 
 
-def compile_times_ms(grammar, constraints: list) -> list[float]:
-    """Per constraint: building its matcher and computing its first mask, in ms. llguidance builds a
-    grammar's lexer lazily on the first mask, so a matcher alone leaves that work out; a request
-    waits for both before its first constrained token."""
-    grammar.allowed(grammar.matcher(StructuredOutput("json_object")))  # the vocabulary's one-time preparation, not a compile
-    times = []
-    for constraint in constraints:
-        start = time.perf_counter()
-        grammar.allowed(grammar.matcher(constraint))
-        times.append((time.perf_counter() - start) * 1000)
-    return times
-
-
 def bench_constraints(schema_cases, tool_cases) -> list:
     """The bench's own constraints: each case's schema, and each tool set's grammar (required and auto)."""
     constraints = [StructuredOutput("json_schema", json.dumps(schema)) for _, _, schema in schema_cases]
     return constraints + [LIST.grammar(tool_request(tool_set, required))
                           for tool_set in {id(t): t for _, t, _ in tool_cases}.values() for required in (True, False)]  # fmt: skip
-
-
-def other_constraints() -> list:
-    """Schemas no case of this bench was written around: bench.json_schemas' one-feature set
-    (bench.grammar_libraries' coverage) and OTHER_SCHEMAS, larger ones shaped like app forms."""
-    schemas = [schema for _, schema, _, _ in ONE_FEATURE_SCHEMAS] + OTHER_SCHEMAS
-    return [StructuredOutput("json_schema", json.dumps(schema)) for schema in schemas]
-
-
-def quantile(values: list[float], q: float) -> float:
-    """The nearest-rank quantile (with ~30 compiles a p99 is their slowest: say so, do not interpolate)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def main() -> None:
@@ -266,8 +239,7 @@ def main() -> None:
     report = report_header("structured", smoke=args.smoke)
     local = LocalTier()
     try:
-        compile_ms = compile_times_ms(local.grammar(), bench_constraints(schema_cases, tool_cases))
-        other_compile_ms = compile_times_ms(local.grammar(), other_constraints())
+        compile_figures = grammar_compile_figures(local.grammar(), bench_constraints(schema_cases, tool_cases))
         report["local"] = {**validity(local, schema_cases, answer_tokens), **tools(local, tool_cases, answer_tokens),
                            "throughput_c8": throughput(local, schema_cases, local_requests, 8, repetitions, max_tokens)}  # fmt: skip
     finally:
@@ -288,13 +260,7 @@ def main() -> None:
         # How often the cascade's invalid_structure escalation would fire on constrained local answers
         # (cut off by max_tokens: the only way a constrained answer can fail to parse).
         "invalid_structure_rate_local": report["local"]["length_cut_constrained"] / len(schema_cases),
-        # Matcher and first mask (the lexer) per constraint, on the local tier's vocabulary.
-        "grammar_compile_p50_ms": statistics.median(compile_ms),
-        "grammar_compile_p99_ms": quantile(compile_ms, 0.99),
-        "grammar_compile_max_ms": max(compile_ms),
-        "grammar_compile_other_schemas_p50_ms": statistics.median(other_compile_ms),
-        "grammar_compile_other_schemas_p99_ms": quantile(other_compile_ms, 0.99),
-        "num_compiles": {"bench": len(compile_ms), "other_schemas": len(other_compile_ms)},
+        **compile_figures,
         "num_schema_cases": len(schema_cases), "num_tool_cases": len(tool_cases),
     })  # fmt: skip
     headline = ["schema_validity_constrained", "schema_validity_free", "tool_name_accuracy", "tool_call_rate_auto_local",
