@@ -17,6 +17,9 @@ python -c 'from cloud_engine.kernels.cpu_build import cpu_kernels; cpu_kernels()
 # Export all-MiniLM-L6-v2 to ONNX now (~30 s once, cached in ~/.cache/tandem/prompt_router): fp32 serves
 # POST /v1/embeddings, int8 is what routers trained from traffic run; the first request then waits for nothing.
 python -c 'from router.prompt_router.embedder_export import ensure_embedder; ensure_embedder(precision="int8")' || true
+# Parse the embedded GGUF for the cloud engine now (~20 s once, cached in ~/.cache/tandem/gguf:
+# cloud_engine/loader/gguf_cache.py), so the first `tandem serve` has its cloud tier up in seconds.
+python -c 'from cloud_engine.loader import load_model; load_model()' || true
 # The gpu extra's onnxruntime-gpu shares the `onnxruntime` package with the CPU build that
 # tandem depends on; remove the CPU build and reinstall the GPU one so its files win.
 if [[ ",${extra}," == *",gpu,"* ]]; then

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from cloud_engine.loader.gguf import read_gguf_checkpoint
+from cloud_engine.loader.gguf_cache import load_cached_checkpoint, storing_weights
 from cloud_engine.loader.hf import InvalidModelError, read_hf_checkpoint
 from cloud_engine.loader.tokenizer import (
     encode_prompt,
@@ -109,10 +110,13 @@ def _load_hf_dir(model_dir: str, name: str, dtype: torch.dtype, device) -> Loade
 
 
 def _load_gguf(path: str, name: str, dtype: torch.dtype, device) -> LoadedModel:
-    checkpoint = read_gguf_checkpoint(path)
+    # Parsing and dequantizing the file was most of the cloud tier's start; an unchanged file's
+    # checkpoint comes from the cache (gguf_cache), and a first load fills it as the model loads.
+    cached = load_cached_checkpoint(path)
+    checkpoint = cached or read_gguf_checkpoint(path)
     config, metadata = checkpoint.config, checkpoint.metadata
     tokenizer = load_gguf_tokenizer(path)
-    model = build_model(config, checkpoint.weights(), dtype, device)
+    model = build_model(config, cached.weights() if cached else storing_weights(checkpoint), dtype, device)
     bos_id = config.bos_token_id
     # llama.cpp's rule: the file says; without a flag, SentencePiece vocabularies add BOS.
     add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", metadata.get("tokenizer.ggml.model") == "llama"))

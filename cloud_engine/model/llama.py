@@ -104,12 +104,21 @@ class LlamaDecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
+def _embedding_init(num_embeddings: int, dim: int) -> torch.Tensor:
+    """nn.Embedding's own init (normal_), except on the meta device (build_model): there normal_
+    computes nothing yet imports torch._dynamo (~2 s of the cloud tier's start on 2 cores), which
+    nothing else the engine does needs."""
+    weight = torch.empty(num_embeddings, dim)
+    return weight if weight.is_meta else nn.init.normal_(weight)
+
+
 class LlamaModel(nn.Module):
     """Embeddings, decoder layers and the final norm."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=_embedding_init(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnxruntime
 
 from router.prompt_router.embedder_export import ATTENTION_MASK, INPUT_IDS, PRECISIONS, model_fingerprint, package_model_dir
 from router.prompt_router.prompt_shape import SHAPE_VERSION, shape_features
@@ -95,6 +94,8 @@ def validate_router_metadata(document) -> dict:
 
 def default_providers() -> list[str]:
     """CUDA first when this onnxruntime build offers it, CPU always as the fallback."""
+    import onnxruntime
+
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
@@ -103,6 +104,10 @@ def default_providers() -> list[str]:
 def open_session(path, providers=None, threads: int | None = 1) -> onnxruntime.InferenceSession:
     """An onnxruntime session; threads=1 by default: one short prompt is a few ms on one
     core and the local LLM beside the router wants the others (None: onnxruntime's default)."""
+    # Imported here, not at the top: `tandem serve` imports this module before /health can
+    # answer, and only a configured router opens a session (~0.1-0.25 s on 2 cores otherwise).
+    import onnxruntime
+
     path = os.fspath(path)
     options = onnxruntime.SessionOptions()
     if threads is not None:

@@ -164,14 +164,15 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
     async def bring_up_embedded() -> None:
         """The engine loads after the local model: both loading at once took the local tier from
         ~0.5 s to ~10 s (the cloud engine's load holds the GIL). torch and the engine's modules
-        import on a thread meanwhile (mostly I/O and C; the loop keeps answering)."""
-        imported = asyncio.create_task(asyncio.to_thread(importlib.import_module, "cloud_engine.async_engine"))
+        import after it too, on a thread (the loop keeps answering /health): importing them while
+        the local model loaded took that load from ~0.7 s to ~3.5 s on 2 cores (the import holds
+        the GIL, and the local load's per-token ctypes calls wait for it each time they return),
+        which cost /health more than the overlap gained the cloud tier."""
         await watch_loading("local", engine, http, failures, logger, started)
         if failures:
-            imported.cancel()
             return
         try:
-            await imported
+            await asyncio.to_thread(importlib.import_module, "cloud_engine.async_engine")
             cloud.take(await start_cloud_tier(settings))
         except OSError as exc:
             failures.append(f"the embedded cloud tier could not start: {exc}")
