@@ -44,11 +44,11 @@ def _text_ids(engine: CloudEngine, rng: random.Random, num_tokens: int) -> list[
     return engine.tokenize(text)[:num_tokens]
 
 
-def run(engine: CloudEngine, steady_tokens: int, long_lengths: list[int], seed: int) -> dict:
+def run(engine: CloudEngine, steady_tokens: int, long_lengths: list[int], seed: int, num_steady: int = NUM_STEADY) -> dict:
     """Drive the engine step by step; token timestamps per request."""
     rng = random.Random(seed)
     greedy = lambda n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)  # noqa: E731
-    for i in range(NUM_STEADY):
+    for i in range(num_steady):
         engine.add_request(GenerationRequest(f"steady-{i}", _text_ids(engine, rng, 32), greedy(steady_tokens)))
     long_requests = [GenerationRequest(f"long-{j}", _text_ids(engine, rng, n), greedy(8)) for j, n in enumerate(long_lengths)]
     arrivals = {8 + 24 * j: r for j, r in enumerate(long_requests)}  # steady tokens made -> long prompt that arrives
@@ -66,7 +66,7 @@ def run(engine: CloudEngine, steady_tokens: int, long_lengths: list[int], seed: 
         for event in events:
             times.setdefault(event.request_id, []).append(now)
         made = len(times.get("steady-0", []))
-    itls = np.concatenate([np.diff(times[f"steady-{i}"]) for i in range(NUM_STEADY)])
+    itls = np.concatenate([np.diff(times[f"steady-{i}"]) for i in range(num_steady)])
     ttfts = [times[r.request_id][0] - arrived_at[r.request_id] for r in long_requests]
     return {
         "itl_p50_s": float(np.percentile(itls, 50)),
@@ -84,7 +84,8 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="two long prompts, 96 steady tokens, 2 repetitions (about 4 minutes here)")
     parser.add_argument("--smoke", action="store_true",
-                        help="only checks that the bench works (one 300-token long prompt, 12 steady tokens, 1 repetition): figures meaningless")
+                        help="only checks that the bench works (4 steady requests of 12 tokens, one 96-token long prompt over a 64-token "
+                             "budget, 1 repetition): figures meaningless")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--repeats", type=int, default=None, help="repetitions of all three modes (default 3; 2 with --quick)")
     parser.add_argument("--step-target-ms", type=float, default=60.0, help="the target mode's step-time target")
@@ -94,11 +95,12 @@ def main() -> None:
 
     steady_tokens, long_lengths = (96, [1500, 1700]) if args.quick else (128, [1500, 1700, 1900, 2000])
     warm_up = (48, [1200])
-    if args.smoke:  # a long prompt still over the 256-token budget, so chunking and pacing run
-        steady_tokens, long_lengths, warm_up = 12, [300], (12, [260])
+    budget, num_steady = 256, NUM_STEADY
+    if args.smoke:  # a long prompt still over the (smaller) budget, so chunking and pacing run
+        steady_tokens, long_lengths, warm_up, budget, num_steady = 12, [96], (12, [80]), 64, 4
     repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
     modes = {
-        "chunked": dict(enable_chunked_prefill=True, max_num_batched_tokens=256),
+        "chunked": dict(enable_chunked_prefill=True, max_num_batched_tokens=budget),
         "step_target": dict(enable_chunked_prefill=True, max_num_batched_tokens=2048, step_time_target_ms=args.step_target_ms,
                             step_time_max_ms=args.step_max_ms, slow_step_share=args.slow_step_share),
         "unchunked": dict(enable_chunked_prefill=False, max_num_batched_tokens=4096),
@@ -108,13 +110,13 @@ def main() -> None:
         engines[name] = CloudEngine(CloudEngineConfig(device=args.device, max_num_seqs=32, max_model_len=4096, kv_cache_gb=1.0, **overrides))
         # Warm-up on other prompts: kernels built, and the target mode's cost model has measured
         # long chunks, as it would have on a server that has been running.
-        run(engines[name], *warm_up, seed=1000)
+        run(engines[name], *warm_up, seed=1000, num_steady=num_steady)
     # The modes take turns within each repetition, so a noisy minute on this shared machine
     # falls on all three rather than on one.
     runs = {name: [] for name in modes}
     for rep in range(repeats):
         for name, engine in engines.items():
-            runs[name].append(run(engine, steady_tokens, long_lengths, seed=rep))
+            runs[name].append(run(engine, steady_tokens, long_lengths, seed=rep, num_steady=num_steady))
             print(rep, name, json.dumps(runs[name][-1]), flush=True)
     engine = engines["unchunked"]
     per_run = [ratios(runs["step_target"][i], runs["unchunked"][i]) for i in range(repeats)]
@@ -126,7 +128,7 @@ def main() -> None:
         "machine": machine_info(),
         "model": "embedded SmolLM2-135M-Instruct (GGUF, dequantized)",
         "device": str(engine.device), "dtype": str(engine.dtype),
-        "workload": f"{NUM_STEADY} steady requests (32-token prompts, {steady_tokens} greedy tokens); long prompts of "
+        "workload": f"{num_steady} steady requests (32-token prompts, {steady_tokens} greedy tokens); long prompts of "
                     f"{long_lengths} tokens arriving after 8, 32, 56, ... steady tokens; {repeats} repetitions, modes in turn",
         "modes": modes,
         "results": {name: median_run(r) for name, r in runs.items()},

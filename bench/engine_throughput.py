@@ -81,6 +81,8 @@ def load_hf(model_path: str, dtype: torch.dtype, device: torch.device):
 
     if os.path.isdir(model_path):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    elif (cached := hf_llama_from_gguf_cache(model_path)) is not None:
+        model = cached.to(device=device, dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(
             os.path.dirname(model_path), gguf_file=os.path.basename(model_path), dtype=torch.float32
@@ -88,6 +90,33 @@ def load_hf(model_path: str, dtype: torch.dtype, device: torch.device):
     model.eval()
     model.generation_config.eos_token_id = None  # ignore EOS, as tandem's run does
     model.generation_config.pad_token_id = 0
+    return model
+
+
+def hf_llama_from_gguf_cache(model_path: str):
+    """transformers' LlamaForCausalLM holding the float32 weights tandem's loader cached for this GGUF
+    (cloud_engine.loader.gguf_cache; tandem's engine was just built from them), or None. The same
+    weights transformers' own GGUF path gives (tests/cloud_engine/test_real_gguf.py compares the two
+    loaders), without its ~20 s of re-reading and re-converting the file here."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from cloud_engine.loader.gguf_cache import load_cached_checkpoint
+
+    cached = load_cached_checkpoint(model_path)
+    if cached is None or cached.config.architecture not in ("llama", "LlamaForCausalLM"):
+        return None
+    c = cached.config
+    config = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                         num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                         num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+                         rope_theta=c.rope_theta, rope_scaling=c.rope_scaling, max_position_embeddings=c.max_position_embeddings,
+                         tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    missing, unexpected = model.load_state_dict(dict(cached.weights()), strict=False)
+    tied = {"lm_head.weight"} if c.tie_word_embeddings else set()
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"cached GGUF weights do not fit LlamaForCausalLM: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
     return model
 
 

@@ -219,7 +219,7 @@ def build_engines(specs: dict[str, SpeculativeConfig], dtype: str, device: str) 
 
 def run_bench(num_prompts: int, max_tokens: int, batch_size: int = BATCH, b32_repeats: int = 1, k_sweep: tuple[int, ...] = (),
               with_draft: bool = True, nonadaptive_b32: bool = False, dtype: str = "auto", device: str = "auto",
-              measure_step_costs: bool = True) -> dict:
+              measure_step_costs: bool = True, step_cost_repeats: int = 20) -> dict:
     """The whole measurement; `num_prompts` per workload at batch 1. Returns the report (no command/machine)."""
     started = time.perf_counter()
     model_path = default_model_path()
@@ -261,7 +261,7 @@ def run_bench(num_prompts: int, max_tokens: int, batch_size: int = BATCH, b32_re
     b32 = batch32(b32_engines, mixed, max_tokens, b32_repeats)
     print(f"batch {batch_size}:", json.dumps({n: round(r["ratio_vs_off"], 3) for n, r in b32.items()}), flush=True)
 
-    costs = step_costs(engines["off"], grounded[0]) if measure_step_costs else {}
+    costs = step_costs(engines["off"], grounded[0], repeats=step_cost_repeats) if measure_step_costs else {}
 
     report = {
         "model": os.path.basename(model_path) + " (dequantized)",
@@ -328,7 +328,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="auto (the engine's serving default), float32, bfloat16")
     args = parser.parse_args()
     if args.smoke:
-        report = run_bench(num_prompts=1, max_tokens=16, batch_size=4, b32_repeats=1, dtype=args.dtype, device=args.device)
+        report = run_bench(num_prompts=1, max_tokens=16, batch_size=4, b32_repeats=1, dtype=args.dtype, device=args.device,
+                           step_cost_repeats=2)
     elif args.quick:
         report = run_bench(num_prompts=4, max_tokens=64, b32_repeats=1, dtype=args.dtype, device=args.device)
     else:
