@@ -25,6 +25,10 @@ def write_gguf(path, **sampling) -> str:
     from gguf import GGUFWriter
 
     writer = GGUFWriter(str(path), "llama")
+    # Arrays and strings before the sampling keys, as in real files: the header reader skips them by offset.
+    writer.add_token_list(["<s>", "hello", "Ġworld", "✓✓"])
+    writer.add_array("tokenizer.ggml.token_type", [1, 1, 1, 1])
+    writer.add_string("general.name", "tiny")
     for key, value in sampling.items():
         (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(f"general.sampling.{key}", value)
     writer.write_header_to_file()
