@@ -2,6 +2,7 @@
 
     python -m bench.readme_figures            # print the table
     python -m bench.readme_figures --write    # replace README's block between the markers
+    python -m bench.readme_figures --relink structured   # after a re-run: its links' numbers from the JSON
 
 Each row names a benchmark's JSON and a key in it; the table gives the value, the target
 when there is one, the commit it was measured at and the machine. tests/bench/test_readme_figures.py
@@ -141,6 +142,25 @@ def readme_block(text: str) -> str:
     return text[start : end + len(END)]
 
 
+def _formatted_like(written: str, value: float) -> str:
+    """`value` with the digits, sign and thousands separator `written` has."""
+    digits = len(written.split(".")[1]) if "." in written else 0
+    return f"{value:{'+' if written[0] in '+-' else ''}{',' if ',' in written else ''}.{digits}f}"
+
+
+def relink(text: str, benches: set[str]) -> str:
+    """README with every link into `benches`' JSONs showing the JSON's number again (after a re-run);
+    the prose around the links is the author's to re-read."""
+
+    def fresh(match: re.Match) -> str:
+        if match["bench"] not in benches:
+            return match[0]
+        value = lookup(load(match["bench"]), match["key"]) * int(match["scale"] or 1)
+        return match[0].replace(f"[{match['number']}]", f"[{_formatted_like(match['number'], value)}]", 1)
+
+    return LINK.sub(fresh, text)
+
+
 def link_mismatches(text: str) -> list[str]:
     """Every figure README links to a JSON that differs from it (or whose key is missing)."""
     wrong = []
@@ -151,8 +171,7 @@ def link_mismatches(text: str) -> list[str]:
         except (OSError, KeyError, IndexError, TypeError, ValueError) as error:
             wrong.append(f"{match[0]}: {type(error).__name__}: {error}")
             continue
-        digits = len(written.split(".")[1]) if "." in written else 0
-        expected = f"{value:{'+' if written[0] in '+-' else ''}{',' if ',' in written else ''}.{digits}f}"
+        expected = _formatted_like(written, value)
         if written != expected:
             wrong.append(f"{bench}.{key}: README says {written}, the JSON {expected}")
     return wrong
@@ -184,7 +203,14 @@ def unlinked_figures(text: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="replace README's block")
+    parser.add_argument("--relink", action="append", default=[], metavar="BENCH",
+                        help="after re-running BENCH: rewrite the numbers of README's links into its JSON (repeatable)")
     args = parser.parse_args()
+    if args.relink:
+        text = README.read_text()
+        README.write_text(relink(text, set(args.relink)))
+        print(f"relinked {', '.join(args.relink)}; now disagreeing: {link_mismatches(README.read_text()) or 'none'}")
+        return
     table = render()
     if not args.write:
         print(table)

@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 bash scripts/ensure-jdk.sh  # the Java client of android_bridge is compiled and run by the tests
 . .venv/bin/activate
-python -m pytest -q -rs "$@"
+python -m pytest -q -rs --durations=30 "$@"  # the 30 slowest: where CI's minutes go

@@ -73,3 +73,13 @@ def test_settings_targets_and_code_in_spans_are_not_figures():
     # A fenced block is code whatever it holds, and the same figure in prose is still caught.
     fenced = "```\n$ time pytest\n22 s\n```\nOne thread each took 22 s."
     assert [entry.split(" in:")[0] for entry in _checked(fenced)] == ["'22 s'"]
+
+
+def test_relink_rewrites_only_the_named_benches_links_in_their_own_format(monkeypatch):
+    data = {"a": {"x": 1234.567, "y": 0.5}, "b": {"x": 2.0}}
+    monkeypatch.setattr(readme_figures, "load", lambda bench: data[bench])
+    text = ("[1,111.1](bench/results/a.json#x) [+9.00](bench/results/a.json#y) [7](bench/results/a.json#y*100) "
+            "[3](bench/results/b.json#x)")
+    assert readme_figures.relink(text, {"a"}) == (
+        "[1,234.6](bench/results/a.json#x) [+0.50](bench/results/a.json#y) [50](bench/results/a.json#y*100) "
+        "[3](bench/results/b.json#x)")
