@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 CACHE_FORMAT = 1  # bump when what an entry holds, or how it is derived, changes
 # float32 is ~7x a 4-bit file: bigger checkpoints are not worth the disk (the tokenizer still caches).
 MAX_WEIGHTS_BYTES = 2 << 30
-MAX_ENTRIES = 4  # least recently used entries beyond this are removed (tests load many tiny files)
+MAX_CACHE_BYTES = 4 << 30  # least recently used entries beyond this are removed
 CHECKPOINT_FILE, WEIGHTS_FILE, TOKENIZER_DIR = "checkpoint.json", "weights.safetensors", "tokenizer"
 
 
@@ -287,10 +287,22 @@ def _touch(entry: Path) -> None:
 
 
 def _prune(root: Path) -> None:
-    """Keep the MAX_ENTRIES most recently used entries (a cache of float32 weights must not grow unbounded)."""
+    """Keep the most recently used entries within MAX_CACHE_BYTES (a cache of float32 weights must not
+    grow unbounded). Bytes, not a count: a run of tests loading many tiny files must not evict the
+    embedded model's entry that setup filled."""
     try:
         entries = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
     except OSError:
         return
-    for stale in entries[MAX_ENTRIES:]:
-        shutil.rmtree(stale, ignore_errors=True)
+    total = 0
+    for entry in entries:
+        total += _entry_bytes(entry)
+        if total > MAX_CACHE_BYTES and entry is not entries[0]:  # the newest entry always stays
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _entry_bytes(entry: Path) -> int:
+    try:
+        return sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+    except OSError:
+        return 0

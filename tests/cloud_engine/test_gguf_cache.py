@@ -76,14 +76,27 @@ def test_off_caches_nothing(tmp_path, monkeypatch, tiny_gguf):
     assert not (tmp_path / "xdg").exists()
 
 
-def test_prune_keeps_the_most_recently_used(tmp_path):
-    for index in range(gguf_cache.MAX_ENTRIES + 2):
-        entry = tmp_path / f"entry{index}"
+def test_prune_keeps_the_most_recently_used_within_the_byte_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(gguf_cache, "MAX_CACHE_BYTES", 250)
+    sizes = {"big-old": 200, "tiny-1": 10, "tiny-2": 10, "big-new": 200, "tiny-newest": 10}
+    for age, (name, size) in enumerate(sizes.items()):  # oldest first
+        entry = tmp_path / name
         entry.mkdir()
-        os.utime(entry, (1_000_000 + index, 1_000_000 + index))
+        (entry / "weights.safetensors").write_bytes(b"x" * size)
+        os.utime(entry, (1_000_000 + age, 1_000_000 + age))
     gguf_cache._prune(tmp_path)
-    kept = sorted(p.name for p in tmp_path.iterdir())
-    assert kept == sorted(f"entry{i}" for i in range(2, gguf_cache.MAX_ENTRIES + 2))
+    # Newest first: tiny-newest 10, big-new 210, tiny-2 220, tiny-1 230, big-old 430 > 250: only it goes,
+    # however many tiny entries (tests' files) came after it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big-new", "tiny-1", "tiny-2", "tiny-newest"]
+
+
+def test_the_newest_entry_stays_even_over_the_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(gguf_cache, "MAX_CACHE_BYTES", 5)
+    entry = tmp_path / "only"
+    entry.mkdir()
+    (entry / "weights.safetensors").write_bytes(b"x" * 50)
+    gguf_cache._prune(tmp_path)
+    assert entry.is_dir()
 
 
 def test_the_cached_tokenizer_is_the_converted_one(cache_root, monkeypatch):
