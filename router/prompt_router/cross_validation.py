@@ -102,3 +102,25 @@ def grouped_cv(examples: Sequence[RoutingExample], recipes: dict[str, ScoreHeldo
             entry[f"minus_{baseline}"], entry[f"minus_{baseline}_se"] = mean_and_se(np.subtract(values, per_fold[baseline]))
         report["recipes"][name] = entry
     return report
+
+
+def per_subject_apgr(scores: np.ndarray, examples: Sequence[RoutingExample]) -> dict:
+    """APGR within each subject of `examples` (the locked-set report, issue 37): one subject's
+    difficulty cannot carry another's, so the mean over subjects, its standard error and its
+    range say how a router does on a topic it meets, where a pooled APGR mixes easy and hard
+    subjects. A subject whose tiers are equally accurate has no gap to recover: left out, named."""
+    scores = np.asarray(scores, dtype=float)
+    groups = np.array([group_of(e) for e in examples])
+    by_subject, no_gap = {}, []
+    for subject in sorted(set(groups)):
+        rows = np.flatnonzero(groups == subject)
+        apgr = evaluate(scores[rows], [examples[i] for i in rows])["apgr"]
+        if math.isnan(apgr):
+            no_gap.append(subject)
+        else:
+            by_subject[subject] = apgr
+    values = list(by_subject.values())
+    mean, se = mean_and_se(values) if values else (float("nan"), float("nan"))
+    return {"apgr_mean": mean, "apgr_se": se, "apgr_min": min(values, default=float("nan")),
+            "apgr_max": max(values, default=float("nan")), "apgr_by_subject": by_subject,
+            "num_subjects": len(values), "subjects_without_gap": no_gap}  # fmt: skip
