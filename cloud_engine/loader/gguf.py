@@ -34,9 +34,23 @@ class GGUFCheckpoint:
     config: ModelConfig
     spec: ArchitectureSpec
     reader: Any  # gguf.GGUFReader (memory-maps the file)
+    # What the config was derived from besides the metadata (gguf_cache rebuilds it from these).
+    tensor_names: list[str]
+    rope_freq_factors: list[float] | None
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, float32 tensor) pairs, dequantized one at a time, rope rows restored to HF layout."""
+        for tensor, hf_name in self._mapped_tensors():
+            weight = _dequantize(tensor)
+            if self.spec.gguf_rope_interleaved:
+                weight = self._restore_rope_layout(hf_name, weight)
+            yield hf_name, weight
+
+    def weight_plan(self) -> list[tuple[str, list[int]]]:
+        """(HF name, shape) of every tensor weights() yields, in its order, without dequantizing any."""
+        return [(hf_name, _hf_shape(tensor)) for tensor, hf_name in self._mapped_tensors()]
+
+    def _mapped_tensors(self) -> Iterator[tuple[Any, str]]:
         for tensor in self.reader.tensors:
             if tensor.name == ROPE_FREQS_TENSOR:  # already folded into config.rope_scaling
                 continue
@@ -46,10 +60,7 @@ class GGUFCheckpoint:
                     f"GGUF tensor {tensor.name!r} has no mapping for architecture {self.config.architecture!r}; "
                     "the file may be for a variant tandem does not support"
                 )
-            weight = _dequantize(tensor)
-            if self.spec.gguf_rope_interleaved:
-                weight = self._restore_rope_layout(hf_name, weight)
-            yield hf_name, weight
+            yield tensor, hf_name
 
     def _restore_rope_layout(self, hf_name: str, weight: torch.Tensor) -> torch.Tensor:
         if ".self_attn.q_proj." in hf_name:
@@ -89,13 +100,17 @@ def read_gguf_checkpoint(path: str) -> GGUFCheckpoint:
     rope_freqs = tensors.get(ROPE_FREQS_TENSOR)
     factors = _dequantize(rope_freqs).tolist() if rope_freqs is not None else None
     config = ModelConfig.from_gguf(metadata, tensor_names=tensors.keys(), rope_freq_factors=factors)
-    return GGUFCheckpoint(path=path, metadata=metadata, config=config, spec=spec, reader=reader)
+    return GGUFCheckpoint(path=path, metadata=metadata, config=config, spec=spec, reader=reader,
+                          tensor_names=list(tensors), rope_freq_factors=factors)
+
+
+def _hf_shape(tensor) -> list[int]:
+    """GGUF lists dims innermost first; reversed they are HF's [out_features, in_features]."""
+    return [int(d) for d in reversed(tensor.shape)]
 
 
 def _dequantize(tensor) -> torch.Tensor:
     from gguf.quants import dequantize
 
-    # GGUF lists dims innermost first; reversed they are HF's [out_features, in_features].
-    shape = [int(d) for d in reversed(tensor.shape)]
-    array = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+    array = dequantize(tensor.data, tensor.tensor_type).reshape(_hf_shape(tensor))
     return torch.from_numpy(np.array(array, dtype=np.float32, copy=True))  # off the read-only memory map

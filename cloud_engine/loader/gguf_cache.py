@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import struct
@@ -35,8 +36,9 @@ from typing import Any
 
 import torch
 
+from cloud_engine.loader.hf import InvalidModelError
 from cloud_engine.model.config import ModelConfig
-from cloud_engine.model.registry import get_architecture, gguf_to_hf_name
+from cloud_engine.model.registry import get_architecture
 
 logger = logging.getLogger(__name__)
 
@@ -178,29 +180,19 @@ def storing_weights(checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
 
 def _plan(checkpoint) -> list[tuple[str, list[int]]] | None:
     """(HF name, shape) of every tensor weights() will yield, in order; None when not cacheable."""
-    from cloud_engine.loader.gguf import ROPE_FREQS_TENSOR
-
-    plan = []
-    for tensor in checkpoint.reader.tensors:
-        if tensor.name == ROPE_FREQS_TENSOR:
-            continue
-        hf_name = gguf_to_hf_name(tensor.name, checkpoint.spec)
-        if hf_name is None:
-            return None  # weights() raises for it; nothing to cache
-        plan.append((hf_name, [int(d) for d in reversed(tensor.shape)]))
-    if sum(_numel(shape) for _, shape in plan) * 4 > MAX_WEIGHTS_BYTES:
+    try:
+        plan = checkpoint.weight_plan()
+    except InvalidModelError:
+        return None  # weights() raises for it; nothing to cache
+    if sum(math.prod(shape) for _, shape in plan) * 4 > MAX_WEIGHTS_BYTES:
         return None
     return plan
 
 
 def _checkpoint_record(checkpoint) -> dict:
-    """What load_cached_checkpoint rebuilds the config from, derived as read_gguf_checkpoint derives it."""
-    from cloud_engine.loader.gguf import ROPE_FREQS_TENSOR, _dequantize
-
-    rope_freqs = next((t for t in checkpoint.reader.tensors if t.name == ROPE_FREQS_TENSOR), None)
-    factors = _dequantize(rope_freqs).tolist() if rope_freqs is not None else None
+    """What load_cached_checkpoint rebuilds the config from: what read_gguf_checkpoint derived it from."""
     return {"source": os.path.abspath(checkpoint.path), "metadata": checkpoint.metadata,
-            "tensor_names": [t.name for t in checkpoint.reader.tensors], "rope_freq_factors": factors}  # fmt: skip
+            "tensor_names": checkpoint.tensor_names, "rope_freq_factors": checkpoint.rope_freq_factors}  # fmt: skip
 
 
 class _SafetensorsWriter:
@@ -215,7 +207,7 @@ class _SafetensorsWriter:
     def open(cls, entry: Path, plan: list[tuple[str, list[int]]]) -> _SafetensorsWriter | None:
         header, offset = {}, 0
         for name, shape in plan:
-            size = _numel(shape) * 4
+            size = math.prod(shape) * 4
             header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
             offset += size
         encoded = json.dumps(header, separators=(",", ":")).encode()
@@ -272,13 +264,6 @@ def _quietly(function, *args) -> None:
         function(*args)
     except OSError:
         pass
-
-
-def _numel(shape: list[int]) -> int:
-    count = 1
-    for d in shape:
-        count *= d
-    return count
 
 
 def _touch(entry: Path) -> None:
