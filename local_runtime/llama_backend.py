@@ -232,18 +232,23 @@ class LlamaBackend:
             # tokens "<0x0A>" for one byte, special tokens render as their own text), so only tokens
             # whose stored text is longer than the longest rendering found so far can raise it: visit
             # them longest first and stop there. Rendering all 49k tokens took ~0.5 s of every start.
-            stored = [len(text.encode("utf-8", errors="surrogateescape")) for text in self.vocabulary()]
+            get_text = self._lib.llama_vocab_get_text
+            stored = [len(get_text(self.vocab, i)) for i in range(self.n_vocab)]  # UTF-8 bytes, as the GGUF has them
             longest = 1
             for token_id in sorted(range(self.n_vocab), key=stored.__getitem__, reverse=True):
                 if stored[token_id] <= longest:
                     break
-                longest = max(longest, len(self.token_bytes(token_id)), len(self.token_text(token_id).encode("utf-8")))
+                longest = max(longest, self._rendered_bytes(token_id))
             self._max_token_bytes = longest
         return self._max_token_bytes
 
     def max_token_bytes_exhaustive(self) -> int:
         """max_token_bytes() by rendering every token (what the shortcut must agree with; tests)."""
-        return max(1, *(max(len(self.token_bytes(i)), len(self.token_text(i).encode("utf-8"))) for i in range(self.n_vocab)))
+        return max(1, *(self._rendered_bytes(i) for i in range(self.n_vocab)))
+
+    def _rendered_bytes(self, token_id: int) -> int:
+        """The longer of a token's two renderings: in generated text, and by name (special tokens)."""
+        return max(len(self.token_bytes(token_id)), len(self.token_text(token_id).encode("utf-8")))
 
     def is_end_of_generation(self, token_id: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self.vocab, token_id))
