@@ -35,7 +35,7 @@ run(8)  # warm-up
 timing.clear(); calls.clear()
 sync(); t = time.perf_counter(); run(64); sync(); wall = time.perf_counter() - t
 phases = dict(timing)  # the measured run's alone: the profiled runs below add to the wrappers' dict
-steps = calls["execute(forward)"]  # 16 prompts of 64 tokens take more than one 512-token step to prefill
+steps = calls["execute(forward)"]  # counted, not assumed: how many steps the prefill takes depends on the budget
 lines = [f"device {eng.device} dtype {eng.dtype} backend {eng.attention_backend} threads {torch.get_num_threads()} batch {batch}",
          f"64 tokens x {batch}: {wall:.3f} s, {64 * batch / wall:.1f} tok/s, {wall / steps * 1000:.1f} ms per step ({steps} steps)"]
 lines += [f"  {k:18s} {v * 1000 / steps:8.2f} ms/step" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])]
