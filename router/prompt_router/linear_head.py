@@ -87,14 +87,17 @@ class HeadStatistics:
         return (self.num_rows, self.feature_sum, self.feature_square_sum, self.weight_sum, self.x_sum, self.xx_sum,
                 self.y_sum, self.xy_sum)  # fmt: skip
 
-    def solve(self, alpha: float = DEFAULT_ALPHA) -> LinearHead:
-        """The ridge fit on standardized features (intercept unpenalized), per tier."""
+    def solve(self, alpha: float = DEFAULT_ALPHA, features=None) -> LinearHead:
+        """The ridge fit on standardized features (intercept unpenalized), per tier; with
+        `features` (column indices) only those columns get weights, the rest weigh zero (a
+        recipe's feature subset: the statistics keep every column, so a retrain can use them)."""
         for column, tier in enumerate(TIERS):
             if self.weight_sum[column] <= 0:
                 raise ValueError(f"no row knows how the {tier} tier did; a head needs labels of both tiers")
         mean = self.feature_sum / self.num_rows
         std = np.maximum(np.sqrt(np.maximum(self.feature_square_sum / self.num_rows - mean**2, 0.0)), 1e-6)
         k = len(mean)
+        used = np.arange(k) if features is None else np.asarray(sorted(set(features)), np.int64)
         weights, bias = np.zeros((k, 2)), np.zeros(2)
         for column in range(2):
             total = self.weight_sum[column]
@@ -102,8 +105,10 @@ class HeadStatistics:
             y_mean = self.y_sum[column] / total
             scatter = self.xx_sum[column] - total * np.outer(x_mean, x_mean)  # weighted, centred
             cross = self.xy_sum[column] - total * x_mean * y_mean
-            coef = np.linalg.solve(scatter / np.outer(std, std) + alpha * np.eye(k), cross / std)
-            weights[:, column] = coef
+            s = std[used]
+            coef = np.linalg.solve(scatter[np.ix_(used, used)] / np.outer(s, s) + alpha * np.eye(used.size), cross[used] / s)
+            weights[used, column] = coef
+            coef = weights[:, column]
             bias[column] = y_mean - ((x_mean - mean) / std) @ coef
         return LinearHead(mean, std, weights, bias)
 
@@ -121,10 +126,10 @@ class HeadStatistics:
 
 
 def fit_head(shape: np.ndarray, weak: np.ndarray, strong: np.ndarray, alpha: float = DEFAULT_ALPHA,
-             sample_weight: np.ndarray | None = None) -> LinearHead:  # fmt: skip
+             sample_weight: np.ndarray | None = None, features=None) -> LinearHead:  # fmt: skip
     """`weak` / `strong`: per row, how right that tier was in [0, 1], NaN where unknown. Each
     column is fitted on the rows that know it; `sample_weight` counts rows more or less."""
     weak, strong = np.asarray(weak, np.float64), np.asarray(strong, np.float64)
     if len(shape) != len(weak) or len(weak) != len(strong):
         raise ValueError("shape rows, weak labels and strong labels must have one length")
-    return HeadStatistics.of(shape, np.c_[weak, strong], sample_weight).solve(alpha)
+    return HeadStatistics.of(shape, np.c_[weak, strong], sample_weight).solve(alpha, features)

@@ -89,6 +89,13 @@ def validate_router_metadata(document) -> dict:
         raise RouterFormatError("router metrics must be a JSON object")
     if document.get("prior_statistics") is not None and not isinstance(document["prior_statistics"], dict):
         raise RouterFormatError("router prior_statistics must be null or a JSON object")
+    if document.get("head_recipe") is not None:
+        from router.prompt_router.cold_recipe import ColdRecipe
+
+        try:
+            ColdRecipe.from_json(document["head_recipe"])
+        except (ValueError, AttributeError) as exc:
+            raise RouterFormatError(f"router head_recipe: {exc}") from exc
     return document
 
 

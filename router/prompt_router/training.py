@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from router.eval_tables import RoutingExample
-from router.prompt_router.cross_validation import evaluate, group_of, subject_split, tier_labels
+from router.prompt_router.cold_recipe import SHIPPED, ColdRecipe
+from router.prompt_router.cross_validation import evaluate, group_of, locked_figures, subject_split, tier_labels
 from router.prompt_router.embedder_export import DEFAULT_PRECISION, check_precision, ensure_embedder, model_fingerprint
-from router.prompt_router.linear_head import DEFAULT_ALPHA, HeadStatistics, LinearHead
+from router.prompt_router.linear_head import HeadStatistics, LinearHead
+from router.prompt_router.locked_split import is_locked
 from router.prompt_router.prompt_shape import SHAPE_VERSION, shape_features
 from router.prompt_router.topic_correction import DEFAULT_ALPHA as TOPIC_ALPHA
 from router.prompt_router.topic_correction import DEFAULT_DIMS, TopicCorrection, fit_topic_correction
@@ -66,12 +68,14 @@ def prior_statistics(prior: LabelledRows | HeadStatistics | None) -> HeadStatist
     return HeadStatistics.of(prior.shape, prior.labels) if len(prior) else None
 
 
-def fit(prior: LabelledRows | HeadStatistics | None, traffic: LabelledRows | None, alpha: float = DEFAULT_ALPHA,
+def fit(prior: LabelledRows | HeadStatistics | None, traffic: LabelledRows | None, recipe: ColdRecipe = SHIPPED,
         traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT, dims: int = DEFAULT_DIMS,
-        topic_alpha: float = TOPIC_ALPHA) -> tuple[LinearHead, TopicCorrection | None]:  # fmt: skip
-    """The head on the public tables (`prior`: their rows or statistics) plus the traffic rows
-    where both tiers were judged (weighted `traffic_weight`), then the topic correction of its
-    residuals on every labelled traffic row (None without embedded traffic).
+        topic_alpha: float = TOPIC_ALPHA, topic_rows: LabelledRows | None = None) -> tuple[LinearHead, TopicCorrection | None]:  # fmt: skip
+    """The head (`recipe`: its features and ridge penalty) on the public tables (`prior`: their
+    rows or statistics) plus the traffic rows where both tiers were judged (weighted
+    `traffic_weight`), then the topic correction of its residuals on every labelled traffic row
+    and every `topic_rows` row (an app's labelled tables, already in the head through `prior`);
+    None without embedded rows.
 
     Rows labelled for one tier only (feedback on the answer given) do not refit the head: which
     tier answered was the head's own choice, so those rows are selected by its score and would
@@ -87,13 +91,16 @@ def fit(prior: LabelledRows | HeadStatistics | None, traffic: LabelledRows | Non
             statistics = extra if statistics is None else statistics + extra
     if statistics is None:
         raise ValueError("nothing to train the head on: no table rows and no traffic judged for both tiers")
-    head = statistics.solve(alpha)
-    correction = None
-    if traffic is not None and traffic.embedding is not None and len(traffic):
-        embedded = traffic.take(np.flatnonzero(np.isfinite(traffic.embedding).all(1)))  # rows without a vector: head only
-        labelled = np.flatnonzero(~np.isnan(embedded.labels).all(1))
-        correction = fit_topic_correction(embedded.embedding, labelled, embedded.labels[labelled],
-                                          head.predict(embedded.shape[labelled]), dims, topic_alpha)  # fmt: skip
+    head = recipe.solve(statistics)
+    embedded = [rows.take(np.flatnonzero(np.isfinite(rows.embedding).all(1)))  # rows without a vector: head only
+                for rows in (traffic, topic_rows) if rows is not None and rows.embedding is not None and len(rows)]  # fmt: skip
+    if not embedded:
+        return head, None
+    together = LabelledRows(np.vstack([r.shape for r in embedded]), np.vstack([r.labels for r in embedded]),
+                            np.vstack([r.embedding for r in embedded]), sum((r.groups for r in embedded), []))  # fmt: skip
+    labelled = np.flatnonzero(~np.isnan(together.labels).all(1))
+    correction = fit_topic_correction(together.embedding, labelled, together.labels[labelled],
+                                      head.predict(together.shape[labelled]), dims, topic_alpha)  # fmt: skip
     return head, correction
 
 
@@ -110,7 +117,7 @@ def trained_at() -> str:
 
 
 def router_metadata(correction: TopicCorrection | None, metrics: dict, precision: str | None,
-                    prior: HeadStatistics | None = None) -> dict:  # fmt: skip
+                    prior: HeadStatistics | None = None, recipe: ColdRecipe = SHIPPED) -> dict:  # fmt: skip
     from router.prompt_router.scorer import FORMAT_VERSION, KIND, MAX_TOKENS
 
     return {
@@ -120,11 +127,12 @@ def router_metadata(correction: TopicCorrection | None, metrics: dict, precision
         "max_tokens": MAX_TOKENS, "trained_at": trained_at(), "metrics": metrics,
         "topic_correction": None if correction is None else correction.describe(),
         "prior_statistics": None if prior is None else prior.as_json(),  # the public tables' share of the head: retrains add traffic to it
+        "head_recipe": recipe.as_json(),  # retrains solve the same features at the same penalty
     }  # fmt: skip
 
 
 def write_router(head: LinearHead, correction: TopicCorrection | None, out, metrics: dict, precision: str = DEFAULT_PRECISION,
-                 prior: HeadStatistics | None = None) -> str:  # fmt: skip
+                 prior: HeadStatistics | None = None, recipe: ColdRecipe = SHIPPED) -> str:  # fmt: skip
     """The router file at `out`, written to a temporary name and renamed (a reader never sees
     half a file)."""
     import onnx
@@ -132,7 +140,7 @@ def write_router(head: LinearHead, correction: TopicCorrection | None, out, metr
     from router.prompt_router.router_graph import build_router_graph, merge_embedder
 
     check_precision(precision)
-    metadata = router_metadata(correction, metrics, precision, prior)
+    metadata = router_metadata(correction, metrics, precision, prior, recipe)
     model = build_router_graph(head, correction, metadata)
     if correction is not None:
         model = merge_embedder(onnx.load(str(ensure_embedder(precision=precision))), model, metadata)
@@ -148,10 +156,10 @@ def write_router(head: LinearHead, correction: TopicCorrection | None, out, metr
     return out
 
 
-def split_report(examples: Sequence[RoutingExample], rows: LabelledRows, holdout_fraction: float, seed: int, alpha: float) -> dict:
+def split_report(examples: Sequence[RoutingExample], rows: LabelledRows, holdout_fraction: float, seed: int, recipe: ColdRecipe) -> dict:
     """The head trained on the training subjects, scored on the held-out ones (all, and MMLU only)."""
     train_rows, held_rows, held = subject_split(examples, holdout_fraction, seed)
-    head, _ = fit(rows.take(train_rows), None, alpha)
+    head, _ = fit(rows.take(train_rows), None, recipe)
     scores = heldout_gain(head, None, rows.take(held_rows))
     held_examples = [examples[i] for i in held_rows]
     report = {"heldout_groups": held, "num_train": int(train_rows.size), "heldout": evaluate(scores, held_examples)}
@@ -161,38 +169,60 @@ def split_report(examples: Sequence[RoutingExample], rows: LabelledRows, holdout
     return report
 
 
+def locked_test(head: LinearHead, correction: TopicCorrection | None, trained_on: Sequence[RoutingExample],
+                locked: Sequence[RoutingExample] | None) -> dict:  # fmt: skip
+    """The router's own figures on the locked subjects beside prompt length's, or why there are none."""
+    if not locked:
+        return {"not_measured": "no locked subjects given (RouteLLM's data directory was not found)"}
+    if any(is_locked(group_of(e)) for e in trained_on):
+        return {"not_measured": "the training tables hold rows of locked subjects: a figure on them would be in sample"}
+    if correction is not None:
+        return {"not_measured": "the router carries a topic correction, which needs MiniLM on every locked prompt: "
+                                "bench.router_learning measures it"}  # fmt: skip
+    rows = table_rows(locked)
+    return locked_figures(heldout_gain(head, None, rows), rows.shape[:, 0], locked)
+
+
 def train_router(examples: Sequence[RoutingExample], out, traffic: LabelledRows | None = None, holdout_fraction: float = 0.25,
-                 seed: int = 0, precision: str = DEFAULT_PRECISION, alpha: float = DEFAULT_ALPHA,
-                 traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT, base: HeadStatistics | None = None) -> dict:  # fmt: skip
+                 seed: int = 0, precision: str = DEFAULT_PRECISION, recipe: ColdRecipe = SHIPPED,
+                 traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT, base: HeadStatistics | None = None,
+                 topic_rows: LabelledRows | None = None, locked: Sequence[RoutingExample] | None = None) -> dict:  # fmt: skip
     """Report the head's APGR on held-out subjects of the tables, then fit on the tables (plus
-    `base`, the statistics of another router's tables) and the traffic, and write `out`.
-    Returns the report (also stored in the file)."""
+    `base`, the statistics of another router's tables), the traffic and `topic_rows` (labelled
+    tables with MiniLM embeddings, whose rows are among `examples`: they teach the topic
+    correction), write `out`, and score it on the `locked` subjects when it can. Returns the
+    report (also stored in the file)."""
     tables = table_rows(examples) if examples else None
     report: dict = {}
     if tables is not None and holdout_fraction > 0:
-        report = split_report(examples, tables, holdout_fraction, seed, alpha)
+        report = split_report(examples, tables, holdout_fraction, seed, recipe)
     prior = prior_statistics(tables)
     if base is not None:
         prior = base if prior is None else prior + base
-    head, correction = fit(prior, traffic, alpha, traffic_weight)
+    head, correction = fit(prior, traffic, recipe, traffic_weight, topic_rows=topic_rows)
     num_judged = 0 if traffic is None else int((~np.isnan(traffic.labels).any(1)).sum())
+    trained_on: dict[str, int] = {}
+    for example in examples:
+        trained_on[group_of(example)] = trained_on.get(group_of(example), 0) + 1
     report.update(num_table_rows=len(examples), num_base_rows=0 if base is None else int(base.num_rows),
                   num_traffic_rows=0 if traffic is None else len(traffic), num_traffic_judged=num_judged,
+                  num_topic_rows=0 if topic_rows is None else len(topic_rows), trained_on=trained_on,
                   holdout_fraction=holdout_fraction, seed=seed,
-                  recipe={"features": f"prompt shape v{SHAPE_VERSION}", "head": "ridge per tier", "alpha": alpha,
+                  recipe={"features": f"prompt shape v{SHAPE_VERSION}", "head": "ridge per tier", **recipe.as_json(),
                           "traffic_weight": traffic_weight,
-                          "topic_correction": None if correction is None else correction.describe()})  # fmt: skip
-    write_router(head, correction, out, report, precision, prior)
+                          "topic_correction": None if correction is None else correction.describe()},
+                  locked_test=locked_test(head, correction, examples, locked))  # fmt: skip
+    write_router(head, correction, out, report, precision, prior, recipe)
     return report
 
 
-def shape_heldout_scorer(examples: Sequence[RoutingExample], alpha: float = DEFAULT_ALPHA):
+def shape_heldout_scorer(examples: Sequence[RoutingExample], recipe: ColdRecipe = SHIPPED):
     """The shipped cold-start recipe as cross_validation.grouped_cv's score_heldout: the head
     trained on the train rows scores the held ones (predicted gain)."""
     rows = table_rows(examples)
 
     def score_heldout(train_rows, held_rows):
-        head, _ = fit(rows.take(train_rows), None, alpha)
+        head, _ = fit(rows.take(train_rows), None, recipe)
         return heldout_gain(head, None, rows.take(held_rows))
 
     return score_heldout

@@ -17,51 +17,85 @@ def _progress(total: int, description: str):
     return Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True, disable=total < CHUNK)
 
 
-def _load_tables(names: list[str], data_dir: str) -> list:
-    """Every --data table, in order (`routellm` for RouteLLM's own, `none` for no table); a table named twice is an error."""
+def _load_tables(names: list[str], data_dir: str) -> tuple[list, list]:
+    """(every --data table's rows in order, the rows of tables other than `routellm`: an app's
+    labelled tables, which also teach the topic correction). `routellm` is RouteLLM's design
+    tables (its locked test subjects and defective tables left out, router.prompt_router.locked_split);
+    `none` is no table; a table named twice is an error."""
     from router.eval_tables import TableError, load_routellm, load_table
+    from router.prompt_router.locked_split import design_examples
 
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise TableError(f"--data {twice[0]} is given more than once")
     if "none" in names and len(names) > 1:
         raise TableError("--data none means no table; it cannot be combined with other tables")
-    examples = []
+    examples, own = [], []
     for name in names:
-        if name != "none":
-            examples += load_routellm(data_dir) if name == "routellm" else load_table(name)
-    return examples
+        if name == "routellm":
+            examples += design_examples(load_routellm(data_dir))
+        elif name != "none":
+            rows = load_table(name)
+            examples += rows
+            own += rows
+    return examples, own
+
+
+def _topic_rows(examples: list):
+    """An app's labelled table rows with their MiniLM embeddings (the int8 export the router runs)."""
+    from router.prompt_router.embeddings import embed_prompts
+    from router.prompt_router.training import table_rows
+
+    rows = table_rows(examples)
+    rows.embedding = embed_prompts([e.prompt for e in examples])
+    return rows
+
+
+def _locked(data_dir: str) -> list | None:
+    """RouteLLM's locked test subjects, to score the new router on; None without the data."""
+    from router.eval_tables import TableError, load_routellm
+    from router.prompt_router.locked_split import locked_examples
+
+    try:
+        return locked_examples(load_routellm(data_dir))
+    except (TableError, OSError):
+        return None
 
 
 @router_app.command("train")
 def train(
     out: str = typer.Option(..., "--out", help="Where to write the router (one ONNX file)."),
-    data: list[str] | None = typer.Option(None, "--data", help="`routellm` (the GSM8K + MMLU tables), a table file (.csv/.jsonl) in RouteLLM's or tandem's format, or `none`; repeat to train on several. Default: routellm, or with --from-traffic the tables --base-router was trained on (their statistics travel in the file)."),
+    data: list[str] | None = typer.Option(None, "--data", help="`routellm` (RouteLLM's GSM8K + MMLU tables, less the locked test subjects), a labelled table file (.csv/.jsonl) in RouteLLM's or tandem's format, or `none`; repeat to train on several. A table file's rows also teach the topic correction (the router then carries MiniLM). Default: routellm, or with --from-traffic the tables --base-router was trained on (their statistics travel in the file)."),
     from_traffic: list[str] | None = typer.Option(None, "--from-traffic", help="A traffic record written by `tandem serve` ([traffic] record = true); repeat for several. Its labels refit the head and give the topic correction (the router then carries MiniLM)."),
     base_router: str | None = typer.Option(None, "--base-router", help="With --from-traffic and no --data: the router whose table statistics to start from; default: the shipped one."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="RouteLLM data directory; default: ../shared/data/routellm."),
     holdout_fraction: float = typer.Option(0.25, min=0.0, max=0.9, help="Share of the tables' subjects held out to report APGR (0: no report)."),
     seed: int = typer.Option(0, help="Seed of the subject split."),
-    alpha: float = typer.Option(1.0, min=0.0, help="Ridge penalty of the head (standardized prompt-shape features)."),
+    alpha: float | None = typer.Option(None, min=0.0, help="Ridge penalty of the head (standardized prompt-shape features); default: the shipped recipe's."),
 ) -> None:
     """Train a router; print its APGR on held-out subjects and write a JSON report next to --out."""
     import json
     from pathlib import Path
 
+    import dataclasses
+
     from router.eval_tables import DEFAULT_DATA_DIR, TableError
+    from router.prompt_router.cold_recipe import SHIPPED
     from router.prompt_router.embedder_export import EmbedderUnavailableError
     from router.prompt_router.scorer import RouterError
     from router.prompt_router.training import train_router
 
     try:
-        examples = _load_tables(data or (["none"] if from_traffic else ["routellm"]), data_dir or DEFAULT_DATA_DIR)
+        examples, own = _load_tables(data or (["none"] if from_traffic else ["routellm"]), data_dir or DEFAULT_DATA_DIR)
         base = _base_statistics(base_router) if from_traffic and not data else None
         traffic = _load_traffic(from_traffic) if from_traffic else None
     except (ValueError, TableError, RouterError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
+    recipe = SHIPPED if alpha is None else dataclasses.replace(SHIPPED, alpha=alpha)
     try:
+        topic_rows = _topic_rows(own) if own else None
         report = train_router(examples, out, traffic=traffic, holdout_fraction=holdout_fraction if examples else 0.0, seed=seed,
-                              alpha=alpha, base=base)  # fmt: skip
+                              recipe=recipe, base=base, topic_rows=topic_rows, locked=_locked(data_dir or DEFAULT_DATA_DIR))  # fmt: skip
     except (ValueError, EmbedderUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -72,6 +106,14 @@ def train(
             figures = report[name]
             typer.echo(f"{name}: APGR {figures['apgr']:.3f} (random {figures['random_apgr']:.2f}, oracle "
                        f"{figures['oracle_apgr']:.3f}), CPT(50%) {figures['cpt50']:.3f}, {figures['num_examples']} prompts")  # fmt: skip
+    locked = report["locked_test"]
+    typer.echo(f"locked test subjects: APGR {locked['apgr']:.3f} +- {locked['apgr_se']:.3f}, prompt length "
+               f"{locked['apgr'] - locked['minus_length']:.3f} ({locked['num_subjects']} subjects, SE over subjects)"
+               if "apgr" in locked else f"locked test subjects: not measured ({locked['not_measured']})")  # fmt: skip
+    if own:
+        correction = report["recipe"]["topic_correction"]
+        typer.echo(f"labelled tables: {len(own)} rows" + (f", topic correction from {correction['num_rows']} embedded prompts"
+                                                          if correction else ", too few rows for a topic correction"))  # fmt: skip
     if traffic is not None:
         correction = report["recipe"]["topic_correction"]
         typer.echo(f"traffic: {report['num_traffic_rows']} rows, {report['num_traffic_judged']} with both tiers judged"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from router.prompt_router.cold_recipe import ColdRecipe
 from router.prompt_router.embedder_export import DEFAULT_PRECISION, model_fingerprint
 from router.prompt_router.linear_head import HeadStatistics
 from router.prompt_router.training import RouterParameters, fit, write_router
@@ -72,7 +73,8 @@ def retrain_once(db_path: str, serving, router_dir: str, holdout_labels: int) ->
     newest = labelled[np.argsort(traffic.labelled_at[labelled], kind="stable")][-holdout_labels:]
     held = traffic.rows.take(newest)
     train = traffic.rows.take(np.setdiff1d(np.arange(len(traffic.rows)), newest))
-    head, correction = fit(prior, train)
+    recipe = ColdRecipe.from_json(serving.metadata.get("head_recipe"))  # the serving router's features and penalty
+    head, correction = fit(prior, train, recipe)
     candidate = RouterParameters.of(head, correction).as_stored()  # the numbers the file will hold
     serving_params = RouterParameters.read(serving.path)
     serving_score = brier(serving_params.tiers(held.shape, held.embedding), held.labels)
@@ -86,7 +88,7 @@ def retrain_once(db_path: str, serving, router_dir: str, holdout_labels: int) ->
     path = str(Path(router_dir) / f"router-{stamp}.onnx")
     metrics = {"retrained_from": db_path, "holdout_labels": holdout_labels, "replaced": serving.path, **figures,
                "num_traffic_rows": len(train), "topic_correction": None if correction is None else correction.describe()}  # fmt: skip
-    write_router(head, correction, path, metrics, precision, prior)
+    write_router(head, correction, path, metrics, precision, prior, recipe)
     latest = Path(router_dir) / "latest.onnx"
     partial = latest.with_name(f"latest.onnx.{os.getpid()}.partial")
     shutil.copyfile(path, partial)
