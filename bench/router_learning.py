@@ -1,33 +1,38 @@
-"""A router that learns from the app's own traffic, simulated on RouteLLM's MMLU tables.
+"""The prompt router out of sample, and learning from an app's labels, on RouteLLM's MMLU tables.
 
     python -m bench.router_learning [--quick | --smoke] --json bench/results/router_learning.json
 
-1. Zero-shot (the cold start): every recipe on MMLU subjects it never saw, 4-fold grouped
-   CV (every subject held out once per seed; GSM8K always trains) x seeds; per (seed, fold)
-   APGR, the mean and its standard error, and each recipe paired against prompt length on
-   the same folds. Recipes: prompt length (untrained), the shipped head (ridge per tier on
-   the prompt shape), the same head trained for "the weak tier is wrong" only, ridge per
-   tier on the MiniLM embedding, and on shape + embedding.
-2. Traffic simulation: per seed, a quarter of the MMLU subjects is held out; the cold head
-   trains on the rest (+ GSM8K) and the held-out subjects' prompts arrive as traffic, in a
-   seeded shuffled order (and subject-blocked: one subject after another). Labels arrive as
-   they would in the product: feedback on `feedback` of the requests says how the tier that
-   answered did (the cold router sends its top `cloud_share` by score to the cloud, a cut
-   set on the training subjects); shadow sampling of `shadow` of the locally answered
-   requests judges both tiers. Whenever the labels reach a checkpoint (a share of the
-   stream's length), each learning method is retrained on the labels so far and scores the
-   part of the stream not yet seen; APGR there, paired with the cold router's on the same
-   rows. Methods: the shipped one (`router.prompt_router.training.fit`: the head refitted
-   on tables + labelled traffic, then the topic correction of its residuals), the topic
-   correction alone over the cold head, the head refit alone, a nearest-neighbour memory of
-   the cold head's residuals (k 50), per-cluster residual means (k-means, 15 clusters, over
-   every embedding seen so far), and per-subject residual means (an oracle: the product has
-   no subject ids). The shipped settings (16 directions, ridge 100, traffic rows x3) were
-   chosen on seeds 100-131, apart from the seeds reported here.
+The subjects are split once (router.prompt_router.locked_split): every choice is made on the
+design subjects; the locked ones are scored once per recipe that ships (bench.router_locked).
 
-Baseline: the cold router on the same rows (`*_minus_cold`); a random router is 0.5.
-Embeddings: the int8 MiniLM export the router runs (cached; minutes the first time).
-Writes the JSON and `<stem>.png` (APGR against labels).
+1. Zero-shot on the design subjects: every recipe by 4-fold grouped CV (every subject held out
+   once per seed; GSM8K always trains), per (seed, fold) APGR, its mean and SE, each paired
+   with prompt length on the same folds. Recipes: prompt length, the recipe selected by
+   cold_recipe (in sample here: it was chosen on these subjects), the head on every shape
+   feature (what shipped before issue 37), the selected head trained for "the weak tier is
+   wrong" only, ridge per tier on the MiniLM embedding and on shape + embedding. Then the
+   selection procedure nested in the same folds (`design_nested`): its honest estimate.
+2. Traffic simulation on the design subjects: per seed, a quarter of them is held out; the
+   cold router trains on the rest (+ GSM8K) and the held-out prompts arrive as traffic,
+   shuffled (or one subject after another). Feedback on `feedback` of the requests says how
+   the tier that answered did (the cold router sends its top `cloud_share` by score to the
+   cloud); shadow sampling of `shadow` of the locally answered requests is judged by the
+   shipped `exact_match` judge (the local answer only, by agreement with the cloud's) or,
+   as a separate setting, by a best-case judge that knows both tiers' truth. Whenever the
+   labels reach a checkpoint (a share of the stream's length), each learning method is
+   retrained on the labels so far and scores the part of the stream not yet seen, paired
+   with the cold router on the same rows. Methods: the shipped one
+   (`router.prompt_router.training.fit`: the head refitted on tables + traffic judged on both
+   tiers, then the topic correction of its residuals), the topic correction alone, the head
+   refit alone, a nearest-neighbour memory of residuals (k 50), per-cluster residual means
+   (k-means, 15), per-subject residual means (an oracle: the product has no subject ids).
+3. The locked subjects: the default router (and the selected recipe beside it), with 10% of
+   each subject labelled in a table (`tandem router train --data`), and with 10% labelled by
+   traffic under each judge; pooled APGR with its jackknife SE over subjects, per-subject spread.
+
+Baselines: prompt length on the same rows; the cold router on the same rows (`*_minus_cold`);
+a random router is 0.5. Embeddings: the int8 MiniLM export the router runs (cached; minutes
+the first time). Writes the JSON and `<stem>.png` (APGR against labels).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ import numpy as np
 from bench.machine import report_header, write_report
 from router.eval_tables import DEFAULT_DATA_DIR, RoutingExample, load_routellm
 from bench.router_locked import LABELLED_SHARE, locked_via_traffic, locked_with_labelled_tables, locked_zero_shot, nested_estimate
-from router.prompt_router.cold_recipe import SHIPPED
+from router.prompt_router.cold_recipe import DEFAULT, SELECTED
 from router.prompt_router.cross_validation import evaluate, group_of, grouped_cv, mean_and_se, subject_split
 from router.prompt_router.locked_split import DEFECTIVE_TABLES, is_locked
 from router.prompt_router.linear_head import fit_head
@@ -91,9 +96,9 @@ def zero_shot(examples: list[RoutingExample], embeddings: np.ndarray, seeds) -> 
 
     recipes = {
         "prompt_length": lambda train, held: lengths[held],
-        "shape_ridge_per_tier": ridge(rows.shape, columns=SHIPPED.indices, alpha=SHIPPED.alpha),  # shipped recipe
+        "selected_recipe": ridge(rows.shape, columns=SELECTED.indices, alpha=SELECTED.alpha),  # chosen on these subjects: in sample
         "shape_ridge_all_features": ridge(rows.shape),  # the recipe shipped before issue 37
-        "shape_ridge_weak_wrong": ridge(rows.shape, weak_only=True, columns=SHIPPED.indices, alpha=SHIPPED.alpha),
+        "shape_ridge_weak_wrong": ridge(rows.shape, weak_only=True, columns=SELECTED.indices, alpha=SELECTED.alpha),
         "embedding_ridge_per_tier": ridge(embeddings),
         "shape_and_embedding_ridge_per_tier": ridge(both),
     }
@@ -340,7 +345,6 @@ def main() -> None:
     # 1. design subjects only: every recipe by grouped CV, and the recipe procedure's nested estimate
     cold_start = zero_shot(design, design_embeddings, cv_seeds)
     nested = nested_estimate(design, cv_seeds)
-    shipped = cold_start["recipes"]["shape_ridge_per_tier"]
     print("zero-shot (design):", {name: round(r["apgr"], 4) for name, r in cold_start["recipes"].items()}, flush=True)
     print("nested:", {k: v for k, v in nested.items() if k.endswith(("apgr", "minus_length"))}, flush=True)
 
@@ -367,7 +371,7 @@ def main() -> None:
     via_traffic = {judge: locked_via_traffic(design, locked, locked_embeddings, label_seeds,
                                              Traffic(args.feedback, args.shadow, judge=judge), revealed_labels)
                    for judge in ("exact_match", "best_case")}  # fmt: skip
-    chosen = locked_cold[locked_cold["default_router"]]
+    chosen = locked_cold["length" if DEFAULT.is_length else "selected_recipe"]  # the recipe the default router uses
     print("locked:", {"zero_shot": round(chosen["apgr"], 4), "length": round(locked_cold["length"]["apgr"], 4),
                       "tables_10pct": round(with_tables["apgr"], 4),
                       "traffic_10pct": {j: round(v["apgr"], 4) for j, v in via_traffic.items()}}, flush=True)  # fmt: skip
@@ -404,10 +408,6 @@ def main() -> None:
         "apgr_design_nested_zero_shot_minus_length": nested["pooled_minus_length"],
         "apgr_design_nested_zero_shot_minus_length_se": nested["pooled_minus_length_se"],
         "design_nested": nested,
-        "apgr_zero_shot_unseen": shipped["apgr"],
-        "apgr_zero_shot_unseen_se": shipped["apgr_se"],
-        "apgr_zero_shot_unseen_minus_length": shipped["minus_prompt_length"],
-        "apgr_zero_shot_unseen_minus_length_se": shipped["minus_prompt_length_se"],
         "apgr_prompt_length_unseen": cold_start["recipes"]["prompt_length"]["apgr"],
         "apgr_at_10pct_labels": headline["apgr"],
         "apgr_at_10pct_labels_se": headline["apgr_se"],
@@ -429,7 +429,7 @@ def main() -> None:
     write_report(args.json, report, ("apgr_locked_test_zero_shot", "apgr_locked_test_zero_shot_se", "apgr_locked_test_length",
                                      "apgr_locked_test_at_10pct_labels", "apgr_locked_test_at_10pct_labels_se",
                                      "apgr_locked_test_at_10pct_labels_traffic", "apgr_design_nested_zero_shot",
-                                     "apgr_zero_shot_unseen", "apgr_at_10pct_labels", "apgr_at_10pct_labels_best_case_judge")
+                                     "apgr_at_10pct_labels", "apgr_at_10pct_labels_best_case_judge")
                                     + reached)  # fmt: skip
 
 

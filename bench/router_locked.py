@@ -17,7 +17,7 @@ import numpy as np
 
 from router.eval_tables import RoutingExample
 from router.evaluation.metrics import Outcomes, evaluate_scores
-from router.prompt_router.cold_recipe import LENGTH, SHIPPED, select_cold_recipe
+from router.prompt_router.cold_recipe import DEFAULT, LENGTH, SELECTED, select_cold_recipe
 from router.prompt_router.cross_validation import evaluate, group_of, locked_figures, mean_and_se, subject_folds
 from router.prompt_router.training import LabelledRows, fit, heldout_gain, table_rows
 
@@ -64,15 +64,17 @@ def nested_estimate(design: list[RoutingExample], seeds: Sequence[int], folds: i
 
 
 def locked_zero_shot(design: list[RoutingExample], locked: list[RoutingExample]) -> dict:
-    """SHIPPED and LENGTH trained on every design row, each scored once on the locked subjects,
-    and which of the two the default router is by the rule written in cold_recipe."""
+    """SELECTED and LENGTH trained on every design row, each scored once on the locked subjects,
+    which of the two the default router is by the rule written in cold_recipe, and whether the
+    code's DEFAULT is that one."""
     train, held = table_rows(design), table_rows(locked)
     length = held.shape[:, 0]
     figures = {}
-    for name, recipe in (("shipped_recipe", SHIPPED), ("length", LENGTH)):
+    for name, recipe in (("selected_recipe", SELECTED), ("length", LENGTH)):
         head, _ = fit(train, None, recipe)
         figures[name] = locked_figures(heldout_gain(head, None, held), length, locked)
-    figures["default_router"] = "shipped_recipe" if figures["shipped_recipe"]["beats_length"] else "length"
+    figures["default_router"] = "selected_recipe" if figures["selected_recipe"]["beats_length"] else "length"
+    figures["rule_agrees_with_code"] = (SELECTED if figures["default_router"] == "selected_recipe" else LENGTH) == DEFAULT
     return figures
 
 

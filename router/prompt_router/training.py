@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from router.eval_tables import RoutingExample
-from router.prompt_router.cold_recipe import SHIPPED, ColdRecipe
+from router.prompt_router.cold_recipe import DEFAULT, ColdRecipe
 from router.prompt_router.cross_validation import evaluate, group_of, locked_figures, subject_split, tier_labels
 from router.prompt_router.embedder_export import DEFAULT_PRECISION, check_precision, ensure_embedder, model_fingerprint
 from router.prompt_router.linear_head import HeadStatistics, LinearHead
@@ -68,7 +68,7 @@ def prior_statistics(prior: LabelledRows | HeadStatistics | None) -> HeadStatist
     return HeadStatistics.of(prior.shape, prior.labels) if len(prior) else None
 
 
-def fit(prior: LabelledRows | HeadStatistics | None, traffic: LabelledRows | None, recipe: ColdRecipe = SHIPPED,
+def fit(prior: LabelledRows | HeadStatistics | None, traffic: LabelledRows | None, recipe: ColdRecipe = DEFAULT,
         traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT, dims: int = DEFAULT_DIMS,
         topic_alpha: float = TOPIC_ALPHA, topic_rows: LabelledRows | None = None) -> tuple[LinearHead, TopicCorrection | None]:  # fmt: skip
     """The head (`recipe`: its features and ridge penalty) on the public tables (`prior`: their
@@ -117,7 +117,7 @@ def trained_at() -> str:
 
 
 def router_metadata(correction: TopicCorrection | None, metrics: dict, precision: str | None,
-                    prior: HeadStatistics | None = None, recipe: ColdRecipe = SHIPPED) -> dict:  # fmt: skip
+                    prior: HeadStatistics | None = None, recipe: ColdRecipe = DEFAULT) -> dict:  # fmt: skip
     from router.prompt_router.scorer import FORMAT_VERSION, KIND, MAX_TOKENS
 
     return {
@@ -132,7 +132,7 @@ def router_metadata(correction: TopicCorrection | None, metrics: dict, precision
 
 
 def write_router(head: LinearHead, correction: TopicCorrection | None, out, metrics: dict, precision: str = DEFAULT_PRECISION,
-                 prior: HeadStatistics | None = None, recipe: ColdRecipe = SHIPPED) -> str:  # fmt: skip
+                 prior: HeadStatistics | None = None, recipe: ColdRecipe = DEFAULT) -> str:  # fmt: skip
     """The router file at `out`, written to a temporary name and renamed (a reader never sees
     half a file)."""
     import onnx
@@ -184,7 +184,7 @@ def locked_test(head: LinearHead, correction: TopicCorrection | None, trained_on
 
 
 def train_router(examples: Sequence[RoutingExample], out, traffic: LabelledRows | None = None, holdout_fraction: float = 0.25,
-                 seed: int = 0, precision: str = DEFAULT_PRECISION, recipe: ColdRecipe = SHIPPED,
+                 seed: int = 0, precision: str = DEFAULT_PRECISION, recipe: ColdRecipe = DEFAULT,
                  traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT, base: HeadStatistics | None = None,
                  topic_rows: LabelledRows | None = None, locked: Sequence[RoutingExample] | None = None) -> dict:  # fmt: skip
     """Report the head's APGR on held-out subjects of the tables, then fit on the tables (plus
@@ -216,7 +216,7 @@ def train_router(examples: Sequence[RoutingExample], out, traffic: LabelledRows 
     return report
 
 
-def shape_heldout_scorer(examples: Sequence[RoutingExample], recipe: ColdRecipe = SHIPPED):
+def shape_heldout_scorer(examples: Sequence[RoutingExample], recipe: ColdRecipe = DEFAULT):
     """The shipped cold-start recipe as cross_validation.grouped_cv's score_heldout: the head
     trained on the train rows scores the held ones (predicted gain)."""
     rows = table_rows(examples)

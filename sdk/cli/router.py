@@ -80,7 +80,7 @@ def train(
     import dataclasses
 
     from router.eval_tables import DEFAULT_DATA_DIR, TableError
-    from router.prompt_router.cold_recipe import SHIPPED
+    from router.prompt_router.cold_recipe import DEFAULT
     from router.prompt_router.embedder_export import EmbedderUnavailableError
     from router.prompt_router.scorer import RouterError
     from router.prompt_router.training import train_router
@@ -91,7 +91,7 @@ def train(
         traffic = _load_traffic(from_traffic) if from_traffic else None
     except (ValueError, TableError, RouterError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    recipe = SHIPPED if alpha is None else dataclasses.replace(SHIPPED, alpha=alpha)
+    recipe = DEFAULT if alpha is None else dataclasses.replace(DEFAULT, alpha=alpha)
     try:
         topic_rows = _topic_rows(own) if own else None
         report = train_router(examples, out, traffic=traffic, holdout_fraction=holdout_fraction if examples else 0.0, seed=seed,

@@ -269,7 +269,7 @@ def test_default_scorer_scores_deterministically():
     assert first.shape == (20,) and np.all((first >= 0) & (first <= 1)) and np.std(first) > 0
     np.testing.assert_array_equal(first, second)
     assert abs(scorer(PROMPTS[3]) - first[3]) < 1e-6  # one prompt alone = in a batch
-    assert scorer.metrics["heldout_mmlu"]["apgr"] > 0.5 and scorer.metadata["topic_correction"] is None
+    assert scorer.metadata["topic_correction"] is None  # its figures: test_router_locked.py scores the file itself
 
 
 def test_cli_score_writes_prompt_score_rows(tmp_path):

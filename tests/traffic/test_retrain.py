@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from router.eval_tables import RoutingExample
-from router.prompt_router.cold_recipe import SHIPPED
+from router.prompt_router.cold_recipe import SELECTED
 from router.prompt_router.embedder_export import model_fingerprint
 from router.prompt_router.scorer import load_scorer
 from router.prompt_router.training import fit, table_rows, write_router
@@ -32,7 +32,7 @@ def _router(path, alpha: float = 1.0, flip: bool = False) -> str:
     """A cold router without table statistics; `flip` swaps which prompts the tables call hard,
     so its scores differ."""
     examples = [RoutingExample(p, (i % 3 != 0) != flip, True, f"mmlu_s{i % 4}") for i, p in enumerate(PROMPTS * 3)]
-    head, _ = fit(table_rows(examples), None, dataclasses.replace(SHIPPED, alpha=alpha))
+    head, _ = fit(table_rows(examples), None, dataclasses.replace(SELECTED, alpha=alpha))
     return write_router(head, None, path, {"alpha": alpha})
 
 
