@@ -23,7 +23,9 @@ design subjects; the locked ones are scored once per recipe that ships (bench.ro
    retrained on the labels so far and scores the part of the stream not yet seen, paired
    with the cold router on the same rows. Methods: the shipped one
    (`router.prompt_router.training.fit`: the head refitted on tables + traffic judged on both
-   tiers, then the topic correction of its residuals), the topic correction alone, the head
+   tiers, then the topic correction of its residuals; `tandem router train --from-traffic`),
+   the same behind the background retrain's guard (bench.router_locked.guarded_fit: kept only
+   when it beats the cold router's Brier score on the newest 100 labels), the topic correction alone, the head
    refit alone, a nearest-neighbour memory of residuals (k 50), per-cluster residual means
    (k-means, 15), per-subject residual means (an oracle: the product has no subject ids).
 3. The locked subjects: the default router (and the selected recipe beside it), with 10% of
@@ -46,7 +48,7 @@ import numpy as np
 
 from bench.machine import report_header, write_report
 from router.eval_tables import DEFAULT_DATA_DIR, RoutingExample, load_routellm
-from bench.router_locked import LABELLED_SHARE, locked_via_traffic, locked_with_labelled_tables, locked_zero_shot, nested_estimate
+from bench.router_locked import LABELLED_SHARE, guarded_fit, locked_via_traffic, locked_with_labelled_tables, locked_zero_shot, nested_estimate
 from router.prompt_router.cold_recipe import DEFAULT, SELECTED
 from router.prompt_router.cross_validation import evaluate, group_of, grouped_cv, mean_and_se, subject_split
 from router.prompt_router.locked_split import DEFECTIVE_TABLES, is_locked
@@ -162,6 +164,8 @@ def method_scores(name: str, tables: LabelledRows, cold, seen: LabelledRows, lab
         return heldout_gain(cold, None, rest)
     if name == "shipped":
         return heldout_gain(*fit(tables, seen), rest)
+    if name == "shipped_guarded":
+        return heldout_gain(*guarded_fit(tables, cold, seen), rest)
     if name == "head_refit_only":
         head, _ = fit(tables, LabelledRows(seen.shape, seen.labels))
         return heldout_gain(head, None, rest)
@@ -183,7 +187,7 @@ def method_scores(name: str, tables: LabelledRows, cold, seen: LabelledRows, lab
     return tiers[:, 1] - tiers[:, 0]
 
 
-METHODS = ("cold", "shipped", "topic_correction_only", "head_refit_only", "knn_memory", "cluster_means", "subject_means_oracle")
+METHODS = ("cold", "shipped", "shipped_guarded", "topic_correction_only", "head_refit_only", "knn_memory", "cluster_means", "subject_means_oracle")
 
 
 def revealed_labels(stream: LabelledRows, cold, cut: float, traffic: Traffic, rng) -> np.ndarray:
@@ -374,7 +378,8 @@ def main() -> None:
     chosen = locked_cold["length" if DEFAULT.is_length else "selected_recipe"]  # the recipe the default router uses
     print("locked:", {"zero_shot": round(chosen["apgr"], 4), "length": round(locked_cold["length"]["apgr"], 4),
                       "tables_10pct": round(with_tables["apgr"], 4),
-                      "traffic_10pct": {j: round(v["apgr"], 4) for j, v in via_traffic.items()}}, flush=True)  # fmt: skip
+                      "traffic_10pct": {j: (round(v["apgr"], 4), round(v["unguarded"]["apgr"], 4)) for j, v in via_traffic.items()}},
+          flush=True)  # fmt: skip
 
     png = Path(args.json).with_suffix(".png")
     plot({f"{name}: feedback {t.feedback:.0%}, shadow {t.shadow:.0%}, judge {t.judge}": curves[name] for name, t in settings.items()
@@ -401,6 +406,8 @@ def main() -> None:
         "apgr_locked_test_at_10pct_labels_traffic": via_traffic["exact_match"]["apgr"],
         "apgr_locked_test_at_10pct_labels_traffic_se": via_traffic["exact_match"]["apgr_se"],
         "apgr_locked_test_at_10pct_labels_traffic_best_case_judge": via_traffic["best_case"]["apgr"],
+        "apgr_locked_test_at_10pct_labels_traffic_unguarded": via_traffic["exact_match"]["unguarded"]["apgr"],
+        "apgr_locked_test_at_10pct_labels_traffic_unguarded_best_case_judge": via_traffic["best_case"]["unguarded"]["apgr"],
         "locked_test": {"zero_shot": locked_cold, "labelled_tables": with_tables, "traffic": via_traffic,
                         "labelled_share": LABELLED_SHARE, "seeds": list(label_seeds)},
         # the design subjects (every choice was made here)
@@ -413,6 +420,9 @@ def main() -> None:
         "apgr_at_10pct_labels_se": headline["apgr_se"],
         "apgr_at_10pct_labels_minus_cold": headline["minus_cold"],
         "apgr_at_10pct_labels_minus_cold_se": headline["minus_cold_se"],
+        "apgr_at_10pct_labels_guarded": curves["shuffled"]["0.1"]["shipped_guarded"]["apgr"],
+        "apgr_at_10pct_labels_guarded_minus_cold": curves["shuffled"]["0.1"]["shipped_guarded"]["minus_cold"],
+        "apgr_at_10pct_labels_guarded_minus_cold_se": curves["shuffled"]["0.1"]["shipped_guarded"]["minus_cold_se"],
         "apgr_at_10pct_labels_best_case_judge": best_case["apgr"],
         "apgr_at_10pct_labels_best_case_judge_se": best_case["apgr_se"],
         "labels_to_reach_0_60": labels_to_reach(curves["shuffled"], "shipped"),

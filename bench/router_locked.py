@@ -20,8 +20,26 @@ from router.evaluation.metrics import Outcomes, evaluate_scores
 from router.prompt_router.cold_recipe import DEFAULT, LENGTH, SELECTED, select_cold_recipe
 from router.prompt_router.cross_validation import evaluate, group_of, locked_figures, mean_and_se, subject_folds
 from router.prompt_router.training import LabelledRows, fit, heldout_gain, table_rows
+from sdk.traffic.retrain import MIN_IMPROVEMENT, MIN_TRAINING_LABELS, brier
 
 LABELLED_SHARE = 0.10  # of each locked subject, labelled in the table or by the time the rest is scored
+HOLDOUT_LABELS = 100  # the background retrain's default (sdk.traffic.config: retrain_holdout_labels)
+
+
+def guarded_fit(tables: LabelledRows, cold, seen: LabelledRows, holdout_labels: int = HOLDOUT_LABELS):
+    """What the background retrain (sdk.traffic.retrain.retrain_once) swaps in: the learner
+    trained without the newest `holdout_labels` labels, kept only when its Brier score on them
+    beats the serving (cold) router's; otherwise the cold router, as (head, correction)."""
+    labelled = np.flatnonzero(~np.isnan(seen.labels).all(1))  # in arrival order
+    if labelled.size < holdout_labels + MIN_TRAINING_LABELS:
+        return cold, None
+    newest = labelled[-holdout_labels:]
+    head, correction = fit(tables, seen.take(np.setdiff1d(np.arange(len(seen)), newest)))
+    held = seen.take(newest)
+    candidate = head.predict(held.shape) + (0.0 if correction is None else correction.corrections(held.embedding))
+    if brier(candidate, held.labels) < brier(cold.predict(held.shape), held.labels) - MIN_IMPROVEMENT:
+        return head, correction
+    return cold, None
 
 
 def within_subject_apgr(scores: np.ndarray, examples: Sequence[RoutingExample]) -> float:
@@ -125,14 +143,15 @@ def locked_via_traffic(design: list[RoutingExample], locked: list[RoutingExample
                        traffic, revealed_labels) -> dict:  # fmt: skip
     """The locked subjects arrive as traffic (shuffled) to the cold router trained on the design
     tables; labels come as `revealed_labels(stream, cold, cut, traffic, rng)` gives them; when
-    they number LABELLED_SHARE of the stream, the shipped learner (`fit(tables, seen)`) scores
-    the part of the stream not yet seen."""
+    they number LABELLED_SHARE of the stream, the learner scores the part of the stream not yet
+    seen: `tandem router train --from-traffic` (`fit(tables, seen)`, "unguarded") and the
+    background retrain (guarded_fit, the headline)."""
     tables = table_rows(design)
     cold, _ = fit(tables, None)
     cut = float(np.quantile(heldout_gain(cold, None, tables), 1 - traffic.cloud_share))
     rows = table_rows(locked)
     rows.embedding = embeddings
-    per_seed = []
+    per_seed, unguarded = [], []
     for seed in seeds:
         rng = np.random.default_rng(seed)
         order = rng.permutation(len(locked))
@@ -141,8 +160,8 @@ def locked_via_traffic(design: list[RoutingExample], locked: list[RoutingExample
         count = np.cumsum(~np.isnan(labels).all(1))
         position = int(np.searchsorted(count, round(LABELLED_SHARE * len(stream)))) + 1
         seen = LabelledRows(stream.shape[:position], labels[:position], stream.embedding[:position], stream.groups[:position])
-        head, correction = fit(tables, seen)
         rest = stream.take(np.arange(position, len(stream)))
         rest_examples = [locked[i] for i in order[position:]]
-        per_seed.append(locked_figures(heldout_gain(head, correction, rest), rest.shape[:, 0], rest_examples))
-    return _summarize(per_seed)
+        unguarded.append(locked_figures(heldout_gain(*fit(tables, seen), rest), rest.shape[:, 0], rest_examples))
+        per_seed.append(locked_figures(heldout_gain(*guarded_fit(tables, cold, seen), rest), rest.shape[:, 0], rest_examples))
+    return _summarize(per_seed) | {"unguarded": _summarize(unguarded)}

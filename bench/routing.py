@@ -8,14 +8,15 @@ against cloud share, router.evaluation.plot). Every metric is router.evaluation.
 expectation; `*_vs_random` = APGR / 0.5. The random router measured here is `tandem eval`'s
 (the mean curve of 100 random orders), so its APGR is 0.5 up to sampling noise.
 
-1. Unseen MMLU subjects (RouteLLM's GSM8K + MMLU tables, contaminated prompts dropped):
+1. Unseen MMLU subjects (RouteLLM's GSM8K + MMLU design tables, contaminated prompts dropped;
+   the locked test subjects and defective tables left out, router.prompt_router.locked_split):
    grouped cross-validation (router.prompt_router.cross_validation.grouped_cv): MMLU
    subjects dealt into 4 folds, every subject held out once per seed (seeds 0, 1, 2; GSM8K
    always trains); APGR is that of the fold-mean curve, then the mean over seeds (and, as
    `apgr_fold_mean` / `_se`, the mean of per-fold APGRs with its standard error). Routers:
-   - prompt_router: the shipped cold-start recipe (router.prompt_router.training: ridge per
-     tier on the prompt shape) trained per fold on the other subjects + GSM8K and scoring
-     the held-out subjects;
+   - prompt_router: the shipped cold-start recipe (router.prompt_router.cold_recipe.DEFAULT:
+     since issue 37, ridge per tier on prompt length alone, so it ranks as prompt_length does)
+     trained per fold on the other subjects + GSM8K and scoring the held-out subjects;
    - prompt_length: untrained, strong-need = the prompt's length in characters;
    - random, oracle (strong_correct - weak_correct).
    The plotted curve of a router is the mean over every (seed, fold) of that fold's decile
@@ -41,6 +42,7 @@ expectation; `*_vs_random` = APGR / 0.5. The random router measured here is `tan
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import time
@@ -65,6 +67,7 @@ from router.evaluation.metrics import (
 from router.evaluation.plot import plot_report
 from router.evaluation.report import print_report, report_json
 from router.prompt_router.cross_validation import grouped_cv
+from router.prompt_router.locked_split import design_examples
 from router.prompt_router.training import shape_heldout_scorer
 
 FOLDS, SEEDS, QUICK_SEEDS = 4, (0, 1, 2), (0,)
@@ -226,6 +229,8 @@ def build(data_dir: str, quick: bool, n: int | None, seed: int, threads: int | N
     n = n or (SMOKE_N if smoke else QUICK_N if quick else DEFAULT_N)
     start = time.perf_counter()
     table = load_examples("routellm", data_dir)
+    # the design subjects only: the locked ones are scored by bench.router_learning, once per shipped recipe
+    table = dataclasses.replace(table, examples=design_examples(table.examples))
     mmlu = unseen_mmlu(table, FOLDS, seeds)
     mmlu_seconds = time.perf_counter() - start
 

@@ -105,3 +105,23 @@ def test_zero_shot_pairs_every_recipe_with_prompt_length(tmp_path):
     path = tmp_path / "curve.png"
     plot({"shuffled": summarize_runs(runs)}, path)
     assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 5000
+
+
+def test_the_background_retrains_guard_keeps_the_cold_router_unless_the_learner_wins_on_the_newest_labels():
+    from bench.router_locked import guarded_fit
+    from router.prompt_router.training import LabelledRows
+
+    examples, embeddings = _table()
+    rows = table_rows(examples)
+    cold, _ = fit(rows, None)
+    seen = LabelledRows(rows.shape, rows.labels.copy(), embeddings, rows.groups)
+    head, correction = guarded_fit(rows, cold, seen)
+    assert correction is not None  # topics the shape cannot see: the learner wins on the newest labels and is swapped in
+    few = LabelledRows(seen.shape, np.full_like(seen.labels, np.nan), embeddings, rows.groups)
+    few.labels[:50] = rows.labels[:50]
+    kept = guarded_fit(rows, cold, few)
+    assert kept[0] is cold and kept[1] is None  # too few labels for a holdout: nothing to go on
+    cold_right = LabelledRows(seen.shape, rows.labels.copy(), embeddings, rows.groups)
+    cold_right.labels[-100:] = np.clip(cold.predict(rows.shape[-100:]), 0, 1)  # the newest labels: exactly what cold predicts
+    kept = guarded_fit(rows, cold, cold_right)
+    assert kept[0] is cold and kept[1] is None
