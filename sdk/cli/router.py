@@ -87,11 +87,12 @@ def train(
 
     try:
         examples, own = _load_tables(data or (["none"] if from_traffic else ["routellm"]), data_dir or DEFAULT_DATA_DIR)
-        base = _base_statistics(base_router) if from_traffic and not data else None
+        base, base_recipe = _base_statistics(base_router) if from_traffic and not data else (None, None)
         traffic = _load_traffic(from_traffic) if from_traffic else None
     except (ValueError, TableError, RouterError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    recipe = DEFAULT if alpha is None else dataclasses.replace(DEFAULT, alpha=alpha)
+    recipe = base_recipe or DEFAULT  # a retrain keeps its base router's features and penalty
+    recipe = recipe if alpha is None else dataclasses.replace(recipe, alpha=alpha)
     try:
         topic_rows = _topic_rows(own) if own else None
         report = train_router(examples, out, traffic=traffic, holdout_fraction=holdout_fraction if examples else 0.0, seed=seed,
@@ -122,7 +123,8 @@ def train(
 
 
 def _base_statistics(path: str | None):
-    """The public-table statistics a router file carries (the shipped one by default)."""
+    """(the public-table statistics a router file carries, its head recipe); the shipped router by default."""
+    from router.prompt_router.cold_recipe import ColdRecipe
     from router.prompt_router.linear_head import HeadStatistics
     from router.prompt_router.scorer import RouterFormatError, load_scorer
 
@@ -130,7 +132,7 @@ def _base_statistics(path: str | None):
     document = scorer.metadata.get("prior_statistics")
     if document is None:
         raise RouterFormatError(f"{scorer.path} carries no table statistics to start from; give --data")
-    return HeadStatistics.from_json(document)
+    return HeadStatistics.from_json(document), ColdRecipe.from_json(scorer.metadata.get("head_recipe"))
 
 
 def _load_traffic(paths: list[str]):

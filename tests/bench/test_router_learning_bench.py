@@ -8,16 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.router_learning import (
-    METHODS,
-    Traffic,
-    labels_to_reach,
-    plot,
-    revealed_labels,
-    simulate,
-    summarize_runs,
-    zero_shot,
-)
+from bench.router_learning import plot, zero_shot
+from bench.router_simulation import METHODS, Traffic, labels_to_reach, revealed_labels, simulate, summarize_runs
 from router.eval_tables import RoutingExample
 from router.prompt_router.training import fit, table_rows
 
