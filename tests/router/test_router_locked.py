@@ -7,6 +7,7 @@ import csv
 import json
 
 import numpy as np
+import pytest
 
 from router.eval_tables import load_routellm
 from router.prompt_router.cold_recipe import DEFAULT, ColdRecipe
@@ -43,6 +44,7 @@ def _topic_prompts(topic: str, start: int, count: int) -> list[str]:
     return [stems[i % 3].format(i=i) + "\nA. one\nB. two\nC. three\nD. four\nAnswer:" for i in range(start, start + count)]
 
 
+@pytest.mark.slow
 def test_a_labelled_table_teaches_the_topics_it_labels(tmp_path):
     """`tandem router train --data routellm --data labelled.csv`: prompts like the labelled hard
     rows (the local tier wrong, the cloud right) score higher than under the router trained on
