@@ -1,5 +1,5 @@
 """bench.routing's sections on small inputs: the unseen-subject CV on a synthetic table
-(prompt shapes that carry the label, so the trained head must beat random), and the
+(prompt lengths that carry the label, so the trained head must beat random), and the
 arithmetic section over the embedded local model (slow)."""
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ from router.evaluation.inputs import LoadedTable
 
 
 def _synthetic_table(seed: int = 0) -> LoadedTable:
-    """8 MMLU subjects x 40 rows + 40 GSM8K rows; the weak tier fails the prompts full of
-    arithmetic (the strong tier gets most right), whose shape shows it."""
+    """8 MMLU subjects x 40 rows + 40 GSM8K rows; the weak tier fails the long prompts full of
+    arithmetic (the strong tier gets most right), whose length shows it (the shipped recipe,
+    router.prompt_router.cold_recipe.DEFAULT, reads the length alone)."""
     rng = np.random.default_rng(seed)
     examples = []
     for index in range(360):
         source = "gsm8k" if index < 40 else f"mmlu_s{index % 8}"
         weak, strong = bool(rng.random() < 0.6), bool(rng.random() < 0.85)
-        words = "word " * int(rng.integers(1, 30))
+        words = "word " * int(rng.integers(1, 15) if weak else rng.integers(15, 40))
         prompt = f"{words} compute {index} * {index + 7} = ? and (3 + 4) / 2 = ?" if not weak else f"{words} tell me about {index}"
         examples.append(RoutingExample(prompt, weak, strong or not weak, source))
     return LoadedTable(examples, 3, ["synthetic"])
@@ -43,7 +44,7 @@ def test_unseen_mmlu_section_on_a_synthetic_table(tmp_path):
     assert report["num_prompts"] == 320 and report["num_train_only_prompts"] == 40  # GSM8K always trains
     assert report["num_subjects"] == 8 and report["num_dropped_contaminated"] == 3
     _assert_oracle_on_top(report)
-    # The prompt shape carries the label: a head trained on other subjects must beat random clearly.
+    # The prompt length carries the label: a head trained on other subjects must beat random clearly.
     assert routers["prompt_router"]["apgr"] > 0.7 and abs(routers["random"]["apgr"] - 0.5) < 0.05
     assert set(routers["prompt_router"]["apgr_by_seed"]) == {"0", "1"}
     # The per-seed figures average to the reported one; the per-fold mean lies within the folds' range.
