@@ -24,7 +24,7 @@ design subjects; the locked ones are scored once per recipe that ships (bench.ro
    with the cold router on the same rows. Methods: the shipped one
    (`router.prompt_router.training.fit`: the head refitted on tables + traffic judged on both
    tiers, then the topic correction of its residuals; `tandem router train --from-traffic`),
-   the same behind the background retrain's guard (bench.router_locked.guarded_fit: kept only
+   the same behind the background retrain's guard (bench.router_simulation.guarded_fit: kept only
    when it beats the cold router's Brier score on the newest 100 labels), the topic correction alone, the head
    refit alone, a nearest-neighbour memory of residuals (k 50), per-cluster residual means
    (k-means, 15), per-subject residual means (an oracle: the product has no subject ids).
@@ -47,12 +47,12 @@ import numpy as np
 
 from bench.machine import report_header, write_report
 from bench.router_locked import LABELLED_SHARE, locked_via_traffic, locked_with_labelled_tables, locked_zero_shot, nested_estimate
-from bench.router_simulation import CHECKPOINTS, METHODS, MIN_REST, Traffic, labels_to_reach, revealed_labels, simulate, summarize_runs
+from bench.router_simulation import CHECKPOINTS, METHODS, MIN_REST, Traffic, labels_to_reach, simulate, summarize_runs
 from router.eval_tables import DEFAULT_DATA_DIR, RoutingExample, load_routellm
 from router.prompt_router.cold_recipe import DEFAULT, SELECTED
-from router.prompt_router.cross_validation import group_of, grouped_cv
+from router.prompt_router.cross_validation import grouped_cv
 from router.prompt_router.linear_head import fit_head
-from router.prompt_router.locked_split import DEFECTIVE_TABLES, is_locked
+from router.prompt_router.locked_split import DEFECTIVE_TABLES, split_rows
 from router.prompt_router.training import table_rows
 
 SEEDS, QUICK_SEEDS = tuple(range(20)), tuple(range(6))
@@ -147,9 +147,7 @@ def main() -> None:
 
         examples = smoke_examples(examples, SMOKE_EXAMPLES)
     embeddings = cached_embeddings([e.prompt for e in examples])  # every table row, as before the split: one cache entry
-    groups = [group_of(e) for e in examples]
-    design_rows = [i for i, g in enumerate(groups) if not is_locked(g) and g not in DEFECTIVE_TABLES]
-    locked_rows = [i for i, g in enumerate(groups) if is_locked(g) and g not in DEFECTIVE_TABLES]
+    design_rows, locked_rows = split_rows(examples)
     design, locked = [examples[i] for i in design_rows], [examples[i] for i in locked_rows]
     design_embeddings, locked_embeddings = embeddings[design_rows], embeddings[locked_rows]
     seeds, cv_seeds = (SMOKE_SEEDS, SMOKE_CV_SEEDS) if args.smoke else (QUICK_SEEDS, QUICK_CV_SEEDS) if args.quick else (SEEDS, CV_SEEDS)
@@ -181,8 +179,7 @@ def main() -> None:
     locked_cold = locked_zero_shot(design, locked)
     label_seeds = seeds[: len(QUICK_SEEDS)]
     with_tables = locked_with_labelled_tables(design, locked, locked_embeddings, label_seeds)
-    via_traffic = {judge: locked_via_traffic(design, locked, locked_embeddings, label_seeds,
-                                             Traffic(args.feedback, args.shadow, judge=judge), revealed_labels)
+    via_traffic = {judge: locked_via_traffic(design, locked, locked_embeddings, label_seeds, Traffic(args.feedback, args.shadow, judge=judge))
                    for judge in ("exact_match", "best_case")}  # fmt: skip
     chosen = locked_cold["length" if DEFAULT.is_length else "selected_recipe"]  # the recipe the default router uses
     print("locked:", {"zero_shot": round(chosen["apgr"], 4), "length": round(locked_cold["length"]["apgr"], 4),

@@ -19,29 +19,10 @@ from router.eval_tables import RoutingExample
 from router.evaluation.metrics import Outcomes, evaluate_scores
 from router.prompt_router.cold_recipe import DEFAULT, LENGTH, SELECTED, select_cold_recipe
 from router.prompt_router.cross_validation import evaluate, group_of, locked_figures, mean_and_se, subject_folds
+from bench.router_simulation import Traffic, cold_router, guarded_fit, position_at, revealed_labels
 from router.prompt_router.training import LabelledRows, fit, heldout_gain, table_rows
-from sdk.traffic.retrain import MIN_IMPROVEMENT, MIN_TRAINING_LABELS, brier
 
 LABELLED_SHARE = 0.10  # of each locked subject, labelled in the table or by the time the rest is scored
-HOLDOUT_LABELS = 100  # the background retrain's default (sdk.traffic.config: retrain_holdout_labels)
-
-
-def guarded_fit(tables: LabelledRows, cold, seen: LabelledRows, holdout_labels: int = HOLDOUT_LABELS):
-    """What the background retrain (sdk.traffic.retrain.retrain_once) swaps in: the learner
-    trained without the newest `holdout_labels` labels, kept only when its Brier score on them
-    beats the serving (cold) router's; otherwise the cold router, as (head, correction)."""
-    labelled = np.flatnonzero(~np.isnan(seen.labels).all(1))  # in arrival order
-    if labelled.size < holdout_labels + MIN_TRAINING_LABELS:
-        return cold, None
-    newest = labelled[-holdout_labels:]
-    head, correction = fit(tables, seen.take(np.setdiff1d(np.arange(len(seen)), newest)))
-    held = seen.take(newest)
-    candidate = head.predict(held.shape) + (0.0 if correction is None else correction.corrections(held.embedding))
-    if brier(candidate, held.labels) < brier(cold.predict(held.shape), held.labels) - MIN_IMPROVEMENT:
-        return head, correction
-    return cold, None
-
-
 def within_subject_apgr(scores: np.ndarray, examples: Sequence[RoutingExample]) -> float:
     """Recovered gap inside each subject, summed over subjects and divided by their summed gap
     (rows weigh alike): how well a router ranks prompts of one topic, which pooled APGR mixes
@@ -110,13 +91,10 @@ def _label_split(locked: list[RoutingExample], seed: int) -> tuple[np.ndarray, n
 
 def _summarize(per_seed: list[dict]) -> dict:
     """Mean over seeds of each locked figure (the SEs stay over subjects), and the seeds' own spread."""
-    keys = ("apgr", "apgr_se", "minus_length", "minus_length_se")
-    out = {key: float(np.mean([f[key] for f in per_seed])) for key in keys}
+    out = {key: float(np.mean([f[key] for f in per_seed])) for key in ("apgr", "apgr_se", "minus_length", "minus_length_se")}
     out["apgr_seed_sd"] = float(np.std([f["apgr"] for f in per_seed], ddof=1)) if len(per_seed) > 1 else float("nan")
-    out["per_subject_apgr_mean"] = float(np.mean([f["per_subject"]["apgr_mean"] for f in per_seed]))
-    out["per_subject_apgr_se"] = float(np.mean([f["per_subject"]["apgr_se"] for f in per_seed]))
-    out["per_subject_apgr_min"] = float(np.mean([f["per_subject"]["apgr_min"] for f in per_seed]))
-    out["per_subject_apgr_max"] = float(np.mean([f["per_subject"]["apgr_max"] for f in per_seed]))
+    for key in ("apgr_mean", "apgr_se", "apgr_min", "apgr_max"):
+        out[f"per_subject_{key}"] = float(np.mean([f["per_subject"][key] for f in per_seed]))
     out["num_seeds"] = len(per_seed)
     return out
 
@@ -140,15 +118,14 @@ def locked_with_labelled_tables(design: list[RoutingExample], locked: list[Routi
 
 
 def locked_via_traffic(design: list[RoutingExample], locked: list[RoutingExample], embeddings: np.ndarray, seeds: Sequence[int],
-                       traffic, revealed_labels) -> dict:  # fmt: skip
+                       traffic: Traffic) -> dict:  # fmt: skip
     """The locked subjects arrive as traffic (shuffled) to the cold router trained on the design
-    tables; labels come as `revealed_labels(stream, cold, cut, traffic, rng)` gives them; when
-    they number LABELLED_SHARE of the stream, the learner scores the part of the stream not yet
-    seen: `tandem router train --from-traffic` (`fit(tables, seen)`, "unguarded") and the
+    tables; labels come as bench.router_simulation.revealed_labels gives them under `traffic`;
+    when they number LABELLED_SHARE of the stream, the learner scores the part of the stream not
+    yet seen: `tandem router train --from-traffic` (`fit(tables, seen)`, "unguarded") and the
     background retrain (guarded_fit, the headline)."""
     tables = table_rows(design)
-    cold, _ = fit(tables, None)
-    cut = float(np.quantile(heldout_gain(cold, None, tables), 1 - traffic.cloud_share))
+    cold, cut = cold_router(tables, traffic.cloud_share)
     rows = table_rows(locked)
     rows.embedding = embeddings
     per_seed, unguarded = [], []
@@ -157,8 +134,7 @@ def locked_via_traffic(design: list[RoutingExample], locked: list[RoutingExample
         order = rng.permutation(len(locked))
         stream = rows.take(order)
         labels = revealed_labels(stream, cold, cut, traffic, rng)
-        count = np.cumsum(~np.isnan(labels).all(1))
-        position = int(np.searchsorted(count, round(LABELLED_SHARE * len(stream)))) + 1
+        position = position_at(labels, round(LABELLED_SHARE * len(stream)))
         seen = LabelledRows(stream.shape[:position], labels[:position], stream.embedding[:position], stream.groups[:position])
         rest = stream.take(np.arange(position, len(stream)))
         rest_examples = [locked[i] for i in order[position:]]

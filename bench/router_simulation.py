@@ -9,14 +9,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.router_locked import guarded_fit
 from router.eval_tables import RoutingExample
+from router.prompt_router.cold_recipe import DEFAULT
 from router.prompt_router.cross_validation import evaluate, mean_and_se, subject_split
 from router.prompt_router.topic_correction import fit_topic_correction
-from router.prompt_router.training import LabelledRows, fit, heldout_gain, table_rows
+from router.prompt_router.training import LabelledRows, RouterParameters, fit, heldout_gain, table_rows
+from sdk.traffic.retrain import MIN_TRAINING_LABELS, refit_against_serving
 
 CHECKPOINTS = (0.0, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2)  # labels as a share of the stream's length
 MIN_REST = 200  # a checkpoint needs this many prompts still to come
+HOLDOUT_LABELS = 100  # the background retrain's default (sdk.traffic.config: retrain_holdout_labels)
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,30 @@ class Traffic:
     cloud_share: float = 0.3  # the cold router's operating point: which requests the cloud answers
     blocked: bool = False  # subjects arrive one after another instead of shuffled
     judge: str = "exact_match"  # the shipped default judge of shadow samples; "best_case": both tiers' true labels
+
+def cold_router(tables: LabelledRows, cloud_share: float):
+    """(the cold router trained on the tables, the score above which it sends a request to the
+    cloud: its top `cloud_share` on the tables)."""
+    cold, _ = fit(tables, None)
+    return cold, float(np.quantile(heldout_gain(cold, None, tables), 1 - cloud_share))
+
+
+def position_at(labels: np.ndarray, need: int) -> int:
+    """How many prompts of the stream have arrived once `need` of them carry a label (0 for none)."""
+    return 0 if need == 0 else int(np.searchsorted(np.cumsum(~np.isnan(labels).all(1)), need)) + 1
+
+
+def guarded_fit(tables: LabelledRows, cold, seen: LabelledRows, holdout_labels: int = HOLDOUT_LABELS):
+    """What the background retrain (sdk.traffic.retrain) swaps in, as (head, correction): the
+    learner trained without the newest `holdout_labels` labels when it beats the serving (cold)
+    router's Brier score on them, else the cold router."""
+    labelled = np.flatnonzero(~np.isnan(seen.labels).all(1))  # in arrival order
+    if labelled.size < holdout_labels + MIN_TRAINING_LABELS:
+        return cold, None
+    serving = RouterParameters.of(cold, None).as_stored()  # as the serving router's file holds it
+    candidate = refit_against_serving(tables, seen, labelled[-holdout_labels:], serving, DEFAULT)  # the recipe cold was fitted with
+    return (candidate.head, candidate.correction) if candidate.wins else (cold, None)
+
 
 def _kmeans(points: np.ndarray, k: int, seed: int, iterations: int = 20) -> tuple[np.ndarray, np.ndarray]:
     """(centres, assignment) by Lloyd's algorithm on unit vectors (cosine)."""
@@ -151,16 +177,13 @@ def simulate(examples: list[RoutingExample], embeddings: np.ndarray, seed: int, 
         order = rng.permutation(held)
     tables = rows.take(train)
     tables.embedding = None
-    cold, _ = fit(tables, None)
-    cut = float(np.quantile(heldout_gain(cold, None, tables), 1 - traffic.cloud_share))
+    cold, cut = cold_router(tables, traffic.cloud_share)
     stream = rows.take(order)
     labels = revealed_labels(stream, cold, cut, traffic, rng)
     stream_examples = [examples[i] for i in order]
-    num_labels = np.cumsum(~np.isnan(labels).all(1))
     out = {}
     for share in checkpoints:
-        need = int(round(share * len(stream)))
-        position = 0 if need == 0 else int(np.searchsorted(num_labels, need)) + 1
+        position = position_at(labels, int(round(share * len(stream))))
         if len(stream) - position < min_rest:
             out[share] = None
             continue

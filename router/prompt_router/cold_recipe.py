@@ -97,7 +97,7 @@ def select_cold_recipe(examples: Sequence[RoutingExample], shape: np.ndarray, la
             splits.append((HeadStatistics.of(shape[train], labels[train]), held, [examples[i] for i in held]))
     all_features = list(range(len(SHAPE_FEATURES)))
     signs = np.array([np.sign(_gain_weights(stats.solve(SIGN_ALPHA, all_features))) for stats, _, _ in splits])
-    stable = [j for j in all_features if j == 0 or abs(signs[:, j].sum()) == len(splits)]
+    stable = [j for j in all_features if j in LENGTH.indices or abs(signs[:, j].sum()) == len(splits)]
     candidates = {"length": LENGTH}
     if len(stable) > 1:
         for alpha in ALPHAS:

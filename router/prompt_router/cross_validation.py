@@ -126,35 +126,31 @@ def per_subject_apgr(scores: np.ndarray, examples: Sequence[RoutingExample]) -> 
             "num_subjects": len(values), "subjects_without_gap": no_gap}  # fmt: skip
 
 
-def pooled_apgr_jackknife(scores: np.ndarray, examples: Sequence[RoutingExample], baseline: np.ndarray | None = None) -> tuple[float, float]:
-    """Pooled APGR over every row (as outside evaluations score a router) and its jackknife
-    standard error over subjects (each subject left out in turn): the spread a figure on a
-    dozen topics has. With `baseline` (another router's scores on the same rows): the paired
-    difference of the two and its standard error."""
+def _pooled_apgr_leave_one_out(scores: np.ndarray, examples: Sequence[RoutingExample]) -> tuple[float, np.ndarray]:
+    """Pooled APGR over every row (as outside evaluations score a router), and again with each
+    subject left out in turn (sorted by name)."""
     scores = np.asarray(scores, dtype=float)
     groups = np.array([group_of(e) for e in examples])
 
-    def figure(rows) -> float:
-        subset = [examples[i] for i in rows]
-        value = evaluate(scores[rows], subset)["apgr"]
-        return value if baseline is None else value - evaluate(np.asarray(baseline, float)[rows], subset)["apgr"]
+    def pooled(rows) -> float:
+        return evaluate(scores[rows], [examples[i] for i in rows])["apgr"]
 
-    subjects = sorted(set(groups))
-    whole = figure(np.arange(len(examples)))
-    if len(subjects) < 2:
-        return whole, float("nan")
-    leave_one_out = np.array([figure(np.flatnonzero(groups != subject)) for subject in subjects])
-    n = len(subjects)
-    return whole, float(math.sqrt((n - 1) / n * ((leave_one_out - leave_one_out.mean()) ** 2).sum()))
+    return pooled(np.arange(len(examples))), np.array([pooled(np.flatnonzero(groups != s)) for s in sorted(set(groups))])
+
+
+def _jackknife_se(leave_one_out: np.ndarray) -> float:
+    """The jackknife standard error over subjects: the spread a figure on a dozen topics has."""
+    n = leave_one_out.size
+    return float(math.sqrt((n - 1) / n * ((leave_one_out - leave_one_out.mean()) ** 2).sum())) if n >= 2 else float("nan")
 
 
 def locked_figures(scores: np.ndarray, length: np.ndarray, examples: Sequence[RoutingExample]) -> dict:
     """A router's figures on the locked subjects beside prompt length's on the same rows:
     pooled APGR with its jackknife SE over subjects, the paired difference to length with its
-    SE, and the per-subject spread (per_subject_apgr)."""
-    apgr, se = pooled_apgr_jackknife(scores, examples)
-    minus, minus_se = pooled_apgr_jackknife(scores, examples, baseline=length)
-    per_subject = per_subject_apgr(scores, examples)
-    return {"apgr": apgr, "apgr_se": se, "minus_length": minus, "minus_length_se": minus_se,
-            "beats_length": bool(minus > minus_se), "per_subject": per_subject,
+    SE (each subject left out of both alike), and the per-subject spread (per_subject_apgr)."""
+    apgr, leave_one_out = _pooled_apgr_leave_one_out(scores, examples)
+    length_apgr, length_leave_one_out = _pooled_apgr_leave_one_out(length, examples)
+    minus, minus_se = apgr - length_apgr, _jackknife_se(leave_one_out - length_leave_one_out)
+    return {"apgr": apgr, "apgr_se": _jackknife_se(leave_one_out), "minus_length": minus, "minus_length_se": minus_se,
+            "beats_length": bool(minus > minus_se), "per_subject": per_subject_apgr(scores, examples),
             "num_examples": len(examples), "num_subjects": len({group_of(e) for e in examples})}  # fmt: skip

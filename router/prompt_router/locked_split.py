@@ -44,12 +44,22 @@ def split_subjects(subjects: Iterable[str]) -> tuple[list[str], list[str]]:
     return [s for s in names if not is_locked(s)], [s for s in names if is_locked(s)]
 
 
+def split_rows(examples: Sequence[RoutingExample]) -> tuple[list[int], list[int]]:
+    """(design rows, locked rows): indices into `examples`; the defective tables' rows are in neither."""
+    design, locked = [], []
+    for index, example in enumerate(examples):
+        subject = group_of(example)
+        if subject not in DEFECTIVE_TABLES:
+            (locked if is_locked(subject) else design).append(index)
+    return design, locked
+
+
 def design_examples(examples: Sequence[RoutingExample]) -> list[RoutingExample]:
     """What every router choice and the shipped router are made from: all rows but the locked
     subjects' and the defective tables'."""
-    return [e for e in examples if not is_locked(group_of(e)) and group_of(e) not in DEFECTIVE_TABLES]
+    return [examples[i] for i in split_rows(examples)[0]]
 
 
 def locked_examples(examples: Sequence[RoutingExample]) -> list[RoutingExample]:
     """The locked subjects' rows: scored once per recipe that ships, never trained or tuned on."""
-    return [e for e in examples if is_locked(group_of(e)) and group_of(e) not in DEFECTIVE_TABLES]
+    return [examples[i] for i in split_rows(examples)[1]]

@@ -17,28 +17,32 @@ def _progress(total: int, description: str):
     return Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True, disable=total < CHUNK)
 
 
-def _load_tables(names: list[str], data_dir: str) -> tuple[list, list]:
+def _load_tables(names: list[str], data_dir: str) -> tuple[list, list, list | None]:
     """(every --data table's rows in order, the rows of tables other than `routellm`: an app's
-    labelled tables, which also teach the topic correction). `routellm` is RouteLLM's design
-    tables (its locked test subjects and defective tables left out, router.prompt_router.locked_split);
-    `none` is no table; a table named twice is an error."""
+    labelled tables, which also teach the topic correction, RouteLLM's locked test subjects when
+    `routellm` was loaded). `routellm` is RouteLLM's design tables (its locked test subjects and
+    defective tables left out, router.prompt_router.locked_split); `none` is no table; a table
+    named twice is an error."""
     from router.eval_tables import TableError, load_routellm, load_table
-    from router.prompt_router.locked_split import design_examples
+    from router.prompt_router.locked_split import split_rows
 
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise TableError(f"--data {twice[0]} is given more than once")
     if "none" in names and len(names) > 1:
         raise TableError("--data none means no table; it cannot be combined with other tables")
-    examples, own = [], []
+    examples, own, locked = [], [], None
     for name in names:
         if name == "routellm":
-            examples += design_examples(load_routellm(data_dir))
+            routellm = load_routellm(data_dir)
+            design_rows, locked_rows = split_rows(routellm)
+            examples += [routellm[i] for i in design_rows]
+            locked = [routellm[i] for i in locked_rows]
         elif name != "none":
             rows = load_table(name)
             examples += rows
             own += rows
-    return examples, own
+    return examples, own, locked
 
 
 def _topic_rows(examples: list):
@@ -52,7 +56,7 @@ def _topic_rows(examples: list):
 
 
 def _locked(data_dir: str) -> list | None:
-    """RouteLLM's locked test subjects, to score the new router on; None without the data."""
+    """RouteLLM's locked test subjects, to score the new router on, when --data did not load them; None without the data."""
     from router.eval_tables import TableError, load_routellm
     from router.prompt_router.locked_split import locked_examples
 
@@ -74,10 +78,9 @@ def train(
     alpha: float | None = typer.Option(None, min=0.0, help="Ridge penalty of the head (standardized prompt-shape features); default: the shipped recipe's."),
 ) -> None:
     """Train a router; print its APGR on held-out subjects and write a JSON report next to --out."""
+    import dataclasses
     import json
     from pathlib import Path
-
-    import dataclasses
 
     from router.eval_tables import DEFAULT_DATA_DIR, TableError
     from router.prompt_router.cold_recipe import DEFAULT
@@ -86,7 +89,7 @@ def train(
     from router.prompt_router.training import train_router
 
     try:
-        examples, own = _load_tables(data or (["none"] if from_traffic else ["routellm"]), data_dir or DEFAULT_DATA_DIR)
+        examples, own, locked = _load_tables(data or (["none"] if from_traffic else ["routellm"]), data_dir or DEFAULT_DATA_DIR)
         base, base_recipe = _base_statistics(base_router) if from_traffic and not data else (None, None)
         traffic = _load_traffic(from_traffic) if from_traffic else None
     except (ValueError, TableError, RouterError, OSError) as exc:
@@ -96,7 +99,7 @@ def train(
     try:
         topic_rows = _topic_rows(own) if own else None
         report = train_router(examples, out, traffic=traffic, holdout_fraction=holdout_fraction if examples else 0.0, seed=seed,
-                              recipe=recipe, base=base, topic_rows=topic_rows, locked=_locked(data_dir or DEFAULT_DATA_DIR))  # fmt: skip
+                              recipe=recipe, base=base, topic_rows=topic_rows, locked=locked if locked is not None else _locked(data_dir or DEFAULT_DATA_DIR))  # fmt: skip
     except (ValueError, EmbedderUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc

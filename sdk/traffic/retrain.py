@@ -31,8 +31,9 @@ import numpy as np
 
 from router.prompt_router.cold_recipe import ColdRecipe
 from router.prompt_router.embedder_export import DEFAULT_PRECISION, model_fingerprint
-from router.prompt_router.linear_head import HeadStatistics
-from router.prompt_router.training import RouterParameters, fit, write_router
+from router.prompt_router.linear_head import HeadStatistics, LinearHead
+from router.prompt_router.topic_correction import TopicCorrection
+from router.prompt_router.training import LabelledRows, RouterParameters, fit, write_router
 from sdk.traffic.rows import load_traffic_rows
 
 logger = logging.getLogger("tandem.traffic")
@@ -58,6 +59,32 @@ def brier(tiers: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean((np.clip(tiers, 0.0, 1.0)[known] - labels[known]) ** 2))
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A retrained router beside the serving one, both scored on the labels it was not trained on."""
+
+    head: LinearHead
+    correction: TopicCorrection | None
+    serving_brier: float
+    candidate_brier: float
+
+    @property
+    def wins(self) -> bool:
+        return self.candidate_brier < self.serving_brier - MIN_IMPROVEMENT
+
+
+def refit_against_serving(prior: HeadStatistics | LabelledRows, rows: LabelledRows, newest: np.ndarray, serving: RouterParameters,
+                          recipe: ColdRecipe) -> Candidate:  # fmt: skip
+    """The router refitted on the tables (`prior`) and every row but `newest` (the newest labelled
+    ones), and the Brier score of it and of `serving` on those: the swap rule of the background
+    retrain (bench.router_simulation.guarded_fit replays it on simulated traffic)."""
+    held = rows.take(newest)
+    head, correction = fit(prior, rows.take(np.setdiff1d(np.arange(len(rows)), newest)), recipe)
+    candidate = RouterParameters.of(head, correction).as_stored()  # the numbers the file will hold
+    return Candidate(head, correction, brier(serving.tiers(held.shape, held.embedding), held.labels),
+                     brier(candidate.tiers(held.shape, held.embedding), held.labels))  # fmt: skip
+
+
 def retrain_once(db_path: str, serving, router_dir: str, holdout_labels: int) -> RetrainResult:
     """One attempt (see the module docstring); `serving` is the PromptScorer in use."""
     document = serving.metadata.get("prior_statistics")
@@ -71,23 +98,19 @@ def retrain_once(db_path: str, serving, router_dir: str, holdout_labels: int) ->
         return RetrainResult("skipped", f"{labelled.size} labelled rows; a retrain needs {holdout_labels + MIN_TRAINING_LABELS}",
                              num_labels=int(labelled.size))  # fmt: skip
     newest = labelled[np.argsort(traffic.labelled_at[labelled], kind="stable")][-holdout_labels:]
-    held = traffic.rows.take(newest)
-    train = traffic.rows.take(np.setdiff1d(np.arange(len(traffic.rows)), newest))
     recipe = ColdRecipe.from_json(serving.metadata.get("head_recipe"))  # the serving router's features and penalty
-    head, correction = fit(prior, train, recipe)
-    candidate = RouterParameters.of(head, correction).as_stored()  # the numbers the file will hold
-    serving_params = RouterParameters.read(serving.path)
-    serving_score = brier(serving_params.tiers(held.shape, held.embedding), held.labels)
-    candidate_score = brier(candidate.tiers(held.shape, held.embedding), held.labels)
+    candidate = refit_against_serving(prior, traffic.rows, newest, RouterParameters.read(serving.path), recipe)
+    head, correction = candidate.head, candidate.correction
+    serving_score, candidate_score = candidate.serving_brier, candidate.candidate_brier
     figures = {"serving_brier": serving_score, "candidate_brier": candidate_score, "num_labels": int(labelled.size)}
-    if not candidate_score < serving_score - MIN_IMPROVEMENT:
+    if not candidate.wins:
         return RetrainResult("kept", f"Brier {candidate_score:.4f} (candidate) vs {serving_score:.4f} (serving) on the newest "
                              f"{holdout_labels} labels", **figures)  # fmt: skip
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
     os.makedirs(router_dir, mode=0o700, exist_ok=True)
     path = str(Path(router_dir) / f"router-{stamp}.onnx")
     metrics = {"retrained_from": db_path, "holdout_labels": holdout_labels, "replaced": serving.path, **figures,
-               "num_traffic_rows": len(train), "topic_correction": None if correction is None else correction.describe()}  # fmt: skip
+               "num_traffic_rows": len(traffic.rows) - len(newest), "topic_correction": None if correction is None else correction.describe()}  # fmt: skip
     write_router(head, correction, path, metrics, precision, prior, recipe)
     latest = Path(router_dir) / "latest.onnx"
     partial = latest.with_name(f"latest.onnx.{os.getpid()}.partial")

@@ -100,7 +100,7 @@ def test_zero_shot_pairs_every_recipe_with_prompt_length(tmp_path):
 
 
 def test_the_background_retrains_guard_keeps_the_cold_router_unless_the_learner_wins_on_the_newest_labels():
-    from bench.router_locked import guarded_fit
+    from bench.router_simulation import guarded_fit
     from router.prompt_router.training import LabelledRows
 
     examples, embeddings = _table()
