@@ -139,8 +139,9 @@ def run_compare(args: argparse.Namespace) -> dict:
             "tandem's local engine loads models without llama.cpp's extra (repacked) buffer types (they break its "
             "batch invariance), as 'llama_server_no_repack' does (--no-repack); 'llama_server' runs llama.cpp's "
             "default; on SmolLM2 Q4_1 nothing is repacked either way. llama_cpp.server loads as tandem does",
-            "tandem splits each step into llama.cpp ubatches of at most 63 tokens (batch-invariant kernels); "
-            "llama-server's -ub is STEP_TOKENS",
+            "tandem runs its defaults: llama.cpp ubatches of up to 512 tokens (llama-server's -ub here is "
+            "STEP_TOKENS) and a cache of finished prompts (llama-server's cache_prompt); batch_invariant (63-token "
+            "ubatches, no prompt cache) is opt-in",
             "the benchmark client runs on the same cores as the server; timings on shared machines are noisy",
         ],
     }

@@ -27,13 +27,17 @@ class LocalEngineConfig:
     # faster matmuls, but a row's result then depends on how many rows share the call, so they
     # need batch_invariant off (tests/local_runtime/test_extra_buffer_types.py).
     extra_buffer_types: bool = False
-    batch_invariant: bool = True  # prefill numerics do not depend on what a request is batched with
+    # Opt-in, as in vLLM and SGLang: a sequence's numbers then do not depend on what shares its batch
+    # (prefill in ubatches of at most 63 tokens, llama.cpp's per-row attention kernel), which costs
+    # lone prompts llama.cpp's own prefill speed (README "Batch invariance").
+    batch_invariant: bool = False
     strict_batch_invariance: bool = False  # also pad lone decodes so they never change kernel (~40% slower at c=1)
     # A finished request's slot keeps its cells (local_runtime.prompt_cache) until the slot or its
-    # blocks are needed, so the next prompt with the same prefix (a chat's next turn) copies them.
-    # Off by default: llama.cpp then places later cells around the cached ones, and its attention
-    # sums a sequence's cells in cell order, so a repeated seeded request can sample differently.
-    cache_finished_prompts: bool = False
+    # blocks are needed, so the next prompt with the same prefix (a chat's next turn, or just the
+    # chat template's head) copies them, as llama-server's prompt cache does. None: on unless
+    # batch_invariant, because llama.cpp then places later cells around the cached ones and its
+    # attention sums a sequence's cells in cell order, so a repeated seeded request can sample differently.
+    cache_finished_prompts: bool | None = None
     # How many finished prompts stay cached. Every cached cell widens the KV view each decode
     # walks (llama.cpp's unified pool): an 8-client decode step slows by a few percent with
     # cached prompts nobody reuses (bench.prompt_cache --overhead); a chat's next turn needs only its own.
@@ -42,6 +46,8 @@ class LocalEngineConfig:
     sampling: dict = field(default_factory=dict)  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
 
     def __post_init__(self) -> None:
+        if self.cache_finished_prompts is None:
+            self.cache_finished_prompts = not self.batch_invariant
         checks = [
             (self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}"),
             (self.kv_cache_tokens >= self.block_size, f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one block of {self.block_size}"),
