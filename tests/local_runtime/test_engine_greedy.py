@@ -1,4 +1,5 @@
-"""Greedy output of the real local engine: batch-invariant and equal to llama.cpp's own API.
+"""Greedy output of the real local engine in batch-invariant mode (opt-in): the same alone and
+batched, and equal to llama.cpp's own API.
 
 Batch invariance holds while each sequence's KV cells stay in position order, i.e.
 while no other request leaves mid-flight and no cached prompt is evicted mid-flight (see
@@ -9,11 +10,19 @@ number of tokens, and start from an empty prompt cache.
 import pytest
 
 from sdk.protocol.model_files import default_model_path
-from tests.local_runtime.conftest import QUESTIONS, greedy, run_to_completion
+from tests.local_runtime.conftest import QUESTIONS, greedy, make_engine, run_to_completion
 from tests.local_runtime.reference_llama import load_reference_llama, reference_greedy
 
 pytestmark = pytest.mark.slow
 NUM_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """batch_invariant is what these tests pin (it also leaves the prompt cache off unless asked)."""
+    e = make_engine(batch_invariant=True)
+    yield e
+    e.close()
 
 
 def token_ids(events):
@@ -84,7 +93,7 @@ def test_a_finished_prompt_is_reused_by_the_next_turn_and_the_answer_is_unchange
     """The prompt cache: a chat's second turn copies the first turn's cells (prompt and answer)
     from the finished request's slot, and answers exactly as it does from an empty cache."""
     engine.clear_prompt_cache()
-    engine.scheduler.cache_finished_prompts = True  # opt-in (local_runtime.config)
+    engine.scheduler.cache_finished_prompts = True  # off in batch-invariant mode unless asked for
     first = run_to_completion(engine, [greedy("turn-1", chat_prompts[0], 12)])["turn-1"]
     answer = "".join(e.text for e in first)  # an end-of-turn token adds no text
     conversation = [{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": answer},

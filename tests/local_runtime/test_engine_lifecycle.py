@@ -47,7 +47,9 @@ def test_bad_requests_are_refused_before_running(engine):
 
 def test_async_cancel_frees_blocks_and_slot_at_once(chat_prompts):
     async def scenario():
-        engine = AsyncLocalEngine(LocalEngineConfig(kv_cache_tokens=2048, max_num_seqs=4, max_model_len=512)).start()
+        # batch_invariant: the seeded streams below are compared alone and batched.
+        engine = AsyncLocalEngine(LocalEngineConfig(kv_cache_tokens=2048, max_num_seqs=4, max_model_len=512,
+                                                    batch_invariant=True)).start()
         await asyncio.to_thread(engine.wait_ready, 120)
         try:
             stream = engine.generate(GenerationRequest("c", chat_prompts[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)))

