@@ -56,7 +56,10 @@ class RecordingCloudEngine:
 
 @pytest.fixture(scope="module")
 def local_engine():
-    config = LocalEngineConfig(kv_cache_tokens=1024, max_num_seqs=2, max_num_batched_tokens=128, max_model_len=512, n_threads=1)
+    # batch_invariant: these tests compare the cascade's local run with the same request run alone
+    # (by default a repeated request's cells land around cached ones, and can round differently).
+    config = LocalEngineConfig(kv_cache_tokens=1024, max_num_seqs=2, max_num_batched_tokens=128, max_model_len=512, n_threads=1,
+                               batch_invariant=True)
     engine = AsyncLocalEngine(config).start()
     engine.wait_ready(180)
     yield engine
