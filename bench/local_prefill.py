@@ -30,6 +30,7 @@ import httpx
 import numpy as np
 
 from bench.machine import report_header, write_report
+from bench.repetitions import median_and_spread
 from bench.serve_compare import build_llama_server
 from bench.serve_servers import llama_server
 from local_runtime.config import LocalEngineConfig
@@ -81,9 +82,8 @@ def summarize(samples: dict[str, list[float]], n: int) -> dict:
     for key, (a, b) in {"invariant_vs_default": ("invariant", "default"),
                         "default_vs_llama_server": ("default", "llama_server"),
                         "engine_vs_llama_server": ("engine", "llama_server")}.items():  # fmt: skip
-        ratios = [x / y for x, y in zip(samples[a], samples[b])]
-        out[f"ratio_{key}_{n}"] = statistics.median(ratios)
-        out[f"ratio_{key}_{n}_spread"] = [min(ratios), max(ratios)]
+        out[f"ratio_{key}_{n}"], out[f"ratio_{key}_{n}_spread"] = median_and_spread(
+            [x / y for x, y in zip(samples[a], samples[b])])
     return out
 
 

@@ -33,6 +33,7 @@ import statistics
 import time
 
 from bench.machine import report_header, write_report
+from bench.repetitions import median_and_spread
 from bench.serve_datasets import DEFAULT_DATA_DIR
 from local_runtime.config import LocalEngineConfig
 from local_runtime.engine import LocalEngine
@@ -138,9 +139,8 @@ def overhead(num_prompts: int, repeats: int) -> dict:
                     "decode_step_ms_p50": {f"k{k}": statistics.median(v) for k, v in steps.items()},
                     "decode_step_ms_runs": {f"k{k}": v for k, v in steps.items()}}  # fmt: skip
     for k in OVERHEAD_SETTINGS[1:]:
-        ratios = [a / b for a, b in zip(steps[k], steps[0])]
-        report[f"ratio_decode_step_vs_no_cache_k{k}"] = statistics.median(ratios)
-        report[f"ratio_decode_step_vs_no_cache_k{k}_spread"] = [min(ratios), max(ratios)]
+        key = f"ratio_decode_step_vs_no_cache_k{k}"
+        report[key], report[f"{key}_spread"] = median_and_spread([a / b for a, b in zip(steps[k], steps[0])])
     return report
 
 

@@ -49,8 +49,10 @@ def greedy(request_id: str, prompt: list[int], max_tokens: int, **kwargs) -> Gen
 
 
 @pytest.fixture(scope="module")
-def engine():
-    e = make_engine()
+def engine(request):
+    """One engine per module; a module that needs another configuration sets ENGINE_OVERRIDES
+    (the modules comparing run against run set batch_invariant=True)."""
+    e = make_engine(**getattr(request.module, "ENGINE_OVERRIDES", {}))
     yield e
     e.close()
 

@@ -10,19 +10,12 @@ number of tokens, and start from an empty prompt cache.
 import pytest
 
 from sdk.protocol.model_files import default_model_path
-from tests.local_runtime.conftest import QUESTIONS, greedy, make_engine, run_to_completion
+from tests.local_runtime.conftest import QUESTIONS, greedy, run_to_completion
 from tests.local_runtime.reference_llama import load_reference_llama, reference_greedy
 
 pytestmark = pytest.mark.slow
 NUM_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def engine():
-    """batch_invariant is what these tests pin (it also leaves the prompt cache off unless asked)."""
-    e = make_engine(batch_invariant=True)
-    yield e
-    e.close()
+ENGINE_OVERRIDES = dict(batch_invariant=True)  # what these tests pin (it also leaves the prompt cache off unless asked)
 
 
 def token_ids(events):

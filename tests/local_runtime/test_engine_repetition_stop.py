@@ -16,15 +16,9 @@ pytestmark = pytest.mark.slow
 LOOPING_PROMPTS = ("Write a poem about the sea.", "Tell me about the island of the moon.",
                    "Describe your favourite city.")  # fmt: skip
 MAX_TOKENS = 400
-
-
-@pytest.fixture(scope="module")
-def engine():
-    """Answers are compared run against run: batch-invariant mode, so the default engine's prompt
-    cache cannot move a later run's cells (and kernels) away from the first's."""
-    e = make_engine(batch_invariant=True)
-    yield e
-    e.close()
+# Answers are compared run against run: batch-invariant mode, so the default engine's prompt
+# cache cannot move a later run's cells (and kernels) away from the first's.
+ENGINE_OVERRIDES = dict(batch_invariant=True)
 
 
 @pytest.fixture(scope="module")
