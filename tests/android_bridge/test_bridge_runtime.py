@@ -15,7 +15,9 @@ from tests.android_bridge.test_bridge_contract import error_of
 
 pytestmark = pytest.mark.slow
 
-LOCAL = {"threads": 1, "max_model_len": 512, "kv_cache_tokens": 2048, "max_num_seqs": 8}
+# batch_invariant: the tests compare a stream with the same request answered whole, and
+# concurrent streams with each run alone, which only that mode promises (prompt cache off).
+LOCAL = {"threads": 1, "max_model_len": 512, "kv_cache_tokens": 2048, "max_num_seqs": 8, "batch_invariant": True}
 QUESTION = [{"role": "user", "content": "Name three colors."}]
 LONG = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
 

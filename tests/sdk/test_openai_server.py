@@ -22,7 +22,6 @@ from sdk.protocol.engine import (
     TopLogprob,
 )
 from sdk.openai_server import create_app
-from tests.conftest import running_server
 
 MODEL = "smollm2-135m-instruct"
 CHAT = [{"role": "user", "content": "Name three colours."}]
@@ -163,23 +162,21 @@ def test_a_loop_ends_with_stop_reason_repetition_unless_the_request_opts_out(cli
 
 
 @pytest.mark.slow
-def test_seed_makes_sampling_reproducible_in_batch_invariant_mode(tmp_path):
+def test_seed_makes_sampling_reproducible_in_batch_invariant_mode(server_url):
     """By default a repeated request copies its cached prompt and its new cells land wherever earlier
     requests left room; llama.cpp's attention sums a sequence's cells in cell order (in f16 on CPU),
-    so a seed is best effort, as OpenAI's is. --batch-invariant promises it, other requests between."""
-    args = ["serve", "--max-model-len", "512", "--kv-cache-tokens", "4096", "--threads", "1", "--log-level", "warning",
-            "--cloud", "none", "--batch-invariant"]  # fmt: skip
-    with running_server(args, tmp_path / "server.log") as (_, base_url):
-        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    so a seed is best effort, as OpenAI's is. --batch-invariant (the session server's mode) promises
+    it, other requests between."""
+    client = openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
-        def sample() -> str:
-            out = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=1.0, seed=1234)
-            return out.choices[0].message.content
+    def sample() -> str:
+        out = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=1.0, seed=1234)
+        return out.choices[0].message.content
 
-        first = sample()
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Write a poem about the sea."}],
-                                       max_tokens=300, temperature=0.0)  # cells taken and freed in between
-        assert sample() == first
+    first = sample()
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Write a poem about the sea."}],
+                                   max_tokens=300, temperature=0.0)  # cells taken and freed in between
+    assert sample() == first
 
 
 @pytest.mark.slow
