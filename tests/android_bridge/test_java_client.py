@@ -54,7 +54,8 @@ def keyed_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("java-serve")
     (folder / "keys").write_text(f"# the Java client test's key\n{KEY}\n")
     args = ["serve", "--cloud", "none", "--threads", "1", "--max-model-len", "512", "--kv-cache-tokens", "4096",
-            "--log-level", "warning", "--api-key-file", str(folder / "keys")]
+            "--log-level", "warning", "--api-key-file", str(folder / "keys"),
+            "--batch-invariant"]  # the Java test compares a streamed tool call with the same one whole
     log_path = folder / "server.log"
     record = {"TANDEM_TRAFFIC_RECORD": "1", "TANDEM_TRAFFIC_PATH": str(folder / "traffic.sqlite3"), "TANDEM_TRAFFIC_EMBED": "0"}
     with running_server(args, log_path, extra_env=record) as (process, base_url):
