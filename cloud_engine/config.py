@@ -40,6 +40,7 @@ class CloudEngineConfig:
     attention_backend: str = "auto"  # decode attention: auto (CPU kernel where it builds), torch (portable), cpu-kernel
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off unless asked for
     sampling: dict = field(default_factory=dict)  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
+    close_within_max_tokens: bool = True  # for requests that leave it unset (sdk.protocol.grammar_closing)
 
     def __post_init__(self) -> None:
         checks = [

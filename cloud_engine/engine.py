@@ -7,6 +7,7 @@ running request's decode token plus prefill chunks, under the scheduler's token 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -199,7 +200,9 @@ class CloudEngine:
         if request.request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in the engine", "request_id")
         params = self.sampling_defaults.apply(request.params)  # the fields the request left out
-        matcher = self.grammar.matcher(params.structured, request.continuation_token_ids) if params.structured is not None else None  # 400 before scheduling
+        if params.close_within_max_tokens is None:
+            params = dataclasses.replace(params, close_within_max_tokens=self.config.close_within_max_tokens)
+        matcher = self.grammar.matcher(params.structured, request.continuation_token_ids, params.close_within_max_tokens) if params.structured is not None else None  # 400 before scheduling
         self._generators[request.request_id] = make_generator(params.seed, self.device)
         self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), params, priority=request.priority,
                                            matcher=matcher))  # fmt: skip
@@ -292,7 +295,7 @@ class CloudEngine:
         """A structured request's mask for its next token."""
         if request.matcher is None:
             return None
-        mask = self.grammar.allowed(request.matcher)
+        mask = self.grammar.allowed(request.matcher, self._tokens_left(request))
         request.forced = [self.grammar.forces(mask)]  # for this step's event
         return torch.from_numpy(mask).to(self.device)
 
@@ -311,10 +314,14 @@ class CloudEngine:
         allowed = torch.from_numpy(np.stack(masks)).to(rows.device)
         return rows.masked_fill(~allowed, -math.inf)
 
+    def _tokens_left(self, request: Request) -> int:
+        """Tokens the request may still generate, its end token included: max_tokens or the context."""
+        return min(request.params.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens)
+
     def _cut_at_token_stop(self, request: Request, ids: list[int]) -> list[int]:
         """Tokens past an end-of-generation/stop token, max_tokens or max_model_len are never emitted."""
         params = request.params
-        limit = min(params.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens)
+        limit = self._tokens_left(request)
         ids = ids[: max(1, limit)]
         for index, token_id in enumerate(ids):
             if (not params.ignore_eos and token_id in self.eos_token_ids) or token_id in params.stop_token_ids:
@@ -358,6 +365,8 @@ class CloudEngine:
                 continue
             request.spec_token_ids, probs = list(draft[0]), draft[1]
             if request.matcher is not None:  # only the prefix the grammar accepts can be verified
+                if request.matcher.near_budget(self._tokens_left(request)):
+                    continue  # the answer may have to close: one token a step, each under the budget's mask
                 request.spec_token_ids = request.spec_token_ids[: request.matcher.validate_tokens(request.spec_token_ids)]
                 probs = probs[: len(request.spec_token_ids)] if probs is not None else None
                 if not request.spec_token_ids:

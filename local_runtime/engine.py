@@ -120,7 +120,9 @@ class LocalEngine:
         params = self.sampling_defaults.apply(request.params)  # the fields the request left out
         if params.repetition_stop is None:
             params = dataclasses.replace(params, repetition_stop=self.config.repetition_stop)
-        matcher = self.grammar.matcher(params.structured, request.continuation_token_ids) if params.structured is not None else None  # 400 before scheduling
+        if params.close_within_max_tokens is None:
+            params = dataclasses.replace(params, close_within_max_tokens=self.config.close_within_max_tokens)
+        matcher = self.grammar.matcher(params.structured, request.continuation_token_ids, params.close_within_max_tokens) if params.structured is not None else None  # 400 before scheduling
         engine_request = Request(request.request_id, list(request.prompt_token_ids), params)
         engine_request.matcher = matcher
         self.scheduler.add_request(engine_request)
@@ -182,7 +184,7 @@ class LocalEngine:
         if not requests:
             return []
         histories = [(r.prompt_token_ids, r.output_token_ids) for r in requests]
-        allowed = [self.grammar.allowed(r.matcher) if r.matcher is not None else None for r in requests]
+        allowed = [self.grammar.allowed(r.matcher, self._tokens_left(r)) if r.matcher is not None else None for r in requests]
         sampled = sample_batch(logits, [r.params for r in requests], [r.rng for r in requests], histories, self._end_ids, allowed)
         events = []
         backend = self.backend
@@ -202,6 +204,10 @@ class LocalEngine:
             events.append(make_token_event(request, token, text, backend.token_bytes, backend.token_text,
                                            forced=self.grammar.forces(mask)))  # fmt: skip
         return events
+
+    def _tokens_left(self, request: Request) -> int:
+        """Tokens the request may still generate, its end token included: max_tokens or the context."""
+        return min(request.params.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens)
 
     # -- status ----------------------------------------------------------------------------
 

@@ -88,6 +88,7 @@ def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_mod
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=sampling.ignore_eos,
         repetition_stop=sampling.repetition_stop if sampling.HasField("repetition_stop") else None,
+        close_within_max_tokens=sampling.close_within_max_tokens if sampling.HasField("close_within_max_tokens") else None,
         logprobs=sampling.top_logprobs or None,
         structured=structured_output(sampling),
     )
@@ -175,7 +176,7 @@ def sampling_message(params: SamplingParams) -> pb.SamplingParams:
         ignore_eos=params.ignore_eos,
         top_logprobs=params.logprobs or 0,
     )
-    for name in ("temperature", "top_p", "top_k", "seed", "repetition_stop", *OPTIONAL_FLOATS):  # unset: the server's default for its model
+    for name in ("temperature", "top_p", "top_k", "seed", "repetition_stop", "close_within_max_tokens", *OPTIONAL_FLOATS):  # unset: the server's default for its model
         if getattr(params, name) is not None:
             setattr(message, name, getattr(params, name))
     message.logit_bias.update(params.logit_bias)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/tandem.proto\x12\ttandem.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"4\n\x08Messages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.tandem.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xb1\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\rH\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\t \x01(\r\x12\x12\n\x05min_p\x18\n \x01(\x02H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\r \x01(\x02H\x08\x88\x01\x01\x12<\n\nlogit_bias\x18\x0e \x03(\x0b\x32(.tandem.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0f \x01(\r\x12\x1c\n\x0frepetition_stop\x18\x10 \x01(\x08H\t\x88\x01\x01\x12/\n\nstructured\x18\x11 \x01(\x0b\x32\x1b.tandem.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x12\n\x10_repetition_stop\"b\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x13\n\x06schema\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x14\n\x07grammar\x18\x03 \x01(\tH\x01\x88\x01\x01\x42\t\n\x07_schemaB\n\n\x08_grammar\"\x87\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x08messages\x18\x03 \x01(\x0b\x32\x13.tandem.v1.MessagesH\x00\x12/\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x13.tandem.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x05 \x01(\tH\x00\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x1e\n\x16\x63ontinuation_token_ids\x18\x07 \x03(\r\x12\x10\n\x08priority\x18\x08 \x01(\x05\x42\x08\n\x06prompt\"R\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x04 \x01(\x0c\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"A\n\x10SpeculativeStats\x12\x14\n\x0c\x64raft_tokens\x18\x01 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x02 \x01(\r\"\xb9\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0f\n\x07logprob\x18\x04 \x01(\x02\x12\x0f\n\x07\x65ntropy\x18\x05 \x01(\x02\x12\x0e\n\x06margin\x18\x06 \x01(\x02\x12+\n\x0ctop_logprobs\x18\x07 \x03(\x0b\x32\x15.tandem.v1.TopLogprob\x12\x13\n\x0btoken_bytes\x18\x08 \x01(\x0c\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12\x1f\n\x05usage\x18\n \x01(\x0b\x32\x10.tandem.v1.Usage\x12\x30\n\x0bspeculative\x18\x0b \x01(\x0b\x32\x1b.tandem.v1.SpeculativeStats\x12\x13\n\x0bstop_reason\x18\x0c \x01(\t\"\x13\n\x11ListModelsRequest\"N\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x1e\n\x16vocabulary_fingerprint\x18\x03 \x01(\t\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.tandem.v1.ModelCard2\x9a\x01\n\x06Tandem\x12\x45\n\x08Generate\x12\x1a.tandem.v1.GenerateRequest\x1a\x1b.tandem.v1.GenerateResponse0\x01\x12I\n\nListModels\x12\x1c.tandem.v1.ListModelsRequest\x1a\x1d.tandem.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/tandem.proto\x12\ttandem.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"4\n\x08Messages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.tandem.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xf3\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\rH\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\t \x01(\r\x12\x12\n\x05min_p\x18\n \x01(\x02H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\r \x01(\x02H\x08\x88\x01\x01\x12<\n\nlogit_bias\x18\x0e \x03(\x0b\x32(.tandem.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0f \x01(\r\x12\x1c\n\x0frepetition_stop\x18\x10 \x01(\x08H\t\x88\x01\x01\x12/\n\nstructured\x18\x11 \x01(\x0b\x32\x1b.tandem.v1.StructuredOutput\x12$\n\x17\x63lose_within_max_tokens\x18\x12 \x01(\x08H\n\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x12\n\x10_repetition_stopB\x1a\n\x18_close_within_max_tokens\"b\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x13\n\x06schema\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x14\n\x07grammar\x18\x03 \x01(\tH\x01\x88\x01\x01\x42\t\n\x07_schemaB\n\n\x08_grammar\"\x87\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x08messages\x18\x03 \x01(\x0b\x32\x13.tandem.v1.MessagesH\x00\x12/\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x13.tandem.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x05 \x01(\tH\x00\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x1e\n\x16\x63ontinuation_token_ids\x18\x07 \x03(\r\x12\x10\n\x08priority\x18\x08 \x01(\x05\x42\x08\n\x06prompt\"R\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x04 \x01(\x0c\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"A\n\x10SpeculativeStats\x12\x14\n\x0c\x64raft_tokens\x18\x01 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x02 \x01(\r\"\xb9\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0f\n\x07logprob\x18\x04 \x01(\x02\x12\x0f\n\x07\x65ntropy\x18\x05 \x01(\x02\x12\x0e\n\x06margin\x18\x06 \x01(\x02\x12+\n\x0ctop_logprobs\x18\x07 \x03(\x0b\x32\x15.tandem.v1.TopLogprob\x12\x13\n\x0btoken_bytes\x18\x08 \x01(\x0c\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12\x1f\n\x05usage\x18\n \x01(\x0b\x32\x10.tandem.v1.Usage\x12\x30\n\x0bspeculative\x18\x0b \x01(\x0b\x32\x1b.tandem.v1.SpeculativeStats\x12\x13\n\x0bstop_reason\x18\x0c \x01(\t\"\x13\n\x11ListModelsRequest\"N\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x1e\n\x16vocabulary_fingerprint\x18\x03 \x01(\t\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.tandem.v1.ModelCard2\x9a\x01\n\x06Tandem\x12\x45\n\x08Generate\x12\x1a.tandem.v1.GenerateRequest\x1a\x1b.tandem.v1.GenerateResponse0\x01\x12I\n\nListModels\x12\x1c.tandem.v1.ListModelsRequest\x1a\x1d.tandem.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,27 +40,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=137
   _globals['_TOKENIDS']._serialized_end=160
   _globals['_SAMPLINGPARAMS']._serialized_start=163
-  _globals['_SAMPLINGPARAMS']._serialized_end=852
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=648
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=696
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=854
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=952
-  _globals['_GENERATEREQUEST']._serialized_start=955
-  _globals['_GENERATEREQUEST']._serialized_end=1218
-  _globals['_TOPLOGPROB']._serialized_start=1220
-  _globals['_TOPLOGPROB']._serialized_end=1302
-  _globals['_USAGE']._serialized_start=1304
-  _globals['_USAGE']._serialized_end=1361
-  _globals['_SPECULATIVESTATS']._serialized_start=1363
-  _globals['_SPECULATIVESTATS']._serialized_end=1428
-  _globals['_GENERATERESPONSE']._serialized_start=1431
-  _globals['_GENERATERESPONSE']._serialized_end=1744
-  _globals['_LISTMODELSREQUEST']._serialized_start=1746
-  _globals['_LISTMODELSREQUEST']._serialized_end=1765
-  _globals['_MODELCARD']._serialized_start=1767
-  _globals['_MODELCARD']._serialized_end=1845
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1847
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1905
-  _globals['_TANDEM']._serialized_start=1908
-  _globals['_TANDEM']._serialized_end=2062
+  _globals['_SAMPLINGPARAMS']._serialized_end=918
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=686
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=734
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=920
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1018
+  _globals['_GENERATEREQUEST']._serialized_start=1021
+  _globals['_GENERATEREQUEST']._serialized_end=1284
+  _globals['_TOPLOGPROB']._serialized_start=1286
+  _globals['_TOPLOGPROB']._serialized_end=1368
+  _globals['_USAGE']._serialized_start=1370
+  _globals['_USAGE']._serialized_end=1427
+  _globals['_SPECULATIVESTATS']._serialized_start=1429
+  _globals['_SPECULATIVESTATS']._serialized_end=1494
+  _globals['_GENERATERESPONSE']._serialized_start=1497
+  _globals['_GENERATERESPONSE']._serialized_end=1810
+  _globals['_LISTMODELSREQUEST']._serialized_start=1812
+  _globals['_LISTMODELSREQUEST']._serialized_end=1831
+  _globals['_MODELCARD']._serialized_start=1833
+  _globals['_MODELCARD']._serialized_end=1911
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1913
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1971
+  _globals['_TANDEM']._serialized_start=1974
+  _globals['_TANDEM']._serialized_end=2128
 # @@protoc_insertion_point(module_scope)

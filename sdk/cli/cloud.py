@@ -43,6 +43,7 @@ def serve(
     max_waiting: Optional[int] = typer.Option(None, envvar=_env("MAX_WAITING"), min=0, help="Queued requests beyond this are refused (HTTP 503, gRPC RESOURCE_EXHAUSTED)."),
     speculative: str = typer.Option("off", envvar=_env("SPECULATIVE"), help="Speculative decoding: off, ngram (prompt lookup), draft:PATH (a smaller model with the same tokenizer) or draft:PATH@N (its first N layers)."),
     num_speculative_tokens: Optional[int] = typer.Option(None, envvar=_env("NUM_SPECULATIVE_TOKENS"), min=1, max=16, help="Draft tokens per request per step (k); default 8. The adaptive policy lowers it at large batch or low acceptance."),
+    close_within_max_tokens: bool = typer.Option(True, "--close-within-max-tokens/--no-close-within-max-tokens", envvar=_env("CLOSE_WITHIN_MAX_TOKENS"), help="A structured answer about to reach max_tokens takes its grammar's closing path and ends valid (stop_reason closed_within_max_tokens) unless the request sends close_within_max_tokens false; off: cut at max_tokens, as OpenAI's API."),
     sampling: Optional[list[str]] = typer.Option(None, "--sampling", metavar="KEY=VALUE", help="Default for a sampling field requests leave out (repeatable): temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; default: the model's (its metadata, a built-in table, else OpenAI's). [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
     api_key_file: Optional[str] = typer.Option(None, envvar=_env("API_KEY_FILE"), help="File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys)."),
     rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="Requests per minute per key (per client address without keys), HTTP and gRPC together."),
@@ -84,7 +85,7 @@ def serve(
         api_keys = load_api_keys(api_key_file)
         engine_config = CloudEngineConfig(model=model, model_name=model_name, device=device, dtype=dtype,
                                           speculative=parse_speculative(speculative, num_speculative_tokens),
-                                          sampling=_sampling_defaults(sampling),
+                                          sampling=_sampling_defaults(sampling), close_within_max_tokens=close_within_max_tokens,
                                           **{k: v for k, v in overrides.items() if v is not None})
         grpc_config = GrpcServerConfig(host=host, port=grpc_port, api_keys=api_keys, tls_cert_path=tls_cert, tls_key_path=tls_key)
         check_tls_files(tls_cert, tls_key)

@@ -27,6 +27,10 @@ from sdk.cloud.grpc_client import (
     CloudUnavailableError,
 )
 from sdk.protocol.engine import InvalidRequestError, SamplingParams, StructuredOutput, TopLogprob
+from sdk.protocol.grammar_closing import CLOSED_WITHIN_MAX_TOKENS
+
+# The stop_reason values tandem gives (a tandem cloud behind OpenAI's HTTP API sends them too).
+TANDEM_STOP_REASONS = ("repetition", CLOSED_WITHIN_MAX_TOKENS)
 
 UNKNOWN_TOKEN_ID = -1  # the text's token ids are the server's, and OpenAI's API does not send them
 CONTEXT_LENGTH_CODE = "context_length_exceeded"  # OpenAI's and tandem's error code (sdk.openai_server.errors)
@@ -90,6 +94,8 @@ def request_body(messages: list[dict], params: SamplingParams | None, model: str
         body["response_format"] = response_format(params.structured)
     if params.repetition_stop is not None:  # tandem's extension: sent only when the request chose
         body["repetition_stop"] = params.repetition_stop
+    if params.close_within_max_tokens is not None:  # likewise: vLLM gets max_tokens as is unless asked
+        body["close_within_max_tokens"] = params.close_within_max_tokens
     if params.logprobs is not None:
         body.update(logprobs=True, top_logprobs=params.logprobs)
     return body
@@ -146,7 +152,7 @@ class ChunkStream:
         if finish_reason is None:
             return event
         stop_reason = choice.get("stop_reason")
-        event.stop_reason = stop_reason if stop_reason == "repetition" else None  # vLLM puts stop strings there
+        event.stop_reason = stop_reason if stop_reason in TANDEM_STOP_REASONS else None  # vLLM puts stop strings there
         self.final = event
         return None
 

@@ -109,6 +109,9 @@ class SamplingParams:
     # "length" and stop_reason "repetition". None: the tier's default (local on, cloud off).
     # Never under ignore_eos, which asks for every token.
     repetition_stop: bool | None = None
+    # A structured answer about to run out of max_tokens (or context) takes its grammar's closing
+    # path and ends valid (sdk.protocol.grammar_closing). None: the tier's default (on).
+    close_within_max_tokens: bool | None = None
     logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token + k alternatives
     structured: StructuredOutput | None = None  # response_format: a grammar masks every step
 

@@ -15,6 +15,8 @@ import json
 from collections.abc import Callable, Sequence
 
 from sdk.protocol.engine import InvalidRequestError, StructuredOutput
+from sdk.protocol.grammar_closing import ClosingPaths, StructuredState
+from sdk.protocol.json_scan import DuplicateKeyTokens
 
 
 # Whitespace between JSON tokens: at most 16 spaces or newlines per gap (a pretty-printer's
@@ -79,9 +81,13 @@ class GrammarMasks:
         self._tokenizer = None  # built on the first structured request
         self._bitmask = None  # one reused buffer: each engine's step loop is single-threaded
         self._num_tokens = 0
+        self._tokens: list[bytes] = []
+        self.closing_paths: ClosingPaths | None = None  # sdk.protocol.grammar_closing, with the tokenizer
+        self._duplicate_keys: DuplicateKeyTokens | None = None
 
-    def matcher(self, structured: StructuredOutput, consumed: Sequence[int] = ()):
-        """A fresh matcher that has consumed `consumed` (the answer's start, after a hand-off);
+    def matcher(self, structured: StructuredOutput, consumed: Sequence[int] = (), closes: bool = True) -> StructuredState:
+        """A fresh grammar state that has consumed `consumed` (the answer's start, after a hand-off);
+        `closes`: the answer closes within its budget (sdk.protocol.grammar_closing).
         InvalidRequestError (naming response_format, or tools) for a schema it cannot take or a
         start that does not fit it."""
         import llguidance
@@ -93,6 +99,9 @@ class GrammarMasks:
             from llguidance.numpy import allocate_token_bitmask
 
             self._bitmask = allocate_token_bitmask(1, self._tokenizer.vocab_size)
+            self._tokens = tokens
+            self.closing_paths = ClosingPaths(tokens)
+            self._duplicate_keys = DuplicateKeyTokens(tokens)
         try:
             if structured.kind == "lark":
                 grammar = llguidance.LLMatcher.grammar_from_lark(structured.grammar)
@@ -106,23 +115,40 @@ class GrammarMasks:
         if error is not None:
             what = "the tools' schemas cannot be used" if structured.kind == "lark" else "the JSON schema cannot be used"
             raise InvalidRequestError(f"{structured.param}: {what}: {error}", structured.param)
-        if consumed and not matcher.consume_tokens(list(consumed)):
+        state = StructuredState(matcher, structured.kind, self._tokens, self._eos, self.closing_paths,
+                                None if structured.kind == "lark" else self._duplicate_keys, closes)  # fmt: skip
+        if consumed and not state.consume_tokens(list(consumed)):
             raise InvalidRequestError(
                 f"{structured.param}: the answer's first {len(consumed)} tokens (a continuation) do not fit its grammar: "
                 f"{matcher.get_error() or 'rejected'}", structured.param,
             )  # fmt: skip
-        return matcher
+        return state
 
     @staticmethod
     def forces(allowed) -> bool:
         """Whether a mask from allowed() leaves exactly one token (the grammar picks it, not the model)."""
         return allowed is not None and int(allowed.sum()) == 1
 
-    def allowed(self, matcher):
-        """Boolean numpy array [n_vocab]: the tokens the matcher allows next."""
+    def allowed(self, state: StructuredState, tokens_left: int | None = None):
+        """Boolean numpy array [n_vocab]: the tokens the grammar allows next, less those that would
+        repeat an object's key; with `tokens_left` (the budget: max_tokens or the context, minus the
+        tokens generated), only the closing path's next token once the budget reaches it."""
         import numpy as np
         from llguidance.numpy import fill_next_token_bitmask
 
-        fill_next_token_bitmask(matcher, self._bitmask, 0)
+        fill_next_token_bitmask(state.matcher, self._bitmask, 0)
         bits = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")
-        return bits[: self._num_tokens].astype(bool)
+        mask = bits[: self._num_tokens].astype(bool)
+        forbidden = state.forbidden_tokens()
+        if forbidden:
+            kept = mask.copy()
+            mask[forbidden] = False
+            if not mask.any():  # never a dead end: the grammar's own mask stands
+                mask = kept
+        if tokens_left is not None:
+            token_id = state.closing_token(tokens_left)
+            if token_id is not None and mask[token_id]:
+                state.closed = state.closed or int(mask.sum()) > 1  # tandem narrowed the model's choice
+                mask[:] = False
+                mask[token_id] = True
+        return mask

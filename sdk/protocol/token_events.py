@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from sdk.protocol.engine import SamplingParams, TokenEvent, TopLogprob
+from sdk.protocol.grammar_closing import CLOSED_WITHIN_MAX_TOKENS
 from sdk.protocol.repetition import STOP_LOOP, RepetitionTracker
 from sdk.protocol.request_status import RequestStatus
 from sdk.protocol.text_stream import TextStream
@@ -25,6 +26,7 @@ class GeneratingRequest(Protocol):
     num_tokens: int
     repetition: RepetitionTracker | None  # set when params.stops_loops (see new_repetition_tracker)
     stop_reason: str | None  # "repetition" once a loop stopped the request
+    matcher: object | None  # a structured request's sdk.protocol.grammar_closing.StructuredState
 
 
 def new_repetition_tracker(params: SamplingParams) -> RepetitionTracker | None:
@@ -56,6 +58,8 @@ def check_stop(
     if num_output_tokens is None:
         num_output_tokens = request.num_output_tokens
     if (not params.ignore_eos and is_end_of_generation) or token_id in params.stop_token_ids:
+        if request.matcher is not None and request.matcher.closed:
+            request.stop_reason = CLOSED_WITHIN_MAX_TOKENS  # complete, but tandem chose how it closed
         return request.text_stream.flush(), RequestStatus.FINISHED_STOPPED
     text = request.text_stream.push(token_bytes)
     if request.text_stream.stopped:
