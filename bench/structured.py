@@ -27,8 +27,10 @@ Sampling is each tier's default for the model (temperature 0.2, top_p 0.9) with 
 Keys: schema_validity_constrained (target 1.0), schema_validity_free, tool_name_accuracy (local,
 required), tool_call_rate_auto_local, invalid_structure_rate_local, throughput_ratio_constrained_c8_local (>= 0.90),
 throughput_ratio_constrained_b32_cloud (>= 0.90), grammar_compile_p50_ms (<= 50), grammar_compile_p99_ms,
-grammar_compile_other_schemas_p50_ms / _p99_ms; per-tier detail
-under "local" and "cloud", with every failing case's text.
+grammar_compile_other_schemas_p50_ms / _p99_ms; the budget sweep (bench.structured_budget):
+validity_under_budget_local / _cloud (target 1.0 where a valid answer fits), closing_search_p50_us_local /
+_p99_us_local, step_cost_ratio_closing_on_vs_off_local; per-tier detail under "local" and "cloud",
+with every failing case's text.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ import statistics
 import time
 
 from bench.machine import report_header, write_report
-from bench.structured_cases import SCHEMA_CASES, TOOL_CASES
+from bench.structured_budget import BUDGETS, budget_sweep
+from bench.structured_cases import LOOSE_JSON_PROMPTS, SCHEMA_CASES, TOOL_CASES
 from bench.structured_compile import grammar_compile_figures
 from sdk.protocol.engine import GenerationRequest, SamplingParams, StructuredOutput
 from sdk.protocol.tool_calls import ToolAnswer, render_tool_messages
@@ -99,8 +102,9 @@ class LocalTier:
 
         async def client() -> None:
             while queue:
-                i, (messages, structured, seed, max_tokens) = queue.pop(0)
-                params = SamplingParams(max_tokens=max_tokens, seed=seed, structured=structured, ignore_eos=ignore_eos)
+                i, (messages, structured, seed, max_tokens, *closes) = queue.pop(0)
+                params = SamplingParams(max_tokens=max_tokens, seed=seed, structured=structured, ignore_eos=ignore_eos,
+                                        close_within_max_tokens=closes[0] if closes else None)  # fmt: skip
                 prompt = self.engine.apply_chat_template(messages)
                 events = [e async for e in self.engine.generate(GenerationRequest(f"bench-{i}-{time.monotonic_ns()}", prompt, params))]
                 results[i] = ("".join(e.text for e in events), events[-1].finish_reason, len(events))
@@ -128,11 +132,15 @@ class CloudTier:
         self.dtype = str(self.llm.engine.dtype).removeprefix("torch.")
 
     def run(self, jobs: list[tuple], concurrency: int = 32, ignore_eos: bool = False) -> tuple[list[tuple[str, str | None, int]], float]:
-        prompts = [self.llm.engine.apply_chat_template(messages) for messages, _, _, _ in jobs]
-        params = [SamplingParams(max_tokens=m, seed=seed, structured=s, ignore_eos=ignore_eos) for _, s, seed, m in jobs]
+        prompts = [self.llm.engine.apply_chat_template(job[0]) for job in jobs]
+        params = [SamplingParams(max_tokens=m, seed=seed, structured=s, ignore_eos=ignore_eos, close_within_max_tokens=closes[0] if closes else None)
+                  for _, s, seed, m, *closes in jobs]  # fmt: skip
         start = time.perf_counter()
         outputs = self.llm.generate(prompts, params)
         return [(o.text, o.finish_reason, len(o.token_ids)) for o in outputs], time.perf_counter() - start
+
+    def grammar(self):
+        return self.llm.engine.grammar
 
     def close(self) -> None:
         pass
@@ -235,20 +243,24 @@ def main() -> None:
     local_requests, cloud_requests = (4, 4) if args.smoke else (8 if args.quick else 24, 32)
     max_tokens = 16 if args.smoke else THROUGHPUT_MAX_TOKENS
     answer_tokens = 48 if args.smoke else MAX_TOKENS  # validity and tools
+    prompts = LOOSE_JSON_PROMPTS[:2] if args.smoke else LOOSE_JSON_PROMPTS[::2] if args.quick else LOOSE_JSON_PROMPTS
+    budgets = (24,) if args.smoke else BUDGETS  # the budget sweep
 
     report = report_header("structured", smoke=args.smoke)
     local = LocalTier()
     try:
         compile_figures = grammar_compile_figures(local.grammar(), bench_constraints(schema_cases, tool_cases))
         report["local"] = {**validity(local, schema_cases, answer_tokens), **tools(local, tool_cases, answer_tokens),
-                           "throughput_c8": throughput(local, schema_cases, local_requests, 8, repetitions, max_tokens)}  # fmt: skip
+                           "throughput_c8": throughput(local, schema_cases, local_requests, 8, repetitions, max_tokens),
+                           "budget_sweep": budget_sweep(local, local.grammar(), schema_cases, prompts, budgets)}  # fmt: skip
     finally:
         local.close()
     if not args.skip_cloud:
         cloud = CloudTier()
         report["machine"]["cloud_dtype"] = cloud.dtype
         report["cloud"] = {**validity(cloud, schema_cases, answer_tokens), **tools(cloud, tool_cases, answer_tokens),
-                           "throughput_b32": throughput(cloud, schema_cases, cloud_requests, 32, repetitions, max_tokens)}  # fmt: skip
+                           "throughput_b32": throughput(cloud, schema_cases, cloud_requests, 32, repetitions, max_tokens),
+                           "budget_sweep": budget_sweep(cloud, cloud.grammar(), schema_cases, prompts, budgets)}  # fmt: skip
     both = [report[tier] for tier in ("local", "cloud") if tier in report]
     report.update({
         "schema_validity_constrained": min(t["schema_validity_constrained"] for t in both),
@@ -262,12 +274,20 @@ def main() -> None:
         "invalid_structure_rate_local": report["local"]["length_cut_constrained"] / len(schema_cases),
         **compile_figures,
         "num_schema_cases": len(schema_cases), "num_tool_cases": len(tool_cases),
+        # The budget sweep (bench.structured_budget): target 1.0 where a valid answer fits.
+        "validity_under_budget_local": report["local"]["budget_sweep"]["validity_under_budget"],
+        "validity_under_budget_cloud": report["cloud"]["budget_sweep"]["validity_under_budget"] if "cloud" in report else None,
+        "step_cost_ratio_closing_on_vs_off_local": report["local"]["budget_sweep"]["step_cost_ratio_closing_on_vs_off"],
+        "closing_search_p50_us_local": report["local"]["budget_sweep"]["closing_search_us"]["p50"],
+        "closing_search_p99_us_local": report["local"]["budget_sweep"]["closing_search_us"]["p99"],
     })  # fmt: skip
     headline = ["schema_validity_constrained", "schema_validity_free", "tool_name_accuracy", "tool_call_rate_auto_local",
                 "throughput_ratio_constrained_c8_local", "throughput_ratio_constrained_b32_cloud", "grammar_compile_p50_ms",
-                "grammar_compile_p99_ms", "grammar_compile_other_schemas_p99_ms"]  # fmt: skip
+                "grammar_compile_p99_ms", "grammar_compile_other_schemas_p99_ms", "validity_under_budget_local",
+                "validity_under_budget_cloud", "closing_search_p50_us_local", "closing_search_p99_us_local"]  # fmt: skip
     if args.skip_cloud:
         headline.remove("throughput_ratio_constrained_b32_cloud")
+        headline.remove("validity_under_budget_cloud")
     write_report(args.json, report, tuple(headline))
 
 

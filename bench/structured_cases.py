@@ -110,3 +110,16 @@ OTHER_SCHEMAS: list[dict] = [
             "type": "object", "properties": {"label": SHORT, "weight": {"type": "number"}}, "required": ["label"]}}},
         "required": ["label"]}}}, "required": ["label", "children"]}}, "required": ["tree"]},
 ]
+
+# Free json_object requests for bench.structured's budget sweep (issue 41), asked as a new user
+# would; none of them names a schema, so nothing bounds the object but max_tokens.
+LOOSE_JSON_PROMPTS: list[str] = [
+    "A JSON object for a pet shop's hamster.",
+    "Give me my morning routine as JSON.",
+    "JSON describing a bicycle.",
+    "Return a JSON object about the moon.",
+    "Summarise a football match as JSON.",
+    "A JSON object with a user's profile.",
+    "Create a JSON config for a web server.",
+    "Describe a pizza order in JSON.",
+]

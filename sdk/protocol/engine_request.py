@@ -34,7 +34,7 @@ class EngineRequest:
     def __post_init__(self) -> None:
         self.text_stream = TextStream(self.params.stop)
         self.repetition = new_repetition_tracker(self.params)  # check_stop's loop test; None when off
-        self.stop_reason: str | None = None  # "repetition" once check_stop stopped a loop
+        self.stop_reason: str | None = None  # "repetition" (a loop stopped) or "closed_within_max_tokens" (check_stop)
         self._all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
 
     def append_output_token(self, token_id: int) -> None:

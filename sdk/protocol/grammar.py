@@ -116,7 +116,7 @@ class GrammarMasks:
             what = "the tools' schemas cannot be used" if structured.kind == "lark" else "the JSON schema cannot be used"
             raise InvalidRequestError(f"{structured.param}: {what}: {error}", structured.param)
         state = StructuredState(matcher, structured.kind, self._tokens, self._eos, self.closing_paths,
-                                None if structured.kind == "lark" else self._duplicate_keys, closes)  # fmt: skip
+                                self._duplicate_keys if closes and structured.kind != "lark" else None, closes)  # fmt: skip
         if consumed and not state.consume_tokens(list(consumed)):
             raise InvalidRequestError(
                 f"{structured.param}: the answer's first {len(consumed)} tokens (a continuation) do not fit its grammar: "

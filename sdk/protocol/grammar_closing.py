@@ -17,10 +17,12 @@ those generated) when they ask for the mask:
   no cut answer claims to be complete.
 
 The plan is recomputed each token near the budget and every REPLAN_EVERY tokens before (about
-0.1 ms each on SmolLM2's vocabulary: bench.structured reports it). A request opts out with
-`close_within_max_tokens: false` (OpenAI's exact behaviour). Separately, an object never takes a
-key it already has (JSON's names should be unique; a looping model repeats them): the tokens that
-would complete one are masked, for every JSON constraint, opt-out or not.
+0.1 ms each on SmolLM2's vocabulary: bench.structured reports it). Beside it, an object never
+takes a key it already has (JSON's names should be unique; a small model loops by repeating them:
+"default_value" three times): the tokens that would complete one are masked (JSON constraints; a
+tool grammar's schemas are closed and ordered, so llguidance already refuses a repeat there).
+A request opts out of both with `close_within_max_tokens: false`: the grammar alone, as OpenAI's
+and vLLM's servers.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ CLOSED_WITHIN_MAX_TOKENS = "closed_within_max_tokens"  # stop_reason of an answe
 CLOSING_MARGIN = 3  # tokens to spare when closing starts: one model token may lengthen the plan by this much
 WATCH_TOKENS = 24  # recompute the plan every token once the budget is within this of it
 REPLAN_EVERY = 8  # further away, every this many tokens
+UNFIT_REPLAN_EVERY = 4  # while the plan does not fit the budget at all
+MAX_BACKOFF = 64  # after walks that found no plan, at most this many tokens between walks
 MAX_CLOSING_BYTES = 256  # a longer closing path is not searched for: the answer ends at length
 MAX_PIECE_BYTES = 8  # the longest vocabulary piece a plan is spelled with
 
@@ -132,6 +136,7 @@ class StructuredState:
         self._plan: list[int] | None = None
         self._planned = False  # _plan is from the current state or at most _plan_age tokens ago
         self._plan_age = 0
+        self._backoff = REPLAN_EVERY // 2  # tokens between walks after one found nothing (doubles)
         self._history: list[tuple] = []  # state before each recent token, for rollback (speculative drafts)
 
     # -- the matcher's interface ----------------------------------------------------------------
@@ -188,15 +193,15 @@ class StructuredState:
         model still chooses: closing is off, the budget is not yet near, or the plan cannot fit."""
         if not self.closes or (self.kind == "lark" and self.num_consumed == 0):
             return None  # a tool grammar's first token chooses between a call and plain text
+        if not self.closing and tokens_left > MAX_CLOSING_BYTES + 1 + CLOSING_MARGIN:
+            return None  # no plan the walk can find is that long: nothing to compute yet
         if self.closing:
             if not self._planned:
                 self._replan()
             if self._plan is None:
                 return None
             return self._plan[0] if self._plan else (self._eos if self.matcher.is_accepting() else None)
-        plan_tokens = len(self._plan) if self._plan is not None else 0
-        if not self._planned or self._plan_age >= REPLAN_EVERY or (
-                self._plan_age and tokens_left <= plan_tokens + 1 + CLOSING_MARGIN + WATCH_TOKENS):  # fmt: skip
+        if self._should_replan(tokens_left):
             self._replan()
         if self._plan is None or (not self._plan and self.kind == "lark"):
             return None  # no plan found; or plain text that may end anywhere (the model decides)
@@ -212,6 +217,20 @@ class StructuredState:
         plan_tokens = len(self._plan) if self._plan is not None else 0
         return self.closes and (self.closing or tokens_left <= plan_tokens + 1 + CLOSING_MARGIN + WATCH_TOKENS)
 
+    def _should_replan(self, tokens_left: int) -> bool:
+        """Each token near the budget; further away every REPLAN_EVERY tokens; a plan too long to
+        fit every UNFIT_REPLAN_EVERY (it fits again only once the model closes something); after
+        walks that found nothing, ever less often (each walk to MAX_CLOSING_BYTES costs ~ms)."""
+        if not self._planned:
+            return True
+        if self._plan is None:
+            return self._plan_age >= self._backoff
+        need = len(self._plan) + 1
+        if need > tokens_left:
+            return self._plan_age >= UNFIT_REPLAN_EVERY
+        return self._plan_age >= REPLAN_EVERY or (self._plan_age > 0 and tokens_left <= need + CLOSING_MARGIN + WATCH_TOKENS)
+
     def _replan(self) -> None:
         self._plan = self._paths.find(self.matcher, self.scan)
         self._planned, self._plan_age = True, 0
+        self._backoff = REPLAN_EVERY if self._plan is not None else min(2 * self._backoff, MAX_BACKOFF)

@@ -47,3 +47,20 @@ def test_tool_calls_whole_and_streamed(client):
     with client.chat.completions.stream(model=model, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=60, seed=3) as stream:
         final = stream.get_final_completion()
     assert final.choices[0].finish_reason == "tool_calls" and final.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_loose_json_prompts_close_valid_within_max_tokens(client):
+    """Issue 41's prompts (and the local test's own) on the hosted cloud engine: each answer parses
+    and ends with "stop" inside max_tokens; the request's opt-out cuts at max_tokens as before."""
+    from tests.sdk.test_structured_http import LOOSE_PROMPTS
+
+    model = client.models.list().data[0].id
+    for prompt in LOOSE_PROMPTS:
+        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], max_tokens=80,
+                                               temperature=0, response_format={"type": "json_object"})  # fmt: skip
+        assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens <= 80, reply.choices[0].message.content
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    cut = client.chat.completions.create(model=model, messages=[{"role": "user", "content": LOOSE_PROMPTS[0]}], max_tokens=80,
+                                         temperature=0, response_format={"type": "json_object"},
+                                         extra_body={"close_within_max_tokens": False})  # fmt: skip
+    assert (cut.choices[0].finish_reason, cut.usage.completion_tokens) == ("length", 80)

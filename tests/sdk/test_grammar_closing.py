@@ -88,6 +88,8 @@ def test_a_budget_the_shortest_completion_cannot_fit_still_ends_at_length():
 def test_opting_out_keeps_the_grammar_alone():
     text, ended, state = generate(CAT, 40, closes=False)
     assert not ended and not state.closed and text == RAMBLING[: len(text)]
+    state = VOCAB.matcher(CAT, closes=False)  # no duplicate-key rule either: OpenAI's behaviour
+    assert state.consume_tokens(tokenize('{"a": 0, ')) and VOCAB.allowed(state)[tokenize('"a"')[0]]
 
 
 def test_an_answer_that_ends_on_its_own_is_not_marked_closed():

@@ -90,3 +90,52 @@ def test_a_local_answer_cut_off_by_max_tokens_escalates_as_invalid_structure(cli
     )  # fmt: skip
     tandem = raw.parse().model_extra["tandem"]
     assert (tandem["escalated"], tandem["reason"], tandem["tier"]) == (True, "invalid_structure", "cloud"), tandem
+
+
+# Issue 41's four prompts (SmolLM2 ran each to max_tokens adding keys), then four written like them.
+LOOSE_PROMPTS = ["A JSON object describing a cat.", "Return {} with one key.", "JSON: today's plan", "List two fruits as JSON.",
+                 "Describe a dog as a JSON object.", "A book's details, as JSON.", "JSON for a weather report.",
+                 "Your favourite city as a JSON object."]  # fmt: skip
+RECORD = {"type": "object", "properties": {"title": {"type": "string"}, "year": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["title", "year", "tags"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("model", [MODEL, "auto", "cloud"])
+def test_loose_json_prompts_close_valid_within_max_tokens(client, model):
+    """Each answer parses and ends with "stop" inside max_tokens, on either tier and through the
+    cascade (no invalid_structure escalation: the local answer closed)."""
+    for prompt in LOOSE_PROMPTS:
+        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], max_tokens=80,
+                                               temperature=0, response_format={"type": "json_object"})  # fmt: skip
+        choice = reply.choices[0]
+        assert choice.finish_reason == "stop" and reply.usage.completion_tokens <= 80, (prompt, choice.message.content)
+        assert isinstance(json.loads(choice.message.content), dict)
+        assert choice.model_extra["stop_reason"] in (None, "closed_within_max_tokens")
+        assert reply.model_extra["tandem"]["reason"] != "invalid_structure"
+    schema = {"type": "json_schema", "json_schema": {"name": "record", "schema": RECORD, "strict": True}}
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Describe a film as JSON."}],
+                                           max_tokens=48, temperature=0, response_format=schema)  # fmt: skip
+    assert reply.choices[0].finish_reason == "stop" and set(json.loads(reply.choices[0].message.content)) == set(RECORD["required"])
+
+
+def test_opting_out_cuts_at_max_tokens_as_before(client):
+    """close_within_max_tokens false: the grammar alone, as OpenAI's API (the answer may be cut and
+    repeat keys); the closed answer is that answer up to where its closing path began."""
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": LOOSE_PROMPTS[0]}], max_tokens=80, temperature=0,
+               response_format={"type": "json_object"})  # fmt: skip
+    cut = client.chat.completions.create(**ask, extra_body={"close_within_max_tokens": False})
+    closed = client.chat.completions.create(**ask)
+    assert (cut.choices[0].finish_reason, cut.usage.completion_tokens) == ("length", 80)
+    assert (closed.choices[0].finish_reason, closed.choices[0].model_extra["stop_reason"]) == ("stop", "closed_within_max_tokens")
+    text, whole = closed.choices[0].message.content, cut.choices[0].message.content
+    common = next((i for i, (a, b) in enumerate(zip(text, whole)) if a != b), min(len(text), len(whole)))
+    assert common >= len(text) - 24, (text, whole)  # the model's own text, then at most a short closing path
+
+
+def test_a_budget_too_small_for_the_schema_still_ends_at_length(client):
+    """Six tokens cannot hold {"title": "", "year": 0, "tags": []}: nothing is forced, the answer is
+    cut as before and says so (no false claim of completeness)."""
+    schema = {"type": "json_schema", "json_schema": {"name": "record", "schema": RECORD}}
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe a film as JSON."}],
+                                           max_tokens=6, temperature=0, response_format=schema)  # fmt: skip
+    assert reply.choices[0].finish_reason == "length" and reply.choices[0].model_extra["stop_reason"] is None

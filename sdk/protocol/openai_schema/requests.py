@@ -156,8 +156,8 @@ class _SamplingFields(_TopLevel):
     min_tokens: int | None = Field(default=None, ge=0)  # extension (vLLM): no end-of-text before this many
     ignore_eos: bool | None = None  # extension (vLLM): keep generating past end-of-text
     repetition_stop: bool | None = None  # extension (tandem): stop an exact loop (None: the tier's default)
-    # extension (tandem): a structured answer takes its grammar's closing path before max_tokens
-    # (None: the tier's default, on; false: OpenAI's behaviour, cut at max_tokens)
+    # extension (tandem): a structured answer takes its grammar's closing path before max_tokens, and
+    # an object never repeats a key (None: the tier's default, on; false: the grammar alone, as OpenAI's)
     close_within_max_tokens: bool | None = None
     response_format: ResponseFormat | None = None  # json_object / json_schema: a grammar constrains the output
 
