@@ -51,7 +51,9 @@ _OUTSIDE_STRING = '}],0":[{nultrefas' + _LETTERS_DIGITS + _REST + "\n "
 
 
 def _ordered(chars: str) -> bytes:
-    return bytes(dict.fromkeys(chars.encode("ascii")))
+    # UTF-8 continuation bytes last: the answer may stop inside a character (a token can end
+    # part-way through an emoji), and the grammar then takes nothing else until it is complete.
+    return bytes(dict.fromkeys(chars.encode("ascii") + bytes(range(0x80, 0xC0))))
 
 
 class ClosingPaths:

@@ -148,3 +148,12 @@ def test_plain_text_beside_tools_is_never_forced_to_end():
     weather = ToolFunction("get_weather", "", None)
     text, ended, state = generate(LIST.grammar(ToolRequest((weather,))), 20, "It is sunny today in Paris, and warm.")
     assert not ended and not state.closed and text == "It is sunny today in Paris, and warm."[:20]
+
+
+def test_an_answer_stopped_inside_a_character_still_closes():
+    """A token can end part-way through a UTF-8 character (SmolLM2 wrote emoji byte by byte): the
+    plan completes the character before it closes the string."""
+    state = VOCAB.matcher(CAT)
+    assert state.consume_tokens(tokenize('{"a": "') + list("🍵".encode())[:2])
+    plan = VOCAB.closing_paths.find(state.matcher, state.scan)
+    assert plan is not None and state.consume_tokens(plan) and state.is_accepting()
