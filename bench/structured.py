@@ -38,11 +38,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import time
 
 from bench.machine import report_header, write_report
+from bench.structured_answers import fits, schema_prompt
 from bench.structured_budget import BUDGETS, budget_sweep
 from bench.structured_cases import LOOSE_JSON_PROMPTS, SCHEMA_CASES, TOOL_CASES
 from bench.structured_compile import grammar_compile_figures
@@ -54,10 +54,6 @@ MAX_TOKENS = 256
 THROUGHPUT_MAX_TOKENS = 96
 
 
-def schema_prompt(request: str, schema: dict) -> list[dict]:
-    return [{"role": "user", "content": f"{request}\nAnswer with JSON only, matching this JSON Schema: {json.dumps(schema)}"}]
-
-
 def tool_request(tools: list[dict], required: bool) -> ToolRequest:
     functions = tuple(ToolFunction(t["function"]["name"], t["function"]["description"], t["function"]["parameters"]) for t in tools)
     return ToolRequest(functions, required=required)
@@ -66,21 +62,6 @@ def tool_request(tools: list[dict], required: bool) -> ToolRequest:
 def tool_job(question: str, tools: list[dict], required: bool) -> tuple[list[dict], StructuredOutput]:
     request = tool_request(tools, required)
     return render_tool_messages([{"role": "user", "content": question}], request, LIST), LIST.grammar(request)
-
-
-def fits(text: str, finish_reason: str | None, schema: dict, free: bool) -> bool:
-    import jsonschema
-
-    if finish_reason != "stop":
-        return False
-    if free:  # the first {...} span: a fence or a sentence around the JSON is forgiven
-        match = re.search(r"\{.*\}", text, re.DOTALL)
-        text = match.group(0) if match else text
-    try:
-        jsonschema.validate(json.loads(text), schema)
-    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
-        return False
-    return True
 
 
 # -- the tiers: (messages, structured, seed, max_tokens) jobs in, (text, finish_reason, tokens) out ----

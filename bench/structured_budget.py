@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import statistics
 
+from bench.structured_answers import fits, schema_prompt
 from bench.structured_cases import LOOSE_JSON_PROMPTS
 from sdk.protocol.engine import StructuredOutput
 
@@ -26,8 +27,6 @@ BUDGETS = (24, 48, 96)
 
 
 def _jobs(schema_cases, prompts, max_tokens: int, closes: bool) -> tuple[list[tuple], list[tuple]]:
-    from bench.structured import schema_prompt
-
     jobs, meta = [], []
     for i, (name, request, schema) in enumerate(schema_cases):
         jobs.append((schema_prompt(request, schema), StructuredOutput("json_schema", json.dumps(schema)), i, max_tokens, closes))
@@ -47,8 +46,6 @@ def shortest_tokens(grammar, structured: StructuredOutput) -> int | None:
 
 def budget_sweep(tier, grammar, schema_cases, prompts=LOOSE_JSON_PROMPTS, budgets=BUDGETS) -> dict:
     """Validity per budget with closing on and off, over the requests a valid answer fits."""
-    from bench.structured import fits
-
     out: dict = {"budgets": {}, "seconds_per_token": {"on": [], "off": []}}
     search_seconds: list[float] = []
     wall_on = 0.0
