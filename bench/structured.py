@@ -254,7 +254,7 @@ def main() -> None:
         # (cut off by max_tokens: the only way a constrained answer can fail to parse).
         "invalid_structure_rate_local": report["local"]["length_cut_constrained"] / len(schema_cases),
         **compile_figures,
-        "num_schema_cases": len(schema_cases), "num_tool_cases": len(tool_cases),
+        "num_schema_cases": len(schema_cases), "num_tool_cases": len(tool_cases), "num_loose_json_prompts": len(prompts),
         # The budget sweep (bench.structured_budget): target 1.0 where a valid answer fits.
         "validity_under_budget_local": report["local"]["budget_sweep"]["validity_under_budget"],
         "validity_under_budget_cloud": report["cloud"]["budget_sweep"]["validity_under_budget"] if "cloud" in report else None,

@@ -17,7 +17,7 @@ those generated) when they ask for the mask:
   no cut answer claims to be complete.
 
 The plan is recomputed each token near the budget and every REPLAN_EVERY tokens before (about
-0.1 ms each on SmolLM2's vocabulary: bench.structured reports it). Beside it, an object never
+0.2 ms each on SmolLM2's vocabulary: bench.structured reports it). Beside it, an object never
 takes a key it already has (JSON's names should be unique; a small model loops by repeating them:
 "default_value" three times): the tokens that would complete one are masked (JSON constraints; a
 tool grammar's schemas are closed and ordered, so llguidance already refuses a repeat there).
