@@ -295,7 +295,7 @@ class CloudEngine:
         """A structured request's mask for its next token."""
         if request.matcher is None:
             return None
-        mask = self.grammar.allowed(request.matcher, self._tokens_left(request))
+        mask = self.grammar.allowed(request.matcher, request.tokens_left(self.max_model_len))
         request.forced = [self.grammar.forces(mask)]  # for this step's event
         return torch.from_numpy(mask).to(self.device)
 
@@ -314,14 +314,10 @@ class CloudEngine:
         allowed = torch.from_numpy(np.stack(masks)).to(rows.device)
         return rows.masked_fill(~allowed, -math.inf)
 
-    def _tokens_left(self, request: Request) -> int:
-        """Tokens the request may still generate, its end token included: max_tokens or the context."""
-        return min(request.params.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens)
-
     def _cut_at_token_stop(self, request: Request, ids: list[int]) -> list[int]:
         """Tokens past an end-of-generation/stop token, max_tokens or max_model_len are never emitted."""
         params = request.params
-        limit = self._tokens_left(request)
+        limit = request.tokens_left(self.max_model_len)
         ids = ids[: max(1, limit)]
         for index, token_id in enumerate(ids):
             if (not params.ignore_eos and token_id in self.eos_token_ids) or token_id in params.stop_token_ids:
@@ -365,7 +361,7 @@ class CloudEngine:
                 continue
             request.spec_token_ids, probs = list(draft[0]), draft[1]
             if request.matcher is not None:  # only the prefix the grammar accepts can be verified
-                if request.matcher.near_budget(self._tokens_left(request)):
+                if request.matcher.near_budget(request.tokens_left(self.max_model_len)):
                     continue  # the answer may have to close: one token a step, each under the budget's mask
                 request.spec_token_ids = request.spec_token_ids[: request.matcher.validate_tokens(request.spec_token_ids)]
                 probs = probs[: len(request.spec_token_ids)] if probs is not None else None

@@ -184,7 +184,7 @@ class LocalEngine:
         if not requests:
             return []
         histories = [(r.prompt_token_ids, r.output_token_ids) for r in requests]
-        allowed = [self.grammar.allowed(r.matcher, self._tokens_left(r)) if r.matcher is not None else None for r in requests]
+        allowed = [self.grammar.allowed(r.matcher, r.tokens_left(self.max_model_len)) if r.matcher is not None else None for r in requests]
         sampled = sample_batch(logits, [r.params for r in requests], [r.rng for r in requests], histories, self._end_ids, allowed)
         events = []
         backend = self.backend
@@ -204,10 +204,6 @@ class LocalEngine:
             events.append(make_token_event(request, token, text, backend.token_bytes, backend.token_text,
                                            forced=self.grammar.forces(mask)))  # fmt: skip
         return events
-
-    def _tokens_left(self, request: Request) -> int:
-        """Tokens the request may still generate, its end token included: max_tokens or the context."""
-        return min(request.params.max_tokens - request.num_output_tokens, self.max_model_len - request.num_tokens)
 
     # -- status ----------------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ class SpeculationPolicy:
                 continue  # penalties and bias would make the draft distribution inexact: no drafts
             # A grammar mask does not: drafts are cut to the prefix the grammar accepts, and each
             # verified row is masked by the grammar's state after the draft tokens before it.
-            room = min(request.params.max_tokens - request.num_output_tokens - 1, self.max_model_len - request.num_tokens - 1)
+            room = request.tokens_left(self.max_model_len) - 1
             k = config.num_speculative_tokens
             if config.adaptive:
                 state = self._state.setdefault(request.request_id, _RequestState())

@@ -66,6 +66,10 @@ class EngineRequest:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
+    def tokens_left(self, max_model_len: int) -> int:
+        """Tokens the request may still generate, its end token included: max_tokens or the context."""
+        return min(self.params.max_tokens - self.num_output_tokens, max_model_len - self.num_tokens)
+
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
