@@ -20,3 +20,7 @@ class AsyncLocalEngine(AsyncStepEngine):
             max_model_len=config.max_model_len or 0,
             thread_name="tandem-local-engine",
         )
+
+    @property
+    def model_path(self) -> str | None:
+        return self.config.model_path

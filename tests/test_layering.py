@@ -4,8 +4,10 @@ Engines and routing sit on the contracts, the product sits on top:
 - `sdk.protocol` imports only the standard library, third-party packages and itself;
 - `local_runtime`, `cloud_engine`, `router`, `confidence` import only `sdk.protocol` from `sdk`,
   and never each other, except `router` -> `confidence`;
-- the rest of `sdk` may import anything below it; `android_bridge` and `bench` may import
-  anything, and nothing below them imports them;
+- the rest of `sdk` may import anything below it, except that it reaches the cloud engine only
+  through the contracts (`sdk.protocol.cloud_backend`, `sdk.protocol.wire`): only the modules
+  that configure or start a cloud engine import `cloud_engine` (SDK_MODULES_STARTING_CLOUD_ENGINE);
+- `android_bridge` and `bench` may import anything, and nothing below them imports them;
 - no import cycle anywhere (strongly connected components of the module graph).
 
 Every import counts, function-level ones included (deferring an import hides a cycle, it does
@@ -21,6 +23,14 @@ PACKAGES = ("sdk", "local_runtime", "cloud_engine", "router", "confidence", "and
 ENGINES = ("local_runtime", "cloud_engine", "router", "confidence")
 ALLOWED_BETWEEN_ENGINES = {("router", "confidence")}
 TOP = ("android_bridge", "bench")
+# The product's modules that configure or start a cloud engine in this process; the rest of sdk talks
+# to a cloud tier (embedded or remote) through sdk.protocol.cloud_backend and sdk.protocol.wire.
+SDK_MODULES_STARTING_CLOUD_ENGINE = {
+    "sdk.cloud.tier": "starts the embedded tier (engine, gRPC listener)",
+    "sdk.cli.cloud": "`tandem cloud serve`",
+    "sdk.settings.loading": "builds the CloudEngineConfig [cloud] describes",
+    "sdk.settings.fields": "checks [cloud] speculative with the engine's own parser",
+}
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -102,6 +112,9 @@ def rule_broken(importer: str, imported: str) -> str | None:
         return f"{target} sits at the top: only {' and '.join(TOP)} import it"
     if _is_protocol(importer) and not _is_protocol(imported):
         return "sdk.protocol imports only the standard library, third-party packages and itself"
+    if source == "sdk" and target == "cloud_engine" and importer not in SDK_MODULES_STARTING_CLOUD_ENGINE:
+        return ("sdk reaches the cloud engine through sdk.protocol (cloud_backend, wire); only the modules that "
+                "configure or start one import it (SDK_MODULES_STARTING_CLOUD_ENGINE)")
     if source in ENGINES and target == "sdk" and not _is_protocol(imported):
         return f"{source} imports only sdk.protocol from sdk"
     if source in ENGINES and target in ENGINES and source != target and (source, target) not in ALLOWED_BETWEEN_ENGINES:
@@ -189,6 +202,8 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
         "sdk/protocol/engine.py": "import json\nimport numpy\n",
         "sdk/protocol/schema.py": "from .engine import x\nfrom sdk.cascade.runner import Runner\n",
         "sdk/cascade/runner.py": "from local_runtime.engine import Engine\nfrom sdk.protocol.engine import x\n",
+        "sdk/cloud/client.py": "from cloud_engine.loader import wire\n",  # the client half of the wire, below
+        "sdk/cloud/tier.py": "from cloud_engine.loader import start\n",  # starts an engine: allowed
         "local_runtime/engine.py": (
             "from typing import TYPE_CHECKING\nfrom sdk.protocol import engine\n"
             "if TYPE_CHECKING:\n    from sdk.cascade.runner import Runner\n"  # excluded: types only
@@ -210,6 +225,8 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
         "confidence.signals (line 1) imports router.policy: confidence may not import router"
         " (of the engines and routing, only router -> confidence)",
         "local_runtime.engine (line 6) imports sdk.cascade.runner: local_runtime imports only sdk.protocol from sdk",
+        "sdk.cloud.client (line 1) imports cloud_engine.loader: sdk reaches the cloud engine through sdk.protocol"
+        " (cloud_backend, wire); only the modules that configure or start one import it (SDK_MODULES_STARTING_CLOUD_ENGINE)",
         "sdk.protocol.schema (line 2) imports sdk.cascade.runner: sdk.protocol imports only the standard library,"
         " third-party packages and itself",
     ]
@@ -220,6 +237,13 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
 def test_cycles_longer_than_a_pair_are_found():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+def test_only_the_modules_starting_a_cloud_engine_import_it_from_sdk():
+    graph, _ = import_graph(REPO)
+    importers = {name for name, imported in graph.items()
+                 if _top(name) == "sdk" and any(_top(module) == "cloud_engine" for module in imported)}
+    assert importers == set(SDK_MODULES_STARTING_CLOUD_ENGINE), "name a new one there only if it starts or configures an engine"
 
 
 def test_the_walk_sees_every_module_python_would_import():

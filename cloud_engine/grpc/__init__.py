@@ -1,11 +1,9 @@
 """The cloud tier's gRPC service (package tandem.v1) over any EngineProtocol engine.
 
-- `proto/tandem/v1/tandem.proto`: the service definition (the documentation of every field).
-- `tandem_pb2*.py[i]`: stubs generated from it by scripts/gen-proto.sh and committed, so a
-  deployment needs only grpcio and protobuf (no code generation at install time).
-- `convert`: proto messages <-> engine dataclasses; `errors`: engine errors <-> gRPC status.
+The wire contract (the .proto, its committed stubs, the client half of the conversion, the error
+metadata keys) lives below both sides in sdk.protocol.wire; this package is the server's half:
+- `convert`: GenerateRequest -> the engine's request (with every check that can name a field),
+  TokenEvent -> GenerateResponse; `errors`: engine errors -> gRPC status;
 - `service`: the servicer; `auth`: the API-key interceptor;
   `server`: `GrpcServerConfig`, `start_grpc_server`, `stop_grpc_server`.
-
-Nothing is imported here so `import cloud_engine.grpc.tandem_pb2` (the SDK's client) stays light.
 """

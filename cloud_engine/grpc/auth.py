@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from cloud_engine.grpc.errors import ERROR_TYPE_KEY, RETRY_AFTER_KEY
+from sdk.protocol.wire.status import ERROR_TYPE_KEY, RETRY_AFTER_KEY
 from sdk.protocol.access_gate import AUTH_BACKOFF, RATE_LIMITED, UNAUTHENTICATED, AccessGate, Refusal
 from sdk.protocol.api_keys import bearer_token, key_fingerprint
 

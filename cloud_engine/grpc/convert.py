@@ -1,4 +1,5 @@
-"""tandem.v1 messages <-> the engine's dataclasses, for the servicer and for the SDK's client.
+"""tandem.v1 messages <-> the engine's dataclasses, the servicer's half (the client's half is
+sdk.protocol.wire.messages).
 
 Server side, every check that can name a field raises InvalidRequestError with that field
 (the proto's own name), so the client learns exactly what to fix; the checks that need the
@@ -7,10 +8,6 @@ model (token ids in range, context length) are left to the engine's own validati
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-
-from cloud_engine.grpc import tandem_pb2 as pb
 from cloud_engine.grpc.errors import ModelNotFoundError
 from sdk.protocol.prompt_tokens import chat_prompt_tokens, text_prompt_tokens
 from sdk.protocol.engine import (
@@ -20,11 +17,10 @@ from sdk.protocol.engine import (
     SamplingParams,
     StructuredOutput,
     TokenEvent,
-    TopLogprob,
 )
 from sdk.protocol.openai_schema import MAX_STOP_STRINGS
-
-Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]  # text, token ids, or chat messages
+from sdk.protocol.wire import tandem_pb2 as pb
+from sdk.protocol.wire.messages import OPTIONAL_FLOATS
 
 # -- server side: requests in --------------------------------------------------------------
 
@@ -58,9 +54,6 @@ async def prompt_token_ids(message: pb.GenerateRequest, engine: EngineProtocol) 
         raise InvalidRequestError("text must not be empty", "text")
     # Raw text gets the model's BOS like any tokenizer call (as /v1/completions does).
     return await text_prompt_tokens(engine, message.text, add_special=True)
-
-
-OPTIONAL_FLOATS = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")  # unset travels as absent
 
 
 def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
@@ -129,83 +122,3 @@ def response_from_event(event: TokenEvent, request_id: str) -> pb.GenerateRespon
         response.speculative.draft_tokens = event.num_draft_tokens
         response.speculative.accepted_tokens = event.num_accepted_tokens
     return response
-
-
-# -- client side ---------------------------------------------------------------------------
-
-
-@dataclass
-class CloudTokenEvent(TokenEvent):
-    """A TokenEvent received from the cloud tier; its speculative stats (TokenEvent's
-    num_draft_tokens / num_accepted_tokens) arrive on the last event only."""
-
-
-def request_message(
-    prompt: Prompt,
-    params: SamplingParams | None,
-    *,
-    request_id: str = "",
-    model: str = "",
-    continuation_token_ids: Sequence[int] = (),
-    priority: int = 0,
-) -> pb.GenerateRequest:
-    """A GenerateRequest: text, token ids or chat messages, with the engine's SamplingParams."""
-    message = pb.GenerateRequest(
-        request_id=request_id, model=model, continuation_token_ids=list(continuation_token_ids), priority=priority
-    )
-    if isinstance(prompt, str):
-        message.text = prompt
-    elif prompt and all(isinstance(m, Mapping) for m in prompt):
-        for m in prompt:
-            if not isinstance(m.get("content"), str):
-                raise InvalidRequestError("each message needs a role and a string content", "messages")
-            message.messages.messages.add(role=str(m.get("role", "")), content=m["content"])
-    else:
-        message.prompt_token_ids.SetInParent()  # set even when empty, so the server names the empty field
-        message.prompt_token_ids.ids.extend(int(t) for t in prompt)
-    if params is not None:
-        message.sampling.CopyFrom(sampling_message(params))
-    return message
-
-
-def sampling_message(params: SamplingParams) -> pb.SamplingParams:
-    message = pb.SamplingParams(
-        max_tokens=params.max_tokens,
-        stop=list(params.stop),
-        stop_token_ids=list(params.stop_token_ids),
-        ignore_eos=params.ignore_eos,
-        top_logprobs=params.logprobs or 0,
-    )
-    for name in ("temperature", "top_p", "top_k", "seed", "repetition_stop", "close_within_max_tokens", *OPTIONAL_FLOATS):  # unset: the server's default for its model
-        if getattr(params, name) is not None:
-            setattr(message, name, getattr(params, name))
-    message.logit_bias.update(params.logit_bias)
-    message.min_tokens = params.min_tokens
-    if params.structured is not None:
-        message.structured.kind = params.structured.kind
-        if params.structured.schema is not None:
-            message.structured.schema = params.structured.schema
-        if params.structured.grammar is not None:
-            message.structured.grammar = params.structured.grammar
-    return message
-
-
-def event_from_response(response: pb.GenerateResponse, num_output_tokens: int) -> CloudTokenEvent:
-    """The event for a response; `num_output_tokens` counts this one (the server sends totals only at the end)."""
-    last = bool(response.finish_reason)
-    return CloudTokenEvent(
-        request_id=response.request_id,
-        token_id=response.token_id,
-        text=response.text,
-        logprob=response.logprob,
-        entropy=response.entropy,
-        margin=response.margin,
-        top_logprobs=[TopLogprob(t.token_id, t.text, t.logprob, t.token_bytes) for t in response.top_logprobs],
-        token_bytes=response.token_bytes,
-        finish_reason=response.finish_reason or None,
-        stop_reason=response.stop_reason or None,
-        num_prompt_tokens=response.usage.prompt_tokens if last else 0,
-        num_output_tokens=response.usage.completion_tokens if last else num_output_tokens,
-        num_draft_tokens=response.speculative.draft_tokens,
-        num_accepted_tokens=response.speculative.accepted_tokens,
-    )

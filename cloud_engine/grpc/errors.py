@@ -1,7 +1,7 @@
-"""Engine errors -> gRPC status codes, in one table shared by the servicer and the SDK's client.
+"""Engine errors -> gRPC status codes, for the servicer.
 
-The status message is for people; the trailing metadata below is for programs (the SDK's
-`CloudClient` rebuilds the engine exception from it), so clients never parse messages.
+The status message is for people; the trailing metadata (sdk.protocol.wire.status, the keys
+both sides share) is for programs: the SDK's `CloudClient` rebuilds the engine exception from it.
 """
 
 from __future__ import annotations
@@ -19,20 +19,19 @@ from sdk.protocol.engine import (
     InvalidRequestError,
     QuotaExceededError,
 )
+from sdk.protocol.wire.status import (
+    CONTEXT_LENGTH_TYPE,
+    ERROR_PARAM_KEY,
+    ERROR_TYPE_KEY,
+    INSUFFICIENT_QUOTA_TYPE,
+    INVALID_REQUEST_TYPE,
+    MODEL_NOT_FOUND_TYPE,
+    NOT_READY_TYPE,
+    OVERLOADED_TYPE,
+    RETRY_AFTER_KEY,
+)
 
 logger = logging.getLogger(__name__)
-
-# Trailing metadata keys (gRPC wants lowercase ASCII).
-ERROR_TYPE_KEY = "tandem-error-type"  # one of the *_TYPE values below
-ERROR_PARAM_KEY = "tandem-error-param"  # the request field at fault (INVALID_ARGUMENT)
-RETRY_AFTER_KEY = "retry-after"  # whole seconds (RESOURCE_EXHAUSTED, UNAVAILABLE)
-
-INVALID_REQUEST_TYPE = "invalid_request"
-CONTEXT_LENGTH_TYPE = "context_length_exceeded"
-OVERLOADED_TYPE = "overloaded"
-NOT_READY_TYPE = "not_ready"
-MODEL_NOT_FOUND_TYPE = "model_not_found"
-INSUFFICIENT_QUOTA_TYPE = "insufficient_quota"  # OpenAI's code: a budget reached; no retry-after (retrying will not help)
 
 # Status messages echo request values (a model name, a role): bounded, since gRPC sends the message
 # percent-encoded in trailing metadata and a client refuses metadata over its limit (8 KiB by default),

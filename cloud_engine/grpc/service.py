@@ -18,8 +18,8 @@ from google.protobuf.message import DecodeError
 
 from cloud_engine.grpc import convert
 from cloud_engine.grpc.auth import CALLER_KEY_FINGERPRINT
-from cloud_engine.grpc import tandem_pb2 as pb
-from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
+from sdk.protocol.wire import tandem_pb2 as pb
+from sdk.protocol.wire import tandem_pb2_grpc as pb_grpc
 from cloud_engine.grpc.errors import status_for
 from sdk.protocol.engine import Caller, EngineProtocol
 
@@ -69,7 +69,7 @@ class TandemServicer(pb_grpc.TandemServicer):
             await context.abort(grpc.StatusCode.ABORTED, "the server stopped this request before it finished")
 
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
-        fingerprint = await asyncio.to_thread(lambda: getattr(self.engine, "vocabulary_fingerprint", ""))  # first read: ~0.1 s
+        fingerprint = await asyncio.to_thread(lambda: self.engine.vocabulary_fingerprint)  # first read: ~0.1 s
         card = pb.ModelCard(id=self.engine.model_name, max_model_len=max(0, self.engine.max_model_len or 0),
                             vocabulary_fingerprint=fingerprint)
         return pb.ListModelsResponse(models=[card])

@@ -33,6 +33,8 @@ class BudgetedEngine(EngineWrapper):
         self.budgets = budgets
         self.prices = prices
 
+    bills_callers = True
+
     def soft_warning(self, caller: Caller) -> str | None:
         """The soft-budget warning for this caller, if any (counted; sdk.budgets.manager)."""
         return self.budgets.soft_warning(caller.key_fingerprint, caller.user)

@@ -14,14 +14,13 @@ from dataclasses import dataclass
 
 from router.circuit_breaker import CircuitBreaker
 from router.failure_kinds import FailureKind, classify_failure
-from sdk.cloud.grpc_client import (
-    CloudClient,
+from sdk.protocol.cloud_backend import (
+    CloudBackend,
     CloudError,
     CloudInvalidArgumentError,
     CloudQuotaExceededError,
     CloudTokenEvent,
 )
-from sdk.cloud.targets import is_replica_target
 from sdk.protocol.engine import SamplingParams
 
 logger = logging.getLogger("tandem.router")
@@ -99,7 +98,7 @@ async def _paced(stream: AsyncIterator[CloudTokenEvent], timeouts: CloudTimeouts
         await stream.aclose()
 
 
-def refusal_reason(client: CloudClient | None, breaker: CircuitBreaker, cloud_ready: bool = True) -> str | None:
+def refusal_reason(client: CloudBackend | None, breaker: CircuitBreaker, cloud_ready: bool = True) -> str | None:
     """Why the cloud must not be called now, or None (then a half-open trial is ours: report it).
     `cloud_ready` False: an embedded cloud engine still loading (the local tier answers meanwhile)."""
     if not cloud_ready:  # first: an embedded tier still starting has no client yet
@@ -114,7 +113,7 @@ def refusal_reason(client: CloudClient | None, breaker: CircuitBreaker, cloud_re
 
 
 async def stream_from_cloud(
-    client: CloudClient,
+    client: CloudBackend,
     breaker: CircuitBreaker,
     prompt: list[dict],
     params: SamplingParams,
@@ -176,7 +175,7 @@ async def stream_from_cloud(
         raise CloudFailed(QUOTA_REASON) from error
     except CloudError as error:
         kind = classify_failure(error)
-        if kind is FailureKind.UNAVAILABLE and started and is_replica_target(getattr(client, "target", "")):
+        if kind is FailureKind.UNAVAILABLE and started and client.spreads_over_replicas:
             # One replica of several went away mid-stream: the channel already sends the next call to
             # another, so this says nothing about the tier (calls that cannot start at all still count).
             breaker.record_abandoned()

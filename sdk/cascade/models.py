@@ -17,10 +17,9 @@ def load_local_probe(path: str, local_engine):
     from confidence.probe_runtime import load_probe
     from sdk.protocol.model_files import resolve_model_path
 
-    config = getattr(local_engine, "config", None)
-    if config is None or not hasattr(config, "model_path"):
+    if local_engine.model_path is None:
         raise ValueError("a confidence probe needs a local engine that runs a GGUF file (its fingerprint is checked)")
-    return load_probe(path, model_fingerprint_for_gguf(resolve_model_path(config.model_path)))
+    return load_probe(path, model_fingerprint_for_gguf(resolve_model_path(local_engine.model_path)))
 
 
 def load_prompt_scorer(spec: str):

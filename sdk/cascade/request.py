@@ -205,8 +205,8 @@ class CascadeRequest:
 
     def _refusal(self) -> str | None:
         """Why the cloud must not take this request now (sdk.cascade.cloud.refusal_reason), or None."""
-        structured = self.params.structured
-        if structured is not None and structured.kind == "lark" and not getattr(self.runner.cloud, "takes_grammars", True):
+        structured, cloud = self.params.structured, self.runner.cloud
+        if structured is not None and structured.kind == "lark" and cloud is not None and not cloud.takes_grammars:
             return "cloud_no_tools"  # an OpenAI-compatible cloud cannot take tandem's tool grammar (yet)
         return refusal_reason(self.runner.cloud, self.runner.breaker, self.runner.cloud_ready())
 

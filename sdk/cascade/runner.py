@@ -25,7 +25,7 @@ from sdk.cascade.counts import RouteCounter
 from sdk.cascade.models import load_local_probe, load_prompt_scorer
 from sdk.cascade.request import CascadeRequest
 from sdk.cascade.types import CascadeEvent, CascadeResult, RoutingInfo, collect
-from sdk.cloud.grpc_client import CloudClient
+from sdk.protocol.cloud_backend import CloudBackend
 from sdk.protocol.engine import EngineProtocol, SamplingParams
 from sdk.protocol.vocabulary import same_vocabulary
 
@@ -42,7 +42,7 @@ class CascadeRunner:
     def __init__(
         self,
         local: EngineProtocol,
-        cloud: CloudClient | None,
+        cloud: CloudBackend | None,
         config: CascadeConfig | None = None,
         clock: Callable[[], float] = time.monotonic,  # the breaker's clock; injectable for tests
         cloud_ready: Callable[[], bool] = lambda: True,  # False while an embedded cloud engine loads
@@ -51,7 +51,7 @@ class CascadeRunner:
         self.cloud = cloud  # None: a device-only deployment; escalations degrade to local
         self.cloud_ready = cloud_ready
         self.config = config or CascadeConfig()
-        if self.config.handoff == "continue" and not getattr(cloud, "supports_continuation", True):
+        if self.config.handoff == "continue" and cloud is not None and not cloud.supports_continuation:
             # Continuing needs the cloud to take the local token ids (a tandem.v1 server does).
             raise ValueError(f"{type(cloud).__name__} cannot continue a local answer; use handoff='restart'")
         rules_config = {**self.config.privacy}

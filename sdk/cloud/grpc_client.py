@@ -1,9 +1,10 @@
 """The SDK's client of the cloud tier's gRPC service (tandem.v1): generate, list models, health.
 
-Every failure is raised as a `CloudError` carrying the gRPC status code, and the subclasses
-the cascade router acts on also inherit the engine exception with the same meaning
-(`CloudInvalidArgumentError` is an `InvalidRequestError`, `CloudOverloadedError` an
-`EngineOverloadedError`, ...), so code written against a local engine handles them too.
+A `CloudBackend` (sdk.protocol.cloud_backend). Every failure is raised as a `CloudError` whose
+`CloudStatus` is the gRPC status code of the same name; the subclasses the cascade router acts on
+also inherit the engine exception with the same meaning (`CloudInvalidArgumentError` is an
+`InvalidRequestError`, `CloudOverloadedError` an `EngineOverloadedError`, ...), so code written
+against a local engine handles them too.
 
 The channel is opened on first use, in the running event loop; use one client per loop
 and close it (or use `async with`).
@@ -13,87 +14,44 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloud_engine.grpc import tandem_pb2 as pb
-from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
-from cloud_engine.grpc.convert import CloudTokenEvent, Prompt, event_from_response, request_message
-from cloud_engine.grpc.errors import (
+from sdk.cloud.targets import is_replica_target
+from sdk.protocol.cloud_backend import (
+    CloudBackend,
+    CloudContextLengthError,
+    CloudDeadlineExceededError,
+    CloudError,
+    CloudInvalidArgumentError,
+    CloudModel,
+    CloudOverloadedError,
+    CloudQuotaExceededError,
+    CloudStatus,
+    CloudTokenEvent,
+    CloudUnauthenticatedError,
+    CloudUnavailableError,
+    Prompt,
+)
+from sdk.protocol.engine import SamplingParams
+from sdk.protocol.wire import tandem_pb2 as pb
+from sdk.protocol.wire import tandem_pb2_grpc as pb_grpc
+from sdk.protocol.wire.messages import event_from_response, request_message
+from sdk.protocol.wire.status import (
     CONTEXT_LENGTH_TYPE,
     ERROR_PARAM_KEY,
     ERROR_TYPE_KEY,
     INSUFFICIENT_QUOTA_TYPE,
     RETRY_AFTER_KEY,
 )
-from sdk.cloud.targets import is_replica_target
-from sdk.protocol.engine import (
-    ContextLengthError,
-    EngineError,
-    EngineNotReadyError,
-    EngineOverloadedError,
-    InvalidRequestError,
-    QuotaExceededError,
-    SamplingParams,
-)
 
 __all__ = [
     "CloudClient", "CloudModel", "CloudTokenEvent", "CloudError", "CloudUnauthenticatedError",
     "CloudUnavailableError", "CloudDeadlineExceededError", "CloudInvalidArgumentError",
     "CloudContextLengthError", "CloudOverloadedError", "CloudQuotaExceededError",
-]  # fmt: skip
-
-
-class CloudError(EngineError):
-    """A call to the cloud tier failed; `code` is the gRPC status code."""
-
-    def __init__(self, message: str, code: grpc.StatusCode, param: str | None = None, retry_after_s: float = 1.0):
-        Exception.__init__(self, message)  # the engine exceptions' own __init__s only set what is set here
-        self.code = code
-        self.param = param
-        self.retry_after_s = retry_after_s
-
-
-class CloudUnauthenticatedError(CloudError):
-    """The API key is missing or wrong (UNAUTHENTICATED): retrying will not help."""
-
-
-class CloudUnavailableError(CloudError, EngineNotReadyError):
-    """The server is unreachable, shutting down or still loading (UNAVAILABLE): try later or elsewhere."""
-
-
-class CloudDeadlineExceededError(CloudError):
-    """The call ran past its deadline (DEADLINE_EXCEEDED); the server aborted the request."""
-
-
-class CloudInvalidArgumentError(CloudError, InvalidRequestError):
-    """The request can never succeed as sent (INVALID_ARGUMENT, or NOT_FOUND for an unknown model)."""
-
-
-class CloudContextLengthError(CloudInvalidArgumentError, ContextLengthError):
-    """Prompt plus completion do not fit in the cloud model's context."""
-
-
-class CloudOverloadedError(CloudError, EngineOverloadedError):
-    """RESOURCE_EXHAUSTED with a retry hint: the server's queue is full, or the caller spent its rate or
-    concurrency budget (`tandem-error-type` says which); retry after `retry_after_s`."""
-
-
-class CloudQuotaExceededError(CloudError, QuotaExceededError):
-    """The key's budget on the cloud server is spent (RESOURCE_EXHAUSTED `insufficient_quota`, HTTP 429
-    `insufficient_quota`): retrying will not help until the budget's period ends."""
-
-
-@dataclass
-class CloudModel:
-    """A model the cloud tier serves."""
-
-    id: str
-    max_model_len: int
-    vocabulary_fingerprint: str = ""  # sdk.protocol.vocabulary; "" when the server does not say
+]  # fmt: skip  (the errors and events are declared in sdk.protocol.cloud_backend)
 
 
 # gRPC backs off reconnecting to a dead server exponentially up to 120 s, failing calls at once in
@@ -122,7 +80,7 @@ def channel_options(target: str) -> tuple[tuple[str, object], ...]:
     return CHANNEL_OPTIONS + (("grpc.service_config", REPLICA_SERVICE_CONFIG),)
 
 
-class CloudClient:
+class CloudClient(CloudBackend):
     """Talks to one tandem.v1 server.
 
     target: "host:port", or replicas in gRPC's name syntax ("ipv4:h1:p1,h2:p2", "dns:///host:port"):
@@ -148,6 +106,10 @@ class CloudClient:
             else:
                 self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=channel_options(self.target))
         return self._channel
+
+    @property
+    def spreads_over_replicas(self) -> bool:
+        return is_replica_target(self.target)
 
     async def close(self) -> None:
         if self._channel is not None:
@@ -217,23 +179,23 @@ class CloudClient:
 
 def cloud_error(error: grpc.aio.AioRpcError, target: str = "") -> CloudError:
     """The CloudError for a failed call, rebuilt from its status and tandem's trailing metadata."""
-    code = error.code()
-    details = error.details() or code.name
+    code = CloudStatus.__members__.get(error.code().name, CloudStatus.UNKNOWN)  # every failing gRPC code has its namesake
+    details = error.details() or error.code().name
     metadata = {key: value for key, value in (error.trailing_metadata() or ()) if isinstance(value, str)}
     param = metadata.get(ERROR_PARAM_KEY)
     retry_after_s = float(metadata.get(RETRY_AFTER_KEY, "1") or 1)
-    if code == grpc.StatusCode.UNAUTHENTICATED:
+    if code == CloudStatus.UNAUTHENTICATED:
         cls: type[CloudError] = CloudUnauthenticatedError
-    elif code == grpc.StatusCode.UNAVAILABLE:
+    elif code == CloudStatus.UNAVAILABLE:
         cls = CloudUnavailableError
         details = f"the cloud tier at {target} is unavailable: {details}" if target else details
-    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+    elif code == CloudStatus.DEADLINE_EXCEEDED:
         cls = CloudDeadlineExceededError
-    elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+    elif code in (CloudStatus.INVALID_ARGUMENT, CloudStatus.NOT_FOUND):
         cls = CloudContextLengthError if metadata.get(ERROR_TYPE_KEY) == CONTEXT_LENGTH_TYPE else CloudInvalidArgumentError
-    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and metadata.get(ERROR_TYPE_KEY) == INSUFFICIENT_QUOTA_TYPE:
+    elif code == CloudStatus.RESOURCE_EXHAUSTED and metadata.get(ERROR_TYPE_KEY) == INSUFFICIENT_QUOTA_TYPE:
         cls = CloudQuotaExceededError
-    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and RETRY_AFTER_KEY in metadata:
+    elif code == CloudStatus.RESOURCE_EXHAUSTED and RETRY_AFTER_KEY in metadata:
         cls = CloudOverloadedError  # the engine's queue; gRPC's own limits (message size) carry no retry-after
     else:
         cls = CloudError

@@ -1,6 +1,6 @@
 """The cloud tier reached over any OpenAI-compatible HTTP API (vLLM, SGLang, OpenAI, tandem's own).
 
-A drop-in for `sdk.cloud.grpc_client.CloudClient` as the cascade uses it:
+A `CloudBackend` (sdk.protocol.cloud_backend), like `sdk.cloud.grpc_client.CloudClient`:
 
     runner = CascadeRunner(local_engine, OpenAICloudClient("https://host/v1", api_key=KEY), CascadeConfig())
 
@@ -13,7 +13,7 @@ What differs from the gRPC client:
   a chunk of its own after the finish chunk (sdk.cloud.openai_wire.ChunkStream).
 - entropy/margin come from the top alternatives when logprobs were asked for, else 0.0.
 
-Failures raise the gRPC client's CloudError classes with the matching grpc.StatusCode
+Failures raise the CloudError classes of sdk.protocol.cloud_backend with the matching CloudStatus
 (sdk.cloud.openai_wire.error_from_response), so router.failure_kinds and the cascade
 treat both clients alike. The HTTP client is opened on first use; use one client per
 event loop and close it (or use `async with`).
@@ -26,11 +26,18 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
-import grpc
 import httpx
 
-from cloud_engine.grpc.convert import CloudTokenEvent, Prompt
-from sdk.cloud.grpc_client import CloudError, CloudInvalidArgumentError, CloudModel, CloudUnavailableError
+from sdk.protocol.cloud_backend import (
+    CloudBackend,
+    CloudError,
+    CloudInvalidArgumentError,
+    CloudModel,
+    CloudStatus,
+    CloudTokenEvent,
+    CloudUnavailableError,
+    Prompt,
+)
 from sdk.protocol.engine import SamplingParams
 from sdk.cloud.openai_wire import (
     UNKNOWN_TOKEN_ID,
@@ -51,7 +58,7 @@ _TIMEOUT_ERRORS = (TimeoutError, asyncio.TimeoutError)  # one class since 3.11
 _SHAPE_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError)
 
 
-class OpenAICloudClient:
+class OpenAICloudClient(CloudBackend):
     """Talks to one OpenAI-compatible server.
 
     base_url: the API root, e.g. "https://host/v1" (requests go to {base_url}/chat/completions).
@@ -107,7 +114,7 @@ class OpenAICloudClient:
         if continuation_token_ids:
             raise CloudInvalidArgumentError(
                 "an OpenAI-compatible cloud cannot continue from token ids; use handoff = restart",
-                grpc.StatusCode.INVALID_ARGUMENT, param="handoff",
+                CloudStatus.INVALID_ARGUMENT, param="handoff",
             )  # fmt: skip
         messages = chat_messages(prompt)
         timeout_s = self._timeout(timeout_s)
@@ -145,7 +152,7 @@ class OpenAICloudClient:
                     for card in cards]
         except (ValueError, KeyError, TypeError):
             raise CloudUnavailableError(
-                f"{self.base_url}/models did not answer with an OpenAI model list", grpc.StatusCode.UNAVAILABLE
+                f"{self.base_url}/models did not answer with an OpenAI model list", CloudStatus.UNAVAILABLE
             ) from None
 
     async def health(self, timeout_s: float | None = None) -> str:
@@ -164,7 +171,7 @@ class OpenAICloudClient:
                 self._default_model = str(next(card["id"] for card in cards if card.get("type", "llm") != "embeddings"))
             except (ValueError, KeyError, StopIteration, TypeError, AttributeError):
                 raise CloudUnavailableError(
-                    f"{self.base_url}/models lists no model to send requests to", grpc.StatusCode.UNAVAILABLE
+                    f"{self.base_url}/models lists no model to send requests to", CloudStatus.UNAVAILABLE
                 ) from None
         return self._default_model
 
@@ -181,7 +188,7 @@ class OpenAICloudClient:
         except httpx.TransportError as error:
             raise error_from_transport(error, self.base_url) from None
         except httpx.DecodingError as error:  # a body its Content-Encoding cannot decode
-            raise CloudError(f"the cloud at {self.base_url} sent an undecodable body: {error}", grpc.StatusCode.INTERNAL) from None
+            raise CloudError(f"the cloud at {self.base_url} sent an undecodable body: {error}", CloudStatus.INTERNAL) from None
         except _TIMEOUT_ERRORS:
             raise deadline_error(timeout_s) from None
 
@@ -213,7 +220,7 @@ def _checked(read, *args) -> CloudTokenEvent | None:
     except CloudError:
         raise
     except _SHAPE_ERRORS as error:
-        raise CloudError(f"the cloud sent a stream chunk of the wrong shape: {error}", grpc.StatusCode.INTERNAL) from None
+        raise CloudError(f"the cloud sent a stream chunk of the wrong shape: {error}", CloudStatus.INTERNAL) from None
 
 
 def _deadline(timeout_s: float | None) -> float | None:

@@ -1,5 +1,6 @@
 """The wire side of `sdk.cloud.openai_client`: request bodies, SSE chunks -> CloudTokenEvents,
-and HTTP failures -> the same `CloudError` classes (and gRPC status codes) as the gRPC client.
+and HTTP failures -> the same `CloudError` classes and `CloudStatus`es as the gRPC client
+(sdk.protocol.cloud_backend).
 
 Kept free of I/O so every mapping can be read (and tested) on its own.
 """
@@ -12,11 +13,9 @@ import time
 from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 
-import grpc
 import httpx
 
-from cloud_engine.grpc.convert import CloudTokenEvent, Prompt
-from sdk.cloud.grpc_client import (
+from sdk.protocol.cloud_backend import (
     CloudContextLengthError,
     CloudDeadlineExceededError,
     CloudError,
@@ -24,7 +23,10 @@ from sdk.cloud.grpc_client import (
     CloudOverloadedError,
     CloudQuotaExceededError,
     CloudUnauthenticatedError,
+    CloudStatus,
+    CloudTokenEvent,
     CloudUnavailableError,
+    Prompt,
 )
 from sdk.protocol.engine import InvalidRequestError, SamplingParams, StructuredOutput, TopLogprob
 from sdk.protocol.grammar_closing import CLOSED_WITHIN_MAX_TOKENS
@@ -132,7 +134,7 @@ class ChunkStream:
         """The event to yield now for one chunk, if any; raises CloudError for an in-stream error."""
         if chunk.get("error") or chunk.get("object") == "error":
             info = chunk.get("error") if isinstance(chunk.get("error"), Mapping) else chunk
-            raise CloudError(f"the cloud failed mid-stream: {info.get('message') or info}", grpc.StatusCode.INTERNAL)
+            raise CloudError(f"the cloud failed mid-stream: {info.get('message') or info}", CloudStatus.INTERNAL)
         if isinstance(chunk.get("usage"), Mapping):
             self.usage = chunk["usage"]
         choices = chunk.get("choices") or []
@@ -140,7 +142,7 @@ class ChunkStream:
             return None
         choice = choices[0]
         if self.final is not None:
-            raise CloudError("the cloud sent text after the finish_reason", grpc.StatusCode.INTERNAL)
+            raise CloudError("the cloud sent text after the finish_reason", CloudStatus.INTERNAL)
         text = (choice.get("delta") or {}).get("content") or ""
         finish_reason = choice.get("finish_reason") or None
         entries = ((choice.get("logprobs") or {}).get("content")) or []
@@ -159,7 +161,7 @@ class ChunkStream:
     def finish(self) -> CloudTokenEvent:
         """The held-back last event with the usage counts; CloudError if the stream never finished."""
         if self.final is None:
-            raise CloudError("the cloud's stream ended without a finish_reason", grpc.StatusCode.INTERNAL)
+            raise CloudError("the cloud's stream ended without a finish_reason", CloudStatus.INTERNAL)
         if self.usage is not None:
             self.final.num_prompt_tokens = int(self.usage.get("prompt_tokens") or 0)
             self.final.num_output_tokens = int(self.usage.get("completion_tokens") or self.final.num_output_tokens)
@@ -194,9 +196,9 @@ def parse_data(data: str) -> dict:
     try:
         chunk = json.loads(data)
     except ValueError:
-        raise CloudError(f"the cloud sent a malformed stream chunk: {data[:200]!r}", grpc.StatusCode.INTERNAL) from None
+        raise CloudError(f"the cloud sent a malformed stream chunk: {data[:200]!r}", CloudStatus.INTERNAL) from None
     if not isinstance(chunk, dict):
-        raise CloudError(f"the cloud sent a malformed stream chunk: {data[:200]!r}", grpc.StatusCode.INTERNAL)
+        raise CloudError(f"the cloud sent a malformed stream chunk: {data[:200]!r}", CloudStatus.INTERNAL)
     return chunk
 
 
@@ -204,7 +206,7 @@ def parse_data(data: str) -> dict:
 
 
 def invalid_argument(message: str, param: str | None = None) -> CloudInvalidArgumentError:
-    return CloudInvalidArgumentError(message, grpc.StatusCode.INVALID_ARGUMENT, param=param)
+    return CloudInvalidArgumentError(message, CloudStatus.INVALID_ARGUMENT, param=param)
 
 
 def error_from_response(status: int, headers: Mapping[str, str], body: bytes, base_url: str) -> CloudError:
@@ -214,7 +216,7 @@ def error_from_response(status: int, headers: Mapping[str, str], body: bytes, ba
     param = info.get("param") if isinstance(info.get("param"), str) else None
     code, kind = str(info.get("code") or ""), str(info.get("type") or "")
     retry_after_s = retry_after_seconds(headers.get("retry-after"))
-    S = grpc.StatusCode
+    S = CloudStatus
     if status == 401:
         return CloudUnauthenticatedError(message, S.UNAUTHENTICATED, param=param)
     if status == 403:
@@ -240,12 +242,12 @@ def error_from_transport(error: httpx.TransportError, base_url: str) -> CloudErr
     """httpx's own failures: timeouts -> DEADLINE_EXCEEDED, the rest (refused, reset, DNS) -> UNAVAILABLE."""
     detail = str(error) or type(error).__name__
     if isinstance(error, httpx.TimeoutException):
-        return CloudDeadlineExceededError(f"the cloud tier at {base_url} timed out: {detail}", grpc.StatusCode.DEADLINE_EXCEEDED)
-    return CloudUnavailableError(f"the cloud tier at {base_url} is unavailable: {detail}", grpc.StatusCode.UNAVAILABLE)
+        return CloudDeadlineExceededError(f"the cloud tier at {base_url} timed out: {detail}", CloudStatus.DEADLINE_EXCEEDED)
+    return CloudUnavailableError(f"the cloud tier at {base_url} is unavailable: {detail}", CloudStatus.UNAVAILABLE)
 
 
 def deadline_error(timeout_s: float | None) -> CloudDeadlineExceededError:
-    return CloudDeadlineExceededError(f"the cloud call ran past its deadline ({timeout_s}s)", grpc.StatusCode.DEADLINE_EXCEEDED)
+    return CloudDeadlineExceededError(f"the cloud call ran past its deadline ({timeout_s}s)", CloudStatus.DEADLINE_EXCEEDED)
 
 
 def retry_after_seconds(value: str | None, default: float = 1.0) -> float:

@@ -19,12 +19,14 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from sdk.protocol.cloud_backend import CloudBackend
+
 logger = logging.getLogger("tandem.serve")
 
 
 @dataclass
 class CloudTier:
-    client: Any = None  # what the cascade runner calls; None for "none"
+    client: CloudBackend | None = None  # what the cascade runner calls; None for "none"
     engine: Any = None  # the embedded AsyncCloudEngine
     grpc_server: Any = None  # the embedded engine's gRPC server
     description: str = "none"

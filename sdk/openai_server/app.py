@@ -157,7 +157,7 @@ def create_app(
 
     @app.get("/health", summary="200 once the model is loaded, 503 before")
     async def health() -> Response:
-        if getattr(engine, "draining", False) is True:  # sdk.openai_server.drain: out of rotation
+        if engine.draining:  # sdk.openai_server.drain: out of rotation
             return from_exception(EngineNotReadyError(DRAINING_MESSAGE)).response()
         if not engine.is_ready or (cascade is None and also_ready is not None and not also_ready()):
             return from_exception(EngineNotReadyError("the model is still loading; retry shortly")).response()
@@ -208,11 +208,11 @@ def _card(state: ServerState, name: str) -> ModelCard:
         engine = state.cloud_engine  # the embedded cloud engine; None for a remote cloud (its own defaults)
     elif name.startswith("auto"):
         engine = None  # either tier may answer: each model card says its own
-    defaults = getattr(engine, "sampling_defaults", None)
+    defaults = engine.sampling_defaults if engine is not None else None
     route = state.routed_mode(name, default_auto=False)
     return ModelCard(id=name, created=state.created, max_model_len=state.engine.max_model_len or None,
                      sampling_defaults=defaults.as_dict() if defaults is not None else None,
-                     vocabulary_fingerprint=getattr(engine, "vocabulary_fingerprint", None) or None,
+                     vocabulary_fingerprint=(engine.vocabulary_fingerprint if engine is not None else "") or None,
                      route=route.value if route is not None else None)
 
 

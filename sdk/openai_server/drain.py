@@ -30,6 +30,8 @@ DRAINING_MESSAGE = "this replica is draining (shutting down or taken out of rota
 class DrainableEngine(EngineWrapper):
     """`engine`, refusing new generations while draining; counts the ones in flight."""
 
+    draining = False  # set by drain()/resume() (a plain attribute over EngineWrapper's forwarding property)
+
     def __init__(self, engine: EngineProtocol):
         super().__init__(engine)
         self.draining = False

@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -27,6 +27,13 @@ from sdk.openai_server.metrics import ServerMetrics
 from sdk.openai_server.streaming import EventStreamResponse
 from sdk.protocol.prompt_tokens import LARGE_BODY_BYTES, off_loop
 from sdk.protocol.request_fields import unknown_fields
+
+if TYPE_CHECKING:  # types only: the plain server (tandem cloud serve) never imports the cascade, traffic or embeddings
+    from sdk.budgets.manager import BudgetManager
+    from sdk.cascade.runner import CascadeRunner
+    from sdk.embeddings.service import EmbeddingService
+    from sdk.protocol.client_limits import RequestRateLimiter
+    from sdk.traffic.record import TrafficRecord
 
 logger = logging.getLogger(__name__)
 
@@ -53,18 +60,18 @@ class ServerState:
     served_model_names: list[str] | None
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
-    cascade: Any = None  # sdk.cascade.CascadeRunner (not imported: the plain server stays light)
+    cascade: CascadeRunner | None = None  # routes auto/local/cloud (tandem serve)
     cloud_engine: EngineProtocol | None = None  # tandem serve's embedded cloud engine, if any
     strict_fields: bool = False  # refuse unknown request fields with a 400 instead of ignoring them
-    traffic: Any = None  # sdk.traffic.record.TrafficRecord, when `tandem serve` keeps one (POST /v1/feedback needs it)
-    feedback_limiter: Any = None  # sdk.protocol.client_limits.RequestRateLimiter for POST /v1/feedback
-    embeddings: Any = None  # sdk.embeddings.service.EmbeddingService: POST /v1/embeddings (tandem serve)
-    budgets: Any = None  # sdk.budgets.manager.BudgetManager of a server without a cascade (tandem cloud serve's hosted API)
+    traffic: TrafficRecord | None = None  # when `tandem serve` keeps one (POST /v1/feedback needs it)
+    feedback_limiter: RequestRateLimiter | None = None  # for POST /v1/feedback
+    embeddings: EmbeddingService | None = None  # POST /v1/embeddings (tandem serve)
+    budgets: BudgetManager | None = None  # of a server without a cascade (tandem cloud serve's hosted API)
 
     @property
     def bills_user(self) -> bool:
         """Whether requests' `user` field is billed (budgets), so it is not an ignored field."""
-        return self.budgets is not None or getattr(self.cascade, "budgets", None) is not None
+        return self.budgets is not None or (self.cascade is not None and self.cascade.budgets is not None)
 
     @property
     def engine_model_names(self) -> list[str]:
@@ -144,13 +151,12 @@ def ignored_extension(body) -> dict | None:
 def bill_to_caller(request: Request, state: ServerState, job: Job) -> dict[str, str]:
     """Name the caller on each of the job's requests when the engine bills them (the prompt on the
     first choice only, as usage counts it); the soft-budget warning header, if any."""
-    soft_warning = getattr(state.engine, "soft_warning", None)  # sdk.budgets.metered_engine.BudgetedEngine
-    if soft_warning is None:
+    if not state.engine.bills_callers:  # sdk.budgets.metered_engine.BudgetedEngine does
         return {}
     key = getattr(request.state, "key_fingerprint", None)
     for index, generation_request in enumerate(job.generation_requests):
         generation_request.caller = Caller(key, job.user, bills_prompt=index == 0)
-    warning = soft_warning(Caller(key, job.user))
+    warning = state.engine.soft_warning(Caller(key, job.user))
     return {BUDGET_WARNING_HEADER: warning} if warning else {}
 
 

@@ -20,6 +20,7 @@ from typing import AsyncIterator, Callable, Protocol, Sequence
 from sdk.protocol.engine import (
     EngineNotReadyError,
     EngineOverloadedError,
+    EngineProtocol,
     EngineStats,
     GenerationRequest,
     TokenEvent,
@@ -48,11 +49,13 @@ class StepEngine(Protocol):
     def detokenize(self, token_ids: Sequence[int]) -> str: ...
     def apply_chat_template(self, messages: Sequence[dict]) -> list[int]: ...
     chat_template: str | None  # the model's Jinja template (its text tells the tool format)
+    max_token_bytes: int  # the longest text one token stands for
+    vocabulary_fingerprint: str  # sdk.protocol.vocabulary (computed on first read)
     def stats(self) -> EngineStats: ...
     def close(self) -> None: ...
 
 
-class AsyncStepEngine:
+class AsyncStepEngine(EngineProtocol):
     """Implements sdk.protocol.engine.EngineProtocol over any StepEngine built on the engine thread."""
 
     def __init__(self, load: Callable[[], StepEngine], model_name: str, max_in_flight: int, max_model_len: int = 0, thread_name: str = "tandem-engine"):
@@ -122,7 +125,7 @@ class AsyncStepEngine:
     def max_token_bytes(self) -> int | None:
         """The longest text one token of the loaded model stands for (None while loading):
         sdk.protocol.prompt_tokens bounds a prompt's tokens from its bytes with it."""
-        return getattr(self._engine, "max_token_bytes", None) if self._engine is not None else None
+        return self._engine.max_token_bytes if self._engine is not None else None
 
     @property
     def chat_template(self) -> str | None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from sdk.protocol.sampling_defaults import SamplingDefaults
 
 # OpenAI caps `top_logprobs` at 20; we do the same so clients get the same limits.
 MAX_TOP_LOGPROBS = 20
@@ -314,13 +317,61 @@ class EngineStats:
 
 
 class EngineProtocol(Protocol):
-    """What the OpenAI server, the gRPC service and the router need from an engine."""
+    """What the OpenAI server, the gRPC service and the router need from an engine.
+
+    Engines subclass it: the facts and capabilities below have the defaults of an engine that
+    does not know them (or has not loaded yet); the servers read them as declared, never probing
+    an engine with getattr. Serving layers over an engine (sdk.protocol.engine_wrapper) forward them."""
 
     model_name: str  # the id clients put in `model`
     max_model_len: int  # prompt + completion tokens one request may use
 
     @property
     def is_ready(self) -> bool: ...
+
+    # -- facts about the loaded model (defaults: not known, or not loaded yet) ------------------
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's own Jinja chat template (its text tells the tool-call format)."""
+        return None
+
+    @property
+    def vocabulary_fingerprint(self) -> str:
+        """sdk.protocol.vocabulary's fingerprint of the vocabulary ("" when not known); the first read
+        may pass over the whole vocabulary: read it off the event loop."""
+        return ""
+
+    @property
+    def max_token_bytes(self) -> int | None:
+        """The longest text one token stands for (sdk.protocol.prompt_tokens bounds a prompt with it)."""
+        return None
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults | None:
+        """What the engine fills in for unset sampling fields (the model card shows them)."""
+        return None
+
+    @property
+    def model_path(self) -> str | None:
+        """The GGUF file the engine runs, when it runs one (a confidence probe checks its fingerprint)."""
+        return None
+
+    # -- serving state (sdk.openai_server.drain, sdk.budgets.metered_engine) --------------------
+
+    @property
+    def draining(self) -> bool:
+        """True once the server was told to drain: out of rotation, finishing what it has."""
+        return False
+
+    @property
+    def bills_callers(self) -> bool:
+        """True when the engine bills each request to its `caller` (a server with budgets)."""
+        return False
+
+    def soft_warning(self, caller: Caller) -> str | None:
+        """The soft-budget warning for a caller about to be billed (engines that bill callers)."""
+        return None
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
 

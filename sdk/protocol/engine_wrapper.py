@@ -1,17 +1,20 @@
 """An EngineProtocol engine that hands everything to the engine it wraps: the base of the
 serving layers that change one thing about an engine (a budget on each generation, a drain).
-Subclasses override what they change; the rest, and any attribute beyond the protocol
-(wait_ready, vocabulary_fingerprint, sampling_defaults, ...), is the wrapped engine's."""
+Subclasses override what they change; the rest of the protocol is forwarded, and any attribute
+beyond it (wait_ready, shutdown, ...) is the wrapped engine's."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sdk.protocol.engine import EngineProtocol, EngineStats, GenerationRequest, TokenEvent
+from sdk.protocol.engine import Caller, EngineProtocol, EngineStats, GenerationRequest, TokenEvent
+
+if TYPE_CHECKING:
+    from sdk.protocol.sampling_defaults import SamplingDefaults
 
 
-class EngineWrapper:
+class EngineWrapper(EngineProtocol):
     def __init__(self, engine: EngineProtocol):
         self.engine = engine
 
@@ -44,6 +47,37 @@ class EngineWrapper:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.engine.chat_template
+
+    @property
+    def vocabulary_fingerprint(self) -> str:
+        return self.engine.vocabulary_fingerprint
+
+    @property
+    def max_token_bytes(self) -> int | None:
+        return self.engine.max_token_bytes
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults | None:
+        return self.engine.sampling_defaults
+
+    @property
+    def model_path(self) -> str | None:
+        return self.engine.model_path
+
+    @property
+    def draining(self) -> bool:
+        return self.engine.draining
+
+    @property
+    def bills_callers(self) -> bool:
+        return self.engine.bills_callers
+
+    def soft_warning(self, caller: Caller) -> str | None:
+        return self.engine.soft_warning(caller)
 
     def __getattr__(self, name: str) -> Any:
         if name == "engine":  # not set yet (copy, pickle): no recursion

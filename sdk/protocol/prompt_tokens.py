@@ -74,8 +74,7 @@ def message_text_bytes(messages: Sequence[dict]) -> int:
 
 def check_fits(engine, num_bytes: int, param: str) -> None:
     """ContextLengthError when `num_bytes` of text cannot fit the engine's max_model_len."""
-    max_token_bytes = getattr(engine, "max_token_bytes", None)
-    max_model_len = getattr(engine, "max_model_len", 0)
+    max_token_bytes, max_model_len = engine.max_token_bytes, engine.max_model_len
     if not max_token_bytes or not max_model_len:
         return  # an engine that cannot bound it (not loaded yet): its own checks run later
     min_tokens = num_bytes // max_token_bytes

@@ -243,4 +243,4 @@ def format_for_template(template: str | None) -> ToolFormat:
 
 def tool_format_of(engine) -> ToolFormat:
     """The tool format of the model an engine serves (from its chat_template, when it has one)."""
-    return format_for_template(getattr(engine, "chat_template", None))
+    return format_for_template(engine.chat_template)

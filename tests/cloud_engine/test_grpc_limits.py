@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import httpx
 import pytest
 
+from sdk.protocol.cloud_backend import CloudStatus
 from cloud_engine.grpc.auth import peer_host
 from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from sdk.cloud.grpc_client import CloudClient, CloudOverloadedError, CloudUnauthenticatedError
@@ -25,7 +25,7 @@ async def refused(call) -> CloudOverloadedError:
     with pytest.raises(CloudOverloadedError) as caught:
         await call
     error = caught.value
-    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and error.retry_after_s >= 1
+    assert error.code == CloudStatus.RESOURCE_EXHAUSTED and error.retry_after_s >= 1
     return error
 
 

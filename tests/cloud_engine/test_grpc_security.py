@@ -11,6 +11,7 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from sdk.protocol.cloud_backend import CloudStatus
 from cloud_engine.grpc.server import GrpcServerConfig, GrpcServerStartError, bound_port, start_grpc_server, stop_grpc_server
 from sdk.protocol.api_keys import key_fingerprint
 from sdk.cloud.grpc_client import CloudClient, CloudUnauthenticatedError, CloudUnavailableError
@@ -27,7 +28,7 @@ async def test_api_keys_guard_the_service_but_not_health_or_reflection(engine, s
             for client, says in ((wrong, "not valid"), (anonymous, "authorization: Bearer")):  # the first line per address is logged
                 with pytest.raises(CloudUnauthenticatedError) as caught:
                     await anext(client.generate([5, 6], GREEDY))
-                assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED and says in str(caught.value)
+                assert caught.value.code == CloudStatus.UNAUTHENTICATED and says in str(caught.value)
                 with pytest.raises(CloudUnauthenticatedError):
                     await client.list_models()
             assert await wait_until_serving(anonymous)  # health is public

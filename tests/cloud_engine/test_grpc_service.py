@@ -7,8 +7,9 @@ import asyncio
 import grpc
 import pytest
 
-from cloud_engine.grpc import tandem_pb2 as pb
-from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
+from sdk.protocol.cloud_backend import CloudStatus
+from sdk.protocol.wire import tandem_pb2 as pb
+from sdk.protocol.wire import tandem_pb2_grpc as pb_grpc
 from sdk.cloud.grpc_client import (
     CloudClient,
     CloudContextLengthError,
@@ -73,7 +74,7 @@ async def test_deadline_exceeded_aborts_and_frees_blocks(engine, serve):  # noqa
         with pytest.raises(CloudDeadlineExceededError) as caught:
             async for _ in client.generate(random_tokens(5, seed=3), greedy(LONG)):
                 pass
-        assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert caught.value.code == CloudStatus.DEADLINE_EXCEEDED
         assert await wait_drained(engine), engine.stats()
     assert engine.stats().num_generation_tokens_total - generated_before < LONG
 
@@ -116,7 +117,7 @@ async def test_invalid_requests_are_invalid_argument_naming_the_field(engine, se
         assert caught.value.param == "prompt_token_ids"
         with pytest.raises(CloudInvalidArgumentError) as caught:
             await anext(client.generate([5], greedy(2), model="no-such-model"))
-        assert caught.value.code == grpc.StatusCode.NOT_FOUND and caught.value.param == "model"
+        assert caught.value.code == CloudStatus.NOT_FOUND and caught.value.param == "model"
     assert await wait_drained(engine)
 
 
@@ -129,7 +130,7 @@ async def test_full_queue_is_resource_exhausted(long_tiny_dir, serve):  # noqa: 
             with pytest.raises(CloudOverloadedError) as caught:
                 await anext(client.generate([5, 6], greedy(2)))
             assert isinstance(caught.value, EngineOverloadedError)
-            assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and caught.value.retry_after_s >= 1
+            assert caught.value.code == CloudStatus.RESOURCE_EXHAUSTED and caught.value.retry_after_s >= 1
             await first.aclose()
             assert await wait_drained(small)
             events = [e async for e in client.generate([5, 6], greedy(2))]  # room again
@@ -142,7 +143,7 @@ async def test_message_over_the_size_limit_is_refused_by_grpc(engine, serve):  #
     async with CloudClient(await serve(engine, max_message_bytes=1024)) as client:
         with pytest.raises(CloudError) as caught:
             await anext(client.generate("w5 " * 2000, greedy(2)))
-        assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert caught.value.code == CloudStatus.RESOURCE_EXHAUSTED
         assert not isinstance(caught.value, CloudOverloadedError)  # gRPC's limit, not the engine's queue
         events = [e async for e in client.generate("w5 w6", greedy(2))]
         assert events[-1].finish_reason == "length"
@@ -170,7 +171,7 @@ async def test_unreachable_server_is_unavailable():
     async with CloudClient("127.0.0.1:1", timeout_s=5) as client:
         with pytest.raises(CloudUnavailableError) as caught:
             await client.list_models()
-        assert caught.value.code == grpc.StatusCode.UNAVAILABLE and "127.0.0.1:1" in str(caught.value)
+        assert caught.value.code == CloudStatus.UNAVAILABLE and "127.0.0.1:1" in str(caught.value)
 
 
 async def test_repetition_stop_travels_both_ways(engine, serve):  # noqa: F811  (fixtures)

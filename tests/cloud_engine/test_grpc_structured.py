@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from cloud_engine.grpc.convert import sampling_message, sampling_params
-from cloud_engine.grpc import tandem_pb2 as pb
+from cloud_engine.grpc.convert import sampling_params
+from sdk.protocol.wire.messages import sampling_message
+from sdk.protocol.wire import tandem_pb2 as pb
 from sdk.cloud.grpc_client import CloudClient, CloudInvalidArgumentError
 from sdk.cloud.openai_wire import request_body
 from sdk.protocol.engine import GenerationRequest, SamplingParams, StructuredOutput

@@ -21,9 +21,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cloud_engine.grpc import tandem_pb2 as pb
-from cloud_engine.grpc.convert import CloudTokenEvent
-from cloud_engine.grpc import tandem_pb2_grpc as pb_grpc
+from sdk.protocol.wire import tandem_pb2 as pb
+from sdk.protocol.cloud_backend import CloudTokenEvent
+from sdk.protocol.wire import tandem_pb2_grpc as pb_grpc
 from local_runtime.async_engine import AsyncLocalEngine
 from local_runtime.config import LocalEngineConfig
 from sdk.cascade.runner import CascadeConfig, CascadeRunner

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import grpc
 import pytest
 
+from sdk.protocol.cloud_backend import CloudStatus
 from router.circuit_breaker import BreakerState, CircuitBreaker, CircuitOpenError
 from router.retry import retry_with_backoff
 from router.failure_kinds import FailureKind, classify_failure
@@ -150,8 +150,8 @@ def test_classify_failure(error, kind):
 def test_classify_failure_reads_the_sdk_cloud_errors():
     from sdk.cloud.grpc_client import CloudUnauthenticatedError, CloudUnavailableError
 
-    assert classify_failure(CloudUnavailableError("down", grpc.StatusCode.UNAVAILABLE)) is FailureKind.UNAVAILABLE
-    assert classify_failure(CloudUnauthenticatedError("no", grpc.StatusCode.UNAUTHENTICATED)) is FailureKind.AUTH
+    assert classify_failure(CloudUnavailableError("down", CloudStatus.UNAVAILABLE)) is FailureKind.UNAVAILABLE
+    assert classify_failure(CloudUnauthenticatedError("no", CloudStatus.UNAUTHENTICATED)) is FailureKind.AUTH
 
 
 def failing_then_ok(errors: list[Exception], result: str = "ok"):

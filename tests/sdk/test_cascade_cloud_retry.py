@@ -4,10 +4,10 @@ client (the real client's error mapping is tested in test_grpc_* and test_openai
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
-from cloud_engine.grpc.convert import CloudTokenEvent
+from sdk.protocol.cloud_backend import CloudStatus
+from sdk.protocol.cloud_backend import CloudBackend, CloudTokenEvent
 from router.circuit_breaker import CircuitBreaker
 from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, stream_from_cloud
 from sdk.cloud.grpc_client import CloudDeadlineExceededError, CloudUnavailableError
@@ -18,7 +18,7 @@ def token(i: int, finish: str | None = None) -> CloudTokenEvent:
     return CloudTokenEvent("r", i, f"t{i}", -0.1, 0.5, 0.2, finish_reason=finish, num_prompt_tokens=5, num_output_tokens=i)
 
 
-class ScriptedCloud:
+class ScriptedCloud(CloudBackend):
     """Each call plays the next script: a list of events, possibly ending in an exception."""
 
     def __init__(self, *scripts):
@@ -42,7 +42,7 @@ async def drain(cloud: ScriptedCloud, breaker: CircuitBreaker) -> list[CloudToke
     return [event async for event in stream]
 
 
-UNAVAILABLE = CloudUnavailableError("connection refused", grpc.StatusCode.UNAVAILABLE)
+UNAVAILABLE = CloudUnavailableError("connection refused", CloudStatus.UNAVAILABLE)
 
 
 async def test_unavailable_before_the_first_token_is_retried_once():
@@ -54,7 +54,7 @@ async def test_unavailable_before_the_first_token_is_retried_once():
 
 @pytest.mark.parametrize("script", [
     [[UNAVAILABLE], [UNAVAILABLE]],  # retried once only
-    [[CloudDeadlineExceededError("slow", grpc.StatusCode.DEADLINE_EXCEEDED)]],  # a deadline is not retried
+    [[CloudDeadlineExceededError("slow", CloudStatus.DEADLINE_EXCEEDED)]],  # a deadline is not retried
     [[token(1), UNAVAILABLE]],  # a token reached the caller: not idempotent any more
 ])  # fmt: skip
 async def test_what_is_not_retried_fails_once_and_counts_once(script):

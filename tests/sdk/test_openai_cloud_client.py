@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 import time
 
-import grpc
 import httpx
 import pytest
 import uvicorn
 
+from sdk.protocol.cloud_backend import CloudStatus
 from router.failure_kinds import FailureKind, classify_failure
 from sdk.cascade.runner import CascadeConfig, CascadeRunner
 from sdk.cloud.grpc_client import (
@@ -125,7 +125,7 @@ async def test_wrong_key_is_unauthenticated(base_url):
     async with OpenAICloudClient(base_url, api_key="sk-wrong-0123456789") as client:
         with pytest.raises(CloudUnauthenticatedError) as raised:
             await drain(client.generate(MESSAGES, GREEDY, model="tiny"))
-        assert raised.value.code == grpc.StatusCode.UNAUTHENTICATED and "Incorrect API key" in str(raised.value)
+        assert raised.value.code == CloudStatus.UNAUTHENTICATED and "Incorrect API key" in str(raised.value)
         assert classify_failure(raised.value) is FailureKind.AUTH
         with pytest.raises(CloudUnauthenticatedError):
             await client.health()
@@ -137,7 +137,7 @@ async def test_invalid_requests_carry_the_servers_message(client):
         await drain(client.generate(MESSAGES, too_many_stops, model="tiny"))
     assert not isinstance(raised.value, CloudContextLengthError)
     assert str(raised.value) == "stop accepts at most 16 strings, got 17" and raised.value.param == "stop"
-    assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.code == CloudStatus.INVALID_ARGUMENT
     assert classify_failure(raised.value) is FailureKind.INVALID_ARGUMENT
 
     with pytest.raises(CloudContextLengthError) as raised:
@@ -152,7 +152,7 @@ async def test_unreachable_server_is_unavailable():
     async with OpenAICloudClient(f"http://127.0.0.1:{free_port()}/v1") as client:
         with pytest.raises(CloudUnavailableError) as raised:
             await drain(client.generate(MESSAGES, GREEDY, model="tiny"))
-        assert raised.value.code == grpc.StatusCode.UNAVAILABLE
+        assert raised.value.code == CloudStatus.UNAVAILABLE
         assert classify_failure(raised.value) is FailureKind.UNAVAILABLE
         with pytest.raises(CloudUnavailableError):
             await client.health()
@@ -203,7 +203,7 @@ async def test_continuation_and_token_ids_are_refused(client):
 ])  # fmt: skip
 def test_http_errors_map_onto_the_grpc_clients_classes(status, body, headers, cls, kind, message):
     error = error_from_response(status, headers, body, "http://cloud/v1")
-    assert type(error) is cls and isinstance(error.code, grpc.StatusCode) and message in str(error)
+    assert type(error) is cls and isinstance(error.code, CloudStatus) and message in str(error)
     assert classify_failure(error) is kind
     if "retry-after" in headers:
         assert error.retry_after_s == float(headers["retry-after"])
@@ -215,10 +215,10 @@ def test_in_stream_errors_and_unfinished_streams_are_internal():
     assert stream.feed({"choices": [{"index": 0, "delta": {"content": "a"}}]}).text == "a"
     with pytest.raises(CloudError, match="overloaded") as raised:
         stream.feed({"error": {"message": "engine overloaded", "type": "server_error"}})
-    assert raised.value.code == grpc.StatusCode.INTERNAL
+    assert raised.value.code == CloudStatus.INTERNAL
     with pytest.raises(CloudError, match="without a finish_reason") as raised:
         stream.finish()
-    assert raised.value.code == grpc.StatusCode.INTERNAL
+    assert raised.value.code == CloudStatus.INTERNAL
 
 
 def test_request_body_sends_only_what_differs_from_the_defaults():

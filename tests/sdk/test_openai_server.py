@@ -16,6 +16,7 @@ from sdk.protocol.engine import (
     ContextLengthError,
     EngineNotReadyError,
     EngineOverloadedError,
+    EngineProtocol,
     EngineStats,
     GenerationRequest,
     TokenEvent,
@@ -316,7 +317,7 @@ def test_health_models_and_metrics(server_url, client):
 # -- above the engines: a fake engine --------------------------------------------------------------
 
 
-class FakeEngine:
+class FakeEngine(EngineProtocol):
     """Just enough of EngineProtocol to drive the server: words out, one per event."""
 
     model_name = "fake"

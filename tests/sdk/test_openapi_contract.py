@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sdk.openai_server import create_app
-from sdk.protocol.engine import EngineStats, InvalidRequestError
+from sdk.protocol.engine import EngineProtocol, EngineStats, InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest, CompletionRequest
 from tests.schema_strategies import from_schema
 
 
-class _IdleEngine:
+class _IdleEngine(EngineProtocol):
     model_name, max_model_len, is_ready = "m", 64, True
 
     def stats(self) -> EngineStats:

@@ -10,6 +10,7 @@ import pytest
 from cloud_engine.grpc import convert
 from sdk.cloud.openai_wire import request_body
 from sdk.protocol.engine import SamplingParams
+from sdk.protocol.wire.messages import request_message
 from sdk.protocol.model_files import default_model_path
 from sdk.protocol.openai_schema import ChatCompletionRequest
 from sdk.protocol.sampling_defaults import (
@@ -103,7 +104,7 @@ def test_a_request_that_leaves_fields_out_leaves_them_unset():
 def test_unset_survives_grpc_and_set_values_arrive_as_sent():
     for sent in (SamplingParams(max_tokens=4), SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0),
                  SamplingParams(max_tokens=4, repetition_stop=False), SamplingParams(max_tokens=4, repetition_stop=True)):
-        message = convert.request_message([1, 2, 3], sent, request_id="r")
+        message = request_message([1, 2, 3], sent, request_id="r")
         received = convert.sampling_params(message, num_prompt_tokens=3, max_model_len=64)
         fields = ("temperature", "top_p", "top_k", "repetition_stop")
         assert [getattr(received, f) for f in fields] == [getattr(sent, f) for f in fields]

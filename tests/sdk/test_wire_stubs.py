@@ -1,4 +1,4 @@
-"""The committed gRPC stubs (cloud_engine/grpc/tandem_pb2*.py[i]) are what the .proto generates."""
+"""The committed gRPC stubs (sdk/protocol/wire/tandem_pb2*.py[i]) are what the .proto generates."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STUB_DIR = REPO_ROOT / "cloud_engine" / "grpc"
+STUB_DIR = REPO_ROOT / "sdk" / "protocol" / "wire"
 STUBS = ("tandem_pb2.py", "tandem_pb2.pyi", "tandem_pb2_grpc.py")
 
 
@@ -38,7 +38,7 @@ def test_committed_stubs_describe_what_the_proto_says(tmp_path):
     from google.protobuf import descriptor_pb2
     from grpc_tools import protoc
 
-    from cloud_engine.grpc import tandem_pb2
+    from sdk.protocol.wire import tandem_pb2
 
     out = tmp_path / "tandem.pb"
     include = str(importlib.resources.files("grpc_tools") / "_proto")
@@ -71,7 +71,7 @@ def test_committed_stubs_match_the_generator_text_when_the_versions_match(tmp_pa
 
 
 def test_stubs_import_as_part_of_the_package():
-    from cloud_engine.grpc import tandem_pb2, tandem_pb2_grpc
+    from sdk.protocol.wire import tandem_pb2, tandem_pb2_grpc
 
     assert tandem_pb2_grpc.tandem_dot_v1_dot_tandem__pb2 is tandem_pb2
     assert tandem_pb2.DESCRIPTOR.package == "tandem.v1"

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from cloud_engine.grpc import tandem_pb2 as tandem_dot_v1_dot_tandem__pb2
+from sdk.protocol.wire import tandem_pb2 as tandem_dot_v1_dot_tandem__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
