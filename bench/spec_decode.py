@@ -116,7 +116,7 @@ def batch1(engines: dict[str, LLM], prompts: list[list[int]], max_tokens: int, t
     runs = {name: [] for name in engines}
     for index, prompt in enumerate(prompts):
         for name, llm in engines.items():
-            llm.engine.spec_stats = stats[name]  # the engine records into it (a fresh counter per workload)
+            llm.engine.speculator.stats = stats[name]  # the engine records into it (a fresh counter per workload)
             runs[name].append(run_requests(llm, [prompt], max_tokens, f"{tag}-{name}-{index}")[0])
     results = {}
     for name, rs in runs.items():
@@ -168,7 +168,7 @@ def batch32(engines: dict[str, LLM], prompts: list[list[int]], max_tokens: int, 
         if round_ % 2:  # alternate who goes first: the machine's drift hits every engine alike
             order.reverse()
         for name, llm in order:
-            llm.engine.spec_stats = stats[name]
+            llm.engine.speculator.stats = stats[name]
             rs = run_requests(llm, prompts, max_tokens, f"b{len(prompts)}-{name}-{round_}")
             tokens = sum(len(r["token_ids"]) for r in rs)
             seconds = max(r["last"] for r in rs) - rs[0]["start"]

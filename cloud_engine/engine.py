@@ -10,10 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import time
 
-import numpy as np
 import torch
 
 from cloud_engine.block_manager import KVCacheManager
@@ -33,11 +31,9 @@ from cloud_engine.loader import load_model
 from cloud_engine.loader.tokenizer import encode_prompt, tokenizer_vocabulary
 from cloud_engine.model_runner import ModelRunner
 from cloud_engine.request import Request
-from cloud_engine.sampler import make_generator, sample_batch, token_signals
+from cloud_engine.sampler import make_generator, sample_batch
 from cloud_engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
-from cloud_engine.spec_decode.policy import SpeculationPolicy
-from cloud_engine.spec_decode.rejection import verify_draft
-from cloud_engine.spec_decode.stats import SpecDecodeStats
+from cloud_engine.spec_decode.speculator import Speculator
 from cloud_engine.prefill_pacing import PrefillPacer, step_shape
 from cloud_engine.token_bytes import build_token_bytes
 from sdk.protocol.engine import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
@@ -143,25 +139,13 @@ class CloudEngine:
         self.pacer = PrefillPacer(target_ms / 1000.0, max_ms / 1000.0 if max_ms else None,
                                   config.slow_step_share) if target_ms else None  # fmt: skip
         self._generators: dict[str, torch.Generator] = {}
-        self.spec_config = config.speculative
-        self.spec_stats = SpecDecodeStats()
-        self.spec_policy = SpeculationPolicy(self.spec_config, self.max_model_len)
-        self.proposer = self._build_proposer() if self.spec_config.enabled else None
-        self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> q [k, vocab] of its pending draft
+        # Drafts, their verification and counters (cloud_engine.spec_decode.speculator); built last: a
+        # draft model's proposer reads this engine's tokenizer and device.
+        self.speculator = Speculator(self, config.speculative, self.max_model_len, self.grammar, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         logger.info("cloud engine: %s on %s (%s, %s attention, %d packed linears), %d KV blocks of %d", self.model_name,
                     self.device, self.dtype, self.attention_backend, num_packed, self.num_blocks, config.block_size)
-
-    def _build_proposer(self):
-        spec = self.spec_config
-        if spec.method == "ngram":
-            from cloud_engine.spec_decode.ngram import NgramProposer
-
-            return NgramProposer(spec.ngram_max, spec.ngram_min)
-        from cloud_engine.spec_decode.draft_model import DraftModelProposer
-
-        return DraftModelProposer(self, spec)
 
     @functools.cached_property
     def vocabulary_fingerprint(self) -> str:
@@ -216,10 +200,7 @@ class CloudEngine:
     def _forget(self, request_id: str) -> None:
         """Drop a finished request's per-request state beyond the scheduler's."""
         self._generators.pop(request_id, None)
-        self._draft_probs.pop(request_id, None)
-        self.spec_policy.free(request_id)
-        if self.proposer is not None:
-            self.proposer.free(request_id)
+        self.speculator.free(request_id)
 
     def abort_all(self) -> None:
         for request_id in list(self.scheduler.requests):
@@ -254,8 +235,7 @@ class CloudEngine:
         runner_output = ModelRunnerOutput(sampled_token_ids={r.request_id: [t.token_id for t in ts] for r, ts in zip(sampled_requests, tokens)})
         self.scheduler.update_from_output(scheduler_output, runner_output)
         events = self._finish_tokens(sampled_requests, tokens)
-        if self.proposer is not None:
-            self._propose()
+        self.speculator.propose(self.scheduler.running)
         return events
 
     def _sample(self, logits: torch.Tensor, num_logits: list[int], requests: list[Request], out: SchedulerOutput) -> list[list]:
@@ -276,19 +256,7 @@ class CloudEngine:
                                             [(request.prompt_token_ids, request.output_token_ids)], self._end_ids,
                                             [self._allowed(request)]))  # fmt: skip
                 continue
-            draft = out.scheduled_spec_token_ids[rid]
-            probs = self._draft_probs.pop(rid, None)
-            verified = self._masked_by_grammar(request, own, draft) if request.matcher is not None else own
-            ids = verify_draft(verified, draft, probs[: len(draft)] if probs is not None else None, request.params, generator)
-            num_accepted = len(ids) - 1
-            self.spec_stats.record(len(draft), num_accepted)
-            self.spec_policy.record(rid, len(draft), num_accepted)
-            request.num_draft_tokens += len(draft)
-            request.num_accepted_tokens += num_accepted
-            ids = self._cut_at_token_stop(request, ids)
-            # The signals and logprobs stay the model's own: the raw rows, not the masked ones.
-            signals = token_signals(own[: len(ids)], torch.tensor(ids, device=own.device), [request.params] * len(ids))
-            results.append(signals)
+            results.append(self.speculator.verify(request, own, out.scheduled_spec_token_ids[rid], generator))
         return results
 
     def _allowed(self, request: Request) -> torch.Tensor | None:
@@ -298,31 +266,6 @@ class CloudEngine:
         mask = self.grammar.allowed(request.matcher, request.tokens_left(self.max_model_len))
         request.forced = [self.grammar.forces(mask)]  # for this step's event
         return torch.from_numpy(mask).to(self.device)
-
-    def _masked_by_grammar(self, request: Request, rows: torch.Tensor, draft: list[int]) -> torch.Tensor:
-        """The target's k + 1 rows of a structured request, each masked by the grammar's state
-        after the draft tokens before it (the matcher walks the draft, then rolls back: the
-        tokens actually emitted are consumed in _finish_tokens). The draft fits the grammar
-        (_propose cut it), so verification samples exactly the masked distribution."""
-        matcher, masks = request.matcher, []
-        for token in draft:
-            masks.append(self.grammar.allowed(matcher))
-            matcher.consume_token(token)
-        masks.append(self.grammar.allowed(matcher))
-        matcher.rollback(len(draft))
-        request.forced = [self.grammar.forces(mask) for mask in masks]
-        allowed = torch.from_numpy(np.stack(masks)).to(rows.device)
-        return rows.masked_fill(~allowed, -math.inf)
-
-    def _cut_at_token_stop(self, request: Request, ids: list[int]) -> list[int]:
-        """Tokens past an end-of-generation/stop token, max_tokens or max_model_len are never emitted."""
-        params = request.params
-        limit = request.tokens_left(self.max_model_len)
-        ids = ids[: max(1, limit)]
-        for index, token_id in enumerate(ids):
-            if (not params.ignore_eos and token_id in self.eos_token_ids) or token_id in params.stop_token_ids:
-                return ids[: index + 1]
-        return ids
 
     def _finish_tokens(self, requests: list[Request], tokens: list[list]) -> list[TokenEvent]:
         """Check each new token's stop conditions, in order, and build its event."""
@@ -348,31 +291,10 @@ class CloudEngine:
                     break
         return events
 
-    def _propose(self) -> None:
-        """Drafts for the next step, for requests about to decode (their last token not yet computed)."""
-        decoding = [r for r in self.scheduler.running if r.num_computed_tokens == r.num_tokens - 1]
-        plan = self.spec_policy.num_draft_tokens(decoding)
-        if not plan:
-            return
-        drafts = self.proposer.propose([r for r in decoding if r.request_id in plan], plan)
-        for request in decoding:
-            draft = drafts.get(request.request_id)
-            if draft is None:
-                continue
-            request.spec_token_ids, probs = list(draft[0]), draft[1]
-            if request.matcher is not None:  # only the prefix the grammar accepts can be verified
-                if request.matcher.near_budget(request.tokens_left(self.max_model_len)):
-                    continue  # the answer may have to close: one token a step, each under the budget's mask
-                request.spec_token_ids = request.spec_token_ids[: request.matcher.validate_tokens(request.spec_token_ids)]
-                probs = probs[: len(request.spec_token_ids)] if probs is not None else None
-                if not request.spec_token_ids:
-                    continue
-            if probs is not None:
-                self._draft_probs[request.request_id] = probs
-
     # -- status ----------------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
+        spec = self.speculator.stats
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -383,10 +305,10 @@ class CloudEngine:
             num_preemptions_total=self.scheduler.num_preemptions_total,
             num_prefix_cache_hit_tokens_total=self.kv_manager.num_prefix_cache_hits_total,
             num_prefix_cache_query_tokens_total=self.kv_manager.num_prefix_cache_queries_total,
-            num_spec_drafts_total=self.spec_stats.num_drafts,
-            num_spec_draft_tokens_total=self.spec_stats.num_draft_tokens,
-            num_spec_accepted_tokens_total=self.spec_stats.num_accepted_tokens,
-            spec_accepted_tokens_per_position=tuple(self.spec_stats.accepted_per_position),
+            num_spec_drafts_total=spec.num_drafts,
+            num_spec_draft_tokens_total=spec.num_draft_tokens,
+            num_spec_accepted_tokens_total=spec.num_accepted_tokens,
+            spec_accepted_tokens_per_position=tuple(spec.accepted_per_position),
         )
 
     def close(self) -> None:

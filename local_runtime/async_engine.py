@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from local_runtime.config import LocalEngineConfig
 from local_runtime.engine import LocalEngine
-from sdk.protocol.model_files import model_name_for
+from sdk.protocol.model_files import model_name_for, resolve_model_path
 from sdk.protocol.async_step_engine import AsyncStepEngine
 
 
@@ -22,5 +22,6 @@ class AsyncLocalEngine(AsyncStepEngine):
         )
 
     @property
-    def model_path(self) -> str | None:
-        return self.config.model_path
+    def model_path(self) -> str:
+        """The GGUF it runs: the configured file or the embedded default."""
+        return resolve_model_path(self.config.model_path)

@@ -10,16 +10,17 @@ Imported only when a config names one, so a cascade without them needs no onnxru
 
 from __future__ import annotations
 
+from sdk.protocol.engine import EngineProtocol
 
-def load_local_probe(path: str, local_engine):
+
+def load_local_probe(path: str, local_engine: EngineProtocol):
     """The probe at `path`, checked against the GGUF the local engine runs."""
     from confidence.gguf_fingerprint import model_fingerprint_for_gguf
     from confidence.probe_runtime import load_probe
-    from sdk.protocol.model_files import resolve_model_path
 
     if local_engine.model_path is None:
         raise ValueError("a confidence probe needs a local engine that runs a GGUF file (its fingerprint is checked)")
-    return load_probe(path, model_fingerprint_for_gguf(resolve_model_path(local_engine.model_path)))
+    return load_probe(path, model_fingerprint_for_gguf(local_engine.model_path))
 
 
 def load_prompt_scorer(spec: str):

@@ -104,8 +104,8 @@ def run_spec(model_dir, spec: SpeculativeConfig, **overrides):
     assert llm.engine.kv_manager.num_used_blocks == 0
     llm.engine.kv_manager.check_invariants()
     if spec.method == "draft":
-        assert llm.engine.proposer.num_used_blocks == 0
-        llm.engine.proposer.kv.check_invariants()
+        assert llm.engine.speculator.proposer.num_used_blocks == 0
+        llm.engine.speculator.proposer.kv.check_invariants()
     return llm, outs
 
 
@@ -113,7 +113,7 @@ def run_spec(model_dir, spec: SpeculativeConfig, **overrides):
 def test_ngram_drafts_keep_greedy_output(target_dir, reference, adaptive):
     llm, outs = run_spec(target_dir, SpeculativeConfig(method="ngram", ngram_min=1, num_speculative_tokens=K, adaptive=adaptive))
     assert outs == reference
-    stats = llm.engine.spec_stats
+    stats = llm.engine.speculator.stats
     assert stats.num_drafts >= 3 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
 
 
@@ -121,7 +121,7 @@ def test_identical_draft_model_accepts_everything(target_dir, reference):
     spec = SpeculativeConfig(method="draft", draft_model=target_dir, num_speculative_tokens=K, max_batch_for_speculation=8)
     llm, outs = run_spec(target_dir, spec)
     assert outs == reference
-    stats = llm.engine.spec_stats
+    stats = llm.engine.speculator.stats
     assert stats.num_drafts > 0
     assert stats.num_accepted_tokens == stats.num_draft_tokens and stats.acceptance_rate == 1.0
     assert stats.accepted_per_position[0] == stats.num_drafts
@@ -135,7 +135,7 @@ def test_identical_draft_mean_acceptance_length_is_k_plus_one(target_dir):
     n = 1 + 4 * (K + 1)
     out = llm.generate([prompt], greedy(n))[0].token_ids
     assert out == make_llm(target_dir).generate([prompt], greedy(n))[0].token_ids
-    stats = llm.engine.spec_stats
+    stats = llm.engine.speculator.stats
     assert stats.num_drafts == 4 and stats.num_draft_tokens == 4 * K
     assert stats.mean_acceptance_length == K + 1
     assert stats.accepted_per_position == [4] * K
@@ -146,7 +146,7 @@ def test_perturbed_draft_model_with_rejections_keeps_greedy_output(target_dir, n
     spec = SpeculativeConfig(method="draft", draft_model=noisy_dir, num_speculative_tokens=K, adaptive=adaptive)
     llm, outs = run_spec(target_dir, spec)
     assert outs == reference
-    stats = llm.engine.spec_stats
+    stats = llm.engine.speculator.stats
     assert stats.num_drafts > 0
     assert 0.0 < stats.acceptance_rate < 0.9  # partial acceptance: the rollback paths ran
 
@@ -155,7 +155,7 @@ def test_unrelated_draft_model_keeps_greedy_output(target_dir, other_dir, refere
     spec = SpeculativeConfig(method="draft", draft_model=other_dir, num_speculative_tokens=K, adaptive=False)
     llm, outs = run_spec(target_dir, spec)
     assert outs == reference
-    stats = llm.engine.spec_stats
+    stats = llm.engine.speculator.stats
     assert stats.num_draft_tokens > 0 and stats.acceptance_rate < 0.9
 
 
@@ -163,8 +163,8 @@ def test_layer_skip_draft_keeps_greedy_output(target_dir, reference):
     spec = SpeculativeConfig(method="draft", draft_model=target_dir, draft_num_layers=1, num_speculative_tokens=K, adaptive=False)
     llm, outs = run_spec(target_dir, spec)
     assert outs == reference
-    assert len(llm.engine.proposer.runner.model.model.layers) == 1
-    stats = llm.engine.spec_stats
+    assert len(llm.engine.speculator.proposer.runner.model.model.layers) == 1
+    stats = llm.engine.speculator.stats
     assert stats.num_draft_tokens > 0 and stats.acceptance_rate < 0.9
 
 
@@ -173,7 +173,7 @@ def test_speculation_under_a_tight_token_budget(target_dir, noisy_dir, reference
     spec = SpeculativeConfig(method="draft", draft_model=noisy_dir, num_speculative_tokens=4, adaptive=False)
     llm, outs = run_spec(target_dir, spec, max_num_batched_tokens=8)
     assert outs == reference
-    assert llm.engine.spec_stats.num_drafts > 0
+    assert llm.engine.speculator.stats.num_drafts > 0
 
 
 # -- the real model (slow) ---------------------------------------------------------------------
@@ -203,9 +203,9 @@ def test_real_model_ngram_keeps_greedy_output(real_prompts):
     llm = real_llm(SpeculativeConfig(method="ngram", num_speculative_tokens=4))
     assert [o.token_ids for o in llm.generate(prompts, greedy(REAL_TOKENS))] == expected
     # The input-grounded prompt alone: the copy is predictable from the prompt.
-    llm.engine.spec_stats.__init__()
+    llm.engine.speculator.stats.__init__()
     assert llm.generate([prompts[-1]], greedy(REAL_TOKENS))[0].token_ids == expected[-1]
-    stats = llm.engine.spec_stats
+    stats = llm.engine.speculator.stats
     assert stats.num_drafts > 0 and stats.acceptance_rate > 0.3
     assert llm.engine.kv_manager.num_used_blocks == 0
 
@@ -217,6 +217,6 @@ def test_real_model_layer_skip_draft_keeps_greedy_output(real_prompts):
     prompts, expected = real_prompts
     llm = real_llm(SpeculativeConfig(method="draft", draft_model=default_model_path(), draft_num_layers=8, num_speculative_tokens=3))
     assert [o.token_ids for o in llm.generate(prompts, greedy(REAL_TOKENS))] == expected
-    stats = llm.engine.spec_stats
+    stats = llm.engine.speculator.stats
     assert stats.num_draft_tokens > 0 and stats.acceptance_rate < 1.0
-    assert llm.engine.kv_manager.num_used_blocks == 0 and llm.engine.proposer.num_used_blocks == 0
+    assert llm.engine.kv_manager.num_used_blocks == 0 and llm.engine.speculator.proposer.num_used_blocks == 0

@@ -156,8 +156,8 @@ def models(tmp_path_factory):
 
 def check_books(engine):
     engine.kv_manager.check_invariants()
-    if getattr(engine.proposer, "kv", None) is not None:
-        engine.proposer.kv.check_invariants()
+    if getattr(engine.speculator.proposer, "kv", None) is not None:
+        engine.speculator.proposer.kv.check_invariants()
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
@@ -186,9 +186,9 @@ def test_random_workload_drains_both_pools(models, method):
             engine.abort_request("w19")  # an abort mid-flight frees the draft state too
     assert engine.kv_manager.num_used_blocks == 0
     if method == "draft":
-        assert engine.proposer.num_used_blocks == 0 and engine.proposer._seqs == {}
-    assert engine.spec_stats.num_drafts > 0
-    assert engine._draft_probs == {}
+        assert engine.speculator.proposer.num_used_blocks == 0 and engine.speculator.proposer._seqs == {}
+    assert engine.speculator.stats.num_drafts > 0
+    assert engine.speculator.draft_probs == {}
 
 
 # -- stops inside an accepted run ------------------------------------------------------------
@@ -232,9 +232,9 @@ def test_stop_string_inside_an_accepted_run(plain_llm, identical_draft_llm):
     assert out.finish_reason == "stop" and out.text == free.text[: free.text.index(stop)]
     same_output(out, expected)
     assert identical_draft_llm.engine.num_generation_tokens_total - before == len(expected.token_ids)
-    assert identical_draft_llm.engine.spec_stats.num_accepted_tokens > 0
+    assert identical_draft_llm.engine.speculator.stats.num_accepted_tokens > 0
     assert identical_draft_llm.engine.kv_manager.num_used_blocks == 0
-    assert identical_draft_llm.engine.proposer.num_used_blocks == 0
+    assert identical_draft_llm.engine.speculator.proposer.num_used_blocks == 0
 
 
 def test_stop_token_id_inside_an_accepted_run(plain_llm, identical_draft_llm):
@@ -277,9 +277,9 @@ def test_cut_at_token_stop_limits_a_run_to_max_tokens(identical_draft_llm):
     request = Request("cut", [5, 6, 7], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, stop_token_ids=[42]))
     request.append_output_token(9)
     request.append_output_token(10)
-    assert engine._cut_at_token_stop(request, [1, 3, 4, 8, 9]) == [1, 3, 4]
-    assert engine._cut_at_token_stop(request, [1, 42, 4]) == [1, 42]
-    assert engine._cut_at_token_stop(request, [42]) == [42]
+    assert engine.speculator.cut_at_token_stop(request, [1, 3, 4, 8, 9]) == [1, 3, 4]
+    assert engine.speculator.cut_at_token_stop(request, [1, 42, 4]) == [1, 42]
+    assert engine.speculator.cut_at_token_stop(request, [42]) == [42]
 
 
 # -- n-gram finder --------------------------------------------------------------------------
@@ -368,5 +368,5 @@ def test_draft_cut_by_the_budget_then_fully_matched_by_the_target(models, plain_
     llm = make_llm(target, spec, max_num_batched_tokens=3, max_num_seqs=1)
     out = llm.generate([[5, 6, 7]], greedy(10))[0]
     assert out.token_ids == plain_llm.generate([[5, 6, 7]], greedy(10))[0].token_ids
-    assert llm.engine.spec_stats.acceptance_rate == 1.0
-    assert llm.engine.proposer.num_used_blocks == 0
+    assert llm.engine.speculator.stats.acceptance_rate == 1.0
+    assert llm.engine.speculator.proposer.num_used_blocks == 0

@@ -167,10 +167,10 @@ def test_engine_sampling_with_a_draft_model_follows_the_target(small_vocab_model
     llm = make_llm(target, spec, max_num_seqs=16, max_num_batched_tokens=128, kv_cache_gb=0.002)
     params = [resolved_params(max_tokens=4, temperature=temperature, seed=i, ignore_eos=True) for i in range(E2E_REQUESTS)]
     outs = llm.generate([PROMPT] * E2E_REQUESTS, params)
-    stats = llm.engine.spec_stats
+    stats = llm.engine.speculator.stats
     assert stats.num_drafts >= E2E_REQUESTS  # every request verified at least one draft
     assert 0.1 < stats.acceptance_rate < 0.9  # accepted runs and rejections both happen
-    assert llm.engine.kv_manager.num_used_blocks == 0 and llm.engine.proposer.num_used_blocks == 0
+    assert llm.engine.kv_manager.num_used_blocks == 0 and llm.engine.speculator.proposer.num_used_blocks == 0
     tokens = torch.tensor([o.token_ids for o in outs])  # [N, 4]
     for position, probs in enumerate(target_marginals(target, temperature)):
         counts = torch.bincount(tokens[:, position], minlength=SMALL_VOCAB)
@@ -195,7 +195,7 @@ def test_seeded_sampling_is_reproducible_with_speculation(small_vocab_models, me
     params = [resolved_params(max_tokens=8, temperature=0.9, top_p=0.95, seed=s, ignore_eos=True) for s in (7, 8, 9)]
     prompts = [PROMPT, PROMPT[:3], [1, 2, 3, 4, 5, 6, 7, 8]]
     first = [o.token_ids for o in llm.generate(prompts, params)]
-    assert llm.engine.spec_stats.num_drafts > 0
+    assert llm.engine.speculator.stats.num_drafts > 0
     # Again, alone and in another batch order: the same tokens per seed.
     assert [o.token_ids for o in llm.generate(prompts[::-1], params[::-1])] == first[::-1]
     assert llm.generate([prompts[1]], [params[1]])[0].token_ids == first[1]

@@ -66,7 +66,7 @@ def test_greedy_structured_output_is_the_same_with_drafts(byte_model_dir, spec):
     _, reference = run(byte_model_dir, params)
     llm, outputs = run(byte_model_dir, params, spec)
     assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]
-    stats = llm.engine.spec_stats
+    stats = llm.engine.speculator.stats
     assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0, "drafts were proposed and some accepted"
     for output in outputs:
         assert output.finish_reason == "stop", output.text
@@ -76,7 +76,7 @@ def test_greedy_structured_output_is_the_same_with_drafts(byte_model_dir, spec):
 def test_sampled_structured_answers_with_drafts_fit_and_mark_forced_tokens(byte_model_dir):
     spec = SpeculativeConfig(method="draft", draft_model=byte_model_dir, num_speculative_tokens=4, adaptive=False)
     llm, outputs = run(byte_model_dir, [constrained(temperature=0.8, seed=s) for s in range(4)], spec)
-    assert llm.engine.spec_stats.num_accepted_tokens > 0
+    assert llm.engine.speculator.stats.num_accepted_tokens > 0
     for output in outputs:
         assert output.finish_reason == "stop", output.text
         jsonschema.validate(json.loads(output.text), SCHEMA)
