@@ -15,9 +15,10 @@ import json
 import re
 from typing import Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, create_model, model_validator
 
 from sdk.protocol.engine import ContextLengthError, InvalidRequestError, SamplingParams, StructuredOutput
+from sdk.protocol.sampling_params import TUNABLES
 from sdk.protocol.request_fields import classify_extra_fields, classify_message_fields, refuse_unknown_fields
 from sdk.protocol.tool_calls import render_tool_messages
 from sdk.protocol.tool_formats import LIST, ToolFormat, ToolFunction, ToolRequest
@@ -125,7 +126,15 @@ def _document_refusals(schema: dict[str, Any], model: type[_SamplingFields]) -> 
     schema["x-tandem-refusals"] = model.refusal_rules()
 
 
-class _SamplingFields(_TopLevel):
+# The tunables (temperature, top_p, top_k, ...), one optional field each as SamplingParams declares
+# them (sdk.protocol.sampling_params): null or absent means the tier's default for its model.
+_TunableFields = create_model(
+    "_TunableFields", __base__=_TopLevel,
+    **{name: (knob.type | None, Field(default=None, description=knob.doc)) for name, knob in TUNABLES.items()},
+)  # fmt: skip
+
+
+class _SamplingFields(_TunableFields):
     """Fields chat and completions share; all optional so `null` means the default."""
 
     model_config = ConfigDict(json_schema_extra=_document_refusals)
@@ -138,9 +147,6 @@ class _SamplingFields(_TopLevel):
 
     model: str | None = None  # None: the first served model (vLLM's lenient default)
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None  # extension (vLLM): keep the k most likely tokens; 0 or -1 disables
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -148,11 +154,7 @@ class _SamplingFields(_TopLevel):
     stop_token_ids: list[int] | None = None  # extension (vLLM)
     seed: int | None = Field(default=None, ge=_SEED_MIN, le=_SEED_MAX)
     user: str | None = None  # per-user budgets (sdk.budgets) bill it; ignored on a server without budgets
-    presence_penalty: float | None = None  # OpenAI: over generated tokens, [-2, 2]
-    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
-    min_p: float | None = None  # extension (vLLM)
-    repetition_penalty: float | None = None  # extension (vLLM/HF): over prompt and generated tokens
     min_tokens: int | None = Field(default=None, ge=0)  # extension (vLLM): no end-of-text before this many
     ignore_eos: bool | None = None  # extension (vLLM): keep generating past end-of-text
     repetition_stop: bool | None = None  # extension (tandem): stop an exact loop (None: the tier's default)
@@ -242,13 +244,7 @@ class _SamplingFields(_TopLevel):
         return SamplingParams(
             max_tokens=max_tokens,
             # Left out: unset, and the tier that runs the request uses its default for the model.
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=0 if self.top_k == -1 else self.top_k,  # vLLM clients send -1 for off
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
+            **{name: knob.from_request(getattr(self, name)) for name, knob in TUNABLES.items()},
             logit_bias=self.token_logit_bias,
             min_tokens=self.min_tokens or 0,
             seed=seed,
