@@ -11,13 +11,20 @@ themselves into engine `SamplingParams`, so both tiers read a request the same w
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, create_model, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationInfo, create_model, model_validator
 
 from sdk.protocol.engine import ContextLengthError, InvalidRequestError, SamplingParams, StructuredOutput
+from sdk.protocol.openai_schema.request_parts import (
+    ChatMessage,
+    NamedToolChoice,
+    ResponseFormat,
+    StreamOptions,
+    ToolParam,
+    _TopLevel,
+)
 from sdk.protocol.sampling_params import TUNABLES
 from sdk.protocol.request_fields import classify_extra_fields, classify_message_fields, refuse_unknown_fields
 from sdk.protocol.tool_calls import render_tool_messages
@@ -27,95 +34,6 @@ MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM allows more; 16 keeps stop matchi
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 MAX_CHOICES = 16  # each choice is its own engine request; more would let one client fill the queue
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # OpenAI takes any 64-bit seed
-
-# -- requests ------------------------------------------------------------------------------
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
-class _TopLevel(_Request):
-    """A request body or a message: extra fields are kept for request_fields to classify."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class StreamOptions(_Request):
-    include_usage: bool | None = None  # one last chunk with empty choices and the usage
-
-
-class ContentPart(_Request):
-    type: str
-    text: str | None = None  # other part kinds (images, audio) are refused by the chat template
-
-
-class JsonSchemaFormat(_Request):
-    name: str
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # None: any JSON object
-    strict: bool | None = None  # constrained the same either way: the grammar enforces the schema
-
-    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
-
-
-class ResponseFormat(_Request):
-    """OpenAI's response_format: "text" (no constraint), "json_object", or "json_schema"."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    def structured(self) -> StructuredOutput | None:
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return StructuredOutput("json_object")
-        if self.json_schema is None:
-            raise InvalidRequestError("response_format of type json_schema needs a json_schema object", "response_format")
-        if self.json_schema.schema_ is None:
-            return StructuredOutput("json_object")
-        return StructuredOutput("json_schema", json.dumps(self.json_schema.schema_))
-
-
-class FunctionDefinition(_Request):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # JSON Schema of the arguments; None: any object
-    strict: bool | None = None  # constrained the same either way: the grammar enforces the schema
-
-
-class ToolParam(_Request):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class NamedFunction(_Request):
-    name: str
-
-
-class NamedToolChoice(_Request):
-    type: Literal["function"]
-    function: NamedFunction
-
-
-class MessageFunctionCall(_Request):
-    name: str
-    arguments: str  # JSON text
-
-
-class MessageToolCall(_Request):
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: MessageFunctionCall
-
-
-class ChatMessage(_TopLevel):
-    role: str  # checked against the allowed roles by sdk.protocol.chat_template
-    content: Union[str, list[ContentPart], None] = None
-    name: str | None = None  # passed to the chat template (which may or may not print it)
-    tool_calls: list[MessageToolCall] | None = None  # an earlier assistant turn's calls
-    tool_call_id: str | None = None  # a tool result's call (role "tool")
-
 
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 
