@@ -18,6 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from android_bridge.callbacks import CallbackDispatcher, check_callback
 from android_bridge.errors import BridgeError, cancelled, from_exception, logger
+from android_bridge.runtime_status import runtime_status
 
 # The config sections the bridge takes are tandem's own (sdk.settings.fields); on a phone the
 # cloud tier is somebody else's server, so the embedded PyTorch engine is not the default.
@@ -44,7 +45,7 @@ class BridgeRuntime:
         self.backend = None  # sdk.client.async_client.InProcessBackend
         self.started_at = time.time()
         self._in_flight: dict[str, _InFlight] = {}
-        self._cloud_check: dict | None = None
+        self.cloud_check: dict | None = None  # the last cloud health check a status call ran (runtime_status)
         self._closing = False
         self._submit_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -279,48 +280,13 @@ class BridgeRuntime:
 
         return self._submit(self.backend.embeddings(build_embedding_request(body))).result().model_dump(exclude_none=True)
 
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
     def status(self, check_cloud: bool, timeout_s: float) -> dict:
-        return self._submit(self._status(check_cloud, timeout_s)).result(timeout=timeout_s + 10)
-
-    async def _status(self, check_cloud: bool, timeout_s: float) -> dict:
-        engine = self.engine
-        loaded = engine is not None and engine.is_ready
-        state = "ready" if loaded and (self.cloud is None or self.cloud.is_ready) else "loading"
-        engines = [e for e in (engine, self.cloud.engine if self.cloud is not None else None) if e is not None]
-        load_error = next((e.load_error for e in engines if e.load_error is not None), None)
-        if load_error is not None:
-            state = "failed"
-        status = {
-            "state": state,
-            "model": engine.model_name if engine is not None else None,
-            "model_loaded": loaded,
-            "uptime_s": round(time.time() - self.started_at, 3),
-            "requests_in_flight": len(self._in_flight),
-        }
-        if load_error is not None:
-            status["error"] = BridgeError("start_failed", f"the model did not load: {load_error}", 500, "server_error").as_dict()["error"]
-        if loaded:
-            stats = engine.stats()
-            status["kv_cache"] = {"blocks_used": stats.num_kv_blocks_used, "blocks_total": stats.num_kv_blocks_total,
-                                  "usage": round(stats.kv_usage, 4)}  # fmt: skip
-            status["engine"] = {"running": stats.num_running, "waiting": stats.num_waiting}
-        status["cloud"] = await self._cloud_status(check_cloud, timeout_s)
-        return status
-
-    async def _cloud_status(self, check_cloud: bool, timeout_s: float) -> dict:
-        if self.cloud is None or self.cloud.client is None:
-            return {"configured": False, "reachable": False}
-        cloud = {"configured": True, "target": self.cloud.description, "breaker": self.runner.breaker.state.value}
-        if check_cloud:
-            started = time.time()
-            try:
-                serving = await self.cloud.client.health(timeout_s=timeout_s)
-                self._cloud_check = {"reachable": serving == "SERVING", "health": serving}
-            except Exception as exc:  # the CloudError names the failure; the status call itself succeeds
-                self._cloud_check = {"reachable": False, "error": str(exc)}
-            self._cloud_check["checked_at"] = round(started, 3)
-        # reachable is null until a check has run: the breaker alone cannot tell "up" from "never called"
-        return {**cloud, "reachable": None, **(self._cloud_check or {})}
+        """android_bridge.runtime_status: the engine's state and load, and the cloud's (checked when asked)."""
+        return self._submit(runtime_status(self, check_cloud, timeout_s)).result(timeout=timeout_s + 10)
 
     def _submit(self, coroutine, internal: bool = False) -> Future:
         """Run a coroutine on the runtime's loop. Once stop() began, only its own work gets in:

@@ -20,7 +20,7 @@ from sdk.protocol.engine import (
 )
 from sdk.protocol.openai_schema import MAX_STOP_STRINGS
 from sdk.protocol.wire import tandem_pb2 as pb
-from sdk.protocol.wire.messages import OPTIONAL_FLOATS
+from sdk.protocol.sampling_params import TUNABLES
 
 # -- server side: requests in --------------------------------------------------------------
 
@@ -69,11 +69,9 @@ def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_mod
         max_tokens = max(1, max_model_len - num_prompt_tokens)
     return SamplingParams(  # validates every value, naming the field
         max_tokens=max_tokens,
-        # Unset stays unset: the engine fills in its default for the model it serves.
-        temperature=sampling.temperature if sampling.HasField("temperature") else None,
-        top_p=sampling.top_p if sampling.HasField("top_p") else None,
-        top_k=sampling.top_k if sampling.HasField("top_k") else None,
-        **{name: getattr(sampling, name) if sampling.HasField(name) else None for name in OPTIONAL_FLOATS},
+        # Unset stays unset: the engine fills in its default for the model it serves (every tunable is
+        # an `optional` field of the proto, under SamplingParams' name).
+        **{name: getattr(sampling, name) if sampling.HasField(name) else None for name in TUNABLES},
         logit_bias=dict(sampling.logit_bias),
         min_tokens=sampling.min_tokens,
         seed=sampling.seed if sampling.HasField("seed") else None,

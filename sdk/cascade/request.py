@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import time
 from collections.abc import AsyncIterator
 
@@ -31,7 +30,8 @@ from router.policy import (
     ToolTurns,
     compose,
 )
-from sdk.budgets.manager import BudgetExhaustedError, Verdict
+from sdk.budgets.manager import BudgetExhaustedError
+from sdk.cascade.budget_hold import BudgetHold
 from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, refusal_reason, stream_from_cloud
 from sdk.cascade.local import LocalRun
 from sdk.cascade.traffic import after_request
@@ -40,8 +40,7 @@ from sdk.protocol.engine import ContextLengthError, SamplingParams, TokenEvent
 from sdk.protocol.prompt_tokens import chat_prompt_tokens
 from sdk.protocol.repetition import ESCALATE_LOOP
 
-COMMITTED_LOCAL = "committed_local"
-CLOUD_PROMPT_MARGIN = 1.25  # a budget reservation's allowance for the cloud's tokenizer splitting the prompt finer  # an escalation came after restart-mode tokens were released
+COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
 
 
 def escalates_loops(params: SamplingParams) -> bool:
@@ -60,10 +59,7 @@ class CascadeRequest:
         self.started = time.monotonic()
         self.key_fingerprint, self.model, self.user = key_fingerprint, model, user
         self.mode = mode
-        self.budget = runner.budgets.verdict(key_fingerprint, user) if runner.budgets is not None else None
-        self.reservation = None  # the cloud cost held against the budgets before the cloud is called
-        self.budget_refused = None  # the Verdict that kept this request from the cloud
-        self.budget_settled = False
+        self.budget = BudgetHold(runner.budgets, key_fingerprint, user)
         self.scorer = runner.prompt_scorer  # read once: a retrain may swap the runner's meanwhile
         self.router_outputs = None  # what the prompt router computed for this prompt, when it ran
         self.answer_parts: list[str] = []  # the text the client got (the record's and the shadow judge's)
@@ -112,7 +108,7 @@ class CascadeRequest:
 
     async def run(self) -> AsyncIterator[CascadeEvent]:
         if self.mode is RoutingMode.CLOUD and await self._budget_refusal() is not None:
-            raise BudgetExhaustedError(self.budget_refused)
+            raise BudgetExhaustedError(self.budget.refused)
         try:
             async for event in self._run():
                 if event.routing is None:
@@ -124,30 +120,14 @@ class CascadeRequest:
             self._settle_budget()  # also when the client left part-way: what was reserved is released
 
     async def _budget_refusal(self) -> str | None:
-        """Hold the cloud call's largest cost against the key's (and user's) budgets before it is made
-        (sdk.budgets.manager); "budget_exhausted" when it does not fit. Exact under concurrency: every
-        reservation is taken on the event loop, against what is spent and what others hold."""
-        budgets = self.runner.budgets
-        if budgets is None or self.reservation is not None:
-            return None
-        self.budget_refused = self.budget
-        if not self.budget.exhausted:
-            num_prompt = self.local.num_prompt_tokens or len(await chat_prompt_tokens(self.runner.local, self.cloud_messages))
-            largest = self.cost.table.request_cost("cloud", math.ceil(num_prompt * CLOUD_PROMPT_MARGIN), self.params.max_tokens)
-            self.reservation, breach = budgets.reserve(self.key_fingerprint, self.user, largest)
-            if self.reservation is not None:
-                return None
-            self.budget_refused = Verdict(hard=(breach,))
-        budgets.count(self.budget_refused, "refused" if self.mode is RoutingMode.CLOUD else "kept_local")
-        return "budget_exhausted"
+        """sdk.cascade.budget_hold: the cloud call's largest cost held before it is made, or why not."""
+        async def num_prompt_tokens() -> int:
+            return self.local.num_prompt_tokens or len(await chat_prompt_tokens(self.runner.local, self.cloud_messages))
+
+        return await self.budget.refusal(num_prompt_tokens, self.cost, self.params.max_tokens, self.mode is RoutingMode.CLOUD)
 
     def _settle_budget(self) -> None:
-        if self.runner.budgets is None or self.budget_settled:
-            return
-        self.budget_settled = True
-        tokens = {tier: usage.prompt_tokens + usage.completion_tokens for tier, usage in self.cost.by_tier.items()}
-        self.runner.budgets.settle(self.reservation, self.key_fingerprint, self.user, self.cost.total_cost_usd,
-                                   tokens.get("cloud", 0), sum(tokens.values()))  # fmt: skip
+        self.budget.settle(self.cost)
 
     async def _run(self) -> AsyncIterator[CascadeEvent]:
         if self.scorer is not None:

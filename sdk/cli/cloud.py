@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from sdk.cli.options import LogLevel, sampling_flags
+from sdk.cli.options import SAMPLING_KEYS, LogLevel, sampling_flags
 
 # The value, not an import of sdk.openai_server (which pulls FastAPI) at CLI start; a test checks they agree.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -44,7 +44,7 @@ def serve(
     speculative: str = typer.Option("off", envvar=_env("SPECULATIVE"), help="Speculative decoding: off, ngram (prompt lookup), draft:PATH (a smaller model with the same tokenizer) or draft:PATH@N (its first N layers)."),
     num_speculative_tokens: Optional[int] = typer.Option(None, envvar=_env("NUM_SPECULATIVE_TOKENS"), min=1, max=16, help="Draft tokens per request per step (k); default 8. The adaptive policy lowers it at large batch or low acceptance."),
     close_within_max_tokens: bool = typer.Option(True, "--close-within-max-tokens/--no-close-within-max-tokens", envvar=_env("CLOSE_WITHIN_MAX_TOKENS"), help="A structured answer about to reach max_tokens takes its grammar's closing path and ends valid (stop_reason closed_within_max_tokens) unless the request sends close_within_max_tokens false; off: cut at max_tokens, as OpenAI's API."),
-    sampling: Optional[list[str]] = typer.Option(None, "--sampling", metavar="KEY=VALUE", help="Default for a sampling field requests leave out (repeatable): temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; default: the model's (its metadata, a built-in table, else OpenAI's). [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
+    sampling: Optional[list[str]] = typer.Option(None, "--sampling", metavar="KEY=VALUE", help=f"Default for a sampling field requests leave out (repeatable): {SAMPLING_KEYS}; default: the model's (its metadata, a built-in table, else OpenAI's). [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
     api_key_file: Optional[str] = typer.Option(None, envvar=_env("API_KEY_FILE"), help="File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys)."),
     rate_limit: Optional[float] = typer.Option(None, envvar=_env("RATE_LIMIT"), min=0.0, help="Requests per minute per key (per client address without keys), HTTP and gRPC together."),
     max_concurrent_per_key: Optional[int] = typer.Option(None, envvar=_env("MAX_CONCURRENT_PER_KEY"), min=1, help="Requests in flight at once per key (per client address without keys), HTTP and gRPC together; default: no limit."),

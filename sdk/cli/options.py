@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import enum
 
+from sdk.protocol.sampling_params import TUNABLES
+
+# The keys of --local-sampling / --cloud-sampling / --sampling, for their help (SamplingParams declares them).
+SAMPLING_KEYS = ", ".join(TUNABLES)
+
 
 class LogLevel(str, enum.Enum):
     debug = "debug"

@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from sdk.cli.options import LogLevel, sampling_flags
+from sdk.cli.options import SAMPLING_KEYS, LogLevel, sampling_flags
 
 logger = logging.getLogger("tandem.serve")
 
@@ -49,7 +49,7 @@ def serve(
     extra_buffer_types: Optional[bool] = typer.Option(None, "--extra-buffer-types/--no-extra-buffer-types", help="llama.cpp's repacked CPU weight layouts for tensor types that have one (Q4_0, Q4_K, IQ4_NL, ...; llama-server's default); refused with --batch-invariant; default off. [env: TANDEM_LOCAL_EXTRA_BUFFER_TYPES]"),
     repetition_stop: Optional[bool] = typer.Option(None, "--repetition-stop/--no-repetition-stop", help="Stop a local answer caught in an exact loop (finish_reason length, stop_reason repetition) unless the request sends repetition_stop false; default on. [env: TANDEM_LOCAL_REPETITION_STOP]"),
     close_within_max_tokens: Optional[bool] = typer.Option(None, "--close-within-max-tokens/--no-close-within-max-tokens", help="A structured answer about to reach max_tokens takes its grammar's closing path and ends valid (stop_reason closed_within_max_tokens), on both tiers, unless the request sends close_within_max_tokens false; default on. [env: TANDEM_LOCAL_CLOSE_WITHIN_MAX_TOKENS, TANDEM_CLOUD_CLOSE_WITHIN_MAX_TOKENS]"),
-    local_sampling: Optional[list[str]] = typer.Option(None, "--local-sampling", metavar="KEY=VALUE", help="Local tier's default for a sampling field requests leave out (repeatable): temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; default: the model's (SmolLM2-Instruct: temperature=0.2, top_p=0.9). [env: TANDEM_LOCAL_SAMPLING_<KEY>]"),
+    local_sampling: Optional[list[str]] = typer.Option(None, "--local-sampling", metavar="KEY=VALUE", help=f"Local tier's default for a sampling field requests leave out (repeatable): {SAMPLING_KEYS}; default: the model's (SmolLM2-Instruct: temperature=0.2, top_p=0.9). [env: TANDEM_LOCAL_SAMPLING_<KEY>]"),
     cloud_sampling: Optional[list[str]] = typer.Option(None, "--cloud-sampling", metavar="KEY=VALUE", help="The embedded cloud engine's, likewise. [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
     log_level: Optional[LogLevel] = typer.Option(None, case_sensitive=False, help="Log level (info). [env: TANDEM_LOG_LEVEL]"),
 ) -> None:

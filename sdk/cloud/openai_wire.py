@@ -30,6 +30,7 @@ from sdk.protocol.cloud_backend import (
 )
 from sdk.protocol.engine import InvalidRequestError, SamplingParams, StructuredOutput, TopLogprob
 from sdk.protocol.grammar_closing import CLOSED_WITHIN_MAX_TOKENS
+from sdk.protocol.sampling_params import TUNABLES
 
 # The stop_reason values tandem gives (a tandem cloud behind OpenAI's HTTP API sends them too).
 TANDEM_STOP_REASONS = ("repetition", CLOSED_WITHIN_MAX_TOKENS)
@@ -73,17 +74,17 @@ def request_body(messages: list[dict], params: SamplingParams | None, model: str
     if params is None:
         return body  # the server's defaults (max_tokens: what the context has left)
     body["max_tokens"] = params.max_tokens
-    # Unset: nothing sent, so the server uses its default for its model. min_p, repetition_penalty
-    # and min_tokens are vLLM's extensions: sent only when the request set them.
-    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty"):
-        if getattr(params, name) is not None:
-            body[name] = getattr(params, name)
+    # Unset: nothing sent, so the server uses its default for its model. The extensions among the
+    # tunables (min_p, repetition_penalty, top_k) are sent only when the request set them, and top_k
+    # not at its off value (older vLLM refuses 0; SamplingParams' 0 means off).
+    for name, knob in TUNABLES.items():
+        value = getattr(params, name)
+        if value is not None and (knob.sent_when_off or value != knob.off):
+            body[name] = value
     if params.logit_bias:
         body["logit_bias"] = {str(token_id): bias for token_id, bias in params.logit_bias.items()}
     if params.min_tokens:
         body["min_tokens"] = params.min_tokens
-    if params.top_k:  # SamplingParams' 0 means off, None unset
-        body["top_k"] = params.top_k
     if params.seed is not None:
         body["seed"] = params.seed
     if params.stop:

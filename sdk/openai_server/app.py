@@ -2,34 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Callable
 
 from fastapi import FastAPI
-from starlette.responses import JSONResponse, Response
 
 from sdk.protocol.access_gate import AccessGate
 from sdk.protocol.api_keys import key_fingerprint
 from sdk.protocol.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits, RequestRateLimiter
-from sdk.protocol.engine import EngineNotReadyError, EngineProtocol
-from sdk.protocol.openai_schema import ModelCard, ModelList
+from sdk.protocol.engine import EngineProtocol
 from sdk.openai_server.access import AccessControl, warn_if_exposed
-from sdk.openai_server.budget import get_budget
-from sdk.openai_server.drain import DRAINING_MESSAGE
 from sdk.openai_server.budget_metrics import BudgetCollector
 from sdk.openai_server.cascade_metrics import CascadeCollector
-from sdk.openai_server.chat import create_chat_completion
-from sdk.openai_server.completions import create_completion
-from sdk.openai_server.embeddings import create_embeddings
-from sdk.openai_server.feedback import create_feedback
-from sdk.openai_server.errors import from_exception, install_error_handlers, model_not_found
+from sdk.openai_server.errors import install_error_handlers
 from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
 from sdk.openai_server.metrics import EngineStatsCollector, ServerMetrics
 from sdk.openai_server.openapi import install_openapi
+from sdk.openai_server.routes import mount_routes
 from sdk.openai_server.serving import ServerState
-from sdk.openai_server.tokenize import create_detokenize, create_tokenize
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +110,7 @@ def create_app(
     if cascade is not None and cascade.local is not engine:
         raise ValueError("the cascade runner must route over the engine this app serves")
     state = ServerState(engine=engine, served_model_names=served_model_names, metrics=ServerMetrics(engine), cascade=cascade,
-                        strict_fields=strict_fields)
+                        strict_fields=strict_fields, also_ready=also_ready)
     if cascade is not None:
         state.metrics.registry.register(CascadeCollector(cascade))
         state.traffic = traffic
@@ -143,54 +134,7 @@ def create_app(
     if gate.active:
         app.add_middleware(AccessControl, gate=gate, metrics=state.metrics)
 
-    app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"], summary="Create a chat completion")
-    app.add_api_route("/v1/completions", create_completion, methods=["POST"], summary="Create a completion")
-    app.add_api_route("/tokenize", create_tokenize, methods=["POST"], summary="Text or chat messages to token ids (vLLM's shape)")
-    app.add_api_route("/detokenize", create_detokenize, methods=["POST"], summary="Token ids to text (vLLM's shape)")
-    if budgets is not None:
-        app.add_api_route("/v1/budget", get_budget, methods=["GET"], summary="What the caller's key (and ?user=) has left of its budgets")
-    if embeddings is not None:
-        app.add_api_route("/v1/embeddings", create_embeddings, methods=["POST"], summary="Create embeddings")
-    if cascade is not None:
-        app.add_api_route("/v1/feedback", create_feedback, methods=["POST"], summary="Say how right a routed answer was (labels for the router)")
-    install_openapi(app)  # the handlers read raw bodies: document them from the schema
-
-    @app.get("/health", summary="200 once the model is loaded, 503 before")
-    async def health() -> Response:
-        if engine.draining:  # sdk.openai_server.drain: out of rotation
-            return from_exception(EngineNotReadyError(DRAINING_MESSAGE)).response()
-        if not engine.is_ready or (cascade is None and also_ready is not None and not also_ready()):
-            return from_exception(EngineNotReadyError("the model is still loading; retry shortly")).response()
-        if cascade is None:
-            return JSONResponse({"status": "ok"})
-        # The local tier answers every request, so it alone makes the service ready; the cloud's
-        # state only says whether escalations can go out ("loading": answered locally meanwhile).
-        if also_ready is not None and not also_ready():
-            cloud = "loading"
-        else:
-            cloud = "none" if cascade.cloud is None else cascade.breaker.state.value
-        return JSONResponse({"status": "ok", "local": "ready", "cloud": cloud})
-
-    @app.get("/v1/models", summary="The models this server answers to")
-    async def list_models() -> Response:
-        cards = await asyncio.to_thread(lambda: [_card(state, name) for name in state.model_names])  # fingerprints: a vocabulary pass on first read
-        if state.embeddings is not None:  # before the engine's own names, which stay last (clients take the last as "the model")
-            cards.insert(len(cards) - len(state.engine_model_names), _embedding_card(state))
-        return _json(ModelList(data=cards))
-
-    @app.get("/v1/models/{model:path}", summary="One served model")
-    async def get_model(model: str) -> Response:
-        if state.embeddings is not None and model == state.embeddings.model_id:
-            return _json(_embedding_card(state))
-        if model not in state.model_names:
-            return model_not_found(model).response()
-        return _json(await asyncio.to_thread(_card, state, model))
-
-    @app.get("/metrics", summary="Prometheus metrics")
-    async def metrics() -> Response:
-        body, content_type = state.metrics.render()
-        return Response(body, media_type=content_type)
-
+    install_openapi(app, mount_routes(app, state))  # the handlers read raw bodies: the docs come from the declarations
     return app
 
 
@@ -200,26 +144,3 @@ def attach_cloud_engine(app: FastAPI, cloud_engine: EngineProtocol) -> None:
     state: ServerState = app.state.tandem
     state.cloud_engine = cloud_engine
     state.metrics.registry.register(EngineStatsCollector(cloud_engine, subsystem="cloud_engine_"))
-
-
-def _card(state: ServerState, name: str) -> ModelCard:
-    engine = state.engine
-    if name == "cloud" and state.cascade is not None:
-        engine = state.cloud_engine  # the embedded cloud engine; None for a remote cloud (its own defaults)
-    elif name.startswith("auto"):
-        engine = None  # either tier may answer: each model card says its own
-    defaults = engine.sampling_defaults if engine is not None else None
-    route = state.routed_mode(name, default_auto=False)
-    return ModelCard(id=name, created=state.created, max_model_len=state.engine.max_model_len or None,
-                     sampling_defaults=defaults.as_dict() if defaults is not None else None,
-                     vocabulary_fingerprint=(engine.vocabulary_fingerprint if engine is not None else "") or None,
-                     route=route.value if route is not None else None)
-
-
-def _embedding_card(state: ServerState) -> ModelCard:
-    return ModelCard(id=state.embeddings.model_id, created=state.created, max_model_len=state.embeddings.window,
-                     type="embeddings")
-
-
-def _json(model) -> Response:
-    return Response(model.model_dump_json(), media_type="application/json")

@@ -67,6 +67,7 @@ class ServerState:
     feedback_limiter: RequestRateLimiter | None = None  # for POST /v1/feedback
     embeddings: EmbeddingService | None = None  # POST /v1/embeddings (tandem serve)
     budgets: BudgetManager | None = None  # of a server without a cascade (tandem cloud serve's hosted API)
+    also_ready: Callable[[], bool] | None = None  # an embedded cloud engine's readiness (/health)
 
     @property
     def bills_user(self) -> bool:

@@ -8,191 +8,29 @@ every layer can import it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Protocol, Sequence
 
+# The errors and the sampling declaration live in their own modules; importing them from here still works.
+from sdk.protocol.errors import (  # noqa: F401
+    ContextLengthError,
+    EngineError,
+    EngineNotReadyError,
+    EngineOverloadedError,
+    InvalidRequestError,
+    QuotaExceededError,
+)
+from sdk.protocol.sampling_params import (  # noqa: F401
+    MAX_LOGIT_BIAS,
+    MAX_PENALTY,
+    MAX_TOP_LOGPROBS,
+    MIN_SAMPLING_TEMPERATURE,
+    SamplingParams,
+    StructuredOutput,
+)
+
 if TYPE_CHECKING:
     from sdk.protocol.sampling_defaults import SamplingDefaults
-
-# OpenAI caps `top_logprobs` at 20; we do the same so clients get the same limits.
-MAX_TOP_LOGPROBS = 20
-
-
-class EngineError(Exception):
-    """Base class for errors an engine reports to its callers."""
-
-
-class InvalidRequestError(EngineError):
-    """The request can never succeed as sent (HTTP 400, gRPC INVALID_ARGUMENT)."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-class ContextLengthError(InvalidRequestError):
-    """Prompt plus requested completion do not fit in the model's context."""
-
-
-class EngineOverloadedError(EngineError):
-    """The engine's queue is full; retry later (HTTP 503 + Retry-After)."""
-
-    def __init__(self, message: str, retry_after_s: float = 1.0):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class EngineNotReadyError(EngineError):
-    """The engine is still loading or is shutting down."""
-
-
-class QuotaExceededError(EngineError):
-    """The caller has spent what its budget allows this period: retrying will not help until it
-    ends (HTTP 429 insufficient_quota with x-should-retry: false, gRPC RESOURCE_EXHAUSTED with
-    `tandem-error-type: insufficient_quota` and no retry-after)."""
-
-
-MIN_SAMPLING_TEMPERATURE = 1e-5  # below it, sampling is greedy
-
-
-@dataclass(frozen=True)
-class StructuredOutput:
-    """A constraint on the whole output, enforced token by token by the engine's grammar mask.
-
-    kind "json_object": any JSON object; "json_schema": JSON valid against `schema` (JSON text);
-    "lark": text in llguidance's Lark dialect `grammar` (tool calls: sdk.protocol.tool_formats).
-    Whitespace between JSON tokens is bounded (sdk.protocol.grammar.JSON_FORMAT), so a small
-    model cannot pad it out."""
-
-    kind: str
-    schema: str | None = None
-    grammar: str | None = None
-
-    def __post_init__(self) -> None:
-        if (self.kind not in ("json_object", "json_schema", "lark") or (self.kind == "json_schema") != (self.schema is not None)
-                or (self.kind == "lark") != (self.grammar is not None)):  # fmt: skip
-            raise InvalidRequestError(f"unknown structured output {self.kind!r} (or its schema or grammar missing)", self.param)
-
-    @property
-    def param(self) -> str:
-        """The request field a constraint of this kind comes from (errors name it)."""
-        return "tools" if self.kind == "lark" else "response_format"
-
-
-MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
-MAX_PENALTY = 2.0  # OpenAI's range for presence/frequency penalties: [-2, 2]
-
-
-@dataclass
-class SamplingParams:
-    """How to pick tokens and when to stop. Validated on construction.
-
-    Order of application (vLLM's): logit_bias and the min_tokens mask, then repetition,
-    frequency and presence penalties (these change greedy picks too), then temperature,
-    min_p, top_k, top_p. Logprobs and the confidence signals stay the model's own."""
-
-    max_tokens: int = 16  # upper bound on generated tokens
-    # None: unset, so the engine that runs the request fills in its tier's default for the model
-    # (sdk.protocol.sampling_defaults); engines sample only with resolved values.
-    temperature: float | None = None  # 0 means greedy
-    top_p: float | None = None  # nucleus mass kept, (0, 1]
-    top_k: int | None = None  # keep the k most likely tokens; 0 disables
-    min_p: float | None = None  # drop tokens below min_p x the top token's probability, [0, 1]; 0 disables
-    repetition_penalty: float | None = None  # HF/vLLM: prompt and output tokens' logits / p (> 0) or x p (< 0); 1 off
-    presence_penalty: float | None = None  # OpenAI: minus this for every token already generated, [-2, 2]
-    frequency_penalty: float | None = None  # OpenAI: minus this x times generated, [-2, 2]
-    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, [-100, 100]
-    min_tokens: int = 0  # end-of-generation and stop_token_ids cannot be sampled before this many tokens
-    seed: int | None = None  # per-request RNG seed for reproducible sampling
-    stop: list[str] = field(default_factory=list)  # stop strings, never included in the output
-    stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end generation
-    ignore_eos: bool = False  # keep going past end-of-generation tokens
-    # Stop an answer caught in an exact loop (sdk.protocol.repetition.STOP_LOOP) with finish_reason
-    # "length" and stop_reason "repetition". None: the tier's default (local on, cloud off).
-    # Never under ignore_eos, which asks for every token.
-    repetition_stop: bool | None = None
-    # A structured answer about to run out of max_tokens (or context) takes its grammar's closing
-    # path and ends valid (sdk.protocol.grammar_closing). None: the tier's default (on).
-    close_within_max_tokens: bool | None = None
-    logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token + k alternatives
-    structured: StructuredOutput | None = None  # response_format: a grammar masks every step
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
-        ranges = (  # name, low, high, low inclusive; unset (None) is always allowed
-            ("temperature", 0.0, 2.0, True), ("top_p", 0.0, 1.0, False), ("min_p", 0.0, 1.0, True),
-            ("repetition_penalty", 0.0, math.inf, False),
-            ("presence_penalty", -MAX_PENALTY, MAX_PENALTY, True), ("frequency_penalty", -MAX_PENALTY, MAX_PENALTY, True),
-        )  # fmt: skip
-        for name, low, high, inclusive in ranges:
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and (value >= low if inclusive else value > low) and value <= high):
-                interval = f"{'[' if inclusive else '('}{low:g}, {high:g}]" if math.isfinite(high) else f"> {low:g}"
-                raise InvalidRequestError(f"{name} must be {'in ' if math.isfinite(high) else ''}{interval}, got {value!r}", name)
-        if self.temperature is not None and self.temperature < MIN_SAMPLING_TEMPERATURE:
-            # vLLM's epsilon: dividing logits by, say, 1e-320 overflows them to inf and the softmax to NaN.
-            self.temperature = 0.0
-        if self.top_k is not None and self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k!r}", "top_k")
-        if any(not math.isfinite(b) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):
-            raise InvalidRequestError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", "logit_bias")
-        if any(token_id < 0 for token_id in self.logit_bias):
-            raise InvalidRequestError("logit_bias keys must be token ids >= 0", "logit_bias")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise InvalidRequestError(f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens!r}", "min_tokens")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(
-                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs!r}", "top_logprobs"
-            )
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise InvalidRequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}", "seed")
-        if any(not isinstance(s, str) or s == "" for s in self.stop):
-            raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
-        if self.structured is not None and (self.ignore_eos or self.min_tokens):
-            # The grammar ends the output (it allows only the end token once the JSON is complete).
-            param = "ignore_eos" if self.ignore_eos else "min_tokens"
-            raise InvalidRequestError(f"{param} cannot be combined with response_format: the grammar decides where the output ends", param)
-
-    @property
-    def is_resolved(self) -> bool:
-        """Every defaultable field set (the engine has applied its tier's defaults)."""
-        return None not in (self.temperature, self.top_p, self.top_k, self.min_p, self.repetition_penalty,
-                            self.presence_penalty, self.frequency_penalty)  # fmt: skip
-
-    @property
-    def is_greedy(self) -> bool:
-        """Whether sampling is argmax; samplers ask this first, so unresolved params fail here, loudly."""
-        if not self.is_resolved:
-            raise ValueError("sampling with unset fields: the engine must fill in its defaults first "
-                             "(sdk.protocol.sampling_defaults.SamplingDefaults.apply)")  # fmt: skip
-        return self.temperature == 0.0 or self.top_k == 1
-
-    @property
-    def stops_loops(self) -> bool:
-        """Whether the engine watches this request for loops (sdk.protocol.repetition)."""
-        return bool(self.repetition_stop) and not self.ignore_eos and self.structured is None  # JSON repeats legitimately
-
-    @property
-    def uses_token_history(self) -> bool:
-        """The logits depend on the tokens so far (penalties, the min_tokens mask): speculative
-        decoding drafts nothing for such a request."""
-        return (self.repetition_penalty not in (None, 1.0) or bool(self.presence_penalty) or bool(self.frequency_penalty)
-                or self.masks_end_tokens)  # fmt: skip
-
-    @property
-    def masks_end_tokens(self) -> bool:
-        """min_tokens has ids to hold back: the end-of-generation ids (unless ignore_eos, under which
-        they end nothing) and stop_token_ids. `ignore_eos` + `min_tokens` alone (how benchmark
-        clients ask for a fixed length) changes no logit, so it costs no per-row logits copy."""
-        return self.min_tokens > 0 and (not self.ignore_eos or bool(self.stop_token_ids))
-
-    @property
-    def changes_logits(self) -> bool:
-        """Anything to apply to the raw logits before picking (greedy picks included)."""
-        return self.uses_token_history or bool(self.logit_bias) or self.structured is not None
-
 
 @dataclass(frozen=True)
 class Caller:

@@ -28,14 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdk.protocol.engine import InvalidRequestError, SamplingParams
+from sdk.protocol.sampling_params import TUNABLES
 
-# The fields a tier may default (logit_bias and min_tokens are the request's alone).
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
-OPENAI_DEFAULTS: dict[str, float | int] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
-                                           "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+# The fields a tier may default, as SamplingParams declares them (logit_bias and min_tokens are the request's alone).
+SAMPLING_FIELDS = tuple(TUNABLES)
+OPENAI_DEFAULTS: dict[str, float | int] = {name: knob.off for name, knob in TUNABLES.items()}
 # Where the last resort comes from: OpenAI's API for its own fields, "off" for the extensions.
-LAST_RESORT_SOURCES = {name: "OpenAI's default" if name in ("temperature", "top_p", "presence_penalty", "frequency_penalty")
-                       else "off (no other default)" for name in SAMPLING_FIELDS}
+LAST_RESORT_SOURCES = {name: "OpenAI's default" if knob.openai else "off (no other default)" for name, knob in TUNABLES.items()}
 
 # (pattern over the model's file or directory name, values, where they come from)
 BUILTIN_DEFAULTS: tuple[tuple[re.Pattern, dict[str, float | int], str], ...] = (
@@ -43,8 +42,7 @@ BUILTIN_DEFAULTS: tuple[tuple[re.Pattern, dict[str, float | int], str], ...] = (
      "built-in: the SmolLM2-Instruct model card"),
 )  # fmt: skip
 
-GGUF_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p", "general.sampling.top_k": "top_k",
-             "general.sampling.min_p": "min_p", "general.sampling.penalty_repeat": "repetition_penalty"}
+GGUF_KEYS = {knob.gguf_key: name for name, knob in TUNABLES.items() if knob.gguf_key}
 GENERATION_CONFIG = "generation_config.json"
 
 
@@ -195,7 +193,7 @@ def _generation_config(path: str) -> tuple[dict[str, float | int], dict[str, str
     with open(path, encoding="utf-8") as handle:
         config = json.load(handle)
     values: dict[str, float | int] = {}
-    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):  # what HF's GenerationConfig has
+    for name in (name for name, knob in TUNABLES.items() if knob.in_generation_config):
         value = _normalized(name, config.get(name))
         if value is not None:
             values[name] = value
@@ -206,6 +204,6 @@ def _normalized(name: str, value: Any) -> float | int | None:
     """A metadata value in SamplingParams' terms; None for what is absent or not a number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    if name == "top_k":
-        return max(int(value), 0)  # <= 0 disables top-k in llama.cpp and HF alike
+    if TUNABLES[name].type is int:
+        return max(int(value), int(TUNABLES[name].low))  # top_k <= 0 disables it in llama.cpp and HF alike
     return float(value)

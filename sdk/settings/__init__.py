@@ -1,7 +1,8 @@
 """tandem's configuration: built-in defaults < a TOML file < TANDEM_* env vars < command-line options.
 
 - `fields`: the table of every setting (section, key, type, env variable, check, target field).
-- `loading`: `load_settings()` / `settings_from_mapping()` and the effective `Settings`.
+- `loading`: `load_settings()` / `settings_from_mapping()` and the effective `Settings`;
+  `reading`: finding the TOML file and reading it into (field, value) pairs.
 - `config_file`: finding the config file and writing a calibrated threshold into it.
 """
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import tomllib
 
-from sdk.settings.loading import default_config_path, load_settings
+from sdk.settings.loading import load_settings
+from sdk.settings.reading import default_config_path
 
 
 def config_path(config: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> Path:

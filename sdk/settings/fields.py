@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from router.privacy import PrivacyRules
 from router.streaming_policy import DecideAt
 from sdk.cascade.config import CascadeConfig
 from sdk.cloud.targets import is_replica_target
+from sdk.protocol.sampling_params import TUNABLES
 from sdk.traffic.config import TrafficSettings
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
@@ -185,15 +187,12 @@ def _traffic(key: str, type_: type, help: str, **extra: Any) -> SettingField:
     env = None if type_ is dict else f"TANDEM_TRAFFIC_{key.upper()}"
     return SettingField("traffic", key, type_, _TRAFFIC[key], env, help, target=key, **extra)
 
-# [local.sampling] / [cloud.sampling]: the tier's default for a field a request leaves out.
-_SAMPLING_KEYS = (
-    ("temperature", float, "Temperature when a request sends none (0: greedy).", _at_least(0, high=2)),
-    ("top_p", float, "Nucleus mass when a request sends none.", _at_least(0, inclusive=False, high=1)),
-    ("top_k", int, "Top-k when a request sends none (0: off).", _at_least(0)),
-    ("min_p", float, "Min-p when a request sends none (0: off).", _at_least(0, high=1)),
-    ("repetition_penalty", float, "Repetition penalty (HF/vLLM) when a request sends none (1: off).", _at_least(0, inclusive=False)),
-    ("presence_penalty", float, "Presence penalty (OpenAI) when a request sends none.", _at_least(-2, high=2)),
-    ("frequency_penalty", float, "Frequency penalty (OpenAI) when a request sends none.", _at_least(-2, high=2)),
+# [local.sampling] / [cloud.sampling]: the tier's default for a field a request leaves out, one key per
+# tunable SamplingParams declares (sdk.protocol.sampling_params), checked against its declared range.
+_SAMPLING_KEYS = tuple(
+    (name, knob.type, f"{knob.doc}, when a request sends none.",
+     _at_least(knob.low, knob.low_inclusive, knob.high if math.isfinite(knob.high) else None))
+    for name, knob in TUNABLES.items()
 )
 
 FIELDS_LIST: tuple[SettingField, ...] = (

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-import tomllib
 
 from sdk.settings.fields import (
     FIELDS,
@@ -26,6 +25,7 @@ from sdk.settings.fields import (
     SettingsError,
     parse_cloud_url,
 )
+from sdk.settings.reading import config_file, default_config_path, pairs_of, read_file  # noqa: F401  (default_config_path: re-exported)
 
 if TYPE_CHECKING:
     from cloud_engine.config import CloudEngineConfig
@@ -141,8 +141,8 @@ def load_settings(config_path: str | os.PathLike | None = None, env: Mapping[str
             raise SettingsError(f"{field.dotted} = {shown!r} from {_describe(source)}: {exc}") from exc
         sources[field.dotted] = source
 
-    path = _config_file(config_path, env)
-    for field, value in _read_file(path) if path else ():
+    path = config_file(config_path, env)
+    for field, value in read_file(path) if path else ():
         put(field, f"file:{path}", value, lambda f=field, v=value: f.coerce(v))
     for field in FIELDS.values():
         if field.env and field.env in env:
@@ -167,7 +167,7 @@ def settings_from_mapping(data: Mapping, origin: str = "config", defaults: Mappi
     for dotted, value in (defaults or {}).items():
         section, key = FIELDS[dotted].section, FIELDS[dotted].key
         values[section][key] = value
-    for field, value in _pairs(data, origin):
+    for field, value in pairs_of(data, origin):
         try:
             values[field.section][field.key] = field.coerce(value)
         except (ValueError, TypeError) as exc:
@@ -181,60 +181,6 @@ def settings_from_mapping(data: Mapping, origin: str = "config", defaults: Mappi
 def _defaults() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     values = {section: {f.key: copy.deepcopy(f.default) for f in fs} for section, fs in SECTIONS.items()}
     return values, {dotted: "default" for dotted in FIELDS}
-
-
-def _config_file(config_path: str | os.PathLike | None, env: Mapping[str, str]) -> str | None:
-    """The file to read: explicit (must exist), else the default location when it exists."""
-    explicit, origin = (config_path, "--config") if config_path is not None else (env.get("TANDEM_CONFIG") or None, "TANDEM_CONFIG")
-    if explicit is not None:
-        path = os.path.abspath(os.fspath(explicit))
-        if not os.path.isfile(path):
-            raise SettingsError(f"config file {path} (from {origin}) does not exist or is not a file")
-        return path
-    path = default_config_path(env)
-    return path if os.path.isfile(path) else None
-
-
-def default_config_path(env: Mapping[str, str]) -> str:
-    """$XDG_CONFIG_HOME/tandem/config.toml (~/.config when unset), whether or not it exists."""
-    base = env.get("XDG_CONFIG_HOME") or ""
-    if not os.path.isabs(base):  # the XDG spec says to ignore relative values
-        base = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".config")
-    return os.path.join(base, "tandem", "config.toml")
-
-
-def _read_file(path: str) -> list[tuple[SettingField, Any]]:
-    """The (field, value) pairs of a TOML file, refusing unknown sections and keys."""
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"config file {path}: cannot read it as TOML: {exc}") from exc
-    return _pairs(data, f"config file {path}")
-
-
-def _pairs(data: Mapping, origin: str) -> list[tuple[SettingField, Any]]:
-    """The (field, value) pairs of a {section: {key: value}} mapping, refusing unknown sections and keys."""
-    if not isinstance(data, Mapping):
-        raise SettingsError(f"{origin}: must be an object of sections, got {type(data).__name__}")
-    top_level = [name for name in SECTIONS if "." not in name]  # [local.sampling] arrives inside [local]
-    unknown = [name for name in data if name not in top_level]
-    if unknown:
-        raise SettingsError(f"{origin}: unknown sections {unknown}; known sections: {', '.join(top_level)}")
-    pairs = []
-    tables = list(data.items())
-    while tables:
-        section, table = tables.pop(0)
-        if not isinstance(table, Mapping):
-            raise SettingsError(f"{origin}: {section!r} must be a table ([{section}]), got {table!r}")
-        # A sub-table such as [local.sampling] arrives nested: {"local": {"sampling": {...}}}.
-        tables += [(f"{section}.{key}", value) for key, value in table.items() if f"{section}.{key}" in SECTIONS]
-        known = [f.key for f in SECTIONS[section]] + [s.rpartition(".")[2] for s in SECTIONS if s.rpartition(".")[0] == section]
-        unknown = [key for key in table if key not in known]
-        if unknown:
-            raise SettingsError(f"{origin}: unknown keys {unknown} in [{section}]; known keys: {', '.join(known)}")
-        pairs += [(FIELDS[f"{section}.{key}"], value) for key, value in table.items() if f"{section}.{key}" in FIELDS]
-    return pairs
 
 
 def _validate(settings: Settings) -> None:

@@ -47,6 +47,19 @@ def test_every_endpoint_documents_its_bodies():
     assert {"echo", "suffix", "best_of", "stream_options"} <= set(refusals)
 
 
+def test_the_document_lists_the_declared_routes_the_server_mounted():
+    from sdk.openai_server.routes import ROUTES
+
+    plain = {route.path.replace(":path", "") for route in ROUTES if route.needs is None}
+    assert plain <= set(SPEC["paths"]) and "/v1/feedback" not in SPEC["paths"]  # no cascade: no feedback route
+    assert "/v1/budget" not in SPEC["paths"] and "/v1/embeddings" not in SPEC["paths"]
+    for route in ROUTES:
+        if route.needs is None and route.answer is not None:
+            operation = SPEC["paths"][route.path.replace(":path", "")][route.method.lower()]
+            assert operation["summary"] == route.summary and "200" in operation["responses"]
+            assert ("requestBody" in operation) == (route.body is not None)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_whatever_the_document_allows_validates(data):

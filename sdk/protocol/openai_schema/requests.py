@@ -11,13 +11,21 @@ themselves into engine `SamplingParams`, so both tiers read a request the same w
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationInfo, create_model, model_validator
 
 from sdk.protocol.engine import ContextLengthError, InvalidRequestError, SamplingParams, StructuredOutput
+from sdk.protocol.openai_schema.request_parts import (
+    ChatMessage,
+    NamedToolChoice,
+    ResponseFormat,
+    StreamOptions,
+    ToolParam,
+    _TopLevel,
+)
+from sdk.protocol.sampling_params import TUNABLES
 from sdk.protocol.request_fields import classify_extra_fields, classify_message_fields, refuse_unknown_fields
 from sdk.protocol.tool_calls import render_tool_messages
 from sdk.protocol.tool_formats import LIST, ToolFormat, ToolFunction, ToolRequest
@@ -26,95 +34,6 @@ MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM allows more; 16 keeps stop matchi
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 MAX_CHOICES = 16  # each choice is its own engine request; more would let one client fill the queue
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # OpenAI takes any 64-bit seed
-
-# -- requests ------------------------------------------------------------------------------
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
-class _TopLevel(_Request):
-    """A request body or a message: extra fields are kept for request_fields to classify."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class StreamOptions(_Request):
-    include_usage: bool | None = None  # one last chunk with empty choices and the usage
-
-
-class ContentPart(_Request):
-    type: str
-    text: str | None = None  # other part kinds (images, audio) are refused by the chat template
-
-
-class JsonSchemaFormat(_Request):
-    name: str
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # None: any JSON object
-    strict: bool | None = None  # constrained the same either way: the grammar enforces the schema
-
-    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
-
-
-class ResponseFormat(_Request):
-    """OpenAI's response_format: "text" (no constraint), "json_object", or "json_schema"."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    def structured(self) -> StructuredOutput | None:
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return StructuredOutput("json_object")
-        if self.json_schema is None:
-            raise InvalidRequestError("response_format of type json_schema needs a json_schema object", "response_format")
-        if self.json_schema.schema_ is None:
-            return StructuredOutput("json_object")
-        return StructuredOutput("json_schema", json.dumps(self.json_schema.schema_))
-
-
-class FunctionDefinition(_Request):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # JSON Schema of the arguments; None: any object
-    strict: bool | None = None  # constrained the same either way: the grammar enforces the schema
-
-
-class ToolParam(_Request):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class NamedFunction(_Request):
-    name: str
-
-
-class NamedToolChoice(_Request):
-    type: Literal["function"]
-    function: NamedFunction
-
-
-class MessageFunctionCall(_Request):
-    name: str
-    arguments: str  # JSON text
-
-
-class MessageToolCall(_Request):
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: MessageFunctionCall
-
-
-class ChatMessage(_TopLevel):
-    role: str  # checked against the allowed roles by sdk.protocol.chat_template
-    content: Union[str, list[ContentPart], None] = None
-    name: str | None = None  # passed to the chat template (which may or may not print it)
-    tool_calls: list[MessageToolCall] | None = None  # an earlier assistant turn's calls
-    tool_call_id: str | None = None  # a tool result's call (role "tool")
-
 
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 
@@ -125,7 +44,15 @@ def _document_refusals(schema: dict[str, Any], model: type[_SamplingFields]) -> 
     schema["x-tandem-refusals"] = model.refusal_rules()
 
 
-class _SamplingFields(_TopLevel):
+# The tunables (temperature, top_p, top_k, ...), one optional field each as SamplingParams declares
+# them (sdk.protocol.sampling_params): null or absent means the tier's default for its model.
+_TunableFields = create_model(
+    "_TunableFields", __base__=_TopLevel,
+    **{name: (knob.type | None, Field(default=None, description=knob.doc)) for name, knob in TUNABLES.items()},
+)  # fmt: skip
+
+
+class _SamplingFields(_TunableFields):
     """Fields chat and completions share; all optional so `null` means the default."""
 
     model_config = ConfigDict(json_schema_extra=_document_refusals)
@@ -138,9 +65,6 @@ class _SamplingFields(_TopLevel):
 
     model: str | None = None  # None: the first served model (vLLM's lenient default)
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None  # extension (vLLM): keep the k most likely tokens; 0 or -1 disables
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -148,11 +72,7 @@ class _SamplingFields(_TopLevel):
     stop_token_ids: list[int] | None = None  # extension (vLLM)
     seed: int | None = Field(default=None, ge=_SEED_MIN, le=_SEED_MAX)
     user: str | None = None  # per-user budgets (sdk.budgets) bill it; ignored on a server without budgets
-    presence_penalty: float | None = None  # OpenAI: over generated tokens, [-2, 2]
-    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
-    min_p: float | None = None  # extension (vLLM)
-    repetition_penalty: float | None = None  # extension (vLLM/HF): over prompt and generated tokens
     min_tokens: int | None = Field(default=None, ge=0)  # extension (vLLM): no end-of-text before this many
     ignore_eos: bool | None = None  # extension (vLLM): keep generating past end-of-text
     repetition_stop: bool | None = None  # extension (tandem): stop an exact loop (None: the tier's default)
@@ -242,13 +162,7 @@ class _SamplingFields(_TopLevel):
         return SamplingParams(
             max_tokens=max_tokens,
             # Left out: unset, and the tier that runs the request uses its default for the model.
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=0 if self.top_k == -1 else self.top_k,  # vLLM clients send -1 for off
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
+            **{name: knob.from_request(getattr(self, name)) for name, knob in TUNABLES.items()},
             logit_bias=self.token_logit_bias,
             min_tokens=self.min_tokens or 0,
             seed=seed,

@@ -1,6 +1,7 @@
 """The client half of tandem.v1's conversion: the engine's SamplingParams and a prompt ->
 GenerateRequest, GenerateResponse -> CloudTokenEvent. The servicer's half (requests in, events
-out, with its checks) is cloud_engine.grpc.convert; both read OPTIONAL_FLOATS from here.
+out, with its checks) is cloud_engine.grpc.convert. Every tunable SamplingParams declares is an
+`optional` field of the proto under the same name, so both halves carry them by name.
 """
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from collections.abc import Mapping, Sequence
 
 from sdk.protocol.cloud_backend import CloudTokenEvent, Prompt
 from sdk.protocol.engine import InvalidRequestError, SamplingParams, TopLogprob
+from sdk.protocol.sampling_params import TUNABLES
 from sdk.protocol.wire import tandem_pb2 as pb
-
-OPTIONAL_FLOATS = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")  # unset travels as absent
 
 
 def request_message(
@@ -50,7 +50,7 @@ def sampling_message(params: SamplingParams) -> pb.SamplingParams:
         ignore_eos=params.ignore_eos,
         top_logprobs=params.logprobs or 0,
     )
-    for name in ("temperature", "top_p", "top_k", "seed", "repetition_stop", "close_within_max_tokens", *OPTIONAL_FLOATS):  # unset: the server's default for its model
+    for name in (*TUNABLES, "seed", "repetition_stop", "close_within_max_tokens"):  # unset: the server's default for its model
         if getattr(params, name) is not None:
             setattr(message, name, getattr(params, name))
     message.logit_bias.update(params.logit_bias)

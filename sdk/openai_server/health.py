@@ -1,0 +1,35 @@
+"""GET /health (200 once the model is loaded, 503 before and while draining) and GET /metrics."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sdk.openai_server.drain import DRAINING_MESSAGE
+from sdk.openai_server.errors import from_exception
+from sdk.openai_server.serving import ServerState
+from sdk.protocol.engine import EngineNotReadyError
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.tandem
+    engine, cascade, also_ready = state.engine, state.cascade, state.also_ready
+    if engine.draining:  # sdk.openai_server.drain: out of rotation
+        return from_exception(EngineNotReadyError(DRAINING_MESSAGE)).response()
+    if not engine.is_ready or (cascade is None and also_ready is not None and not also_ready()):
+        return from_exception(EngineNotReadyError("the model is still loading; retry shortly")).response()
+    if cascade is None:
+        return JSONResponse({"status": "ok"})
+    # The local tier answers every request, so it alone makes the service ready; the cloud's
+    # state only says whether escalations can go out ("loading": answered locally meanwhile).
+    if also_ready is not None and not also_ready():
+        cloud = "loading"
+    else:
+        cloud = "none" if cascade.cloud is None else cascade.breaker.state.value
+    return JSONResponse({"status": "ok", "local": "ready", "cloud": cloud})
+
+
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.tandem
+    body, content_type = state.metrics.render()
+    return Response(body, media_type=content_type)
