@@ -16,17 +16,11 @@ import torch
 
 from cloud_engine.block_manager import KVCacheManager
 from cloud_engine.config import CloudEngineConfig
-from cloud_engine.cpu_features import has_native_bf16
 from cloud_engine.host_memory import keep_freed_memory_in_heap
 from cloud_engine.host_threads import limit_host_threads_for_gpu
 from cloud_engine.kernels import select_decode_kernel
-from cloud_engine.kv_cache import (
-    KVCacheBudgetError,
-    allocate_kv_caches,
-    bytes_per_block,
-    kv_budget_bytes,
-    num_blocks_for_budget,
-)
+from cloud_engine.device import resolve_device, resolve_dtype, resolve_max_model_len
+from cloud_engine.kv_cache import allocate_kv_caches, bytes_per_block, kv_budget_bytes, num_blocks_for_budget
 from cloud_engine.loader import load_model
 from cloud_engine.loader.tokenizer import encode_prompt, tokenizer_vocabulary
 from cloud_engine.model_runner import ModelRunner
@@ -45,25 +39,6 @@ from sdk.protocol.token_events import check_stop, make_token_event
 from sdk.protocol.vocabulary import vocabulary_fingerprint
 
 logger = logging.getLogger(__name__)
-
-# The default context limit when the model's own is larger.
-DEFAULT_MAX_MODEL_LEN = 8192
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} was asked for but CUDA is not available; use --device cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" or has_native_bf16() else torch.float32
-    return _DTYPES[name]
-
 
 class CloudEngine:
     """A PyTorch model served with tandem's paged KV cache, scheduler and sampler."""
@@ -99,25 +74,7 @@ class CloudEngine:
         mc = self.model_config
         block_bytes = bytes_per_block(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype)
         self.num_blocks = num_blocks_for_budget(kv_budget_bytes(config, self.device), block_bytes)
-        pool_tokens = self.num_blocks * config.block_size
-        self.max_model_len = config.max_model_len or min(mc.max_position_embeddings, pool_tokens, DEFAULT_MAX_MODEL_LEN)
-        if mc.sliding_window and self.max_model_len > mc.sliding_window:
-            # Attention here is always full; past the window the model would see more than it was trained to.
-            if config.max_model_len:
-                raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's sliding window {mc.sliding_window}")
-            self.max_model_len = mc.sliding_window
-        if self.max_model_len > pool_tokens:
-            raise KVCacheBudgetError(
-                f"the KV cache holds {pool_tokens} tokens ({self.num_blocks} blocks of {config.block_size}), less than "
-                f"max_model_len={self.max_model_len}; raise --kv-cache-gb or lower --max-model-len"
-            )
-        if self.max_model_len > mc.max_position_embeddings:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {mc.max_position_embeddings} positions")
-        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"without chunked prefill a whole prompt must fit one step: max_num_batched_tokens "
-                f"({config.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
-            )
+        self.max_model_len = resolve_max_model_len(config, mc, self.num_blocks)
         caches = allocate_kv_caches(mc.num_hidden_layers, self.num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype, self.device)
         loaded.model.bind_kv_caches(caches)
         decode_kernel = select_decode_kernel(
