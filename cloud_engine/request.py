@@ -23,8 +23,6 @@ class Request(EngineRequest):
     # block_pool.hash_block); the KV cache manager extends it as blocks fill.
     block_hashes: list[BlockHash] = field(default_factory=list)
     # Speculative decoding: the proposer's draft for the next step (the scheduler moves it
-    # into SchedulerOutput.scheduled_spec_token_ids), and this request's running totals.
+    # into SchedulerOutput.scheduled_spec_token_ids); the running totals are EngineRequest's.
     spec_token_ids: list[int] = field(default_factory=list)
-    num_draft_tokens: int = 0  # drafted tokens the target verified
-    num_accepted_tokens: int = 0  # of those, accepted
     forced: list[bool] = field(default_factory=list)  # per token emitted this step: the grammar allowed that one only

@@ -30,6 +30,9 @@ class EngineRequest:
     arrival_time: float = field(default_factory=time.monotonic)
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at the latest admission
     matcher: object | None = None  # llguidance.LLMatcher of a structured request (sdk.protocol.grammar)
+    # Speculative decoding's running totals (zero on an engine that does not speculate): every event carries them.
+    num_draft_tokens: int = 0  # drafted tokens the target verified
+    num_accepted_tokens: int = 0  # of those, accepted
 
     def __post_init__(self) -> None:
         self.text_stream = TextStream(self.params.stop)

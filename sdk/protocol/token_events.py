@@ -27,6 +27,8 @@ class GeneratingRequest(Protocol):
     repetition: RepetitionTracker | None  # set when params.stops_loops (see new_repetition_tracker)
     stop_reason: str | None  # "repetition" once a loop stopped the request
     matcher: object | None  # a structured request's sdk.protocol.grammar_closing.StructuredState
+    num_draft_tokens: int  # speculative decoding's totals so far (zero without it)
+    num_accepted_tokens: int
 
 
 def new_repetition_tracker(params: SamplingParams) -> RepetitionTracker | None:
@@ -99,7 +101,7 @@ def make_token_event(
         stop_reason=request.stop_reason,
         num_prompt_tokens=request.num_prompt_tokens,
         num_output_tokens=request.num_output_tokens if num_output_tokens is None else num_output_tokens,
-        num_draft_tokens=getattr(request, "num_draft_tokens", 0),  # speculative totals (cloud engine)
-        num_accepted_tokens=getattr(request, "num_accepted_tokens", 0),
+        num_draft_tokens=request.num_draft_tokens,  # speculative totals (zero without speculation)
+        num_accepted_tokens=request.num_accepted_tokens,
         forced=forced,
     )
