@@ -11,66 +11,53 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import logging
 import time
 from typing import Optional
 
 import typer
 
-from sdk.cli.options import SAMPLING_KEYS, LogLevel, sampling_flags
+from sdk.cli.options import SAMPLING_KEYS, sampling_flags
+from sdk.cli.setting_options import command_signature, settings_given
 
 logger = logging.getLogger("tandem.serve")
 
 
-def serve(
-    config: Optional[str] = typer.Option(None, "--config", help="TOML config file (default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml if present)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Local GGUF file; default: the embedded SmolLM2-135M-Instruct. [env: TANDEM_MODEL]"),
-    model_name: Optional[str] = typer.Option(None, help="The id of the local model without routing; default: derived from the file. [env: TANDEM_MODEL_NAME]"),
-    cloud: Optional[str] = typer.Option(None, "--cloud", help="embedded (default), none, grpc://HOST:PORT, grpcs://HOST:PORT, replicas (ipv4:H1:P1,H2:P2 or dns:///HOST:PORT: round robin over the healthy ones) or an OpenAI-compatible https://HOST/v1. [env: TANDEM_CLOUD]"),
-    threshold: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="Routing threshold of model `auto`: 0 never escalates, 1 always does. [env: TANDEM_THRESHOLD]"),
-    host: Optional[str] = typer.Option(None, help="Address to listen on; default 127.0.0.1. [env: TANDEM_HOST]"),
-    port: Optional[int] = typer.Option(None, min=0, max=65535, help="TCP port; default 8000. [env: TANDEM_PORT]"),
-    api_key_file: Optional[str] = typer.Option(None, help="File of API keys for this endpoint, one per line. [env: TANDEM_API_KEY_FILE]"),
-    rate_limit: Optional[float] = typer.Option(None, min=0.0, help="Requests per minute per key. [env: TANDEM_RATE_LIMIT]"),
-    max_concurrent_per_key: Optional[int] = typer.Option(None, min=1, help="Requests in flight at once per key (per client address without keys); default: no limit. [env: TANDEM_MAX_CONCURRENT_PER_KEY]"),
-    auth_backoff_after: Optional[int] = typer.Option(None, min=0, help="Failed API keys from one client address before it backs off (429 unchecked, 1 s doubling to [server] auth_backoff_max_s); 0: off; default 10. [env: TANDEM_AUTH_BACKOFF_AFTER]"),
-    strict_fields: Optional[bool] = typer.Option(None, "--strict-fields/--no-strict-fields", help="Refuse request fields tandem does not know (400) instead of ignoring them with a warning. [env: TANDEM_STRICT_FIELDS]"),
-    max_body_bytes: Optional[int] = typer.Option(None, min=1024, help="Largest request body, bytes; larger is 413 (4 MiB). [env: TANDEM_MAX_BODY_BYTES]"),
-    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="PEM certificate chain: serve HTTPS (with --tls-key). [env: TANDEM_TLS_CERT]"),
-    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="PEM private key for --tls-cert. [env: TANDEM_TLS_KEY]"),
-    kv_cache_tokens: Optional[int] = typer.Option(None, min=1, help="Local KV cells shared by all sequences (8192). [env: TANDEM_KV_CACHE_TOKENS]"),
-    max_num_seqs: Optional[int] = typer.Option(None, min=1, help="Local sequences decoded together (16). [env: TANDEM_MAX_NUM_SEQS]"),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, min=1, help="Local token budget of one step (512). [env: TANDEM_MAX_NUM_BATCHED_TOKENS]"),
-    max_model_len: Optional[int] = typer.Option(None, min=1, help="Local prompt + completion limit. [env: TANDEM_MAX_MODEL_LEN]"),
-    max_waiting: Optional[int] = typer.Option(None, min=0, help="Queued local requests beyond this get 503 (256). [env: TANDEM_MAX_WAITING]"),
-    threads: Optional[int] = typer.Option(None, min=1, help="CPU threads for llama.cpp; default: all cores. [env: TANDEM_THREADS]"),
-    n_gpu_layers: Optional[int] = typer.Option(None, min=0, help="Layers offloaded to a GPU when llama.cpp has one. [env: TANDEM_N_GPU_LAYERS]"),
-    batch_invariant: Optional[bool] = typer.Option(None, "--batch-invariant/--no-batch-invariant", help="A sequence's numbers do not depend on what shares its batch (slower prompts); default off. [env: TANDEM_LOCAL_BATCH_INVARIANT]"),
-    extra_buffer_types: Optional[bool] = typer.Option(None, "--extra-buffer-types/--no-extra-buffer-types", help="llama.cpp's repacked CPU weight layouts for tensor types that have one (Q4_0, Q4_K, IQ4_NL, ...; llama-server's default); refused with --batch-invariant; default off. [env: TANDEM_LOCAL_EXTRA_BUFFER_TYPES]"),
-    repetition_stop: Optional[bool] = typer.Option(None, "--repetition-stop/--no-repetition-stop", help="Stop a local answer caught in an exact loop (finish_reason length, stop_reason repetition) unless the request sends repetition_stop false; default on. [env: TANDEM_LOCAL_REPETITION_STOP]"),
-    close_within_max_tokens: Optional[bool] = typer.Option(None, "--close-within-max-tokens/--no-close-within-max-tokens", help="A structured answer about to reach max_tokens takes its grammar's closing path and ends valid (stop_reason closed_within_max_tokens), on both tiers, unless the request sends close_within_max_tokens false; default on. [env: TANDEM_LOCAL_CLOSE_WITHIN_MAX_TOKENS, TANDEM_CLOUD_CLOSE_WITHIN_MAX_TOKENS]"),
-    local_sampling: Optional[list[str]] = typer.Option(None, "--local-sampling", metavar="KEY=VALUE", help=f"Local tier's default for a sampling field requests leave out (repeatable): {SAMPLING_KEYS}; default: the model's (SmolLM2-Instruct: temperature=0.2, top_p=0.9). [env: TANDEM_LOCAL_SAMPLING_<KEY>]"),
-    cloud_sampling: Optional[list[str]] = typer.Option(None, "--cloud-sampling", metavar="KEY=VALUE", help="The embedded cloud engine's, likewise. [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
-    log_level: Optional[LogLevel] = typer.Option(None, case_sensitive=False, help="Log level (info). [env: TANDEM_LOG_LEVEL]"),
-) -> None:
+# The settings `tandem serve` takes as options, each made from its sdk.settings field (type, help, env,
+# check): `--name` for `section.name`, except where renamed.
+SERVE_SETTINGS = (
+    "cloud.url", "cascade.threshold", "local.model", "local.model_name", "server.host", "server.port",
+    "server.api_key_file", "server.rate_limit", "server.max_concurrent_per_key", "server.auth_backoff_after",
+    "server.strict_fields", "server.max_body_bytes", "server.tls_cert", "server.tls_key", "local.kv_cache_tokens",
+    "local.max_num_seqs", "local.max_num_batched_tokens", "local.max_model_len", "local.max_waiting", "local.threads",
+    "local.n_gpu_layers", "local.batch_invariant", "local.extra_buffer_types", "local.repetition_stop",
+    "local.close_within_max_tokens", "server.log_level",
+)  # fmt: skip
+RENAMED = {"cloud.url": "cloud"}
+ALSO_SETS = {"local.close_within_max_tokens": ("cloud.close_within_max_tokens",)}  # one switch for both tiers
+
+_OWN_OPTIONS = [
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=typer.Option(
+        None, "--config", help="TOML config file (default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml if present).")),
+    inspect.Parameter("local_sampling", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[list[str]], default=typer.Option(
+        None, "--local-sampling", metavar="KEY=VALUE", help=f"Local tier's default for a sampling field requests leave out "
+        f"(repeatable): {SAMPLING_KEYS}; default: the model's (SmolLM2-Instruct: temperature=0.2, top_p=0.9). "
+        "[env: TANDEM_LOCAL_SAMPLING_<KEY>]")),
+    inspect.Parameter("cloud_sampling", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[list[str]], default=typer.Option(
+        None, "--cloud-sampling", metavar="KEY=VALUE", help="The embedded cloud engine's, likewise. [env: TANDEM_CLOUD_SAMPLING_<KEY>]")),
+]  # fmt: skip
+
+
+def serve(**options) -> None:
     """Serve the cascade over the OpenAI-compatible HTTP API: models auto, local, cloud."""
     from sdk.openai_server.serve_loop import check_tls_files
     from sdk.protocol.api_keys import ApiKeyConfigError, load_api_keys
     from sdk.protocol.model_files import ModelNotFoundError, resolve_model_path
     from sdk.settings import SettingsError, load_settings
 
-    flags = {
-        "server.host": host, "server.port": port, "server.api_key_file": api_key_file, "server.rate_limit": rate_limit,
-        "server.max_concurrent_per_key": max_concurrent_per_key, "server.max_body_bytes": max_body_bytes,
-        "server.auth_backoff_after": auth_backoff_after,
-        "server.strict_fields": strict_fields, "server.tls_cert": tls_cert, "server.tls_key": tls_key,
-        "server.log_level": log_level.value if log_level else None,
-        "local.model": model, "local.model_name": model_name, "local.kv_cache_tokens": kv_cache_tokens,
-        "local.max_num_seqs": max_num_seqs, "local.max_num_batched_tokens": max_num_batched_tokens,
-        "local.max_model_len": max_model_len, "local.max_waiting": max_waiting, "local.threads": threads,
-        "local.n_gpu_layers": n_gpu_layers, "local.batch_invariant": batch_invariant, "local.extra_buffer_types": extra_buffer_types, "local.repetition_stop": repetition_stop,
-        "local.close_within_max_tokens": close_within_max_tokens, "cloud.close_within_max_tokens": close_within_max_tokens, "cloud.url": cloud, "cascade.threshold": threshold,
-    }  # fmt: skip
+    config, local_sampling, cloud_sampling = options["config"], options["local_sampling"], options["cloud_sampling"]
+    flags = settings_given(options, SERVE_SETTINGS, RENAMED, ALSO_SETS)
     try:  # every configuration error is reported before anything loads or binds
         flags |= sampling_flags("local", local_sampling) | sampling_flags("cloud", cloud_sampling)
         settings = load_settings(config, cli=flags)
@@ -89,6 +76,9 @@ def serve(
     if failed:
         typer.echo(f"tandem serve: {failed}", err=True)
         raise typer.Exit(code=1)
+
+
+serve.__signature__ = command_signature(SERVE_SETTINGS, _OWN_OPTIONS, RENAMED)  # typer reads its options from here
 
 
 def cloud_prices_are_zero(settings) -> bool:

@@ -88,11 +88,19 @@ def _replica_target(url: str) -> str:
 Check = Callable[[Any], object]  # raises ValueError (or TypeError) saying what is allowed
 
 
+@dataclass(frozen=True)
+class OneOf:
+    """A check that a value is one of `choices` (a command-line option offers them as its choices)."""
+
+    choices: tuple[str, ...]
+
+    def __call__(self, value: str) -> None:
+        if value not in self.choices:
+            raise ValueError(f"must be one of: {', '.join(self.choices)}")
+
+
 def _one_of(*choices: str) -> Check:
-    def check(value: str) -> None:
-        if value not in choices:
-            raise ValueError(f"must be one of: {', '.join(choices)}")
-    return check
+    return OneOf(choices)
 
 
 def _speculative(value: str) -> None:

@@ -1,0 +1,37 @@
+"""`tandem serve`'s options are made from sdk.settings' field table: one per setting it takes, with the
+field's type, env variable and check; a value given on the command line lands on its settings key."""
+
+from __future__ import annotations
+
+import inspect
+
+from typer.testing import CliRunner
+
+from sdk.cli.app import app
+from sdk.cli.serve import ALSO_SETS, RENAMED, SERVE_SETTINGS, serve
+from sdk.cli.setting_options import flag_name, settings_given
+from sdk.settings.fields import FIELDS
+
+
+def test_every_setting_the_command_takes_is_an_option_with_its_env_variable():
+    parameters = inspect.signature(serve).parameters
+    for dotted in SERVE_SETTINGS:
+        field, flag = FIELDS[dotted], flag_name(dotted, RENAMED)
+        option = parameters[flag.replace("-", "_")].default
+        expected = f"--{flag}/--no-{flag}" if field.type is bool else f"--{flag}"
+        assert option.param_decls == (expected,) and f"[env: {field.env}]" in option.help and field.help in option.help
+    assert flag_name("cloud.url", RENAMED) == "cloud" and "--config" in parameters["config"].default.param_decls
+
+
+def test_given_options_land_on_their_keys_and_one_switch_sets_both_tiers():
+    given = settings_given({"cloud": "none", "port": 9000, "close_within_max_tokens": False, "threads": None},
+                           SERVE_SETTINGS, RENAMED, ALSO_SETS)  # fmt: skip
+    assert given == {"cloud.url": "none", "server.port": 9000, "local.close_within_max_tokens": False,
+                     "cloud.close_within_max_tokens": False}  # fmt: skip
+
+
+def test_the_fields_check_refuses_a_bad_value_before_anything_loads():
+    result = CliRunner().invoke(app, ["serve", "--port", "70000"])
+    assert result.exit_code == 2 and "server.port" in result.output and "65535" in result.output
+    result = CliRunner().invoke(app, ["serve", "--log-level", "LOUD"])
+    assert result.exit_code == 2 and "--log-level" in result.output
