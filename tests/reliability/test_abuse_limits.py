@@ -207,10 +207,9 @@ def test_in_flight_slots_survive_errors_and_are_per_client_address_without_keys(
     app = asyncio.run(run())
     assert app.state.in_flight.total == 0
     assert DEFAULT_MAX_BODY_BYTES == 4 * 1024 * 1024
-    from sdk.cli.cloud import DEFAULT_MAX_BODY_BYTES as CLI_DEFAULT
     from sdk.settings.fields import FIELDS
 
-    assert CLI_DEFAULT == DEFAULT_MAX_BODY_BYTES == FIELDS["server.max_body_bytes"].default
+    assert DEFAULT_MAX_BODY_BYTES == FIELDS["server.max_body_bytes"].default == FIELDS["cloud_server.max_body_bytes"].default
     assert FIELDS["server.max_concurrent_per_key"].default is None
 
 

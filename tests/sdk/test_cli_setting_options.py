@@ -1,26 +1,38 @@
-"""`tandem serve`'s options are made from sdk.settings' field table: one per setting it takes, with the
+"""Both servers' options are made from sdk.settings' field table: one per setting a command takes, with the
 field's type, env variable and check; a value given on the command line lands on its settings key."""
 
 from __future__ import annotations
 
 import inspect
 
+import pytest
 from typer.testing import CliRunner
 
 from sdk.cli.app import app
+from sdk.cli.cloud import CLOUD_SERVE_SETTINGS
+from sdk.cli.cloud import serve as cloud_serve
 from sdk.cli.serve import ALSO_SETS, RENAMED, SERVE_SETTINGS, serve
 from sdk.cli.setting_options import flag_name, settings_given
 from sdk.settings.fields import FIELDS
 
 
-def test_every_setting_the_command_takes_is_an_option_with_its_env_variable():
-    parameters = inspect.signature(serve).parameters
-    for dotted in SERVE_SETTINGS:
-        field, flag = FIELDS[dotted], flag_name(dotted, RENAMED)
+@pytest.mark.parametrize("command, keys, renamed", [(serve, SERVE_SETTINGS, RENAMED), (cloud_serve, CLOUD_SERVE_SETTINGS, {})])
+def test_every_setting_a_command_takes_is_an_option_with_its_env_variable(command, keys, renamed):
+    parameters = inspect.signature(command).parameters
+    for dotted in keys:
+        field, flag = FIELDS[dotted], flag_name(dotted, renamed)
         option = parameters[flag.replace("-", "_")].default
         expected = f"--{flag}/--no-{flag}" if field.type is bool else f"--{flag}"
         assert option.param_decls == (expected,) and f"[env: {field.env}]" in option.help and field.help in option.help
-    assert flag_name("cloud.url", RENAMED) == "cloud" and "--config" in parameters["config"].default.param_decls
+    assert "--config" in parameters["config"].default.param_decls
+
+
+def test_cloud_serve_reads_its_engine_from_cloud_and_its_listeners_from_cloud_server():
+    assert flag_name("cloud.url", RENAMED) == "cloud"
+    assert all(key.partition(".")[0] in ("cloud", "cloud_server") for key in CLOUD_SERVE_SETTINGS)
+    assert all(FIELDS[key].env.startswith("TANDEM_CLOUD_") for key in CLOUD_SERVE_SETTINGS)
+    result = CliRunner().invoke(app, ["cloud", "serve", "--grpc-port", "70000"])
+    assert result.exit_code == 2 and "cloud_server.grpc_port" in result.output
 
 
 def test_given_options_land_on_their_keys_and_one_switch_sets_both_tiers():

@@ -106,7 +106,7 @@ def test_int_is_accepted_for_a_float(tmp_path, env):
 
 
 def test_unknown_section_and_key(tmp_path, env):
-    with pytest.raises(SettingsError, match=r"unknown sections \['servre'\].*known sections: server, local, cloud, cascade"):
+    with pytest.raises(SettingsError, match=r"unknown sections \['servre'\].*known sections: server, local, cloud, cloud_server, cascade"):
         load_settings(write(tmp_path / "a.toml", "[servre]\nport = 1\n"), env=env)
     with pytest.raises(SettingsError, match=r"unknown keys \['prot'\] in \[server\]; known keys: host, port"):
         load_settings(write(tmp_path / "b.toml", "[server]\nprot = 1\n"), env=env)
