@@ -18,9 +18,10 @@ def load_local_probe(path: str, local_engine: EngineProtocol):
     from confidence.gguf_fingerprint import model_fingerprint_for_gguf
     from confidence.probe_runtime import load_probe
 
-    if local_engine.model_path is None:
+    model_path = local_engine.model_path  # read once: the local engine resolves (and checks) the file each time
+    if model_path is None:
         raise ValueError("a confidence probe needs a local engine that runs a GGUF file (its fingerprint is checked)")
-    return load_probe(path, model_fingerprint_for_gguf(local_engine.model_path))
+    return load_probe(path, model_fingerprint_for_gguf(model_path))
 
 
 def load_prompt_scorer(spec: str):

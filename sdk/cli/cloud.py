@@ -10,13 +10,12 @@ A second signal stops at once.
 
 from __future__ import annotations
 
-import inspect
 from typing import Optional
 
 import typer
 
 from sdk.cli.options import SAMPLING_KEYS, sampling_flags
-from sdk.cli.setting_options import command_signature, settings_given
+from sdk.cli.setting_options import command_signature, option, settings_given
 
 cloud_app = typer.Typer(help="The cloud tier: serve the PyTorch engine over gRPC and HTTP.", no_args_is_help=True)
 
@@ -35,12 +34,11 @@ CLOUD_SERVE_SETTINGS = (
 )  # fmt: skip
 
 _OWN_OPTIONS = [
-    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=typer.Option(
-        None, "--config", help="TOML config file: its [cloud] and [cloud_server] sections (default: $TANDEM_CONFIG, else "
-        "~/.config/tandem/config.toml if present).")),
-    inspect.Parameter("sampling", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[list[str]], default=typer.Option(
-        None, "--sampling", metavar="KEY=VALUE", help=f"Default for a sampling field requests leave out (repeatable): "
-        f"{SAMPLING_KEYS}; default: the model's (its metadata, a built-in table, else OpenAI's). [env: TANDEM_CLOUD_SAMPLING_<KEY>]")),
+    option("config", Optional[str], "--config", help="TOML config file: its [cloud] and [cloud_server] sections "
+           "(default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml if present)."),
+    option("sampling", Optional[list[str]], "--sampling", metavar="KEY=VALUE",
+           help=f"Default for a sampling field requests leave out (repeatable): {SAMPLING_KEYS}; default: the model's "
+                "(its metadata, a built-in table, else OpenAI's). [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
 ]  # fmt: skip
 
 
@@ -62,7 +60,7 @@ def serve(**options) -> None:
     try:  # every configuration error is reported before anything loads or binds
         flags = settings_given(options, CLOUD_SERVE_SETTINGS) | sampling_flags("cloud", options["sampling"])
         settings = load_settings(options["config"], cli=flags)
-        server = {f.key: settings.get(f.dotted) for f in _server_fields()}
+        server = settings.values["cloud_server"]  # the listeners' keys (the engine's are [cloud]'s)
         api_keys = load_api_keys(server["api_key_file"])
         engine_config = settings.cloud_engine_config()
         grpc_config = GrpcServerConfig(host=server["host"], port=server["grpc_port"], api_keys=api_keys,
@@ -100,13 +98,6 @@ def serve(**options) -> None:
 
 serve.__signature__ = command_signature(CLOUD_SERVE_SETTINGS, _OWN_OPTIONS)  # typer reads its options from here
 cloud_app.command("serve")(serve)
-
-
-def _server_fields():
-    from sdk.settings.fields import SECTIONS
-
-    return SECTIONS["cloud_server"]
-
 
 def _read_admin_key(path: str) -> str:
     """The admin key: the file's first key (ApiKeyConfigError for an unreadable file, ValueError for a missing or short key)."""

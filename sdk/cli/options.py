@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import enum
-
 from sdk.protocol.sampling_params import TUNABLES
 
 # The keys of --local-sampling / --cloud-sampling / --sampling, for their help (SamplingParams declares them).
 SAMPLING_KEYS = ", ".join(TUNABLES)
-
-
-class LogLevel(str, enum.Enum):
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
 
 
 def sampling_flags(tier: str, pairs: list[str] | None) -> dict:

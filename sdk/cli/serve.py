@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import logging
 import time
 from typing import Optional
@@ -19,7 +18,7 @@ from typing import Optional
 import typer
 
 from sdk.cli.options import SAMPLING_KEYS, sampling_flags
-from sdk.cli.setting_options import command_signature, settings_given
+from sdk.cli.setting_options import command_signature, option, settings_given
 
 logger = logging.getLogger("tandem.serve")
 
@@ -38,14 +37,13 @@ RENAMED = {"cloud.url": "cloud"}
 ALSO_SETS = {"local.close_within_max_tokens": ("cloud.close_within_max_tokens",)}  # one switch for both tiers
 
 _OWN_OPTIONS = [
-    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=typer.Option(
-        None, "--config", help="TOML config file (default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml if present).")),
-    inspect.Parameter("local_sampling", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[list[str]], default=typer.Option(
-        None, "--local-sampling", metavar="KEY=VALUE", help=f"Local tier's default for a sampling field requests leave out "
-        f"(repeatable): {SAMPLING_KEYS}; default: the model's (SmolLM2-Instruct: temperature=0.2, top_p=0.9). "
-        "[env: TANDEM_LOCAL_SAMPLING_<KEY>]")),
-    inspect.Parameter("cloud_sampling", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[list[str]], default=typer.Option(
-        None, "--cloud-sampling", metavar="KEY=VALUE", help="The embedded cloud engine's, likewise. [env: TANDEM_CLOUD_SAMPLING_<KEY>]")),
+    option("config", Optional[str], "--config",
+           help="TOML config file (default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml if present)."),
+    option("local_sampling", Optional[list[str]], "--local-sampling", metavar="KEY=VALUE",
+           help=f"Local tier's default for a sampling field requests leave out (repeatable): {SAMPLING_KEYS}; default: "
+                "the model's (SmolLM2-Instruct: temperature=0.2, top_p=0.9). [env: TANDEM_LOCAL_SAMPLING_<KEY>]"),
+    option("cloud_sampling", Optional[list[str]], "--cloud-sampling", metavar="KEY=VALUE",
+           help="The embedded cloud engine's, likewise. [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
 ]  # fmt: skip
 
 

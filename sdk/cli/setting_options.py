@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 import typer
 
-from sdk.settings.fields import FIELDS, OneOf, SettingField
+from sdk.settings.checks import OneOf
+from sdk.settings.fields import FIELDS, SettingField
 
 
 def flag_name(dotted: str, renamed: Mapping[str, str]) -> str:
@@ -31,6 +32,12 @@ def option_help(field: SettingField) -> str:
     return f"{field.help}{default_text}{env}"
 
 
+def option(name: str, annotation: Any, *declarations: str, **settings: Any) -> inspect.Parameter:
+    """A keyword parameter typer reads as the option `declarations` (typer.Option's settings)."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                             default=typer.Option(None, *declarations, **settings))
+
+
 def setting_parameters(keys: Sequence[str], renamed: Mapping[str, str] = {}) -> list[inspect.Parameter]:
     """One keyword parameter per setting: typer reads its option from the default."""
     parameters = []
@@ -40,9 +47,8 @@ def setting_parameters(keys: Sequence[str], renamed: Mapping[str, str] = {}) -> 
         kind: type = field.type
         if isinstance(field.check, OneOf):  # offered as choices (any case), checked again by the field
             kind = enum.Enum(f"{flag}_choices", {choice: choice for choice in field.check.choices}, type=str)
-        option = typer.Option(None, *declarations, help=option_help(field), show_default=False, case_sensitive=False)
-        parameters.append(inspect.Parameter(flag.replace("-", "_"), inspect.Parameter.KEYWORD_ONLY,
-                                            default=option, annotation=Optional[kind]))  # fmt: skip
+        parameters.append(option(flag.replace("-", "_"), Optional[kind], *declarations, help=option_help(field),
+                                 show_default=False, case_sensitive=False))  # fmt: skip
     return parameters
 
 
