@@ -54,7 +54,6 @@ def serve(**options) -> None:
     from sdk.budgets.manager import check_budgets
     from sdk.openai_server.serve_loop import check_tls_files
     from sdk.protocol.api_keys import ApiKeyConfigError, load_api_keys
-    from sdk.protocol.client_limits import ClientLimits
     from sdk.settings import SettingsError, load_settings
 
     try:  # every configuration error is reported before anything loads or binds
@@ -70,10 +69,9 @@ def serve(**options) -> None:
         admin_key = _read_admin_key(server["admin_key_file"]) if server["admin_key_file"] else None
         if server["budgets_file"]:
             check_budgets(server["budgets_file"], prices_are_zero=prices == TierPrices(), cloud_only=True)
+        app_config = settings.app_config("cloud", api_keys)
         # One budget per key for both listeners: a key cannot double its share by switching protocol.
-        client_limits = ClientLimits.build(server["rate_limit"] or None, None, server["max_concurrent_per_key"],
-                                           auth_backoff_after=server["auth_backoff_after"],
-                                           auth_backoff_max_s=server["auth_backoff_max_s"])  # fmt: skip
+        client_limits = app_config.client_limits()
     except (ValueError, ApiKeyConfigError, SettingsError, BudgetConfigError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
@@ -84,11 +82,10 @@ def serve(**options) -> None:
         torch.set_num_threads(server["threads"])  # process-wide: the engine thread's kernels use it
     engine = AsyncCloudEngine(engine_config).start()
     try:
-        limits = {"client_limits": client_limits, "max_body_bytes": server["max_body_bytes"], "strict_fields": server["strict_fields"]}
         billing = (server["budgets_file"], server["spend_path"], prices) if server["budgets_file"] else None
         replica = {"admin_key": admin_key, "drain_grace_s": server["drain_grace_s"]}
-        failed = asyncio.run(_serve_both(engine, grpc_config, server["host"], server["port"], api_keys, limits,
-                                         settings.get("cloud.model_name"), server["log_level"], billing, replica))  # fmt: skip
+        failed = asyncio.run(_serve_both(engine, grpc_config, app_config, client_limits, server["port"], server["log_level"],
+                                         billing, replica))  # fmt: skip
     finally:
         engine.shutdown()
     if failed:
@@ -109,7 +106,7 @@ def _read_admin_key(path: str) -> str:
     return keys[0]
 
 
-async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, limits: dict, model_name, log_level: str,
+async def _serve_both(engine, grpc_config, app_config, client_limits, port: int, log_level: str,
                       billing: tuple | None = None, replica: dict | None = None) -> str | None:  # fmt: skip
     """Run uvicorn and the gRPC server until a signal or a failed load; returns why it failed, or None.
     `billing`: (budgets file, spend path, prices): both listeners serve the engine through one
@@ -131,14 +128,14 @@ async def _serve_both(engine, grpc_config, host: str, port: int, api_keys, limit
             return f"the budgets could not start: {exc}"
         engine = BudgetedEngine(engine, budgets, prices)
     try:
-        return await _serve_engine(engine, grpc_config, host, port, api_keys, limits, model_name, log_level, budgets, logger,
+        return await _serve_engine(engine, grpc_config, app_config, client_limits, port, log_level, budgets, logger,
                                    replica or {})  # fmt: skip
     finally:
         if budgets is not None:
             await asyncio.to_thread(budgets.ledger.close)
 
 
-async def _serve_engine(engine, grpc_config, host, port, api_keys, limits, model_name, log_level, budgets, logger,
+async def _serve_engine(engine, grpc_config, app_config, client_limits, port, log_level, budgets, logger,
                         replica: dict) -> str | None:  # fmt: skip
     """Both listeners over one DrainableEngine (a replica of a replicated tier: sdk.openai_server.drain)."""
     import asyncio
@@ -149,13 +146,13 @@ async def _serve_engine(engine, grpc_config, host, port, api_keys, limits, model
     from sdk.openai_server.serve_loop import HttpServer, drain_on_signals, http_config, watch_loading
 
     engine = DrainableEngine(engine)
-    app = create_app(engine, served_model_names=[model_name] if model_name else None, api_keys=api_keys,
-                     bind_host=host, budgets=budgets, **limits)
+    host = app_config.bind_host
+    app = create_app(engine, app_config, client_limits=client_limits, budgets=budgets)
     if replica.get("admin_key"):
         admin_routes(app, engine, replica["admin_key"])
-    http = HttpServer(http_config(app, host, port, log_level, api_keys, grpc_config.tls_cert_path, grpc_config.tls_key_path))
+    http = HttpServer(http_config(app, host, port, log_level, app_config.api_keys, grpc_config.tls_cert_path, grpc_config.tls_key_path))
     try:
-        grpc_server = await start_grpc_server(engine, grpc_config, limits["client_limits"])
+        grpc_server = await start_grpc_server(engine, grpc_config, client_limits)
     except OSError as exc:
         return str(exc)
     failures: list[str] = []

@@ -136,16 +136,9 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
     except Exception as exc:  # an unusable record file (another schema, no permission): say so before serving
         await cloud.close()
         return f"the traffic record could not start: {exc}"
-    app = create_app(
-        engine, served_model_names=[settings.get("local.model_name")] if settings.get("local.model_name") else None,
-        api_keys=api_keys, rate_limit_per_minute=settings.get("server.rate_limit"),
-        max_concurrent_per_key=settings.get("server.max_concurrent_per_key"), max_body_bytes=settings.get("server.max_body_bytes"),
-        auth_backoff_after=settings.get("server.auth_backoff_after"), auth_backoff_max_s=settings.get("server.auth_backoff_max_s"),
-        bind_host=host, cascade=runner, also_ready=lambda: cloud.is_ready, strict_fields=settings.get("server.strict_fields"),
-        traffic=learning.record, feedback_per_minute=traffic_settings.feedback_per_minute,
-        embeddings=EmbeddingService(threads=1),  # loads on first use: MiniLM beside llama.cpp gets one core
-        budgets=budgets,
-    )  # fmt: skip
+    app = create_app(engine, settings.app_config("local", api_keys), cascade=runner, also_ready=lambda: cloud.is_ready,
+                     traffic=learning.record, budgets=budgets,
+                     embeddings=EmbeddingService(threads=1))  # loads on first use: MiniLM beside llama.cpp gets one core
     learning.attach_metrics(app)
     http = HttpServer(http_config(app, host, port, log_level, api_keys, settings.get("server.tls_cert"), settings.get("server.tls_key")))
     stop_on_signals(http)

@@ -1,10 +1,12 @@
 """The OpenAI-compatible HTTP server shared by the local and the cloud tier.
 
-`create_app(engine)` serves any `sdk.protocol.engine.EngineProtocol`; API keys and
-rate limits are opt-in keywords of it. `warn_if_exposed` is for callers that bind a socket.
+`create_app(engine, config)` serves any `sdk.protocol.engine.EngineProtocol`; its `AppConfig`
+(built by sdk.settings for `tandem serve` and `tandem cloud serve`) turns on API keys and
+rate limits. `warn_if_exposed` is for callers that bind a socket.
 """
 
 from sdk.openai_server.access import warn_if_exposed
 from sdk.openai_server.app import attach_cloud_engine, create_app
+from sdk.openai_server.app_config import AppConfig
 
-__all__ = ["attach_cloud_engine", "create_app", "warn_if_exposed"]
+__all__ = ["AppConfig", "attach_cloud_engine", "create_app", "warn_if_exposed"]

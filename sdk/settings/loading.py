@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from cloud_engine.config import CloudEngineConfig
     from local_runtime.config import LocalEngineConfig
     from sdk.cascade.config import CascadeConfig
+    from sdk.openai_server.app_config import AppConfig
     from sdk.protocol.sampling_defaults import SamplingDefaults
     from sdk.traffic.config import TrafficSettings
 
@@ -98,6 +99,23 @@ class Settings:
         from sdk.traffic.config import TrafficSettings
 
         return TrafficSettings(**self._targets("traffic"))
+
+    def app_config(self, tier: str, api_keys: frozenset[str] = frozenset()) -> AppConfig:
+        """The HTTP app's config: `tandem serve`'s from [server] ("local"), `tandem cloud serve`'s
+        from [cloud_server] ("cloud"); `api_keys` read from the section's key file by the caller."""
+        from sdk.openai_server.app_config import AppConfig
+
+        section = {"local": "server", "cloud": "cloud_server"}[tier]
+        server = self.values[section]
+        name = self.get(f"{tier}.model_name")
+        return AppConfig(
+            served_model_names=(name,) if name else None, api_keys=api_keys, bind_host=server["host"],
+            rate_limit_per_minute=server["rate_limit"] or None,  # [cloud_server] takes 0 for no limit
+            max_concurrent_per_key=server["max_concurrent_per_key"], auth_backoff_after=server["auth_backoff_after"],
+            auth_backoff_max_s=server["auth_backoff_max_s"], max_body_bytes=server["max_body_bytes"],
+            strict_fields=server["strict_fields"],
+            feedback_per_minute=self.get("traffic.feedback_per_minute") if tier == "local" else None,
+        )  # fmt: skip
 
     def cloud_target(self) -> CloudTarget:
         return parse_cloud_url(self.get("cloud.url"))

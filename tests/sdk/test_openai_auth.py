@@ -14,7 +14,8 @@ from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
 from sdk.protocol.api_keys import key_fingerprint
 from sdk.protocol.engine import GenerationRequest, SamplingParams
-from sdk.openai_server import create_app, warn_if_exposed
+from sdk.openai_server import AppConfig, create_app, warn_if_exposed
+from sdk.settings import load_settings
 from sdk.openai_server.drain import DrainableEngine, admin_routes
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
 
@@ -215,6 +216,43 @@ def test_create_app_warns_about_an_exposed_bind_and_rejects_bad_settings(engine,
         create_app(engine, rate_limit_burst=5)
     with pytest.raises(ValueError):
         create_app(engine, rate_limit_per_minute=0)
+
+
+def test_create_app_refuses_unknown_settings_and_limits_given_twice(engine):
+    with pytest.raises(TypeError, match="rate_limit"):
+        create_app(engine, rate_limit=5)  # the setting's name, not AppConfig's field
+    with pytest.raises(ValueError, match="not both"):
+        create_app(engine, client_limits=AppConfig(rate_limit_per_minute=5).client_limits(), rate_limit_per_minute=5)
+    with pytest.raises(TypeError):
+        AppConfig(served_model_names="tiny")  # a string, not a list of names
+    with pytest.raises(ValueError, match="at least one model"):
+        AppConfig(served_model_names=[])
+
+
+@pytest.mark.parametrize("tier", ["local", "cloud"])
+async def test_each_servers_settings_make_its_app_config(engine, tier):
+    section, prefix = {"local": ("server", "TANDEM_"), "cloud": ("cloud_server", "TANDEM_CLOUD_")}[tier]
+    env = {f"{prefix}RATE_LIMIT": "3", f"{prefix}MAX_BODY_BYTES": "2048", f"{prefix}STRICT_FIELDS": "1",
+           f"{prefix}HOST": "0.0.0.0", "TANDEM_TRAFFIC_FEEDBACK_PER_MINUTE": "7"}  # fmt: skip
+    settings = load_settings(None, env=env, cli={f"{tier}.model_name": "tiny-alias"})
+    config = settings.app_config(tier, frozenset({KEY}))
+    assert config.served_model_names == ("tiny-alias",) and config.bind_host == "0.0.0.0"
+    assert (config.rate_limit_per_minute, config.max_body_bytes, config.strict_fields) == (3.0, 2048, True)
+    assert config.feedback_per_minute == (7.0 if tier == "local" else None)  # feedback is the cascade's
+    assert settings.values[section]["max_body_bytes"] == 2048
+    async with http(create_app(engine, config), KEY) as client:
+        assert [m["id"] for m in (await client.get("/v1/models")).json()["data"]] == ["tiny-alias"]
+        unknown = await client.post("/v1/completions", json={**COMPLETION, "model": "tiny-alias", "frobnicate": 1})
+        assert unknown.status_code == 400 and "frobnicate" in unknown.json()["error"]["message"]
+        assert (await client.post("/v1/completions", content=b"x" * 4096)).status_code == 413
+        assert (await client.post("/v1/completions", json={**COMPLETION, "model": "tiny-alias"})).status_code == 429  # 4th
+    async with http(create_app(engine, config)) as anonymous:
+        assert (await anonymous.get("/v1/models")).status_code == 401
+
+
+def test_cloud_server_rate_limit_zero_means_no_limit():
+    config = load_settings(None, env={"TANDEM_CLOUD_RATE_LIMIT": "0"}).app_config("cloud")
+    assert config.rate_limit_per_minute is None and config.client_limits().rate is None
 
 
 async def test_wrong_admin_keys_back_off_like_wrong_api_keys(engine, caplog):
