@@ -40,6 +40,8 @@ from sdk.protocol.engine import ContextLengthError, SamplingParams, TokenEvent
 from sdk.protocol.prompt_tokens import chat_prompt_tokens
 from sdk.protocol.repetition import ESCALATE_LOOP
 
+DISCOVER_TIMEOUT_S = 5.0  # learning what a cloud server can do (once) before handing a request to it
+
 COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
 
 
@@ -180,14 +182,22 @@ class CascadeRequest:
             self.refused_as_committed = True
             return False
         # The budget before the breaker: a half-open breaker's trial call must not be taken and then not made.
-        self.degraded_reason = await self._budget_refusal() or self._refusal()
+        continuing = self.config.handoff == HandoffMode.CONTINUE.value
+        self.degraded_reason = await self._budget_refusal() or await self._refusal(continuing)
         return self.degraded_reason is None
 
-    def _refusal(self) -> str | None:
-        """Why the cloud must not take this request now (sdk.cascade.cloud.refusal_reason), or None."""
+    async def _refusal(self, continuing: bool = False) -> str | None:
+        """Why the cloud must not take this request now (sdk.cascade.cloud.refusal_reason), or None.
+        `continuing`: the cloud would go on after the local answer's tokens (handoff "continue")."""
         structured, cloud = self.params.structured, self.runner.cloud
-        if structured is not None and structured.kind == "lark" and cloud is not None and not cloud.takes_grammars:
-            return "cloud_no_tools"  # an OpenAI-compatible cloud cannot take tandem's tool grammar (yet)
+        if cloud is not None and self.runner.cloud_ready():
+            await cloud.discover(timeout_s=DISCOVER_TIMEOUT_S)  # the capabilities below may depend on the server
+            if structured is not None and structured.kind == "lark" and not cloud.takes_grammars:
+                return "cloud_no_tools"  # a plain OpenAI-compatible cloud cannot take tandem's tool grammar
+            if continuing and not (cloud.supports_continuation and (structured is None or cloud.continues_constrained)):
+                return "cloud_cannot_continue"  # the local answer stands (a restart would repeat what streamed)
+            if continuing and await self.runner.vocabulary_verdict() is False:
+                return "cloud_vocabulary_differs"  # the local token ids would mean other text there
         return refusal_reason(self.runner.cloud, self.runner.breaker, self.runner.cloud_ready())
 
     def _release(self, buffer: HoldBackBuffer, event) -> list[CascadeEvent]:
@@ -206,7 +216,7 @@ class CascadeRequest:
         if plan is not None:
             self.handoff = plan.mode  # _may_hand_off already asked the breaker
         else:
-            self.degraded_reason = await self._budget_refusal() or self._refusal()
+            self.degraded_reason = await self._budget_refusal() or await self._refusal()
         num_cloud_tokens, cloud_text = 0, []
         if self.degraded_reason is None:
             if self.redactions:

@@ -27,7 +27,7 @@ from sdk.cascade.request import CascadeRequest
 from sdk.cascade.types import CascadeEvent, CascadeResult, RoutingInfo, collect
 from sdk.protocol.cloud_backend import CloudBackend
 from sdk.protocol.engine import EngineProtocol, SamplingParams
-from sdk.protocol.vocabulary import same_vocabulary
+from sdk.protocol.vocabulary import VOCABULARY_PROBE_TEXTS, same_token_ids, same_vocabulary
 
 __all__ = ["CascadeConfig", "CascadeEvent", "CascadeResult", "CascadeRunner", "RoutingInfo", "collect"]
 
@@ -71,24 +71,34 @@ class CascadeRunner:
         self._shared_vocabulary: bool | None = None  # settled by shares_vocabulary once the cloud has said
 
     async def shares_vocabulary(self) -> bool:
-        """Whether token ids mean the same on both tiers, so logit_bias may go to either: the local
-        model's vocabulary fingerprint equals the cloud model's (sdk.protocol.vocabulary). No cloud:
-        True. A cloud that cannot say now (unreachable, loading, not a tandem server) counts as
-        different until it can; the answer is kept once the cloud has given a fingerprint."""
+        """Whether token ids mean the same on both tiers, so logit_bias may go to either and a
+        continuation may hand the local tokens over (vocabulary_verdict is True). No cloud: True."""
+        return await self.vocabulary_verdict() is True
+
+    async def vocabulary_verdict(self) -> bool | None:
+        """Whether both tiers share one vocabulary: the local model's fingerprint against the cloud
+        model's (sdk.protocol.vocabulary), else, for a cloud that gives none (vLLM), the two tokenizers'
+        ids for VOCABULARY_PROBE_TEXTS. None: the cloud cannot say now (unreachable, loading) or at all
+        (no fingerprint, no /tokenize); a definite answer is kept."""
         if self.cloud is None:
             return True
         if self._shared_vocabulary is not None:
             return self._shared_vocabulary
         try:
             models = await self.cloud.list_models(timeout_s=5.0)
-        except Exception:  # noqa: BLE001  (any failure means "not known", which refuses)
-            return False
+        except Exception:  # noqa: BLE001  (any failure means "not known")
+            return None
         wanted = self.config.cloud_model
         card = next((m for m in models if m.id == wanted), None) if wanted else (models[0] if models else None)
-        if card is None or not card.vocabulary_fingerprint:
-            return False
-        local = await asyncio.to_thread(lambda: self.local.vocabulary_fingerprint)  # first read walks the vocabulary
-        self._shared_vocabulary = same_vocabulary(local, card.vocabulary_fingerprint)
+        if card is None:
+            return None
+        if card.vocabulary_fingerprint:
+            local = await asyncio.to_thread(lambda: self.local.vocabulary_fingerprint)  # first read walks the vocabulary
+            self._shared_vocabulary = same_vocabulary(local, card.vocabulary_fingerprint)
+        else:
+            cloud_ids = await self.cloud.tokenize(VOCABULARY_PROBE_TEXTS, timeout_s=5.0)
+            local_ids = [self.local.tokenize(text, add_special=False) for text in VOCABULARY_PROBE_TEXTS]
+            self._shared_vocabulary = same_token_ids(local_ids, cloud_ids)
         return self._shared_vocabulary
 
     @property

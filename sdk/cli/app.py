@@ -7,6 +7,7 @@ import typer
 from sdk.cli.cloud import cloud_app
 from sdk.cli.config import config_app
 from sdk.cli.eval import register_eval_commands
+from sdk.cli.export_hf import export_hf
 from sdk.cli.router import router_app
 from sdk.cli.serve import serve
 from sdk.cli.traffic import traffic_app
@@ -16,6 +17,7 @@ app.command()(serve)
 app.add_typer(cloud_app, name="cloud")
 app.add_typer(config_app, name="config")
 register_eval_commands(app)
+app.command("export-hf")(export_hf)
 app.add_typer(router_app, name="router")
 app.add_typer(traffic_app, name="traffic")
 

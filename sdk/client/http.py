@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 import httpx
 
 from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk
-from sdk.cloud.openai_client import CONNECT_TIMEOUT_S, sse_data
+from sdk.cloud.openai_client import CONNECT_TIMEOUT_S
+from sdk.cloud.sse import sse_data
 from sdk.cloud.openai_wire import _error_info, error_from_response, error_from_transport, parse_data
 from sdk.protocol.openai_schema.embeddings import EmbeddingRequest, EmbeddingResponse
 from sdk.protocol.openai_schema.feedback import FeedbackRequest, FeedbackResponse

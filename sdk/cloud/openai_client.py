@@ -5,9 +5,11 @@ A `CloudBackend` (sdk.protocol.cloud_backend), like `sdk.cloud.grpc_client.Cloud
     runner = CascadeRunner(local_engine, OpenAICloudClient("https://host/v1", api_key=KEY), CascadeConfig())
 
 What differs from the gRPC client:
-- Token ids never cross this API (they would be the local tokenizer's), so token-id prompts
-  and `continuation_token_ids` are refused (`supports_continuation = False`: hand-off must
-  be "restart"), and every event's `token_id` is -1 (`UNKNOWN_TOKEN_ID`).
+- Token ids cross only to a vLLM server (found by `discover`, sdk.cloud.vllm_wire): it continues
+  after the local answer's `continuation_token_ids` through /v1/completions, and takes tool calls'
+  Lark grammars. Any other server takes text and messages only (after `discover`,
+  `supports_continuation` and `takes_grammars` are False). Every event's `token_id` is -1
+  (`UNKNOWN_TOKEN_ID`): OpenAI's API does not send them.
 - One event per content delta (usually one token). The last event carries finish_reason and
   the usage counts: it is held back until the stream ends, since OpenAI sends the usage in
   a chunk of its own after the finish chunk (sdk.cloud.openai_wire.ChunkStream).
@@ -49,10 +51,21 @@ from sdk.cloud.openai_wire import (
     parse_data,
     request_body,
 )
+from sdk.cloud.sse import deadline_at, sse_data, until
+from sdk.cloud.vllm_wire import (
+    ServerTraits,
+    completions_body,
+    server_root,
+    token_ids_of,
+    tokenize_chat_body,
+    tokenize_text_body,
+    traits_from_version,
+)
 
 __all__ = ["OpenAICloudClient", "UNKNOWN_TOKEN_ID"]
 
 CONNECT_TIMEOUT_S = 10.0  # per connection attempt; the whole call is bounded by timeout_s
+DISCOVER_TIMEOUT_S = 5.0  # GET /version without a client deadline
 _TIMEOUT_ERRORS = (TimeoutError, asyncio.TimeoutError)  # one class since 3.11
 # What reading a chunk of the wrong shape raises ({"choices": "x"}, a number for a text, ...).
 _SHAPE_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError)
@@ -66,11 +79,13 @@ class OpenAICloudClient(CloudBackend):
     timeout_s: the default deadline of each call (of a whole generate stream), None for none.
     """
 
-    supports_continuation = False  # the cascade must hand off by restarting, never by token ids
-    takes_grammars = False  # tool calls' Lark grammars stay local (response_format is passed on)
+    # vLLM applies a constraint from the first token it generates: after a local prefix it would start over.
+    continues_constrained = False
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float | None = None):
         self.base_url = base_url.rstrip("/")
+        self.root = server_root(self.base_url)
+        self.traits: ServerTraits | None = None  # what discover() learnt; None: not yet
         self.timeout_s = timeout_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http: httpx.AsyncClient | None = None
@@ -82,6 +97,53 @@ class OpenAICloudClient(CloudBackend):
             timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)  # reads wait for tokens: timeout_s bounds them
             self._http = httpx.AsyncClient(headers=self._headers, timeout=timeout)
         return self._http
+
+    @property
+    def supports_continuation(self) -> bool:
+        """Until discover() has run: True, so a runner configured to continue can be built before the
+        server is up; the cascade discovers before handing off and restarts no answer on a server without."""
+        return self.traits is None or self.traits.takes_token_prompts
+
+    @property
+    def takes_grammars(self) -> bool:
+        return self.traits is not None and self.traits.takes_grammars
+
+    async def discover(self, *, timeout_s: float | None = None) -> None:
+        """GET {root}/version, once it answers: vLLM or a plain OpenAI-compatible server (sdk.cloud.vllm_wire).
+        A server that cannot be reached stays undiscovered (the next call asks again)."""
+        if self.traits is not None:
+            return
+        timeout_s = self._timeout(timeout_s) or DISCOVER_TIMEOUT_S
+        try:
+            with self._mapped_errors(timeout_s):
+                response = await until(self.http.get(f"{self.root}/version"), deadline_at(timeout_s))
+        except CloudError:
+            return
+        self.traits = traits_from_version(response.status_code, response.content)
+
+    async def tokenize(self, texts: Sequence[str], *, timeout_s: float | None = None) -> list[list[int]] | None:
+        """The cloud tokenizer's ids for each text (POST {root}/tokenize), or None when the server has
+        no /tokenize or cannot be asked now."""
+        await self.discover(timeout_s=timeout_s)
+        if self.traits is None or not self.traits.takes_token_prompts:
+            return None
+        timeout_s = self._timeout(timeout_s)
+        deadline = deadline_at(timeout_s)
+        try:
+            with self._mapped_errors(timeout_s):
+                model = await self._first_model(deadline)
+                return [await self._token_ids(tokenize_text_body(model, text), deadline) for text in texts]
+        except CloudError:
+            return None
+
+    async def _token_ids(self, body: dict, deadline: float | None) -> list[int]:
+        response = await until(self.http.post(f"{self.root}/tokenize", json=body), deadline)
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.headers, response.content, self.root)
+        try:
+            return token_ids_of(response.json())
+        except ValueError as error:
+            raise CloudError(f"{self.root}/tokenize: {error}", CloudStatus.INTERNAL) from None
 
     async def close(self) -> None:
         if self._http is not None:
@@ -111,22 +173,28 @@ class OpenAICloudClient(CloudBackend):
         defaults. priority is sent only when non-zero (a vLLM extension). Closing the
         iterator early closes the HTTP response, which aborts the request on the server.
         """
-        if continuation_token_ids:
-            raise CloudInvalidArgumentError(
-                "an OpenAI-compatible cloud cannot continue from token ids; use handoff = restart",
-                CloudStatus.INVALID_ARGUMENT, param="handoff",
-            )  # fmt: skip
         messages = chat_messages(prompt)
         timeout_s = self._timeout(timeout_s)
-        deadline = _deadline(timeout_s)
+        deadline = deadline_at(timeout_s)
+        await self.discover(timeout_s=timeout_s)
+        if continuation_token_ids and not (self.traits and self.traits.takes_token_prompts):
+            raise CloudInvalidArgumentError(
+                f"the cloud at {self.base_url} cannot continue from token ids (only a vLLM server can); "
+                "use handoff = restart", CloudStatus.INVALID_ARGUMENT, param="handoff",
+            )  # fmt: skip
+        vllm = self.traits is not None and self.traits.takes_grammars
         headers = {"X-Request-Id": request_id_header(request_id)} if request_id else {}
         with self._mapped_errors(timeout_s):
-            body = request_body(messages, params, model or await self._first_model(deadline), priority)
-            request = self.http.build_request("POST", f"{self.base_url}/chat/completions", json=body, headers=headers)
-            response = await _until(self.http.send(request, stream=True), deadline)
+            model = model or await self._first_model(deadline)
+            body, path = request_body(messages, params, model, priority, vllm=vllm), "/chat/completions"
+            if continuation_token_ids:  # the cloud's own chat template, then the local answer's tokens
+                prompt_ids = await self._token_ids(tokenize_chat_body(model, messages), deadline)
+                body, path = completions_body(body, prompt_ids + list(continuation_token_ids)), "/completions"
+            request = self.http.build_request("POST", f"{self.base_url}{path}", json=body, headers=headers)
+            response = await until(self.http.send(request, stream=True), deadline)
             try:
                 if response.status_code != 200:
-                    content = await _until(response.aread(), deadline)
+                    content = await until(response.aread(), deadline)
                     raise error_from_response(response.status_code, response.headers, content, self.base_url)
                 chunks = ChunkStream(request_id)
                 async with contextlib.aclosing(sse_data(response, deadline)) as stream:
@@ -145,7 +213,7 @@ class OpenAICloudClient(CloudBackend):
         vocabulary fingerprint from tandem's."""
         timeout_s = self._timeout(timeout_s)
         with self._mapped_errors(timeout_s):
-            response = await self._get("/models", _deadline(timeout_s))
+            response = await self._get("/models", deadline_at(timeout_s))
         try:
             cards = response.json()["data"]
             return [CloudModel(str(card["id"]), int(card.get("max_model_len") or 0), str(card.get("vocabulary_fingerprint") or ""))
@@ -159,7 +227,7 @@ class OpenAICloudClient(CloudBackend):
         """Returns "SERVING" when GET {base_url}/models answers 200; otherwise raises the mapped CloudError."""
         timeout_s = self._timeout(timeout_s)
         with self._mapped_errors(timeout_s):
-            await self._get("/models", _deadline(timeout_s))
+            await self._get("/models", deadline_at(timeout_s))
         return "SERVING"
 
     async def _first_model(self, deadline: float | None) -> str:
@@ -176,7 +244,7 @@ class OpenAICloudClient(CloudBackend):
         return self._default_model
 
     async def _get(self, path: str, deadline: float | None) -> httpx.Response:
-        response = await _until(self.http.get(f"{self.base_url}{path}"), deadline)
+        response = await until(self.http.get(f"{self.base_url}{path}"), deadline)
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.headers, response.content, self.base_url)
         return response
@@ -221,41 +289,3 @@ def _checked(read, *args) -> CloudTokenEvent | None:
         raise
     except _SHAPE_ERRORS as error:
         raise CloudError(f"the cloud sent a stream chunk of the wrong shape: {error}", CloudStatus.INTERNAL) from None
-
-
-def _deadline(timeout_s: float | None) -> float | None:
-    return None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
-
-
-async def _until(awaitable, deadline: float | None):
-    """Await before an absolute loop-time deadline (TimeoutError after it). Only awaits inside
-    the generator are bounded this way, never its yields: a timeout spanning a yield would
-    cancel the consumer's code instead. The deadline is absolute, so the consumer's time counts."""
-    if deadline is None:
-        return await awaitable
-    if hasattr(asyncio, "timeout_at"):  # 3.11+
-        async with asyncio.timeout_at(deadline):
-            return await awaitable
-    return await asyncio.wait_for(awaitable, max(0.0, deadline - asyncio.get_running_loop().time()))
-
-
-async def sse_data(response: httpx.Response, deadline: float | None) -> AsyncIterator[str]:
-    """The `data` of each server-sent event, read incrementally (comments and other fields skipped)."""
-    lines = response.aiter_lines()
-    data: list[str] = []
-    try:
-        while True:
-            try:
-                line = await _until(anext(lines), deadline)
-            except StopAsyncIteration:
-                break
-            if not line:
-                if data:
-                    yield "\n".join(data)
-                    data = []
-            elif line.startswith("data:"):
-                data.append(line[6:] if line.startswith("data: ") else line[5:])
-        if data:  # the last event without its blank line
-            yield "\n".join(data)
-    finally:
-        await lines.aclose()

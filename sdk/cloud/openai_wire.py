@@ -31,6 +31,7 @@ from sdk.protocol.cloud_backend import (
 from sdk.protocol.engine import InvalidRequestError, SamplingParams, StructuredOutput, TopLogprob
 from sdk.protocol.grammar_closing import CLOSED_WITHIN_MAX_TOKENS
 from sdk.protocol.sampling_params import TUNABLES
+from sdk.cloud.vllm_wire import chat_style_logprobs, structured_outputs
 
 # The stop_reason values tandem gives (a tandem cloud behind OpenAI's HTTP API sends them too).
 TANDEM_STOP_REASONS = ("repetition", CLOSED_WITHIN_MAX_TOKENS)
@@ -64,10 +65,12 @@ def chat_messages(prompt: Prompt) -> list[dict]:
     )
 
 
-def request_body(messages: list[dict], params: SamplingParams | None, model: str, priority: int = 0) -> dict:
+def request_body(messages: list[dict], params: SamplingParams | None, model: str, priority: int = 0,
+                 vllm: bool = False) -> dict:
     """The streamed /chat/completions body. Only what differs from the defaults is sent, so
     servers without tandem/vLLM's extensions (top_k, stop_token_ids, ignore_eos, priority)
-    accept every request that does not need them."""
+    accept every request that does not need them. `vllm`: a constraint goes as vLLM's
+    structured_outputs (which takes tool calls' Lark grammars), else as OpenAI's response_format."""
     body: dict = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
     if priority:
         body["priority"] = priority  # vLLM extension
@@ -93,7 +96,9 @@ def request_body(messages: list[dict], params: SamplingParams | None, model: str
         body["stop_token_ids"] = list(params.stop_token_ids)
     if params.ignore_eos:
         body["ignore_eos"] = True
-    if params.structured is not None:
+    if params.structured is not None and vllm:
+        body["structured_outputs"] = structured_outputs(params.structured)
+    elif params.structured is not None:
         body["response_format"] = response_format(params.structured)
     if params.repetition_stop is not None:  # tandem's extension: sent only when the request chose
         body["repetition_stop"] = params.repetition_stop
@@ -144,9 +149,10 @@ class ChunkStream:
         choice = choices[0]
         if self.final is not None:
             raise CloudError("the cloud sent text after the finish_reason", CloudStatus.INTERNAL)
-        text = (choice.get("delta") or {}).get("content") or ""
+        # A chat chunk's delta, or a /v1/completions chunk's text (a vLLM continuation: sdk.cloud.vllm_wire).
+        text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
         finish_reason = choice.get("finish_reason") or None
-        entries = ((choice.get("logprobs") or {}).get("content")) or []
+        entries = chat_style_logprobs(choice.get("logprobs"))
         if not text and finish_reason is None and not entries:
             return None  # the role prelude, or an empty keep-alive delta
         if text or entries:  # a chunk that only says how the stream ended is no token (llama-server sends one)

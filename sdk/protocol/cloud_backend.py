@@ -117,6 +117,9 @@ class CloudBackend(Protocol):
     supports_continuation: bool = True
     # Takes Lark grammars (tool calls' structured output); False: such requests are answered locally.
     takes_grammars: bool = True
+    # Continues a constrained answer (a grammar or JSON schema) after the local tokens, the constraint
+    # advanced past them; False: a constrained answer is not handed off mid-way (the local one stands).
+    continues_constrained: bool = True
 
     @property
     def spreads_over_replicas(self) -> bool:
@@ -140,6 +143,16 @@ class CloudBackend(Protocol):
         ...
 
     async def list_models(self, timeout_s: float | None = None) -> list[CloudModel]: ...
+
+    async def discover(self, *, timeout_s: float | None = None) -> None:
+        """Learn what the server behind the client can do (once; a failure leaves it to the next call).
+        The capability fields may change after it; the cascade awaits it before reading them."""
+
+    async def tokenize(self, texts: Sequence[str], *, timeout_s: float | None = None) -> list[list[int]] | None:
+        """Each text's token ids in the cloud model's vocabulary (no special tokens added), or None when
+        the server cannot say: the cascade compares them with the local tokenizer's when the cloud
+        gives no vocabulary fingerprint (sdk.cascade.runner.CascadeRunner.vocabulary_verdict)."""
+        return None
 
     async def health(self, *, timeout_s: float | None = None) -> str:
         """"SERVING" when the tier can take calls (else another status name, or a CloudError)."""

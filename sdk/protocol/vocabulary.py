@@ -29,3 +29,29 @@ def vocabulary_fingerprint(tokens: Iterable[str]) -> str:
 def same_vocabulary(a: str | None, b: str | None) -> bool:
     """Both fingerprints known and equal."""
     return bool(a) and a == b
+
+
+# When a cloud gives no fingerprint (vLLM's /v1/models does not), its tokenizer is asked for the
+# ids of these texts and compared with the local tokenizer's (CascadeRunner.vocabulary_verdict).
+# They cover what differs between tokenizers: the merges of common English, digits (split one by
+# one, or in groups of three), whitespace runs, code, markdown and JSON, accents, CJK and emoji
+# (byte fallback). No special tokens: llama.cpp reads their text as plain text unless told to parse
+# it, HF's tokenizers as the special token, so one vocabulary would look like two. Equal ids on all
+# of them is evidence, not proof, of one vocabulary: a declared fingerprint is the stronger test and
+# is used when the cloud gives one.
+VOCABULARY_PROBE_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "In 1984, 3.14159 people paid $12,345.67 for 1000000 tokens.",
+    "def tokenize(text):\n    return [ord(c) for c in text]  # \t tabs",
+    "Ça coûte 20 €, naïve façade, Straße, привет, مرحبا, नमस्ते",
+    "日本語のテキストと中文文本, 한국어 🙂🚀",
+    "## Notes\n- item *bold* `code` [link](https://x.example/z?a=1&b=2) -> {\"k\": [1, 2]}",
+    "   leading spaces, trailing spaces   ",
+)
+
+
+def same_token_ids(local: Iterable[Iterable[int]], cloud: Iterable[Iterable[int]] | None) -> bool | None:
+    """Whether two tokenizers gave the same ids for the probe texts; None when the cloud could not say."""
+    if cloud is None:
+        return None
+    return [list(ids) for ids in local] == [list(ids) for ids in cloud]

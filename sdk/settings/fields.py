@@ -244,7 +244,7 @@ FIELDS_LIST: tuple[SettingField, ...] = (
     _cascade("min_tokens_k", int, "TANDEM_CASCADE_MIN_TOKENS_K", "Local tokens before the first judgement."),
     _cascade("score_kind", str, "TANDEM_CASCADE_SCORE_KIND", "Confidence feature compared with the threshold."),
     _cascade("decide_at", str, "TANDEM_CASCADE_DECIDE_AT", "When the threshold is checked.", check=one_of(*(d.value for d in DecideAt))),
-    _cascade("handoff", str, "TANDEM_CASCADE_HANDOFF", "restart (cloud answers anew) or continue (after the local prefix; gRPC clouds only).", check=one_of(*(m.value for m in HandoffMode))),
+    _cascade("handoff", str, "TANDEM_CASCADE_HANDOFF", "restart (cloud answers anew) or continue (after the local prefix: a tandem gRPC cloud, or a vLLM cloud sharing the local vocabulary; elsewhere the local answer stands).", check=one_of(*(m.value for m in HandoffMode))),
     _cascade("hold_tokens", int, "TANDEM_CASCADE_HOLD_TOKENS", "Streamed answers, restart mode: local tokens held back before committing local (0: until decided).", unset="16 (at least min_tokens_k)"),
     _cascade("redact_before_escalation", bool, "TANDEM_CASCADE_REDACT_BEFORE_ESCALATION", "Escalate privacy-matching requests redacted instead of keeping them local."),
     _cascade("cloud_first_token_timeout_s", float, "TANDEM_CASCADE_CLOUD_FIRST_TOKEN_TIMEOUT_S", "Longest wait for the cloud's first token, seconds; then the answer is local (degraded: cloud_first_token_timeout).", check=at_least(0, inclusive=False)),

@@ -204,12 +204,6 @@ def _defaults() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
 def _validate(settings: Settings) -> None:
     """Checks across keys, after every layer is in: each error says which keys were set where."""
     target = settings.cloud_target()
-    if settings.get("cascade.handoff") == "continue" and target.kind == "http":
-        raise SettingsError(
-            f"cascade.handoff = 'continue' ({_describe(settings.sources['cascade.handoff'])}) does not work with the "
-            f"OpenAI-compatible cloud {target.target} (cloud.url, {_describe(settings.sources['cloud.url'])}): such a "
-            "server cannot continue another model's token ids; use handoff = 'restart' or a grpc:// cloud"
-        )
     if settings.get("traffic.shadow_fraction") > 0 and target.kind == "none":
         raise SettingsError(f"traffic.shadow_fraction = {settings.get('traffic.shadow_fraction')} "
                             f"({_describe(settings.sources['traffic.shadow_fraction'])}) needs a cloud tier; cloud.url is 'none'")  # fmt: skip

@@ -176,8 +176,9 @@ async def test_closing_the_stream_early_frees_the_request(client, engine):
     assert await wait_drained(engine)
 
 
-async def test_continuation_and_token_ids_are_refused(client):
-    assert OpenAICloudClient.supports_continuation is False
+async def test_continuation_and_token_ids_are_refused_by_a_server_that_is_not_vllm(client):
+    await client.discover()
+    assert client.traits.kind == "openai" and client.supports_continuation is False  # tandem's own app has no /version
     with pytest.raises(CloudInvalidArgumentError, match="handoff = restart") as raised:
         await drain(client.generate(MESSAGES, GREEDY, continuation_token_ids=[5, 6]))
     assert raised.value.param == "handoff"
