@@ -148,3 +148,23 @@ async def test_a_grammar_goes_to_the_cloud_as_structured_outputs(standin, local_
     assert path == "/v1/chat/completions" and body["structured_outputs"] == {"grammar": grammar}
     assert "response_format" not in body
     assert result.text in ("<tool_call>yes</tool_call>", "<tool_call>no</tool_call>")
+
+
+async def test_a_server_that_is_not_vllm_keeps_the_local_answer_in_continue_mode(local_engine):  # noqa: F811
+    """tandem's own HTTP app as the cloud: OpenAI's API without /version, so no token-id prompts."""
+    from sdk.openai_server import create_app
+
+    url, server, thread = serve(create_app(local_engine))
+    try:
+        k = 4
+        scores = await reference_scores(local_engine)
+        threshold = min(0.9999, max(scores[k - 1:]) + 1e-6)
+        runner = CascadeRunner(local_engine, OpenAICloudClient(f"{url}/v1"), CascadeConfig(min_tokens_k=k, handoff="continue"))
+        result = await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")
+        await runner.cloud.close()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    routing = result.routing
+    assert (routing.tier, routing.degraded, routing.degraded_reason) == ("local", True, "cloud_cannot_continue")
+    assert runner.cloud.traits.kind == "openai" and runner.breaker.state.value == "closed"  # not the cloud's failure
