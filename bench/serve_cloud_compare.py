@@ -45,6 +45,7 @@ TARGETS = {"ratio_output_tps_vs_vllm_c32": (">=", 1.0), "ratio_output_tps_vs_vll
            "ratio_tpot_p50_vs_vllm_c32": ("<=", 1.0)}
 HEADLINE_KEYS = ("ratio_output_tps_vs_vllm_c32", "ratio_output_tps_vs_vllm_c32_spread", "ratio_output_tps_vs_vllm_c1",
                  "ratio_tpot_p50_vs_vllm_c32", "ratio_ttft_p50_vs_vllm_c32", "targets_met")
+SANITY_QUESTION = "What is the capital of France?"
 FIGURES = ("output_tps", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms")
 
 
@@ -91,10 +92,12 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
         samples[concurrency] = build_samples(args, tokenizer)
     pool = servers(python, hf_dir, cores)
     runs: dict[int, dict[str, list[dict]]] = {c: {s.name: [] for s in pool} for c in concurrencies}
+    answers: dict[str, str] = {}
     try:
         for server in pool:  # start each once; paused while the others run
             console.print(f"starting {server.name}: {' '.join(server.command)}")
             server.start(timeout_s=900)
+            answers[server.name] = sanity_answer(server)
             server.pause()
         for rep in range(repeats):
             for concurrency in concurrencies:
@@ -128,6 +131,9 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
         "workload": workload_description(args, tokenizer),
         "servers": {s.name: {"description": s.description, "command": " ".join(s.command),
                              "env": {k: v for k, v in s.env.items() if k.startswith(("OMP_", "VLLM_"))}} for s in pool},
+        # Each server's greedy answer to one question, before timing: a fast server that answers nonsense is no baseline.
+        "sanity_question": SANITY_QUESTION,
+        "sanity_answers": answers,
         "failed_requests": sum(m["failed"] for by_server in runs.values() for reps in by_server.values() for m in reps),
         "by_concurrency": {f"c{c}": summarize(runs[c]) for c in concurrencies},
         **ratios,
@@ -140,6 +146,16 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
             "the benchmark client runs on the same cores as the servers; a paused server takes no CPU",
         ],
     }
+
+
+def sanity_answer(server: ManagedServer) -> str:
+    import httpx
+
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": SANITY_QUESTION}], "max_tokens": 16,
+            "temperature": 0.0}  # fmt: skip
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+    response.raise_for_status()
+    return response.json()["choices"][0]["message"]["content"]
 
 
 def _embedded_tokenizer() -> GgufTokenizer:
