@@ -33,8 +33,8 @@ from bench.serve_client import ClientConfig
 from bench.serve_compare import _median
 from bench.serve_datasets import GgufTokenizer
 from bench.serve_report import console, print_summary
-from bench.serve_run import benchmark, build_samples, headline, workload_description
-from bench.serve_servers import REPO_ROOT, ManagedServer, free_port, vllm_server
+from bench.serve_run import BenchmarkError, benchmark, build_samples, headline, workload_description
+from bench.serve_servers import REPO_ROOT, ManagedServer, free_port, vllm_cannot_run_here, vllm_server
 
 MODEL_NAME = "smollm2-135m-instruct"
 MAX_NUM_SEQS, MAX_MODEL_LEN, KV_CACHE_GB = 32, 2048, 1
@@ -81,6 +81,8 @@ def servers(python: str, hf_dir: str, cores: int) -> list[ManagedServer]:
 
 
 def run_compare_cloud(args: argparse.Namespace) -> dict:
+    if reason := vllm_cannot_run_here():
+        raise BenchmarkError(f"--compare-cloud cannot run here: {reason}")
     python, hf_dir = setup_vllm()
     cores = args.threads or os.cpu_count() or 1
     concurrencies = CONCURRENCIES

