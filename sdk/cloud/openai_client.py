@@ -98,34 +98,35 @@ class OpenAICloudClient(CloudBackend):
             self._http = httpx.AsyncClient(headers=self._headers, timeout=timeout)
         return self._http
 
+    # Until discover() has run, both are True: a runner configured to continue can be built before the
+    # server is up, and a request that needs either makes the cascade discover first (a server it cannot
+    # reach then fails the call itself, which the breaker counts).
     @property
     def supports_continuation(self) -> bool:
-        """Until discover() has run: True, so a runner configured to continue can be built before the
-        server is up; the cascade discovers before handing off and restarts no answer on a server without."""
         return self.traits is None or self.traits.takes_token_prompts
 
     @property
     def takes_grammars(self) -> bool:
-        return self.traits is not None and self.traits.takes_grammars
+        return self.traits is None or self.traits.takes_grammars
 
     async def discover(self, *, timeout_s: float | None = None) -> None:
         """GET {root}/version, once it answers: vLLM or a plain OpenAI-compatible server (sdk.cloud.vllm_wire).
-        A server that cannot be reached stays undiscovered (the next call asks again)."""
+        A server that cannot be reached raises the mapped CloudError and stays undiscovered (asked again next time)."""
         if self.traits is not None:
             return
         timeout_s = self._timeout(timeout_s) or DISCOVER_TIMEOUT_S
-        try:
-            with self._mapped_errors(timeout_s):
-                response = await until(self.http.get(f"{self.root}/version"), deadline_at(timeout_s))
-        except CloudError:
-            return
+        with self._mapped_errors(timeout_s):
+            response = await until(self.http.get(f"{self.root}/version"), deadline_at(timeout_s))
         self.traits = traits_from_version(response.status_code, response.content)
 
     async def tokenize(self, texts: Sequence[str], *, timeout_s: float | None = None) -> list[list[int]] | None:
         """The cloud tokenizer's ids for each text (POST {root}/tokenize), or None when the server has
         no /tokenize or cannot be asked now."""
-        await self.discover(timeout_s=timeout_s)
-        if self.traits is None or not self.traits.takes_token_prompts:
+        try:
+            await self.discover(timeout_s=timeout_s)
+        except CloudError:
+            return None
+        if not self.traits.takes_token_prompts:
             return None
         timeout_s = self._timeout(timeout_s)
         deadline = deadline_at(timeout_s)
@@ -176,12 +177,15 @@ class OpenAICloudClient(CloudBackend):
         messages = chat_messages(prompt)
         timeout_s = self._timeout(timeout_s)
         deadline = deadline_at(timeout_s)
-        await self.discover(timeout_s=timeout_s)
-        if continuation_token_ids and not (self.traits and self.traits.takes_token_prompts):
+        grammar = params is not None and params.structured is not None and params.structured.kind == "lark"
+        if continuation_token_ids or grammar:  # what only vLLM takes: ask the server what it is (once)
+            await self.discover(timeout_s=timeout_s)
+        if continuation_token_ids and not self.traits.takes_token_prompts:
             raise CloudInvalidArgumentError(
                 f"the cloud at {self.base_url} cannot continue from token ids (only a vLLM server can); "
                 "use handoff = restart", CloudStatus.INVALID_ARGUMENT, param="handoff",
             )  # fmt: skip
+        # JSON constraints go as response_format until the server is known: vLLM takes that too.
         vllm = self.traits is not None and self.traits.takes_grammars
         headers = {"X-Request-Id": request_id_header(request_id)} if request_id else {}
         with self._mapped_errors(timeout_s):

@@ -145,8 +145,9 @@ class CloudBackend(Protocol):
     async def list_models(self, timeout_s: float | None = None) -> list[CloudModel]: ...
 
     async def discover(self, *, timeout_s: float | None = None) -> None:
-        """Learn what the server behind the client can do (once; a failure leaves it to the next call).
-        The capability fields may change after it; the cascade awaits it before reading them."""
+        """Learn what the server behind the client can do (once; CloudError when it cannot be reached, and
+        the next call asks again). The capability fields may change after it; the cascade awaits it
+        before reading them for a request that needs one (a grammar, a continuation)."""
 
     async def tokenize(self, texts: Sequence[str], *, timeout_s: float | None = None) -> list[list[int]] | None:
         """Each text's token ids in the cloud model's vocabulary (no special tokens added), or None when

@@ -22,7 +22,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sdk.protocol.wire import tandem_pb2 as pb
-from sdk.protocol.cloud_backend import CloudTokenEvent
+from sdk.protocol.cloud_backend import CloudBackend, CloudTokenEvent
 from sdk.protocol.wire import tandem_pb2_grpc as pb_grpc
 from local_runtime.async_engine import AsyncLocalEngine
 from local_runtime.config import LocalEngineConfig
@@ -459,10 +459,8 @@ async def test_openai_cloud_recovers_after_garbage(local_engine):
     await assert_idle(local_engine)
 
 
-class ClientThatBreaks:
-    """A cloud client (any object with generate) that lets a non-CloudError escape after `num_tokens`."""
-
-    supports_continuation = True
+class ClientThatBreaks(CloudBackend):
+    """A cloud client that lets a non-CloudError escape after `num_tokens`."""
 
     def __init__(self, error: Exception, num_tokens: int = 2):
         self.error, self.num_tokens = error, num_tokens

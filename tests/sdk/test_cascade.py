@@ -195,6 +195,9 @@ async def test_escalation_at_token_k_hands_off(make_runner, recording, local_eng
     k = 4
     scores = await reference_scores(local_engine)
     threshold = min(0.9999, max(scores[k - 1:]) + 1e-6)  # every judged prefix falls below it: escalate at K
+    # Continuing hands the local ids over: the recording cloud stands in for one that shares the local
+    # vocabulary (it folds the ids into the tiny model's own), as the embedded SmolLM2 engine does.
+    recording.vocabulary_fingerprint = local_engine.vocabulary_fingerprint
     runner = await make_runner(min_tokens_k=k, handoff=handoff)
     local_ids = [e.token_id async for e in local_engine.generate(
         GenerationRequest("ids", local_engine.apply_chat_template(QUESTION), GREEDY))]
@@ -210,6 +213,20 @@ async def test_escalation_at_token_k_hands_off(make_runner, recording, local_eng
     else:
         assert continuation == [] and set(result.tiers) == {"cloud"}  # no local token was released
     assert routing.cost["local"]["completion_tokens"] == k
+
+
+async def test_continuing_into_another_vocabulary_is_refused(make_runner, recording, local_engine):
+    """The tiny cloud model's card gives its own vocabulary's fingerprint: the local token ids would mean
+    other text there, so the local answer stands and nothing is sent."""
+    k = 4
+    scores = await reference_scores(local_engine)
+    threshold = min(0.9999, max(scores[k - 1:]) + 1e-6)
+    runner = await make_runner(min_tokens_k=k, handoff="continue")
+    result = await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")
+    routing = result.routing
+    assert (routing.tier, routing.escalated, routing.degraded_reason) == ("local", True, "cloud_vocabulary_differs")
+    assert recording.received == [] and set(result.tiers) == {"local"}
+    assert runner.breaker.state.value == "closed"
 
 
 async def test_in_between_threshold_matches_recorded_signals(make_runner, recording, local_engine):

@@ -20,9 +20,9 @@ def test_both_clients_are_cloud_backends_with_their_capabilities_declared():
     grpc_client, http_client = CloudClient("localhost:1"), OpenAICloudClient("http://localhost:1/v1")
     assert all(CloudBackend in type(client).__mro__ for client in (grpc_client, http_client))  # declared, not just shaped alike
     assert (grpc_client.supports_continuation, grpc_client.takes_grammars) == (True, True)
-    # The HTTP client's depend on the server (discover(): tests/sdk/test_vllm_cloud.py); before it knows,
-    # it may continue (a runner configured to continue can start before its cloud) and takes no grammar.
-    assert (http_client.supports_continuation, http_client.takes_grammars, http_client.continues_constrained) == (True, False, False)
+    # The HTTP client's depend on the server (discover(): tests/sdk/test_vllm_cloud.py); before it knows, it
+    # claims both, so that a request needing one makes the cascade ask the server first.
+    assert (http_client.supports_continuation, http_client.takes_grammars, http_client.continues_constrained) == (True, True, False)
     assert not grpc_client.spreads_over_replicas and not http_client.spreads_over_replicas
     assert CloudClient("ipv4:10.0.0.1:1,10.0.0.2:1").spreads_over_replicas
     for method in ("generate", "list_models", "health", "close"):

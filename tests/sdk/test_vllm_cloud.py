@@ -15,6 +15,7 @@ import uvicorn
 from sdk.cascade.config import CascadeConfig
 from sdk.cascade.runner import CascadeRunner
 from sdk.cloud.openai_client import OpenAICloudClient
+from sdk.protocol.cloud_backend import CloudUnavailableError
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 from sdk.protocol.sampling_params import StructuredOutput
 from tests.conftest import free_port
@@ -69,7 +70,7 @@ def shifted_standin(local_engine):  # noqa: F811
 async def test_discovery_tells_vllm_from_a_plain_openai_server(standin):
     url, _ = standin
     async with OpenAICloudClient(f"{url}/v1") as vllm:
-        assert (vllm.supports_continuation, vllm.takes_grammars) == (True, False)  # not yet known: may continue
+        assert vllm.traits is None and (vllm.supports_continuation, vllm.takes_grammars) == (True, True)  # not known yet
         await vllm.discover()
         assert vllm.traits.kind == "vllm" and (vllm.supports_continuation, vllm.takes_grammars) == (True, True)
 
@@ -83,8 +84,10 @@ async def test_discovery_tells_vllm_from_a_plain_openai_server(standin):
 
 async def test_an_unreachable_server_stays_undiscovered():
     client = OpenAICloudClient(f"http://127.0.0.1:{free_port()}/v1")
-    await client.discover(timeout_s=2.0)
+    with pytest.raises(CloudUnavailableError):
+        await client.discover(timeout_s=2.0)
     assert client.traits is None and client.supports_continuation  # asked again on the next call
+    assert await client.tokenize(["hi"]) is None  # cannot say now
     await client.close()
 
 
