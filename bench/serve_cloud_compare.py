@@ -30,7 +30,7 @@ import sys
 from bench.machine import machine_info
 from bench.repetitions import median_and_spread
 from bench.serve_client import ClientConfig
-from bench.serve_compare import _median
+from bench.serve_compare import _median, targets_met
 from bench.serve_datasets import GgufTokenizer
 from bench.serve_report import console, print_summary
 from bench.serve_run import BenchmarkError, benchmark, build_samples, headline, workload_description
@@ -140,7 +140,7 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
         "by_concurrency": {f"c{c}": summarize(runs[c]) for c in concurrencies},
         **ratios,
         "targets": {key: f"{op} {bound}" for key, (op, bound) in TARGETS.items()},
-        "targets_met": targets_met(ratios),
+        "targets_met": targets_met(ratios, TARGETS),
         "notes": [
             "vllm_t1 is vLLM's default on a 2-core machine (it reserves a core for its front end); vllm_tN sets "
             "OMP_NUM_THREADS to every core. 'vs_vllm' ratios are against the vLLM setting with the higher median "
@@ -198,14 +198,3 @@ def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
                     name_key = f"ratio_{key}_vs_vllm{suffix}_c{concurrency}"
                     out[name_key], out[f"{name_key}_spread"] = median_and_spread(ratios)
     return out
-
-
-def targets_met(ratios: dict) -> dict:
-    met = {}
-    for key, (op, bound) in TARGETS.items():
-        if key not in ratios:
-            met[key] = "not measured"
-            continue
-        low, high = ratios[f"{key}_spread"]
-        met[key] = low >= bound if op == ">=" else high <= bound
-    return met
