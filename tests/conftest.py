@@ -31,6 +31,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def served_in_thread(app, name: str = "test-uvicorn"):
+    """An ASGI app served by uvicorn on a free loopback port in a daemon thread; yields its root URL
+    (http://127.0.0.1:PORT) once it accepts connections, and stops it when the block ends."""
+    import threading
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
 def _log_tail(path: Path, num_lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])

@@ -8,11 +8,12 @@ an invalid argument is the caller's error and propagates as the InvalidRequestEr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from router.circuit_breaker import CircuitBreaker
+from router.circuit_breaker import BreakerState, CircuitBreaker
 from router.failure_kinds import FailureKind, classify_failure
 from sdk.protocol.cloud_backend import (
     CloudBackend,
@@ -21,7 +22,7 @@ from sdk.protocol.cloud_backend import (
     CloudQuotaExceededError,
     CloudTokenEvent,
 )
-from sdk.protocol.engine import SamplingParams
+from sdk.protocol.engine import SamplingParams, StructuredOutput
 
 logger = logging.getLogger("tandem.router")
 
@@ -36,6 +37,7 @@ DEGRADED_REASONS = {
 
 QUOTA_REASON = "cloud_quota_exhausted"  # the cloud refused the tier's key: its budget there is spent (429 insufficient_quota)
 
+DISCOVER_TIMEOUT_S = 5.0  # learning what a cloud server can do (once) before handing a request to it
 RETRY_BACKOFF_S = 0.05  # before the one retry of a call the cloud could not take
 
 
@@ -109,6 +111,27 @@ def refusal_reason(client: CloudBackend | None, breaker: CircuitBreaker, cloud_r
         return "cloud_auth"
     if not breaker.allow():
         return "circuit_open"
+    return None
+
+
+async def capability_refusal(runner, structured: StructuredOutput | None, continuing: bool,
+                             first_token_timeout_s: float) -> str | None:
+    """Why this cloud cannot take this request whatever its health (a tool grammar it cannot enforce, a
+    continuation it cannot take), or None. Only a request that needs such a capability asks the server
+    what it is (an HTTP cloud: vLLM or not), and not while the breaker is open: a dead cloud must not
+    cost every request a wait. `runner`: the sdk.cascade.runner.CascadeRunner."""
+    cloud = runner.cloud
+    grammar = structured is not None and structured.kind == "lark"
+    if not (grammar or continuing) or cloud is None or not runner.cloud_ready() or runner.breaker.state is BreakerState.OPEN:
+        return None
+    with contextlib.suppress(CloudError):  # unreachable: the call itself fails, and the breaker counts it
+        await cloud.discover(timeout_s=min(DISCOVER_TIMEOUT_S, first_token_timeout_s))
+    if grammar and not cloud.takes_grammars:
+        return "cloud_no_tools"  # a plain OpenAI-compatible cloud cannot take tandem's tool grammar
+    if continuing and not (cloud.supports_continuation and (structured is None or cloud.continues_constrained)):
+        return "cloud_cannot_continue"  # the local answer stands (a restart would repeat what streamed)
+    if continuing and await runner.vocabulary_verdict() is False:
+        return "cloud_vocabulary_differs"  # the local token ids would mean other text there
     return None
 
 

@@ -13,13 +13,11 @@ app still gets a whole answer, marked degraded, and nothing it saw is taken back
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator
 
 from router.chat_text import iter_message_texts, message_as_dict, message_text_length
-from router.circuit_breaker import BreakerState
 from router.decision import HandoffMode, Reason, RoutingDecision, RoutingMode, Tier
 from router.hold_back import HandoffPlan, HoldBackBuffer
 from router.policy import (
@@ -34,16 +32,13 @@ from router.policy import (
 )
 from sdk.budgets.manager import BudgetExhaustedError
 from sdk.cascade.budget_hold import BudgetHold
-from sdk.protocol.cloud_backend import CloudError
-from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, refusal_reason, stream_from_cloud
+from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, capability_refusal, refusal_reason, stream_from_cloud
 from sdk.cascade.local import LocalRun
 from sdk.cascade.traffic import after_request
 from sdk.cascade.types import CascadeEvent, RoutingInfo
 from sdk.protocol.engine import ContextLengthError, SamplingParams, TokenEvent
 from sdk.protocol.prompt_tokens import chat_prompt_tokens
 from sdk.protocol.repetition import ESCALATE_LOOP
-
-DISCOVER_TIMEOUT_S = 5.0  # learning what a cloud server can do (once) before handing a request to it
 
 COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
 
@@ -190,24 +185,12 @@ class CascadeRequest:
         return self.degraded_reason is None
 
     async def _refusal(self, continuing: bool = False) -> str | None:
-        """Why the cloud must not take this request now (sdk.cascade.cloud.refusal_reason), or None.
-        `continuing`: the cloud would go on after the local answer's tokens (handoff "continue").
-        The capability checks come first: refusal_reason may take a half-open breaker's trial call."""
-        structured, cloud = self.params.structured, self.runner.cloud
-        grammar = structured is not None and structured.kind == "lark"
-        # Only a request that needs a capability the server decides (an HTTP cloud: vLLM or not) asks the
-        # server, and not while the breaker is open: a dead cloud must not cost every request a wait.
-        if (grammar or continuing) and cloud is not None and self.runner.cloud_ready() \
-                and self.runner.breaker.state is not BreakerState.OPEN:  # fmt: skip
-            with contextlib.suppress(CloudError):  # unreachable: the call itself fails, and the breaker counts it
-                await cloud.discover(timeout_s=min(DISCOVER_TIMEOUT_S, self.config.cloud_first_token_timeout_s))
-            if grammar and not cloud.takes_grammars:
-                return "cloud_no_tools"  # a plain OpenAI-compatible cloud cannot take tandem's tool grammar
-            if continuing and not (cloud.supports_continuation and (structured is None or cloud.continues_constrained)):
-                return "cloud_cannot_continue"  # the local answer stands (a restart would repeat what streamed)
-            if continuing and await self.runner.vocabulary_verdict() is False:
-                return "cloud_vocabulary_differs"  # the local token ids would mean other text there
-        return refusal_reason(self.runner.cloud, self.runner.breaker, self.runner.cloud_ready())
+        """Why the cloud must not take this request now, or None. `continuing`: the cloud would go on
+        after the local answer's tokens (handoff "continue"). What the cloud cannot take comes first:
+        refusal_reason may take a half-open breaker's trial call."""
+        runner = self.runner
+        return await capability_refusal(runner, self.params.structured, continuing, self.config.cloud_first_token_timeout_s) \
+            or refusal_reason(runner.cloud, runner.breaker, runner.cloud_ready())  # fmt: skip
 
     def _release(self, buffer: HoldBackBuffer, event) -> list[CascadeEvent]:
         # Call order (router.hold_back): the router has seen this token and did not escalate.

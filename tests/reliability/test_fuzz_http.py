@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import free_port, running_server
+from tests.conftest import running_server, served_in_thread
 from tests.reliability.fuzz_strategies import (
     REQUEST_TIMEOUT_S,
     RequestCounter,
@@ -87,7 +86,6 @@ def local_target(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hosted_target(tmp_path_factory):
     import torch
-    import uvicorn
     from transformers import AutoModelForCausalLM
 
     from cloud_engine.async_engine import AsyncCloudEngine
@@ -105,23 +103,14 @@ def hosted_target(tmp_path_factory):
     engine = AsyncCloudEngine(CloudEngineConfig(model=str(path), model_name="tiny", dtype="float32", block_size=4,
                                                 kv_cache_gb=0.002, max_model_len=MAX_MODEL_LEN)).start()  # fmt: skip
     engine.wait_ready(120)
-    port = free_port()
     # The fuzzer sends wrong and missing keys from this one address on purpose; the auth backoff
     # (tests/sdk/test_openai_auth.py) would then refuse its valid requests unchecked.
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, api_keys=frozenset({API_KEY}), auth_backoff_after=0), host="127.0.0.1",
-                                           port=port, log_level="warning", lifespan="off"))  # fmt: skip
-    thread = threading.Thread(target=server.run, name="fuzz-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
+    app = create_app(engine, api_keys=frozenset({API_KEY}), auth_backoff_after=0)
     try:
-        yield Target("hosted", f"http://127.0.0.1:{port}", ["tiny"], VOCAB_SIZE, TINY_WORDS,
-                     headers={"Authorization": f"Bearer {API_KEY}"}, engine=engine)  # fmt: skip
+        with served_in_thread(app, "fuzz-uvicorn") as url:
+            yield Target("hosted", url, ["tiny"], VOCAB_SIZE, TINY_WORDS,
+                         headers={"Authorization": f"Bearer {API_KEY}"}, engine=engine)  # fmt: skip
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
         engine.shutdown()
 
 

@@ -3,12 +3,10 @@ over the tiny random-weight cloud engine, served by uvicorn in a background thre
 
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
 from sdk.protocol.cloud_backend import CloudStatus
 from router.failure_kinds import FailureKind, classify_failure
@@ -29,7 +27,7 @@ from sdk.cloud.openai_client import UNKNOWN_TOKEN_ID, OpenAICloudClient
 from sdk.cloud.openai_wire import ChunkStream, error_from_response, request_body
 from sdk.openai_server import create_app
 from tests.cloud_engine.grpc_helpers import LONG, MAX_MODEL_LEN, long_tiny_dir, make_engine, wait_drained  # noqa: F401
-from tests.conftest import free_port
+from tests.conftest import free_port, served_in_thread
 from tests.sdk.test_cascade import local_engine  # noqa: F401  (fixture: the embedded GGUF engine)
 
 KEY = "sk-openai-cloud-0123456789"
@@ -62,18 +60,8 @@ def engine(long_tiny_dir):  # noqa: F811
 @pytest.fixture(scope="module")
 def base_url(engine):
     """http://127.0.0.1:PORT/v1 of the OpenAI app (key required) served in a thread."""
-    app = create_app(TemplatedEngine(engine), api_keys=frozenset({KEY}))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, name="openai-cloud-test-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(30)
+    with served_in_thread(create_app(TemplatedEngine(engine), api_keys=frozenset({KEY})), "openai-cloud-test-server") as url:
+        yield f"{url}/v1"
 
 
 @pytest.fixture

