@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from local_runtime.block_manager import BlockManager
-from local_runtime.config import LocalEngineConfig
+from local_runtime.config import DEFAULT_MAX_MODEL_LEN, LocalEngineConfig
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
 from local_runtime.request import Request, RequestStatus
 from local_runtime.sampler import sample_batch
@@ -33,9 +33,6 @@ from sdk.protocol.token_events import check_stop, make_token_event
 from sdk.protocol.detokenize import detokenize
 from sdk.protocol.vocabulary import vocabulary_fingerprint
 
-# The default context limit when the model's own is larger: long enough for chat, and
-# one such request still leaves most of an 8k-cell pool for others.
-DEFAULT_MAX_MODEL_LEN = 4096
 
 
 class LocalEngine:
@@ -58,16 +55,20 @@ class LocalEngine:
                 extra_buffer_types=config.extra_buffer_types,
                 batch_invariant=config.batch_invariant and config.n_gpu_layers == 0,
                 pad_single_decodes=config.strict_batch_invariance and config.n_gpu_layers == 0,
+                kv_streams=config.kv_streams,
             )
         )
         pool_tokens = config.num_blocks * config.block_size
         self.max_model_len = config.max_model_len or min(self.backend.n_ctx_train, pool_tokens, DEFAULT_MAX_MODEL_LEN)
         if self.max_model_len > self.backend.n_ctx_train:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's trained context {self.backend.n_ctx_train}")
+        if self.max_model_len > self.backend.cells_per_slot:  # streams llama.cpp sized otherwise than asked
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the {self.backend.cells_per_slot} KV cells of a slot")
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    cache_finished_prompts=config.cache_finished_prompts,
-                                   max_cached_prompts=config.max_cached_prompts)
+                                   max_cached_prompts=config.max_cached_prompts,
+                                   slots_own_their_cells=config.kv_streams)
         self.chat_template = self.backend.metadata("tokenizer.chat_template")
         self._bos_text = self.backend.special_token_text("bos")
         self._eos_text = self.backend.special_token_text("eos")
@@ -166,8 +167,10 @@ class LocalEngine:
         want_logits = np.zeros(n, dtype=np.int8)
         sampled_requests = []
         i = 0
-        for request_id, num_new in out.num_scheduled_tokens.items():
-            request = self.scheduler.requests[request_id]
+        scheduled = [(self.scheduler.requests[request_id], num_new) for request_id, num_new in out.num_scheduled_tokens.items()]
+        if self.config.kv_streams:  # slots in increasing order: one ubatch for consecutive slots (LlamaBackend.decode)
+            scheduled.sort(key=lambda item: item[0].slot)
+        for request, num_new in scheduled:
             start = request.num_computed_tokens
             token_ids[i : i + num_new] = request.all_token_ids[start : start + num_new]
             positions[i : i + num_new] = np.arange(start, start + num_new)

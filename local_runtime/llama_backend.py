@@ -35,6 +35,10 @@ class LlamaBackendConfig:
     extra_buffer_types: bool = False  # llama.cpp's repacked (CPU_REPACK, AMX) weight layouts (its own default is on)
     batch_invariant: bool = False  # keep prefill ubatches on the per-row attention kernel (see below)
     pad_single_decodes: bool = False  # also keep lone decodes off the split-KV kernel (costs ~40%)
+    # One KV stream per slot (llama.cpp's kv_unified off), n_ctx / n_seq_max cells each, instead of
+    # one pool. A decode then attends over its own stream only; see decode() for the batch order
+    # this layout needs, and share_prefix() for what a prefix copy costs in it.
+    kv_streams: bool = False
 
 
 # llama.cpp's CPU flash attention picks its kernel from the ubatch shape: a tiled kernel
@@ -108,6 +112,8 @@ class LlamaBackend:
 
         if config.n_batch < 2:
             raise ValueError("n_batch must be >= 2")
+        if config.kv_streams and config.pad_single_decodes:
+            raise ValueError("pad_single_decodes needs the unified pool (its scratch slot would take a whole stream)")
         # The scratch slot (last sequence id) holds at most one cell, during one decode.
         self.scratch_slot = config.n_seq_max if config.pad_single_decodes else None
         n_slots = config.n_seq_max + (1 if config.pad_single_decodes else 0)
@@ -118,7 +124,7 @@ class LlamaBackend:
         ctx_params.n_seq_max = n_slots
         ctx_params.n_threads = config.n_threads
         ctx_params.n_threads_batch = config.n_threads
-        ctx_params.kv_unified = True  # one pool, shared cells between sequences
+        ctx_params.kv_unified = not config.kv_streams
         ctx_params.no_perf = True
         ctx_params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -130,6 +136,8 @@ class LlamaBackend:
                 f"llama.cpp could not create a context with n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max}"
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
+        # Cells one sequence can hold: its stream, or the whole pool.
+        self.cells_per_slot = llama_cpp.llama_n_ctx_seq(self.ctx) if config.kv_streams else config.n_ctx
         self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
         n = config.n_batch
         self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(n,))
@@ -146,6 +154,11 @@ class LlamaBackend:
     def decode(self, token_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, want_logits: np.ndarray,
                out: np.ndarray | None = None) -> np.ndarray:
         """Run one llama_decode over a flat batch; logits rows for the tokens that asked, in order.
+
+        With kv_streams, llama.cpp puts sequences into one ubatch only while their slots count up by
+        one in batch order (llama_batch_allocr::split_equal, "sequential"): a batch ordered by slot
+        over slots 0..7 is one pass over the weights, the same rows over slots 0, 2, .., 14 are eight.
+        The engine orders its batches by slot and the scheduler hands out the lowest free slot.
 
         `out`: a float32 [rows, n_vocab] buffer the caller reuses step after step (the rows are
         written into its head and a view returned; it is overwritten by the next call). A fresh
@@ -184,8 +197,19 @@ class LlamaBackend:
         self._lib.llama_memory_seq_rm(self.memory, slot, -1, -1)
 
     def share_prefix(self, src_slot: int, dst_slot: int, num_tokens: int) -> None:
-        """Let `dst_slot` see the cells of positions [0, num_tokens) of `src_slot` without copying."""
-        self._lib.llama_memory_seq_cp(self.memory, src_slot, dst_slot, 0, num_tokens)
+        """Give `dst_slot` the cells of positions [0, num_tokens) of `src_slot`; `src_slot == dst_slot`
+        keeps a slot's first `num_tokens` positions and drops the rest (a slot taken over as is).
+
+        In the unified pool the cells are shared, not copied. Between streams llama.cpp copies a
+        whole stream (every layer's K and V of all its cells, at the next decode), so `dst_slot`
+        must be empty; the positions past the prefix are dropped from it again here."""
+        if src_slot == dst_slot:
+            self._lib.llama_memory_seq_rm(self.memory, dst_slot, num_tokens, -1)
+        elif self.config.kv_streams:
+            self._lib.llama_memory_seq_cp(self.memory, src_slot, dst_slot, -1, -1)
+            self._lib.llama_memory_seq_rm(self.memory, dst_slot, num_tokens, -1)
+        else:
+            self._lib.llama_memory_seq_cp(self.memory, src_slot, dst_slot, 0, num_tokens)
 
     def slot_max_position(self, slot: int) -> int:
         """Largest position held for a slot, -1 when empty (for tests and checks)."""

@@ -59,6 +59,10 @@ class PromptCache:
         """Mark `entry` as just used (a prefix was copied from it)."""
         self._entries.move_to_end(entry.key)
 
+    def remove(self, key: CachedKey) -> CachedPrompt:
+        """Take an entry out (its slot was taken over by a new request)."""
+        return self._entries.pop(key)
+
     def pop_least_recent(self, keep: set[CachedKey]) -> CachedPrompt | None:
         """Remove and return the least recently used entry not in `keep`; None when there is none."""
         for key in self._entries:

@@ -10,10 +10,17 @@ A finished request's slot and blocks go to the prompt cache (local_runtime.promp
 instead of back to the pool, so a later prompt with the same prefix copies its cells; cached
 entries are evicted, least recently used first, whenever a slot or blocks are short, before
 any waiting request is refused or running one preempted.
+
+Slots are handed out lowest first. Where every slot owns its cells (llama.cpp's KV streams),
+copying a prefix means copying a whole stream, so a newcomer whose best prefix is a cached
+prompt takes that prompt's slot over instead (llama-server reuses an idle slot's cells the same
+way), and running slots stay packed at the low ids, which llama.cpp needs to batch them in one
+pass (LlamaBackend.decode).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -44,7 +51,8 @@ class Scheduler:
     """Owns the waiting queue, the running list, the slots and the block manager."""
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 cache_finished_prompts: bool = False, max_cached_prompts: int | None = None):  # fmt: skip
+                 cache_finished_prompts: bool = False, max_cached_prompts: int | None = None,
+                 slots_own_their_cells: bool = False):  # fmt: skip
         self.block_manager = block_manager
         self.cache_finished_prompts = cache_finished_prompts
         self.max_cached_prompts = max_num_seqs if max_cached_prompts is None else max_cached_prompts
@@ -54,7 +62,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._free_slots: deque[int] = deque(range(max_num_seqs))
+        self.slots_own_their_cells = slots_own_their_cells  # KV streams: take cached slots over, never copy from them
+        self._free_slots: list[int] = list(range(max_num_seqs))  # a heap: the lowest free slot first
         self._slots_to_clear: list[int] = []
         self.num_preemptions_total = 0
         self.num_prefix_cache_hit_tokens_total = 0
@@ -157,6 +166,8 @@ class Scheduler:
         hit = self.block_manager.find_prefix(request.all_token_ids, max_tokens=request.num_tokens - 1)
         source, num_cached = self._longest_computed_prefix(request, hit)
         num_new = min(request.num_tokens - num_cached, budget)
+        if self.slots_own_their_cells and isinstance(source, CachedPrompt) and source.key not in self._pinned:
+            return self._take_over(request, source, hit, num_cached, num_new, out)
         if not self._make_room(self._blocks_needed(num_cached + num_new, hit), self._keep_for(source)):
             # Room only by evicting the prefix's own cache entry: compute the prompt from scratch.
             if not isinstance(source, CachedPrompt):
@@ -165,16 +176,37 @@ class Scheduler:
             num_new = min(request.num_tokens, budget)
             if not self._make_room(self._blocks_needed(num_new, None), self._pinned):
                 return None
-        slot = self._free_slots.popleft()
-        self.num_prefix_cache_query_tokens_total += request.num_tokens
+        slot = heapq.heappop(self._free_slots)
         if hit:
             self.block_manager.share(request.request_id, hit)
         if num_cached:
             out.prefix_copies.append((source.slot, slot, num_cached))
-            self.num_prefix_cache_hit_tokens_total += num_cached
             if isinstance(source, CachedPrompt):
                 self.prompt_cache.touch(source)
                 self._pinned.add(source.key)
+        return self._start(request, slot, num_cached, num_new)
+
+    def _take_over(self, request: Request, entry: CachedPrompt, hit: PrefixHit | None, num_cached: int,
+                   num_new: int, out: SchedulerOutput) -> int | None:
+        """Admit `request` into the slot of the cached prompt holding its prefix: the entry ends, its
+        first `num_cached` cells become the request's and the rest are dropped (no copy)."""
+        self.prompt_cache.remove(entry.key)
+        if hit:
+            self.block_manager.share(request.request_id, hit)
+        self.block_manager.free(entry.key)
+        if not self._make_room(self._blocks_needed(num_cached + num_new, hit), self._pinned, need_slot=False):
+            # The pool is short even so: the entry is gone (as eviction would have done) and its slot freed.
+            self.block_manager.free(request.request_id)
+            self._slots_to_clear.append(entry.slot)
+            heapq.heappush(self._free_slots, entry.slot)
+            return None
+        out.prefix_copies.append((entry.slot, entry.slot, num_cached))
+        return self._start(request, entry.slot, num_cached, num_new)
+
+    def _start(self, request: Request, slot: int, num_cached: int, num_new: int) -> int:
+        """The common end of an admission: the rest of the blocks, the slot, and the books."""
+        self.num_prefix_cache_query_tokens_total += request.num_tokens
+        self.num_prefix_cache_hit_tokens_total += num_cached
         self.block_manager.allocate(request.request_id, num_cached + num_new)
         request.slot = slot
         request.num_computed_tokens = num_cached
@@ -190,9 +222,9 @@ class Scheduler:
     def _keep_for(self, source: Request | CachedPrompt | None) -> set[CachedKey]:
         return self._pinned | {source.key} if isinstance(source, CachedPrompt) else self._pinned
 
-    def _make_room(self, num_blocks: int, keep: set[CachedKey]) -> bool:
-        """Evict cached prompts not in `keep` until a slot and `num_blocks` blocks are free."""
-        while not self._free_slots or self.block_manager.num_free_blocks < num_blocks:
+    def _make_room(self, num_blocks: int, keep: set[CachedKey], need_slot: bool = True) -> bool:
+        """Evict cached prompts not in `keep` until a slot (if `need_slot`) and `num_blocks` blocks are free."""
+        while (need_slot and not self._free_slots) or self.block_manager.num_free_blocks < num_blocks:
             if not self._evict_one(keep):
                 return False
         return True
@@ -204,7 +236,7 @@ class Scheduler:
             return False
         self.block_manager.free(entry.key)
         self._slots_to_clear.append(entry.slot)
-        self._free_slots.append(entry.slot)
+        heapq.heappush(self._free_slots, entry.slot)
         return True
 
     def _longest_computed_prefix(self, request: Request, hit: PrefixHit | None) -> tuple[Request | CachedPrompt | None, int]:
@@ -228,6 +260,17 @@ class Scheduler:
                 n += 1
             if n > best_len:
                 best, best_len = candidate, n
+        if self.slots_own_their_cells and not isinstance(best, CachedPrompt):
+            # A cached prompt as long is taken over in place; a running one would be a stream copy.
+            for entry in self.prompt_cache:
+                end = min(entry.num_computed_tokens, limit)
+                theirs = entry.all_token_ids
+                n = 0
+                while n < end and theirs[n] == tokens[n]:
+                    n += 1
+                if n >= best_len and n > 0 and entry.key not in self._pinned:
+                    best, best_len = entry, n
+                    break
         return best, best_len
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
@@ -244,5 +287,5 @@ class Scheduler:
         self.block_manager.free(request.request_id)
         if request.slot is not None:
             self._slots_to_clear.append(request.slot)
-            self._free_slots.append(request.slot)
+            heapq.heappush(self._free_slots, request.slot)
             request.slot = None

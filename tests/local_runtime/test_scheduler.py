@@ -25,10 +25,11 @@ BS = 4
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = BS, max_num_seqs: int = 4, budget: int = 32,
-                   cache: bool = False, max_cached: int | None = None) -> Scheduler:  # fmt: skip
-    """Without the prompt cache unless asked: most tests pin what happens when a request lets go."""
+                   cache: bool = False, max_cached: int | None = None, streams: bool = False) -> Scheduler:  # fmt: skip
+    """Without the prompt cache unless asked: most tests pin what happens when a request lets go.
+    `streams`: every slot owns its cells (llama.cpp's KV streams), so cached slots are taken over."""
     return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                     cache_finished_prompts=cache, max_cached_prompts=max_cached)  # fmt: skip
+                     cache_finished_prompts=cache, max_cached_prompts=max_cached, slots_own_their_cells=streams)  # fmt: skip
 
 
 def make_request(request_id: str, prompt: list[int] | int, max_tokens: int = 4) -> Request:
@@ -69,6 +70,7 @@ class Sim:
         self.steps: list[StepRecord] = []
         self.preempted: list[str] = []
         self.copies_from_cache = 0
+        self.takeovers = 0
 
     def add(self, *requests: Request) -> None:
         for request in requests:
@@ -86,8 +88,11 @@ class Sim:
         for slot in out.cleared_slots:
             self.cells[slot] = []
         for src, dst, n in out.prefix_copies:
-            assert self.cells[dst] == [], f"prefix copy into slot {dst}, which still holds stale cells"
             assert len(self.cells[src]) >= n, f"prefix copy of {n} tokens from slot {src} holding {len(self.cells[src])}"
+            if src == dst:  # a cached prompt's slot taken over: its first n cells stay, the rest go
+                self.cells[dst] = self.cells[dst][:n]
+                continue
+            assert self.cells[dst] == [], f"prefix copy into slot {dst}, which still holds stale cells"
             self.cells[dst] = list(self.cells[src][:n])
         # The "decode": every chunk must extend its slot's cells contiguously with the right tokens.
         before = {}
@@ -143,10 +148,16 @@ class Sim:
             assert len(self.bm.block_table(rid)) * bs >= r.num_computed_tokens + n
         assert len(set(out.cleared_slots)) == len(out.cleared_slots)
         for src, dst, n in out.prefix_copies:
-            assert src in running_slots | cached_slots and dst in running_slots and src != dst
-            self.copies_from_cache += src in cached_slots
+            assert src in running_slots | cached_slots and dst in running_slots
             dst_req = next(r for r in s.running if r.slot == dst)
             assert 0 < n < dst_req.num_tokens and dst_req.num_computed_tokens == n
+            if src == dst:  # taken over: only where slots own their cells, and the entry is gone
+                assert s.slots_own_their_cells and dst not in cached_slots
+                self.takeovers += 1
+                continue
+            self.copies_from_cache += src in cached_slots
+            # Where slots own their cells a cached prompt is taken over, never copied from, unless
+            # an earlier admission of this step copied from it already.
             src_key = next((r.request_id for r in s.running if r.slot == src), None)
             src_key = src_key or next(e.key for e in s.prompt_cache if e.slot == src)
             # The books share the full blocks only; a partial tail's cells are shared in llama.cpp
@@ -671,15 +682,16 @@ def workloads(draw):
         abort_at = draw(st.one_of(st.none(), st.integers(0, 30)))
         mid_step = draw(st.booleans())
         specs.append((f"q{i}", prompt, max_tokens, arrival, abort_at, mid_step))
-    return block_size, num_blocks, max_num_seqs, budget, specs, draw(st.booleans()), draw(st.sampled_from([None, 0, 1, 2]))
+    return (block_size, num_blocks, max_num_seqs, budget, specs, draw(st.booleans()), draw(st.sampled_from([None, 0, 1, 2])),
+            draw(st.booleans()))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_finish_and_keep_the_books(workload):
-    block_size, num_blocks, max_num_seqs, budget, specs, cache, max_cached = workload
+    block_size, num_blocks, max_num_seqs, budget, specs, cache, max_cached, streams = workload
     sim = Sim(make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs, budget=budget,
-                             cache=cache, max_cached=max_cached))  # fmt: skip
+                             cache=cache, max_cached=max_cached, streams=streams))  # fmt: skip
     pending = sorted(specs, key=lambda spec: spec[3])
     step = 0
     max_steps = 2_000
@@ -703,4 +715,85 @@ def test_random_workloads_finish_and_keep_the_books(workload):
     event(f"prefix copies: {any(rec.out.prefix_copies for rec in sim.steps)}")
     event(f"aborted: {any(r.status == RequestStatus.FINISHED_ABORTED for r in sim.all_requests.values())}")
     event(f"copied from a cached prompt: {sim.copies_from_cache > 0}")
+    event(f"took a cached prompt's slot over: {sim.takeovers > 0}")
+    sim.assert_drained()
+
+
+# -- slots that own their cells (llama.cpp's KV streams) -----------------------------------
+
+
+def test_slots_are_handed_out_lowest_first():
+    sim = Sim(make_scheduler(num_blocks=64, max_num_seqs=4, budget=64, streams=True))
+    a, b, c = make_requests((5, 1), (5, 8), (5, 8))
+    sim.add(a, b, c)
+    rec = sim.step()
+    assert rec.slots == {"r0": 0, "r1": 1, "r2": 2}
+    d = make_request("d", 5, max_tokens=2)
+    sim.add(d)
+    rec = sim.step()  # a's slot 0 came back; d takes it rather than slot 3
+    assert rec.slots["d"] == 0 and 0 in rec.out.cleared_slots
+    sim.run()
+    sim.assert_drained()
+
+
+def test_a_cached_prompt_is_taken_over_in_its_slot_not_copied():
+    """Where a prefix copy would copy a whole stream, the newcomer takes the cached slot itself:
+    its first cells stay, the rest are dropped, and the entry is gone; the pool's unified layout
+    keeps copying (and the entry)."""
+    common = list(range(1, 10))
+    for streams in (True, False):
+        sim = Sim(make_scheduler(num_blocks=64, max_num_seqs=4, budget=64, cache=True, streams=streams))
+        a = make_request("a", common + [20, 21], max_tokens=3)
+        sim.add(a)
+        sim.run()
+        (entry,) = sim.s.prompt_cache
+        b = make_request("b", common + [30], max_tokens=2)
+        sim.add(b)
+        rec = sim.step()
+        if streams:
+            assert rec.out.prefix_copies == [(entry.slot, entry.slot, 9)] and rec.slots["b"] == entry.slot
+            assert entry.slot not in rec.out.cleared_slots
+        else:
+            assert rec.out.prefix_copies == [(entry.slot, rec.slots["b"], 9)] and rec.slots["b"] != entry.slot
+        sim.run()
+        sim.assert_drained()
+
+
+def test_a_cached_prompt_is_preferred_to_an_equally_long_running_source():
+    common = list(range(1, 10))
+    sim = Sim(make_scheduler(num_blocks=64, max_num_seqs=4, budget=64, cache=True, streams=True))
+    sim.add(make_request("done-1", common + [20], max_tokens=1), make_request("done-2", common + [19], max_tokens=1))
+    sim.run()
+    assert len(sim.s.prompt_cache) == 2
+    running = make_request("running", common + [21], max_tokens=20)
+    sim.add(running)
+    rec = sim.step()  # takes one cached slot over
+    assert len(sim.s.prompt_cache) == 1 and rec.out.prefix_copies == [(rec.slots["running"],) * 2 + (9,)]
+    (entry,) = sim.s.prompt_cache
+    newcomer = make_request("new", common + [22], max_tokens=2)
+    sim.add(newcomer)
+    rec = sim.step()  # the running request's 9 tokens would be a stream copy; the cached slot is taken over
+    assert rec.out.prefix_copies == [(entry.slot, entry.slot, 9)] and rec.slots["new"] == entry.slot
+    sim.run()
+    sim.assert_drained()
+
+
+def test_a_take_over_the_pool_cannot_hold_gives_the_slot_back():
+    """The pool is short even with the entry's blocks: the entry is gone (as eviction would have
+    done), its slot is freed and cleared, and nothing leaks; the newcomer waits."""
+    common = list(range(1, 9))
+    sim = Sim(make_scheduler(num_blocks=8, max_num_seqs=3, budget=64, cache=True, streams=True))
+    cached = make_request("cached", common + [7], max_tokens=1)
+    sim.add(cached)
+    sim.run()
+    (entry,) = sim.s.prompt_cache
+    hog = make_request("hog", 20, max_tokens=8)  # 5 of the 8 blocks now, 7 by its end
+    sim.add(hog)
+    sim.step()
+    big = make_request("big", common + [9] * 8, max_tokens=4)  # needs 5 blocks; 3 free + the entry's 1 after sharing 2
+    sim.add(big)
+    rec = sim.step()
+    assert "big" not in rec.out.num_scheduled_tokens and len(sim.s.prompt_cache) == 0
+    assert entry.slot in sim.s._free_slots
+    sim.run()
     sim.assert_drained()
