@@ -62,6 +62,20 @@ async def merge_choices(
     Raises the first error any choice raises. Closing or cancelling the iterator
     cancels every choice still running, which aborts it in the engine.
     """
+    if len(requests) == 1:  # one choice: its events pass straight through, without a task and queue per token
+        timer = metrics.timer(arrival_time)
+        events = engine.generate(requests[0])
+        try:
+            async for event in events:
+                timer.on_event(event)
+                yield 0, event
+        except Exception:
+            timer.on_error()
+            raise
+        finally:
+            timer.on_close()
+            await events.aclose()
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, request: GenerationRequest) -> None:

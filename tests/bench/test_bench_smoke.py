@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 # servers (it builds llama-server first when no build is cached: CI's llama-server tests need it too).
 BENCHES: dict[str, list[str]] = {
     "chunked_prefill": [], "confidence_auroc": [], "embeddings": [], "engine_throughput": [], "first_contact": [],
-    "grammar_libraries": [], "local_prefill": [], "local_step_profile": [], "local_throughput": [], "loop_stop": [], "prefix_cache": [],
+    "grammar_libraries": [], "local_kv_layout": [], "local_prefill": [], "local_step_profile": [], "local_throughput": [], "loop_stop": [], "prefix_cache": [],
     "prompt_cache": [], "prompt_router": [], "router_learning": [], "routing": [], "serve": ["--compare-local"],
     "soak": [], "spec_decode": [], "stream_hold": [], "structured": [], "tokenize_stall": [],
 }  # fmt: skip
