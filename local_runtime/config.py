@@ -68,7 +68,7 @@ class LocalEngineConfig:
             (self.max_num_batched_tokens >= self.max_num_seqs, f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) so every running sequence can decode each step"),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
             (self.max_cached_prompts >= 0, f"max_cached_prompts must be >= 0, got {self.max_cached_prompts}"),
-            (self.max_model_len is None or 1 <= self.max_model_len <= self.num_blocks * self.block_size, f"max_model_len ({self.max_model_len}) must fit the KV pool ({self.num_blocks * self.block_size} tokens)"),
+            (self.max_model_len is None or 1 <= self.max_model_len <= self.pool_tokens, f"max_model_len ({self.max_model_len}) must fit the KV pool ({self.pool_tokens} tokens)"),
             (self.max_num_batched_tokens >= 2, "max_num_batched_tokens must be >= 2"),
             (not self.batch_invariant or self.flash_attn, "batch_invariant needs flash_attn (only its per-row kernel is invariant)"),
             (not self.strict_batch_invariance or self.batch_invariant, "strict_batch_invariance needs batch_invariant"),
@@ -79,10 +79,10 @@ class LocalEngineConfig:
             (self.kv_layout in KV_LAYOUTS, f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"),
             (not (self.kv_layout == "streams" and self.batch_invariant),
              "kv_layout 'streams' needs batch_invariant off (batch-invariant mode runs on the unified pool)"),
-            (self.kv_layout != "streams" or self.cells_per_slot >= self._longest_sequence,
+            (self.kv_layout != "streams" or self.cells_per_slot >= self.longest_sequence,
              f"kv_layout 'streams' gives each of the {self.max_num_seqs} sequences {self.cells_per_slot} KV cells, fewer "
-             f"than max_model_len ({self._longest_sequence}): raise kv_cache_tokens to "
-             f"{self.max_num_seqs * self._longest_sequence}, lower max_model_len or max_num_seqs, or use 'unified'"),
+             f"than max_model_len ({self.longest_sequence}): raise kv_cache_tokens to "
+             f"{self.max_num_seqs * self.longest_sequence}, lower max_model_len or max_num_seqs, or use 'unified'"),
         ]
         for ok, message in checks:
             if not ok:
@@ -90,21 +90,26 @@ class LocalEngineConfig:
         check_sampling_config(self.sampling)
 
     @property
-    def cells_per_slot(self) -> int:
-        """KV cells each sequence slot gets in the streams layout."""
-        return self.num_blocks * self.block_size // max(1, self.max_num_seqs)
+    def pool_tokens(self) -> int:
+        """KV cells the engine asks llama.cpp for: whole blocks of kv_cache_tokens."""
+        return self.num_blocks * self.block_size
 
     @property
-    def _longest_sequence(self) -> int:
-        # The engine's max_model_len when unset is min(train context, pool, 4096); the train
-        # context is unknown before the model loads, and can only lower it.
-        return self.max_model_len or min(self.num_blocks * self.block_size, DEFAULT_MAX_MODEL_LEN)
+    def cells_per_slot(self) -> int:
+        """KV cells each sequence slot gets in the streams layout."""
+        return self.pool_tokens // max(1, self.max_num_seqs)
+
+    @property
+    def longest_sequence(self) -> int:
+        """max_model_len, or its default before the model's trained context is known: min(pool, 4096).
+        The engine's max_model_len is this, lowered to the trained context when unset."""
+        return self.max_model_len or min(self.pool_tokens, DEFAULT_MAX_MODEL_LEN)
 
     @property
     def kv_streams(self) -> bool:
         """Whether the context gets one KV stream per sequence slot (kv_layout resolved)."""
         if self.kv_layout == "auto":
-            return not self.batch_invariant and self.cells_per_slot >= self._longest_sequence
+            return not self.batch_invariant and self.cells_per_slot >= self.longest_sequence
         return self.kv_layout == "streams"
 
     @property

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from local_runtime.block_manager import BlockManager
-from local_runtime.config import DEFAULT_MAX_MODEL_LEN, LocalEngineConfig
+from local_runtime.config import LocalEngineConfig
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
 from local_runtime.request import Request, RequestStatus
 from local_runtime.sampler import sample_batch
@@ -46,7 +46,7 @@ class LocalEngine:
         self.backend = LlamaBackend(
             LlamaBackendConfig(
                 model_path=path,
-                n_ctx=config.num_blocks * config.block_size,
+                n_ctx=config.pool_tokens,
                 n_seq_max=config.max_num_seqs,
                 n_batch=config.max_num_batched_tokens,
                 n_threads=config.threads,
@@ -58,8 +58,7 @@ class LocalEngine:
                 kv_streams=config.kv_streams,
             )
         )
-        pool_tokens = config.num_blocks * config.block_size
-        self.max_model_len = config.max_model_len or min(self.backend.n_ctx_train, pool_tokens, DEFAULT_MAX_MODEL_LEN)
+        self.max_model_len = config.max_model_len or min(self.backend.n_ctx_train, config.longest_sequence)
         if self.max_model_len > self.backend.n_ctx_train:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's trained context {self.backend.n_ctx_train}")
         if self.max_model_len > self.backend.cells_per_slot:  # streams llama.cpp sized otherwise than asked
@@ -168,7 +167,7 @@ class LocalEngine:
         sampled_requests = []
         i = 0
         scheduled = [(self.scheduler.requests[request_id], num_new) for request_id, num_new in out.num_scheduled_tokens.items()]
-        if self.config.kv_streams:  # slots in increasing order: one ubatch for consecutive slots (LlamaBackend.decode)
+        if self.backend.config.kv_streams:  # slots in increasing order: one ubatch for consecutive slots (LlamaBackend.decode)
             scheduled.sort(key=lambda item: item[0].slot)
         for request, num_new in scheduled:
             start = request.num_computed_tokens

@@ -253,21 +253,13 @@ class Scheduler:
         candidates = [self.requests.get(hit.source) or self.prompt_cache.get(hit.source)] if hit else [*self.running, *self.prompt_cache]
         best, best_len = (candidates[0] if hit else None), base
         for candidate in candidates:
-            end = min(candidate.num_computed_tokens, limit)
-            theirs = candidate.all_token_ids
-            n = base
-            while n < end and theirs[n] == tokens[n]:
-                n += 1
+            n = _common_prefix(candidate.all_token_ids, tokens, base, min(candidate.num_computed_tokens, limit))
             if n > best_len:
                 best, best_len = candidate, n
         if self.slots_own_their_cells and not isinstance(best, CachedPrompt):
             # A cached prompt as long is taken over in place; a running one would be a stream copy.
             for entry in self.prompt_cache:
-                end = min(entry.num_computed_tokens, limit)
-                theirs = entry.all_token_ids
-                n = 0
-                while n < end and theirs[n] == tokens[n]:
-                    n += 1
+                n = _common_prefix(entry.all_token_ids, tokens, 0, min(entry.num_computed_tokens, limit))
                 if n >= best_len and n > 0 and entry.key not in self._pinned:
                     best, best_len = entry, n
                     break
@@ -289,3 +281,11 @@ class Scheduler:
             self._slots_to_clear.append(request.slot)
             heapq.heappush(self._free_slots, request.slot)
             request.slot = None
+
+
+def _common_prefix(theirs: list[int], tokens: list[int], start: int, end: int) -> int:
+    """How far past `start` (known to match) `theirs` and `tokens` agree, up to `end`."""
+    n = start
+    while n < end and theirs[n] == tokens[n]:
+        n += 1
+    return n

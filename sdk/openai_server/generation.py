@@ -63,34 +63,24 @@ async def merge_choices(
     cancels every choice still running, which aborts it in the engine.
     """
     if len(requests) == 1:  # one choice: its events pass straight through, without a task and queue per token
-        timer = metrics.timer(arrival_time)
-        events = engine.generate(requests[0])
+        events = _timed_events(engine, requests[0], metrics, arrival_time)
         try:
             async for event in events:
-                timer.on_event(event)
                 yield 0, event
-        except Exception:
-            timer.on_error()
-            raise
         finally:
-            timer.on_close()
             await events.aclose()
         return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, request: GenerationRequest) -> None:
-        timer = metrics.timer(arrival_time)
-        events = engine.generate(request)
+        events = _timed_events(engine, request, metrics, arrival_time)
         try:
             async for event in events:
-                timer.on_event(event)
                 queue.put_nowait((index, event))
             queue.put_nowait((index, _END))
         except Exception as exc:
-            timer.on_error()
             queue.put_nowait((index, exc))
         finally:
-            timer.on_close()
             await events.aclose()
 
     tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
@@ -108,6 +98,24 @@ async def merge_choices(
         for task in tasks:
             task.cancel()  # synchronous: the abort is posted even if we are cancelled again below
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _timed_events(
+    engine: EngineProtocol, request: GenerationRequest, metrics: ServerMetrics, arrival_time: float
+) -> AsyncIterator[TokenEvent]:
+    """One choice's events from the engine, each (and an error, and the end) told to the server's timers."""
+    timer = metrics.timer(arrival_time)
+    events = engine.generate(request)
+    try:
+        async for event in events:
+            timer.on_event(event)
+            yield event
+    except Exception:
+        timer.on_error()
+        raise
+    finally:
+        timer.on_close()
+        await events.aclose()
 
 
 async def collect_choices(
