@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,7 +28,7 @@ from sdk.openai_server.generation import ChoiceState, usage_of
 from sdk.openai_server.logprobs import chat_logprobs
 from sdk.openai_server.routed_chat import create_routed_chat_completion
 from sdk.openai_server.serving import Job, ServerState, choice_requests, ignored_extension, new_id, parse_body, run_job
-from sdk.openai_server.streaming import EventStreamResponse, sse_events
+from sdk.openai_server.streaming import EventStreamResponse, sse_events, sse_for_text
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -91,12 +91,21 @@ def _chunks(body: ChatCompletionRequest, job: Job, response_id: str, created: in
     def chunk(choice_list: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=response_id, created=created, model=job.model, choices=choice_list, usage=usage)
 
-    def render_event(index: int, event: TokenEvent, state: ChoiceState) -> list[ChatCompletionChunk]:
+    text_events: dict[int, Callable[[str], str]] = {}
+
+    def text_event(index: int) -> Callable[[str], str]:
+        if index not in text_events:
+            text_events[index] = sse_for_text(lambda text: chunk([ChatChunkChoice(index=index, delta=DeltaMessage(content=text))]))
+        return text_events[index]
+
+    def render_event(index: int, event: TokenEvent, state: ChoiceState) -> list[ChatCompletionChunk | str]:
         content = answers.feed(index, event.text)
         finish_reason, calls = event.finish_reason, None
         if finish_reason is not None:
             rest, calls = answers.finish(index)
             content += rest
+        if content and finish_reason is None and not body.logprobs and event.stop_reason is None:
+            return [text_event(index)(content)]  # the common case, pre-rendered (the slow path below renders the same)
         chunks = []
         # Nothing to send while text is held back (a partial character, a possible stop string, a call being written).
         if content or body.logprobs or (finish_reason is not None and not calls):

@@ -42,6 +42,25 @@ def sse(payload: BaseModel | dict) -> str:
     return f"data: {body}\n\n"
 
 
+# Stands in for the text while a chunk is rendered once; no model text holds NUL characters around it.
+_TEXT_MARK = "\x00tandem-text\x00"
+
+
+def sse_for_text(render: Callable[[str], BaseModel]) -> Callable[[str], str]:
+    """`lambda text: sse(render(text))`, with the model built and serialised once instead of per token.
+
+    A plain text delta is most of a stream's events, and building and dumping its pydantic
+    chunk was most of the per-token work left on the event loop, which shares the cores with
+    llama.cpp. The chunk is rendered once around a marker; each token's event is then the two
+    halves around its JSON-encoded text (json.dumps escapes exactly as pydantic does for str:
+    tests/sdk/test_sse_for_text.py). Falls back to the slow path if the marker is not found once.
+    """
+    head, found, tail = sse(render(_TEXT_MARK)).partition(json.dumps(_TEXT_MARK))
+    if not found or json.dumps(_TEXT_MARK) in tail:
+        return lambda text: sse(render(text))
+    return lambda text: head + json.dumps(text, ensure_ascii=False) + tail
+
+
 class EventStreamResponse(StreamingResponse):
     """text/event-stream over an async generator of already formatted events."""
 
@@ -86,12 +105,14 @@ async def sse_events(
     first: tuple[int, TokenEvent] | None,
     choices: AsyncIterator[tuple[int, TokenEvent]],
     num_choices: int,
-    render_event: Callable[[int, TokenEvent, ChoiceState], BaseModel | list[BaseModel] | None],
+    render_event: Callable[[int, TokenEvent, ChoiceState], BaseModel | str | list[BaseModel | str] | None],
     prelude: Sequence[BaseModel] = (),
     render_usage: Callable[[Usage], BaseModel] | None = None,
     num_prompt_tokens: int = 0,
 ) -> AsyncGenerator[str, None]:
     """The SSE body for merged choices: prelude, one chunk per event, usage, [DONE].
+
+    `render_event` returns chunk models, or events already formatted (`sse_for_text`).
 
     `first` is the event already pulled before the response started (so request
     errors could still be a 4xx). An engine error after that becomes an error event,
@@ -107,7 +128,7 @@ async def sse_events(
             states[index].add(event, keep_event=False)
             chunks = render_event(index, event, states[index])
             for chunk in chunks if isinstance(chunks, list) else [chunks] if chunks is not None else []:
-                yield sse(chunk)
+                yield chunk if isinstance(chunk, str) else sse(chunk)
             item = await anext(choices, None)
         if render_usage is not None:
             yield sse(render_usage(usage_of(num_prompt_tokens, states)))
