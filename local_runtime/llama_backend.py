@@ -1,7 +1,8 @@
-"""The one module that talks to llama.cpp (through llama-cpp-python's low-level ctypes API).
+"""The one module that talks to llama.cpp's decoding (through llama-cpp-python's low-level ctypes API).
 
-One model, one context with `n_seq_max` sequence slots over a unified KV pool,
-one reusable `llama_batch`. Everything above sees plain Python and numpy.
+One model, one context with `n_seq_max` sequence slots over a unified KV pool or one KV stream
+per slot, one reusable `llama_batch`. Everything above sees plain Python and numpy. What the
+model's vocabulary and metadata say is the other half, `llama_vocabulary.LlamaVocabulary`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
+
+from local_runtime.llama_vocabulary import LlamaVocabulary
 
 _backend_lock = threading.Lock()
 _backend_initialised = False
@@ -84,8 +87,8 @@ def _silence_llama_logs(llama_cpp) -> None:
     llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
 
 
-class LlamaBackend:
-    """A loaded GGUF model and its multi-sequence context."""
+class LlamaBackend(LlamaVocabulary):
+    """A loaded GGUF model and its multi-sequence context (tokenizing and metadata: LlamaVocabulary)."""
 
     def __init__(self, config: LlamaBackendConfig):
         import llama_cpp  # heavy: loads the shared library
@@ -106,8 +109,7 @@ class LlamaBackend:
         self.model = llama_cpp.llama_model_load_from_file(config.model_path.encode(), model_params)
         if not self.model:
             raise LlamaLoadError(f"llama.cpp could not load {config.model_path} (is it a GGUF file?)")
-        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        LlamaVocabulary.__init__(self, llama_cpp, self.model)
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
 
         if config.n_batch < 2:
@@ -145,8 +147,6 @@ class LlamaBackend:
         self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))
         self._want_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
         self._seq_id_rows = [self._batch.seq_id[i] for i in range(n)]
-        self._piece_cache: dict[int, bytes] = {}
-        self._max_token_bytes: int | None = None
         self._closed = False
 
     # -- decoding --------------------------------------------------------------------------
@@ -214,97 +214,6 @@ class LlamaBackend:
     def slot_max_position(self, slot: int) -> int:
         """Largest position held for a slot, -1 when empty (for tests and checks)."""
         return self._lib.llama_memory_seq_pos_max(self.memory, slot)
-
-    # -- vocabulary ------------------------------------------------------------------------
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buf = (self._lib.llama_token * capacity)()
-        n = self._lib.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
-        if n < 0:
-            capacity = -n
-            buf = (self._lib.llama_token * capacity)()
-            n = self._lib.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
-        return list(buf[:n])
-
-    def token_bytes(self, token_id: int) -> bytes:
-        """The bytes a token adds to the text (special tokens render as nothing)."""
-        piece = self._piece_cache.get(token_id)
-        if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = self._lib.llama_token_to_piece(self.vocab, token_id, buf, 64, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = self._lib.llama_token_to_piece(self.vocab, token_id, buf, -n, 0, False)
-            piece = buf.raw[:n]
-            self._piece_cache[token_id] = piece
-        return piece
-
-    def vocabulary(self) -> list[str]:
-        """The vocabulary's token strings in id order, as the GGUF stores them (for fingerprints)."""
-        get_text = self._lib.llama_vocab_get_text
-        return [get_text(self.vocab, i).decode("utf-8", errors="surrogateescape") for i in range(self.n_vocab)]
-
-    def token_text(self, token_id: int) -> str:
-        """A token as text for logprobs listings (special tokens shown by name)."""
-        buf = ctypes.create_string_buffer(128)
-        n = self._lib.llama_token_to_piece(self.vocab, token_id, buf, 128, 0, True)
-        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
-
-    def max_token_bytes(self) -> int:
-        """The longest text any one token stands for, special tokens' names included: a text of
-        B bytes is at least B / max_token_bytes() tokens, whatever the tokenizer does with it."""
-        if self._max_token_bytes is None:
-            # A token's stored text is never shorter in UTF-8 than what it renders to (byte-level BPE
-            # stores each byte as a 1-2 byte character, SentencePiece "▁" (3 bytes) for a space, byte
-            # tokens "<0x0A>" for one byte, special tokens render as their own text), so only tokens
-            # whose stored text is longer than the longest rendering found so far can raise it: visit
-            # them longest first and stop there. Rendering all 49k tokens took ~0.5 s of every start.
-            get_text = self._lib.llama_vocab_get_text
-            stored = [len(get_text(self.vocab, i)) for i in range(self.n_vocab)]  # UTF-8 bytes, as the GGUF has them
-            longest = 1
-            for token_id in sorted(range(self.n_vocab), key=stored.__getitem__, reverse=True):
-                if stored[token_id] <= longest:
-                    break
-                longest = max(longest, self._rendered_bytes(token_id))
-            self._max_token_bytes = longest
-        return self._max_token_bytes
-
-    def max_token_bytes_exhaustive(self) -> int:
-        """max_token_bytes() by rendering every token (what the shortcut must agree with; tests)."""
-        return max(1, *(self._rendered_bytes(i) for i in range(self.n_vocab)))
-
-    def _rendered_bytes(self, token_id: int) -> int:
-        """The longer of a token's two renderings: in generated text, and by name (special tokens)."""
-        return max(len(self.token_bytes(token_id)), len(self.token_text(token_id).encode("utf-8")))
-
-    def is_end_of_generation(self, token_id: int) -> bool:
-        return bool(self._lib.llama_vocab_is_eog(self.vocab, token_id))
-
-    def metadata(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = self._lib.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            self._lib.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
-
-    def special_token_text(self, which: str) -> str:
-        """Text of the model's bos/eos token, for chat templates that print them."""
-        fn = {"bos": self._lib.llama_vocab_bos, "eos": self._lib.llama_vocab_eos}[which]
-        token_id = fn(self.vocab)
-        return self.token_text(token_id) if token_id >= 0 else ""
-
-    @property
-    def eos_token_id(self) -> int:
-        return int(self._lib.llama_vocab_eos(self.vocab))
-
-    @property
-    def adds_bos(self) -> bool:
-        return bool(self._lib.llama_vocab_get_add_bos(self.vocab))
 
     def close(self) -> None:
         if self._closed:
