@@ -49,9 +49,9 @@ _TEXT_MARK = "\x00tandem-text\x00"
 def sse_for_text(render: Callable[[str], BaseModel]) -> Callable[[str], str]:
     """`lambda text: sse(render(text))`, with the model built and serialised once instead of per token.
 
-    A plain text delta is most of a stream's events, and building and dumping its pydantic
-    chunk was most of the per-token work left on the event loop, which shares the cores with
-    llama.cpp. The chunk is rendered once around a marker; each token's event is then the two
+    A plain text delta is most of a stream's events, and building and dumping a pydantic chunk
+    for each was Python work the event loop did per token on cores llama.cpp fills (the socket
+    write that follows is most of what remains). The chunk is rendered once around a marker; each token's event is then the two
     halves around its JSON-encoded text (json.dumps escapes exactly as pydantic does for str:
     tests/sdk/test_sse_for_text.py). Falls back to the slow path if the marker is not found once.
     """
