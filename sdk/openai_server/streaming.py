@@ -51,9 +51,10 @@ def sse_for_text(render: Callable[[str], BaseModel]) -> Callable[[str], str]:
 
     A plain text delta is most of a stream's events, and building and dumping a pydantic chunk
     for each was Python work the event loop did per token on cores llama.cpp fills (the socket
-    write that follows is most of what remains). The chunk is rendered once around a marker; each token's event is then the two
-    halves around its JSON-encoded text (json.dumps escapes exactly as pydantic does for str:
-    tests/sdk/test_sse_for_text.py). Falls back to the slow path if the marker is not found once.
+    write that follows is most of what remains). The chunk is rendered once around a marker;
+    each token's event is then the two halves around its JSON-encoded text (json.dumps escapes
+    exactly as pydantic does for str: tests/sdk/test_sse_for_text.py). Falls back to the slow
+    path if the marker is not found exactly once.
     """
     head, found, tail = sse(render(_TEXT_MARK)).partition(json.dumps(_TEXT_MARK))
     if not found or json.dumps(_TEXT_MARK) in tail:
