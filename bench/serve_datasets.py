@@ -65,68 +65,40 @@ def _quiet_llama_logs(llama_cpp) -> None:
 
 
 class GgufTokenizer:
-    """A GGUF file's tokenizer through llama.cpp's low-level API: vocabulary only, no weights, no context."""
+    """A GGUF file's tokenizer through llama.cpp's low-level API: vocabulary only, no weights, no context.
+    Tokenizing and token texts are the local engine's own (local_runtime.llama_vocabulary)."""
 
     def __init__(self, model_path: str):
         import llama_cpp
 
-        self._lib = llama_cpp
+        from local_runtime.llama_vocabulary import LlamaVocabulary
+
         self.model_path = model_path
         llama_cpp.llama_backend_init()
         _quiet_llama_logs(llama_cpp)
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
-        self._model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
-        if not self._model:
+        model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
+        if not model:
             raise ValueError(f"llama.cpp could not read a tokenizer from {model_path} (is it a GGUF file?)")
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self.chat_template = self._metadata("tokenizer.chat_template")
-
-    def _metadata(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = self._lib.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
-
-    def _special_text(self, token_id: int) -> str:
-        if token_id < 0:
-            return ""
-        buf = ctypes.create_string_buffer(128)
-        n = self._lib.llama_token_to_piece(self._vocab, token_id, buf, 128, 0, True)
-        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+        self._vocab = LlamaVocabulary(llama_cpp, model)
+        self.chat_template = self._vocab.metadata("tokenizer.chat_template")
 
     def count_chat(self, prompt: str) -> int:
         """Tokens of `prompt` as a user message through the model's chat template (as a server counts them)."""
         from sdk.protocol.chat_template import render_chat
 
-        bos = self._special_text(self._lib.llama_vocab_bos(self._vocab))
-        text = render_chat(self.chat_template, [{"role": "user", "content": prompt}], bos,
-                           self._special_text(self._lib.llama_vocab_eos(self._vocab)))
-        add_bos = bool(self._lib.llama_vocab_get_add_bos(self._vocab)) and not (bos and text.startswith(bos))
-        return len(self._tokenize(text, add_bos, parse_special=True))
+        vocab = self._vocab
+        bos = vocab.special_token_text("bos")
+        text = render_chat(self.chat_template, [{"role": "user", "content": prompt}], bos, vocab.special_token_text("eos"))
+        add_bos = vocab.adds_bos and not (bos and text.startswith(bos))
+        return len(vocab.tokenize(text, add_bos, parse_special=True))
 
     def encode(self, text: str) -> list[int]:
-        return self._tokenize(text, add_special=False, parse_special=False)
-
-    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buf = (self._lib.llama_token * capacity)()
-        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
-        if n < 0:  # too small: -n is the size needed
-            buf = (self._lib.llama_token * -n)()
-            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, len(buf), add_special, parse_special)
-        return list(buf[:n])
+        return self._vocab.tokenize(text, add_special=False, parse_special=False)
 
     def decode(self, token_ids: list[int]) -> str:
-        pieces = []
-        for token_id in token_ids:
-            buf = ctypes.create_string_buffer(64)
-            n = self._lib.llama_token_to_piece(self._vocab, token_id, buf, 64, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = self._lib.llama_token_to_piece(self._vocab, token_id, buf, -n, 0, False)
-            pieces.append(buf.raw[:n])
-        return b"".join(pieces).decode("utf-8", errors="ignore")
+        return b"".join(self._vocab.token_bytes(t) for t in token_ids).decode("utf-8", errors="ignore")
 
     def count(self, text: str) -> int:
         return len(self.encode(text))
