@@ -9,7 +9,10 @@ One prompt at a time, nothing else in the pool, random token ids (seeded) of 64,
   per-row attention kernel; how every prompt went through before issue 38);
 * `default`: tandem's backend with its defaults (ubatches of up to 512 tokens, as llama.cpp's);
 * `engine`: the whole local engine with its defaults, add_request to the first token event
-  (scheduling, the batch tandem builds, llama_decode, sampling and the confidence signals);
+  (scheduling, the batch tandem builds, llama_decode, sampling and the confidence signals); its
+  `prefill_weights` default (README "Prefill weights") is recorded as `engine_prefill_weights`;
+* `engine_own_weights`: the same engine with `prefill_weights = "off"` (prompts on the model's own
+  quantized weights, as llama-server runs them);
 * `llama_server`: llama-server (scripts/build-llama-server.sh, the same llama.cpp commit) with
   the bench.serve comparison's flags (--no-repack, -b/-ub 512, flash attention), the same token
   ids through /completion with `cache_prompt` off and one output token: its own `prompt_ms`.
@@ -17,7 +20,8 @@ One prompt at a time, nothing else in the pool, random token ids (seeded) of 64,
 The four run interleaved, prompt by prompt, with a pause between them so neither process's
 OpenMP threads are still spinning when the other starts. Keys, per length N: `ms_p50` of each
 and the medians of per-repetition ratios with their min-max spread,
-`ratio_invariant_vs_default_N`, `ratio_default_vs_llama_server_N`, `ratio_engine_vs_llama_server_N`.
+`ratio_invariant_vs_default_N`, `ratio_default_vs_llama_server_N`, `ratio_engine_vs_llama_server_N`,
+`ratio_engine_own_weights_vs_llama_server_N`.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ LENGTHS = (64, 128, 256, 512)
 THREADS = 2
 N_CTX = 2048
 PAUSE_S = 0.3  # OpenMP workers spin a while after a parallel region; let them sleep before the next timing
-HEADLINE_KEYS = ("ratio_invariant_vs_default_128", "ratio_default_vs_llama_server_128", "ratio_engine_vs_llama_server_128")
+HEADLINE_KEYS = ("ratio_invariant_vs_default_128", "ratio_default_vs_llama_server_128", "ratio_engine_vs_llama_server_128",
+                 "ratio_engine_own_weights_vs_llama_server_128")
 
 
 def time_backend(backend: LlamaBackend, tokens: np.ndarray) -> float:
@@ -81,7 +86,8 @@ def summarize(samples: dict[str, list[float]], n: int) -> dict:
     out = {f"{name}_ms_p50": statistics.median(values) for name, values in samples.items()}
     for key, (a, b) in {"invariant_vs_default": ("invariant", "default"),
                         "default_vs_llama_server": ("default", "llama_server"),
-                        "engine_vs_llama_server": ("engine", "llama_server")}.items():  # fmt: skip
+                        "engine_vs_llama_server": ("engine", "llama_server"),
+                        "engine_own_weights_vs_llama_server": ("engine_own_weights", "llama_server")}.items():  # fmt: skip
         out[f"ratio_{key}_{n}"], out[f"ratio_{key}_{n}_spread"] = median_and_spread(
             [x / y for x, y in zip(samples[a], samples[b])])
     return out
@@ -103,31 +109,37 @@ def main(argv: list[str] | None = None) -> None:
     backends = {mode: LlamaBackend(LlamaBackendConfig(path, N_CTX, 1, 512, THREADS, batch_invariant=mode == "invariant"))
                 for mode in ("invariant", "default")}  # fmt: skip
     vocab = backends["default"].n_vocab
-    engine = LocalEngine(LocalEngineConfig(n_threads=THREADS, kv_cache_tokens=N_CTX, max_num_seqs=1, max_model_len=1024))
-    samples = {n: {"invariant": [], "default": [], "engine": [], "llama_server": []} for n in lengths}
+    engine_config = dict(n_threads=THREADS, kv_cache_tokens=N_CTX, max_num_seqs=1, max_model_len=1024)
+    engine = LocalEngine(LocalEngineConfig(**engine_config))
+    own_weights = LocalEngine(LocalEngineConfig(**engine_config, prefill_weights="off"))
+    samples = {n: {"invariant": [], "default": [], "engine": [], "engine_own_weights": [], "llama_server": []} for n in lengths}
     server = llama_server(binary, path, THREADS, "bench", 1, N_CTX, 512, 512, repack=False)
     with server, httpx.Client(timeout=120, trust_env=False) as client:
         warm = rng.integers(100, vocab, 32).astype(np.int32)
         time_backend(backends["invariant"], warm), time_backend(backends["default"], warm)
-        time_engine(engine, "warm", warm), time_llama_server(client, server.base_url, warm)
+        time_engine(engine, "warm", warm), time_engine(own_weights, "warm", warm)
+        time_llama_server(client, server.base_url, warm)
         for rep in range(repeats):
             for n in lengths:
                 tokens = rng.integers(100, vocab, n).astype(np.int32)
                 timers = {"invariant": lambda: time_backend(backends["invariant"], tokens),
                           "default": lambda: time_backend(backends["default"], tokens),
                           "engine": lambda: time_engine(engine, f"r{rep}-{n}", tokens),
+                          "engine_own_weights": lambda: time_engine(own_weights, f"r{rep}-{n}", tokens),
                           "llama_server": lambda: time_llama_server(client, server.base_url, tokens)}  # fmt: skip
                 order = list(timers) if rep % 2 == 0 else list(reversed(timers))
                 for name in order:
                     time.sleep(PAUSE_S)
                     samples[n][name].append(timers[name]())
             print(f"repetition {rep + 1}/{repeats}: " + ", ".join(
-                f"{n}: {samples[n]['default'][-1]:.0f}/{samples[n]['llama_server'][-1]:.0f} ms" for n in lengths))
+                f"{n}: {samples[n]['engine'][-1]:.0f}/{samples[n]['engine_own_weights'][-1]:.0f}/{samples[n]['llama_server'][-1]:.0f} ms" for n in lengths))
     for backend in backends.values():
         backend.close()
+    engine_prefill_weights = engine.prefill.kind if engine.prefill else "own"
     engine.close()
+    own_weights.close()
     report = report_header("local_prefill", smoke=args.smoke)
-    report.update({"llama_cpp_commit": llama_cpp_commit, "llama_server_command": " ".join(server.command),
+    report.update({"engine_prefill_weights": engine_prefill_weights, "llama_cpp_commit": llama_cpp_commit, "llama_server_command": " ".join(server.command),
                    "threads": THREADS, "repeats": repeats, "lengths": list(lengths),
                    "samples_ms": {str(n): samples[n] for n in lengths}})
     for n in lengths:

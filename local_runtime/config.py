@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from local_runtime.prefill_weights import PREFILL_WEIGHTS
 from sdk.protocol.sampling_defaults import check_sampling_config
 
 KV_LAYOUTS = ("auto", "streams", "unified")
@@ -43,6 +44,11 @@ class LocalEngineConfig:
     # any sequence may use (long contexts in little memory). "auto": streams when every slot fits
     # max_model_len, else unified; batch_invariant always uses unified (its guarantee is shown there).
     kv_layout: str = "auto"
+    # Prompts prefill through a 16-bit copy of the weights where llama.cpp has no GEMM kernel for the
+    # model's own type (local_runtime.prefill_weights): "bf16", "f16", "off", or "auto" (BF16 on CPUs
+    # with AVX512-BF16, where it was measured; off elsewhere). The copy is cached on disk and costs
+    # 2 bytes a weight of memory; decoding stays on the quantized weights.
+    prefill_weights: str = "auto"
     strict_batch_invariance: bool = False  # also pad lone decodes so they never change kernel (~40% slower at c=1)
     # A finished request's slot keeps its cells (local_runtime.prompt_cache) until the slot or its
     # blocks are needed, so the next prompt with the same prefix (a chat's next turn, or just the
@@ -76,6 +82,11 @@ class LocalEngineConfig:
              "extra_buffer_types needs batch_invariant off: llama.cpp's repacked kernels give a sequence other "
              "logits depending on what shares its batch; set batch_invariant = false to trade that guarantee for them"),
             (self.n_threads is None or self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}"),
+            (self.prefill_weights in PREFILL_WEIGHTS, f"prefill_weights must be one of {', '.join(PREFILL_WEIGHTS)}, got {self.prefill_weights!r}"),
+            (not (self.batch_invariant and self.prefill_weights in ("bf16", "f16")),
+             "prefill_weights needs batch_invariant off (prompts and decodes would run on different kernels)"),
+            (not (self.n_gpu_layers and self.prefill_weights in ("bf16", "f16")),
+             "prefill_weights is for CPU prefill; with n_gpu_layers set, leave it at auto or off"),
             (self.kv_layout in KV_LAYOUTS, f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"),
             (not (self.kv_layout == "streams" and self.batch_invariant),
              "kv_layout 'streams' needs batch_invariant off (batch-invariant mode runs on the unified pool)"),
@@ -111,6 +122,11 @@ class LocalEngineConfig:
         if self.kv_layout == "auto":
             return not self.batch_invariant and self.cells_per_slot >= self.longest_sequence
         return self.kv_layout == "streams"
+
+    @property
+    def may_prefill_on_copy(self) -> bool:
+        """Whether prefill_weights can apply (the model and CPU then decide: LocalEngine)."""
+        return self.prefill_weights != "off" and not self.batch_invariant and not self.n_gpu_layers
 
     @property
     def num_blocks(self) -> int:

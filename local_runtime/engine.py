@@ -15,9 +15,10 @@ import numpy as np
 from local_runtime.block_manager import BlockManager
 from local_runtime.config import LocalEngineConfig
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
+from local_runtime.prefill_context import open_prefill_context
 from local_runtime.request import Request, RequestStatus
 from local_runtime.sampler import sample_batch
-from local_runtime.scheduler import Scheduler, SchedulerOutput
+from local_runtime.scheduler import Scheduler
 from sdk.protocol.chat_template import render_chat
 from sdk.protocol.grammar import GrammarMasks
 from sdk.protocol.engine import (
@@ -56,6 +57,7 @@ class LocalEngine:
                 batch_invariant=config.batch_invariant and config.n_gpu_layers == 0,
                 pad_single_decodes=config.strict_batch_invariance and config.n_gpu_layers == 0,
                 kv_streams=config.kv_streams,
+                scratch_sequence=config.may_prefill_on_copy and not config.kv_streams,
             )
         )
         self.max_model_len = config.max_model_len or min(self.backend.n_ctx_train, config.longest_sequence)
@@ -63,6 +65,7 @@ class LocalEngine:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's trained context {self.backend.n_ctx_train}")
         if self.max_model_len > self.backend.cells_per_slot:  # streams llama.cpp sized otherwise than asked
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the {self.backend.cells_per_slot} KV cells of a slot")
+        self.prefill = open_prefill_context(self.backend, config, path, self.max_model_len)
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    cache_finished_prompts=config.cache_finished_prompts,
@@ -149,26 +152,72 @@ class LocalEngine:
         out = self.scheduler.schedule()
         for slot in out.cleared_slots:
             self.backend.clear_slot(slot)
+        scheduled = [(self.scheduler.requests[request_id], num_new) for request_id, num_new in out.num_scheduled_tokens.items()]
+        on_copy = self._prompts_for_the_copy(scheduled)
+        prefix_sources = {}  # slot -> the main context's slot holding its prefix, for prompts run on the copy
         for src_slot, dst_slot, num_tokens in out.prefix_copies:
-            self.backend.share_prefix(src_slot, dst_slot, num_tokens)
-        if not out.num_scheduled_tokens:
+            if dst_slot in on_copy and self.backend.config.kv_streams:
+                prefix_sources[dst_slot] = src_slot  # the copy loads the prefix from src; its stream is filled whole after
+                if src_slot == dst_slot:
+                    self.backend.share_prefix(src_slot, dst_slot, num_tokens)
+            else:
+                self.backend.share_prefix(src_slot, dst_slot, num_tokens)
+        if not scheduled:
             return []
-        sampled_requests, logits = self._run(out)
+        if on_copy:  # the copy's rows first, then the main context's, in one logits buffer
+            sampled_requests = self._run_on_copy([(r, n) for r, n in scheduled if r.slot in on_copy], prefix_sources)
+            main = [(r, n) for r, n in scheduled if r.slot not in on_copy]
+            if main:
+                sampled_requests += self._run(main, self._logits_buffer[len(sampled_requests):])[0]
+            logits = self._logits_buffer[: len(sampled_requests)]
+        else:
+            sampled_requests, logits = self._run(scheduled, self._logits_buffer)
         self.scheduler.on_step_done(out)
         return self._update(sampled_requests, logits)
 
-    def _run(self, out: SchedulerOutput) -> tuple[list[Request], np.ndarray]:
-        """Flatten every scheduled chunk into one batch and decode it."""
-        n = out.total_num_scheduled_tokens
+    def _prompts_for_the_copy(self, scheduled: list[tuple[Request, int]]) -> set[int]:
+        """Slots whose chunk this step runs on the prefill copy: every chunk of more than one token
+        (a decode, or a prompt's last lone token, stays on the model's own weights), while the copy's
+        pool holds them and their prefixes; the rest run in the main context as they would without it."""
+        if self.prefill is None:
+            return set()
+        slots, cells = set(), 0
+        for request, num_new in scheduled:
+            need = request.num_computed_tokens + num_new
+            if num_new > 1 and cells + need <= self.prefill.n_cells:
+                slots.add(request.slot)
+                cells += need
+        return slots
+
+    def _run_on_copy(self, scheduled: list[tuple[Request, int]], prefix_sources: dict[int, int]) -> list[Request]:
+        """Prefill these chunks in the copy's context, then move their new cells to the main context;
+        the sampled requests' logits are the head of the logits buffer."""
+        try:
+            for request, _ in scheduled:
+                if request.num_computed_tokens:
+                    self.prefill.load_prefix(request.slot, prefix_sources.get(request.slot, request.slot), request.num_computed_tokens)
+            sampled, _ = self._run(scheduled, self._logits_buffer, self.prefill.backend)
+        except BaseException:
+            for request, _ in scheduled:
+                self.prefill.backend.clear_slot(request.slot)
+            raise
+        for request, _ in scheduled:
+            self.prefill.move_to_main(request.slot, request.num_computed_tokens)
+        return sampled
+
+    def _run(self, scheduled: list[tuple[Request, int]], logits_out: np.ndarray,
+             backend: LlamaBackend | None = None) -> tuple[list[Request], np.ndarray]:
+        """Flatten these chunks into one batch and decode it (in the main context unless `backend`)."""
+        backend = backend or self.backend
+        n = sum(num_new for _, num_new in scheduled)
         token_ids = np.empty(n, dtype=np.int32)
         positions = np.empty(n, dtype=np.int32)
         slots = np.empty(n, dtype=np.int32)
         want_logits = np.zeros(n, dtype=np.int8)
         sampled_requests = []
         i = 0
-        scheduled = [(self.scheduler.requests[request_id], num_new) for request_id, num_new in out.num_scheduled_tokens.items()]
-        if self.backend.config.kv_streams:  # slots in increasing order: one ubatch for consecutive slots (LlamaBackend.decode)
-            scheduled.sort(key=lambda item: item[0].slot)
+        if backend.config.kv_streams:  # slots in increasing order: one ubatch for consecutive slots (LlamaBackend.decode)
+            scheduled = sorted(scheduled, key=lambda item: item[0].slot)
         for request, num_new in scheduled:
             start = request.num_computed_tokens
             token_ids[i : i + num_new] = request.all_token_ids[start : start + num_new]
@@ -178,7 +227,7 @@ class LocalEngine:
                 want_logits[i + num_new - 1] = 1
                 sampled_requests.append(request)
             i += num_new
-        logits = self.backend.decode(token_ids, positions, slots, want_logits, out=self._logits_buffer)
+        logits = backend.decode(token_ids, positions, slots, want_logits, out=logits_out)
         return sampled_requests, logits
 
     def _update(self, requests: list[Request], logits: np.ndarray) -> list[TokenEvent]:
@@ -223,4 +272,6 @@ class LocalEngine:
         )
 
     def close(self) -> None:
+        if self.prefill is not None:
+            self.prefill.close()
         self.backend.close()

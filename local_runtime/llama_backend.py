@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from local_runtime import kv_state
 from local_runtime.llama_vocabulary import LlamaVocabulary
 
 _backend_lock = threading.Lock()
@@ -42,6 +43,9 @@ class LlamaBackendConfig:
     # one pool. A decode then attends over its own stream only; see decode() for the batch order
     # this layout needs, and share_prefix() for what a prefix copy costs in it.
     kv_streams: bool = False
+    # One more sequence id than the slots (unified pool only), through which write_sequence_tail
+    # adds cells to a slot without dropping the ones it has (local_runtime.prefill_context).
+    scratch_sequence: bool = False
 
 
 # llama.cpp's CPU flash attention picks its kernel from the ubatch shape: a tiled kernel
@@ -114,11 +118,12 @@ class LlamaBackend(LlamaVocabulary):
 
         if config.n_batch < 2:
             raise ValueError("n_batch must be >= 2")
-        if config.kv_streams and config.pad_single_decodes:
-            raise ValueError("pad_single_decodes needs the unified pool (its scratch slot would take a whole stream)")
-        # The scratch slot (last sequence id) holds at most one cell, during one decode.
-        self.scratch_slot = config.n_seq_max if config.pad_single_decodes else None
-        n_slots = config.n_seq_max + (1 if config.pad_single_decodes else 0)
+        if config.kv_streams and (config.pad_single_decodes or config.scratch_sequence):
+            raise ValueError("a scratch sequence needs the unified pool (it would take a whole stream)")
+        # The scratch slot (last sequence id) holds cells only within one call: a padded decode's
+        # one cell, or cells on their way into a slot.
+        self.scratch_slot = config.n_seq_max if (config.pad_single_decodes or config.scratch_sequence) else None
+        n_slots = config.n_seq_max + (1 if self.scratch_slot is not None else 0)
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = config.n_ctx + (1 if config.pad_single_decodes else 0)
         ctx_params.n_batch = config.n_batch
@@ -173,7 +178,7 @@ class LlamaBackend(LlamaVocabulary):
         rows = self._seq_id_rows
         for i, slot in enumerate(slots.tolist()):
             rows[i][0] = slot
-        padded = n == 1 and self.scratch_slot is not None
+        padded = n == 1 and self.config.pad_single_decodes
         if padded:  # a second query row keeps llama.cpp off the split-KV kernel
             self._tokens[1], self._pos[1], self._n_seq_id[1], self._want_logits[1] = token_ids[0], 0, 1, 0
             rows[1][0] = self.scratch_slot
@@ -210,6 +215,54 @@ class LlamaBackend(LlamaVocabulary):
             self._lib.llama_memory_seq_rm(self.memory, dst_slot, num_tokens, -1)
         else:
             self._lib.llama_memory_seq_cp(self.memory, src_slot, dst_slot, 0, num_tokens)
+
+    # -- moving a sequence's cells between contexts (local_runtime.prefill_context) ----------
+
+    @property
+    def n_streams(self) -> int:
+        return self.config.n_seq_max if self.config.kv_streams else 1
+
+    def read_sequence(self, slot: int) -> bytes:
+        """A slot's cells (positions, K and V of every layer) in llama.cpp's sequence-state format,
+        rewritten as if the context had one stream (kv_state), so any context of the model can load them."""
+        lib = self._lib
+        size = lib.llama_state_seq_get_size(self.ctx, slot)
+        buf = (ctypes.c_uint8 * size)()
+        n = lib.llama_state_seq_get_data(self.ctx, buf, size, slot)
+        if n == 0:
+            raise RuntimeError(f"llama.cpp could not read the cells of slot {slot}")
+        return kv_state.to_one_stream(memoryview(buf)[:n], self.n_streams, slot if self.config.kv_streams else 0)
+
+    def write_sequence(self, slot: int, state: bytes) -> None:
+        """Replace a slot's cells with `state` (from read_sequence of any context of the same model)."""
+        data = bytearray(kv_state.from_one_stream(state, self.n_streams))
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        if self._lib.llama_state_seq_set_data(self.ctx, buf, len(data), slot) != len(data):
+            raise RuntimeError(f"llama.cpp could not load {len(data)} bytes of cells into slot {slot} (is the pool full?)")
+
+    def write_sequence_tail(self, slot: int, state: bytes, start: int) -> None:
+        """Add `state`'s cells (positions >= `start`) to a slot, keeping its positions below `start`.
+
+        llama.cpp loads a sequence's state only whole, over whatever the sequence had; in the unified
+        pool the cells go to the scratch sequence first and are then shared into the slot, which keeps
+        the slot's own (possibly shared) prefix cells as they are. With streams a slot owns every cell
+        of its stream, so the state is loaded whole (it must then hold the prefix as well)."""
+        if self.config.kv_streams:
+            self.write_sequence(slot, state)
+            return
+        if self.scratch_slot is None:
+            raise ValueError("write_sequence_tail on the unified pool needs scratch_sequence")
+        lib = self._lib
+        lib.llama_memory_seq_rm(self.memory, slot, start, -1)
+        try:
+            self.write_sequence(self.scratch_slot, state)
+            lib.llama_memory_seq_cp(self.memory, self.scratch_slot, slot, -1, -1)
+        finally:
+            self.clear_slot(self.scratch_slot)
+
+    def drop_positions(self, slot: int, start: int, end: int = -1) -> None:
+        """Drop a slot's cells of positions [start, end) (end -1: to the last)."""
+        self._lib.llama_memory_seq_rm(self.memory, slot, start, end)
 
     def slot_max_position(self, slot: int) -> int:
         """Largest position held for a slot, -1 when empty (for tests and checks)."""

@@ -30,7 +30,7 @@ SERVE_SETTINGS = (
     "server.api_key_file", "server.rate_limit", "server.max_concurrent_per_key", "server.auth_backoff_after",
     "server.strict_fields", "server.max_body_bytes", "server.tls_cert", "server.tls_key", "local.kv_cache_tokens",
     "local.max_num_seqs", "local.max_num_batched_tokens", "local.max_model_len", "local.max_waiting", "local.threads",
-    "local.n_gpu_layers", "local.batch_invariant", "local.kv_layout", "local.extra_buffer_types", "local.repetition_stop",
+    "local.n_gpu_layers", "local.batch_invariant", "local.kv_layout", "local.prefill_weights", "local.extra_buffer_types", "local.repetition_stop",
     "local.close_within_max_tokens", "server.log_level",
 )  # fmt: skip
 RENAMED = {"cloud.url": "cloud"}
