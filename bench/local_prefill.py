@@ -17,7 +17,12 @@ One prompt at a time, nothing else in the pool, random token ids (seeded) of 64,
   the bench.serve comparison's flags (--no-repack, -b/-ub 512, flash attention), the same token
   ids through /completion with `cache_prompt` off and one output token: its own `prompt_ms`.
 
-The four run interleaved, prompt by prompt, with a pause between them so neither process's
+Also `first_token_kl_vs_f16_own_weights` and `first_token_kl_vs_f16_bf16`: over 16 chat prompts,
+the mean KL divergence of the first token's distribution on the model's own Q4_1 path and through
+a BF16 copy from the distribution through an F16 copy of the same weights (the dequantized Q4_1
+weights to F16's 11 bits, 16-bit activations: the closest llama.cpp gets to the file's own numbers).
+
+The timed ones run interleaved, prompt by prompt, with a pause between them so neither process's
 OpenMP threads are still spinning when the other starts. Keys, per length N: `ms_p50` of each
 and the medians of per-repetition ratios with their min-max spread,
 `ratio_invariant_vs_default_N`, `ratio_default_vs_llama_server_N`, `ratio_engine_vs_llama_server_N`,
@@ -27,6 +32,7 @@ and the medians of per-repetition ratios with their min-max spread,
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -63,6 +69,11 @@ def time_backend(backend: LlamaBackend, tokens: np.ndarray) -> float:
     return elapsed * 1000
 
 
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
 def time_engine(engine: LocalEngine, request_id: str, tokens: np.ndarray) -> float:
     engine.clear_prompt_cache()  # random ids share nothing; an empty pool, as for the others
     start = time.perf_counter()
@@ -80,6 +91,43 @@ def time_llama_server(client: httpx.Client, url: str, tokens: np.ndarray) -> flo
     timings = client.post(url + "/completion", json=body).raise_for_status().json()["timings"]
     assert timings["prompt_n"] == len(tokens), timings  # nothing reused: the whole prompt computed
     return float(timings["prompt_ms"])
+
+
+FIDELITY_QUESTIONS = (
+    "What is the capital of France?", "Write a haiku about autumn.", "Explain photosynthesis briefly.",
+    "List three prime numbers.", "Who wrote Hamlet?", "Translate 'thank you' into German.", "What is 12 times 7?",
+    "Give me a tip for sleeping better.", "Why is the sky blue?", "Name a mammal that can fly.",
+    "How do I reverse a list in Python?", "What does DNA stand for?", "Suggest a name for a cat.",
+    "What is the boiling point of water?", "Summarize the plot of Cinderella.", "Is a tomato a fruit?",
+)
+
+
+def first_token_kl(path: str) -> dict:
+    """Mean KL(F16 copy || path) of the first token over FIDELITY_QUESTIONS, for the model's own weights and BF16."""
+    import llama_cpp
+
+    from local_runtime.prefill_weights import prefill_copy_path
+
+    paths = {"own_weights": path, "bf16": prefill_copy_path(path, "bf16", llama_cpp), "f16": prefill_copy_path(path, "f16", llama_cpp)}
+    backends = {name: LlamaBackend(LlamaBackendConfig(p, N_CTX, 1, 512, THREADS)) for name, p in paths.items()}
+    try:
+        template = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+        kl = {"own_weights": [], "bf16": []}
+        for question in FIDELITY_QUESTIONS:
+            tokens = np.array(backends["f16"].tokenize(template.format(question), add_special=False, parse_special=True), np.int32)
+            logp = {}
+            for name, backend in backends.items():
+                want = np.zeros(len(tokens), np.int8)
+                want[-1] = 1
+                backend.clear_slot(0)
+                x = backend.decode(tokens, np.arange(len(tokens), dtype=np.int32), np.zeros(len(tokens), np.int32), want)[0].astype(np.float64)
+                logp[name] = x - x.max() - np.log(np.exp(x - x.max()).sum())
+            for name in kl:
+                kl[name].append(float(np.sum(np.exp(logp["f16"]) * (logp["f16"] - logp[name]))))
+    finally:
+        for backend in backends.values():
+            backend.close()
+    return {f"first_token_kl_vs_f16_{name}": statistics.mean(values) for name, values in kl.items()} | {"fidelity_prompts": len(FIDELITY_QUESTIONS)}
 
 
 def summarize(samples: dict[str, list[float]], n: int) -> dict:
@@ -110,14 +158,21 @@ def main(argv: list[str] | None = None) -> None:
                 for mode in ("invariant", "default")}  # fmt: skip
     vocab = backends["default"].n_vocab
     engine_config = dict(n_threads=THREADS, kv_cache_tokens=N_CTX, max_num_seqs=1, max_model_len=1024)
-    engine = LocalEngine(LocalEngineConfig(**engine_config))
+    warm = rng.integers(100, vocab, 32).astype(np.int32)
+    # What the copy costs in memory: each engine's growth of this process's resident set, loaded and
+    # warmed (the model file's pages are resident already, from the backends above, for both).
+    rss = rss_mib()
     own_weights = LocalEngine(LocalEngineConfig(**engine_config, prefill_weights="off"))
+    time_engine(own_weights, "warm", warm)
+    rss_own, rss = rss_mib() - rss, rss_mib()
+    engine = LocalEngine(LocalEngineConfig(**engine_config))
+    time_engine(engine, "warm", warm)
+    rss_engine = rss_mib() - rss
+    copy_mib = os.path.getsize(engine.prefill.backend.config.model_path) / 2**20 if engine.prefill else 0.0
     samples = {n: {"invariant": [], "default": [], "engine": [], "engine_own_weights": [], "llama_server": []} for n in lengths}
     server = llama_server(binary, path, THREADS, "bench", 1, N_CTX, 512, 512, repack=False)
     with server, httpx.Client(timeout=120, trust_env=False) as client:
-        warm = rng.integers(100, vocab, 32).astype(np.int32)
         time_backend(backends["invariant"], warm), time_backend(backends["default"], warm)
-        time_engine(engine, "warm", warm), time_engine(own_weights, "warm", warm)
         time_llama_server(client, server.base_url, warm)
         for rep in range(repeats):
             for n in lengths:
@@ -139,13 +194,16 @@ def main(argv: list[str] | None = None) -> None:
     engine.close()
     own_weights.close()
     report = report_header("local_prefill", smoke=args.smoke)
-    report.update({"engine_prefill_weights": engine_prefill_weights, "llama_cpp_commit": llama_cpp_commit, "llama_server_command": " ".join(server.command),
+    report.update({"engine_prefill_weights": engine_prefill_weights, "prefill_copy_file_mib": copy_mib,
+                   "engine_rss_growth_mib": rss_engine, "engine_own_weights_rss_growth_mib": rss_own,
+                   "prefill_copy_extra_rss_mib": rss_engine - rss_own, "llama_cpp_commit": llama_cpp_commit, "llama_server_command": " ".join(server.command),
                    "threads": THREADS, "repeats": repeats, "lengths": list(lengths),
                    "samples_ms": {str(n): samples[n] for n in lengths}})
     for n in lengths:
         report[f"n{n}"] = summarize(samples[n], n)
         report.update({k: v for k, v in report[f"n{n}"].items() if k.startswith("ratio_")})
-    write_report(args.json, report, HEADLINE_KEYS)
+    report.update(first_token_kl(path))
+    write_report(args.json, report, HEADLINE_KEYS + ("first_token_kl_vs_f16_own_weights", "first_token_kl_vs_f16_bf16"))
 
 
 if __name__ == "__main__":

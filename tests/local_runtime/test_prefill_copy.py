@@ -1,0 +1,224 @@
+"""Prompts prefilled through a 16-bit copy of the weights (local_runtime.prefill_weights, prefill_context).
+
+The cells a prompt leaves must be the ones the main context would have computed from the same
+weights: with the copy pointed at the model file itself, a request run alone answers token for
+token, logprob for logprob, as on the model's own path (fresh, after a prefix taken over or
+shared, and in chunks). With the real BF16 copy, the first token's distribution must be closer to
+the model's dequantized weights (an F16 copy, within 1e-5 of F32 in a probe) than llama.cpp's own
+Q4_1 kernels, which quantize the activations to 8 bits, get.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from local_runtime import kv_state
+from local_runtime.config import LocalEngineConfig
+from local_runtime.prefill_context import PrefillContext
+from local_runtime.prefill_weights import prefill_copy_path, resolve_prefill_weights
+from sdk.protocol.model_files import default_model_path
+from tests.local_runtime.conftest import QUESTIONS, assert_no_blocks_held, greedy, make_engine, run_to_completion
+
+STREAMS = dict(kv_cache_tokens=4096, max_num_seqs=8, max_model_len=512)
+UNIFIED = dict(kv_cache_tokens=2048, max_num_seqs=8, max_model_len=512, kv_layout="unified")
+LONG = "Summarize this list: " + ", ".join(f"item {i} weighs {i * 7 % 13} kg" for i in range(30))
+
+
+# -- the state bytes, between stream counts -------------------------------------------------------
+
+
+def state(n_streams: int, stream: int, payload: bytes) -> bytes:
+    head = struct.pack("<Ii", 0xAF143CD8, stream)
+    counts = [struct.pack("<I", 0)] * n_streams
+    counts[stream] = payload
+    return head + struct.pack("<I", n_streams) + b"".join(counts)
+
+
+def test_a_streams_state_becomes_one_stream_and_back():
+    payload = struct.pack("<I", 3) + bytes(range(40))  # 3 cells and their bytes
+    many = state(8, 5, payload)
+    one = kv_state.to_one_stream(memoryview(many), 8, 5)
+    assert one == many[:8] + struct.pack("<I", 1) + payload
+    back = kv_state.from_one_stream(one, 8)
+    assert struct.unpack_from("<I", back, 8)[0] == 8 and back[12 : 12 + len(payload)] == payload
+    assert back[12 + len(payload) :] == bytes(4 * 7)
+    assert kv_state.from_one_stream(one, 1) == one and kv_state.to_one_stream(one, 1, 0) == one
+
+
+def test_state_bytes_that_do_not_fit_the_layout_are_refused():
+    many = state(8, 5, struct.pack("<I", 1) + b"x" * 8)
+    with pytest.raises(ValueError, match="streams, expected 4"):
+        kv_state.to_one_stream(many, 4, 5)
+    with pytest.raises(ValueError, match="outside stream 2"):
+        kv_state.to_one_stream(many, 8, 2)
+    with pytest.raises(ValueError, match="one stream"):
+        kv_state.from_one_stream(many, 8)
+
+
+# -- the setting ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting, file_type, bf16_dot, expected", [
+    ("auto", "3", True, "bf16"),  # Q4_1 on an AVX512-BF16 CPU
+    ("auto", "3", False, None),  # not measured elsewhere: off
+    ("auto", "1", True, None),  # an F16 model needs no copy
+    ("f16", "3", False, "f16"),
+    ("bf16", "32", True, None),
+    ("off", "3", True, None),
+])  # fmt: skip
+def test_the_prefill_weights_setting_resolves_by_model_and_cpu(setting, file_type, bf16_dot, expected):
+    assert resolve_prefill_weights(setting, file_type, bf16_dot) == expected
+
+
+@pytest.mark.parametrize("config, words", [
+    (dict(prefill_weights="int8"), ["prefill_weights", "'int8'"]),
+    (dict(prefill_weights="bf16", batch_invariant=True), ["prefill_weights", "batch_invariant"]),
+    (dict(prefill_weights="f16", n_gpu_layers=10), ["prefill_weights", "n_gpu_layers"]),
+])  # fmt: skip
+def test_settings_the_copy_cannot_honour_are_refused(config, words):
+    with pytest.raises(ValueError) as caught:
+        LocalEngineConfig(**config)
+    assert all(word in str(caught.value) for word in words)
+    assert not LocalEngineConfig(batch_invariant=True).may_prefill_on_copy  # auto stays off there
+
+
+@pytest.mark.slow
+def test_the_copy_is_converted_once_and_is_bf16(tmp_path, monkeypatch):
+    import llama_cpp
+
+    from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
+
+    monkeypatch.setenv("TANDEM_PREFILL_WEIGHTS_DIR", str(tmp_path))
+    path = prefill_copy_path(default_model_path(), "bf16", llama_cpp)
+    stamp = (tmp_path / path.rsplit("/", 1)[-1]).stat().st_mtime_ns
+    assert prefill_copy_path(default_model_path(), "bf16", llama_cpp) == path
+    assert (tmp_path / path.rsplit("/", 1)[-1]).stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [path.rsplit("/", 1)[-1]]  # no partial file left
+    copy = LlamaBackend(LlamaBackendConfig(path, 256, 1, 64, 2))
+    try:
+        assert copy.metadata("general.file_type") == "32"  # LLAMA_FTYPE_MOSTLY_BF16
+    finally:
+        copy.close()
+
+
+# -- the moves of cells -----------------------------------------------------------------------
+
+
+def own_file_as_copy(engine):
+    """Point the engine's prefill context at the model file itself: same weights, same kernels."""
+    engine.prefill.close()
+    engine.prefill = PrefillContext(engine.backend, default_model_path(), engine.max_model_len + engine.config.max_num_batched_tokens)
+    return engine
+
+
+def answers_one_at_a_time(engine, prompts, max_tokens=12, empty_pool_before=()):
+    """Each prompt alone (earlier ones cached, unless its index is in `empty_pool_before`), greedy:
+    [(token, logprob)] per prompt."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        if i in empty_pool_before:
+            engine.clear_prompt_cache()
+        events = run_to_completion(engine, [greedy(f"r{i}", prompt, max_tokens, ignore_eos=True)])[f"r{i}"]
+        out.append([(e.token_id, e.logprob) for e in events])
+    return out
+
+
+def prefill_context_is_empty(engine) -> bool:
+    return all(engine.prefill.backend.slot_max_position(slot) == -1 for slot in range(engine.config.max_num_seqs))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [STREAMS, UNIFIED], ids=["streams", "unified"])
+@pytest.mark.parametrize("budget", [512, 48], ids=["whole", "chunked"])
+def test_cells_moved_from_the_prefill_context_answer_as_the_main_context_computes(layout, budget):
+    own = make_engine(**layout, max_num_batched_tokens=budget, prefill_weights="off")
+    moved = own_file_as_copy(make_engine(**layout, max_num_batched_tokens=budget, prefill_weights="bf16"))
+    try:
+        first = own.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}])
+        follow = own.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": "Paris."},
+                                          {"role": "user", "content": "And of Italy?"}])  # fmt: skip
+        prompts = [first, follow, own.apply_chat_template([{"role": "user", "content": LONG}])]
+        assert len(prompts[2]) > 2 * 48  # chunked three ways at the small budget
+        calls = []
+        load = moved.prefill.load_prefix
+        moved.prefill.load_prefix = lambda *args: (calls.append(args), load(*args))
+        # The long prompt starts from an empty pool: in the unified one, cells moved in land where
+        # llama.cpp finds a contiguous run and a decode's wherever cells are free, and around cached
+        # prompts those differ, which changes attention's rounding (README "Batch invariance").
+        ours, theirs = (answers_one_at_a_time(e, prompts, empty_pool_before=(2,)) for e in (moved, own))
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert [t for t, _ in a] == [t for t, _ in b], f"prompt {i}: other tokens"
+            assert np.allclose([lp for _, lp in a], [lp for _, lp in b], atol=1e-4), f"prompt {i}: other logprobs"
+        assert any(n >= 30 for _, _, n in calls), "the follow-up should have loaded the first turn's cells"
+        assert prefill_context_is_empty(moved)
+        assert_no_blocks_held(moved)
+    finally:
+        own.close()
+        moved.close()
+
+
+@pytest.mark.slow
+def test_prompts_past_the_prefill_contexts_room_run_in_the_main_context():
+    own = make_engine(**STREAMS, max_num_batched_tokens=512, prefill_weights="off")
+    moved = own_file_as_copy(make_engine(**STREAMS, max_num_batched_tokens=512, prefill_weights="bf16"))
+    try:
+        prompt = own.apply_chat_template([{"role": "user", "content": LONG}])
+        moved.prefill.n_cells = len(prompt) - 1  # the whole prompt does not fit: it goes to the main context
+        runs = []
+        decode = moved.prefill.backend.decode
+        moved.prefill.backend.decode = lambda *a, **k: (runs.append(1), decode(*a, **k))[1]
+        assert answers_one_at_a_time(moved, [prompt]) == answers_one_at_a_time(own, [prompt])
+        assert runs == []
+    finally:
+        own.close()
+        moved.close()
+
+
+@pytest.mark.slow
+def test_a_request_aborted_mid_prompt_leaves_no_cells_in_either_context():
+    engine = make_engine(**STREAMS, max_num_batched_tokens=48, prefill_weights="bf16")
+    try:
+        assert engine.prefill is not None
+        prompt = engine.apply_chat_template([{"role": "user", "content": LONG}])
+        engine.add_request(greedy("cut", prompt, 8))
+        engine.step()
+        request = engine.scheduler.requests["cut"]
+        slot = request.slot
+        assert 0 < request.num_computed_tokens < len(prompt)
+        assert engine.backend.slot_max_position(slot) == request.num_computed_tokens - 1  # the chunk moved over
+        assert prefill_context_is_empty(engine)
+        assert engine.abort_request("cut")
+        engine.clear_prompt_cache()
+        assert engine.backend.slot_max_position(slot) == -1
+        assert_no_blocks_held(engine)
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_the_bf16_prefill_is_closer_to_the_dequantized_weights_than_llama_cpps_q4_1_kernels():
+    """KL(reference || path) of the first token, where the reference prefills through an F16 copy."""
+    paths = {name: make_engine(**STREAMS, prefill_weights=name) for name in ("off", "bf16", "f16")}
+    try:
+        assert paths["bf16"].prefill.kind == "bf16" and paths["f16"].prefill.kind == "f16"
+        kl = {"off": [], "bf16": []}
+        for question in QUESTIONS:
+            prompt = paths["off"].apply_chat_template([{"role": "user", "content": question}])
+            first = {}
+            for name, engine in paths.items():
+                engine.add_request(greedy(name, prompt, 1, logprobs=20))
+                while engine.has_unfinished_requests():
+                    for event in engine.step():
+                        first[name] = {t.token_id: t.logprob for t in event.top_logprobs}
+            reference = first["f16"]
+            for name in kl:
+                common = [t for t in reference if t in first[name]]
+                p = np.exp([reference[t] for t in common])
+                kl[name].append(float(np.sum(p * (np.array([reference[t] for t in common]) - [first[name][t] for t in common]))))
+        assert np.mean(kl["bf16"]) < np.mean(kl["off"]) / 3, kl
+    finally:
+        for engine in paths.values():
+            engine.close()
