@@ -14,7 +14,7 @@ import logging
 
 from local_runtime.config import LocalEngineConfig
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
-from local_runtime.prefill_weights import cpu_has_bf16_dot, prefill_copy_path, resolve_prefill_weights
+from local_runtime.prefill_weights import cpu_has_bf16_dot, physical_memory_bytes, prefill_copy_path, resolve_prefill_weights
 
 logger = logging.getLogger("tandem.local")
 
@@ -26,7 +26,9 @@ def open_prefill_context(main: LlamaBackend, config: LocalEngineConfig, model_pa
     An explicit "bf16"/"f16" that cannot apply is an error; "auto" then quietly stays off."""
     if not config.may_prefill_on_copy:
         return None
-    kind = resolve_prefill_weights(config.prefill_weights, main.metadata("general.file_type"), cpu_has_bf16_dot())
+    copy_bytes = 2 * main._lib.llama_model_n_params(main.model)
+    kind = resolve_prefill_weights(config.prefill_weights, main.metadata("general.file_type"), cpu_has_bf16_dot(),
+                                   copy_bytes, physical_memory_bytes())
     if kind is None:
         return None
     explicit = config.prefill_weights != "auto"

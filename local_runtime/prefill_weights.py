@@ -31,6 +31,7 @@ logger = logging.getLogger("tandem.local")
 PREFILL_WEIGHTS = ("auto", "bf16", "f16", "off")
 # GGUF general.file_type values (llama_ftype) whose weights are already 16 or 32 bits: no copy helps.
 _UNQUANTIZED_FILE_TYPES = {"0", "1", "32"}  # ALL_F32, MOSTLY_F16, MOSTLY_BF16
+AUTO_MEMORY_SHARE = 8  # `auto` takes a copy only up to 1/8 of physical memory
 
 
 def cpu_has_bf16_dot() -> bool:
@@ -47,17 +48,28 @@ def cpu_has_bf16_dot() -> bool:
     return False
 
 
-def resolve_prefill_weights(setting: str, file_type: str | None, has_bf16_dot: bool) -> str | None:
+def physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def resolve_prefill_weights(setting: str, file_type: str | None, has_bf16_dot: bool, copy_bytes: int = 0,
+                            memory_bytes: int | None = None) -> str | None:
     """The 16-bit type to prefill through ("bf16" or "f16"), or None for the model's own weights.
 
-    `auto` picks BF16 on CPUs with AVX512-BF16 (measured: bench.local_prefill) and nothing elsewhere;
-    a model that is already 16 or 32 bits needs no copy whatever the setting."""
+    `auto` picks BF16 on CPUs with AVX512-BF16 (measured: bench.local_prefill) and nothing elsewhere,
+    and only while the copy (`copy_bytes`, 2 a weight) takes at most an eighth of the machine's memory:
+    a large model's copy would cost an app more memory than it saves time. A model that is already 16
+    or 32 bits needs no copy whatever the setting."""
     if setting not in PREFILL_WEIGHTS:
         raise ValueError(f"prefill_weights must be one of {', '.join(PREFILL_WEIGHTS)}, got {setting!r}")
     if setting == "off" or file_type in _UNQUANTIZED_FILE_TYPES:
         return None
     if setting == "auto":
-        return "bf16" if has_bf16_dot else None
+        fits = memory_bytes is None or copy_bytes * AUTO_MEMORY_SHARE <= memory_bytes
+        return "bf16" if has_bf16_dot and fits else None
     return setting
 
 

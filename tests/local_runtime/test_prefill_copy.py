@@ -73,6 +73,13 @@ def test_the_prefill_weights_setting_resolves_by_model_and_cpu(setting, file_typ
     assert resolve_prefill_weights(setting, file_type, bf16_dot) == expected
 
 
+def test_auto_takes_a_copy_only_up_to_an_eighth_of_memory():
+    gib = 2**30
+    assert resolve_prefill_weights("auto", "3", True, copy_bytes=gib, memory_bytes=8 * gib) == "bf16"
+    assert resolve_prefill_weights("auto", "3", True, copy_bytes=gib + 1, memory_bytes=8 * gib) is None
+    assert resolve_prefill_weights("bf16", "3", True, copy_bytes=4 * gib, memory_bytes=8 * gib) == "bf16"  # asked for
+
+
 @pytest.mark.parametrize("config, words", [
     (dict(prefill_weights="int8"), ["prefill_weights", "'int8'"]),
     (dict(prefill_weights="bf16", batch_invariant=True), ["prefill_weights", "batch_invariant"]),
