@@ -104,17 +104,18 @@ FIDELITY_QUESTIONS = (
 
 def first_token_kl(path: str) -> dict:
     """Mean KL(F16 copy || path) of the first token over FIDELITY_QUESTIONS, for the model's own weights and BF16."""
-    import llama_cpp
-
     from local_runtime.prefill_weights import prefill_copy_path
+    from sdk.protocol.chat_template import render_chat
 
-    paths = {"own_weights": path, "bf16": prefill_copy_path(path, "bf16", llama_cpp), "f16": prefill_copy_path(path, "f16", llama_cpp)}
+    paths = {"own_weights": path, "bf16": prefill_copy_path(path, "bf16"), "f16": prefill_copy_path(path, "f16")}
     backends = {name: LlamaBackend(LlamaBackendConfig(p, N_CTX, 1, 512, THREADS)) for name, p in paths.items()}
     try:
-        template = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+        model = backends["own_weights"]  # the prompt as tandem serves it: the GGUF's chat template, as LocalEngine renders it
+        template, bos, eos = model.metadata("tokenizer.chat_template"), model.special_token_text("bos"), model.special_token_text("eos")
         kl = {"own_weights": [], "bf16": []}
         for question in FIDELITY_QUESTIONS:
-            tokens = np.array(backends["f16"].tokenize(template.format(question), add_special=False, parse_special=True), np.int32)
+            text = render_chat(template, [{"role": "user", "content": question}], bos, eos)
+            tokens = np.array(model.tokenize(text, add_special=False, parse_special=True), np.int32)
             logp = {}
             for name, backend in backends.items():
                 want = np.zeros(len(tokens), np.int8)

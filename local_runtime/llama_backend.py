@@ -91,6 +91,20 @@ def _silence_llama_logs(llama_cpp) -> None:
     llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
 
 
+def convert_weights(source: str, target: str, kind: str) -> None:
+    """Write `source`'s weights as `kind` ("bf16" or "f16") to `target` with llama.cpp's own converter
+    (llama_model_quantize, requantizing; norms and other small tensors stay as they are)."""
+    import llama_cpp
+
+    _init_backend_once(llama_cpp)  # its per-tensor log lines go through the same filter
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = {"bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16, "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16}[kind]
+    params.allow_requantize = True
+    params.nthread = os.cpu_count() or 1
+    if llama_cpp.llama_model_quantize(source.encode(), target.encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama.cpp could not convert {source} to {kind}")
+
+
 class LlamaBackend(LlamaVocabulary):
     """A loaded GGUF model and its multi-sequence context (tokenizing and metadata: LlamaVocabulary)."""
 
@@ -217,6 +231,17 @@ class LlamaBackend(LlamaVocabulary):
             self._lib.llama_memory_seq_cp(self.memory, src_slot, dst_slot, 0, num_tokens)
 
     # -- moving a sequence's cells between contexts (local_runtime.prefill_context) ----------
+
+    @property
+    def n_params(self) -> int:
+        return int(self._lib.llama_model_n_params(self.model))
+
+    @property
+    def memory_is_one_kv_cache(self) -> bool:
+        """Whether the model's memory is one plain KV cache, the only kind kv_state converts (no
+        sliding-window attention's second cache, no recurrent state)."""
+        lib, model = self._lib, self.model
+        return not (lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model) or lib.llama_model_n_swa(model) > 0)
 
     @property
     def n_streams(self) -> int:

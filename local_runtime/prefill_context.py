@@ -26,20 +26,18 @@ def open_prefill_context(main: LlamaBackend, config: LocalEngineConfig, model_pa
     An explicit "bf16"/"f16" that cannot apply is an error; "auto" then quietly stays off."""
     if not config.may_prefill_on_copy:
         return None
-    copy_bytes = 2 * main._lib.llama_model_n_params(main.model)
     kind = resolve_prefill_weights(config.prefill_weights, main.metadata("general.file_type"), cpu_has_bf16_dot(),
-                                   copy_bytes, physical_memory_bytes())
+                                   2 * main.n_params, physical_memory_bytes())
     if kind is None:
         return None
     explicit = config.prefill_weights != "auto"
-    lib, model = main._lib, main.model
-    if lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model) or lib.llama_model_n_swa(model) > 0:
+    if not main.memory_is_one_kv_cache:
         if explicit:
             raise ValueError(f"prefill_weights={kind!r} needs a model with one plain KV cache; {model_path} has "
                              "recurrent state or sliding-window attention (set prefill_weights = \"off\")")  # fmt: skip
         return None
     try:
-        copy_path = prefill_copy_path(model_path, kind, lib)
+        copy_path = prefill_copy_path(model_path, kind)
     except (OSError, RuntimeError) as exc:
         if explicit:
             raise

@@ -19,7 +19,6 @@ modification time and the llama-cpp-python version.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import os
@@ -80,30 +79,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tandem" / "prefill-weights"
 
 
-def prefill_copy_path(model_path: str, kind: str, lib) -> str:
+def prefill_copy_path(model_path: str, kind: str) -> str:
     """The path of `model_path`'s `kind` copy, converting it first if it is not cached yet."""
+    import llama_cpp  # its version is part of the key: another llama.cpp may convert otherwise
+
+    from local_runtime.llama_backend import convert_weights
+
     source = Path(model_path).resolve()
     stat = source.stat()
-    version = getattr(lib, "__version__", "?")
-    key = hashlib.sha256(f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{kind}|{version}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{kind}|{llama_cpp.__version__}".encode()).hexdigest()[:16]
     directory = cache_dir()
     target = directory / f"{source.stem}.{key}.{kind}.gguf"
     if target.is_file():
         return str(target)
     directory.mkdir(parents=True, exist_ok=True)
-    ftype = {"bf16": lib.LLAMA_FTYPE_MOSTLY_BF16, "f16": lib.LLAMA_FTYPE_MOSTLY_F16}[kind]
-    params = lib.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.allow_requantize = True
-    params.nthread = os.cpu_count() or 1
     # Written beside the target and renamed into place: another process converting at the same
     # time, or a crash halfway, never leaves a partial file under the target's name.
     fd, partial = tempfile.mkstemp(prefix=target.name, suffix=".partial", dir=directory)
     os.close(fd)
     try:
         logger.info("converting %s to %s for prefill (once; cached at %s)", source.name, kind.upper(), target)
-        if lib.llama_model_quantize(str(source).encode(), partial.encode(), ctypes.byref(params)) != 0:
-            raise RuntimeError(f"llama.cpp could not convert {source} to {kind}")
+        convert_weights(str(source), partial, kind)
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):

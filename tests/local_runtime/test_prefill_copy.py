@@ -94,14 +94,12 @@ def test_settings_the_copy_cannot_honour_are_refused(config, words):
 
 @pytest.mark.slow
 def test_the_copy_is_converted_once_and_is_bf16(tmp_path, monkeypatch):
-    import llama_cpp
-
     from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
 
     monkeypatch.setenv("TANDEM_PREFILL_WEIGHTS_DIR", str(tmp_path))
-    path = prefill_copy_path(default_model_path(), "bf16", llama_cpp)
+    path = prefill_copy_path(default_model_path(), "bf16")
     stamp = (tmp_path / path.rsplit("/", 1)[-1]).stat().st_mtime_ns
-    assert prefill_copy_path(default_model_path(), "bf16", llama_cpp) == path
+    assert prefill_copy_path(default_model_path(), "bf16") == path
     assert (tmp_path / path.rsplit("/", 1)[-1]).stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [path.rsplit("/", 1)[-1]]  # no partial file left
     copy = LlamaBackend(LlamaBackendConfig(path, 256, 1, 64, 2))
