@@ -45,9 +45,10 @@ class LocalEngineConfig:
     # max_model_len, else unified; batch_invariant always uses unified (its guarantee is shown there).
     kv_layout: str = "auto"
     # Prompts prefill through a 16-bit copy of the weights where llama.cpp has no GEMM kernel for the
-    # model's own type (local_runtime.prefill_weights): "bf16", "f16", "off", or "auto" (BF16 on CPUs
-    # with AVX512-BF16, where it was measured; off elsewhere). The copy is cached on disk and costs
-    # 2 bytes a weight of memory; decoding stays on the quantized weights.
+    # model's own type (local_runtime.prefill_weights): "bf16", "f16", "off", or "auto": the copy that
+    # prefills fastest on this machine, where it beats the model's own weights by a margin and fits the
+    # memory bound, as measured on first use (local_runtime.prefill_choice). The copy is cached on disk
+    # and costs 2 bytes a weight of memory; decoding stays on the quantized weights.
     prefill_weights: str = "auto"
     strict_batch_invariance: bool = False  # also pad lone decodes so they never change kernel (~40% slower at c=1)
     # A finished request's slot keeps its cells (local_runtime.prompt_cache) until the slot or its

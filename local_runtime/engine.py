@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import numpy as np
 
 from local_runtime.block_manager import BlockManager
 from local_runtime.config import LocalEngineConfig
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
-from local_runtime.prefill_context import open_prefill_context
+from local_runtime.prefill_choice import open_prefill_context
+from local_runtime.prefill_context import PrefillContext, PromptChunk
 from local_runtime.request import Request, RequestStatus
 from local_runtime.sampler import sample_batch
 from local_runtime.scheduler import Scheduler
@@ -34,6 +36,14 @@ from sdk.protocol.token_events import check_stop, make_token_event
 from sdk.protocol.detokenize import detokenize
 from sdk.protocol.vocabulary import vocabulary_fingerprint
 
+logger = logging.getLogger("tandem.local")
+
+# A prompt chunk shorter than this runs on the model's own weights even where a prefill copy is
+# open: the copy's pass reads ~3x the bytes of a 4-bit file and moves the chunk's prefix twice, which
+# a few rows do not win back, while in the main context they join a pass that is made anyway. Measured
+# on an AVX2 EPYC with the F16 copy (the embedded model, after a 100-token prefix, alone): 8 tokens
+# took 33 ms either way, 16 took 0.77x on the copy, 32 took 0.58x.
+MIN_COPY_TOKENS = 16
 
 
 class LocalEngine:
@@ -60,12 +70,22 @@ class LocalEngine:
                 scratch_sequence=config.may_prefill_on_copy and not config.kv_streams,
             )
         )
+        self.prefill: PrefillContext | None = None
+        try:  # whatever fails from here on, the contexts opened so far are closed
+            self._set_up(config, path)
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_up(self, config: LocalEngineConfig, path: str) -> None:
         self.max_model_len = config.max_model_len or min(self.backend.n_ctx_train, config.longest_sequence)
         if self.max_model_len > self.backend.n_ctx_train:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's trained context {self.backend.n_ctx_train}")
         if self.max_model_len > self.backend.cells_per_slot:  # streams llama.cpp sized otherwise than asked
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the {self.backend.cells_per_slot} KV cells of a slot")
-        self.prefill = open_prefill_context(self.backend, config, path, self.max_model_len)
+        self.prefill, self.prefill_choice = open_prefill_context(self.backend, config, path, self.max_model_len)
+        choice = self.prefill_choice
+        logger.info("local prompts prefill on %s: %s", choice.kind or "the model's own weights", choice.reason)
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    cache_finished_prompts=config.cache_finished_prompts,
@@ -149,85 +169,125 @@ class LocalEngine:
     # -- the step --------------------------------------------------------------------------
 
     def step(self) -> list[TokenEvent]:
+        """Schedule, run the step's tokens, sample. Between steps a running request's slot holds exactly
+        the cells of positions [0, num_computed_tokens) in the main context; a step that raises restores
+        that (or sends the request back to be recomputed) before the error goes on, so nothing a later
+        request reuses, the prompt cache above all, claims cells the context lacks."""
         out = self.scheduler.schedule()
         for slot in out.cleared_slots:
             self.backend.clear_slot(slot)
         scheduled = [(self.scheduler.requests[request_id], num_new) for request_id, num_new in out.num_scheduled_tokens.items()]
-        on_copy = self._prompts_for_the_copy(scheduled)
-        prefix_sources = {}  # slot -> the main context's slot holding its prefix, for prompts run on the copy
-        for src_slot, dst_slot, num_tokens in out.prefix_copies:
-            if dst_slot in on_copy and self.backend.config.kv_streams:
-                prefix_sources[dst_slot] = src_slot  # the copy loads the prefix from src; its stream is filled whole after
-                if src_slot == dst_slot:
-                    self.backend.share_prefix(src_slot, dst_slot, num_tokens)
-            else:
+        try:
+            for src_slot, dst_slot, num_tokens in out.prefix_copies:
                 self.backend.share_prefix(src_slot, dst_slot, num_tokens)
-        if not scheduled:
-            return []
-        if on_copy:  # the copy's rows first, then the main context's, in one logits buffer
-            sampled_requests = self._run_on_copy([(r, n) for r, n in scheduled if r.slot in on_copy], prefix_sources)
-            main = [(r, n) for r, n in scheduled if r.slot not in on_copy]
-            if main:
-                sampled_requests += self._run(main, self._logits_buffer[len(sampled_requests):])[0]
-            logits = self._logits_buffer[: len(sampled_requests)]
-        else:
-            sampled_requests, logits = self._run(scheduled, self._logits_buffer)
+            on_copy = self._prefill_on_copy(self._chunks_for_the_copy(scheduled))
+            sampled_requests, logits = self._run_main(scheduled, on_copy)
+        except BaseException:
+            self._restore_after_failure([request for request, _ in scheduled])
+            raise
         self.scheduler.on_step_done(out)
         return self._update(sampled_requests, logits)
 
-    def _prompts_for_the_copy(self, scheduled: list[tuple[Request, int]]) -> set[int]:
-        """Slots whose chunk this step runs on the prefill copy: every chunk of more than one token
-        (a decode, or a prompt's last lone token, stays on the model's own weights), while the copy's
-        pool holds them and their prefixes; the rest run in the main context as they would without it."""
+    def _chunks_for_the_copy(self, scheduled: list[tuple[Request, int]]) -> list[PromptChunk]:
+        """The prompt tokens this step runs on the prefill copy: each chunk of at least MIN_COPY_TOKENS,
+        but the token whose logits pick the next token (it runs on the model's own weights, as every
+        decode does, so the signals the cascade reads and its probes were fitted on come from them), while
+        the copy's pool holds the chunks and their prefixes. The rest run in the main context."""
         if self.prefill is None:
-            return set()
-        slots, cells = set(), 0
+            return []
+        chunks, num_cells = [], 0
         for request, num_new in scheduled:
-            need = request.num_computed_tokens + num_new
-            if num_new > 1 and cells + need <= self.prefill.n_cells:
-                slots.add(request.slot)
-                cells += need
-        return slots
+            start = request.num_computed_tokens
+            num_copy = num_new - 1 if start + num_new == request.num_tokens else num_new
+            if num_copy < MIN_COPY_TOKENS or num_cells + start + num_copy > self.prefill.n_cells:
+                continue
+            num_cells += start + num_copy
+            token_ids = np.asarray(request.all_token_ids[start : start + num_copy], dtype=np.int32)
+            chunks.append(PromptChunk(request.slot, start, token_ids))
+        return chunks
 
-    def _run_on_copy(self, scheduled: list[tuple[Request, int]], prefix_sources: dict[int, int]) -> list[Request]:
-        """Prefill these chunks in the copy's context, then move their new cells to the main context;
-        the sampled requests' logits are the head of the logits buffer."""
+    def _prefill_on_copy(self, chunks: list[PromptChunk]) -> dict[int, int]:
+        """Run the chunks on the copy; slot -> tokens computed there. A failure there costs this step
+        nothing: the copy is closed for good (with one warning), the slots it touched get their books'
+        cells back, and their chunks run in the main context (or, for a slot whose cells were lost, the
+        request goes back to be recomputed)."""
+        if not chunks:
+            return {}
         try:
-            for request, _ in scheduled:
-                if request.num_computed_tokens:
-                    self.prefill.load_prefix(request.slot, prefix_sources.get(request.slot, request.slot), request.num_computed_tokens)
-            sampled, _ = self._run(scheduled, self._logits_buffer, self.prefill.backend)
-        except BaseException:
-            for request, _ in scheduled:
-                self.prefill.backend.clear_slot(request.slot)
-            raise
-        for request, _ in scheduled:
-            self.prefill.move_to_main(request.slot, request.num_computed_tokens)
-        return sampled
+            self.prefill.prefill(chunks)
+        except Exception as exc:
+            logger.warning(
+                "the %s prefill copy failed (%s: %s); prompts prefill on the model's own weights from now on",
+                self.prefill.kind,
+                type(exc).__name__,
+                exc,
+            )
+            self._close_prefill()
+            slots = {chunk.slot for chunk in chunks}
+            self._restore_after_failure([r for r in self.scheduler.running if r.slot in slots])
+            return {}
+        return {chunk.slot: len(chunk.token_ids) for chunk in chunks}
 
-    def _run(self, scheduled: list[tuple[Request, int]], logits_out: np.ndarray,
-             backend: LlamaBackend | None = None) -> tuple[list[Request], np.ndarray]:
-        """Flatten these chunks into one batch and decode it (in the main context unless `backend`)."""
-        backend = backend or self.backend
-        n = sum(num_new for _, num_new in scheduled)
+    def _run_main(
+        self, scheduled: list[tuple[Request, int]], on_copy: dict[int, int]
+    ) -> tuple[list[Request], np.ndarray]:
+        """Decode, in the main context, each request's tokens the copy did not compute."""
+        chunks = []
+        for request, num_new in scheduled:
+            if request.status != RequestStatus.RUNNING:
+                continue  # sent back to be recomputed after the copy failed
+            done = on_copy.get(request.slot, 0)
+            if num_new > done:
+                chunks.append((request, request.num_computed_tokens + done, num_new - done))
+        if not chunks:
+            return [], self._logits_buffer[:0]
+        return self._run(chunks, self._logits_buffer)
+
+    def _restore_after_failure(self, requests: list[Request]) -> None:
+        """Give each request's slot back exactly the cells its books say it has, positions [0,
+        num_computed_tokens): cells a failed decode or move left past them are dropped; a slot that
+        lost some (a stream rewritten halfway) is freed and its request recomputed later."""
+        for request in requests:
+            if request.status != RequestStatus.RUNNING or request.slot is None:
+                continue
+            self.backend.drop_positions(request.slot, request.num_computed_tokens)
+            if not self.slot_holds_its_cells(request.slot, request.num_computed_tokens):
+                logger.warning("request %s lost KV cells in a failed step; it is recomputed", request.request_id)
+                self.scheduler.preempt(request.request_id)
+
+    def slot_holds_its_cells(self, slot: int, num_tokens: int) -> bool:
+        """Whether the main context's `slot` holds the cells of positions [0, num_tokens) and no others
+        (positions run unbroken in a slot, so the first and the last tell)."""
+        if num_tokens == 0:
+            return self.backend.slot_max_position(slot) == -1
+        return self.backend.slot_min_position(slot) == 0 and self.backend.slot_max_position(slot) == num_tokens - 1
+
+    def _close_prefill(self) -> None:
+        if self.prefill is not None:
+            self.prefill.close()
+            self.prefill = None
+
+    def _run(self, chunks: list[tuple[Request, int, int]], logits_out: np.ndarray) -> tuple[list[Request], np.ndarray]:
+        """Flatten (request, first position, number of tokens) chunks into one batch and decode it in the
+        main context; the requests whose prompt or output is then computed to the end sample."""
+        n = sum(num_tokens for _, _, num_tokens in chunks)
         token_ids = np.empty(n, dtype=np.int32)
         positions = np.empty(n, dtype=np.int32)
         slots = np.empty(n, dtype=np.int32)
         want_logits = np.zeros(n, dtype=np.int8)
         sampled_requests = []
         i = 0
-        if backend.config.kv_streams:  # slots in increasing order: one ubatch for consecutive slots (LlamaBackend.decode)
-            scheduled = sorted(scheduled, key=lambda item: item[0].slot)
-        for request, num_new in scheduled:
-            start = request.num_computed_tokens
-            token_ids[i : i + num_new] = request.all_token_ids[start : start + num_new]
-            positions[i : i + num_new] = np.arange(start, start + num_new)
-            slots[i : i + num_new] = request.slot
-            if start + num_new == request.num_tokens:
-                want_logits[i + num_new - 1] = 1
+        if self.backend.config.kv_streams:  # slots in order: one ubatch for consecutive slots (LlamaBackend.decode)
+            chunks = sorted(chunks, key=lambda chunk: chunk[0].slot)
+        for request, start, num_tokens in chunks:
+            token_ids[i : i + num_tokens] = request.all_token_ids[start : start + num_tokens]
+            positions[i : i + num_tokens] = np.arange(start, start + num_tokens)
+            slots[i : i + num_tokens] = request.slot
+            if start + num_tokens == request.num_tokens:
+                want_logits[i + num_tokens - 1] = 1
                 sampled_requests.append(request)
-            i += num_new
-        logits = backend.decode(token_ids, positions, slots, want_logits, out=logits_out)
+            i += num_tokens
+        logits = self.backend.decode(token_ids, positions, slots, want_logits, out=logits_out)
         return sampled_requests, logits
 
     def _update(self, requests: list[Request], logits: np.ndarray) -> list[TokenEvent]:
@@ -272,6 +332,5 @@ class LocalEngine:
         )
 
     def close(self) -> None:
-        if self.prefill is not None:
-            self.prefill.close()
+        self._close_prefill()
         self.backend.close()

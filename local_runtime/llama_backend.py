@@ -219,16 +219,23 @@ class LlamaBackend(LlamaVocabulary):
         """Give `dst_slot` the cells of positions [0, num_tokens) of `src_slot`; `src_slot == dst_slot`
         keeps a slot's first `num_tokens` positions and drops the rest (a slot taken over as is).
 
-        In the unified pool the cells are shared, not copied. Between streams llama.cpp copies a
-        whole stream (every layer's K and V of all its cells, at the next decode), so `dst_slot`
-        must be empty; the positions past the prefix are dropped from it again here."""
+        In the unified pool the cells are shared, not copied. Between streams the source's cells are
+        read and written into `dst_slot` (which must be empty) at once, then the positions past the
+        prefix dropped again. llama.cpp's own stream copy (seq_cp) would copy a whole stream's buffer,
+        and only at the next decode: until then reading the destination gives stale cells, and a
+        write into it before that decode is overwritten (a step that fails between the two would
+        leave such a copy pending for the next one)."""
         if src_slot == dst_slot:
             self._lib.llama_memory_seq_rm(self.memory, dst_slot, num_tokens, -1)
         elif self.config.kv_streams:
-            self._lib.llama_memory_seq_cp(self.memory, src_slot, dst_slot, -1, -1)
+            self.write_sequence(dst_slot, self.read_sequence(src_slot))
             self._lib.llama_memory_seq_rm(self.memory, dst_slot, num_tokens, -1)
         else:
             self._lib.llama_memory_seq_cp(self.memory, src_slot, dst_slot, 0, num_tokens)
+
+    def clear_all(self) -> None:
+        """Drop every cell of every slot and start placing cells from the pool's first cell again."""
+        self._lib.llama_memory_clear(self.memory, False)
 
     # -- moving a sequence's cells between contexts (local_runtime.prefill_context) ----------
 
@@ -292,6 +299,10 @@ class LlamaBackend(LlamaVocabulary):
     def slot_max_position(self, slot: int) -> int:
         """Largest position held for a slot, -1 when empty (for tests and checks)."""
         return self._lib.llama_memory_seq_pos_max(self.memory, slot)
+
+    def slot_min_position(self, slot: int) -> int:
+        """Smallest position held for a slot, -1 when empty (for tests and checks)."""
+        return self._lib.llama_memory_seq_pos_min(self.memory, slot)
 
     def close(self) -> None:
         if self._closed:

@@ -4,48 +4,28 @@ The main context decodes on the model file's quantized weights. A second llama.c
 the copy (local_runtime.prefill_weights) runs the prompt chunks of a step: before the chunk, the
 slot's cells so far (a shared prefix, earlier chunks) are loaded into it from the main context;
 after it, the new cells go back to the main context and the prefill context is emptied. Between
-steps it holds nothing, so its pool only needs room for one step's prompts and their prefixes,
+steps it holds nothing, so its pool only needs room for one step's chunks and their prefixes,
 and the main context stays the one place the scheduler's books describe.
+
+Which copy, if any, an engine opens is local_runtime.prefill_choice's decision.
 """
 
 from __future__ import annotations
 
-import logging
+from dataclasses import dataclass
 
-from local_runtime.config import LocalEngineConfig
+import numpy as np
+
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
-from local_runtime.prefill_weights import cpu_has_bf16_dot, physical_memory_bytes, prefill_copy_path, resolve_prefill_weights
-
-logger = logging.getLogger("tandem.local")
 
 
-def open_prefill_context(main: LlamaBackend, config: LocalEngineConfig, model_path: str,
-                         max_model_len: int) -> PrefillContext | None:
-    """The prefill context `config.prefill_weights` asks for on this model and CPU, or None.
+@dataclass(frozen=True)
+class PromptChunk:
+    """Prompt tokens of one slot to compute: positions start .. start + len(token_ids) - 1."""
 
-    An explicit "bf16"/"f16" that cannot apply is an error; "auto" then quietly stays off."""
-    if not config.may_prefill_on_copy:
-        return None
-    kind = resolve_prefill_weights(config.prefill_weights, main.metadata("general.file_type"), cpu_has_bf16_dot(),
-                                   2 * main.n_params, physical_memory_bytes())
-    if kind is None:
-        return None
-    explicit = config.prefill_weights != "auto"
-    if not main.memory_is_one_kv_cache:
-        if explicit:
-            raise ValueError(f"prefill_weights={kind!r} needs a model with one plain KV cache; {model_path} has "
-                             "recurrent state or sliding-window attention (set prefill_weights = \"off\")")  # fmt: skip
-        return None
-    try:
-        copy_path = prefill_copy_path(model_path, kind)
-    except (OSError, RuntimeError) as exc:
-        if explicit:
-            raise
-        logger.warning("prefilling on the model's own weights: no %s copy (%s)", kind, exc)
-        return None
-    # Between steps the context is empty; within one it holds that step's prompt chunks and their
-    # prefixes. The engine sends a chunk here only while they fit, so one whole prompt always does.
-    return PrefillContext(main, copy_path, max_model_len + config.max_num_batched_tokens, kind)
+    slot: int
+    start: int  # the main context's slot holds exactly positions [0, start) when the chunk runs
+    token_ids: np.ndarray
 
 
 class PrefillContext:
@@ -56,27 +36,63 @@ class PrefillContext:
         self.kind = kind  # "bf16" or "f16"
         config = main.config
         self.backend = LlamaBackend(
-            LlamaBackendConfig(model_path=copy_path, n_ctx=n_cells, n_seq_max=config.n_seq_max, n_batch=config.n_batch,
-                               n_threads=config.n_threads, flash_attn=config.flash_attn)
-        )  # fmt: skip
+            LlamaBackendConfig(
+                model_path=copy_path,
+                n_ctx=n_cells,
+                n_seq_max=config.n_seq_max,
+                n_batch=config.n_batch,
+                n_threads=config.n_threads,
+                flash_attn=config.flash_attn,
+            )
+        )
         if self.backend.n_vocab != main.n_vocab:
             self.backend.close()
             raise ValueError(f"the prefill copy {copy_path} has another vocabulary than the model")
         self.n_cells = n_cells
 
-    def load_prefix(self, slot: int, source_slot: int, num_tokens: int) -> None:
-        """Give the prefill context's `slot` the main context's cells of `source_slot` below `num_tokens`."""
-        self.backend.write_sequence(slot, self.main.read_sequence(source_slot))
-        self.backend.drop_positions(slot, num_tokens)
+    @staticmethod
+    def cells_needed(chunks: list[tuple[int, int]]) -> int:
+        """Cells one prefill() of (start, number of tokens) chunks holds at its peak: every prefix is
+        loaded before the decode, and nothing leaves before the moves after it."""
+        return sum(start + num_tokens for start, num_tokens in chunks)
 
-    def move_to_main(self, slot: int, start: int) -> None:
-        """Hand the slot's cells from position `start` on to the main context, and empty the slot here."""
+    def prefill(self, chunks: list[PromptChunk]) -> None:
+        """Compute the chunks' cells here and hand them to the main context's slots.
+
+        On return each chunk's slot holds positions [0, start + len(token_ids)) in the main context,
+        and this context is empty. If it raises, this context is emptied too, while a main slot may
+        hold anything from its prefix to the whole (LocalEngine restores the books or recomputes)."""
         try:
-            if not self.main.config.kv_streams:  # the main pool keeps its own prefix cells (maybe shared)
-                self.backend.drop_positions(slot, 0, start)
-            self.main.write_sequence_tail(slot, self.backend.read_sequence(slot), start)
+            for chunk in chunks:
+                if chunk.start:
+                    self.backend.write_sequence(chunk.slot, self.main.read_sequence(chunk.slot))
+            self._decode(chunks)
+            for chunk in chunks:
+                self._move_to_main(chunk)
         finally:
-            self.backend.clear_slot(slot)
+            self.backend.clear_all()
+
+    def _decode(self, chunks: list[PromptChunk]) -> None:
+        """One llama_decode over every chunk, without logits: the engine samples from the main context."""
+        n = sum(len(chunk.token_ids) for chunk in chunks)
+        token_ids, positions, slots = (np.empty(n, dtype=np.int32) for _ in range(3))
+        i = 0
+        for chunk in chunks:
+            j = i + len(chunk.token_ids)
+            token_ids[i:j] = chunk.token_ids
+            positions[i:j] = np.arange(chunk.start, chunk.start + j - i)
+            slots[i:j] = chunk.slot
+            i = j
+        self.backend.decode(token_ids, positions, slots, np.zeros(n, dtype=np.int8))
+
+    def _move_to_main(self, chunk: PromptChunk) -> None:
+        slot = chunk.slot
+        if self.main.config.kv_streams:  # the slot's stream is rewritten whole: prefix and new cells
+            self.main.write_sequence(slot, self.backend.read_sequence(slot))
+        else:  # the main pool keeps its own prefix cells (maybe shared with other slots)
+            self.backend.drop_positions(slot, 0, chunk.start)
+            self.main.write_sequence_tail(slot, self.backend.read_sequence(slot), chunk.start)
+        self.backend.clear_slot(slot)
 
     def close(self) -> None:
         self.backend.close()

@@ -12,7 +12,7 @@ entries are evicted, least recently used first, whenever a slot or blocks are sh
 any waiting request is refused or running one preempted.
 
 Slots are handed out lowest first. Where every slot owns its cells (llama.cpp's KV streams),
-copying a prefix means copying a whole stream, so a newcomer whose best prefix is a cached
+copying a prefix means copying the source's cells into another stream, so a newcomer whose best prefix is a cached
 prompt takes that prompt's slot over instead (llama-server reuses an idle slot's cells the same
 way), and running slots stay packed at the low ids, which llama.cpp needs to batch them in one
 pass (LlamaBackend.decode).
@@ -153,10 +153,15 @@ class Scheduler:
         """Advance computed tokens and publish newly full blocks for prefix sharing."""
         for request_id, num_new in out.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
-            if request is None:
-                continue  # aborted while the step ran
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted while the step ran, or sent back to be recomputed
             request.num_computed_tokens += num_new
             self.block_manager.publish_full_blocks(request_id, request.all_token_ids, request.num_computed_tokens)
+
+    def preempt(self, request_id: str) -> None:
+        """Send a running request back to the front of the queue to be recomputed from scratch (the
+        engine lost its cells in a failed step): its blocks are freed and its slot cleared."""
+        self._preempt(self.requests[request_id], SchedulerOutput())
 
     # -- internals -------------------------------------------------------------------------
 

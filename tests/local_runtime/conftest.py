@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from local_runtime.config import LocalEngineConfig
@@ -60,3 +61,50 @@ def engine(request):
 @pytest.fixture(scope="module")
 def chat_prompts(engine):
     return [engine.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+
+
+# -- the prefill copy, pointed at references ----------------------------------------------------
+
+
+class ChunksInMain:
+    """The reference for the prefill copy: the same chunks the engine gives the copy, computed in the
+    main context itself, with no second context and no moves. An engine with this in place of its
+    prefill context splits its prompts exactly as one with a copy does (all but the token that samples
+    in one pass, that token in the next), so the two answer alike unless moving cells loses some."""
+
+    kind = "reference"
+
+    def __init__(self, main, n_cells: int):
+        self.main = main
+        self.n_cells = n_cells
+
+    def prefill(self, chunks) -> None:
+        n = sum(len(chunk.token_ids) for chunk in chunks)
+        token_ids = np.concatenate([chunk.token_ids for chunk in chunks]).astype(np.int32)
+        positions = np.concatenate([np.arange(c.start, c.start + len(c.token_ids)) for c in chunks]).astype(np.int32)
+        slots = np.concatenate([np.full(len(c.token_ids), c.slot) for c in chunks]).astype(np.int32)
+        self.main.decode(token_ids, positions, slots, np.zeros(n, dtype=np.int8))
+
+    def close(self) -> None:
+        pass
+
+
+def copy_cells(engine) -> int:
+    return engine.max_model_len + engine.config.max_num_batched_tokens
+
+
+def own_file_as_copy(engine: LocalEngine) -> LocalEngine:
+    """Point the engine's prefill context at the model file itself: same weights, same kernels."""
+    from local_runtime.prefill_context import PrefillContext
+    from sdk.protocol.model_files import default_model_path
+
+    engine.prefill.close()
+    engine.prefill = PrefillContext(engine.backend, default_model_path(), copy_cells(engine))
+    return engine
+
+
+def chunks_in_main(engine: LocalEngine) -> LocalEngine:
+    """Replace the engine's prefill context with ChunksInMain (the reference own_file_as_copy is held to)."""
+    engine.prefill.close()
+    engine.prefill = ChunksInMain(engine.backend, copy_cells(engine))
+    return engine

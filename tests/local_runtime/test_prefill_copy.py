@@ -17,10 +17,17 @@ import pytest
 
 from local_runtime import kv_state
 from local_runtime.config import LocalEngineConfig
-from local_runtime.prefill_context import PrefillContext
-from local_runtime.prefill_weights import prefill_copy_path, resolve_prefill_weights
+from local_runtime.prefill_weights import prefill_copy_path
 from sdk.protocol.model_files import default_model_path
-from tests.local_runtime.conftest import QUESTIONS, assert_no_blocks_held, greedy, make_engine, run_to_completion
+from tests.local_runtime.conftest import (
+    QUESTIONS,
+    assert_no_blocks_held,
+    chunks_in_main,
+    greedy,
+    make_engine,
+    own_file_as_copy,
+    run_to_completion,
+)
 
 STREAMS = dict(kv_cache_tokens=4096, max_num_seqs=8, max_model_len=512)
 UNIFIED = dict(kv_cache_tokens=2048, max_num_seqs=8, max_model_len=512, kv_layout="unified")
@@ -61,25 +68,6 @@ def test_state_bytes_that_do_not_fit_the_layout_are_refused():
 # -- the setting ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("setting, file_type, bf16_dot, expected", [
-    ("auto", "3", True, "bf16"),  # Q4_1 on an AVX512-BF16 CPU
-    ("auto", "3", False, None),  # not measured elsewhere: off
-    ("auto", "1", True, None),  # an F16 model needs no copy
-    ("f16", "3", False, "f16"),
-    ("bf16", "32", True, None),
-    ("off", "3", True, None),
-])  # fmt: skip
-def test_the_prefill_weights_setting_resolves_by_model_and_cpu(setting, file_type, bf16_dot, expected):
-    assert resolve_prefill_weights(setting, file_type, bf16_dot) == expected
-
-
-def test_auto_takes_a_copy_only_up_to_an_eighth_of_memory():
-    gib = 2**30
-    assert resolve_prefill_weights("auto", "3", True, copy_bytes=gib, memory_bytes=8 * gib) == "bf16"
-    assert resolve_prefill_weights("auto", "3", True, copy_bytes=gib + 1, memory_bytes=8 * gib) is None
-    assert resolve_prefill_weights("bf16", "3", True, copy_bytes=4 * gib, memory_bytes=8 * gib) == "bf16"  # asked for
-
-
 @pytest.mark.parametrize("config, words", [
     (dict(prefill_weights="int8"), ["prefill_weights", "'int8'"]),
     (dict(prefill_weights="bf16", batch_invariant=True), ["prefill_weights", "batch_invariant"]),
@@ -98,9 +86,9 @@ def test_the_copy_is_converted_once_and_is_bf16(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TANDEM_PREFILL_WEIGHTS_DIR", str(tmp_path))
     path = prefill_copy_path(default_model_path(), "bf16")
-    stamp = (tmp_path / path.rsplit("/", 1)[-1]).stat().st_mtime_ns
+    inode = (tmp_path / path.rsplit("/", 1)[-1]).stat().st_ino
     assert prefill_copy_path(default_model_path(), "bf16") == path
-    assert (tmp_path / path.rsplit("/", 1)[-1]).stat().st_mtime_ns == stamp
+    assert (tmp_path / path.rsplit("/", 1)[-1]).stat().st_ino == inode  # not converted (and renamed in) again
     assert [p.name for p in tmp_path.iterdir()] == [path.rsplit("/", 1)[-1]]  # no partial file left
     copy = LlamaBackend(LlamaBackendConfig(path, 256, 1, 64, 2))
     try:
@@ -110,13 +98,6 @@ def test_the_copy_is_converted_once_and_is_bf16(tmp_path, monkeypatch):
 
 
 # -- the moves of cells -----------------------------------------------------------------------
-
-
-def own_file_as_copy(engine):
-    """Point the engine's prefill context at the model file itself: same weights, same kernels."""
-    engine.prefill.close()
-    engine.prefill = PrefillContext(engine.backend, default_model_path(), engine.max_model_len + engine.config.max_num_batched_tokens)
-    return engine
 
 
 def answers_one_at_a_time(engine, prompts, max_tokens=12, empty_pool_before=()):
@@ -139,29 +120,29 @@ def prefill_context_is_empty(engine) -> bool:
 @pytest.mark.parametrize("layout", [STREAMS, UNIFIED], ids=["streams", "unified"])
 @pytest.mark.parametrize("budget", [512, 48], ids=["whole", "chunked"])
 def test_cells_moved_from_the_prefill_context_answer_as_the_main_context_computes(layout, budget):
-    own = make_engine(**layout, max_num_batched_tokens=budget, prefill_weights="off")
+    reference = chunks_in_main(make_engine(**layout, max_num_batched_tokens=budget, prefill_weights="bf16"))
     moved = own_file_as_copy(make_engine(**layout, max_num_batched_tokens=budget, prefill_weights="bf16"))
     try:
-        first = own.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}])
-        follow = own.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": "Paris."},
-                                          {"role": "user", "content": "And of Italy?"}])  # fmt: skip
-        prompts = [first, follow, own.apply_chat_template([{"role": "user", "content": LONG}])]
+        first = moved.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}])
+        follow = moved.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": "Paris."},
+                                            {"role": "user", "content": "And of Italy?"}])  # fmt: skip
+        prompts = [first, follow, moved.apply_chat_template([{"role": "user", "content": LONG}])]
         assert len(prompts[2]) > 2 * 48  # chunked three ways at the small budget
-        calls = []
-        load = moved.prefill.load_prefix
-        moved.prefill.load_prefix = lambda *args: (calls.append(args), load(*args))
+        starts = []
+        prefill = moved.prefill.prefill
+        moved.prefill.prefill = lambda chunks: (starts.extend(c.start for c in chunks), prefill(chunks))
         # The long prompt starts from an empty pool: in the unified one, cells moved in land where
-        # llama.cpp finds a contiguous run and a decode's wherever cells are free, and around cached
-        # prompts those differ, which changes attention's rounding (README "Batch invariance").
-        ours, theirs = (answers_one_at_a_time(e, prompts, empty_pool_before=(2,)) for e in (moved, own))
+        # llama.cpp finds room and a decode's wherever cells are free, and around cached prompts
+        # those differ, which changes attention's rounding (README "Batch invariance").
+        ours, theirs = (answers_one_at_a_time(e, prompts, empty_pool_before=(2,)) for e in (moved, reference))
         for i, (a, b) in enumerate(zip(ours, theirs)):
             assert [t for t, _ in a] == [t for t, _ in b], f"prompt {i}: other tokens"
             assert np.allclose([lp for _, lp in a], [lp for _, lp in b], atol=1e-4), f"prompt {i}: other logprobs"
-        assert any(n >= 30 for _, _, n in calls), "the follow-up should have loaded the first turn's cells"
+        assert any(start >= 30 for start in starts), "the follow-up should have loaded the first turn's cells"
         assert prefill_context_is_empty(moved)
         assert_no_blocks_held(moved)
     finally:
-        own.close()
+        reference.close()
         moved.close()
 
 
@@ -171,7 +152,7 @@ def test_prompts_past_the_prefill_contexts_room_run_in_the_main_context():
     moved = own_file_as_copy(make_engine(**STREAMS, max_num_batched_tokens=512, prefill_weights="bf16"))
     try:
         prompt = own.apply_chat_template([{"role": "user", "content": LONG}])
-        moved.prefill.n_cells = len(prompt) - 1  # the whole prompt does not fit: it goes to the main context
+        moved.prefill.n_cells = len(prompt) - 2  # all but the last token do not fit: the prompt goes to the main context
         runs = []
         decode = moved.prefill.backend.decode
         moved.prefill.backend.decode = lambda *a, **k: (runs.append(1), decode(*a, **k))[1]
