@@ -20,6 +20,14 @@ shows up below 0.5 rather than being flattered by max(s, 1 - s).
 Key: `probe_auroc_minus_best_signal`, the probe's held-out AUROC minus that of the best
 single signal (the one with the highest held-out AUROC, named in `best_signal`), with the
 paired DeLong standard error of that difference.
+
+--compare-prefill answers the same questions twice, prompts prefilled on the model's own weights
+(prefill_weights = off) and through the 16-bit copy `--prefill-weights` names (default: the one
+`auto` measured on this machine; local_runtime.prefill_choice). Probes and thresholds are fitted on
+the first kind of answers, so the question is whether they still hold on the second: a probe is
+trained on the own-weights answers of one split and scored on the held-out questions of both runs.
+Keys `shipped_probe_auroc_copy_minus_off` and `best_signal_auroc_copy_minus_off`, each with an SE
+(the two AUROCs' DeLong variances added: the runs' answers differ, so they are not paired).
 """
 
 from __future__ import annotations
@@ -98,16 +106,74 @@ def answer_items(engine, items: list[ArithmeticItem]) -> Answers:
     )  # fmt: skip
 
 
-def collect_answers(n: int, seed: int, n_threads: int | None = None) -> Answers:
+def collect_answers(n: int, seed: int, n_threads: int | None = None, prefill_weights: str = "auto") -> Answers:
     """Generate `n` items from `seed` and answer them with a fresh local engine."""
+    return collect_answers_with(n, seed, n_threads, prefill_weights)[0]
+
+
+def collect_answers_with(n: int, seed: int, n_threads: int | None, prefill_weights: str) -> tuple[Answers, str]:
+    """collect_answers, and the weights prompts prefilled on ("own", "bf16" or "f16")."""
+    import dataclasses
+
     from local_runtime.async_engine import AsyncLocalEngine
 
-    engine = AsyncLocalEngine(local_engine_config(n_threads)).start()
+    config = dataclasses.replace(local_engine_config(n_threads), prefill_weights=prefill_weights)
+    engine = AsyncLocalEngine(config).start()
     try:
         engine.wait_ready(180)
-        return answer_items(engine, generate_items(n, seed))
+        kind = engine.engine.prefill_choice.kind or "own"
+        return answer_items(engine, generate_items(n, seed)), kind
     finally:
         engine.shutdown()
+
+
+def auroc_se(scores: np.ndarray, labels: np.ndarray) -> float:
+    """DeLong standard error of one AUROC."""
+    v, w = delong_components(scores, labels)
+    return math.sqrt(np.var(v, ddof=1) / v.size + np.var(w, ddof=1) / w.size)
+
+
+def compare_prefill(off: Answers, copy: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRACTION) -> dict:
+    """A probe fitted on own-weights answers, and the best single signal oriented on them, scored on the
+    held-out questions of both runs (see the module docstring)."""
+    from confidence.probe import ConfidenceProbe, ProbeConfig, model_fingerprint_for_gguf
+    from confidence.probe_training import stratified_split
+    from sdk.protocol.model_files import resolve_model_path
+
+    train, heldout = stratified_split(off.labels, holdout_fraction, seed)
+    fingerprint = model_fingerprint_for_gguf(resolve_model_path(None))
+    config = ProbeConfig(kind="logistic", calibration="platt", seed=seed)
+    probe = ConfidenceProbe(list(FEATURE_NAMES), fingerprint, config).fit(off.features[train], off.labels[train])
+    best = evaluate(off, seed, holdout_fraction)["best_signal"]
+    column = FEATURE_NAMES.index(best)
+    fill = float(np.nanmedian(off.features[train, column]))
+    sign = 1.0 if auroc(_impute(off.features[train, column], fill), off.labels[train]) >= 0.5 else -1.0
+    sides = {}
+    for name, answers in (("off", off), ("copy", copy)):
+        labels = answers.labels[heldout]
+        scores = {
+            "shipped_probe": np.asarray(probe.predict(answers.features[heldout]), dtype=np.float64),
+            "best_signal": sign * _impute(answers.features[heldout, column], fill),
+        }
+        sides[name] = {"accuracy": float(answers.labels.mean())}
+        for score_name, values in scores.items():
+            sides[name][f"{score_name}_heldout_auroc"] = auroc(values, labels)
+            sides[name][f"{score_name}_heldout_auroc_se"] = auroc_se(values, labels)
+    mean_logprob = FEATURE_NAMES.index("mean_logprob")
+    out = {
+        "best_signal": best,
+        "sides": sides,
+        "answers_identical_share": float(np.mean([a == b for a, b in zip(off.texts, copy.texts)])),
+        "labels_differ": int((off.labels != copy.labels).sum()),
+        "mean_logprob_mean_abs_diff": float(
+            np.nanmean(np.abs(off.features[:, mean_logprob] - copy.features[:, mean_logprob]))
+        ),
+    }
+    for score_name in ("shipped_probe", "best_signal"):
+        key = f"{score_name}_heldout_auroc"
+        out[f"{score_name}_auroc_copy_minus_off"] = sides["copy"][key] - sides["off"][key]
+        out[f"{score_name}_auroc_copy_minus_off_se"] = math.hypot(sides["copy"][key + "_se"], sides["off"][key + "_se"])
+    return out
 
 
 def delong_components(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -267,10 +333,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="question generator and split seed")
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
     parser.add_argument("--smoke", action="store_true", help=f"only checks that the bench works ({SMOKE_N} questions): figures meaningless")
+    parser.add_argument(
+        "--prefill-weights",
+        default="auto",
+        choices=("auto", "bf16", "f16", "off"),
+        help="the local engine's prefill_weights (with --compare-prefill: the copy compared with off)",
+    )
+    parser.add_argument(
+        "--compare-prefill", action="store_true", help="answer twice, on the own weights and through the copy"
+    )
     args = parser.parse_args()
     n = args.n if args.n is not None else SMOKE_N if args.smoke else DEFAULT_N
+    if args.compare_prefill:
+        return main_compare_prefill(args, n)
 
-    answers = collect_answers(n, args.seed, args.threads)
+    answers, prefill_kind = collect_answers_with(n, args.seed, args.threads, args.prefill_weights)
     result = evaluate(answers, args.seed)
     print(format_table(result), flush=True)
     wrong_examples = [
@@ -284,12 +361,41 @@ def main() -> None:
                     f"equal shares; greedy, max_tokens {MAX_TOKENS}, {TOP_LOGPROBS} top logprobs; label = the reply's "
                     f"answer (number after its first '=', else its first integer) equals the true one; stratified split holding out {HOLDOUT_FRACTION:.0%}",
         "generation": {"seconds": answers.seconds, "output_tokens": answers.num_output_tokens},
+        "prefill_weights": {"setting": args.prefill_weights, "in_effect": prefill_kind},
         **result,
         "baseline": "best single signal by held-out AUROC (orientation chosen on train)",
         "examples_wrong": wrong_examples[:: max(1, len(wrong_examples) // 12)][:12],
     }
     write_report(args.json, report, ("accuracy", "best_signal", "best_signal_heldout_auroc",
                                      "probe_auroc_minus_best_signal", "probe_auroc_minus_best_signal_se"))
+
+
+def main_compare_prefill(args, n: int) -> None:
+    from bench.machine import report_header, write_report
+
+    copy_setting = "auto" if args.prefill_weights == "off" else args.prefill_weights
+    off, _ = collect_answers_with(n, args.seed, args.threads, "off")
+    copy, kind = collect_answers_with(n, args.seed, args.threads, copy_setting)
+    if kind == "own":
+        raise SystemExit(
+            "bench.confidence_auroc --compare-prefill: no copy is in effect on this machine (auto chose the "
+            "model's own weights); name one with --prefill-weights bf16 or f16"
+        )
+    result = compare_prefill(off, copy, args.seed)
+    for name, side in result["sides"].items():
+        print(name, {k: round(v, 4) for k, v in side.items()}, flush=True)
+    report = {
+        **report_header("confidence_auroc_prefill", smoke=args.smoke),
+        "model": "embedded SmolLM2-135M-Instruct (GGUF Q4_1), local_runtime.AsyncLocalEngine",
+        "workload": f"{n} generated arithmetic questions (seed {args.seed}), answered with prefill_weights "
+        f"off and {kind}",
+        "copy": kind,
+        **result,
+        "baseline": "the same probe and signal on the answers prefilled on the model's own weights",
+    }
+    headline = ["copy", "shipped_probe_auroc_copy_minus_off", "shipped_probe_auroc_copy_minus_off_se"]
+    headline += ["best_signal_auroc_copy_minus_off", "best_signal_auroc_copy_minus_off_se"]
+    write_report(args.json, report, tuple(headline))
 
 
 if __name__ == "__main__":

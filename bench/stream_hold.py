@@ -17,6 +17,13 @@ judges them (sdk.cascade.config). Two measurements, side by side in one run:
    and `ttft_ratio_window_vs_until_decided`.
 
 --quick: 40 prompts for (1) and 8 for (2); --smoke: 4 short ones for each (checks the bench works).
+
+--compare-prefill runs (1) only, twice: prompts prefilled on the model's own weights (prefill_weights
+= off) and through the 16-bit copy `auto` takes on this machine (or --prefill-weights names), each
+answer seeded by its prompt's index so the two runs differ only by the prefill. The streaming
+policy's thresholds were fitted on the first kind of answers; `escalated_by_window_copy_minus_off`
+(at threshold 0.5, low-confidence escalations within the default hold window) and its SE, from the
+answers whose verdict differs between the runs (McNemar's), say whether the copy moves them.
 """
 
 from __future__ import annotations
@@ -55,8 +62,10 @@ def prompts(num: int) -> list[str]:
     return chat[: num - half] + maths[:half]
 
 
-async def escalation_positions(texts: list[str], max_tokens: int = 256) -> dict:
-    """First escalation per answer and threshold, by StreamingPolicy as the cascade builds it."""
+async def escalation_positions(texts: list[str], max_tokens: int = 256, prefill_weights: str = "auto",
+                               seeded: bool = False) -> dict:  # fmt: skip
+    """First escalation per answer and threshold, by StreamingPolicy as the cascade builds it (with
+    `seeded`, answer i samples with seed i; "first" in the result holds each answer's escalation)."""
     from local_runtime.async_engine import AsyncLocalEngine
     from local_runtime.config import LocalEngineConfig
     from router.streaming_policy import StreamingPolicy
@@ -65,8 +74,9 @@ async def escalation_positions(texts: list[str], max_tokens: int = 256) -> dict:
     from sdk.protocol.repetition import ESCALATE_LOOP
 
     config = CascadeConfig()
-    engine = AsyncLocalEngine(LocalEngineConfig(max_num_seqs=8)).start()
+    engine = AsyncLocalEngine(LocalEngineConfig(max_num_seqs=8, prefill_weights=prefill_weights)).start()
     engine.wait_ready(300)
+    prefill_kind = engine.engine.prefill_choice.kind or "own"
     first: dict[float, list] = {t: [] for t in THRESHOLDS}
     slots = asyncio.Semaphore(8)
 
@@ -76,7 +86,8 @@ async def escalation_positions(texts: list[str], max_tokens: int = 256) -> dict:
             policies = {t: StreamingPolicy(t, config.min_tokens_k, config.score_kind, decide_at=config.decide_at,
                                            loop_rule=ESCALATE_LOOP) for t in THRESHOLDS}  # fmt: skip
             found: dict[float, tuple | None] = {}
-            async for event in engine.generate(GenerationRequest(f"hold-{index}", ids, SamplingParams(max_tokens=max_tokens))):
+            params = SamplingParams(max_tokens=max_tokens, seed=index if seeded else None)
+            async for event in engine.generate(GenerationRequest(f"hold-{index}", ids, params)):
                 for t, policy in policies.items():
                     if t not in found and (decision := policy.observe(event)) is not None:
                         found[t] = (decision.decided_at_token, str(decision.reason))
@@ -84,21 +95,57 @@ async def escalation_positions(texts: list[str], max_tokens: int = 256) -> dict:
                 if t not in found:
                     decision = policy.finish()
                     found[t] = (decision.decided_at_token, str(decision.reason)) if decision.escalated else None
-                first[t].append(found[t])
+                first[t].append((index, found[t]))
 
     try:
         await asyncio.gather(*(one(i, text) for i, text in enumerate(texts)))
     finally:
         engine.shutdown()
-    out = {}
+    out = {"prefill_weights": prefill_kind}
     for t in THRESHOLDS:
-        escalated = [e for e in first[t] if e is not None]
+        by_prompt = [found for _, found in sorted(first[t], key=lambda item: item[0])]
+        escalated = [e for e in by_prompt if e is not None]
         low = sorted(pos for pos, reason in escalated if reason == "low_confidence")
         out[str(t)] = {
             "prompts": len(texts), "escalated": len(escalated), "by_reason": dict(Counter(r for _, r in escalated)),
             "low_confidence_by_token": {str(n): sum(1 for p in low if p <= n) for n in POSITIONS},
+            "first": by_prompt,
         }  # fmt: skip
     return out
+
+
+def compare_prefill(texts: list[str], max_tokens: int, copy_setting: str) -> dict:
+    """escalation_positions on the own weights and through the copy, paired by prompt (seeded)."""
+    from sdk.cascade.config import CascadeConfig
+
+    window = CascadeConfig().stream_hold_window()
+    off = asyncio.run(escalation_positions(texts, max_tokens, "off", seeded=True))
+    copy = asyncio.run(escalation_positions(texts, max_tokens, copy_setting, seeded=True))
+    if copy["prefill_weights"] == "own":
+        raise SystemExit("bench.stream_hold --compare-prefill: auto chose the model's own weights on this machine; "
+                         "name a copy with --prefill-weights bf16 or f16")  # fmt: skip
+
+    def held(found) -> bool:  # a low-confidence escalation within the hold window
+        return found is not None and found[1] == "low_confidence" and found[0] <= window
+
+    off_held = [held(f) for f in off["0.5"]["first"]]
+    copy_held = [held(f) for f in copy["0.5"]["first"]]
+    only_copy = sum(c and not o for o, c in zip(off_held, copy_held))
+    only_off = sum(o and not c for o, c in zip(off_held, copy_held))
+    for side in (off, copy):
+        for t in THRESHOLDS:
+            side[str(t)].pop("first")
+    return {
+        "copy": copy["prefill_weights"],
+        "hold_tokens": window,
+        "off": off,
+        "with_copy": copy,
+        "escalated_by_window_off": sum(off_held),
+        "escalated_by_window_copy": sum(copy_held),
+        "escalated_by_window_copy_minus_off": only_copy - only_off,
+        "escalated_by_window_copy_minus_off_se": (only_copy + only_off) ** 0.5,
+        "verdicts_differ": only_copy + only_off,
+    }
 
 
 def wait_healthy(server: subprocess.Popen, url: str, timeout_s: float = 300.0) -> None:
@@ -138,12 +185,31 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="4 prompts of 64 tokens for (1), 4 of 32 for (2): "
                         "checks the bench works")
+    parser.add_argument(
+        "--prefill-weights",
+        default="auto",
+        choices=("auto", "bf16", "f16", "off"),
+        help="the local engine's prefill_weights in (1) (with --compare-prefill: the copy compared with off)",
+    )
+    parser.add_argument(
+        "--compare-prefill", action="store_true", help="(1) only, on the own weights and through the copy"
+    )
     args = parser.parse_args()
     from sdk.cascade.config import CascadeConfig
 
     window = CascadeConfig().stream_hold_window()
     num_positions = 4 if args.smoke else 40 if args.quick else 140
-    positions = asyncio.run(escalation_positions(prompts(num_positions), max_tokens=64 if args.smoke else 256))
+    max_tokens = 64 if args.smoke else 256
+    if args.compare_prefill:
+        copy_setting = "auto" if args.prefill_weights == "off" else args.prefill_weights
+        result = compare_prefill(prompts(num_positions), max_tokens, copy_setting)
+        report = report_header("stream_hold_prefill", smoke=args.smoke) | {"quick": args.quick, **result}
+        write_report(args.json, report, ("copy", "escalated_by_window_off", "escalated_by_window_copy",
+                                         "escalated_by_window_copy_minus_off", "escalated_by_window_copy_minus_off_se"))
+        return
+    positions = asyncio.run(escalation_positions(prompts(num_positions), max_tokens, args.prefill_weights))
+    for t in THRESHOLDS:
+        positions[str(t)].pop("first")
     num_prompts = 4 if args.smoke else 8 if args.quick else 16
     runs = {}
     with tempfile.TemporaryDirectory(prefix="stream-hold-") as tmp:
