@@ -62,8 +62,9 @@ def prompts(num: int) -> list[str]:
     return chat[: num - half] + maths[:half]
 
 
-async def escalation_positions(texts: list[str], max_tokens: int = 256, prefill_weights: str = "auto",
-                               seeded: bool = False) -> dict:  # fmt: skip
+async def escalation_positions(
+    texts: list[str], max_tokens: int = 256, prefill_weights: str = "auto", seeded: bool = False
+) -> dict:
     """First escalation per answer and threshold, by StreamingPolicy as the cascade builds it (with
     `seeded`, answer i samples with seed i; "first" in the result holds each answer's escalation)."""
     from local_runtime.async_engine import AsyncLocalEngine
@@ -122,16 +123,19 @@ def compare_prefill(texts: list[str], max_tokens: int, copy_setting: str) -> dic
     off = asyncio.run(escalation_positions(texts, max_tokens, "off", seeded=True))
     copy = asyncio.run(escalation_positions(texts, max_tokens, copy_setting, seeded=True))
     if copy["prefill_weights"] == "own":
-        raise SystemExit("bench.stream_hold --compare-prefill: auto chose the model's own weights on this machine; "
-                         "name a copy with --prefill-weights bf16 or f16")  # fmt: skip
+        raise SystemExit(
+            "bench.stream_hold --compare-prefill: auto chose the model's own weights on this machine; "
+            "name a copy with --prefill-weights bf16 or f16"
+        )
 
     def held(found) -> bool:  # a low-confidence escalation within the hold window
         return found is not None and found[1] == "low_confidence" and found[0] <= window
 
-    off_held = [held(f) for f in off["0.5"]["first"]]
-    copy_held = [held(f) for f in copy["0.5"]["first"]]
-    only_copy = sum(c and not o for o, c in zip(off_held, copy_held))
-    only_off = sum(o and not c for o, c in zip(off_held, copy_held))
+    def looped(found) -> bool:
+        return found is not None and found[1] == "repetition"
+
+    verdicts = {"escalated_by_window": held, "escalated_for_a_loop": looped}
+    paired = {name: _paired(off["0.5"]["first"], copy["0.5"]["first"], verdict) for name, verdict in verdicts.items()}
     for side in (off, copy):
         for t in THRESHOLDS:
             side[str(t)].pop("first")
@@ -140,10 +144,20 @@ def compare_prefill(texts: list[str], max_tokens: int, copy_setting: str) -> dic
         "hold_tokens": window,
         "off": off,
         "with_copy": copy,
-        "escalated_by_window_off": sum(off_held),
-        "escalated_by_window_copy": sum(copy_held),
-        "escalated_by_window_copy_minus_off": only_copy - only_off,
-        "escalated_by_window_copy_minus_off_se": (only_copy + only_off) ** 0.5,
+        **{f"{name}_{key}": value for name, counts in paired.items() for key, value in counts.items()},
+    }
+
+
+def _paired(off: list, copy: list, verdict) -> dict:
+    """How many answers get `verdict` in each run, the paired difference and its SE (McNemar: from the
+    answers whose verdict differs between the runs)."""
+    only_copy = sum(verdict(c) and not verdict(o) for o, c in zip(off, copy))
+    only_off = sum(verdict(o) and not verdict(c) for o, c in zip(off, copy))
+    return {
+        "off": sum(map(verdict, off)),
+        "copy": sum(map(verdict, copy)),
+        "copy_minus_off": only_copy - only_off,
+        "copy_minus_off_se": (only_copy + only_off) ** 0.5,
         "verdicts_differ": only_copy + only_off,
     }
 
