@@ -10,7 +10,8 @@ One prompt at a time, nothing else in the pool, random token ids (seeded) of 64,
 * `default`: tandem's backend with its defaults (ubatches of up to 512 tokens, as llama.cpp's);
 * `engine`: the whole local engine with its defaults, add_request to the first token event
   (scheduling, the batch tandem builds, llama_decode, sampling and the confidence signals); its
-  `prefill_weights` default (README "Prefill weights") is recorded as `engine_prefill_weights`;
+  `prefill_weights` default (README "Prefill weights") is recorded as `engine_prefill_weights`, with
+  the reason `auto` gave (its measurement on this machine) as `engine_prefill_choice`;
 * `engine_own_weights`: the same engine with `prefill_weights = "off"` (prompts on the model's own
   quantized weights, as llama-server runs them);
 * `llama_server`: llama-server (scripts/build-llama-server.sh, the same llama.cpp commit) with
@@ -20,7 +21,9 @@ One prompt at a time, nothing else in the pool, random token ids (seeded) of 64,
 Also `first_token_kl_vs_f16_own_weights` and `first_token_kl_vs_f16_bf16`: over 16 chat prompts,
 the mean KL divergence of the first token's distribution on the model's own Q4_1 path and through
 a BF16 copy from the distribution through an F16 copy of the same weights (the dequantized Q4_1
-weights to F16's 11 bits, 16-bit activations: the closest llama.cpp gets to the file's own numbers).
+weights to F16's 11 bits, 16-bit activations: the closest llama.cpp gets to the file's own numbers);
+`first_token_kl_vs_f16_bf16_then_own` and `..._f16_then_own`: the engine's path through each copy,
+whose first token is computed on the model's own weights over the copy's cells.
 
 The timed ones run interleaved, prompt by prompt, with a pause between them so neither process's
 OpenMP threads are still spinning when the other starts. Keys, per length N: `ms_p50` of each
@@ -103,32 +106,47 @@ FIDELITY_QUESTIONS = (
 
 
 def first_token_kl(path: str) -> dict:
-    """Mean KL(F16 copy || path) of the first token over FIDELITY_QUESTIONS, for the model's own weights and BF16."""
+    """Mean KL(F16 copy || path) of the first token over FIDELITY_QUESTIONS: the model's own weights, the
+    BF16 copy, and the engine's path through each copy (all but the last token on the copy, the cells
+    moved, the last token on the model's own weights)."""
+    from local_runtime.prefill_context import PrefillContext, PromptChunk
     from local_runtime.prefill_weights import prefill_copy_path
     from sdk.protocol.chat_template import render_chat
 
     paths = {"own_weights": path, "bf16": prefill_copy_path(path, "bf16"), "f16": prefill_copy_path(path, "f16")}
     backends = {name: LlamaBackend(LlamaBackendConfig(p, N_CTX, 1, 512, THREADS)) for name, p in paths.items()}
+    main = LlamaBackend(LlamaBackendConfig(path, N_CTX, 1, 512, THREADS, scratch_sequence=True))
+    copies = {f"{kind}_then_own": PrefillContext(main, paths[kind], N_CTX, kind) for kind in ("bf16", "f16")}
     try:
         model = backends["own_weights"]  # the prompt as tandem serves it: the GGUF's chat template, as LocalEngine renders it
         template, bos, eos = model.metadata("tokenizer.chat_template"), model.special_token_text("bos"), model.special_token_text("eos")
-        kl = {"own_weights": [], "bf16": []}
+        kl = {"own_weights": [], "bf16": [], "bf16_then_own": [], "f16_then_own": []}
         for question in FIDELITY_QUESTIONS:
             text = render_chat(template, [{"role": "user", "content": question}], bos, eos)
             tokens = np.array(model.tokenize(text, add_special=False, parse_special=True), np.int32)
-            logp = {}
+            n = len(tokens)
+            logits = {}
             for name, backend in backends.items():
-                want = np.zeros(len(tokens), np.int8)
+                want = np.zeros(n, np.int8)
                 want[-1] = 1
                 backend.clear_slot(0)
-                x = backend.decode(tokens, np.arange(len(tokens), dtype=np.int32), np.zeros(len(tokens), np.int32), want)[0].astype(np.float64)
-                logp[name] = x - x.max() - np.log(np.exp(x - x.max()).sum())
+                logits[name] = backend.decode(tokens, np.arange(n, dtype=np.int32), np.zeros(n, np.int32), want)[0]
+            for name, copy in copies.items():
+                main.clear_all()
+                copy.prefill([PromptChunk(0, 0, tokens[:-1])])
+                last = np.array([n - 1], np.int32)
+                logits[name] = main.decode(tokens[-1:], last, np.zeros(1, np.int32), np.ones(1, np.int8))[0]
+            logp = {name: _log_softmax(x.astype(np.float64)) for name, x in logits.items()}
             for name in kl:
                 kl[name].append(float(np.sum(np.exp(logp["f16"]) * (logp["f16"] - logp[name]))))
     finally:
-        for backend in backends.values():
-            backend.close()
+        for closable in [*copies.values(), *backends.values(), main]:
+            closable.close()
     return {f"first_token_kl_vs_f16_{name}": statistics.mean(values) for name, values in kl.items()} | {"fidelity_prompts": len(FIDELITY_QUESTIONS)}
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    return x - x.max() - np.log(np.exp(x - x.max()).sum())
 
 
 def summarize(samples: dict[str, list[float]], n: int) -> dict:
@@ -192,10 +210,12 @@ def main(argv: list[str] | None = None) -> None:
     for backend in backends.values():
         backend.close()
     engine_prefill_weights = engine.prefill.kind if engine.prefill else "own"
+    engine_prefill_choice = engine.prefill_choice.reason
     engine.close()
     own_weights.close()
     report = report_header("local_prefill", smoke=args.smoke)
-    report.update({"engine_prefill_weights": engine_prefill_weights, "prefill_copy_file_mib": copy_mib,
+    report.update({"engine_prefill_weights": engine_prefill_weights, "engine_prefill_choice": engine_prefill_choice,
+                   "prefill_copy_file_mib": copy_mib,
                    "engine_rss_growth_mib": rss_engine, "engine_own_weights_rss_growth_mib": rss_own,
                    "prefill_copy_extra_rss_mib": rss_engine - rss_own, "llama_cpp_commit": llama_cpp_commit, "llama_server_command": " ".join(server.command),
                    "threads": THREADS, "repeats": repeats, "lengths": list(lengths),
