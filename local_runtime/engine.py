@@ -85,7 +85,8 @@ class LocalEngine:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the {self.backend.cells_per_slot} KV cells of a slot")
         self.prefill, self.prefill_choice = open_prefill_context(self.backend, config, path, self.max_model_len)
         choice = self.prefill_choice
-        logger.info("local prompts prefill on %s: %s", choice.kind or "the model's own weights", choice.reason)
+        route = f"through the {choice.kind} copy of the weights" if choice.kind else "on the model's own weights"
+        logger.info("local prompts prefill %s: %s", route, choice.reason)
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    cache_finished_prompts=config.cache_finished_prompts,

@@ -109,9 +109,7 @@ def decide(measured: PrefillMeasurement, n_cells: int, memory_limit: int | None)
             f"more than 1/{MEMORY_SHARE} of the {memory_limit >> 20} MiB this process may use",
         )
     bound = "no memory limit read" if memory_limit is None else f"1/{MEMORY_SHARE} of {memory_limit >> 20} MiB"
-    return PrefillChoice(
-        kind, f"{kind} copy: {ratio:.2f}x the own weights' time ({figures}); {cost >> 20} MiB, within {bound}"
-    )
+    return PrefillChoice(kind, f"{ratio:.2f}x the own weights' time ({figures}); {cost >> 20} MiB, within {bound}")
 
 
 def open_prefill_context(
