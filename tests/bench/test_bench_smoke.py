@@ -69,3 +69,17 @@ def test_serve_compare_cloud_smoke_run(tmp_path: Path):
     report = json.loads(out.read_text(), parse_constant=_reject_constant)
     assert report["smoke"] is True and report["failed_requests"] == 0
     assert set(report["targets_met"]) == {"ratio_output_tps_vs_vllm_c32", "ratio_output_tps_vs_vllm_c1", "ratio_tpot_p50_vs_vllm_c32"}
+
+
+@pytest.mark.parametrize("name", ["confidence_auroc", "stream_hold"])
+def test_bench_compare_prefill_smoke_run(name: str, tmp_path: Path):
+    """The second mode of these two (issue 52): the same answers with the prefill copy off and on. The copy
+    is named, so the run does not depend on what `auto` measured on this machine."""
+    out = tmp_path / f"{name}_prefill.json"
+    command = [sys.executable, "-m", f"bench.{name}", "--smoke", "--compare-prefill", "--prefill-weights", "f16"]
+    run = subprocess.run(
+        [*command, "--json", str(out)], cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    report = json.loads(out.read_text(), parse_constant=_reject_constant)
+    assert report["smoke"] is True and report["copy"] == "f16"
