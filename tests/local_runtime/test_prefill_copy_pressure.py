@@ -163,15 +163,16 @@ def test_a_failing_copy_costs_no_request_and_turns_itself_off(layout, fault, cap
     """The copy fails in the middle of a step (a move that raises after the first chunk went over, or a
     decode that fails): the step still completes on the main context, every answer is the model's own,
     and the copy stays off from then on, with one warning."""
+    layout = {**layout, "max_num_batched_tokens": 384}  # several prompts a step: several chunks on the copy at once
     own = make_engine(**layout, prefill_weights="off")
     moved = own_file_as_copy(make_engine(**layout, prefill_weights="bf16"))
     try:
-        calls, copy = [], moved.prefill
+        several, copy = [], moved.prefill
         prefill = copy.prefill
 
         def failing(chunks):
-            calls.append(len(chunks))
-            if len(calls) >= 3 and len(chunks) > 1 and fault == "move":
+            several.extend([len(chunks)] if len(chunks) > 1 else [])
+            if len(several) == 2 and fault == "move":  # the second step with several chunks: the copy ran before
                 move, moves = copy._move_to_main, []
 
                 def move_once(chunk):
@@ -181,7 +182,7 @@ def test_a_failing_copy_costs_no_request_and_turns_itself_off(layout, fault, cap
                     move(chunk)
 
                 copy._move_to_main = move_once
-            elif len(calls) >= 3 and len(chunks) > 1:
+            elif len(several) == 2:
                 copy.backend.decode = raise_injected
             prefill(chunks)
 
