@@ -19,11 +19,21 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from router.prompt_router.embedder_export import ATTENTION_MASK, INPUT_IDS, PRECISIONS, model_fingerprint, package_model_dir
+from router.prompt_router.embedder_export import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    PRECISIONS,
+    model_fingerprint,
+    package_model_dir,
+)
 from router.prompt_router.prompt_shape import SHAPE_VERSION, shape_features
+
+if TYPE_CHECKING:  # imported where a session is opened: `tandem serve` imports this module before /health answers
+    import onnxruntime
 
 METADATA_KEY = "tandem.prompt_router"
 FORMAT_VERSION = 2  # 1: an embedding head predicting one label (before traffic learning); refused with a hint
