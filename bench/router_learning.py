@@ -31,6 +31,9 @@ design subjects; the locked ones are scored once per recipe that ships (bench.ro
 3. The locked subjects: the default router (and the selected recipe beside it), with 10% of
    each subject labelled in a table (`tandem router train --data`), and with 10% labelled by
    traffic under each judge; pooled APGR with its jackknife SE over subjects, per-subject spread.
+4. The default cut (bench.router_default_cut): what `cascade.prompt_router = "default"` with
+   nothing else set escalates before generation, on the design tables and on the locked subjects,
+   and what that buys (the share of the weak-to-strong gap recovered).
 
 Baselines: prompt length on the same rows; the cold router on the same rows (`*_minus_cold`);
 a random router is 0.5. Embeddings: the int8 MiniLM export the router runs (cached; minutes
@@ -46,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.machine import report_header, write_report
+from bench.router_default_cut import default_cut
 from bench.router_locked import LABELLED_SHARE, locked_via_traffic, locked_with_labelled_tables, locked_zero_shot, nested_estimate
 from bench.router_simulation import CHECKPOINTS, METHODS, MIN_REST, Traffic, labels_to_reach, simulate, summarize_runs
 from router.eval_tables import DEFAULT_DATA_DIR, RoutingExample, load_routellm
@@ -187,6 +191,10 @@ def main() -> None:
                       "traffic_10pct": {j: (round(v["apgr"], 4), round(v["unguarded"]["apgr"], 4)) for j, v in via_traffic.items()}},
           flush=True)  # fmt: skip
 
+    # 4. the shipped router's cut with nothing set (the score scale fixes it: no tuning)
+    cut = default_cut({"design": design, "locked": locked})
+    print("default cut:", {name: round(cut[name]["cloud_share"], 4) for name in ("design", "locked")}, flush=True)
+
     png = Path(args.json).with_suffix(".png")
     plot({f"{name}: feedback {t.feedback:.0%}, shadow {t.shadow:.0%}, judge {t.judge}": curves[name] for name, t in settings.items()
           if name in ("shuffled", "shuffled_best_case_judge", "subject_blocked")}, png)  # fmt: skip
@@ -225,6 +233,10 @@ def main() -> None:
         "apgr_locked_test_at_10pct_labels_traffic_best_case_judge": via_traffic["best_case"]["apgr"],
         "apgr_locked_test_at_10pct_labels_traffic_unguarded": via_traffic["exact_match"]["unguarded"]["apgr"],
         "apgr_locked_test_at_10pct_labels_traffic_unguarded_best_case_judge": via_traffic["best_case"]["unguarded"]["apgr"],
+        # `cascade.prompt_router = "default"`, nothing else set: the share escalated before generation
+        "prompt_router_default_cloud_share_design": cut["design"]["cloud_share"],
+        "prompt_router_default_cloud_share_locked": cut["locked"]["cloud_share"],
+        "prompt_router_default_cut": cut,
         "locked_test": {"zero_shot": locked_cold, "labelled_tables": with_tables, "traffic": via_traffic,
                         "labelled_share": LABELLED_SHARE, "seeds": list(label_seeds)},
         # the design subjects (every choice was made here)

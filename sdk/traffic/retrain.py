@@ -32,6 +32,7 @@ import numpy as np
 from router.prompt_router.cold_recipe import ColdRecipe
 from router.prompt_router.embedder_export import DEFAULT_PRECISION, model_fingerprint
 from router.prompt_router.linear_head import HeadStatistics, LinearHead
+from router.prompt_router.score_scale import ScoreScale
 from router.prompt_router.topic_correction import TopicCorrection
 from router.prompt_router.training import LabelledRows, RouterParameters, fit, write_router
 from sdk.traffic.rows import load_traffic_rows
@@ -111,7 +112,8 @@ def retrain_once(db_path: str, serving, router_dir: str, holdout_labels: int) ->
     path = str(Path(router_dir) / f"router-{stamp}.onnx")
     metrics = {"retrained_from": db_path, "holdout_labels": holdout_labels, "replaced": serving.path, **figures,
                "num_traffic_rows": len(traffic.rows) - len(newest), "topic_correction": None if correction is None else correction.describe()}  # fmt: skip
-    write_router(head, correction, path, metrics, precision, prior, recipe)
+    scale = ScoreScale.from_json(serving.metadata["score_scale"])  # a swap moves scores only as far as the gains move
+    write_router(head, correction, path, metrics, precision, prior, recipe, scale)
     latest = Path(router_dir) / "latest.onnx"
     partial = latest.with_name(f"latest.onnx.{os.getpid()}.partial")
     shutil.copyfile(path, partial)

@@ -19,7 +19,7 @@ from router.eval_tables import RoutingExample
 from router.prompt_router.cold_recipe import SELECTED
 from router.prompt_router.embedder_export import model_fingerprint
 from router.prompt_router.scorer import load_scorer
-from router.prompt_router.training import fit, table_rows, write_router
+from router.prompt_router.training import fit, table_rows, table_scale, write_router
 from sdk.traffic import store
 from sdk.traffic.retrain import BackgroundRetrainer, RetrainResult, retrain_once
 from sdk.traffic.config import TrafficSettings
@@ -31,9 +31,9 @@ PROMPTS = [f"Question {i}: " + ("compute 3 * (4 + 5) = ?" if i % 3 == 0 else "te
 def _router(path, alpha: float = 1.0, flip: bool = False) -> str:
     """A cold router without table statistics; `flip` swaps which prompts the tables call hard,
     so its scores differ."""
-    examples = [RoutingExample(p, (i % 3 != 0) != flip, True, f"mmlu_s{i % 4}") for i, p in enumerate(PROMPTS * 3)]
+    examples = [RoutingExample(p, ("compute" not in p) != flip, True, f"mmlu_s{i % 4}") for i, p in enumerate(PROMPTS * 3)]
     head, _ = fit(table_rows(examples), None, dataclasses.replace(SELECTED, alpha=alpha))
-    return write_router(head, None, path, {"alpha": alpha})
+    return write_router(head, None, path, {"alpha": alpha}, scale=table_scale(head, examples, "its training rows"))
 
 
 def _fill(path, rows: int, weak_rate_by_topic: tuple[float, float], seed: int = 0) -> None:
