@@ -24,8 +24,9 @@ design subjects; the locked ones are scored once per recipe that ships (bench.ro
    with the cold router on the same rows. Methods: the shipped one
    (`router.prompt_router.training.fit`: the head refitted on tables + traffic judged on both
    tiers, then the topic correction of its residuals; `tandem router train --from-traffic`),
-   the same behind the background retrain's guard (bench.router_simulation.guarded_fit: kept only
-   when it beats the cold router's Brier score on the newest 100 labels), the topic correction alone, the head
+   the same behind the background retrain's guard (bench.router_simulation.guarded_fit: swapped in
+   only when it ranks the newest 100 labels better than the cold router, AUROC for a wrong local
+   answer beyond the paired SE), the topic correction alone, the head
    refit alone, a nearest-neighbour memory of residuals (k 50), per-cluster residual means
    (k-means, 15), per-subject residual means (an oracle: the product has no subject ids).
 3. The locked subjects: the default router (and the selected recipe beside it), with 10% of
