@@ -26,7 +26,7 @@ design subjects; the locked ones are scored once per recipe that ships (bench.ro
    tiers, then the topic correction of its residuals; `tandem router train --from-traffic`),
    the same behind the background retrain's guard (bench.router_simulation.guarded_fit: swapped in
    only when it ranks the newest 100 labels better than the cold router, AUROC for a wrong local
-   answer beyond the paired SE), the topic correction alone, the head
+   answer, by more than two paired SEs), the topic correction alone, the head
    refit alone, a nearest-neighbour memory of residuals (k 50), per-cluster residual means
    (k-means, 15), per-subject residual means (an oracle: the product has no subject ids).
 3. The locked subjects: the default router (and the selected recipe beside it), with 10% of

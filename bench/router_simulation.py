@@ -46,7 +46,8 @@ def position_at(labels: np.ndarray, need: int) -> int:
 def guarded_fit(tables: LabelledRows, cold, seen: LabelledRows, holdout_labels: int = HOLDOUT_LABELS):
     """What the background retrain (sdk.traffic.retrain) swaps in, as (head, correction): the
     learner trained without the newest `holdout_labels` labels when it ranks them better than the
-    serving (cold) router (AUROC for a wrong local answer, beyond the paired SE), else the cold router."""
+    serving (cold) router (AUROC for a wrong local answer, by more than retrain.SWAP_MARGIN_SE paired
+    SEs), else the cold router."""
     labelled = np.flatnonzero(~np.isnan(seen.labels).all(1))  # in arrival order
     if labelled.size < holdout_labels + MIN_TRAINING_LABELS:
         return cold, None

@@ -45,10 +45,10 @@ class PairedAuroc:
     def difference(self) -> float:
         return self.auroc_a - self.auroc_b
 
-    @property
-    def a_beats_b(self) -> bool:
-        """a ranks better than b by more than the standard error of the difference."""
-        return bool(math.isfinite(self.difference_se) and self.difference > max(self.difference_se, 0.0))
+    def a_beats_b(self, num_se: float = 1.0) -> bool:
+        """a ranks better than b by more than `num_se` standard errors of the difference."""
+        margin = num_se * self.difference_se
+        return bool(math.isfinite(self.difference_se) and self.difference > max(margin, 0.0))
 
 
 def paired_auroc(scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray) -> PairedAuroc:

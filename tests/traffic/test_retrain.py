@@ -1,6 +1,6 @@
 """Retraining the prompt router from the record (sdk.traffic.retrain): the candidate is swapped in
-only when it ranks the newest labels better than the serving router beyond the spread of the
-difference (a better calibrated one that ranks worse stays out), and the swap is atomic: a
+only when it ranks the newest labels better than the serving router by more than two standard
+errors of the difference (a better calibrated one that ranks worse stays out), and the swap is atomic: a
 reader of the router file or of runner.prompt_scorer sees the old router or the new one
 whole, never half of either."""
 
@@ -105,6 +105,13 @@ def test_a_candidate_better_by_less_than_the_spread_stays_out():
     candidate = RouterParameters(np.array([[-0.3, 0.0], [-0.02, 0.0]]), np.array([0.8, 0.9]), None, None)  # + noise
     ranking = compare_rankings(serving, candidate, rows)
     assert 0 < ranking.difference < ranking.difference_se and not Candidate(None, None, ranking).wins
+    # the serving router ranks by a noisier copy of the feature: the candidate is better by one and a half SEs, not two
+    noisier = RouterParameters(np.array([[-0.3, 0.0], [-0.05, 0.0]]), np.array([0.8, 0.9]), None, None)
+    plain = RouterParameters(np.array([[-0.3, 0.0], [0.0, 0.0]]), np.array([0.8, 0.9]), None, None)
+    noise = np.random.default_rng(3).normal(size=(len(held), 1)).astype(np.float32)
+    ranking = compare_rankings(noisier, plain, LabelledRows(np.hstack([held.shape, noise]), held.labels))
+    assert ranking.difference_se < ranking.difference < 2 * ranking.difference_se
+    assert ranking.a_beats_b(1.0) and not Candidate(None, None, ranking).wins  # one SE would swap it in
     only_right = LabelledRows(rows.shape, np.c_[np.ones(len(held)), np.full(len(held), np.nan)])
     nothing = Candidate(None, None, compare_rankings(serving, serving, only_right))
     assert nothing.ranking.num_positive == 0 and not nothing.wins and "nothing to rank" in nothing.verdict(100)
@@ -120,8 +127,9 @@ def test_a_better_candidate_is_written_whole_and_swapped_in(tmp_path):
     retrainer = BackgroundRetrainer(runner, record, settings)
     result = asyncio.run(retrainer.maybe_retrain())
     assert result.outcome == "swapped", result
-    assert result.candidate_auroc - result.serving_auroc > result.auroc_difference_se > 0
-    assert result.num_ranked == 100 and retrainer.outcomes["swapped"] == 1 and "better beyond its SE" in result.detail
+    assert result.candidate_auroc - result.serving_auroc > 2 * result.auroc_difference_se > 0
+    assert result.num_ranked == 100 and retrainer.outcomes["swapped"] == 1
+    assert "better by more than 2 SE" in result.detail and "not" not in result.detail
     fresh = runner.prompt_scorer
     assert fresh.path == result.path and fresh.metadata["topic_correction"]["num_rows"] == 500  # the newest 100 held out
     latest = load_scorer(os.path.join(settings.routers_dir, "latest.onnx"))
@@ -129,7 +137,7 @@ def test_a_better_candidate_is_written_whole_and_swapped_in(tmp_path):
     assert asyncio.run(retrainer.maybe_retrain()) is None  # no new labels since
     again = asyncio.run(retrainer.retrain())  # the same labels: the candidate is the serving router again
     assert again.outcome == "kept" and again.candidate_auroc == pytest.approx(again.serving_auroc, abs=1e-9)
-    assert "not better beyond its SE" in again.detail and fresh.path in again.detail
+    assert "not better by more than 2 SE" in again.detail and fresh.path in again.detail
     assert runner.prompt_scorer is fresh and len(list((tmp_path / "routers").glob("router-*.onnx"))) == 1
 
 
