@@ -42,7 +42,7 @@ class Figure:
     def bound(self) -> float:
         bound = self.target.split()[1]
         if bound in ("SE", "-SE"):
-            return lookup(load(self.bench), self.se) * (-1 if bound == "-SE" else 1)
+            return lookup(load(self.bench), self.se) * (-1 if bound == "-SE" else 1) + 0.0  # + 0.0: no "-0.000"
         return float(bound)
 
     def shown_target(self) -> str:
@@ -91,6 +91,11 @@ FIGURES = (
            "apgr_locked_test_at_10pct_labels", 3, ">= 0.60", "apgr_locked_test_at_10pct_labels_interval"),
     Figure("  the same, labels from traffic (exact_match judge, background retrain)", "router_learning",
            "apgr_locked_test_at_10pct_labels_traffic", 3, ">= 0.60", "apgr_locked_test_at_10pct_labels_traffic_interval"),
+    Figure("    the same minus prompt length, same rows (paired; target: not worse beyond its SE)", "router_learning",
+           "apgr_locked_test_at_10pct_labels_traffic_minus_length", 3, ">= -SE",
+           se="apgr_locked_test_at_10pct_labels_traffic_minus_length_se"),
+    Figure("prompt router's default cut: cloud share before generation, design tables (locked: in prose)",
+           "router_learning", "prompt_router_default_cloud_share_design", 3),
     Figure("embeddings texts/s at batch 32, tandem / sentence-transformers (median of 3)", "embeddings",
            "ratio_vs_sentence_transformers_b32", 2, ">= 1.0", "ratio_vs_sentence_transformers_b32_spread"),
     Figure("embeddings: smallest cosine to sentence-transformers' fp32 vector", "embeddings", "cosine_min_vs_fp32", 4, ">= 0.98"),
