@@ -46,6 +46,7 @@ from confidence.aggregate import FEATURE_NAMES, sequence_features
 from confidence.arithmetic_task import LEVELS, ArithmeticItem, generate_items, is_correct
 from confidence.auroc import auroc
 from confidence.signals import signals_from_events
+from router.evaluation.paired_auc import delong_components, paired_auroc_difference_se
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 MAX_TOKENS = 16
@@ -174,25 +175,6 @@ def compare_prefill(off: Answers, copy: Answers, seed: int, holdout_fraction: fl
         out[f"{score_name}_auroc_copy_minus_off"] = sides["copy"][key] - sides["off"][key]
         out[f"{score_name}_auroc_copy_minus_off_se"] = math.hypot(sides["copy"][key + "_se"], sides["off"][key + "_se"])
     return out
-
-
-def delong_components(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """DeLong's structural components: for each positive, the share of negatives it
-    outscores (ties half), and for each negative the share of positives outscoring it."""
-    positives, negatives = scores[labels], scores[~labels]
-    greater = (positives[:, None] > negatives[None, :]) + 0.5 * (positives[:, None] == negatives[None, :])
-    return greater.mean(axis=1), greater.mean(axis=0)
-
-
-def paired_auroc_difference_se(scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray) -> float:
-    """Standard error of AUROC(a) - AUROC(b) on the same rows (DeLong et al. 1988), which
-    accounts for the two scores being correlated."""
-    va, wa = delong_components(scores_a, labels)
-    vb, wb = delong_components(scores_b, labels)
-    cov_v, cov_w = np.cov(np.stack([va, vb])), np.cov(np.stack([wa, wb]))
-    variance = (cov_v[0, 0] + cov_v[1, 1] - 2 * cov_v[0, 1]) / va.size
-    variance += (cov_w[0, 0] + cov_w[1, 1] - 2 * cov_w[0, 1]) / wa.size
-    return math.sqrt(max(variance, 0.0))
 
 
 def _impute(column: np.ndarray, fill: float) -> np.ndarray:

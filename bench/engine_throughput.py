@@ -39,8 +39,8 @@ from bench.machine import machine_info, write_report
 from bench.penalty_compare import compare as compare_penalties
 from bench.random_model import describe_model
 from cloud_engine.llm import LLM
-from sdk.protocol.model_files import default_model_path
 from sdk.protocol.engine import SamplingParams
+from sdk.protocol.model_files import default_model_path
 
 STATIC_BATCH = 32
 REPEATS = 3
@@ -180,7 +180,10 @@ def main() -> None:
         print(f"tandem: {runs[-1]['output_tokens_per_s']:.1f} tok/s", flush=True)
     results = {"tandem": median_run(runs)}
     batch = work[:32]  # one full batch of 32 (max_num_seqs), sampled, penalties on and off
-    penalties = compare_penalties(lambda sampling, min_tokens: run_tandem(llm, batch, sampling, min_tokens)["output_tokens_per_s"])
+    # `llm` bound as a default: the name is deleted below, once the penalties have run (ruff F821 otherwise)
+    penalties = compare_penalties(
+        lambda sampling, min_tokens, llm=llm: run_tandem(llm, batch, sampling, min_tokens)["output_tokens_per_s"]
+    )
     print(f"penalties on/off at B=32: {penalties['ratio_median']:.3f} (spread of off runs {penalties['off_run_spread']:.3f})", flush=True)
     config = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "block_size": engine.config.block_size,
               "kv_blocks": engine.num_blocks, "device": str(engine.device), "dtype": str(engine.dtype),

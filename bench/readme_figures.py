@@ -32,18 +32,31 @@ class Figure:
     bench: str  # bench/results/<bench>.json
     key: str  # dotted path into the JSON
     digits: int = 2
-    target: str = ""  # as the issue states it, e.g. "<= 1.2"
+    target: str = ""  # as the issue states it, e.g. "<= 1.2"; "> SE" / ">= -SE": against the figure's standard error
     spread: str = ""  # key of the [min, max] over repeated runs: a bound inside it is not "met"
+    se: str = ""  # key of the figure's standard error, for an "SE" target (a paired difference beyond its spread)
 
     def value(self) -> float:
         return lookup(load(self.bench), self.key)
 
+    def bound(self) -> float:
+        bound = self.target.split()[1]
+        if bound in ("SE", "-SE"):
+            return lookup(load(self.bench), self.se) * (-1 if bound == "-SE" else 1) + 0.0  # + 0.0: no "-0.000"
+        return float(bound)
+
+    def shown_target(self) -> str:
+        if self.target.split()[1:] in (["SE"], ["-SE"]):
+            return f"{self.target} ({self.bound():.{self.digits}f})"
+        return self.target
+
     def met(self) -> str:
         if not self.target:
             return ""
-        op, bound = self.target.split()
-        value, bound = self.value(), float(bound)
-        if not (value <= bound if op == "<=" else value >= bound):
+        op = self.target.split()[0]
+        value, bound = self.value(), self.bound()
+        ok = {"<=": value <= bound, ">=": value >= bound, ">": value > bound, "<": value < bound}[op]
+        if not ok:
             return "**not met**"
         if self.spread:
             low, high = load(self.bench)[self.spread]
@@ -68,13 +81,21 @@ FIGURES = (
     Figure("structured output throughput, constrained / free (local, 8 clients)", "structured", "throughput_ratio_constrained_c8_local", 3),
     Figure("README example, slowest of 5 (s)", "first_contact", "readme_example_s", 2, "<= 10"),
     Figure("prompt router APGR, locked MMLU subjects, zero-shot (pooled, +-1 SE over subjects)", "router_learning",
-           "apgr_locked_test_zero_shot", 3, ">= 0.58", "apgr_locked_test_zero_shot_interval"),
+           "apgr_locked_test_zero_shot", 3),
+    Figure("  the same minus prompt length, same rows (paired; target: beat it by more than its SE)",
+           "router_learning", "apgr_locked_test_zero_shot_minus_length", 3, "> SE",
+           se="apgr_locked_test_zero_shot_minus_length_se"),
     Figure("  the shape recipe CV picked, minus prompt length, same rows (paired)", "router_learning",
            "apgr_locked_test_selected_recipe_minus_length", 3),
     Figure("prompt router APGR, locked subjects, 10% of each labelled in a table, on the other 90%", "router_learning",
            "apgr_locked_test_at_10pct_labels", 3, ">= 0.60", "apgr_locked_test_at_10pct_labels_interval"),
     Figure("  the same, labels from traffic (exact_match judge, background retrain)", "router_learning",
            "apgr_locked_test_at_10pct_labels_traffic", 3, ">= 0.60", "apgr_locked_test_at_10pct_labels_traffic_interval"),
+    Figure("    the same minus prompt length, same rows (paired; target: not worse beyond its SE)", "router_learning",
+           "apgr_locked_test_at_10pct_labels_traffic_minus_length", 3, ">= -SE",
+           se="apgr_locked_test_at_10pct_labels_traffic_minus_length_se"),
+    Figure("prompt router's default cut: cloud share before generation, design tables (locked: in prose)",
+           "router_learning", "prompt_router_default_cloud_share_design", 3),
     Figure("embeddings texts/s at batch 32, tandem / sentence-transformers (median of 3)", "embeddings",
            "ratio_vs_sentence_transformers_b32", 2, ">= 1.0", "ratio_vs_sentence_transformers_b32_spread"),
     Figure("embeddings: smallest cosine to sentence-transformers' fp32 vector", "embeddings", "cosine_min_vs_fp32", 4, ">= 0.98"),
@@ -132,7 +153,8 @@ def render() -> str:
     rows = ["| figure | value | target | | measured at | machine | bench |", "|---|---|---|---|---|---|---|"]
     for fig in FIGURES:
         commit = load(fig.bench).get("machine", {}).get("git_commit") or "?"
-        rows.append(f"| {fig.label} | **{fig.value():.{fig.digits}f}** | {fig.target} | {fig.met()} | {commit} | "
+        value = f"{fig.value():.{fig.digits}f}"
+        rows.append(f"| {fig.label} | **{value}** | {fig.shown_target()} | {fig.met()} | {commit} | "
                     f"{machine(fig.bench)} | `{fig.bench}`: `{fig.key}` |")  # fmt: skip
     return "\n".join([START, *rows, END])
 

@@ -128,7 +128,7 @@ def locked_via_traffic(design: list[RoutingExample], locked: list[RoutingExample
     cold, cut = cold_router(tables, traffic.cloud_share)
     rows = table_rows(locked)
     rows.embedding = embeddings
-    per_seed, unguarded = [], []
+    per_seed, unguarded, swapped = [], [], []
     for seed in seeds:
         rng = np.random.default_rng(seed)
         order = rng.permutation(len(locked))
@@ -139,5 +139,8 @@ def locked_via_traffic(design: list[RoutingExample], locked: list[RoutingExample
         rest = stream.take(np.arange(position, len(stream)))
         rest_examples = [locked[i] for i in order[position:]]
         unguarded.append(locked_figures(heldout_gain(*fit(tables, seen), rest), rest.shape[:, 0], rest_examples))
-        per_seed.append(locked_figures(heldout_gain(*guarded_fit(tables, cold, seen), rest), rest.shape[:, 0], rest_examples))
-    return _summarize(per_seed) | {"unguarded": _summarize(unguarded)}
+        guarded = guarded_fit(tables, cold, seen)
+        swapped.append(guarded[0] is not cold)
+        per_seed.append(locked_figures(heldout_gain(*guarded, rest), rest.shape[:, 0], rest_examples))
+    # how many seeds the guard swapped the learner in (the rest keep the cold router: length's figure exactly)
+    return _summarize(per_seed) | {"unguarded": _summarize(unguarded), "num_swapped": int(sum(swapped))}

@@ -14,7 +14,7 @@ from router.prompt_router.cold_recipe import DEFAULT
 from router.prompt_router.cross_validation import evaluate, mean_and_se, subject_split
 from router.prompt_router.topic_correction import fit_topic_correction
 from router.prompt_router.training import LabelledRows, RouterParameters, fit, heldout_gain, table_rows
-from sdk.traffic.retrain import MIN_TRAINING_LABELS, refit_against_serving
+from sdk.traffic.retrain import MIN_TRAINING_LABELS, SWAP_MARGIN_SE, refit_against_serving
 
 CHECKPOINTS = (0.0, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2)  # labels as a share of the stream's length
 MIN_REST = 200  # a checkpoint needs this many prompts still to come
@@ -43,16 +43,19 @@ def position_at(labels: np.ndarray, need: int) -> int:
     return 0 if need == 0 else int(np.searchsorted(np.cumsum(~np.isnan(labels).all(1)), need)) + 1
 
 
-def guarded_fit(tables: LabelledRows, cold, seen: LabelledRows, holdout_labels: int = HOLDOUT_LABELS):
+def guarded_fit(
+    tables: LabelledRows, cold, seen: LabelledRows, holdout_labels: int = HOLDOUT_LABELS, margin_se: float = SWAP_MARGIN_SE
+):
     """What the background retrain (sdk.traffic.retrain) swaps in, as (head, correction): the
-    learner trained without the newest `holdout_labels` labels when it beats the serving (cold)
-    router's Brier score on them, else the cold router."""
+    learner trained without the newest `holdout_labels` labels when it ranks them better than the
+    serving (cold) router (AUROC for a wrong local answer, by more than `margin_se` paired SEs: the
+    product's retrain.SWAP_MARGIN_SE unless asked), else the cold router."""
     labelled = np.flatnonzero(~np.isnan(seen.labels).all(1))  # in arrival order
     if labelled.size < holdout_labels + MIN_TRAINING_LABELS:
         return cold, None
     serving = RouterParameters.of(cold, None).as_stored()  # as the serving router's file holds it
     candidate = refit_against_serving(tables, seen, labelled[-holdout_labels:], serving, DEFAULT)  # the recipe cold was fitted with
-    return (candidate.head, candidate.correction) if candidate.wins else (cold, None)
+    return (candidate.head, candidate.correction) if candidate.ranking.a_beats_b(margin_se) else (cold, None)
 
 
 def _kmeans(points: np.ndarray, k: int, seed: int, iterations: int = 20) -> tuple[np.ndarray, np.ndarray]:
@@ -111,6 +114,8 @@ def method_scores(name: str, tables: LabelledRows, cold, seen: LabelledRows, lab
         return heldout_gain(*fit(tables, seen), rest)
     if name == "shipped_guarded":
         return heldout_gain(*guarded_fit(tables, cold, seen), rest)
+    if name == "shipped_guarded_1se":  # the margin the guard had first (issue 52): one SE
+        return heldout_gain(*guarded_fit(tables, cold, seen, margin_se=1.0), rest)
     if name == "head_refit_only":
         head, _ = fit(tables, LabelledRows(seen.shape, seen.labels))
         return heldout_gain(head, None, rest)
@@ -132,7 +137,7 @@ def method_scores(name: str, tables: LabelledRows, cold, seen: LabelledRows, lab
     return tiers[:, 1] - tiers[:, 0]
 
 
-METHODS = ("cold", "shipped", "shipped_guarded", "topic_correction_only", "head_refit_only", "knn_memory", "cluster_means", "subject_means_oracle")
+METHODS = ("cold", "shipped", "shipped_guarded", "shipped_guarded_1se", "topic_correction_only", "head_refit_only", "knn_memory", "cluster_means", "subject_means_oracle")
 
 
 def revealed_labels(stream: LabelledRows, cold, cut: float, traffic: Traffic, rng) -> np.ndarray:

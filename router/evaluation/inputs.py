@@ -47,6 +47,7 @@ class RouterScores:
     name: str
     strong_need: np.ndarray  # higher = cloud; missing values are +inf
     confidence: np.ndarray | None  # 1 - strong_need, what the threshold is compared with; None for random/oracle
+    higher_means: str | None = None  # what the router's own scores favour: "local" (a confidence), "cloud" (the prompt router's)
 
 
 def load_examples(data: str, data_dir: str | None = None, datasets: Sequence[str] = ("gsm8k", "mmlu")) -> LoadedTable:
@@ -91,7 +92,7 @@ def router_scores(router: str, examples: Sequence[RoutingExample], higher_means:
     raw = np.array(values, dtype=float)
     confidence = raw if direction == "local" else 1.0 - raw
     confidence = np.where(np.isnan(confidence), -np.inf, confidence)
-    return RouterScores(router, 1.0 - confidence, confidence)
+    return RouterScores(router, 1.0 - confidence, confidence, direction)
 
 
 def _number(value, what: str) -> float:

@@ -1,9 +1,16 @@
-"""The router's locked test subjects: fixed by a hash of the subject's name, never tuned on.
+"""The router's locked test subjects: fixed by a hash of the subject's name, never tuned on
+(one choice was made on them by a rule fixed before they were scored: below).
 
-Every choice a router recipe makes (features, ridge alpha, k, blend weights, which recipe
-ships) is made by grouped cross-validation inside the design subjects; the locked subjects
-are scored once per recipe that ships, and README quotes that figure (issue 37). The rule is
-a salted SHA-256 of the name, so it needs no list, and a subject added to the tables later
+Every choice a router recipe makes (features, ridge alpha, k, blend weights) is made by grouped
+cross-validation inside the design subjects; the locked subjects are scored once per recipe
+that ships, and README quotes that figure (issue 37). One choice was made on the locked
+subjects: whether the default router uses the recipe the CV selected (cold_recipe.SELECTED) or
+prompt length (LENGTH). It was made by a rule written down before either was scored (SELECTED
+ships only when it beats length's pooled APGR by more than the standard error of the paired
+difference; cold_recipe), and each was scored once, but the shipped router's locked figure is
+still the better of two candidates scored there, so it leans optimistic.
+
+The split is a salted SHA-256 of the name, so it needs no list, and a subject added to the tables later
 falls on a side by the same rule. The salt was written down before the split was looked at
 and is not to be changed to move a subject: the split it gave (14 of the 38 MMLU subjects in
 shared/data locked) is what it is. GSM8K and any non-MMLU table are design data only.

@@ -5,7 +5,8 @@ onnxruntime build has, mobile included).
     (learned from traffic: + embedding [n, 384] -> MatMul/Add, the topic correction)
     -> tier_correct [n, 2]
     gain = tier_correct[:, 1] - tier_correct[:, 0]            [n]
-    score = Clip(0.5 + 0.5 * gain, 0, 1)                      [n]
+    score = the gain on its score scale (score_scale):        [n]
+            sum(rise * Clip((Clip(gain, -1, 1) - start) / width, 0, 1)) over the scale's pieces
 
 A router with a topic correction carries the MiniLM export too (merged, so the file is the whole
 scorer): its inputs are then input_ids, attention_mask and shape, and `embedding` is an
@@ -22,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from router.prompt_router.embedder_export import EMBEDDING_DIM, EMBEDDING_OUTPUT, OPSET
 from router.prompt_router.linear_head import LinearHead
+from router.prompt_router.score_scale import ScoreScale
 from router.prompt_router.topic_correction import TopicCorrection
 
 SHAPE_INPUT = "shape"
@@ -33,13 +35,17 @@ def _tensor(name: str, array, dtype=np.float32) -> onnx.TensorProto:
     return numpy_helper.from_array(np.ascontiguousarray(array, dtype=dtype), name=name)
 
 
-def build_router_graph(head: LinearHead, correction: TopicCorrection | None, metadata: dict) -> onnx.ModelProto:
+def build_router_graph(
+    head: LinearHead, correction: TopicCorrection | None, scale: ScoreScale, metadata: dict
+) -> onnx.ModelProto:
     """The head (and topic correction) alone: inputs shape (and embedding)."""
     weight, bias = head.folded()
+    start, width, rise = scale.segments()
     initializers = [
         _tensor("head_weight", weight), _tensor("head_bias", bias),
-        _tensor("gain_direction", [[-1.0], [1.0]]), _tensor("half", [0.5]), _tensor("zero", 0.0), _tensor("one", 1.0),
-        _tensor("flat", [-1], np.int64),
+        _tensor("gain_direction", [[-1.0], [1.0]]), _tensor("zero", 0.0), _tensor("one", 1.0), _tensor("minus_one", -1.0),
+        _tensor("flat", [-1], np.int64), _tensor("column", [1], np.int64),
+        _tensor("scale_start", start), _tensor("scale_width", width), _tensor("scale_rise", rise[:, None]),
     ]  # fmt: skip
     nodes = [helper.make_node("MatMul", [SHAPE_INPUT, "head_weight"], ["head_product"]),
              helper.make_node("Add", ["head_product", "head_bias"], ["head_correct"])]  # fmt: skip
@@ -55,9 +61,14 @@ def build_router_graph(head: LinearHead, correction: TopicCorrection | None, met
     nodes += [
         helper.make_node("MatMul", [TIER_OUTPUT, "gain_direction"], ["gain_column"]),
         helper.make_node("Reshape", ["gain_column", "flat"], [GAIN_OUTPUT]),
-        helper.make_node("Mul", [GAIN_OUTPUT, "half"], ["half_gain"]),
-        helper.make_node("Add", ["half_gain", "half"], ["centred_gain"]),
-        helper.make_node("Clip", ["centred_gain", "zero", "one"], [SCORE_OUTPUT]),
+        helper.make_node("Clip", [GAIN_OUTPUT, "minus_one", "one"], ["bounded_gain"]),
+        helper.make_node("Unsqueeze", ["bounded_gain", "column"], ["gain_rows"]),  # [n, 1]
+        helper.make_node("Sub", ["gain_rows", "scale_start"], ["past_start"]),  # [n, pieces]
+        helper.make_node("Div", ["past_start", "scale_width"], ["piece_position"]),
+        helper.make_node("Clip", ["piece_position", "zero", "one"], ["piece_done"]),
+        helper.make_node("MatMul", ["piece_done", "scale_rise"], ["scaled_column"]),  # [n, 1]
+        helper.make_node("Reshape", ["scaled_column", "flat"], ["scaled"]),
+        helper.make_node("Clip", ["scaled", "zero", "one"], [SCORE_OUTPUT]),  # float32 sums may stray by an ulp
     ]
     outputs = [helper.make_tensor_value_info(SCORE_OUTPUT, TensorProto.FLOAT, ["batch"]),
                helper.make_tensor_value_info(GAIN_OUTPUT, TensorProto.FLOAT, ["batch"]),

@@ -3,14 +3,15 @@ that learned from traffic. No torch, no transformers.
 
 A router file is ONNX with a JSON document under METADATA_KEY in its metadata_props:
 {format_version, kind, shape_version, model_fingerprint, embedder_precision, max_tokens,
-trained_at, metrics, topic_correction} (router.prompt_router.router_graph builds it):
+trained_at, metrics, topic_correction, score_scale} (router.prompt_router.router_graph builds it):
   cold start:   shape [n, k] -> score, gain, tier_correct  (the shipped default_router.onnx;
                 tens of microseconds a prompt, no embedding model at all)
   from traffic: input_ids, attention_mask [n, t], shape [n, k] -> the same + embedding [n, 384]
                 (MiniLM merged in: `tandem router train --from-traffic` writes these)
 tier_correct is the predicted chance that the weak (local) and the strong (cloud) tier answer
-right, gain = strong - weak, score = clip(0.5 + gain / 2, 0, 1): the need for the cloud tier.
-A score ranks prompts; it is not a probability, so pick the cut with `tandem calibrate`.
+right, gain = strong - weak, and score the gain's place among the router's reference prompts
+(score_scale: the share of them the router ranks lower; the shipped router's are the design
+tables), so a threshold t on 1 - score sends the top t of such prompts to the cloud.
 """
 
 from __future__ import annotations
@@ -19,16 +20,32 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from router.prompt_router.embedder_export import ATTENTION_MASK, INPUT_IDS, PRECISIONS, model_fingerprint, package_model_dir
+from router.prompt_router.embedder_export import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    PRECISIONS,
+    model_fingerprint,
+    package_model_dir,
+)
 from router.prompt_router.prompt_shape import SHAPE_VERSION, shape_features
+from router.prompt_router.score_scale import ScoreScale
+
+if TYPE_CHECKING:  # imported where a session is opened: `tandem serve` imports this module before /health answers
+    import onnxruntime
 
 METADATA_KEY = "tandem.prompt_router"
-FORMAT_VERSION = 2  # 1: an embedding head predicting one label (before traffic learning); refused with a hint
+# 1: an embedding head predicting one label (before traffic learning); 2: score = 0.5 + gain / 2 (above 0.5 for
+# nearly every prompt, so threshold 0.5 escalated everything; issue 52). Both refused with a hint.
+FORMAT_VERSION = 3
 KIND = "router"
-REQUIRED_KEYS = ("kind", "shape_version", "model_fingerprint", "embedder_precision", "max_tokens", "trained_at", "metrics", "topic_correction")
+REQUIRED_KEYS = (
+    "kind", "shape_version", "model_fingerprint", "embedder_precision", "max_tokens", "trained_at", "metrics",
+    "topic_correction", "score_scale",
+)
 SHAPE_INPUT, EMBEDDING_OUTPUT = "shape", "embedding"
 SCORE_OUTPUT, GAIN_OUTPUT, TIER_OUTPUT = "score", "gain", "tier_correct"
 # all-MiniLM-L6-v2 was trained on inputs of at most 128 tokens and sentence-transformers
@@ -65,8 +82,9 @@ def validate_router_metadata(document) -> dict:
         raise RouterFormatError(f"router metadata must be a JSON object, got {type(document).__name__}")
     if document.get("format_version") != FORMAT_VERSION:
         raise RouterFormatError(
-            f"router format_version {document.get('format_version')!r} is not supported (this tandem "
-            f"reads {FORMAT_VERSION}: routers that learn from traffic); retrain it with `tandem router train`"
+            f"router format_version {document.get('format_version')!r} is not supported (this tandem reads "
+            f"{FORMAT_VERSION}: scores on the scale of the router's reference prompts, so a threshold is a cloud "
+            "share); retrain it with `tandem router train`"
         )
     missing = [key for key in REQUIRED_KEYS if key not in document]
     if missing:
@@ -89,6 +107,10 @@ def validate_router_metadata(document) -> dict:
         raise RouterFormatError("router metrics must be a JSON object")
     if document.get("prior_statistics") is not None and not isinstance(document["prior_statistics"], dict):
         raise RouterFormatError("router prior_statistics must be null or a JSON object")
+    try:
+        ScoreScale.from_json(document["score_scale"])
+    except (ValueError, AttributeError) as exc:
+        raise RouterFormatError(f"router score_scale: {exc}") from exc
     if document.get("head_recipe") is not None:
         from router.prompt_router.cold_recipe import ColdRecipe
 

@@ -5,6 +5,8 @@ traffic, plus, when traffic brings embeddings, the topic correction (topic_corre
 
 A router without traffic is the prompt-shape head alone (the shipped default is one); with
 traffic it carries the MiniLM export and the correction, so the file stays the whole scorer.
+Every file carries its score scale (score_scale): trained on tables, the gains it predicts for
+their prompts; from traffic alone, its base router's scale.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from router.prompt_router.embedder_export import DEFAULT_PRECISION, check_precis
 from router.prompt_router.linear_head import HeadStatistics, LinearHead
 from router.prompt_router.locked_split import is_locked
 from router.prompt_router.prompt_shape import SHAPE_VERSION, shape_features
+from router.prompt_router.score_scale import ScoreScale
 from router.prompt_router.topic_correction import DEFAULT_ALPHA as TOPIC_ALPHA
 from router.prompt_router.topic_correction import DEFAULT_DIMS, TopicCorrection, fit_topic_correction
 
@@ -116,9 +119,32 @@ def trained_at() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def shipped_scale() -> ScoreScale:
+    """The shipped default router's score scale (the design tables' prompts): a router written
+    without a reference of its own scores on it."""
+    import json
+
+    import onnx
+
+    from router.prompt_router.scorer import DEFAULT_ROUTER, METADATA_KEY
+
+    props = {p.key: p.value for p in onnx.load(str(DEFAULT_ROUTER), load_external_data=False).metadata_props}
+    return ScoreScale.from_json(json.loads(props[METADATA_KEY])["score_scale"])
+
+
+def table_scale(head: LinearHead, examples: Sequence[RoutingExample], reference: str) -> ScoreScale:
+    """The scale of a router trained on tables: the head's gains on their prompts (table rows carry
+    no MiniLM vectors, so a topic correction does not enter; its gains are placed on the head's)."""
+    return ScoreScale.of(heldout_gain(head, None, table_rows(examples)), reference)
+
+
 def router_metadata(correction: TopicCorrection | None, metrics: dict, precision: str | None,
-                    prior: HeadStatistics | None = None, recipe: ColdRecipe = DEFAULT) -> dict:  # fmt: skip
+                    prior: HeadStatistics | None = None, recipe: ColdRecipe = DEFAULT,
+                    scale: ScoreScale | None = None) -> dict:  # fmt: skip
+    """The router file's JSON document; `scale` None: the shipped router's (shipped_scale)."""
     from router.prompt_router.scorer import FORMAT_VERSION, KIND, MAX_TOKENS
+
+    scale = scale if scale is not None else shipped_scale()
 
     return {
         "format_version": FORMAT_VERSION, "kind": KIND, "shape_version": SHAPE_VERSION,
@@ -128,20 +154,22 @@ def router_metadata(correction: TopicCorrection | None, metrics: dict, precision
         "topic_correction": None if correction is None else correction.describe(),
         "prior_statistics": None if prior is None else prior.as_json(),  # the public tables' share of the head: retrains add traffic to it
         "head_recipe": recipe.as_json(),  # retrains solve the same features at the same penalty
+        "score_scale": scale.as_json(),  # what the score means: the share of these reference prompts ranked lower
     }  # fmt: skip
 
 
-def write_router(head: LinearHead, correction: TopicCorrection | None, out, metrics: dict, precision: str = DEFAULT_PRECISION,
-                 prior: HeadStatistics | None = None, recipe: ColdRecipe = DEFAULT) -> str:  # fmt: skip
+def write_router(head: LinearHead, correction: TopicCorrection | None, out, metrics: dict,
+                 precision: str = DEFAULT_PRECISION, prior: HeadStatistics | None = None, recipe: ColdRecipe = DEFAULT,
+                 scale: ScoreScale | None = None) -> str:  # fmt: skip
     """The router file at `out`, written to a temporary name and renamed (a reader never sees
-    half a file)."""
+    half a file); `scale` None: the shipped router's."""
     import onnx
 
     from router.prompt_router.router_graph import build_router_graph, merge_embedder
 
     check_precision(precision)
-    metadata = router_metadata(correction, metrics, precision, prior, recipe)
-    model = build_router_graph(head, correction, metadata)
+    metadata = router_metadata(correction, metrics, precision, prior, recipe, scale)
+    model = build_router_graph(head, correction, ScoreScale.from_json(metadata["score_scale"]), metadata)
     if correction is not None:
         model = merge_embedder(onnx.load(str(ensure_embedder(precision=precision))), model, metadata)
     out = os.fspath(out)
@@ -186,12 +214,14 @@ def locked_test(head: LinearHead, correction: TopicCorrection | None, trained_on
 def train_router(examples: Sequence[RoutingExample], out, traffic: LabelledRows | None = None, holdout_fraction: float = 0.25,
                  seed: int = 0, precision: str = DEFAULT_PRECISION, recipe: ColdRecipe = DEFAULT,
                  traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT, base: HeadStatistics | None = None,
-                 topic_rows: LabelledRows | None = None, locked: Sequence[RoutingExample] | None = None) -> dict:  # fmt: skip
+                 topic_rows: LabelledRows | None = None, locked: Sequence[RoutingExample] | None = None,
+                 base_scale: ScoreScale | None = None) -> dict:  # fmt: skip
     """Report the head's APGR on held-out subjects of the tables, then fit on the tables (plus
     `base`, the statistics of another router's tables), the traffic and `topic_rows` (labelled
     tables with MiniLM embeddings, whose rows are among `examples`: they teach the topic
     correction), write `out`, and score it on the `locked` subjects when it can. Returns the
-    report (also stored in the file)."""
+    report (also stored in the file). The file's score scale: the head's gains on the tables'
+    prompts; without tables, `base_scale` (the base router's), else the traffic prompts'."""
     tables = table_rows(examples) if examples else None
     report: dict = {}
     if tables is not None and holdout_fraction > 0:
@@ -212,7 +242,14 @@ def train_router(examples: Sequence[RoutingExample], out, traffic: LabelledRows 
                           "traffic_weight": traffic_weight,
                           "topic_correction": None if correction is None else correction.describe()},
                   locked_test=locked_test(head, correction, examples, locked))  # fmt: skip
-    write_router(head, correction, out, report, precision, prior, recipe)
+    if examples:
+        scale = table_scale(head, examples, f"the {len(examples)} prompts of the tables it was trained on")
+    elif base_scale is not None:
+        scale = base_scale
+    else:
+        scale = ScoreScale.of(heldout_gain(head, correction, traffic), f"the {len(traffic)} traffic prompts it was trained on")
+    report["score_scale"] = {"reference": scale.reference, "num_reference": scale.num_reference}
+    write_router(head, correction, out, report, precision, prior, recipe, scale)
     return report
 
 

@@ -15,6 +15,13 @@ _ROUTER_HELP = ("random, oracle, column:NAME (a score column of the table, e.g. 
                 "scores:FILE.csv (prompt,score as `tandem router score` writes).")  # fmt: skip
 
 
+class ThresholdSetting(str, enum.Enum):
+    """Which [cascade] threshold `tandem calibrate` writes."""
+
+    threshold = "threshold"  # the request's default threshold: the confidence policy's during generation
+    prompt_router_threshold = "prompt_router_threshold"  # the prompt router's, before generation
+
+
 class HigherMeans(str, enum.Enum):
     """Which tier a higher score favours."""
 
@@ -120,13 +127,15 @@ def calibrate_command(
     data_dir: str | None = typer.Option(None, "--data-dir", envvar="TANDEM_ROUTELLM_DIR", help="RouteLLM's data (default: ../shared/data/routellm)."),
     datasets: str = typer.Option("gsm8k,mmlu", "--datasets", help="With --data routellm: comma-separated gsm8k, mmlu."),
     config: str | None = typer.Option(None, "--config", help="Config file to update (created if missing); default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml."),
+    setting: ThresholdSetting | None = typer.Option(None, "--setting", help="The [cascade] key to write; default: prompt_router_threshold for scores that favour the cloud (the prompt router's: a scores file, or --higher-means cloud), else threshold."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the threshold and what it gives; write nothing."),
     prompt_tokens: float | None = typer.Option(None, "--prompt-tokens", min=0.0, help="Mean prompt tokens per request (default: the table's, else 256)."),
     completion_tokens: float | None = typer.Option(None, "--completion-tokens", min=0.0, help="Mean completion tokens per request (default: the table's, else 256)."),
     cloud_input_price: float | None = typer.Option(None, "--cloud-input-price", min=0.0, help="Cloud USD per 1M prompt tokens (default: the config's cascade.prices)."),
     cloud_output_price: float | None = typer.Option(None, "--cloud-output-price", min=0.0, help="Cloud USD per 1M completion tokens (default: the config's cascade.prices)."),
 ) -> None:
-    """Pick the routing threshold for a target and write it to the config file as cascade.threshold."""
+    """Pick the routing threshold for a target and write it to the config file: cascade.threshold for a
+    confidence, cascade.prompt_router_threshold for the prompt router's scores."""
     from router.costs import CostTable
     from router.eval_tables import TableError
     from router.evaluation.calibrate import Target, choose_threshold, cost_model
@@ -147,8 +156,10 @@ def calibrate_command(
         table, scores = _load(data, data_dir, datasets, router, higher_means, from_traffic)
         costs = cost_model(table.examples, CostTable.from_config(prices), prompt_tokens, completion_tokens)
         point = choose_threshold(scores.confidence, table.examples, targets[0], costs)
+        if setting is None:  # a prompt router's score is not the confidence the streaming policy compares
+            setting = ThresholdSetting.prompt_router_threshold if scores.higher_means == "cloud" else ThresholdSetting.threshold
         if not dry_run:
-            write_threshold(path, point.threshold)
+            write_threshold(path, point.threshold, setting.value)
     except (TableError, ValueError, OSError, SettingsError) as exc:
         raise _fail(exc) from exc
     strong = point.quality / point.quality_of_strong if point.quality_of_strong else float("nan")
@@ -159,9 +170,9 @@ def calibrate_command(
     if costs.assumed:
         typer.echo(f"  (assumed token counts for {', '.join(costs.assumed)}: give --prompt-tokens/--completion-tokens)")
     if dry_run:
-        typer.echo("dry run: nothing written")
+        typer.echo(f"dry run: nothing written (it would set [cascade] {setting.value})")
     else:
-        typer.echo(f"wrote [cascade] threshold = {point.threshold!r} to {path} (comments in that file are not kept)")
+        typer.echo(f"wrote [cascade] {setting.value} = {point.threshold!r} to {path} (comments in that file are not kept)")
 
 
 def register_eval_commands(app: typer.Typer) -> None:

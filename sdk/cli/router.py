@@ -90,7 +90,7 @@ def train(
 
     try:
         examples, own, locked = _load_tables(data or (["none"] if from_traffic else ["routellm"]), data_dir or DEFAULT_DATA_DIR)
-        base, base_recipe = _base_statistics(base_router) if from_traffic and not data else (None, None)
+        base, base_recipe, base_scale = _base_statistics(base_router) if from_traffic and not data else (None, None, None)
         traffic = _load_traffic(from_traffic) if from_traffic else None
     except (ValueError, TableError, RouterError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -99,7 +99,8 @@ def train(
     try:
         topic_rows = _topic_rows(own) if own else None
         report = train_router(examples, out, traffic=traffic, holdout_fraction=holdout_fraction if examples else 0.0, seed=seed,
-                              recipe=recipe, base=base, topic_rows=topic_rows, locked=locked if locked is not None else _locked(data_dir or DEFAULT_DATA_DIR))  # fmt: skip
+                              recipe=recipe, base=base, topic_rows=topic_rows, locked=locked if locked is not None else _locked(data_dir or DEFAULT_DATA_DIR),
+                              base_scale=base_scale)  # fmt: skip
     except (ValueError, EmbedderUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -126,16 +127,19 @@ def train(
 
 
 def _base_statistics(path: str | None):
-    """(the public-table statistics a router file carries, its head recipe); the shipped router by default."""
+    """(the public-table statistics a router file carries, its head recipe, its score scale); the
+    shipped router by default."""
     from router.prompt_router.cold_recipe import ColdRecipe
     from router.prompt_router.linear_head import HeadStatistics
+    from router.prompt_router.score_scale import ScoreScale
     from router.prompt_router.scorer import RouterFormatError, load_scorer
 
     scorer = load_scorer(path)
     document = scorer.metadata.get("prior_statistics")
     if document is None:
         raise RouterFormatError(f"{scorer.path} carries no table statistics to start from; give --data")
-    return HeadStatistics.from_json(document), ColdRecipe.from_json(scorer.metadata.get("head_recipe"))
+    recipe = ColdRecipe.from_json(scorer.metadata.get("head_recipe"))
+    return HeadStatistics.from_json(document), recipe, ScoreScale.from_json(scorer.metadata["score_scale"])
 
 
 def _load_traffic(paths: list[str]):

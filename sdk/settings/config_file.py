@@ -1,5 +1,6 @@
 """The config file `tandem calibrate` writes: where it is, what it holds, and setting
-`[cascade] threshold` in it (validated as `tandem serve` would read it before it replaces the old one)."""
+`[cascade] threshold` (or `prompt_router_threshold`) in it (validated as `tandem serve` would read
+it before it replaces the old one)."""
 
 from __future__ import annotations
 
@@ -29,14 +30,20 @@ def read_config(path: Path) -> dict:
         return tomllib.load(handle)
 
 
-def write_threshold(path: Path, threshold: float) -> None:
-    """Set [cascade] threshold, keeping every other key (TOML comments are lost: tomli_w writes data only).
+THRESHOLD_KEYS = ("threshold", "prompt_router_threshold")  # the confidence policy's (and the request's default), the prompt router's
+
+
+def write_threshold(path: Path, threshold: float, key: str = "threshold") -> None:
+    """Set [cascade] `key` (THRESHOLD_KEYS), keeping every other key (TOML comments are lost: tomli_w
+    writes data only).
 
     The new file is validated as tandem serve would read it before it replaces the old one."""
     import tomli_w  # only calibrate writes TOML
 
+    if key not in THRESHOLD_KEYS:
+        raise ValueError(f"calibrate writes one of [cascade] {', '.join(THRESHOLD_KEYS)}, not {key!r}")
     data = read_config(path)
-    data.setdefault("cascade", {})["threshold"] = float(threshold)
+    data.setdefault("cascade", {})[key] = float(threshold)
     path.parent.mkdir(parents=True, exist_ok=True)
     staged = path.with_name(path.name + ".calibrating")
     staged.write_text(tomli_w.dumps(data), encoding="utf-8")

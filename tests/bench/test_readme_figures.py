@@ -83,3 +83,17 @@ def test_relink_rewrites_only_the_named_benches_links_in_their_own_format(monkey
     assert readme_figures.relink(text, {"a"}) == (
         "[1,234.6](bench/results/a.json#x) [+0.50](bench/results/a.json#y) [50](bench/results/a.json#y*100) "
         "[3](bench/results/b.json#x)")
+
+
+def test_a_target_against_a_standard_error_reads_the_se(monkeypatch):
+    """"> SE" (a paired difference must beat its own standard error) is judged on the JSON's SE, not a constant."""
+    data = {"diff": 0.05, "diff_se": 0.04, "worse": -0.09, "worse_se": 0.08}
+    monkeypatch.setattr(readme_figures, "load", lambda bench: data)
+    beats = readme_figures.Figure("d", "x", "diff", 3, "> SE", se="diff_se")
+    assert beats.met() == "met" and beats.shown_target() == "> SE (0.040)"
+    data["diff_se"] = 0.06
+    assert beats.met() == "**not met**"
+    above = readme_figures.Figure("w", "x", "worse", 3, ">= -SE", se="worse_se")
+    assert above.met() == "**not met**" and above.shown_target() == ">= -SE (-0.080)"
+    data["worse"] = -0.07
+    assert above.met() == "met"

@@ -122,3 +122,27 @@ def test_tandem_calibrate_writes_the_config_and_dry_run_does_not(tmp_path):
     assert abs(measured_share(confidence, data["cascade"]["threshold"]) - 0.3) <= 0.02
     assert "cloud share" in result.output and "USD per 1k requests" in result.output and "assumed" in result.output
     assert "comments in that file are not kept" in result.output
+
+
+def test_calibrating_the_prompt_routers_scores_writes_its_own_threshold(tmp_path):
+    """A scores file (`tandem router score`: higher means cloud) sets cascade.prompt_router_threshold,
+    which the prompt router reads; the confidence policy's cascade.threshold stays as it was."""
+    examples, confidence = calibration_table(seed=2)
+    table, scores = tmp_path / "table.jsonl", tmp_path / "scores.csv"
+    rows = [{"prompt": e.prompt, "weak_correct": e.weak_correct, "strong_correct": e.strong_correct} for e in examples]
+    table.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    scores.write_text("prompt,score\n" + "".join(f"{e.prompt},{1 - c}\n" for e, c in zip(examples, confidence)))
+    config = tmp_path / "config.toml"
+    config.write_text("[cascade]\nthreshold = 0.5\n")
+    args = ["calibrate", "--data", str(table), "--router", f"scores:{scores}", "--cloud-share", "0.3"]
+    args += ["--config", str(config), "--data-dir", str(tmp_path)]
+    result = CliRunner().invoke(cli(), args)
+    assert result.exit_code == 0, result.output
+    cascade = tomllib.loads(config.read_text())["cascade"]
+    assert cascade["threshold"] == 0.5 and "wrote [cascade] prompt_router_threshold" in result.output
+    assert abs(measured_share(confidence, cascade["prompt_router_threshold"]) - 0.3) <= 0.02
+    assert load_settings(config, env={}).get("cascade.prompt_router_threshold") == cascade["prompt_router_threshold"]
+    forced = CliRunner().invoke(cli(), [*args, "--setting", "threshold", "--dry-run"])
+    assert forced.exit_code == 0 and "it would set [cascade] threshold" in forced.output
+    with pytest.raises(ValueError, match="prompt_router_threshold"):
+        write_threshold(config, 0.2, "handoff")

@@ -15,6 +15,7 @@ from router.eval_tables import RoutingExample
 from router.prompt_router import embedder_export
 from router.prompt_router.linear_head import fit_head
 from router.prompt_router.prompt_shape import NUM_SHAPE_FEATURES, SHAPE_FEATURES, SHAPE_VERSION, shape_features
+from router.prompt_router.score_scale import ScoreScale
 from router.prompt_router.scorer import (
     FORMAT_VERSION,
     METADATA_KEY,
@@ -32,6 +33,7 @@ PROMPTS = [
                                   "explain the tort of negligence", "a train leaves at 3pm going 60 mph"][i % 4]) * (1 + i % 7)
     for i in range(100)
 ]  # fmt: skip
+PROMPTS_AS_ROWS = [RoutingExample(p, True, True, "x") for p in PROMPTS]
 
 
 @pytest.fixture(scope="module")
@@ -138,14 +140,35 @@ def test_topic_correction_learns_a_topic_the_head_misjudges():
 def test_router_graph_matches_the_numpy_reference(tmp_path):
     examples = _examples()
     head, _ = fit(table_rows(examples), None)
-    write_router(head, None, tmp_path / "cold.onnx", {"note": "test"})
+    scale = ScoreScale.of(heldout_gain(head, None, table_rows(examples[20:])), "the training rows")
+    write_router(head, None, tmp_path / "cold.onnx", {"note": "test"}, scale=scale)
     scorer = load_scorer(tmp_path / "cold.onnx")
     outputs = scorer.outputs(PROMPTS + [e.prompt for e in examples[:20]])
-    expected = heldout_gain(head, None, table_rows([RoutingExample(p, True, True, "x") for p in PROMPTS] + examples[:20]))
+    expected = heldout_gain(head, None, table_rows(PROMPTS_AS_ROWS + examples[:20]))
     np.testing.assert_allclose(outputs.gain, expected, atol=1e-5)
-    np.testing.assert_allclose(outputs.score, np.clip(0.5 + expected / 2, 0, 1), atol=1e-5)
+    np.testing.assert_allclose(outputs.score, scale.apply(expected), atol=1e-5)
     assert outputs.embedding is None and scorer.tokenizer is None  # a cold router loads no embedding model
     assert scorer.metadata["format_version"] == FORMAT_VERSION and scorer.metadata["shape_version"] == SHAPE_VERSION
+    assert ScoreScale.from_json(scorer.metadata["score_scale"]) == scale
+    # written without a reference of its own, a router scores on the shipped router's scale
+    write_router(head, None, tmp_path / "shipped_scale.onnx", {})
+    assert load_scorer(tmp_path / "shipped_scale.onnx").metadata["score_scale"] == load_scorer().metadata["score_scale"]
+
+
+def test_score_scale_keeps_the_order_and_refuses_nonsense():
+    rng = np.random.default_rng(0)
+    gains = rng.normal(0.15, 0.03, size=500)
+    gains[:100] = 0.15  # a step: many prompts of one length predict one gain
+    scale = ScoreScale.of(gains, "test")
+    probe = np.linspace(-1.5, 1.5, 2001)
+    scores = scale.apply(probe)
+    assert scores[0] == 0.0 and scores[-1] == 1.0 and np.all(np.diff(scores[(probe > -1) & (probe < 1)]) > 0)
+    assert abs(scale.gain_at(0.5) - np.median(gains)) < 0.01
+    with pytest.raises(ValueError, match="at least"):
+        ScoreScale.of(gains[:5], "too few")
+    with pytest.raises(ValueError, match="increase strictly"):
+        ScoreScale((-1.0, 0.2, 0.1, 1.0), (0.0, 0.4, 0.6, 1.0), "x", 3)
+    assert ScoreScale.from_json(scale.as_json()) == scale
 
 
 def _cold_router(**metadata_changes):
@@ -153,11 +176,11 @@ def _cold_router(**metadata_changes):
     import onnx
 
     from router.prompt_router.router_graph import build_router_graph
-    from router.prompt_router.training import router_metadata
+    from router.prompt_router.training import router_metadata, shipped_scale
 
     head, _ = fit(table_rows(_examples()), None)
     metadata = router_metadata(None, {}, None) | metadata_changes
-    return onnx, build_router_graph(head, None, router_metadata(None, {}, None)), metadata
+    return onnx, build_router_graph(head, None, shipped_scale(), router_metadata(None, {}, None)), metadata
 
 
 def test_refuses_wrong_or_corrupt_files(tmp_path):
@@ -173,17 +196,21 @@ def test_refuses_wrong_or_corrupt_files(tmp_path):
     onnx.save(bare, tmp_path / "bare.onnx")
     with pytest.raises(RouterFormatError, match="not a tandem prompt router"):
         load_scorer(tmp_path / "bare.onnx")
-    cases = {
-        "format_version": (1, "format_version 1 is not supported.*retrain"),  # the MiniLM-head routers before traffic learning
-        "shape_version": (SHAPE_VERSION + 1, "shape_version"),
-        "topic_correction": ({"dims": 16}, "exactly when it has a topic correction"),  # no embedder for it
-    }
-    for key, (value, message) in cases.items():
+    scale = {"gains": [-1.0, 0.5, 0.2, 1.0], "shares": [0, 0.3, 0.6, 1], "reference": "x", "num_reference": 3}
+    cases = [
+        ("format_version", 1, "format_version 1 is not supported.*retrain"),  # MiniLM-head routers before traffic learning
+        # score = 0.5 + gain / 2: above 0.5 for nearly every prompt, so threshold 0.5 escalated everything (issue 52)
+        ("format_version", 2, "format_version 2 is not supported.*threshold is a cloud share.*retrain"),
+        ("shape_version", SHAPE_VERSION + 1, "shape_version"),
+        ("topic_correction", {"dims": 16}, "exactly when it has a topic correction"),  # no embedder for it
+        ("score_scale", scale, "score_scale.*increase strictly"),
+    ]
+    for number, (key, value, message) in enumerate(cases):
         _, _, metadata = _cold_router(**{key: value})
         onnx.helper.set_model_props(model, {METADATA_KEY: json.dumps(metadata)})
-        onnx.save(model, tmp_path / f"{key}.onnx")
+        onnx.save(model, tmp_path / f"case{number}.onnx")
         with pytest.raises(RouterFormatError, match=message):
-            load_scorer(tmp_path / f"{key}.onnx")
+            load_scorer(tmp_path / f"case{number}.onnx")
 
 
 @pytest.mark.slow

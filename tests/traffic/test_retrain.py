@@ -1,5 +1,6 @@
-"""Retraining the prompt router from the record (sdk.traffic.retrain): the candidate is kept
-only when it beats the serving router on the newest labels, and the swap is atomic: a
+"""Retraining the prompt router from the record (sdk.traffic.retrain): the candidate is swapped in
+only when it ranks the newest labels better than the serving router by more than two standard
+errors of the difference (a better calibrated one that ranks worse stays out), and the swap is atomic: a
 reader of the router file or of runner.prompt_scorer sees the old router or the new one
 whole, never half of either."""
 
@@ -19,9 +20,9 @@ from router.eval_tables import RoutingExample
 from router.prompt_router.cold_recipe import SELECTED
 from router.prompt_router.embedder_export import model_fingerprint
 from router.prompt_router.scorer import load_scorer
-from router.prompt_router.training import fit, table_rows, write_router
+from router.prompt_router.training import LabelledRows, RouterParameters, fit, table_rows, table_scale, write_router
 from sdk.traffic import store
-from sdk.traffic.retrain import BackgroundRetrainer, RetrainResult, retrain_once
+from sdk.traffic.retrain import BackgroundRetrainer, Candidate, RetrainResult, compare_rankings, retrain_once
 from sdk.traffic.config import TrafficSettings
 
 PROMPTS = [f"Question {i}: " + ("compute 3 * (4 + 5) = ?" if i % 3 == 0 else "tell me about the history of Rome.") * (1 + i % 4)
@@ -31,9 +32,9 @@ PROMPTS = [f"Question {i}: " + ("compute 3 * (4 + 5) = ?" if i % 3 == 0 else "te
 def _router(path, alpha: float = 1.0, flip: bool = False) -> str:
     """A cold router without table statistics; `flip` swaps which prompts the tables call hard,
     so its scores differ."""
-    examples = [RoutingExample(p, (i % 3 != 0) != flip, True, f"mmlu_s{i % 4}") for i, p in enumerate(PROMPTS * 3)]
+    examples = [RoutingExample(p, ("compute" not in p) != flip, True, f"mmlu_s{i % 4}") for i, p in enumerate(PROMPTS * 3)]
     head, _ = fit(table_rows(examples), None, dataclasses.replace(SELECTED, alpha=alpha))
-    return write_router(head, None, path, {"alpha": alpha})
+    return write_router(head, None, path, {"alpha": alpha}, scale=table_scale(head, examples, "its training rows"))
 
 
 def _fill(path, rows: int, weak_rate_by_topic: tuple[float, float], seed: int = 0) -> None:
@@ -70,6 +71,52 @@ def test_nothing_to_go_on_is_a_skip(tmp_path):
     assert not (tmp_path / "routers").exists()
 
 
+def _held_out(n: int = 120, seed: int = 0) -> LabelledRows:
+    """Rows whose local tier fails more often the larger their one feature; labels of the local tier only."""
+    rng = np.random.default_rng(seed)
+    shape = rng.random((n, 1))
+    local_right = (rng.random(n) >= shape[:, 0]).astype(float)
+    return LabelledRows(shape.astype(np.float32), np.c_[local_right, np.full(n, np.nan)])
+
+
+def test_a_better_calibrated_candidate_that_ranks_worse_stays_out():
+    """The old guard's failure (issue 52): the Brier score prefers predictions near the observed rate,
+    whatever order they put the prompts in; the swap rule asks for the order."""
+    held = _held_out()
+    # serving: its gain rises with the feature (it ranks the local failures first) but it predicts the local
+    # tier right far too rarely; candidate: near the observed rate everywhere, in the reverse order
+    serving = RouterParameters(np.array([[-0.3, 0.0]]), np.array([0.1, 0.9]), None, None)
+    candidate = RouterParameters(np.array([[0.02, 0.0]]), np.array([0.5, 0.9]), None, None)
+
+    def brier(router: RouterParameters) -> float:
+        return float(np.mean((np.clip(router.tiers(held.shape, None)[:, 0], 0, 1) - held.labels[:, 0]) ** 2))
+
+    assert brier(candidate) < brier(serving) - 0.1  # what the old guard swapped on
+    ranking = compare_rankings(serving, candidate, held)
+    assert ranking.auroc_a < 0.5 < ranking.auroc_b and not Candidate(None, None, ranking).wins
+    assert Candidate(None, None, compare_rankings(candidate, serving, held)).wins  # the other way round it would swap
+
+
+def test_a_candidate_better_by_less_than_the_spread_stays_out():
+    held = _held_out()
+    noise = np.random.default_rng(1).normal(size=(len(held), 1)).astype(np.float32)  # a seed where noise helps a little
+    rows = LabelledRows(np.hstack([held.shape, noise]), held.labels)
+    serving = RouterParameters(np.array([[-0.3, 0.0], [0.0, 0.0]]), np.array([0.8, 0.9]), None, None)
+    candidate = RouterParameters(np.array([[-0.3, 0.0], [-0.02, 0.0]]), np.array([0.8, 0.9]), None, None)  # + noise
+    ranking = compare_rankings(serving, candidate, rows)
+    assert 0 < ranking.difference < ranking.difference_se and not Candidate(None, None, ranking).wins
+    # the serving router ranks by a noisier copy of the feature: the candidate is better by one and a half SEs, not two
+    noisier = RouterParameters(np.array([[-0.3, 0.0], [-0.05, 0.0]]), np.array([0.8, 0.9]), None, None)
+    plain = RouterParameters(np.array([[-0.3, 0.0], [0.0, 0.0]]), np.array([0.8, 0.9]), None, None)
+    noise = np.random.default_rng(3).normal(size=(len(held), 1)).astype(np.float32)
+    ranking = compare_rankings(noisier, plain, LabelledRows(np.hstack([held.shape, noise]), held.labels))
+    assert ranking.difference_se < ranking.difference < 2 * ranking.difference_se
+    assert ranking.a_beats_b(1.0) and not Candidate(None, None, ranking).wins  # one SE would swap it in
+    only_right = LabelledRows(rows.shape, np.c_[np.ones(len(held)), np.full(len(held), np.nan)])
+    nothing = Candidate(None, None, compare_rankings(serving, serving, only_right))
+    assert nothing.ranking.num_positive == 0 and not nothing.wins and "nothing to rank" in nothing.verdict(100)
+
+
 @pytest.mark.slow
 def test_a_better_candidate_is_written_whole_and_swapped_in(tmp_path):
     db = tmp_path / "traffic.sqlite3"
@@ -80,14 +127,17 @@ def test_a_better_candidate_is_written_whole_and_swapped_in(tmp_path):
     retrainer = BackgroundRetrainer(runner, record, settings)
     result = asyncio.run(retrainer.maybe_retrain())
     assert result.outcome == "swapped", result
-    assert result.candidate_brier < result.serving_brier and retrainer.outcomes["swapped"] == 1
+    assert result.candidate_auroc - result.serving_auroc > 2 * result.auroc_difference_se > 0
+    assert result.num_ranked == 100 and retrainer.outcomes["swapped"] == 1
+    assert "better by more than 2 SE" in result.detail and "not" not in result.detail
     fresh = runner.prompt_scorer
     assert fresh.path == result.path and fresh.metadata["topic_correction"]["num_rows"] == 500  # the newest 100 held out
     latest = load_scorer(os.path.join(settings.routers_dir, "latest.onnx"))
     np.testing.assert_allclose(latest.score(PROMPTS), fresh.score(PROMPTS))
     assert asyncio.run(retrainer.maybe_retrain()) is None  # no new labels since
     again = asyncio.run(retrainer.retrain())  # the same labels: the candidate is the serving router again
-    assert again.outcome == "kept" and again.candidate_brier == pytest.approx(again.serving_brier, abs=1e-6)
+    assert again.outcome == "kept" and again.candidate_auroc == pytest.approx(again.serving_auroc, abs=1e-9)
+    assert "not better by more than 2 SE" in again.detail and fresh.path in again.detail
     assert runner.prompt_scorer is fresh and len(list((tmp_path / "routers").glob("router-*.onnx"))) == 1
 
 
