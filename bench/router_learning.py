@@ -66,8 +66,11 @@ SMOKE_SEEDS, SMOKE_CV_SEEDS, SMOKE_EXAMPLES = (0, 1), (0,), 400  # two simulatio
 # --smoke's streams are short (~80-140 prompts): checkpoints up to the headline's 10%, which both seeds reach
 # (a checkpoint only one seed reaches has no standard error), and a shorter rest still to come
 SMOKE_CHECKPOINTS, SMOKE_MIN_REST = (0.0, 0.05, 0.1), 20
-TARGETS = {"apgr_locked_test_zero_shot": "above apgr_locked_test_length by more than its SE", "apgr_locked_test_at_10pct_labels": 0.60,
-           "apgr_locked_test_at_10pct_labels_traffic_minus_length": "at least minus its SE (issue 52: learning never worse)"}
+TARGETS = {
+    "apgr_locked_test_zero_shot": "above apgr_locked_test_length by more than its SE",
+    "apgr_locked_test_at_10pct_labels": 0.60,
+    "apgr_locked_test_at_10pct_labels_traffic_minus_length": "at least minus its SE (issue 52: learning never worse)",
+}
 
 
 def zero_shot(examples: list[RoutingExample], embeddings: np.ndarray, seeds) -> dict:
@@ -255,7 +258,9 @@ def main() -> None:
         "apgr_at_10pct_labels_guarded_minus_cold": curves["shuffled"]["0.1"]["shipped_guarded"]["minus_cold"],
         "apgr_at_10pct_labels_guarded_minus_cold_se": curves["shuffled"]["0.1"]["shipped_guarded"]["minus_cold_se"],
         "apgr_at_10pct_labels_guarded_1se_minus_cold": curves["shuffled"]["0.1"]["shipped_guarded_1se"]["minus_cold"],
-        "apgr_at_10pct_labels_guarded_1se_minus_cold_se": curves["shuffled"]["0.1"]["shipped_guarded_1se"]["minus_cold_se"],
+        "apgr_at_10pct_labels_guarded_1se_minus_cold_se": (
+            curves["shuffled"]["0.1"]["shipped_guarded_1se"]["minus_cold_se"]
+        ),
         "apgr_at_10pct_labels_best_case_judge": best_case["apgr"],
         "apgr_at_10pct_labels_best_case_judge_se": best_case["apgr_se"],
         "labels_to_reach_0_60": labels_to_reach(curves["shuffled"], "shipped"),

@@ -137,7 +137,17 @@ def method_scores(name: str, tables: LabelledRows, cold, seen: LabelledRows, lab
     return tiers[:, 1] - tiers[:, 0]
 
 
-METHODS = ("cold", "shipped", "shipped_guarded", "shipped_guarded_1se", "topic_correction_only", "head_refit_only", "knn_memory", "cluster_means", "subject_means_oracle")
+METHODS = (
+    "cold",
+    "shipped",
+    "shipped_guarded",
+    "shipped_guarded_1se",
+    "topic_correction_only",
+    "head_refit_only",
+    "knn_memory",
+    "cluster_means",
+    "subject_means_oracle",
+)
 
 
 def revealed_labels(stream: LabelledRows, cold, cut: float, traffic: Traffic, rng) -> np.ndarray:

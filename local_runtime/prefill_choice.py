@@ -129,8 +129,10 @@ def open_prefill_context(
         return None, PrefillChoice(None, "the model's weights are 16 or 32 bits already")
     if not main.memory_is_one_kv_cache:
         if setting != "auto":
-            raise ValueError(f"prefill_weights={setting!r} needs a model with one plain KV cache; {model_path} has "
-                             "recurrent state or sliding-window attention (set prefill_weights = \"off\")")  # fmt: skip
+            raise ValueError(
+                f"prefill_weights={setting!r} needs a model with one plain KV cache; {model_path} has "
+                'recurrent state or sliding-window attention (set prefill_weights = "off")'
+            )
         return None, PrefillChoice(None, "the model has recurrent state or sliding-window attention")
     if setting != "auto":  # asked for: its failures are the caller's errors
         return PrefillContext(main, prefill_copy_path(model_path, setting), n_cells, setting), PrefillChoice(
@@ -187,8 +189,10 @@ def measurement(model_path: str, threads: int) -> PrefillMeasurement:
 def measure(model_path: str, threads: int, rounds: int = ROUNDS) -> PrefillMeasurement:
     """Time the own path and each copy's path on PROBE_TOKENS tokens (see the module docstring)."""
     copies = {kind: prefill_copy_path(model_path, kind) for kind in COPY_KINDS}
-    own = LlamaBackend(LlamaBackendConfig(model_path, n_ctx=2 * PROBE_TOKENS, n_seq_max=1, n_batch=PROBE_TOKENS,
-                                          n_threads=threads, scratch_sequence=True))  # fmt: skip
+    config = LlamaBackendConfig(
+        model_path, n_ctx=2 * PROBE_TOKENS, n_seq_max=1, n_batch=PROBE_TOKENS, n_threads=threads, scratch_sequence=True
+    )
+    own = LlamaBackend(config)
     contexts: dict[str, PrefillContext] = {}
     try:
         for kind, path in copies.items():

@@ -47,7 +47,8 @@ class RouterScores:
     name: str
     strong_need: np.ndarray  # higher = cloud; missing values are +inf
     confidence: np.ndarray | None  # 1 - strong_need, what the threshold is compared with; None for random/oracle
-    higher_means: str | None = None  # what the router's own scores favour: "local" (a confidence), "cloud" (the prompt router's)
+    # What the router's own scores favour: "local" (a confidence), "cloud" (the prompt router's).
+    higher_means: str | None = None
 
 
 def load_examples(data: str, data_dir: str | None = None, datasets: Sequence[str] = ("gsm8k", "mmlu")) -> LoadedTable:

@@ -247,7 +247,8 @@ def train_router(examples: Sequence[RoutingExample], out, traffic: LabelledRows 
     elif base_scale is not None:
         scale = base_scale
     else:
-        scale = ScoreScale.of(heldout_gain(head, correction, traffic), f"the {len(traffic)} traffic prompts it was trained on")
+        reference = f"the {len(traffic)} traffic prompts it was trained on"
+        scale = ScoreScale.of(heldout_gain(head, correction, traffic), reference)
     report["score_scale"] = {"reference": scale.reference, "num_reference": scale.num_reference}
     write_router(head, correction, out, report, precision, prior, recipe, scale)
     return report

@@ -30,7 +30,8 @@ def read_config(path: Path) -> dict:
         return tomllib.load(handle)
 
 
-THRESHOLD_KEYS = ("threshold", "prompt_router_threshold")  # the confidence policy's (and the request's default), the prompt router's
+# The confidence policy's threshold (also the request's default), and the prompt router's.
+THRESHOLD_KEYS = ("threshold", "prompt_router_threshold")
 
 
 def write_threshold(path: Path, threshold: float, key: str = "threshold") -> None:

@@ -19,16 +19,26 @@ MIB = 1 << 20
 
 
 def measured(own: float, bf16: float, f16: float, copy_bytes: int = 100 * MIB, kv_bytes_per_cell: int = 1024):
-    return PrefillMeasurement({"own": own, "bf16": bf16, "f16": f16}, {"bf16": copy_bytes, "f16": copy_bytes},
-                              kv_bytes_per_cell, 128, 3, 2, "2026-11-28T00:00:00+00:00")  # fmt: skip
+    return PrefillMeasurement(
+        {"own": own, "bf16": bf16, "f16": f16},
+        {"bf16": copy_bytes, "f16": copy_bytes},
+        kv_bytes_per_cell,
+        128,
+        3,
+        2,
+        "2026-11-28T00:00:00+00:00",
+    )
 
 
-@pytest.mark.parametrize("times, expected", [
-    ((400, 180, 230), "bf16"),  # an AVX512-BF16 CPU
-    ((450, 310, 230), "f16"),  # an AVX2 CPU: F16 through sgemm
-    ((300, 290, 280), None),  # a model type llama.cpp already has a GEMM for: no copy wins by the margin
-    ((100, 100 * MARGIN, 200), "bf16"),  # exactly at the margin counts
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "times, expected",
+    [
+        ((400, 180, 230), "bf16"),  # an AVX512-BF16 CPU
+        ((450, 310, 230), "f16"),  # an AVX2 CPU: F16 through sgemm
+        ((300, 290, 280), None),  # a model type llama.cpp already has a GEMM for: no copy wins by the margin
+        ((100, 100 * MARGIN, 200), "bf16"),  # exactly at the margin counts
+    ],
+)
 def test_auto_takes_the_faster_copy_only_when_it_wins_by_the_margin(times, expected):
     choice = decide(measured(*times), n_cells=1024, memory_limit=64 << 30)
     assert choice.kind == expected

@@ -124,8 +124,12 @@ def test_cells_moved_from_the_prefill_context_answer_as_the_main_context_compute
     moved = own_file_as_copy(make_engine(**layout, max_num_batched_tokens=budget, prefill_weights="bf16"))
     try:
         first = moved.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}])
-        follow = moved.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": "Paris."},
-                                            {"role": "user", "content": "And of Italy?"}])  # fmt: skip
+        turns = [
+            {"role": "user", "content": QUESTIONS[0]},
+            {"role": "assistant", "content": "Paris."},
+            {"role": "user", "content": "And of Italy?"},
+        ]
+        follow = moved.apply_chat_template(turns)
         prompts = [first, follow, moved.apply_chat_template([{"role": "user", "content": LONG}])]
         assert len(prompts[2]) > 2 * 48  # chunked three ways at the small budget
         starts = []
@@ -152,7 +156,7 @@ def test_prompts_past_the_prefill_contexts_room_run_in_the_main_context():
     moved = own_file_as_copy(make_engine(**STREAMS, max_num_batched_tokens=512, prefill_weights="bf16"))
     try:
         prompt = own.apply_chat_template([{"role": "user", "content": LONG}])
-        moved.prefill.n_cells = len(prompt) - 2  # all but the last token do not fit: the prompt goes to the main context
+        moved.prefill.n_cells = len(prompt) - 2  # all but the last token do not fit: the main context takes the prompt
         runs = []
         decode = moved.prefill.backend.decode
         moved.prefill.backend.decode = lambda *a, **k: (runs.append(1), decode(*a, **k))[1]

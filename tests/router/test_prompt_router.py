@@ -198,7 +198,8 @@ def test_refuses_wrong_or_corrupt_files(tmp_path):
         load_scorer(tmp_path / "bare.onnx")
     scale = {"gains": [-1.0, 0.5, 0.2, 1.0], "shares": [0, 0.3, 0.6, 1], "reference": "x", "num_reference": 3}
     cases = [
-        ("format_version", 1, "format_version 1 is not supported.*retrain"),  # MiniLM-head routers before traffic learning
+        # MiniLM-head routers before traffic learning
+        ("format_version", 1, "format_version 1 is not supported.*retrain"),
         # score = 0.5 + gain / 2: above 0.5 for nearly every prompt, so threshold 0.5 escalated everything (issue 52)
         ("format_version", 2, "format_version 2 is not supported.*threshold is a cloud share.*retrain"),
         ("shape_version", SHAPE_VERSION + 1, "shape_version"),

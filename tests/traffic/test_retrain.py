@@ -32,7 +32,9 @@ PROMPTS = [f"Question {i}: " + ("compute 3 * (4 + 5) = ?" if i % 3 == 0 else "te
 def _router(path, alpha: float = 1.0, flip: bool = False) -> str:
     """A cold router without table statistics; `flip` swaps which prompts the tables call hard,
     so its scores differ."""
-    examples = [RoutingExample(p, ("compute" not in p) != flip, True, f"mmlu_s{i % 4}") for i, p in enumerate(PROMPTS * 3)]
+    examples = [
+        RoutingExample(p, ("compute" not in p) != flip, True, f"mmlu_s{i % 4}") for i, p in enumerate(PROMPTS * 3)
+    ]
     head, _ = fit(table_rows(examples), None, dataclasses.replace(SELECTED, alpha=alpha))
     return write_router(head, None, path, {"alpha": alpha}, scale=table_scale(head, examples, "its training rows"))
 
