@@ -129,17 +129,31 @@ def test_a_tool_call_is_answered_by_vllm_under_tandems_grammar(cascade_url):
     assert answer.choices[0].finish_reason == "tool_calls"
 
 
-def test_a_json_schema_answer_from_vllm(cascade_url):
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
-              "required": ["city", "population"]}  # fmt: skip
+def test_a_json_schema_answer_from_vllm(vllm, cascade_url):
+    """vLLM's answer under the schema, as vLLM gives it directly. The schema has no integer: the
+    135M model's greedy population ran away as '1111...' to max_tokens on some CPUs (vLLM alone did
+    the same), which says nothing about tandem."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "is_capital": {"type": "boolean"}},
+        "required": ["city", "is_capital"],
+    }
+    question = [{"role": "user", "content": "Give the largest city of France, and whether it is the capital, as JSON."}]
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
     answer = client_of(cascade_url).chat.completions.create(
-        model="cloud", messages=[{"role": "user", "content": "Give the largest city of France and its population as JSON."}],
-        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
-        temperature=0.0, max_tokens=64)  # fmt: skip
+        model="cloud", messages=question, response_format=response_format, temperature=0.0, max_tokens=64
+    )
     tandem = answer.model_extra["tandem"]
     assert (tandem["tier"], tandem["degraded"]) == ("cloud", False), (tandem, _log_tail(cascade_url[1]))
     value = json.loads(answer.choices[0].message.content)
-    assert isinstance(value["city"], str) and isinstance(value["population"], int)
+    assert isinstance(value["city"], str) and isinstance(value["is_capital"], bool)
+    direct = httpx.post(
+        f"{vllm.base_url}/v1/chat/completions",
+        json={"model": NAME, "messages": question, "response_format": response_format, "temperature": 0.0,
+              "max_tokens": 64},
+        timeout=120,
+    ).json()
+    assert answer.choices[0].message.content == direct["choices"][0]["message"]["content"]
 
 
 def test_vllm_killed_mid_stream_falls_back_and_opens_the_breaker(vllm, cascade_url):
