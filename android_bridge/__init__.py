@@ -64,13 +64,23 @@ def start(config_json: str = "{}") -> dict:
     config = parse_object(config_json, "the start config")
     options = config.pop("bridge", {})
     if not isinstance(options, dict) or set(options) - {"wait", "load_timeout_s"}:
-        raise BridgeError("invalid_config", 'the "bridge" section takes only "wait" (boolean) and "load_timeout_s" (seconds)', param="bridge")
+        raise BridgeError(
+            "invalid_config",
+            'the "bridge" section takes only "wait" (boolean) and "load_timeout_s" (seconds)',
+            param="bridge",
+        )
     wait, load_timeout_s = options.get("wait", True), options.get("load_timeout_s")
-    if not isinstance(wait, bool) or not (load_timeout_s is None or (isinstance(load_timeout_s, (int, float)) and load_timeout_s > 0)):
-        raise BridgeError("invalid_config", "bridge.wait must be a boolean and bridge.load_timeout_s a number > 0", param="bridge")
+    if not isinstance(wait, bool) or not (
+        load_timeout_s is None or (isinstance(load_timeout_s, (int, float)) and load_timeout_s > 0)
+    ):
+        raise BridgeError(
+            "invalid_config", "bridge.wait must be a boolean and bridge.load_timeout_s a number > 0", param="bridge"
+        )
     with _lock:
         if _runtime is not None:
-            raise BridgeError("already_started", "the tandem runtime is already running; call stop() first", 409, "invalid_state")
+            raise BridgeError(
+                "already_started", "the tandem runtime is already running; call stop() first", 409, "invalid_state"
+            )
         from android_bridge.runtime import BRIDGE_DEFAULTS, DEFAULT_LOAD_TIMEOUT_S, BridgeRuntime
         from sdk.settings import SettingsError, settings_from_mapping
 
@@ -104,7 +114,9 @@ def chat(request_json: str) -> dict:
     "timeout_s". Returns OpenAI's chat.completion with tandem's routing field."""
     body = parse_object(request_json, "the chat request")
     timeout_s = body.pop("timeout_s", None)
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0):
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0
+    ):
         raise BridgeError("invalid_request_error", "timeout_s must be a number of seconds > 0", param="timeout_s")
     return _running().chat(body, timeout_s)
 
@@ -124,9 +136,13 @@ def cancel(request_id: str) -> dict:
     """Cancel a request by id (a stream, or a chat given a "request_id"). Returns
     {"ok": true, "id": ...}, or the error code "request_not_found" once it has ended."""
     if not isinstance(request_id, str):
-        raise BridgeError("invalid_request_error", f"request_id must be a string, got {type(request_id).__name__}", param="request_id")
+        raise BridgeError(
+            "invalid_request_error", f"request_id must be a string, got {type(request_id).__name__}", param="request_id"
+        )
     if not _running().cancel(request_id):
-        raise BridgeError("request_not_found", f"no request {request_id!r} is in flight (unknown, or already ended)", 404, "not_found")
+        raise BridgeError(
+            "request_not_found", f"no request {request_id!r} is in flight (unknown, or already ended)", 404, "not_found"
+        )
     return {"ok": True, "id": request_id}
 
 
@@ -158,7 +174,12 @@ def status(options_json: str = "{}") -> dict:
     stays null until a check has run)."""
     options = parse_object(options_json, "the status options")
     check_cloud, timeout_s = options.get("check_cloud", False), options.get("timeout_s", 2.0)
-    if not isinstance(check_cloud, bool) or isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 60:
+    if (
+        not isinstance(check_cloud, bool)
+        or isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, (int, float))
+        or not 0 < timeout_s <= 60
+    ):
         raise BridgeError("invalid_request_error", "check_cloud must be a boolean and timeout_s a number in (0, 60]")
     runtime = _runtime
     if runtime is None:

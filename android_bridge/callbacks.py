@@ -26,9 +26,10 @@ def check_callback(callback) -> None:
     missing = [name for name in CALLBACK_METHODS if not callable(getattr(callback, name, None))]
     if missing:
         raise BridgeError(
-            "invalid_callback", f"the callback object needs methods {', '.join(CALLBACK_METHODS)}; missing: {', '.join(missing)}",
+            "invalid_callback",
+            f"the callback object needs methods {', '.join(CALLBACK_METHODS)}; missing: {', '.join(missing)}",
             param="callback",
-        )  # fmt: skip
+        )
 
 
 class CallbackDispatcher:
@@ -90,5 +91,7 @@ class CallbackDispatcher:
             self._cancel_generation()
 
     def _callback_error(self) -> dict:
-        message = f"the app's callback raised {type(self._failure).__name__}: {self._failure}; the generation was cancelled"
+        message = (
+            f"the app's callback raised {type(self._failure).__name__}: {self._failure}; the generation was cancelled"
+        )
         return BridgeError("callback_error", message, 500, "callback_error").as_dict(id=self.request_id)

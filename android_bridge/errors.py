@@ -20,23 +20,34 @@ logger = logging.getLogger("tandem.android_bridge")
 class BridgeError(Exception):
     """A failure reported to the app as an error object (module docstring)."""
 
-    def __init__(self, code: str, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None):  # fmt: skip
+    def __init__(
+        self, code: str, message: str, status: int = 400, type: str = "invalid_request_error", param: str | None = None
+    ):
         super().__init__(message)
         self.code, self.message, self.status, self.type, self.param = code, message, status, type, param
 
     def as_dict(self, **extra) -> dict:
-        error = {"code": self.code, "message": self.message, "type": self.type, "param": self.param, "status": self.status}
+        error = {
+            "code": self.code,
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "status": self.status,
+        }
         return {"error": error, **extra}
 
 
 def not_started() -> BridgeError:
-    return BridgeError("not_started", "the tandem runtime is not running; call start(config_json) first", 409, "invalid_state")
+    return BridgeError(
+        "not_started", "the tandem runtime is not running; call start(config_json) first", 409, "invalid_state"
+    )
 
 
 def cancelled(request_id: str, by_stop: bool = False) -> BridgeError:
     if by_stop:
-        return BridgeError("runtime_stopped", f"request {request_id} ended: stop() was called", 503, "service_unavailable")
+        return BridgeError(
+            "runtime_stopped", f"request {request_id} ended: stop() was called", 503, "service_unavailable"
+        )
     return BridgeError("cancelled", f"request {request_id} was cancelled", 499, "cancelled")
 
 

@@ -72,7 +72,9 @@ class BridgeRuntime:
             self.stop()
             if isinstance(exc, BridgeError):
                 raise
-            raise BridgeError("start_failed", f"the tandem runtime could not start: {exc}", 500, "server_error") from None
+            raise BridgeError(
+                "start_failed", f"the tandem runtime could not start: {exc}", 500, "server_error"
+            ) from None
 
     async def _start_cascade(self) -> None:
         from sdk.cascade.runner import CascadeRunner
@@ -82,11 +84,15 @@ class BridgeRuntime:
 
         self.cloud = await start_cloud_tier(self.settings)  # clients bind to the loop they are made in
         self.runner = CascadeRunner(self.engine, self.cloud.client, self.settings.cascade_config())
-        self.learning = start_learning(self.runner, self.settings.traffic_settings())  # [traffic] record: feedback() needs it
+        self.learning = start_learning(
+            self.runner, self.settings.traffic_settings()
+        )  # [traffic] record: feedback() needs it
         self.learning.start_background()
         from sdk.client.async_client import InProcessBackend
 
-        self.backend = InProcessBackend(self.runner)  # feedback() and embeddings() (the embedding model loads on first use)
+        self.backend = InProcessBackend(
+            self.runner
+        )  # feedback() and embeddings() (the embedding model loads on first use)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """End every request (their callbacks get runtime_stopped), then the cloud tier, the engine, the loop."""
@@ -138,7 +144,9 @@ class BridgeRuntime:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
             self.cancel(request_id)
-            raise BridgeError("timeout", f"request {request_id} took longer than timeout_s={timeout_s}", 504, "timeout") from None
+            raise BridgeError(
+                "timeout", f"request {request_id} took longer than timeout_s={timeout_s}", 504, "timeout"
+            ) from None
 
     def chat_stream(self, body: dict, callback) -> str:
         """Start a streamed answer and return its id at once; events go to the callback."""
@@ -167,7 +175,9 @@ class BridgeRuntime:
         if request_id is None:
             return f"chatcmpl-{uuid.uuid4().hex}"
         if not isinstance(request_id, str) or not 0 < len(request_id) <= 128:
-            raise BridgeError("invalid_request_error", "request_id must be a string of 1 to 128 characters", param="request_id")
+            raise BridgeError(
+                "invalid_request_error", "request_id must be a string of 1 to 128 characters", param="request_id"
+            )
         return request_id
 
     async def _launch(self, request_id: str, in_flight: _InFlight, work) -> asyncio.Task:
@@ -217,8 +227,14 @@ class BridgeRuntime:
         from sdk.cascade.openai import routed_completion
 
         request, chat = validated
-        reply = await routed_completion(self.runner, chat, model=request.model, private=bool(request.private),
-                                        response_id=request_id, created=int(time.time()))  # fmt: skip
+        reply = await routed_completion(
+            self.runner,
+            chat,
+            model=request.model,
+            private=bool(request.private),
+            response_id=request_id,
+            created=int(time.time()),
+        )
         return reply.model_dump(mode="json", exclude_none=True)
 
     async def _stream(self, request_id: str, validated, in_flight: _InFlight) -> None:
@@ -238,8 +254,14 @@ class BridgeRuntime:
 
         request, chat = validated
         created = int(time.time())
-        chunks = await routed_stream(self.runner, chat, model=request.model, private=bool(request.private),
-                                     response_id=request_id, created=created)  # fmt: skip
+        chunks = await routed_stream(
+            self.runner,
+            chat,
+            model=request.model,
+            private=bool(request.private),
+            response_id=request_id,
+            created=created,
+        )
         text, calls, last = [], [], None
         async for chunk in chunks:
             last = chunk
@@ -252,8 +274,9 @@ class BridgeRuntime:
             raise RuntimeError("the stream ended without its final chunk")
         message = ChatResponseMessage(content="".join(text) or (None if calls else ""), tool_calls=calls or None)
         choice = ChatChoice(index=0, message=message, finish_reason=last.choices[0].finish_reason)
-        reply = TandemChatCompletion(id=request_id, created=created, model=request.model, choices=[choice],
-                                     usage=last.usage, tandem=last.tandem)  # fmt: skip
+        reply = TandemChatCompletion(
+            id=request_id, created=created, model=request.model, choices=[choice], usage=last.usage, tandem=last.tandem
+        )
         dispatcher.done(reply.model_dump(mode="json", exclude_none=True))
 
     # -- status ----------------------------------------------------------------------------
@@ -266,19 +289,26 @@ class BridgeRuntime:
         request = build_feedback(body.get("id"), body.get("score"), body.get("thumbs"))
         unknown = sorted(set(body) - {"id", "score", "thumbs"})
         if unknown:
-            raise BridgeError("invalid_request_error", f"unknown field(s) {', '.join(unknown)}; feedback takes id, score or thumbs",
-                              param=unknown[0])  # fmt: skip
+            raise BridgeError(
+                "invalid_request_error",
+                f"unknown field(s) {', '.join(unknown)}; feedback takes id, score or thumbs",
+                param=unknown[0],
+            )
         try:
             return self._submit(self.backend.feedback(request)).result().model_dump(exclude_none=True)
         except FeedbackError as exc:
             code = "response_not_found" if exc.status == 404 else "permission_denied"
-            raise BridgeError(code, str(exc), exc.status, "not_found" if exc.status == 404 else "permission_denied", "id") from None
+            raise BridgeError(
+                code, str(exc), exc.status, "not_found" if exc.status == 404 else "permission_denied", "id"
+            ) from None
 
     def embeddings(self, body: dict) -> dict:
         """POST /v1/embeddings' answer for OpenAI's embeddings body (all-MiniLM-L6-v2, in-process)."""
         from sdk.client.async_client import build_embedding_request
 
-        return self._submit(self.backend.embeddings(build_embedding_request(body))).result().model_dump(exclude_none=True)
+        return (
+            self._submit(self.backend.embeddings(build_embedding_request(body))).result().model_dump(exclude_none=True)
+        )
 
     @property
     def num_in_flight(self) -> int:

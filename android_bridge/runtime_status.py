@@ -28,11 +28,16 @@ async def runtime_status(runtime: BridgeRuntime, check_cloud: bool, timeout_s: f
         "requests_in_flight": runtime.num_in_flight,
     }
     if load_error is not None:
-        status["error"] = BridgeError("start_failed", f"the model did not load: {load_error}", 500, "server_error").as_dict()["error"]
+        status["error"] = BridgeError(
+            "start_failed", f"the model did not load: {load_error}", 500, "server_error"
+        ).as_dict()["error"]
     if loaded:
         stats = engine.stats()
-        status["kv_cache"] = {"blocks_used": stats.num_kv_blocks_used, "blocks_total": stats.num_kv_blocks_total,
-                              "usage": round(stats.kv_usage, 4)}  # fmt: skip
+        status["kv_cache"] = {
+            "blocks_used": stats.num_kv_blocks_used,
+            "blocks_total": stats.num_kv_blocks_total,
+            "usage": round(stats.kv_usage, 4),
+        }
         status["engine"] = {"running": stats.num_running, "waiting": stats.num_waiting}
     status["cloud"] = await _cloud_status(runtime, check_cloud, timeout_s)
     return status

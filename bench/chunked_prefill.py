@@ -44,13 +44,17 @@ def _text_ids(engine: CloudEngine, rng: random.Random, num_tokens: int) -> list[
     return engine.tokenize(text)[:num_tokens]
 
 
-def run(engine: CloudEngine, steady_tokens: int, long_lengths: list[int], seed: int, num_steady: int = NUM_STEADY) -> dict:
+def run(
+    engine: CloudEngine, steady_tokens: int, long_lengths: list[int], seed: int, num_steady: int = NUM_STEADY
+) -> dict:
     """Drive the engine step by step; token timestamps per request."""
     rng = random.Random(seed)
     greedy = lambda n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)  # noqa: E731
     for i in range(num_steady):
         engine.add_request(GenerationRequest(f"steady-{i}", _text_ids(engine, rng, 32), greedy(steady_tokens)))
-    long_requests = [GenerationRequest(f"long-{j}", _text_ids(engine, rng, n), greedy(8)) for j, n in enumerate(long_lengths)]
+    long_requests = [
+        GenerationRequest(f"long-{j}", _text_ids(engine, rng, n), greedy(8)) for j, n in enumerate(long_lengths)
+    ]
     arrivals = {8 + 24 * j: r for j, r in enumerate(long_requests)}  # steady tokens made -> long prompt that arrives
     times: dict[str, list[float]] = {}
     arrived_at: dict[str, float] = {}
@@ -82,15 +86,26 @@ def run(engine: CloudEngine, steady_tokens: int, long_lengths: list[int], seed: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
-    parser.add_argument("--quick", action="store_true", help="two long prompts, 96 steady tokens, 2 repetitions (about 4 minutes here)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="only checks that the bench works (4 steady requests of 12 tokens, one 96-token long prompt over a 64-token "
-                             "budget, 1 repetition): figures meaningless")
+    parser.add_argument(
+        "--quick", action="store_true", help="two long prompts, 96 steady tokens, 2 repetitions (about 4 minutes here)"
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="only checks that the bench works (4 steady requests of 12 tokens, one 96-token long prompt over a 64-token "
+        "budget, 1 repetition): figures meaningless",
+    )
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--repeats", type=int, default=None, help="repetitions of all three modes (default 3; 2 with --quick)")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="repetitions of all three modes (default 3; 2 with --quick)"
+    )
     parser.add_argument("--step-target-ms", type=float, default=60.0, help="the target mode's step-time target")
-    parser.add_argument("--step-max-ms", type=float, default=1100.0, help="how long the target mode's occasional long steps may run")
-    parser.add_argument("--slow-step-share", type=float, default=0.08, help="the share of steps that may run past the target")
+    parser.add_argument(
+        "--step-max-ms", type=float, default=1100.0, help="how long the target mode's occasional long steps may run"
+    )
+    parser.add_argument(
+        "--slow-step-share", type=float, default=0.08, help="the share of steps that may run past the target"
+    )
     args = parser.parse_args()
 
     steady_tokens, long_lengths = (96, [1500, 1700]) if args.quick else (128, [1500, 1700, 1900, 2000])
@@ -101,13 +116,20 @@ def main() -> None:
     repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
     modes = {
         "chunked": dict(enable_chunked_prefill=True, max_num_batched_tokens=budget),
-        "step_target": dict(enable_chunked_prefill=True, max_num_batched_tokens=2048, step_time_target_ms=args.step_target_ms,
-                            step_time_max_ms=args.step_max_ms, slow_step_share=args.slow_step_share),
+        "step_target": dict(
+            enable_chunked_prefill=True,
+            max_num_batched_tokens=2048,
+            step_time_target_ms=args.step_target_ms,
+            step_time_max_ms=args.step_max_ms,
+            slow_step_share=args.slow_step_share,
+        ),
         "unchunked": dict(enable_chunked_prefill=False, max_num_batched_tokens=4096),
     }
     engines = {}
     for name, overrides in modes.items():
-        engines[name] = CloudEngine(CloudEngineConfig(device=args.device, max_num_seqs=32, max_model_len=4096, kv_cache_gb=1.0, **overrides))
+        engines[name] = CloudEngine(
+            CloudEngineConfig(device=args.device, max_num_seqs=32, max_model_len=4096, kv_cache_gb=1.0, **overrides)
+        )
         # Warm-up on other prompts: kernels built, and the target mode's cost model has measured
         # long chunks, as it would have on a server that has been running.
         run(engines[name], *warm_up, seed=1000, num_steady=num_steady)
@@ -127,9 +149,10 @@ def main() -> None:
         "command": "python -m bench.chunked_prefill " + " ".join(sys.argv[1:]),
         "machine": machine_info(),
         "model": "embedded SmolLM2-135M-Instruct (GGUF, dequantized)",
-        "device": str(engine.device), "dtype": str(engine.dtype),
+        "device": str(engine.device),
+        "dtype": str(engine.dtype),
         "workload": f"{num_steady} steady requests (32-token prompts, {steady_tokens} greedy tokens); long prompts of "
-                    f"{long_lengths} tokens arriving after 8, 32, 56, ... steady tokens; {repeats} repetitions, modes in turn",
+        f"{long_lengths} tokens arriving after 8, 32, 56, ... steady tokens; {repeats} repetitions, modes in turn",
         "modes": modes,
         "results": {name: median_run(r) for name, r in runs.items()},
         "runs": runs,
@@ -139,8 +162,19 @@ def main() -> None:
         "targets": TARGETS,
     }
     report["targets_met"] = {k: report[k] <= v and report[f"{k}_spread"][1] <= v for k, v in TARGETS.items()}
-    write_report(args.json, report, ("itl_p90_ratio", "itl_p90_ratio_spread", "itl_p99_ratio", "itl_p99_ratio_spread",
-                                     "long_prompt_ttft_ratio", "long_prompt_ttft_ratio_spread", "targets_met"))
+    write_report(
+        args.json,
+        report,
+        (
+            "itl_p90_ratio",
+            "itl_p90_ratio_spread",
+            "itl_p99_ratio",
+            "itl_p99_ratio_spread",
+            "long_prompt_ttft_ratio",
+            "long_prompt_ttft_ratio_spread",
+            "targets_met",
+        ),
+    )
     for engine in engines.values():
         engine.close()
 

@@ -63,9 +63,13 @@ def local_engine_config(n_threads: int | None = None):
     from local_runtime.config import LocalEngineConfig
 
     return LocalEngineConfig(
-        kv_cache_tokens=4096, max_num_seqs=32, max_num_batched_tokens=512, max_model_len=256,
-        max_waiting=100_000, n_threads=n_threads,
-    )  # fmt: skip
+        kv_cache_tokens=4096,
+        max_num_seqs=32,
+        max_num_batched_tokens=512,
+        max_model_len=256,
+        max_waiting=100_000,
+        n_threads=n_threads,
+    )
 
 
 @dataclass
@@ -101,10 +105,14 @@ def answer_items(engine, items: list[ArithmeticItem]) -> Answers:
     features = np.stack([sequence_features(signals_from_events(events)) for _, events in results])
     labels = np.array([is_correct(text, item.answer) for text, item in zip(texts, items)], dtype=bool)
     return Answers(
-        items=items, texts=texts, features=features, labels=labels,
-        levels=np.array([item.level for item in items], dtype=int), seconds=seconds,
+        items=items,
+        texts=texts,
+        features=features,
+        labels=labels,
+        levels=np.array([item.level for item in items], dtype=int),
+        seconds=seconds,
         num_output_tokens=sum(len(events) for _, events in results),
-    )  # fmt: skip
+    )
 
 
 def collect_answers(n: int, seed: int, n_threads: int | None = None, prefill_weights: str = "auto") -> Answers:
@@ -197,7 +205,9 @@ class HeldoutScores:
     probe_file_bytes: int
 
 
-def heldout_scores(answers: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRACTION, probe_dir: str | None = None) -> HeldoutScores:
+def heldout_scores(
+    answers: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRACTION, probe_dir: str | None = None
+) -> HeldoutScores:
     """Split, orient single signals on train, train + export the probe, score held-out."""
     from confidence.probe import ConfidenceProbe, ProbeConfig, load_probe, model_fingerprint_for_gguf
     from confidence.probe_training import stratified_split
@@ -233,10 +243,14 @@ def heldout_scores(answers: Answers, seed: int, holdout_fraction: float = HOLDOU
         probe_scores = np.asarray(onnx_probe.predict(features[heldout]), dtype=np.float64)
         probe_logits = np.asarray(onnx_probe.predict_logit(features[heldout]), dtype=np.float64)
         file_bytes = os.path.getsize(path)
-    return HeldoutScores(train, heldout, signals, oriented_heldout, probe, config, onnx_probe, probe_scores, probe_logits, file_bytes)
+    return HeldoutScores(
+        train, heldout, signals, oriented_heldout, probe, config, onnx_probe, probe_scores, probe_logits, file_bytes
+    )
 
 
-def evaluate(answers: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRACTION, probe_dir: str | None = None) -> dict:
+def evaluate(
+    answers: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRACTION, probe_dir: str | None = None
+) -> dict:
     """The held-out AUROCs of heldout_scores: each signal, the probe, the best signal."""
     scored = heldout_scores(answers, seed, holdout_fraction, probe_dir)
     labels = answers.labels
@@ -251,26 +265,38 @@ def evaluate(answers: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRAC
     by_level = []
     for level, spec in enumerate(LEVELS):
         rows = answers.levels == level
-        by_level.append({
-            "level": level, "name": spec.name, "count": int(rows.sum()),
-            "accuracy": float(labels[rows].mean()) if rows.any() else None,
-        })  # fmt: skip
+        by_level.append(
+            {
+                "level": level,
+                "name": spec.name,
+                "count": int(rows.sum()),
+                "accuracy": float(labels[rows].mean()) if rows.any() else None,
+            }
+        )
     return {
         "counts": {
-            "items": int(labels.size), "right": int(labels.sum()), "wrong": int((~labels).sum()),
-            "train": int(train.size), "heldout": int(heldout.size),
-            "heldout_right": int(heldout_labels.sum()), "heldout_wrong": int((~heldout_labels).sum()),
-            "probe_fit_rows": probe.metrics["num_train"], "probe_calibration_rows": probe.metrics["num_heldout"],
-        },  # fmt: skip
+            "items": int(labels.size),
+            "right": int(labels.sum()),
+            "wrong": int((~labels).sum()),
+            "train": int(train.size),
+            "heldout": int(heldout.size),
+            "heldout_right": int(heldout_labels.sum()),
+            "heldout_wrong": int((~heldout_labels).sum()),
+            "probe_fit_rows": probe.metrics["num_train"],
+            "probe_calibration_rows": probe.metrics["num_heldout"],
+        },
         "accuracy": float(labels.mean()),
         "accuracy_by_level": by_level,
         "signals": signals,
         "probe": {
-            "kind": config.kind, "calibration": config.calibration, "runtime": "onnxruntime",
-            "provider": onnx_probe.provider, "heldout_auroc": probe_auroc,
+            "kind": config.kind,
+            "calibration": config.calibration,
+            "runtime": "onnxruntime",
+            "provider": onnx_probe.provider,
+            "heldout_auroc": probe_auroc,
             "heldout_auroc_of_logit": auroc(probe_logits, heldout_labels),
             "onnx_file_bytes": file_bytes,
-        },  # fmt: skip
+        },
         "best_signal": best_signal,
         "best_signal_heldout_auroc": signals[best_signal]["heldout_auroc"],
         "best_signal_on_train": best_on_train,
@@ -297,7 +323,9 @@ def format_table(result: dict) -> str:
     lines += ["", f"{'signal':<24}{'right when':>11}{'train AUROC':>13}{'held-out AUROC':>16}"]
     for name, row in sorted(result["signals"].items(), key=lambda kv: -kv[1]["heldout_auroc"]):
         lines.append(f"{name:<24}{row['orientation']:>11}{row['train_auroc']:>13.3f}{row['heldout_auroc']:>16.3f}")
-    lines.append(f"{'probe (ONNX, ' + result['probe']['kind'] + ')':<24}{'higher':>11}{'':>13}{result['probe']['heldout_auroc']:>16.3f}")
+    lines.append(
+        f"{'probe (ONNX, ' + result['probe']['kind'] + ')':<24}{'higher':>11}{'':>13}{result['probe']['heldout_auroc']:>16.3f}"
+    )
     lines += [
         "",
         f"probe - best signal ({result['best_signal']}): {result['probe_auroc_minus_best_signal']:+.3f} "
@@ -314,7 +342,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=None, help=f"questions (default {DEFAULT_N}; {SMOKE_N} with --smoke)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="question generator and split seed")
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
-    parser.add_argument("--smoke", action="store_true", help=f"only checks that the bench works ({SMOKE_N} questions): figures meaningless")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"only checks that the bench works ({SMOKE_N} questions): figures meaningless",
+    )
     parser.add_argument(
         "--prefill-weights",
         default="auto",
@@ -334,22 +366,32 @@ def main() -> None:
     print(format_table(result), flush=True)
     wrong_examples = [
         {"question": item.question, "answer": item.answer, "reply": text}
-        for item, text, right in zip(answers.items, answers.texts, answers.labels) if not right
-    ]  # fmt: skip
+        for item, text, right in zip(answers.items, answers.texts, answers.labels)
+        if not right
+    ]
     report = {
         **report_header("confidence_auroc", smoke=args.smoke),
         "model": "embedded SmolLM2-135M-Instruct (GGUF Q4_1), local_runtime.AsyncLocalEngine",
         "workload": f"{n} generated arithmetic questions (seed {args.seed}), {len(LEVELS)} difficulty levels in "
-                    f"equal shares; greedy, max_tokens {MAX_TOKENS}, {TOP_LOGPROBS} top logprobs; label = the reply's "
-                    f"answer (number after its first '=', else its first integer) equals the true one; stratified split holding out {HOLDOUT_FRACTION:.0%}",
+        f"equal shares; greedy, max_tokens {MAX_TOKENS}, {TOP_LOGPROBS} top logprobs; label = the reply's "
+        f"answer (number after its first '=', else its first integer) equals the true one; stratified split holding out {HOLDOUT_FRACTION:.0%}",
         "generation": {"seconds": answers.seconds, "output_tokens": answers.num_output_tokens},
         "prefill_weights": {"setting": args.prefill_weights, "in_effect": prefill_kind},
         **result,
         "baseline": "best single signal by held-out AUROC (orientation chosen on train)",
         "examples_wrong": wrong_examples[:: max(1, len(wrong_examples) // 12)][:12],
     }
-    write_report(args.json, report, ("accuracy", "best_signal", "best_signal_heldout_auroc",
-                                     "probe_auroc_minus_best_signal", "probe_auroc_minus_best_signal_se"))
+    write_report(
+        args.json,
+        report,
+        (
+            "accuracy",
+            "best_signal",
+            "best_signal_heldout_auroc",
+            "probe_auroc_minus_best_signal",
+            "probe_auroc_minus_best_signal_se",
+        ),
+    )
 
 
 def main_compare_prefill(args, n: int) -> None:

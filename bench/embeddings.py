@@ -75,7 +75,10 @@ def main() -> None:
         for batch in (1, 32):
             rounds[f"tandem_b{batch}"].append(texts_per_s(tandem, texts, batch))
             rounds[f"sentence_transformers_b{batch}"].append(texts_per_s(reference, texts, batch))
-    ratios = {batch: [t / s for t, s in zip(rounds[f"tandem_b{batch}"], rounds[f"sentence_transformers_b{batch}"])] for batch in (1, 32)}
+    ratios = {
+        batch: [t / s for t, s in zip(rounds[f"tandem_b{batch}"], rounds[f"sentence_transformers_b{batch}"])]
+        for batch in (1, 32)
+    }
     figures = {name: median_and_spread(values) for name, values in rounds.items()}
     report = {
         **header,
@@ -96,7 +99,11 @@ def main() -> None:
         "rounds": rounds,
         "targets": TARGETS,
     }
-    write_report(args.json, report, ("texts_per_s_b1", "texts_per_s_b32", "ratio_vs_sentence_transformers_b32", "cosine_min_vs_fp32"))
+    write_report(
+        args.json,
+        report,
+        ("texts_per_s_b1", "texts_per_s_b32", "ratio_vs_sentence_transformers_b32", "cosine_min_vs_fp32"),
+    )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,9 @@ WORDS = (
 ).split()
 
 
-def make_workload(num_requests: int, seed: int, tokenize, max_prompt: int, max_output: int) -> list[tuple[list[int], int]]:
+def make_workload(
+    num_requests: int, seed: int, tokenize, max_prompt: int, max_output: int
+) -> list[tuple[list[int], int]]:
     """(prompt ids, output length): prompt lengths uniform in [16, max_prompt], outputs in [8, max_output]."""
     rng = random.Random(seed)
     work = []
@@ -62,7 +64,9 @@ def make_workload(num_requests: int, seed: int, tokenize, max_prompt: int, max_o
 
 def run_tandem(llm: LLM, work, sampling: dict | None = None, min_tokens: bool = False) -> dict:
     fields = sampling or {"temperature": 0.0}
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, min_tokens=n if min_tokens else 0, **fields) for _, n in work]
+    params = [
+        SamplingParams(max_tokens=n, ignore_eos=True, min_tokens=n if min_tokens else 0, **fields) for _, n in work
+    ]
     start = time.perf_counter()
     outputs = llm.generate([p for p, _ in work], params)
     seconds = time.perf_counter() - start
@@ -106,16 +110,28 @@ def hf_llama_from_gguf_cache(model_path: str):
     if cached is None or cached.config.architecture not in ("llama", "LlamaForCausalLM"):
         return None
     c = cached.config
-    config = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                         num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-                         num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-                         rope_theta=c.rope_theta, rope_scaling=c.rope_scaling, max_position_embeddings=c.max_position_embeddings,
-                         tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.rope_theta,
+        rope_scaling=c.rope_scaling,
+        max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=c.tie_word_embeddings,
+        attention_bias=c.attention_bias,
+    )
     model = LlamaForCausalLM(config)
     missing, unexpected = model.load_state_dict(dict(cached.weights()), strict=False)
     tied = {"lm_head.weight"} if c.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
-        raise RuntimeError(f"cached GGUF weights do not fit LlamaForCausalLM: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(
+            f"cached GGUF weights do not fit LlamaForCausalLM: missing {missing}, unexpected {unexpected}"
+        )
     model.tie_weights()
     return model
 
@@ -133,7 +149,13 @@ def run_hf_static(model, work, batch_size: int, device: torch.device) -> dict:
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = 1
         longest = max(n for _, n in batch)
-        model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=longest, min_new_tokens=longest, do_sample=False)
+        model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=longest,
+            min_new_tokens=longest,
+            do_sample=False,
+        )
         tokens += sum(n for _, n in batch)
     seconds = time.perf_counter() - start
     return {"requests": len(work), "output_tokens": tokens, "seconds": seconds, "output_tokens_per_s": tokens / seconds}
@@ -144,7 +166,9 @@ def run_hf_sequential(model, work, device: torch.device) -> dict:
     tokens = 0
     start = time.perf_counter()
     for prompt, n in work:
-        out = model.generate(input_ids=torch.tensor([prompt], device=device), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        out = model.generate(
+            input_ids=torch.tensor([prompt], device=device), max_new_tokens=n, min_new_tokens=n, do_sample=False
+        )
         tokens += out.shape[1] - len(prompt)
     seconds = time.perf_counter() - start
     return {"requests": len(work), "output_tokens": tokens, "seconds": seconds, "output_tokens_per_s": tokens / seconds}
@@ -154,19 +178,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--quick", action="store_true", help="a smaller workload (under 3 minutes here)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="only checks that the bench works (4 requests, prompts 16-32 tokens, 8 output tokens, one run each): figures meaningless")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="only checks that the bench works (4 requests, prompts 16-32 tokens, 8 output tokens, one run each): figures meaningless",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--model", help="a GGUF or HF directory (default: the embedded SmolLM2 GGUF); "
-                                        "bench.random_model writes one in a real shape where the GGUF cannot go")
-    parser.add_argument("--dtype", default="auto", help="auto (tandem's default for the device), float32, bfloat16; both systems use it")
+    parser.add_argument(
+        "--model",
+        help="a GGUF or HF directory (default: the embedded SmolLM2 GGUF); "
+        "bench.random_model writes one in a real shape where the GGUF cannot go",
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (tandem's default for the device), float32, bfloat16; both systems use it"
+    )
     args = parser.parse_args()
 
     num_requests, max_prompt, max_output = (16, 256, 64) if args.quick else (64, 512, 256)
     if args.smoke:
         num_requests, max_prompt, max_output = 4, 32, 8
     model_path = args.model or default_model_path()
-    llm = LLM(model_path, device=args.device, dtype=args.dtype, max_num_seqs=32, max_num_batched_tokens=512, kv_cache_gb=1.0)
+    llm = LLM(
+        model_path, device=args.device, dtype=args.dtype, max_num_seqs=32, max_num_batched_tokens=512, kv_cache_gb=1.0
+    )
     engine = llm.engine
     work = make_workload(num_requests, seed=0, tokenize=engine.tokenize, max_prompt=max_prompt, max_output=max_output)
 
@@ -184,10 +218,20 @@ def main() -> None:
     penalties = compare_penalties(
         lambda sampling, min_tokens, llm=llm: run_tandem(llm, batch, sampling, min_tokens)["output_tokens_per_s"]
     )
-    print(f"penalties on/off at B=32: {penalties['ratio_median']:.3f} (spread of off runs {penalties['off_run_spread']:.3f})", flush=True)
-    config = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "block_size": engine.config.block_size,
-              "kv_blocks": engine.num_blocks, "device": str(engine.device), "dtype": str(engine.dtype),
-              "torch_threads": torch.get_num_threads(), "attention_backend": engine.attention_backend}
+    print(
+        f"penalties on/off at B=32: {penalties['ratio_median']:.3f} (spread of off runs {penalties['off_run_spread']:.3f})",
+        flush=True,
+    )
+    config = {
+        "max_num_seqs": 32,
+        "max_num_batched_tokens": 512,
+        "block_size": engine.config.block_size,
+        "kv_blocks": engine.num_blocks,
+        "device": str(engine.device),
+        "dtype": str(engine.dtype),
+        "torch_threads": torch.get_num_threads(),
+        "attention_backend": engine.attention_backend,
+    }
     device, dtype = engine.device, engine.dtype
     del llm, engine
 
@@ -224,10 +268,22 @@ def main() -> None:
         "ratio_vs_hf_static_spread": [min(tandem_runs) / max(static_runs), max(tandem_runs) / min(static_runs)],
         "repeats": repeats,
         "ratio_vs_hf_sequential": tandem_tps / results["hf_sequential"]["output_tokens_per_s"],
-        "targets": {"ratio_vs_hf_static": 3.0, "ratio_vs_hf_sequential": 8.0, "penalty_throughput_ratio_cloud_b32": 0.95},
+        "targets": {
+            "ratio_vs_hf_static": 3.0,
+            "ratio_vs_hf_sequential": 8.0,
+            "penalty_throughput_ratio_cloud_b32": 0.95,
+        },
     }
-    write_report(args.json, report, ("ratio_vs_hf_static", "ratio_vs_hf_static_spread", "ratio_vs_hf_sequential",
-                                     "penalty_throughput_ratio_cloud_b32"))
+    write_report(
+        args.json,
+        report,
+        (
+            "ratio_vs_hf_static",
+            "ratio_vs_hf_static_spread",
+            "ratio_vs_hf_sequential",
+            "penalty_throughput_ratio_cloud_b32",
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ TARGETS = {"readme_example_s": 10.0, "health_ready_second_start_s": 3.0, "cloud_
 
 
 def readme_example() -> str:
-    match = re.search(r"```python\n(import openai\n.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.DOTALL)
+    match = re.search(
+        r"```python\n(import openai\n.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.DOTALL
+    )
     if match is None:
         raise SystemExit("bench.first_contact: README has no openai example")
     return match.group(1)
@@ -52,8 +54,13 @@ def start_and_time(log_dir: Path, index: int, timeout_s: float = 300.0) -> tuple
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     log = open(log_dir / f"serve-{index}.log", "wb")  # noqa: SIM115  (closed with the process below)
     started = time.monotonic()
-    process = subprocess.Popen([sys.executable, "-m", "sdk.cli", "serve", "--port", str(port)], stdout=log,
-                               stderr=subprocess.STDOUT, env=env, cwd=REPO)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sdk.cli", "serve", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=REPO,
+    )
     base_url, timings = f"http://127.0.0.1:{port}", {}
     while "cloud_ready_s" not in timings:
         if process.poll() is not None or time.monotonic() - started > timeout_s:
@@ -88,9 +95,16 @@ def run_readme_example(base_url: str, times: int = 5) -> list[dict]:
             exec(compile(code, "README.md", "exec"), namespace)
         out = namespace["out"]
         routing = out.model_extra["tandem"]
-        runs.append({"seconds": time.monotonic() - started, "answer": out.choices[0].message.content,
-                     "contains_4": "4" in out.choices[0].message.content, "tier": routing["tier"],
-                     "escalated": routing["escalated"], "degraded": routing["degraded"]})  # fmt: skip
+        runs.append(
+            {
+                "seconds": time.monotonic() - started,
+                "answer": out.choices[0].message.content,
+                "contains_4": "4" in out.choices[0].message.content,
+                "tier": routing["tier"],
+                "escalated": routing["escalated"],
+                "degraded": routing["degraded"],
+            }
+        )
     return runs
 
 
@@ -99,7 +113,9 @@ def main() -> None:
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--quick", action="store_true", help="two starts instead of four")
     parser.add_argument("--smoke", action="store_true", help="two starts, the example once: checks the bench works")
-    parser.add_argument("--starts", type=int, help="starts of tandem serve (default 4; --quick and --smoke 2; at least 2)")
+    parser.add_argument(
+        "--starts", type=int, help="starts of tandem serve (default 4; --quick and --smoke 2; at least 2)"
+    )
     args = parser.parse_args()
     num_starts = args.starts or (2 if args.quick or args.smoke else 4)
     if num_starts < 2:
@@ -116,8 +132,11 @@ def main() -> None:
             finally:
                 stop(process)
             starts.append(timings)
-            print(f"start {index + 1}: /health 200 after {timings['health_ready_s']:.2f} s, "
-                  f"cloud ready after {timings['cloud_ready_s']:.2f} s", flush=True)  # fmt: skip
+            print(
+                f"start {index + 1}: /health 200 after {timings['health_ready_s']:.2f} s, "
+                f"cloud ready after {timings['cloud_ready_s']:.2f} s",
+                flush=True,
+            )
     later = starts[1:]
     report = {
         **report_header("first_contact", smoke=args.smoke),
@@ -130,13 +149,17 @@ def main() -> None:
         "health_ready_first_start_s": starts[0]["health_ready_s"],
         "health_ready_second_start_s": statistics.median(s["health_ready_s"] for s in later),
         "cloud_ready_second_start_s": statistics.median(s["cloud_ready_s"] for s in later),
-        "second_start_spread_s": {key: [min(s[key] for s in later), max(s[key] for s in later)]
-                                  for key in ("health_ready_s", "cloud_ready_s")},  # fmt: skip
+        "second_start_spread_s": {
+            key: [min(s[key] for s in later), max(s[key] for s in later)] for key in ("health_ready_s", "cloud_ready_s")
+        },
         "targets": TARGETS,
     }
     report["targets_met"] = {key: report[key] <= target for key, target in TARGETS.items()}
-    write_report(args.json, report, ("readme_example_s", "health_ready_first_start_s", "health_ready_second_start_s",
-                                     "cloud_ready_second_start_s"))  # fmt: skip
+    write_report(
+        args.json,
+        report,
+        ("readme_example_s", "health_ready_first_start_s", "health_ready_second_start_s", "cloud_ready_second_start_s"),
+    )
 
 
 if __name__ == "__main__":

@@ -51,7 +51,9 @@ def load_vocabulary() -> tuple[Vocabulary, object]:
     from local_runtime.config import LocalEngineConfig
     from local_runtime.engine import LocalEngine
 
-    engine = LocalEngine(LocalEngineConfig(kv_cache_tokens=256, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=128))
+    engine = LocalEngine(
+        LocalEngineConfig(kv_cache_tokens=256, max_num_seqs=1, max_num_batched_tokens=64, max_model_len=128)
+    )
     backend = engine.backend
     special = [i for i in range(backend.n_vocab) if backend.token_bytes(i) == b"" or backend.is_end_of_generation(i)]
     eos = next(i for i in range(backend.n_vocab) if backend.is_end_of_generation(i))
@@ -105,14 +107,20 @@ class _Xgrammar:
         import xgrammar
 
         self.xgr = xgrammar
-        info = xgrammar.TokenizerInfo(vocab.tokens, vocab_type=xgrammar.VocabType.RAW, vocab_size=len(vocab.tokens),
-                                      stop_token_ids=[vocab.eos_token_id])  # fmt: skip
+        info = xgrammar.TokenizerInfo(
+            vocab.tokens,
+            vocab_type=xgrammar.VocabType.RAW,
+            vocab_size=len(vocab.tokens),
+            stop_token_ids=[vocab.eos_token_id],
+        )
         self.compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
         self.bitmask = xgrammar.allocate_token_bitmask(1, len(vocab.tokens))
         self.eos = vocab.eos_token_id
 
     def compile(self, schema: dict):
-        compiled = self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True)
+        compiled = self.compiler.compile_json_schema(
+            json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True
+        )
         return lambda: self.xgr.GrammarMatcher(compiled)
 
     def mask(self, matcher) -> None:
@@ -202,22 +210,34 @@ def measure(library_cls, vocab: Vocabulary, repeats: int) -> dict:
         except Exception as exc:  # noqa: BLE001  (a schema the library refuses is a coverage finding)
             per_schema[name] = {"compiled": False, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             continue
-        accepts_valid, refuses_invalid = _accepts(library, new_matcher, valid_ids), not _accepts(library, new_matcher, invalid_ids)
+        accepts_valid, refuses_invalid = (
+            _accepts(library, new_matcher, valid_ids),
+            not _accepts(library, new_matcher, invalid_ids),
+        )
         b1 = _mask_times_us(library, new_matcher, valid_ids, 1)
         b8 = _mask_times_us(library, new_matcher, valid_ids, 8)
         compile_ms.append(statistics.median(times))
         mask_b1 += b1
         mask_b8 += b8
-        per_schema[name] = {"compiled": True, "compile_ms": statistics.median(times), "accepts_valid": accepts_valid,
-                            "refuses_invalid": refuses_invalid, "right": accepts_valid and refuses_invalid,
-                            "mask_us_median_b1": statistics.median(b1)}  # fmt: skip
+        per_schema[name] = {
+            "compiled": True,
+            "compile_ms": statistics.median(times),
+            "accepts_valid": accepts_valid,
+            "refuses_invalid": refuses_invalid,
+            "right": accepts_valid and refuses_invalid,
+            "mask_us_median_b1": statistics.median(b1),
+        }
     right = sum(1 for entry in per_schema.values() if entry.get("right"))
     return {
-        "setup_ms": setup_ms, "coverage": right / len(ONE_FEATURE_SCHEMAS), "schemas_right": right,
+        "setup_ms": setup_ms,
+        "coverage": right / len(ONE_FEATURE_SCHEMAS),
+        "schemas_right": right,
         "compile_ms_p50": statistics.median(compile_ms) if compile_ms else None,
-        "mask_us_p50_b1": _quantile(mask_b1, 0.5), "mask_us_p99_b1": _quantile(mask_b1, 0.99),
-        "mask_us_p50_b8_per_row": _quantile(mask_b8, 0.5), "per_schema": per_schema,
-    }  # fmt: skip
+        "mask_us_p50_b1": _quantile(mask_b1, 0.5),
+        "mask_us_p99_b1": _quantile(mask_b1, 0.99),
+        "mask_us_p50_b8_per_row": _quantile(mask_b8, 0.5),
+        "per_schema": per_schema,
+    }
 
 
 def footprint(distribution: str, module: str) -> dict:
@@ -227,10 +247,13 @@ def footprint(distribution: str, module: str) -> dict:
     import subprocess
 
     probe = f"import sys, time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t, 'torch' in sys.modules)"
-    seconds, torch_loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    requires = [r for r in importlib.metadata.requires(distribution) or [] if "extra ==" not in r]  # what a plain install pulls
-    return {"requires": requires, "import_s": float(seconds),
-            "imports_torch": torch_loaded == "True"}
+    seconds, torch_loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    requires = [
+        r for r in importlib.metadata.requires(distribution) or [] if "extra ==" not in r
+    ]  # what a plain install pulls
+    return {"requires": requires, "import_s": float(seconds), "imports_torch": torch_loaded == "True"}
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -246,20 +269,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="one compile per schema instead of five")
-    parser.add_argument("--smoke", action="store_true", help="as --quick, and the libraries not installed (the "
-                        "grammar-compare extra) are listed as skipped: checks the bench works")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="as --quick, and the libraries not installed (the "
+        "grammar-compare extra) are listed as skipped: checks the bench works",
+    )
     args = parser.parse_args()
     libraries, skipped = LIBRARIES, {}
     if args.smoke:  # only the smoke run may go without the extra: a real run compares all three or fails
         libraries = [cls for cls in LIBRARIES if importlib.util.find_spec(cls.module) is not None]
-        skipped = {cls.name: "not installed (bash scripts/setup.sh test,grammar-compare)" for cls in LIBRARIES if cls not in libraries}
+        skipped = {
+            cls.name: "not installed (bash scripts/setup.sh test,grammar-compare)"
+            for cls in LIBRARIES
+            if cls not in libraries
+        }
     vocab, engine = load_vocabulary()
     results = {}
     try:
         for library_cls in libraries:
             results[library_cls.name] = measure(library_cls, vocab, repeats=1 if args.quick or args.smoke else 5)
             results[library_cls.name]["footprint"] = footprint(library_cls.name, library_cls.module)
-            print(library_cls.name, json.dumps({k: v for k, v in results[library_cls.name].items() if k != "per_schema"}), flush=True)
+            print(
+                library_cls.name,
+                json.dumps({k: v for k, v in results[library_cls.name].items() if k != "per_schema"}),
+                flush=True,
+            )
     finally:
         engine.close()
     report = {

@@ -33,8 +33,12 @@ from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 LAYOUTS = ("unified", "streams")
 CLIENTS = (1, 8)
-HEADLINE_KEYS = ("ratio_output_tps_streams_vs_unified_c8", "ratio_output_tps_streams_vs_unified_c8_spread",
-                 "ratio_decode_step_streams_vs_unified_c8", "ratio_output_tps_streams_vs_unified_c1")
+HEADLINE_KEYS = (
+    "ratio_output_tps_streams_vs_unified_c8",
+    "ratio_output_tps_streams_vs_unified_c8_spread",
+    "ratio_decode_step_streams_vs_unified_c8",
+    "ratio_output_tps_streams_vs_unified_c1",
+)
 
 
 class ClosedLoop:
@@ -67,10 +71,12 @@ class ClosedLoop:
         self.done, self.in_flight = self.done + finished, self.in_flight - finished
 
     def figures(self) -> dict:
-        return {"output_tokens_per_s": self.output_tokens / self.step_s,
-                "decode_step_ms_p50": statistics.median(self.full_decode_steps) * 1000 if self.full_decode_steps else None,
-                "num_full_decode_steps": len(self.full_decode_steps),
-                "prefix_shared_tokens": self.engine.stats().num_prefix_cache_hit_tokens_total}
+        return {
+            "output_tokens_per_s": self.output_tokens / self.step_s,
+            "decode_step_ms_p50": statistics.median(self.full_decode_steps) * 1000 if self.full_decode_steps else None,
+            "num_full_decode_steps": len(self.full_decode_steps),
+            "prefix_shared_tokens": self.engine.stats().num_prefix_cache_hit_tokens_total,
+        }
 
 
 def run_side_by_side(engines: dict[str, LocalEngine], prompts: list[list[int]], clients: int) -> dict[str, dict]:
@@ -100,16 +106,23 @@ def measure(repeats: int, prompts_at: dict[int, int], clients: tuple[int, ...]) 
             for c in clients:
                 result = run_side_by_side(engines, prompts[: prompts_at[c]] + prompts[-1:], c)
                 runs[c].append(result)
-                print(f"repetition {rep + 1}/{repeats} c={c}: " + ", ".join(
-                    f"{name} {r['output_tokens_per_s']:.1f} tok/s, decode step {r['decode_step_ms_p50'] or 0:.1f} ms"
-                    for name, r in result.items()), flush=True)  # fmt: skip
+                print(
+                    f"repetition {rep + 1}/{repeats} c={c}: "
+                    + ", ".join(
+                        f"{name} {r['output_tokens_per_s']:.1f} tok/s, decode step {r['decode_step_ms_p50'] or 0:.1f} ms"
+                        for name, r in result.items()
+                    ),
+                    flush=True,
+                )
     finally:
         for engine in engines.values():
             engine.close()
     report: dict = {"config": CONFIG, "runs": {f"c{c}": rs for c, rs in runs.items()}}
     for c, rs in runs.items():
         for key, figure in (("output_tps", "output_tokens_per_s"), ("decode_step", "decode_step_ms_p50")):
-            ratios = [r["streams"][figure] / r["unified"][figure] for r in rs if r["streams"][figure] and r["unified"][figure]]
+            ratios = [
+                r["streams"][figure] / r["unified"][figure] for r in rs if r["streams"][figure] and r["unified"][figure]
+            ]
             if ratios:
                 name = f"ratio_{key}_streams_vs_unified_c{c}"
                 report[name], report[f"{name}_spread"] = median_and_spread(ratios)

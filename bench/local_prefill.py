@@ -56,8 +56,12 @@ LENGTHS = (64, 128, 256, 512)
 THREADS = 2
 N_CTX = 2048
 PAUSE_S = 0.3  # OpenMP workers spin a while after a parallel region; let them sleep before the next timing
-HEADLINE_KEYS = ("ratio_invariant_vs_default_128", "ratio_default_vs_llama_server_128", "ratio_engine_vs_llama_server_128",
-                 "ratio_engine_own_weights_vs_llama_server_128")
+HEADLINE_KEYS = (
+    "ratio_invariant_vs_default_128",
+    "ratio_default_vs_llama_server_128",
+    "ratio_engine_vs_llama_server_128",
+    "ratio_engine_own_weights_vs_llama_server_128",
+)
 
 
 def time_backend(backend: LlamaBackend, tokens: np.ndarray) -> float:
@@ -97,11 +101,22 @@ def time_llama_server(client: httpx.Client, url: str, tokens: np.ndarray) -> flo
 
 
 FIDELITY_QUESTIONS = (
-    "What is the capital of France?", "Write a haiku about autumn.", "Explain photosynthesis briefly.",
-    "List three prime numbers.", "Who wrote Hamlet?", "Translate 'thank you' into German.", "What is 12 times 7?",
-    "Give me a tip for sleeping better.", "Why is the sky blue?", "Name a mammal that can fly.",
-    "How do I reverse a list in Python?", "What does DNA stand for?", "Suggest a name for a cat.",
-    "What is the boiling point of water?", "Summarize the plot of Cinderella.", "Is a tomato a fruit?",
+    "What is the capital of France?",
+    "Write a haiku about autumn.",
+    "Explain photosynthesis briefly.",
+    "List three prime numbers.",
+    "Who wrote Hamlet?",
+    "Translate 'thank you' into German.",
+    "What is 12 times 7?",
+    "Give me a tip for sleeping better.",
+    "Why is the sky blue?",
+    "Name a mammal that can fly.",
+    "How do I reverse a list in Python?",
+    "What does DNA stand for?",
+    "Suggest a name for a cat.",
+    "What is the boiling point of water?",
+    "Summarize the plot of Cinderella.",
+    "Is a tomato a fruit?",
 )
 
 
@@ -118,8 +133,14 @@ def first_token_kl(path: str) -> dict:
     main = LlamaBackend(LlamaBackendConfig(path, N_CTX, 1, 512, THREADS, scratch_sequence=True))
     copies = {f"{kind}_then_own": PrefillContext(main, paths[kind], N_CTX, kind) for kind in ("bf16", "f16")}
     try:
-        model = backends["own_weights"]  # the prompt as tandem serves it: the GGUF's chat template, as LocalEngine renders it
-        template, bos, eos = model.metadata("tokenizer.chat_template"), model.special_token_text("bos"), model.special_token_text("eos")
+        model = backends[
+            "own_weights"
+        ]  # the prompt as tandem serves it: the GGUF's chat template, as LocalEngine renders it
+        template, bos, eos = (
+            model.metadata("tokenizer.chat_template"),
+            model.special_token_text("bos"),
+            model.special_token_text("eos"),
+        )
         kl = {"own_weights": [], "bf16": [], "bf16_then_own": [], "f16_then_own": []}
         for question in FIDELITY_QUESTIONS:
             text = render_chat(template, [{"role": "user", "content": question}], bos, eos)
@@ -142,7 +163,9 @@ def first_token_kl(path: str) -> dict:
     finally:
         for closable in [*copies.values(), *backends.values(), main]:
             closable.close()
-    return {f"first_token_kl_vs_f16_{name}": statistics.mean(values) for name, values in kl.items()} | {"fidelity_prompts": len(FIDELITY_QUESTIONS)}
+    return {f"first_token_kl_vs_f16_{name}": statistics.mean(values) for name, values in kl.items()} | {
+        "fidelity_prompts": len(FIDELITY_QUESTIONS)
+    }
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -151,30 +174,39 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 def summarize(samples: dict[str, list[float]], n: int) -> dict:
     out = {f"{name}_ms_p50": statistics.median(values) for name, values in samples.items()}
-    for key, (a, b) in {"invariant_vs_default": ("invariant", "default"),
-                        "default_vs_llama_server": ("default", "llama_server"),
-                        "engine_vs_llama_server": ("engine", "llama_server"),
-                        "engine_own_weights_vs_llama_server": ("engine_own_weights", "llama_server")}.items():  # fmt: skip
+    for key, (a, b) in {
+        "invariant_vs_default": ("invariant", "default"),
+        "default_vs_llama_server": ("default", "llama_server"),
+        "engine_vs_llama_server": ("engine", "llama_server"),
+        "engine_own_weights_vs_llama_server": ("engine_own_weights", "llama_server"),
+    }.items():
         out[f"ratio_{key}_{n}"], out[f"ratio_{key}_{n}_spread"] = median_and_spread(
-            [x / y for x, y in zip(samples[a], samples[b])])
+            [x / y for x, y in zip(samples[a], samples[b])]
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.local_prefill", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.local_prefill", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", default="bench/results/local_prefill.json")
     parser.add_argument("--quick", action="store_true", help="3 repetitions instead of 9")
-    parser.add_argument("--smoke", action="store_true", help="one repetition of 32- and 128-token prompts: checks "
-                        "that the bench runs; its figures mean nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one repetition of 32- and 128-token prompts: checks that the bench runs; its figures mean nothing",
+    )
     args = parser.parse_args(argv)
     repeats = 1 if args.smoke else 3 if args.quick else 9
     lengths = (32, 128) if args.smoke else LENGTHS
     path = default_model_path()
     binary, llama_cpp_commit = build_llama_server()
     rng = np.random.default_rng(0)
-    backends = {mode: LlamaBackend(LlamaBackendConfig(path, N_CTX, 1, 512, THREADS, batch_invariant=mode == "invariant"))
-                for mode in ("invariant", "default")}  # fmt: skip
+    backends = {
+        mode: LlamaBackend(LlamaBackendConfig(path, N_CTX, 1, 512, THREADS, batch_invariant=mode == "invariant"))
+        for mode in ("invariant", "default")
+    }
     vocab = backends["default"].n_vocab
     engine_config = dict(n_threads=THREADS, kv_cache_tokens=N_CTX, max_num_seqs=1, max_model_len=1024)
     warm = rng.integers(100, vocab, 32).astype(np.int32)
@@ -188,7 +220,9 @@ def main(argv: list[str] | None = None) -> None:
     time_engine(engine, "warm", warm)
     rss_engine = rss_mib() - rss
     copy_mib = os.path.getsize(engine.prefill.backend.config.model_path) / 2**20 if engine.prefill else 0.0
-    samples = {n: {"invariant": [], "default": [], "engine": [], "engine_own_weights": [], "llama_server": []} for n in lengths}
+    samples = {
+        n: {"invariant": [], "default": [], "engine": [], "engine_own_weights": [], "llama_server": []} for n in lengths
+    }
     server = llama_server(binary, path, THREADS, "bench", 1, N_CTX, 512, 512, repack=False)
     with server, httpx.Client(timeout=120, trust_env=False) as client:
         time_backend(backends["invariant"], warm), time_backend(backends["default"], warm)
@@ -196,17 +230,24 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(repeats):
             for n in lengths:
                 tokens = rng.integers(100, vocab, n).astype(np.int32)
-                timers = {"invariant": lambda: time_backend(backends["invariant"], tokens),
-                          "default": lambda: time_backend(backends["default"], tokens),
-                          "engine": lambda: time_engine(engine, f"r{rep}-{n}", tokens),
-                          "engine_own_weights": lambda: time_engine(own_weights, f"r{rep}-{n}", tokens),
-                          "llama_server": lambda: time_llama_server(client, server.base_url, tokens)}  # fmt: skip
+                timers = {
+                    "invariant": lambda: time_backend(backends["invariant"], tokens),
+                    "default": lambda: time_backend(backends["default"], tokens),
+                    "engine": lambda: time_engine(engine, f"r{rep}-{n}", tokens),
+                    "engine_own_weights": lambda: time_engine(own_weights, f"r{rep}-{n}", tokens),
+                    "llama_server": lambda: time_llama_server(client, server.base_url, tokens),
+                }
                 order = list(timers) if rep % 2 == 0 else list(reversed(timers))
                 for name in order:
                     time.sleep(PAUSE_S)
                     samples[n][name].append(timers[name]())
-            print(f"repetition {rep + 1}/{repeats}: " + ", ".join(
-                f"{n}: {samples[n]['engine'][-1]:.0f}/{samples[n]['engine_own_weights'][-1]:.0f}/{samples[n]['llama_server'][-1]:.0f} ms" for n in lengths))
+            print(
+                f"repetition {rep + 1}/{repeats}: "
+                + ", ".join(
+                    f"{n}: {samples[n]['engine'][-1]:.0f}/{samples[n]['engine_own_weights'][-1]:.0f}/{samples[n]['llama_server'][-1]:.0f} ms"
+                    for n in lengths
+                )
+            )
     for backend in backends.values():
         backend.close()
     engine_prefill_weights = engine.prefill.kind if engine.prefill else "own"
@@ -214,12 +255,22 @@ def main(argv: list[str] | None = None) -> None:
     engine.close()
     own_weights.close()
     report = report_header("local_prefill", smoke=args.smoke)
-    report.update({"engine_prefill_weights": engine_prefill_weights, "engine_prefill_choice": engine_prefill_choice,
-                   "prefill_copy_file_mib": copy_mib,
-                   "engine_rss_growth_mib": rss_engine, "engine_own_weights_rss_growth_mib": rss_own,
-                   "prefill_copy_extra_rss_mib": rss_engine - rss_own, "llama_cpp_commit": llama_cpp_commit, "llama_server_command": " ".join(server.command),
-                   "threads": THREADS, "repeats": repeats, "lengths": list(lengths),
-                   "samples_ms": {str(n): samples[n] for n in lengths}})
+    report.update(
+        {
+            "engine_prefill_weights": engine_prefill_weights,
+            "engine_prefill_choice": engine_prefill_choice,
+            "prefill_copy_file_mib": copy_mib,
+            "engine_rss_growth_mib": rss_engine,
+            "engine_own_weights_rss_growth_mib": rss_own,
+            "prefill_copy_extra_rss_mib": rss_engine - rss_own,
+            "llama_cpp_commit": llama_cpp_commit,
+            "llama_server_command": " ".join(server.command),
+            "threads": THREADS,
+            "repeats": repeats,
+            "lengths": list(lengths),
+            "samples_ms": {str(n): samples[n] for n in lengths},
+        }
+    )
     for n in lengths:
         report[f"n{n}"] = summarize(samples[n], n)
         report.update({k: v for k, v in report[f"n{n}"].items() if k.startswith("ratio_")})

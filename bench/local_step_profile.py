@@ -28,8 +28,14 @@ from local_runtime.engine import LocalEngine
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 CONFIG = dict(kv_cache_tokens=16 * 1024, max_num_seqs=16, max_num_batched_tokens=512, n_threads=2, max_model_len=1024)
-HEADLINE_KEYS = ("output_tokens_per_s", "python_share", "decode_step_ms_p50", "llama_decode_ms_p50",
-                 "prefill_tokens_computed", "prefix_shared_tokens")
+HEADLINE_KEYS = (
+    "output_tokens_per_s",
+    "python_share",
+    "decode_step_ms_p50",
+    "llama_decode_ms_p50",
+    "prefill_tokens_computed",
+    "prefix_shared_tokens",
+)
 
 
 class TimedBackend:
@@ -55,8 +61,11 @@ class TimedBackend:
         out = self._schedule()
         self.num_tokens = out.total_num_scheduled_tokens
         running = self.engine.scheduler.requests
-        self.num_decodes = sum(1 for rid, n in out.num_scheduled_tokens.items()
-                               if n == 1 and running[rid].num_computed_tokens >= running[rid].num_prompt_tokens)  # fmt: skip
+        self.num_decodes = sum(
+            1
+            for rid, n in out.num_scheduled_tokens.items()
+            if n == 1 and running[rid].num_computed_tokens >= running[rid].num_prompt_tokens
+        )
         self.decode_s = 0.0
         return out
 
@@ -109,11 +118,15 @@ def run(num_prompts: int, clients: int = 8, overrides: dict | None = None) -> di
         "decode_step_ms_p50": statistics.median(w for w, _ in full_decode) * 1000 if full_decode else None,
         "llama_decode_ms_p50": statistics.median(i for _, i in full_decode) * 1000 if full_decode else None,
         "num_full_decode_steps": len(full_decode),
-        "prefill_steps": {"count": len(with_prefill), "time_s": sum(w for w, _, _ in with_prefill),
-                          "tokens": sum(t for _, _, t in with_prefill)},
+        "prefill_steps": {
+            "count": len(with_prefill),
+            "time_s": sum(w for w, _, _ in with_prefill),
+            "tokens": sum(t for _, _, t in with_prefill),
+        },
         "prefill_tokens_computed": (stats.num_prompt_tokens_total - stats_before.num_prompt_tokens_total)
         - (stats.num_prefix_cache_hit_tokens_total - stats_before.num_prefix_cache_hit_tokens_total),
-        "prefix_shared_tokens": stats.num_prefix_cache_hit_tokens_total - stats_before.num_prefix_cache_hit_tokens_total,
+        "prefix_shared_tokens": stats.num_prefix_cache_hit_tokens_total
+        - stats_before.num_prefix_cache_hit_tokens_total,
         "prompt_tokens_total": prompt_tokens,
     }
 
@@ -123,7 +136,9 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="16 prompts instead of 64")
     parser.add_argument("--smoke", action="store_true", help="4 prompts, 2 clients: checks the bench works")
-    parser.add_argument("--clients", type=int, default=None, help="requests kept in flight (default 8, as the compare's c8)")
+    parser.add_argument(
+        "--clients", type=int, default=None, help="requests kept in flight (default 8, as the compare's c8)"
+    )
     args = parser.parse_args()
     num_prompts, clients = (4, args.clients or 2) if args.smoke else (16 if args.quick else 64, args.clients or 8)
     report = report_header("local_step_profile", smoke=args.smoke) | run(num_prompts, clients)

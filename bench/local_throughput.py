@@ -35,7 +35,9 @@ CONCURRENCY_LEVELS = (1, 4, 8, 16)
 WORDS = "the a river city model token light engine paper garden music window story number quiet".split()
 
 
-def make_workload(num_requests: int, seed: int, engine_tokenize, output_range: tuple[int, int] = (64, 192)) -> list[tuple[list[int], int]]:
+def make_workload(
+    num_requests: int, seed: int, engine_tokenize, output_range: tuple[int, int] = (64, 192)
+) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) pairs, chat-like: prompts of 16-64 tokens, answers of 64-192.
 
     Prefill runs at only ~340 tokens/s on these 2-core CPUs (compute-bound), so the
@@ -49,8 +51,13 @@ def make_workload(num_requests: int, seed: int, engine_tokenize, output_range: t
     return work
 
 
-async def run_tandem(engine: AsyncLocalEngine, work: list[tuple[list[int], int]], concurrency: int,
-                     sampling: dict | None = None, min_tokens: bool = False) -> dict:  # fmt: skip
+async def run_tandem(
+    engine: AsyncLocalEngine,
+    work: list[tuple[list[int], int]],
+    concurrency: int,
+    sampling: dict | None = None,
+    min_tokens: bool = False,
+) -> dict:
     queue = list(enumerate(work))
     num_output = 0
     fields = sampling or {"temperature": 0.0}
@@ -59,14 +66,21 @@ async def run_tandem(engine: AsyncLocalEngine, work: list[tuple[list[int], int]]
         nonlocal num_output
         while queue:
             i, (prompt, max_tokens) = queue.pop(0)
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, min_tokens=max_tokens if min_tokens else 0, **fields)
+            params = SamplingParams(
+                max_tokens=max_tokens, ignore_eos=True, min_tokens=max_tokens if min_tokens else 0, **fields
+            )
             async for event in engine.generate(GenerationRequest(f"bench-{concurrency}-{i}", prompt, params)):
                 num_output += 1
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     elapsed = time.perf_counter() - start
-    return {"requests": len(work), "output_tokens": num_output, "seconds": elapsed, "output_tokens_per_s": num_output / elapsed}
+    return {
+        "requests": len(work),
+        "output_tokens": num_output,
+        "seconds": elapsed,
+        "output_tokens_per_s": num_output / elapsed,
+    }
 
 
 def run_sequential_llama(model_path: str, work: list[tuple[list[int], int]], n_ctx: int, threads: int) -> dict:
@@ -83,7 +97,12 @@ def run_sequential_llama(model_path: str, work: list[tuple[list[int], int]], n_c
         num_output += max_tokens
     elapsed = time.perf_counter() - start
     llama.close()
-    return {"requests": len(work), "output_tokens": num_output, "seconds": elapsed, "output_tokens_per_s": num_output / elapsed}
+    return {
+        "requests": len(work),
+        "output_tokens": num_output,
+        "seconds": elapsed,
+        "output_tokens_per_s": num_output / elapsed,
+    }
 
 
 def run_ceiling(model_path: str, work: list[tuple[list[int], int]], batch: int, config: LocalEngineConfig) -> dict:
@@ -113,7 +132,11 @@ def run_ceiling(model_path: str, work: list[tuple[list[int], int]], batch: int, 
                 backend.clear_slot(slot)
     prefill_s = time.perf_counter() - start
 
-    group = [prompt for prompt, _ in work[-batch:]] if len(work) >= batch else [work[i % len(work)][0] for i in range(batch)]
+    group = (
+        [prompt for prompt, _ in work[-batch:]]
+        if len(work) >= batch
+        else [work[i % len(work)][0] for i in range(batch)]
+    )
     if len(last) < batch:
         for slot in range(batch):
             backend.clear_slot(slot)
@@ -133,8 +156,14 @@ def run_ceiling(model_path: str, work: list[tuple[list[int], int]], batch: int, 
     decode_s = (time.perf_counter() - start) * steps_needed / steps_timed
     backend.close()
     seconds = prefill_s + decode_s
-    return {"batch": batch, "output_tokens": num_output, "prefill_seconds": prefill_s, "decode_seconds": decode_s,
-            "seconds": seconds, "output_tokens_per_s": num_output / seconds}
+    return {
+        "batch": batch,
+        "output_tokens": num_output,
+        "prefill_seconds": prefill_s,
+        "decode_seconds": decode_s,
+        "seconds": seconds,
+        "output_tokens_per_s": num_output / seconds,
+    }
 
 
 def _prefill_group(backend: LlamaBackend, prompts: list[list[int]]) -> list[int]:
@@ -146,8 +175,10 @@ def _prefill_group(backend: LlamaBackend, prompts: list[list[int]]) -> list[int]
         chunk = pieces[begin : begin + n_batch]
         want = np.array([1 if pos == len(prompts[slot]) - 1 else 0 for slot, pos, _ in chunk], dtype=np.int8)
         logits = backend.decode(
-            np.array([t for _, _, t in chunk], np.int32), np.array([p for _, p, _ in chunk], np.int32),
-            np.array([s for s, _, _ in chunk], np.int32), want,
+            np.array([t for _, _, t in chunk], np.int32),
+            np.array([p for _, p, _ in chunk], np.int32),
+            np.array([s for s, _, _ in chunk], np.int32),
+            want,
         )
         for row, index in enumerate(np.flatnonzero(want)):
             last_token[chunk[index][0]] = int(np.argmax(logits[row]))
@@ -158,8 +189,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--quick", action="store_true", help="fewer requests (finishes in under 3 minutes here)")
-    parser.add_argument("--smoke", action="store_true", help="c=1 and c=8 only, 8-16 output tokens, one penalty "
-                        "repetition: checks the bench works")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="c=1 and c=8 only, 8-16 output tokens, one penalty repetition: checks the bench works",
+    )
     parser.add_argument("--model", default=None, help="GGUF to measure; default: the embedded SmolLM2")
     args = parser.parse_args()
 
@@ -172,17 +206,26 @@ def main() -> None:
     engine = AsyncLocalEngine(config).start()
     engine.wait_ready()
     tokenize = engine.tokenize
-    workloads = {c: make_workload(max(4, c * requests_per_client), seed=c, engine_tokenize=tokenize, output_range=output_range)
-                 for c in levels}
+    workloads = {
+        c: make_workload(max(4, c * requests_per_client), seed=c, engine_tokenize=tokenize, output_range=output_range)
+        for c in levels
+    }
 
     results: dict = {"tandem": {}, "ceiling": {}}
     asyncio.run(run_tandem(engine, workloads[1][:1], 1))  # warm-up: page in weights, build graphs
     for c in levels:
         results["tandem"][f"c{c}"] = asyncio.run(run_tandem(engine, workloads[c], c))
         print(f"tandem c={c}: {results['tandem'][f'c{c}']['output_tokens_per_s']:.1f} tok/s", flush=True)
-    penalties = compare_penalties(lambda sampling, min_tokens: asyncio.run(
-        run_tandem(engine, workloads[8], 8, sampling, min_tokens))["output_tokens_per_s"], repeats=1 if args.smoke else 3)  # fmt: skip
-    print(f"penalties on/off at c=8: {penalties['ratio_median']:.3f} (spread of off runs {penalties['off_run_spread']:.3f})", flush=True)
+    penalties = compare_penalties(
+        lambda sampling, min_tokens: asyncio.run(run_tandem(engine, workloads[8], 8, sampling, min_tokens))[
+            "output_tokens_per_s"
+        ],
+        repeats=1 if args.smoke else 3,
+    )
+    print(
+        f"penalties on/off at c=8: {penalties['ratio_median']:.3f} (spread of off runs {penalties['off_run_spread']:.3f})",
+        flush=True,
+    )
     engine.shutdown()
 
     results["sequential"] = run_sequential_llama(model_path, workloads[8], n_ctx=1024, threads=config.threads)
@@ -196,14 +239,21 @@ def main() -> None:
     report = {
         **report_header("local_throughput", smoke=args.smoke),
         "model": os.path.basename(model_path),
-        "config": {"kv_cache_tokens": config.kv_cache_tokens, "max_num_seqs": config.max_num_seqs,
-                   "max_num_batched_tokens": config.max_num_batched_tokens, "threads": config.threads,
-                   "flash_attn": config.flash_attn, "batch_invariant": config.batch_invariant},
+        "config": {
+            "kv_cache_tokens": config.kv_cache_tokens,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "threads": config.threads,
+            "flash_attn": config.flash_attn,
+            "batch_invariant": config.batch_invariant,
+        },
         "workload": f"greedy, ignore_eos; prompts 16-64 tokens, outputs {output_range[0]}-{output_range[1]} tokens; c clients back to back, "
-                    f"{requests_per_client} request(s) each (at least 4 requests per level)",
-        "baselines": {"sequential": "llama-cpp-python high-level Llama.generate, one request after another",
-                      "ceiling": "the same prompts and output tokens through raw batched llama_decode + argmax, "
-                                 "no scheduler: prompts prefilled c at a time, then every decode step a full batch of c"},
+        f"{requests_per_client} request(s) each (at least 4 requests per level)",
+        "baselines": {
+            "sequential": "llama-cpp-python high-level Llama.generate, one request after another",
+            "ceiling": "the same prompts and output tokens through raw batched llama_decode + argmax, "
+            "no scheduler: prompts prefilled c at a time, then every decode step a full batch of c",
+        },
         "results": results,
         "ratio_vs_sequential": {f"c{c}": tps[c] / seq for c in levels},
         "efficiency": {f"c{c}": tps[c] / results["ceiling"][f"b{c}"]["output_tokens_per_s"] for c in levels},
@@ -212,11 +262,18 @@ def main() -> None:
         "ratio_vs_sequential_c8": tps[8] / seq,
         "efficiency_c8": tps[8] / results["ceiling"]["b8"]["output_tokens_per_s"],
         "single_stream_ratio": tps[1] / seq,
-        "targets": {"efficiency_c8": 0.85, "ratio_vs_sequential_c8": 1.7, "single_stream_ratio": 0.9,
-                    "penalty_throughput_ratio_local_c8": 0.95},
+        "targets": {
+            "efficiency_c8": 0.85,
+            "ratio_vs_sequential_c8": 1.7,
+            "single_stream_ratio": 0.9,
+            "penalty_throughput_ratio_local_c8": 0.95,
+        },
     }
-    write_report(args.json, report, ("ratio_vs_sequential_c8", "efficiency_c8", "single_stream_ratio",
-                                     "penalty_throughput_ratio_local_c8"))
+    write_report(
+        args.json,
+        report,
+        ("ratio_vs_sequential_c8", "efficiency_c8", "single_stream_ratio", "penalty_throughput_ratio_local_c8"),
+    )
 
 
 if __name__ == "__main__":

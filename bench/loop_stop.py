@@ -51,7 +51,14 @@ from sdk.protocol.repetition import ESCALATE_LOOP, STOP_LOOP, find_loop
 FULL = {"word_problems": 200, "word_problem_pairs": 160, "alphabet": 36, "spelling": 32, "gsm8k": 60, "mt_bench": 60}
 QUICK = {name: max(4, count // 4) for name, count in FULL.items()}
 SMOKE = {name: 2 for name in FULL}
-MAX_TOKENS = {"word_problems": 160, "word_problem_pairs": 320, "alphabet": 320, "spelling": 256, "gsm8k": 384, "mt_bench": 384}
+MAX_TOKENS = {
+    "word_problems": 160,
+    "word_problem_pairs": 320,
+    "alphabet": 320,
+    "spelling": 256,
+    "gsm8k": 384,
+    "mt_bench": 384,
+}
 SMOKE_MAX_TOKENS = 72  # room for the rules to fire at all (the stop needs 64 tokens)
 SMOKE_REFERENCE_ANSWERS = 20
 LOOP_TAIL = 64  # tokens at the end of a looping answer that repeat earlier text verbatim
@@ -96,8 +103,10 @@ def is_looping(answer: Answer) -> bool:
 
 def _gsm8k_task(row: dict) -> Task:
     expected = last_number(row["answer"].rsplit("####", 1)[-1])
-    return Task(({"role": "user", "content": row["question"]},),
-                lambda reply: expected is not None and last_number(reply) == expected)
+    return Task(
+        ({"role": "user", "content": row["question"]},),
+        lambda reply: expected is not None and last_number(reply) == expected,
+    )
 
 
 def _tasks(counts: dict[str, int], data_dir: Path) -> dict[str, list[Task]]:
@@ -178,7 +187,9 @@ def summarize(answers: list[Answer]) -> dict:
         "stopped_looping_ci95": wilson(cut_looping, n_looping),
         "stopped_at_token_median": _median([s[0] for s in stops if s is not None]),
         "tokens_saved": sum(len(a.token_ids) - s[0] for a, s in zip(answers, stops) if s is not None),
-        "tokens_saved_looping": sum(len(a.token_ids) - s[0] for a, s, loop in zip(answers, stops, looping) if loop and s is not None),
+        "tokens_saved_looping": sum(
+            len(a.token_ids) - s[0] for a, s, loop in zip(answers, stops, looping) if loop and s is not None
+        ),
         "escalated": sum(e is not None for e in escalations),
         "escalated_correct": escalated_right,
         "escalated_correct_ci95": wilson(escalated_right, n_right),
@@ -219,9 +230,16 @@ def headline(sets: dict[str, dict]) -> dict:
     }
 
 
-HEADLINE_KEYS = ("loop_stop_cut_correct", "loop_stop_correct_long_answers", "loop_stop_cut_correct_ci95",
-                 "loop_stop_looping_answers", "loop_stop_cut_looping", "loop_stop_cut_looping_ci95",
-                 "loop_escalate_correct", "loop_escalate_looping")  # fmt: skip
+HEADLINE_KEYS = (
+    "loop_stop_cut_correct",
+    "loop_stop_correct_long_answers",
+    "loop_stop_cut_correct_ci95",
+    "loop_stop_looping_answers",
+    "loop_stop_cut_looping",
+    "loop_stop_cut_looping_ci95",
+    "loop_escalate_correct",
+    "loop_escalate_looping",
+)
 
 
 def main() -> None:
@@ -233,8 +251,12 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help=f"fewer prompts: {QUICK}")
-    size.add_argument("--smoke", action="store_true", help=f"checks the bench runs: {SMOKE} prompts, "
-                      f"{SMOKE_MAX_TOKENS} tokens, {SMOKE_REFERENCE_ANSWERS} reference answers; figures mean nothing")
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"checks the bench runs: {SMOKE} prompts, "
+        f"{SMOKE_MAX_TOKENS} tokens, {SMOKE_REFERENCE_ANSWERS} reference answers; figures mean nothing",
+    )
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     # The answers (and so every figure) do not depend on it; on a host whose cores other work is
     # using, llama.cpp's threads wait on each other and one thread is far faster.
@@ -244,7 +266,9 @@ def main() -> None:
     max_tokens = {name: SMOKE_MAX_TOKENS if args.smoke else cap for name, cap in MAX_TOKENS.items()}
     data_dir = Path(args.data_dir)
 
-    engine = AsyncLocalEngine(LocalEngineConfig(max_num_seqs=16, max_model_len=1024, max_waiting=10_000, n_threads=args.threads)).start()
+    engine = AsyncLocalEngine(
+        LocalEngineConfig(max_num_seqs=16, max_model_len=1024, max_waiting=10_000, n_threads=args.threads)
+    ).start()
     sets: dict[str, dict] = {}
     failed = 0
     try:

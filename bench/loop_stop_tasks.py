@@ -70,26 +70,42 @@ def last_number(text: str) -> float | None:
 # --- word problems with the working shown ----------------------------------------------------
 
 _NAMES = ("Sam", "Mia", "Tom", "Lena", "Omar", "Ava", "Ben", "Zoe", "Ravi", "Nora", "Leo", "Ines")
-_ITEMS = ("glass marbles", "red apples", "toy cars", "baseball cards", "sea shells", "colored pencils",
-          "oatmeal cookies", "paper stars", "green grapes", "wooden blocks")  # fmt: skip
+_ITEMS = (
+    "glass marbles",
+    "red apples",
+    "toy cars",
+    "baseball cards",
+    "sea shells",
+    "colored pencils",
+    "oatmeal cookies",
+    "paper stars",
+    "green grapes",
+    "wooden blocks",
+)
 _CONTAINERS = (("bags", "bag"), ("boxes", "box"), ("jars", "jar"), ("baskets", "basket"))
 # Worked examples: (question, answer); their items are not in _ITEMS.
 _WORKED = (
-    ("Ben has 4 boxes with 3 blue buttons in each box. Ben finds 5 more blue buttons. How many blue buttons does Ben have now? Show your working.",
-     "Ben has 4 boxes with 3 blue buttons in each box, so he has 4 x 3 = 12 blue buttons in the boxes.\n"
-     "He finds 5 more blue buttons, so he has 12 + 5 = 17 blue buttons now.\nThe answer is 17."),
-    ("Mia has 2 jars with 5 red beads in each jar. Mia gets 3 more red beads. How many red beads does Mia have now? Show your working.",
-     "Mia has 2 jars with 5 red beads in each jar, so she has 2 x 5 = 10 red beads in the jars.\n"
-     "She gets 3 more red beads, so she has 10 + 3 = 13 red beads now.\nThe answer is 13."),
-)  # fmt: skip
+    (
+        "Ben has 4 boxes with 3 blue buttons in each box. Ben finds 5 more blue buttons. How many blue buttons does Ben have now? Show your working.",
+        "Ben has 4 boxes with 3 blue buttons in each box, so he has 4 x 3 = 12 blue buttons in the boxes.\n"
+        "He finds 5 more blue buttons, so he has 12 + 5 = 17 blue buttons now.\nThe answer is 17.",
+    ),
+    (
+        "Mia has 2 jars with 5 red beads in each jar. Mia gets 3 more red beads. How many red beads does Mia have now? Show your working.",
+        "Mia has 2 jars with 5 red beads in each jar, so she has 2 x 5 = 10 red beads in the jars.\n"
+        "She gets 3 more red beads, so she has 10 + 3 = 13 red beads now.\nThe answer is 13.",
+    ),
+)
 _ANSWER_IS = re.compile(r"The answer is (-?\d+)")
 
 
 def _word_problem(rng: random.Random) -> tuple[str, int]:
     name, item, (boxes, box) = rng.choice(_NAMES), rng.choice(_ITEMS), rng.choice(_CONTAINERS)
     a, b, c = rng.randint(2, 5), rng.randint(2, 5), rng.randint(2, 9)
-    question = (f"{name} has {a} {boxes} with {b} {item} in each {box}. {name} gets {c} more {item}. "
-                f"How many {item} does {name} have now? Show your working.")
+    question = (
+        f"{name} has {a} {boxes} with {b} {item} in each {box}. {name} gets {c} more {item}. "
+        f"How many {item} does {name} have now? Show your working."
+    )
     return question, a * b + c
 
 
@@ -110,8 +126,10 @@ def _numbered(texts: list[str]) -> str:
 
 def word_problem_pairs(count: int, seed: int = SEED) -> list[Task]:
     rng, tasks = random.Random(f"word_problem_pairs-{seed}"), []
-    example = (_user(_numbered([q for q, _ in _WORKED])), _assistant("\n\n".join(
-        f"Problem {i}: {a}" for i, (_, a) in enumerate(_WORKED, 1))))
+    example = (
+        _user(_numbered([q for q, _ in _WORKED])),
+        _assistant("\n\n".join(f"Problem {i}: {a}" for i, (_, a) in enumerate(_WORKED, 1))),
+    )
     for _ in range(count):
         (first, one), (second, two) = _word_problem(rng), _word_problem(rng)
         check = lambda reply, expected=[one, two]: [int(n) for n in _ANSWER_IS.findall(reply)] == expected  # noqa: E731
@@ -122,7 +140,9 @@ def word_problem_pairs(count: int, seed: int = SEED) -> list[Task]:
 # --- the alphabet with positions -------------------------------------------------------------
 
 _FORMATS = ("{letter} = {n}", "{letter}: {n}")
-_ALPHABET_PROMPT = "Write the alphabet from A to Z, one letter per line, each followed by its position, like this: {first}"
+_ALPHABET_PROMPT = (
+    "Write the alphabet from A to Z, one letter per line, each followed by its position, like this: {first}"
+)
 
 
 def _alphabet_exactly(fmt: str) -> Callable[[str], bool]:
@@ -134,15 +154,22 @@ def _alphabet_exactly(fmt: str) -> Callable[[str], bool]:
 def alphabet(count: int, seed: int = SEED) -> list[Task]:
     """`count` prompts alternating between the formats (the seed of each request differs)."""
     del seed  # two fixed prompts
-    return [Task((_user(_ALPHABET_PROMPT.format(first=_FORMATS[i % 2].format(letter="A", n=1))),),
-                 _alphabet_exactly(_FORMATS[i % 2])) for i in range(count)]
+    return [
+        Task(
+            (_user(_ALPHABET_PROMPT.format(first=_FORMATS[i % 2].format(letter="A", n=1))),),
+            _alphabet_exactly(_FORMATS[i % 2]),
+        )
+        for i in range(count)
+    ]
 
 
 # --- spelling ------------------------------------------------------------------------------
 
-_WORDS = ("apple river candle garden pencil window rabbit orange castle meadow silver button forest ladder "
-          "pepper rocket tunnel violin wallet yellow anchor basket cactus dragon engine falcon guitar hammer "
-          "island jacket kettle lemon magnet needle ocean parrot saddle tiger umbrella valley walnut").split()
+_WORDS = (
+    "apple river candle garden pencil window rabbit orange castle meadow silver button forest ladder "
+    "pepper rocket tunnel violin wallet yellow anchor basket cactus dragon engine falcon guitar hammer "
+    "island jacket kettle lemon magnet needle ocean parrot saddle tiger umbrella valley walnut"
+).split()
 
 
 def _spelled(words: list[str]) -> str:
@@ -154,12 +181,25 @@ def spelling(count: int, seed: int = SEED) -> list[Task]:
     for _ in range(count):
         words = rng.sample(_WORDS, 6)
         expected = _spelled(words).splitlines()
-        check = lambda reply, expected=expected: [line.strip() for line in reply.strip().splitlines() if line.strip()] == expected  # noqa: E731
-        tasks.append(Task((_user(f"Spell these words letter by letter: {', '.join(example)}."), _assistant(_spelled(example)),
-                           _user(f"Spell these words letter by letter: {', '.join(words)}.")), check))
+        check = lambda reply, expected=expected: (
+            [line.strip() for line in reply.strip().splitlines() if line.strip()] == expected
+        )  # noqa: E731
+        tasks.append(
+            Task(
+                (
+                    _user(f"Spell these words letter by letter: {', '.join(example)}."),
+                    _assistant(_spelled(example)),
+                    _user(f"Spell these words letter by letter: {', '.join(words)}."),
+                ),
+                check,
+            )
+        )
     return tasks
 
 
 FAMILIES: dict[str, Callable[[int, int], list[Task]]] = {
-    "word_problems": word_problems, "word_problem_pairs": word_problem_pairs, "alphabet": alphabet, "spelling": spelling,
-}  # fmt: skip
+    "word_problems": word_problems,
+    "word_problem_pairs": word_problem_pairs,
+    "alphabet": alphabet,
+    "spelling": spelling,
+}

@@ -21,8 +21,23 @@ def _cpu_model() -> str:
 
 # The flags that pick llama.cpp's and torch's CPU kernels (repacked/AMX paths, bf16): what makes a
 # figure from one CPU kind a guess on another.
-KERNEL_FLAGS = ("avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-                "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")  # fmt: skip
+KERNEL_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "sve",
+)
 
 
 def cpu_flags() -> list[str]:
@@ -41,8 +56,12 @@ def cpu_flags() -> list[str]:
 def _git_commit() -> str | None:
     """HEAD's short hash, with "+dirty" when the measured code differs from it."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+dirty" if dirty else "")

@@ -15,8 +15,12 @@ from collections.abc import Callable
 # the token counts equal, and min_tokens = max_tokens keeps the end-token mask on at every step.
 SAMPLING_OFF = {"temperature": 0.8, "top_p": 0.95, "seed": 0}
 # min_p is left out: it is a truncation, not a penalty, and it makes sampling cheaper (fewer candidates).
-SAMPLING_ON = SAMPLING_OFF | {"repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.5,
-                              "logit_bias": {0: -1.0, 1: 0.5}}  # fmt: skip
+SAMPLING_ON = SAMPLING_OFF | {
+    "repetition_penalty": 1.1,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "logit_bias": {0: -1.0, 1: 0.5},
+}
 
 
 def compare(run: Callable[[dict, bool], float], repeats: int = 3) -> dict:
@@ -28,8 +32,16 @@ def compare(run: Callable[[dict, bool], float], repeats: int = 3) -> dict:
     ratios = [b / a for a, b in zip(off, on)]
     median = statistics.median(ratios)
     spread = (max(off) - min(off)) / statistics.median(off)
-    return {"off_output_tokens_per_s": off, "on_output_tokens_per_s": on, "ratios": ratios,
-            "ratio_median": median, "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "off_run_spread": spread, "difference_exceeds_spread": abs(1.0 - median) > spread,
-            "sampling_off": SAMPLING_OFF, "sampling_on": {**SAMPLING_ON, "min_tokens": "max_tokens"},
-            "target": 0.95}  # fmt: skip
+    return {
+        "off_output_tokens_per_s": off,
+        "on_output_tokens_per_s": on,
+        "ratios": ratios,
+        "ratio_median": median,
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "off_run_spread": spread,
+        "difference_exceeds_spread": abs(1.0 - median) > spread,
+        "sampling_off": SAMPLING_OFF,
+        "sampling_on": {**SAMPLING_ON, "min_tokens": "max_tokens"},
+        "target": 0.95,
+    }

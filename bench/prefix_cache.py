@@ -42,7 +42,10 @@ def run(engine: CloudEngine, num_requests: int, system_tokens: int = SYSTEM_TOKE
     rng = random.Random(0)
     system = engine.tokenize(" ".join(rng.choice(WORDS) for _ in range(system_tokens + 64)))[:system_tokens]
     params = SamplingParams(max_tokens=1, temperature=0.0)
-    questions = [engine.tokenize(" ".join(rng.choice(WORDS) for _ in range(24)), add_special=False) for _ in range(num_requests + 1)]
+    questions = [
+        engine.tokenize(" ".join(rng.choice(WORDS) for _ in range(24)), add_special=False)
+        for _ in range(num_requests + 1)
+    ]
     ttft_of(engine, GenerationRequest("warm", system + questions[0], params))  # fills the cache (and warms up)
     hits_before = engine.kv_manager.num_prefix_cache_hits_total
     ttfts = [ttft_of(engine, GenerationRequest(f"q{i}", system + q, params)) for i, q in enumerate(questions[1:])]
@@ -60,8 +63,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="fewer requests (under 3 minutes here)")
-    parser.add_argument("--smoke", action="store_true",
-                        help=f"only checks that the bench works (2 requests, a {SMOKE_SYSTEM_TOKENS}-token system prompt): figures meaningless")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"only checks that the bench works (2 requests, a {SMOKE_SYSTEM_TOKENS}-token system prompt): figures meaningless",
+    )
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
 
@@ -69,7 +75,9 @@ def main() -> None:
     system_tokens = SMOKE_SYSTEM_TOKENS if args.smoke else SYSTEM_TOKENS
     results = {}
     for name, caching in (("cached", True), ("uncached", False)):
-        engine = CloudEngine(CloudEngineConfig(device=args.device, enable_prefix_caching=caching, max_model_len=2048, kv_cache_gb=0.5))
+        engine = CloudEngine(
+            CloudEngineConfig(device=args.device, enable_prefix_caching=caching, max_model_len=2048, kv_cache_gb=0.5)
+        )
         results[name] = run(engine, num_requests, system_tokens)
         print(name, json.dumps(results[name]), flush=True)
         engine.close()
@@ -79,9 +87,10 @@ def main() -> None:
         "command": "python -m bench.prefix_cache " + " ".join(sys.argv[1:]),
         "machine": machine_info(),
         "model": "embedded SmolLM2-135M-Instruct (GGUF, dequantized)",
-        "device": str(engine.device), "dtype": str(engine.dtype),
+        "device": str(engine.device),
+        "dtype": str(engine.dtype),
         "workload": f"{system_tokens}-token shared system prompt + a distinct ~24-token question; one warm-up request, "
-                    f"then {num_requests} requests one at a time; TTFT from add_request to the first token",
+        f"then {num_requests} requests one at a time; TTFT from add_request to the first token",
         "results": results,
         "ttft_ratio": results["cached"]["ttft_mean_s"] / results["uncached"]["ttft_mean_s"],
         "targets": {"ttft_ratio": 0.3},

@@ -39,7 +39,9 @@ from local_runtime.config import LocalEngineConfig
 from local_runtime.engine import LocalEngine
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 
-CONFIG = dict(n_threads=2)  # everything else: tandem serve's defaults (max_cached_prompts 2); the cache is toggled per run
+CONFIG = dict(
+    n_threads=2
+)  # everything else: tandem serve's defaults (max_cached_prompts 2); the cache is toggled per run
 MAX_TOKENS = 64
 SUMMARY_TURN = "Now summarize your answers in one sentence."
 HEADLINE_KEYS = ("ratio_ttft_cached_vs_uncached_turn2", "ratio_ttft_cached_vs_uncached_turn3", "answers_identical")
@@ -94,21 +96,29 @@ def run(count: int, data_dir: str) -> dict:
         play(engine, ["Hello."], True, "warm-up")
         runs = {True: [], False: []}
         for n, turns in enumerate(conversations(data_dir, count)):
-            for cache in ((True, False) if n % 2 == 0 else (False, True)):  # alternate which mode goes first
+            for cache in (True, False) if n % 2 == 0 else (False, True):  # alternate which mode goes first
                 runs[cache].append(play(engine, turns, cache, f"c{n}-{'on' if cache else 'off'}"))
         stats = engine.stats()
     finally:
         engine.close()
     num_turns = len(runs[True][0]["ttft_s"])
-    report: dict = {"config": CONFIG | {"conversations": len(runs[True]), "turns": num_turns, "max_tokens": MAX_TOKENS,
-                                        "kv_cache_tokens": LocalEngineConfig().kv_cache_tokens,
-                                        "max_num_seqs": LocalEngineConfig().max_num_seqs}}  # fmt: skip
+    report: dict = {
+        "config": CONFIG
+        | {
+            "conversations": len(runs[True]),
+            "turns": num_turns,
+            "max_tokens": MAX_TOKENS,
+            "kv_cache_tokens": LocalEngineConfig().kv_cache_tokens,
+            "max_num_seqs": LocalEngineConfig().max_num_seqs,
+        }
+    }
     for cache, name in ((True, "cached"), (False, "uncached")):
         report[name] = {
-            f"ttft_ms_p50_turn{t + 1}": statistics.median(r["ttft_s"][t] for r in runs[cache]) * 1000 for t in range(num_turns)
+            f"ttft_ms_p50_turn{t + 1}": statistics.median(r["ttft_s"][t] for r in runs[cache]) * 1000
+            for t in range(num_turns)
         } | {
             "prompt_tokens_computed": sum(sum(r["computed"]) for r in runs[cache]),
-        }  # fmt: skip
+        }
     for t in range(1, num_turns):
         ratios = [on["ttft_s"][t] / off["ttft_s"][t] for on, off in zip(runs[True], runs[False])]
         report[f"ratio_ttft_cached_vs_uncached_turn{t + 1}"] = statistics.median(ratios)
@@ -135,9 +145,11 @@ def overhead(num_prompts: int, repeats: int) -> dict:
         for k in OVERHEAD_SETTINGS:
             cache = {"cache_finished_prompts": True, "max_cached_prompts": k}
             steps[k].append(run_step_profile(num_prompts, 8, cache)["decode_step_ms_p50"])
-    report: dict = {"config": base | {"clients": 8, "num_prompts": num_prompts, "repeats": repeats},
-                    "decode_step_ms_p50": {f"k{k}": statistics.median(v) for k, v in steps.items()},
-                    "decode_step_ms_runs": {f"k{k}": v for k, v in steps.items()}}  # fmt: skip
+    report: dict = {
+        "config": base | {"clients": 8, "num_prompts": num_prompts, "repeats": repeats},
+        "decode_step_ms_p50": {f"k{k}": statistics.median(v) for k, v in steps.items()},
+        "decode_step_ms_runs": {f"k{k}": v for k, v in steps.items()},
+    }
     for k in OVERHEAD_SETTINGS[1:]:
         key = f"ratio_decode_step_vs_no_cache_k{k}"
         report[key], report[f"{key}_spread"] = median_and_spread([a / b for a, b in zip(steps[k], steps[0])])
@@ -149,13 +161,19 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="8 conversations instead of 40")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="RouteLLM's data (mt_bench_questions.jsonl)")
-    parser.add_argument("--smoke", action="store_true", help="2 conversations (with --overhead: 16 prompts, once): "
-                        "checks the bench works")
-    parser.add_argument("--overhead", action="store_true", help="what cached prompts cost 8 clients with nothing to reuse")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="2 conversations (with --overhead: 16 prompts, once): checks the bench works",
+    )
+    parser.add_argument(
+        "--overhead", action="store_true", help="what cached prompts cost 8 clients with nothing to reuse"
+    )
     args = parser.parse_args()
     if args.overhead:
         report = report_header("prompt_cache_overhead", smoke=args.smoke) | overhead(
-            16 if args.quick or args.smoke else 64, 1 if args.quick or args.smoke else 3)
+            16 if args.quick or args.smoke else 64, 1 if args.quick or args.smoke else 3
+        )
         write_report(args.json, report, OVERHEAD_KEYS)
         return
     count = 2 if args.smoke else 8 if args.quick else 40

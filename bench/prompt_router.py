@@ -66,14 +66,19 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true", help="50 prompts instead of 200")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    parser.add_argument("--smoke", action="store_true",
-                        help=f"only checks that the bench works ({SMOKE_EXAMPLES} table rows, {SMOKE_PROMPTS} prompts): figures meaningless")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"only checks that the bench works ({SMOKE_EXAMPLES} table rows, {SMOKE_PROMPTS} prompts): figures meaningless",
+    )
     args = parser.parse_args()
 
     examples = load_routellm(args.data_dir)
     if args.smoke:
         examples = smoke_examples(examples, SMOKE_EXAMPLES)
-    sample = random.Random(0).sample([e.prompt for e in examples], SMOKE_PROMPTS if args.smoke else 50 if args.quick else 200)
+    sample = random.Random(0).sample(
+        [e.prompt for e in examples], SMOKE_PROMPTS if args.smoke else 50 if args.quick else 200
+    )
     with tempfile.TemporaryDirectory() as scratch:
         learned = traffic_router(examples, Path(scratch) / "traffic_router.onnx")
         timings = {
@@ -89,11 +94,19 @@ def main() -> None:
         "latency_p50_ms_1_thread": timings["default_threads_1"]["p50_ms"],
         "latency_traffic_router_p50_ms_1_thread": timings["traffic_router_threads_1"]["p50_ms"],
         "latency": timings,
-        "latency_prompts": {"count": len(sample), "tokens_mean": float(np.mean(lengths)), "tokens_p50": float(np.median(lengths)),
-                            "tokens_max": int(max(lengths)), "truncated_to": MAX_TOKENS},
-        "traffic_router": {"topic_correction": learned.metadata["topic_correction"], "embedder_precision": learned.metadata["embedder_precision"]},
+        "latency_prompts": {
+            "count": len(sample),
+            "tokens_mean": float(np.mean(lengths)),
+            "tokens_p50": float(np.median(lengths)),
+            "tokens_max": int(max(lengths)),
+            "truncated_to": MAX_TOKENS,
+        },
+        "traffic_router": {
+            "topic_correction": learned.metadata["topic_correction"],
+            "embedder_precision": learned.metadata["embedder_precision"],
+        },
         "targets": {"latency_p50_ms_1_thread": TARGET_P50_MS, "latency_traffic_router_p50_ms_1_thread": TARGET_P50_MS},
-    }  # fmt: skip
+    }
     write_report(args.json, report, ("latency_p50_ms_1_thread", "latency_traffic_router_p50_ms_1_thread"))
 
 

@@ -23,13 +23,34 @@ import torch
 
 # Public configs; the larger shapes use SmolLM2's 49,152-token vocabulary so one tokenizer serves all.
 SHAPES = {
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, rope_theta=100000.0, tie_word_embeddings=True),
-    "smollm2-360m": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
-                         num_key_value_heads=5, rope_theta=100000.0, tie_word_embeddings=True),
-    "smollm2-1.7b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
-                         num_key_value_heads=32, rope_theta=130000.0, tie_word_embeddings=True),
-}  # fmt: skip
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    ),
+    "smollm2-360m": dict(
+        hidden_size=960,
+        intermediate_size=2560,
+        num_hidden_layers=32,
+        num_attention_heads=15,
+        num_key_value_heads=5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    ),
+    "smollm2-1.7b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=24,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        rope_theta=130000.0,
+        tie_word_embeddings=True,
+    ),
+}
 VOCAB_SIZE = 49152
 RANDOM_WEIGHTS_FILE = "random_weights.json"
 
@@ -42,8 +63,9 @@ def export_tokenizer(out_dir: str) -> None:
     load_gguf_tokenizer(default_model_path()).save_pretrained(out_dir)
 
 
-def write_random_model(shape: str, out_dir: str, tokenizer_dir: str | None = None, seed: int = 0,
-                       device: str = "cpu") -> str:
+def write_random_model(
+    shape: str, out_dir: str, tokenizer_dir: str | None = None, seed: int = 0, device: str = "cpu"
+) -> str:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     os.makedirs(out_dir, exist_ok=True)
@@ -51,8 +73,15 @@ def write_random_model(shape: str, out_dir: str, tokenizer_dir: str | None = Non
         export_tokenizer(out_dir)
     else:
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out_dir)
-    config = LlamaConfig(vocab_size=VOCAB_SIZE, max_position_embeddings=8192, rms_norm_eps=1e-5,
-                         bos_token_id=1, eos_token_id=2, architectures=["LlamaForCausalLM"], **SHAPES[shape])
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+        architectures=["LlamaForCausalLM"],
+        **SHAPES[shape],
+    )
     torch.manual_seed(seed)
     with torch.device(device):  # initialising a 1.7B model on a GPU takes seconds instead of a minute
         model = LlamaForCausalLM(config).to(torch.bfloat16)

@@ -66,39 +66,127 @@ class Figure:
 
 
 FIGURES = (
-    Figure("cloud engine vs HF static batches (tok/s ratio, median of 3)", "engine_throughput", "ratio_vs_hf_static", 2, ">= 3.0",
-           "ratio_vs_hf_static_spread"),
+    Figure(
+        "cloud engine vs HF static batches (tok/s ratio, median of 3)",
+        "engine_throughput",
+        "ratio_vs_hf_static",
+        2,
+        ">= 3.0",
+        "ratio_vs_hf_static_spread",
+    ),
     Figure("cloud engine vs HF one at a time", "engine_throughput", "ratio_vs_hf_sequential", 2, ">= 8.0"),
     Figure("cloud penalties on/off at B=32", "engine_throughput", "penalty_throughput_ratio_cloud_b32", 3, ">= 0.95"),
-    Figure("chunked prefill ITL p90, paced / unchunked (median of 3)", "chunked_prefill", "itl_p90_ratio", 2, "<= 2.0", "itl_p90_ratio_spread"),
-    Figure("chunked prefill ITL p99, paced / unchunked (median of 3)", "chunked_prefill", "itl_p99_ratio", 3, "<= 0.5", "itl_p99_ratio_spread"),
-    Figure("chunked prefill long-prompt TTFT, paced / unchunked (median of 3)", "chunked_prefill", "long_prompt_ttft_ratio", 2, "<= 1.5",
-           "long_prompt_ttft_ratio_spread"),
+    Figure(
+        "chunked prefill ITL p90, paced / unchunked (median of 3)",
+        "chunked_prefill",
+        "itl_p90_ratio",
+        2,
+        "<= 2.0",
+        "itl_p90_ratio_spread",
+    ),
+    Figure(
+        "chunked prefill ITL p99, paced / unchunked (median of 3)",
+        "chunked_prefill",
+        "itl_p99_ratio",
+        3,
+        "<= 0.5",
+        "itl_p99_ratio_spread",
+    ),
+    Figure(
+        "chunked prefill long-prompt TTFT, paced / unchunked (median of 3)",
+        "chunked_prefill",
+        "long_prompt_ttft_ratio",
+        2,
+        "<= 1.5",
+        "long_prompt_ttft_ratio_spread",
+    ),
     Figure("prefix cache TTFT, cached / uncached", "prefix_cache", "ttft_ratio", 3, "<= 0.3"),
-    Figure("stream ITL p99 under max-size bodies / without", "tokenize_stall", "itl_p99_ratio_under_max_bodies", 2, "<= 1.2",
-           "itl_p99_ratio_spread"),
-    Figure("streamed auto TTFT p50, hold window / held until decided", "stream_hold", "ttft_ratio_window_vs_until_decided", 2),
-    Figure("structured output throughput, constrained / free (local, 8 clients)", "structured", "throughput_ratio_constrained_c8_local", 3),
+    Figure(
+        "stream ITL p99 under max-size bodies / without",
+        "tokenize_stall",
+        "itl_p99_ratio_under_max_bodies",
+        2,
+        "<= 1.2",
+        "itl_p99_ratio_spread",
+    ),
+    Figure(
+        "streamed auto TTFT p50, hold window / held until decided",
+        "stream_hold",
+        "ttft_ratio_window_vs_until_decided",
+        2,
+    ),
+    Figure(
+        "structured output throughput, constrained / free (local, 8 clients)",
+        "structured",
+        "throughput_ratio_constrained_c8_local",
+        3,
+    ),
     Figure("README example, slowest of 5 (s)", "first_contact", "readme_example_s", 2, "<= 10"),
-    Figure("prompt router APGR, locked MMLU subjects, zero-shot (pooled, +-1 SE over subjects)", "router_learning",
-           "apgr_locked_test_zero_shot", 3),
-    Figure("  the same minus prompt length, same rows (paired; target: beat it by more than its SE)",
-           "router_learning", "apgr_locked_test_zero_shot_minus_length", 3, "> SE",
-           se="apgr_locked_test_zero_shot_minus_length_se"),
-    Figure("  the shape recipe CV picked, minus prompt length, same rows (paired)", "router_learning",
-           "apgr_locked_test_selected_recipe_minus_length", 3),
-    Figure("prompt router APGR, locked subjects, 10% of each labelled in a table, on the other 90%", "router_learning",
-           "apgr_locked_test_at_10pct_labels", 3, ">= 0.60", "apgr_locked_test_at_10pct_labels_interval"),
-    Figure("  the same, labels from traffic (exact_match judge, background retrain)", "router_learning",
-           "apgr_locked_test_at_10pct_labels_traffic", 3, ">= 0.60", "apgr_locked_test_at_10pct_labels_traffic_interval"),
-    Figure("    the same minus prompt length, same rows (paired; target: not worse beyond its SE)", "router_learning",
-           "apgr_locked_test_at_10pct_labels_traffic_minus_length", 3, ">= -SE",
-           se="apgr_locked_test_at_10pct_labels_traffic_minus_length_se"),
-    Figure("prompt router's default cut: cloud share before generation, design tables (locked: in prose)",
-           "router_learning", "prompt_router_default_cloud_share_design", 3),
-    Figure("embeddings texts/s at batch 32, tandem / sentence-transformers (median of 3)", "embeddings",
-           "ratio_vs_sentence_transformers_b32", 2, ">= 1.0", "ratio_vs_sentence_transformers_b32_spread"),
-    Figure("embeddings: smallest cosine to sentence-transformers' fp32 vector", "embeddings", "cosine_min_vs_fp32", 4, ">= 0.98"),
+    Figure(
+        "prompt router APGR, locked MMLU subjects, zero-shot (pooled, +-1 SE over subjects)",
+        "router_learning",
+        "apgr_locked_test_zero_shot",
+        3,
+    ),
+    Figure(
+        "  the same minus prompt length, same rows (paired; target: beat it by more than its SE)",
+        "router_learning",
+        "apgr_locked_test_zero_shot_minus_length",
+        3,
+        "> SE",
+        se="apgr_locked_test_zero_shot_minus_length_se",
+    ),
+    Figure(
+        "  the shape recipe CV picked, minus prompt length, same rows (paired)",
+        "router_learning",
+        "apgr_locked_test_selected_recipe_minus_length",
+        3,
+    ),
+    Figure(
+        "prompt router APGR, locked subjects, 10% of each labelled in a table, on the other 90%",
+        "router_learning",
+        "apgr_locked_test_at_10pct_labels",
+        3,
+        ">= 0.60",
+        "apgr_locked_test_at_10pct_labels_interval",
+    ),
+    Figure(
+        "  the same, labels from traffic (exact_match judge, background retrain)",
+        "router_learning",
+        "apgr_locked_test_at_10pct_labels_traffic",
+        3,
+        ">= 0.60",
+        "apgr_locked_test_at_10pct_labels_traffic_interval",
+    ),
+    Figure(
+        "    the same minus prompt length, same rows (paired; target: not worse beyond its SE)",
+        "router_learning",
+        "apgr_locked_test_at_10pct_labels_traffic_minus_length",
+        3,
+        ">= -SE",
+        se="apgr_locked_test_at_10pct_labels_traffic_minus_length_se",
+    ),
+    Figure(
+        "prompt router's default cut: cloud share before generation, design tables (locked: in prose)",
+        "router_learning",
+        "prompt_router_default_cloud_share_design",
+        3,
+    ),
+    Figure(
+        "embeddings texts/s at batch 32, tandem / sentence-transformers (median of 3)",
+        "embeddings",
+        "ratio_vs_sentence_transformers_b32",
+        2,
+        ">= 1.0",
+        "ratio_vs_sentence_transformers_b32_spread",
+    ),
+    Figure(
+        "embeddings: smallest cosine to sentence-transformers' fp32 vector",
+        "embeddings",
+        "cosine_min_vs_fp32",
+        4,
+        ">= 0.98",
+    ),
 )
 
 # A figure in README's prose is a link to the JSON it came from, so a reader can open it and a
@@ -106,7 +194,9 @@ FIGURES = (
 # is a dotted path (list indices are numbers) with an optional scale, `*100` or `*1000` (a
 # fraction written as a percentage, seconds as milliseconds); the written digits set the
 # precision compared.
-LINK = re.compile(r"\[(?P<number>[-+]?\d[\d,]*(?:\.\d+)?)\]\(bench/results/(?P<bench>[\w.-]+)\.json#(?P<key>[\w.-]+)(?:\*(?P<scale>\d+))?\)")
+LINK = re.compile(
+    r"\[(?P<number>[-+]?\d[\d,]*(?:\.\d+)?)\]\(bench/results/(?P<bench>[\w.-]+)\.json#(?P<key>[\w.-]+)(?:\*(?P<scale>\d+))?\)"
+)
 # A number in prose, with the unit of measure that may follow it. It reads as a measured
 # figure when it is a decimal or has a unit; settings and inputs are written in code spans
 # (`temperature 0.2`), which are not figures so long as they read as code (`BARE_SPAN`).
@@ -154,8 +244,10 @@ def render() -> str:
     for fig in FIGURES:
         commit = load(fig.bench).get("machine", {}).get("git_commit") or "?"
         value = f"{fig.value():.{fig.digits}f}"
-        rows.append(f"| {fig.label} | **{value}** | {fig.shown_target()} | {fig.met()} | {commit} | "
-                    f"{machine(fig.bench)} | `{fig.bench}`: `{fig.key}` |")  # fmt: skip
+        rows.append(
+            f"| {fig.label} | **{value}** | {fig.shown_target()} | {fig.met()} | {commit} | "
+            f"{machine(fig.bench)} | `{fig.bench}`: `{fig.key}` |"
+        )
     return "\n".join([START, *rows, END])
 
 
@@ -214,21 +306,30 @@ def unlinked_figures(text: str) -> list[str]:
         if bare and (bare["unit"] or "." in bare["number"]):
             start, end = text.rfind("\n", 0, span.start()) + 1, text.find("\n", span.end())
             line = text[start : end if end >= 0 else len(text)]
-            found.append(f"{span[0]!r} (a figure in a code span: link it, or name the setting) in: "
-                         f"{line.strip()[:100]}")
+            found.append(
+                f"{span[0]!r} (a figure in a code span: link it, or name the setting) in: {line.strip()[:100]}"
+            )
     text = CODE_SPAN.sub("", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)  # other links' targets
     for line in text.splitlines():
-        found += [f"{m[0].strip()!r} in: {line.strip()[:100]}" for m in NUMBER.finditer(line)
-                  if m["unit"] or "." in m["number"]]
+        found += [
+            f"{m[0].strip()!r} in: {line.strip()[:100]}"
+            for m in NUMBER.finditer(line)
+            if m["unit"] or "." in m["number"]
+        ]
     return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="replace README's block")
-    parser.add_argument("--relink", action="append", default=[], metavar="BENCH",
-                        help="after re-running BENCH: rewrite the numbers of README's links into its JSON (repeatable)")
+    parser.add_argument(
+        "--relink",
+        action="append",
+        default=[],
+        metavar="BENCH",
+        help="after re-running BENCH: rewrite the numbers of README's links into its JSON (repeatable)",
+    )
     args = parser.parse_args()
     if args.relink:
         text = README.read_text()
@@ -242,8 +343,10 @@ def main() -> None:
     text = README.read_text()
     README.write_text(text.replace(readme_block(text), table))
     text = README.read_text()
-    print(f"README: {len(FIGURES)} figures written; linked figures that disagree: {link_mismatches(text) or 'none'}; "
-          f"figures without a link: {len(unlinked_figures(text))}")
+    print(
+        f"README: {len(FIGURES)} figures written; linked figures that disagree: {link_mismatches(text) or 'none'}; "
+        f"figures without a link: {len(unlinked_figures(text))}"
+    )
 
 
 if __name__ == "__main__":

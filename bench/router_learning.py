@@ -51,7 +51,13 @@ import numpy as np
 
 from bench.machine import report_header, write_report
 from bench.router_default_cut import default_cut
-from bench.router_locked import LABELLED_SHARE, locked_via_traffic, locked_with_labelled_tables, locked_zero_shot, nested_estimate
+from bench.router_locked import (
+    LABELLED_SHARE,
+    locked_via_traffic,
+    locked_with_labelled_tables,
+    locked_zero_shot,
+    nested_estimate,
+)
 from bench.router_simulation import CHECKPOINTS, METHODS, MIN_REST, Traffic, labels_to_reach, simulate, summarize_runs
 from router.eval_tables import DEFAULT_DATA_DIR, RoutingExample, load_routellm
 from router.prompt_router.cold_recipe import DEFAULT, SELECTED
@@ -86,11 +92,14 @@ def zero_shot(examples: list[RoutingExample], embeddings: np.ndarray, seeds) -> 
             head = fit_head(features[train], labels[:, 0], labels[:, 1], alpha, features=columns)
             tiers = head.predict(features[held])
             return tiers[:, 1] - tiers[:, 0]
+
         return score
 
     recipes = {
         "prompt_length": lambda train, held: lengths[held],
-        "selected_recipe": ridge(rows.shape, columns=SELECTED.indices, alpha=SELECTED.alpha),  # chosen on these subjects: in sample
+        "selected_recipe": ridge(
+            rows.shape, columns=SELECTED.indices, alpha=SELECTED.alpha
+        ),  # chosen on these subjects: in sample
         "shape_ridge_all_features": ridge(rows.shape),  # the recipe shipped before issue 37
         "shape_ridge_weak_wrong": ridge(rows.shape, weak_only=True, columns=SELECTED.indices, alpha=SELECTED.alpha),
         "embedding_ridge_per_tier": ridge(embeddings),
@@ -107,7 +116,10 @@ def plot(curves: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    styles = {"cold": {"color": "grey", "linestyle": "--"}, "subject_means_oracle": {"color": "black", "linestyle": ":"}}
+    styles = {
+        "cold": {"color": "grey", "linestyle": "--"},
+        "subject_means_oracle": {"color": "black", "linestyle": ":"},
+    }
     figure, grid = plt.subplots(2, len(curves), figsize=(6.0 * len(curves), 8.4), squeeze=False, sharex=True)
     try:
         for column, (title, curve) in enumerate(curves.items()):
@@ -138,28 +150,44 @@ def plot(curves: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
-    parser.add_argument("--quick", action="store_true", help=f"{len(QUICK_SEEDS)} simulation seeds, {len(QUICK_CV_SEEDS)} CV seeds")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{len(QUICK_SEEDS)} simulation seeds, {len(QUICK_CV_SEEDS)} CV seeds"
+    )
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     parser.add_argument("--feedback", type=float, default=Traffic.feedback)
     parser.add_argument("--shadow", type=float, default=Traffic.shadow)
-    parser.add_argument("--smoke", action="store_true", help=f"only checks that the bench works ({SMOKE_EXAMPLES} table rows, "
-                                                             f"{len(SMOKE_SEEDS)} simulation seeds, 1 CV seed): figures meaningless")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"only checks that the bench works ({SMOKE_EXAMPLES} table rows, "
+        f"{len(SMOKE_SEEDS)} simulation seeds, 1 CV seed): figures meaningless",
+    )
     args = parser.parse_args()
 
     from router.prompt_router.embeddings import cached_embeddings
 
     start = time.perf_counter()
-    header = report_header("router_learning", smoke=args.smoke)  # before the plot is written: the commit of the code, not "+dirty" from our own PNG
+    header = report_header(
+        "router_learning", smoke=args.smoke
+    )  # before the plot is written: the commit of the code, not "+dirty" from our own PNG
     examples = list(load_routellm(args.data_dir))
     if args.smoke:
         from bench.prompt_router import smoke_examples
 
         examples = smoke_examples(examples, SMOKE_EXAMPLES)
-    embeddings = cached_embeddings([e.prompt for e in examples])  # every table row, as before the split: one cache entry
+    embeddings = cached_embeddings(
+        [e.prompt for e in examples]
+    )  # every table row, as before the split: one cache entry
     design_rows, locked_rows = split_rows(examples)
     design, locked = [examples[i] for i in design_rows], [examples[i] for i in locked_rows]
     design_embeddings, locked_embeddings = embeddings[design_rows], embeddings[locked_rows]
-    seeds, cv_seeds = (SMOKE_SEEDS, SMOKE_CV_SEEDS) if args.smoke else (QUICK_SEEDS, QUICK_CV_SEEDS) if args.quick else (SEEDS, CV_SEEDS)
+    seeds, cv_seeds = (
+        (SMOKE_SEEDS, SMOKE_CV_SEEDS)
+        if args.smoke
+        else (QUICK_SEEDS, QUICK_CV_SEEDS)
+        if args.quick
+        else (SEEDS, CV_SEEDS)
+    )
     checkpoints, min_rest = (SMOKE_CHECKPOINTS, SMOKE_MIN_REST) if args.smoke else (CHECKPOINTS, MIN_REST)
 
     # 1. design subjects only: every recipe by grouped CV, and the recipe procedure's nested estimate
@@ -178,8 +206,12 @@ def main() -> None:
     }
     curves = {}
     for name, traffic in settings.items():
-        curves[name] = summarize_runs([simulate(design, design_embeddings, seed, traffic, checkpoints=checkpoints, min_rest=min_rest)
-                                       for seed in seeds])  # fmt: skip
+        curves[name] = summarize_runs(
+            [
+                simulate(design, design_embeddings, seed, traffic, checkpoints=checkpoints, min_rest=min_rest)
+                for seed in seeds
+            ]
+        )
         print(name, {share: round(entry["shipped"]["apgr"], 4) for share, entry in curves[name].items()}, flush=True)
     headline = curves["shuffled"]["0.1"]["shipped"]
     best_case = curves["shuffled_best_case_judge"]["0.1"]["shipped"]
@@ -188,21 +220,39 @@ def main() -> None:
     locked_cold = locked_zero_shot(design, locked)
     label_seeds = seeds[: len(QUICK_SEEDS)]
     with_tables = locked_with_labelled_tables(design, locked, locked_embeddings, label_seeds)
-    via_traffic = {judge: locked_via_traffic(design, locked, locked_embeddings, label_seeds, Traffic(args.feedback, args.shadow, judge=judge))
-                   for judge in ("exact_match", "best_case")}  # fmt: skip
+    via_traffic = {
+        judge: locked_via_traffic(
+            design, locked, locked_embeddings, label_seeds, Traffic(args.feedback, args.shadow, judge=judge)
+        )
+        for judge in ("exact_match", "best_case")
+    }
     chosen = locked_cold["length" if DEFAULT.is_length else "selected_recipe"]  # the recipe the default router uses
-    print("locked:", {"zero_shot": round(chosen["apgr"], 4), "length": round(locked_cold["length"]["apgr"], 4),
-                      "tables_10pct": round(with_tables["apgr"], 4),
-                      "traffic_10pct": {j: (round(v["apgr"], 4), round(v["unguarded"]["apgr"], 4)) for j, v in via_traffic.items()}},
-          flush=True)  # fmt: skip
+    print(
+        "locked:",
+        {
+            "zero_shot": round(chosen["apgr"], 4),
+            "length": round(locked_cold["length"]["apgr"], 4),
+            "tables_10pct": round(with_tables["apgr"], 4),
+            "traffic_10pct": {
+                j: (round(v["apgr"], 4), round(v["unguarded"]["apgr"], 4)) for j, v in via_traffic.items()
+            },
+        },
+        flush=True,
+    )
 
     # 4. the shipped router's cut with nothing set (the score scale fixes it: no tuning)
     cut = default_cut({"design": design, "locked": locked})
     print("default cut:", {name: round(cut[name]["cloud_share"], 4) for name in ("design", "locked")}, flush=True)
 
     png = Path(args.json).with_suffix(".png")
-    plot({f"{name}: feedback {t.feedback:.0%}, shadow {t.shadow:.0%}, judge {t.judge}": curves[name] for name, t in settings.items()
-          if name in ("shuffled", "shuffled_best_case_judge", "subject_blocked")}, png)  # fmt: skip
+    plot(
+        {
+            f"{name}: feedback {t.feedback:.0%}, shadow {t.shadow:.0%}, judge {t.judge}": curves[name]
+            for name, t in settings.items()
+            if name in ("shuffled", "shuffled_best_case_judge", "subject_blocked")
+        },
+        png,
+    )
     report = {
         **header,
         "quick": args.quick,
@@ -215,7 +265,10 @@ def main() -> None:
         "apgr_locked_test_zero_shot_se": chosen["apgr_se"],
         "apgr_locked_test_zero_shot_minus_length": chosen["minus_length"],
         "apgr_locked_test_zero_shot_minus_length_se": chosen["minus_length_se"],
-        "apgr_locked_test_zero_shot_interval": [chosen["apgr"] - chosen["apgr_se"], chosen["apgr"] + chosen["apgr_se"]],  # +- 1 SE
+        "apgr_locked_test_zero_shot_interval": [
+            chosen["apgr"] - chosen["apgr_se"],
+            chosen["apgr"] + chosen["apgr_se"],
+        ],  # +- 1 SE
         "apgr_locked_test_zero_shot_per_subject": chosen["per_subject"],
         "apgr_locked_test_selected_recipe": locked_cold["selected_recipe"]["apgr"],
         "apgr_locked_test_selected_recipe_minus_length": locked_cold["selected_recipe"]["minus_length"],
@@ -225,25 +278,37 @@ def main() -> None:
         "apgr_locked_test_length_per_subject": locked_cold["length"]["per_subject"],
         "apgr_locked_test_at_10pct_labels": with_tables["apgr"],
         "apgr_locked_test_at_10pct_labels_se": with_tables["apgr_se"],
-        "apgr_locked_test_at_10pct_labels_interval": [with_tables["apgr"] - with_tables["apgr_se"], with_tables["apgr"] + with_tables["apgr_se"]],
+        "apgr_locked_test_at_10pct_labels_interval": [
+            with_tables["apgr"] - with_tables["apgr_se"],
+            with_tables["apgr"] + with_tables["apgr_se"],
+        ],
         "apgr_locked_test_at_10pct_labels_minus_length": with_tables["minus_length"],
         "apgr_locked_test_at_10pct_labels_minus_length_se": with_tables["minus_length_se"],
         "apgr_locked_test_at_10pct_labels_data": with_tables,
         "apgr_locked_test_at_10pct_labels_traffic": via_traffic["exact_match"]["apgr"],
         "apgr_locked_test_at_10pct_labels_traffic_se": via_traffic["exact_match"]["apgr_se"],
-        "apgr_locked_test_at_10pct_labels_traffic_interval": [via_traffic["exact_match"]["apgr"] - via_traffic["exact_match"]["apgr_se"],
-                                                              via_traffic["exact_match"]["apgr"] + via_traffic["exact_match"]["apgr_se"]],
+        "apgr_locked_test_at_10pct_labels_traffic_interval": [
+            via_traffic["exact_match"]["apgr"] - via_traffic["exact_match"]["apgr_se"],
+            via_traffic["exact_match"]["apgr"] + via_traffic["exact_match"]["apgr_se"],
+        ],
         "apgr_locked_test_at_10pct_labels_traffic_minus_length": via_traffic["exact_match"]["minus_length"],
         "apgr_locked_test_at_10pct_labels_traffic_minus_length_se": via_traffic["exact_match"]["minus_length_se"],
         "apgr_locked_test_at_10pct_labels_traffic_best_case_judge": via_traffic["best_case"]["apgr"],
         "apgr_locked_test_at_10pct_labels_traffic_unguarded": via_traffic["exact_match"]["unguarded"]["apgr"],
-        "apgr_locked_test_at_10pct_labels_traffic_unguarded_best_case_judge": via_traffic["best_case"]["unguarded"]["apgr"],
+        "apgr_locked_test_at_10pct_labels_traffic_unguarded_best_case_judge": via_traffic["best_case"]["unguarded"][
+            "apgr"
+        ],
         # `cascade.prompt_router = "default"`, nothing else set: the share escalated before generation
         "prompt_router_default_cloud_share_design": cut["design"]["cloud_share"],
         "prompt_router_default_cloud_share_locked": cut["locked"]["cloud_share"],
         "prompt_router_default_cut": cut,
-        "locked_test": {"zero_shot": locked_cold, "labelled_tables": with_tables, "traffic": via_traffic,
-                        "labelled_share": LABELLED_SHARE, "seeds": list(label_seeds)},
+        "locked_test": {
+            "zero_shot": locked_cold,
+            "labelled_tables": with_tables,
+            "traffic": via_traffic,
+            "labelled_share": LABELLED_SHARE,
+            "seeds": list(label_seeds),
+        },
         # the design subjects (every choice was made here)
         "apgr_design_nested_zero_shot": nested["pooled_apgr"],
         "apgr_design_nested_zero_shot_minus_length": nested["pooled_minus_length"],
@@ -266,19 +331,36 @@ def main() -> None:
         "labels_to_reach_0_60": labels_to_reach(curves["shuffled"], "shipped"),
         "targets": TARGETS,
         "zero_shot": cold_start,
-        "simulation": {"seeds": list(seeds), "held_out_subject_share": 0.25, "checkpoints": list(checkpoints), "min_rest": min_rest,
-                       "settings": {name: t.__dict__ for name, t in settings.items()}, "curves": curves},
+        "simulation": {
+            "seeds": list(seeds),
+            "held_out_subject_share": 0.25,
+            "checkpoints": list(checkpoints),
+            "min_rest": min_rest,
+            "settings": {name: t.__dict__ for name, t in settings.items()},
+            "curves": curves,
+        },
         "plot": str(png),
         "seconds": time.perf_counter() - start,
-    }  # fmt: skip
+    }
     # None there means no checkpoint reached 0.60: a finding (as in --smoke's small tables), not a broken run, so
     # the figure is checked as a headline only when it is a number
     reached = ("labels_to_reach_0_60",) if report["labels_to_reach_0_60"] is not None else ()
-    write_report(args.json, report, ("apgr_locked_test_zero_shot", "apgr_locked_test_zero_shot_se", "apgr_locked_test_length",
-                                     "apgr_locked_test_at_10pct_labels", "apgr_locked_test_at_10pct_labels_se",
-                                     "apgr_locked_test_at_10pct_labels_traffic", "apgr_design_nested_zero_shot",
-                                     "apgr_at_10pct_labels", "apgr_at_10pct_labels_best_case_judge")
-                                    + reached)  # fmt: skip
+    write_report(
+        args.json,
+        report,
+        (
+            "apgr_locked_test_zero_shot",
+            "apgr_locked_test_zero_shot_se",
+            "apgr_locked_test_length",
+            "apgr_locked_test_at_10pct_labels",
+            "apgr_locked_test_at_10pct_labels_se",
+            "apgr_locked_test_at_10pct_labels_traffic",
+            "apgr_design_nested_zero_shot",
+            "apgr_at_10pct_labels",
+            "apgr_at_10pct_labels_best_case_judge",
+        )
+        + reached,
+    )
 
 
 if __name__ == "__main__":

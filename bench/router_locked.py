@@ -23,6 +23,8 @@ from bench.router_simulation import Traffic, cold_router, guarded_fit, position_
 from router.prompt_router.training import LabelledRows, fit, heldout_gain, table_rows
 
 LABELLED_SHARE = 0.10  # of each locked subject, labelled in the table or by the time the rest is scored
+
+
 def within_subject_apgr(scores: np.ndarray, examples: Sequence[RoutingExample]) -> float:
     """Recovered gap inside each subject, summed over subjects and divided by their summed gap
     (rows weigh alike): how well a router ranks prompts of one topic, which pooled APGR mixes
@@ -73,7 +75,9 @@ def locked_zero_shot(design: list[RoutingExample], locked: list[RoutingExample])
         head, _ = fit(train, None, recipe)
         figures[name] = locked_figures(heldout_gain(head, None, held), length, locked)
     figures["default_router"] = "selected_recipe" if figures["selected_recipe"]["beats_length"] else "length"
-    figures["rule_agrees_with_code"] = (SELECTED if figures["default_router"] == "selected_recipe" else LENGTH) == DEFAULT
+    figures["rule_agrees_with_code"] = (
+        SELECTED if figures["default_router"] == "selected_recipe" else LENGTH
+    ) == DEFAULT
     return figures
 
 
@@ -91,7 +95,10 @@ def _label_split(locked: list[RoutingExample], seed: int) -> tuple[np.ndarray, n
 
 def _summarize(per_seed: list[dict]) -> dict:
     """Mean over seeds of each locked figure (the SEs stay over subjects), and the seeds' own spread."""
-    out = {key: float(np.mean([f[key] for f in per_seed])) for key in ("apgr", "apgr_se", "minus_length", "minus_length_se")}
+    out = {
+        key: float(np.mean([f[key] for f in per_seed]))
+        for key in ("apgr", "apgr_se", "minus_length", "minus_length_se")
+    }
     out["apgr_seed_sd"] = float(np.std([f["apgr"] for f in per_seed], ddof=1)) if len(per_seed) > 1 else float("nan")
     for key in ("apgr_mean", "apgr_se", "apgr_min", "apgr_max"):
         out[f"per_subject_{key}"] = float(np.mean([f["per_subject"][key] for f in per_seed]))
@@ -99,8 +106,9 @@ def _summarize(per_seed: list[dict]) -> dict:
     return out
 
 
-def locked_with_labelled_tables(design: list[RoutingExample], locked: list[RoutingExample], embeddings: np.ndarray,
-                                seeds: Sequence[int]) -> dict:  # fmt: skip
+def locked_with_labelled_tables(
+    design: list[RoutingExample], locked: list[RoutingExample], embeddings: np.ndarray, seeds: Sequence[int]
+) -> dict:
     """`tandem router train --data routellm --data labelled.csv`: the design tables plus
     LABELLED_SHARE of each locked subject as a labelled table (its rows in the head and, with
     their MiniLM embeddings, in the topic correction), scored on the rest of each subject."""
@@ -113,12 +121,19 @@ def locked_with_labelled_tables(design: list[RoutingExample], locked: list[Routi
         prior = LabelledRows(np.vstack([tables.shape, own.shape]), np.vstack([tables.labels, own.labels]))
         head, correction = fit(prior, None, topic_rows=own)
         held = all_locked.take(rest)
-        per_seed.append(locked_figures(heldout_gain(head, correction, held), held.shape[:, 0], [locked[i] for i in rest]))
+        per_seed.append(
+            locked_figures(heldout_gain(head, correction, held), held.shape[:, 0], [locked[i] for i in rest])
+        )
     return _summarize(per_seed)
 
 
-def locked_via_traffic(design: list[RoutingExample], locked: list[RoutingExample], embeddings: np.ndarray, seeds: Sequence[int],
-                       traffic: Traffic) -> dict:  # fmt: skip
+def locked_via_traffic(
+    design: list[RoutingExample],
+    locked: list[RoutingExample],
+    embeddings: np.ndarray,
+    seeds: Sequence[int],
+    traffic: Traffic,
+) -> dict:
     """The locked subjects arrive as traffic (shuffled) to the cold router trained on the design
     tables; labels come as bench.router_simulation.revealed_labels gives them under `traffic`;
     when they number LABELLED_SHARE of the stream, the learner scores the part of the stream not
@@ -135,7 +150,9 @@ def locked_via_traffic(design: list[RoutingExample], locked: list[RoutingExample
         stream = rows.take(order)
         labels = revealed_labels(stream, cold, cut, traffic, rng)
         position = position_at(labels, round(LABELLED_SHARE * len(stream)))
-        seen = LabelledRows(stream.shape[:position], labels[:position], stream.embedding[:position], stream.groups[:position])
+        seen = LabelledRows(
+            stream.shape[:position], labels[:position], stream.embedding[:position], stream.groups[:position]
+        )
         rest = stream.take(np.arange(position, len(stream)))
         rest_examples = [locked[i] for i in order[position:]]
         unguarded.append(locked_figures(heldout_gain(*fit(tables, seen), rest), rest.shape[:, 0], rest_examples))

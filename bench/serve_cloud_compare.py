@@ -41,18 +41,28 @@ MAX_NUM_SEQS, MAX_MODEL_LEN, KV_CACHE_GB = 32, 2048, 1
 CONCURRENCIES = (1, 32)
 NUM_PROMPTS, SMOKE_PROMPTS = {1: 16, 32: 64}, 8
 REPEATS, QUICK_REPEATS = 5, 2
-TARGETS = {"ratio_output_tps_vs_vllm_c32": (">=", 1.0), "ratio_output_tps_vs_vllm_c1": (">=", 1.0),
-           "ratio_tpot_p50_vs_vllm_c32": ("<=", 1.0)}
-HEADLINE_KEYS = ("ratio_output_tps_vs_vllm_c32", "ratio_output_tps_vs_vllm_c32_spread", "ratio_output_tps_vs_vllm_c1",
-                 "ratio_tpot_p50_vs_vllm_c32", "ratio_ttft_p50_vs_vllm_c32", "targets_met")
+TARGETS = {
+    "ratio_output_tps_vs_vllm_c32": (">=", 1.0),
+    "ratio_output_tps_vs_vllm_c1": (">=", 1.0),
+    "ratio_tpot_p50_vs_vllm_c32": ("<=", 1.0),
+}
+HEADLINE_KEYS = (
+    "ratio_output_tps_vs_vllm_c32",
+    "ratio_output_tps_vs_vllm_c32_spread",
+    "ratio_output_tps_vs_vllm_c1",
+    "ratio_tpot_p50_vs_vllm_c32",
+    "ratio_ttft_p50_vs_vllm_c32",
+    "targets_met",
+)
 SANITY_QUESTION = "What is the capital of France?"
 FIGURES = ("output_tps", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms")
 
 
 def setup_vllm() -> tuple[str, str]:
     """vLLM's python and the HF directory (scripts/setup-vllm.sh: installed and exported on first use)."""
-    run = subprocess.run(["bash", os.path.join(REPO_ROOT, "scripts", "setup-vllm.sh")], cwd=REPO_ROOT,
-                         capture_output=True, text=True)  # fmt: skip
+    run = subprocess.run(
+        ["bash", os.path.join(REPO_ROOT, "scripts", "setup-vllm.sh")], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     if run.returncode != 0:
         raise RuntimeError(f"scripts/setup-vllm.sh failed:\n{run.stderr[-3000:]}")
     python, hf_dir = run.stdout.strip().splitlines()[-2:]
@@ -61,20 +71,56 @@ def setup_vllm() -> tuple[str, str]:
 
 def tandem_cloud_server(hf_dir: str, threads: int) -> ManagedServer:
     port = free_port()
-    command = [sys.executable, "-m", "sdk.cli", "cloud", "serve", "--model", hf_dir, "--model-name", MODEL_NAME,
-               "--port", str(port), "--grpc-port", str(free_port()), "--threads", str(threads), "--dtype", "bfloat16",
-               "--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN),
-               "--kv-cache-gb", str(KV_CACHE_GB), "--log-level", "warning"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "sdk.cli",
+        "cloud",
+        "serve",
+        "--model",
+        hf_dir,
+        "--model-name",
+        MODEL_NAME,
+        "--port",
+        str(port),
+        "--grpc-port",
+        str(free_port()),
+        "--threads",
+        str(threads),
+        "--dtype",
+        "bfloat16",
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-gb",
+        str(KV_CACHE_GB),
+        "--log-level",
+        "warning",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    return ManagedServer(f"tandem_t{threads}", command, port, "/health",
-                         f"tandem cloud serve (cloud_engine, bf16, {threads} torch threads)", env=env)
+    return ManagedServer(
+        f"tandem_t{threads}",
+        command,
+        port,
+        "/health",
+        f"tandem cloud serve (cloud_engine, bf16, {threads} torch threads)",
+        env=env,
+    )
 
 
 def servers(python: str, hf_dir: str, cores: int) -> list[ManagedServer]:
     out = [tandem_cloud_server(hf_dir, cores)]
     for threads in sorted({1, cores}):
-        server = vllm_server(python, hf_dir, MODEL_NAME, threads, max_model_len=MAX_MODEL_LEN, kv_cache_gb=KV_CACHE_GB,
-                             max_num_seqs=MAX_NUM_SEQS)  # fmt: skip
+        server = vllm_server(
+            python,
+            hf_dir,
+            MODEL_NAME,
+            threads,
+            max_model_len=MAX_MODEL_LEN,
+            kv_cache_gb=KV_CACHE_GB,
+            max_num_seqs=MAX_NUM_SEQS,
+        )
         server.name = f"vllm_t{threads}"
         out.append(server)
     return out
@@ -108,8 +154,15 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
                     label = f"{server.name} c={concurrency} rep {rep + 1}/{repeats}"
                     server.resume()
                     try:
-                        config = ClientConfig(server.base_url, MODEL_NAME, args.endpoint, None, args.temperature,
-                                              args.ignore_eos, args.timeout)  # fmt: skip
+                        config = ClientConfig(
+                            server.base_url,
+                            MODEL_NAME,
+                            args.endpoint,
+                            None,
+                            args.temperature,
+                            args.ignore_eos,
+                            args.timeout,
+                        )
                         runs[concurrency][server.name].append(benchmark(config, samples[concurrency], args, label))
                     finally:
                         server.pause()
@@ -127,12 +180,23 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
         "dtype": "bfloat16",
         "hf_dir": hf_dir,
         "vllm_python": python,
-        "config": {"max_num_seqs": MAX_NUM_SEQS, "max_model_len": MAX_MODEL_LEN, "kv_cache_gb": KV_CACHE_GB,
-                   "concurrencies": list(concurrencies), "num_prompts": {f"c{c}": SMOKE_PROMPTS if args.smoke else NUM_PROMPTS[c] for c in concurrencies},
-                   "repeats": repeats},  # fmt: skip
+        "config": {
+            "max_num_seqs": MAX_NUM_SEQS,
+            "max_model_len": MAX_MODEL_LEN,
+            "kv_cache_gb": KV_CACHE_GB,
+            "concurrencies": list(concurrencies),
+            "num_prompts": {f"c{c}": SMOKE_PROMPTS if args.smoke else NUM_PROMPTS[c] for c in concurrencies},
+            "repeats": repeats,
+        },
         "workload": workload_description(args, tokenizer),
-        "servers": {s.name: {"description": s.description, "command": " ".join(s.command),
-                             "env": {k: v for k, v in s.env.items() if k.startswith(("OMP_", "VLLM_"))}} for s in pool},
+        "servers": {
+            s.name: {
+                "description": s.description,
+                "command": " ".join(s.command),
+                "env": {k: v for k, v in s.env.items() if k.startswith(("OMP_", "VLLM_"))},
+            }
+            for s in pool
+        },
         # Each server's greedy answer to one question, before timing: a fast server that answers nonsense is no baseline.
         "sanity_question": SANITY_QUESTION,
         "sanity_answers": answers,
@@ -153,8 +217,12 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
 def sanity_answer(server: ManagedServer) -> str:
     import httpx
 
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": SANITY_QUESTION}], "max_tokens": 16,
-            "temperature": 0.0}  # fmt: skip
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": SANITY_QUESTION}],
+        "max_tokens": 16,
+        "temperature": 0.0,
+    }
     response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
     response.raise_for_status()
     return response.json()["choices"][0]["message"]["content"]
@@ -167,9 +235,13 @@ def _embedded_tokenizer() -> GgufTokenizer:
 
 
 def _figures(metrics: dict) -> dict:
-    return {"output_tps": metrics["output_throughput"], "ttft_p50_ms": metrics["ttft_ms"]["median"],
-            "tpot_p50_ms": metrics["tpot_ms"]["median"], "itl_p50_ms": metrics["itl_ms"]["median"],
-            "itl_p99_ms": metrics["itl_ms"]["p99"]}
+    return {
+        "output_tps": metrics["output_throughput"],
+        "ttft_p50_ms": metrics["ttft_ms"]["median"],
+        "tpot_p50_ms": metrics["tpot_ms"]["median"],
+        "itl_p50_ms": metrics["itl_ms"]["median"],
+        "itl_p99_ms": metrics["itl_ms"]["p99"],
+    }
 
 
 def summarize(by_server: dict[str, list[dict]]) -> dict:
@@ -192,8 +264,12 @@ def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
         best = max(vllms, key=lambda name: _median([_figures(m)["output_tps"] for m in vllms[name]]))
         out["vllm_best_at"][f"c{concurrency}"] = best
         for name, reps in vllms.items():
-            for suffix in ([f"_{name.split('_')[-1]}"] + ([""] if name == best else [])):
-                for figure, key in (("output_tps", "output_tps"), ("ttft_p50_ms", "ttft_p50"), ("tpot_p50_ms", "tpot_p50")):
+            for suffix in [f"_{name.split('_')[-1]}"] + ([""] if name == best else []):
+                for figure, key in (
+                    ("output_tps", "output_tps"),
+                    ("ttft_p50_ms", "ttft_p50"),
+                    ("tpot_p50_ms", "tpot_p50"),
+                ):
                     ratios = [_figures(t)[figure] / _figures(v)[figure] for t, v in zip(tandem, reps)]
                     name_key = f"ratio_{key}_vs_vllm{suffix}_c{concurrency}"
                     out[name_key], out[f"{name_key}_spread"] = median_and_spread(ratios)

@@ -38,7 +38,14 @@ from bench.serve_client import ClientConfig
 from bench.serve_datasets import GgufTokenizer
 from bench.serve_report import console, print_summary
 from bench.serve_run import benchmark, build_samples, headline, workload_description
-from bench.serve_servers import REPO_ROOT, ManagedServer, ServerStartError, llama_cpp_server, llama_server, tandem_server
+from bench.serve_servers import (
+    REPO_ROOT,
+    ManagedServer,
+    ServerStartError,
+    llama_cpp_server,
+    llama_server,
+    tandem_server,
+)
 
 CONCURRENCIES = (1, 4, 8, 16)
 QUICK_CONCURRENCIES = (8,)
@@ -48,18 +55,29 @@ CTX_PER_SLOT = 1024  # KV cells per sequence; the workload needs ~230
 STEP_TOKENS = 512  # tokens one step / llama_decode call carries at most
 BASELINE_CONCURRENCY = 8  # where llama_cpp.server runs (it serializes requests; more clients change nothing)
 # Issue 38's two (a lone prompt's first token, and 8 clients' throughput), and issue 24's.
-TARGETS = {"ratio_ttft_p50_vs_llama_server_c1": ("<=", 1.0),
-           "ratio_output_tps_vs_llama_server_c8": (">=", 1.0),
-           "ratio_output_tps_vs_llama_server_default_c8": (">=", 0.9),
-           "ratio_ttft_p50_vs_llama_server_c8": ("<=", 1.0)}
-HEADLINE_KEYS = ("ratio_output_tps_vs_llama_server_c8", "ratio_output_tps_vs_llama_server_c8_spread",
-                 "ratio_ttft_p50_vs_llama_server_c8", "ratio_ttft_p50_vs_llama_server_c8_spread", "targets_met")
+TARGETS = {
+    "ratio_ttft_p50_vs_llama_server_c1": ("<=", 1.0),
+    "ratio_output_tps_vs_llama_server_c8": (">=", 1.0),
+    "ratio_output_tps_vs_llama_server_default_c8": (">=", 0.9),
+    "ratio_ttft_p50_vs_llama_server_c8": ("<=", 1.0),
+}
+HEADLINE_KEYS = (
+    "ratio_output_tps_vs_llama_server_c8",
+    "ratio_output_tps_vs_llama_server_c8_spread",
+    "ratio_ttft_p50_vs_llama_server_c8",
+    "ratio_ttft_p50_vs_llama_server_c8_spread",
+    "targets_met",
+)
 
 
 def build_llama_server() -> tuple[str, str]:
     """The llama-server binary (built on first use) and the llama.cpp commit it was built from."""
-    run = subprocess.run(["bash", os.path.join(REPO_ROOT, "scripts", "build-llama-server.sh")], cwd=REPO_ROOT,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        ["bash", os.path.join(REPO_ROOT, "scripts", "build-llama-server.sh")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     if run.returncode != 0:
         raise RuntimeError(f"scripts/build-llama-server.sh failed:\n{run.stderr[-3000:]}")
     binary = run.stdout.strip().splitlines()[-1]
@@ -69,12 +87,19 @@ def build_llama_server() -> tuple[str, str]:
 
 def servers_at(concurrency: int, binary: str, model_path: str, model_name: str, threads: int) -> list[ManagedServer]:
     servers = [
-        tandem_server(model_path, threads, max_num_seqs=NUM_SLOTS, max_model_len=CTX_PER_SLOT,
-                      kv_cache_tokens=NUM_SLOTS * CTX_PER_SLOT, max_num_batched_tokens=STEP_TOKENS,
-                      extra_args=["--model-name", model_name]),
+        tandem_server(
+            model_path,
+            threads,
+            max_num_seqs=NUM_SLOTS,
+            max_model_len=CTX_PER_SLOT,
+            kv_cache_tokens=NUM_SLOTS * CTX_PER_SLOT,
+            max_num_batched_tokens=STEP_TOKENS,
+            extra_args=["--model-name", model_name],
+        ),
         llama_server(binary, model_path, threads, model_name, NUM_SLOTS, CTX_PER_SLOT, STEP_TOKENS, STEP_TOKENS),
-        llama_server(binary, model_path, threads, model_name, NUM_SLOTS, CTX_PER_SLOT, STEP_TOKENS, STEP_TOKENS,
-                     repack=False),
+        llama_server(
+            binary, model_path, threads, model_name, NUM_SLOTS, CTX_PER_SLOT, STEP_TOKENS, STEP_TOKENS, repack=False
+        ),
     ]
     if concurrency == BASELINE_CONCURRENCY:
         servers.append(llama_cpp_server(model_path, threads, model_name, n_ctx=CTX_PER_SLOT))
@@ -104,15 +129,32 @@ def run_compare(args: argparse.Namespace) -> dict:
                 commands[server.name] = {"description": server.description, "command": " ".join(server.command)}
                 try:
                     server.start()
-                except ServerStartError as exc:  # one missing row (e.g. SIGILL on a CPU it was not built for), not a lost run
+                except (
+                    ServerStartError
+                ) as exc:  # one missing row (e.g. SIGILL on a CPU it was not built for), not a lost run
                     console.print(f"[red]{label} did not start: {exc}[/red]")
-                    not_started.append({"server": server.name, "concurrency": concurrency, "repetition": rep + 1,
-                                        "exit_code": exc.exit_code, "signal": exc.signal_name, "error": str(exc)[-2000:]})
+                    not_started.append(
+                        {
+                            "server": server.name,
+                            "concurrency": concurrency,
+                            "repetition": rep + 1,
+                            "exit_code": exc.exit_code,
+                            "signal": exc.signal_name,
+                            "error": str(exc)[-2000:],
+                        }
+                    )
                     runs[concurrency].setdefault(server.name, []).append(None)
                     continue
                 try:
-                    config = ClientConfig(server.base_url, model_name, args.endpoint, None, args.temperature,
-                                          args.ignore_eos, args.timeout)
+                    config = ClientConfig(
+                        server.base_url,
+                        model_name,
+                        args.endpoint,
+                        None,
+                        args.temperature,
+                        args.ignore_eos,
+                        args.timeout,
+                    )
                     runs[concurrency].setdefault(server.name, []).append(benchmark(config, samples, args, label))
                 finally:
                     server.stop()
@@ -127,12 +169,19 @@ def run_compare(args: argparse.Namespace) -> dict:
         "llama_server_binary": binary,
         "model": os.path.basename(model_path),
         "threads": threads,
-        "config": {"num_slots": NUM_SLOTS, "ctx_per_slot": CTX_PER_SLOT, "step_tokens": STEP_TOKENS,
-                   "concurrencies": list(concurrencies), "repeats": repeats},
+        "config": {
+            "num_slots": NUM_SLOTS,
+            "ctx_per_slot": CTX_PER_SLOT,
+            "step_tokens": STEP_TOKENS,
+            "concurrencies": list(concurrencies),
+            "repeats": repeats,
+        },
         "workload": workload_description(args, tokenizer),
         "servers": commands,
         "servers_not_started": not_started,
-        "failed_requests": sum(m["failed"] for by_server in runs.values() for reps in by_server.values() for m in reps if m),
+        "failed_requests": sum(
+            m["failed"] for by_server in runs.values() for reps in by_server.values() for m in reps if m
+        ),
         "by_concurrency": {f"c{c}": summarize(runs[c]) for c in concurrencies},
         **ratios,
         "targets": {key: f"{op} {bound}" for key, (op, bound) in TARGETS.items()},
@@ -167,9 +216,13 @@ def summarize(by_server: dict[str, list[dict]]) -> dict:
 
 
 def _figures(metrics: dict) -> dict:
-    return {"output_tps": metrics["output_throughput"], "ttft_p50_ms": metrics["ttft_ms"]["median"],
-            "ttft_p99_ms": metrics["ttft_ms"]["p99"], "itl_p50_ms": metrics["itl_ms"]["median"],
-            "itl_p99_ms": metrics["itl_ms"]["p99"]}
+    return {
+        "output_tps": metrics["output_throughput"],
+        "ttft_p50_ms": metrics["ttft_ms"]["median"],
+        "ttft_p99_ms": metrics["ttft_ms"]["p99"],
+        "itl_p50_ms": metrics["itl_ms"]["median"],
+        "itl_p99_ms": metrics["itl_ms"]["p99"],
+    }
 
 
 def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
@@ -178,16 +231,22 @@ def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
     for concurrency, by_server in runs.items():
         tandem = by_server["tandem"]
         # "" is llama-server with tandem's buffer-type setting (no repacking), "_default" llama.cpp's default.
-        for name, suffix in (("llama_server_no_repack", ""), ("llama_server", "_default"),
-                             ("llama_cpp_server", "_cpp_python")):  # fmt: skip
+        for name, suffix in (
+            ("llama_server_no_repack", ""),
+            ("llama_server", "_default"),
+            ("llama_cpp_server", "_cpp_python"),
+        ):
             # Only repetitions where both servers ran: a server that did not start leaves its row out.
             pairs = [(t, o) for t, o in zip(tandem, by_server.get(name, [])) if t is not None and o is not None]
             if not pairs:
                 continue
             for figure, key in (("output_tps", "output_tps"), ("ttft_p50_ms", "ttft_p50")):
                 ratios = [_figures(t)[figure] / _figures(o)[figure] for t, o in pairs]
-                name_key = f"ratio_{key}_vs_llama_server{suffix}_c{concurrency}" if name != "llama_cpp_server" \
+                name_key = (
+                    f"ratio_{key}_vs_llama_server{suffix}_c{concurrency}"
+                    if name != "llama_cpp_server"
                     else f"ratio_{key}_vs_llama_cpp_server_c{concurrency}"
+                )
                 out[name_key], out[f"{name_key}_spread"] = median_and_spread(ratios)
     return out
 

@@ -25,8 +25,9 @@ import os
 import random
 from dataclasses import dataclass
 
-DEFAULT_DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "shared", "data", "routellm")
+DEFAULT_DATA_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data", "routellm"
+)
 GSM8K_FILE = "gsm8k_responses.csv"
 GSM8K_RESPONSE_COLUMN = "mistralai/Mixtral-8x7B-Instruct-v0.1_response"  # the weak model: closest to a local answer
 CHARS_PER_TOKEN = 4  # estimate for English text when no tokenizer is given
@@ -90,7 +91,9 @@ class GgufTokenizer:
 
         vocab = self._vocab
         bos = vocab.special_token_text("bos")
-        text = render_chat(self.chat_template, [{"role": "user", "content": prompt}], bos, vocab.special_token_text("eos"))
+        text = render_chat(
+            self.chat_template, [{"role": "user", "content": prompt}], bos, vocab.special_token_text("eos")
+        )
         add_bos = vocab.adds_bos and not (bos and text.startswith(bos))
         return len(vocab.tokenize(text, add_bos, parse_special=True))
 
@@ -112,8 +115,14 @@ def _length_range(mean: int, range_ratio: float) -> tuple[int, int]:
     return max(1, round(mean * (1 - range_ratio))), max(1, round(mean * (1 + range_ratio)))
 
 
-def random_requests(num: int, input_len: int, output_len: int, range_ratio: float = 0.0, seed: int = 0,
-                    tokenizer: GgufTokenizer | None = None) -> list[SampleRequest]:
+def random_requests(
+    num: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float = 0.0,
+    seed: int = 0,
+    tokenizer: GgufTokenizer | None = None,
+) -> list[SampleRequest]:
     """Prompts of random words aimed at `input_len` tokens; distinct prompts, so no prefix is shared."""
     in_low, in_high = _length_range(input_len, range_ratio)
     out_low, out_high = _length_range(output_len, range_ratio)
@@ -146,21 +155,35 @@ def _pick(rows: list, num: int, seed: int) -> list:
 
 def _require(path: str) -> str:
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found; pass --data-dir pointing at RouteLLM's data (../shared/data/routellm)")
+        raise FileNotFoundError(
+            f"{path} not found; pass --data-dir pointing at RouteLLM's data (../shared/data/routellm)"
+        )
     return path
 
 
-def gsm8k_requests(num: int, seed: int = 0, max_output_len: int = 256, tokenizer: GgufTokenizer | None = None,
-                   data_dir: str = DEFAULT_DATA_DIR) -> list[SampleRequest]:
+def gsm8k_requests(
+    num: int,
+    seed: int = 0,
+    max_output_len: int = 256,
+    tokenizer: GgufTokenizer | None = None,
+    data_dir: str = DEFAULT_DATA_DIR,
+) -> list[SampleRequest]:
     """GSM8K questions; output length = the recorded Mixtral answer's length, capped at `max_output_len`."""
     with open(_require(os.path.join(data_dir, GSM8K_FILE)), newline="", encoding="utf-8") as f:
         rows = [(row["prompt"], row[GSM8K_RESPONSE_COLUMN]) for row in csv.DictReader(f)]
-    return [SampleRequest(prompt, _count(prompt, tokenizer), max(1, min(max_output_len, _count(answer, tokenizer))))
-            for prompt, answer in _pick(rows, num, seed)]
+    return [
+        SampleRequest(prompt, _count(prompt, tokenizer), max(1, min(max_output_len, _count(answer, tokenizer))))
+        for prompt, answer in _pick(rows, num, seed)
+    ]
 
 
-def mmlu_requests(num: int, seed: int = 0, output_len: int = 32, tokenizer: GgufTokenizer | None = None,
-                  data_dir: str = DEFAULT_DATA_DIR) -> list[SampleRequest]:
+def mmlu_requests(
+    num: int,
+    seed: int = 0,
+    output_len: int = 32,
+    tokenizer: GgufTokenizer | None = None,
+    data_dir: str = DEFAULT_DATA_DIR,
+) -> list[SampleRequest]:
     """MMLU questions from every subject file, each asking for `output_len` tokens."""
     prompts = []
     for path in sorted(glob.glob(os.path.join(_require(os.path.join(data_dir, "mmlu")), "mmlu_*.csv"))):

@@ -100,8 +100,9 @@ def meets_slos(result: RequestResult, slos_ms: dict[str, float]) -> bool:
     return all(measured_ms[name] <= limit for name, limit in slos_ms.items())
 
 
-def compute_metrics(results: list[RequestResult], duration_s: float, slos_ms: dict[str, float] | None = None,
-                    max_error_samples: int = 5) -> dict:
+def compute_metrics(
+    results: list[RequestResult], duration_s: float, slos_ms: dict[str, float] | None = None, max_error_samples: int = 5
+) -> dict:
     """Every serving metric of one benchmark run; throughputs are over `duration_s` of wall time."""
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
@@ -117,7 +118,9 @@ def compute_metrics(results: list[RequestResult], duration_s: float, slos_ms: di
         "error_samples": sorted({r.error for r in failed})[:max_error_samples],
         "total_input_tokens": num_prompt,
         "total_output_tokens": num_output,
-        "output_len_sources": {s: sum(r.output_len_source == s for r in done) for s in sorted({r.output_len_source for r in done})},
+        "output_len_sources": {
+            s: sum(r.output_len_source == s for r in done) for s in sorted({r.output_len_source for r in done})
+        },
         "request_throughput": len(done) / duration_s,
         "output_throughput": num_output / duration_s,
         "total_token_throughput": (num_prompt + num_output) / duration_s,

@@ -21,8 +21,14 @@ class BenchmarkError(RuntimeError):
 def build_samples(args: argparse.Namespace, tokenizer: GgufTokenizer | None):
     """The workload the arguments describe; chat prompts counted with the chat template when a tokenizer is given."""
     if args.dataset == "random":
-        samples = random_requests(args.num_prompts, args.random_input_len, args.random_output_len,
-                                  args.random_range_ratio, args.seed, tokenizer)
+        samples = random_requests(
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            args.seed,
+            tokenizer,
+        )
     elif args.dataset == "gsm8k":
         samples = gsm8k_requests(args.num_prompts, args.seed, args.max_output_len, tokenizer, args.data_dir)
     else:
@@ -34,16 +40,31 @@ def build_samples(args: argparse.Namespace, tokenizer: GgufTokenizer | None):
 
 
 def workload_description(args: argparse.Namespace, tokenizer: GgufTokenizer | None) -> dict:
-    workload = {"dataset": args.dataset, "endpoint": args.endpoint, "num_prompts": args.num_prompts,
-                "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
-                "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed,
-                "temperature": args.temperature, "ignore_eos": args.ignore_eos,
-                "prompt_tokens_counted_by": ("server usage when sent, else " +
-                                             (f"the tokenizer (and chat template) of {tokenizer.model_path}"
-                                              if tokenizer else "an estimate (see bench/serve_datasets.py)"))}
+    workload = {
+        "dataset": args.dataset,
+        "endpoint": args.endpoint,
+        "num_prompts": args.num_prompts,
+        "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "seed": args.seed,
+        "temperature": args.temperature,
+        "ignore_eos": args.ignore_eos,
+        "prompt_tokens_counted_by": (
+            "server usage when sent, else "
+            + (
+                f"the tokenizer (and chat template) of {tokenizer.model_path}"
+                if tokenizer
+                else "an estimate (see bench/serve_datasets.py)"
+            )
+        ),
+    }
     if args.dataset == "random":
-        workload.update(random_input_len=args.random_input_len, random_output_len=args.random_output_len,
-                        random_range_ratio=args.random_range_ratio)
+        workload.update(
+            random_input_len=args.random_input_len,
+            random_output_len=args.random_output_len,
+            random_range_ratio=args.random_range_ratio,
+        )
     elif args.dataset == "gsm8k":
         workload["max_output_len"] = args.max_output_len
     else:
@@ -64,6 +85,11 @@ def benchmark(config: ClientConfig, samples, args: argparse.Namespace, label: st
 
 def headline(metrics: dict) -> dict:
     """Top-level copies of the figures write_report prints."""
-    return {"completed": metrics["completed"], "failed": metrics["failed"],
-            "request_throughput": metrics["request_throughput"], "output_throughput": metrics["output_throughput"],
-            "ttft_ms_median": metrics["ttft_ms"]["median"], "tpot_ms_median": metrics["tpot_ms"]["median"]}
+    return {
+        "completed": metrics["completed"],
+        "failed": metrics["failed"],
+        "request_throughput": metrics["request_throughput"],
+        "output_throughput": metrics["output_throughput"],
+        "ttft_ms_median": metrics["ttft_ms"]["median"],
+        "tpot_ms_median": metrics["tpot_ms"]["median"],
+    }

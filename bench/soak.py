@@ -59,24 +59,44 @@ from bench.soak_budget import bill_per_request, budget_report, write_budget_conf
 from bench.soak_client import run_soak
 from bench.soak_probe import ServerProbe
 from bench.soak_report import analyze, print_soak_summary
-from bench.soak_workload import (DEFAULT_DATA_DIR, INVALID_BODIES, MODEL_MIX, PROMPT_KINDS, PromptPool, build_workload,
-                                 describe_mix)
+from bench.soak_workload import (
+    DEFAULT_DATA_DIR,
+    INVALID_BODIES,
+    MODEL_MIX,
+    PROMPT_KINDS,
+    PromptPool,
+    build_workload,
+    describe_mix,
+)
 
-HEADLINE_KEYS = ("lost_requests", "kv_blocks_used_at_end", "rss_growth_pct_from_10pct", "p99_latency_drift_ratio",
-                 "targets")
+HEADLINE_KEYS = (
+    "lost_requests",
+    "kv_blocks_used_at_end",
+    "rss_growth_pct_from_10pct",
+    "p99_latency_drift_ratio",
+    "targets",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--base-url", help="a running tandem serve; default: start one here")
     p.add_argument("--pid", type=int, help="with --base-url: the server's process id, for its RSS")
     p.add_argument("--num-requests", type=int, help="requests to send (default 2000; --quick 60)")
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight (closed loop)")
-    p.add_argument("--max-tokens", type=int, nargs=2, metavar=("MIN", "MAX"),
-                   help="max_tokens range (8 96; --quick 8 48)")
-    p.add_argument("--prompt-shares", type=float, nargs=3, default=tuple(PROMPT_KINDS.values()),
-                   metavar=("SHORT", "MEDIUM", "LONG"), help="weights of the prompt lengths (default 0.4 0.35 0.25)")
+    p.add_argument(
+        "--max-tokens", type=int, nargs=2, metavar=("MIN", "MAX"), help="max_tokens range (8 96; --quick 8 48)"
+    )
+    p.add_argument(
+        "--prompt-shares",
+        type=float,
+        nargs=3,
+        default=tuple(PROMPT_KINDS.values()),
+        metavar=("SHORT", "MEDIUM", "LONG"),
+        help="weights of the prompt lengths (default 0.4 0.35 0.25)",
+    )
     p.add_argument("--cancel-fraction", type=float, default=0.10, help="share the client closes mid-stream")
     p.add_argument("--invalid-fraction", type=float, default=0.02, help="share sent invalid on purpose")
     p.add_argument("--seed", type=int, default=0)
@@ -84,15 +104,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds to wait for the idle server at the end")
     p.add_argument("--threads", type=int, default=1, help="llama.cpp threads of the started server")
     p.add_argument("--max-model-len", type=int, default=1024, help="local context of the started server")
-    p.add_argument("--server-arg", action="append", default=[],
-                   help="extra argument to tandem serve, repeatable; write --server-arg=--flag for flags")
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra argument to tandem serve, repeatable; write --server-arg=--flag for flags",
+    )
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="RouteLLM's data (prompts)")
-    p.add_argument("--budget-usd-per-day", type=float, help="budgets on: a hard USD limit per day for the key (bench/soak_budget.py)")
+    p.add_argument(
+        "--budget-usd-per-day",
+        type=float,
+        help="budgets on: a hard USD limit per day for the key (bench/soak_budget.py)",
+    )
     p.add_argument("--per-request", action="store_true", help="also write every request's record to the JSON")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--quick", action="store_true", help="60 requests of 8..48 tokens: a check in a few minutes")
-    p.add_argument("--smoke", action="store_true", help="12 requests of 4..12 tokens, 4 at a time: checks the bench "
-                   "works (any failed or lost request then exits non-zero)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="12 requests of 4..12 tokens, 4 at a time: checks the bench "
+        "works (any failed or lost request then exits non-zero)",
+    )
     args = p.parse_args(argv)
     args.command_line = "python -m bench.soak " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.num_requests is None:
@@ -120,8 +152,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def embedded_server(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> ManagedServer:
     """`tandem serve` with the default (embedded) cloud tier on a free port, TANDEM_* settings dropped."""
     port = free_port()
-    command = [sys.executable, "-m", "sdk.cli", "serve", "--port", str(port), "--threads", str(args.threads),
-               "--max-model-len", str(args.max_model_len), "--log-level", "warning", *extra, *args.server_arg]
+    command = [
+        sys.executable,
+        "-m",
+        "sdk.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--threads",
+        str(args.threads),
+        "--max-model-len",
+        str(args.max_model_len),
+        "--log-level",
+        "warning",
+        *extra,
+        *args.server_arg,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     return ManagedServer("tandem", command, port, "/health", "tandem serve, embedded cloud engine (default)", env=env)
 
@@ -137,12 +183,19 @@ def warm_up(base_url: str) -> dict:
     with httpx.Client(timeout=300.0, trust_env=False) as client:
         for model in ("local", "cloud"):
             # A `user` of its own: with budgets on, its cost gets a ledger row like every soak request's.
-            response = client.post(base_url + "/v1/chat/completions", json={
-                "model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello."}],
-                "user": f"soak-warm-up-{model}"})
+            response = client.post(
+                base_url + "/v1/chat/completions",
+                json={
+                    "model": model,
+                    "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "Say hello."}],
+                    "user": f"soak-warm-up-{model}",
+                },
+            )
             if response.status_code != 200:
-                raise RuntimeError(f"warm-up request to {model!r} got HTTP {response.status_code}: "
-                                   f"{response.text[:300]}")
+                raise RuntimeError(
+                    f"warm-up request to {model!r} got HTTP {response.status_code}: {response.text[:300]}"
+                )
             times[model] = response.elapsed.total_seconds()
     return times
 
@@ -150,8 +203,13 @@ def warm_up(base_url: str) -> dict:
 async def soak(args: argparse.Namespace, base_url: str, pid: int | None, requests) -> tuple:
     probe = ServerProbe(base_url, pid, len(requests))
     await probe.sample("start", 0)
-    columns = (TextColumn("[bold]soak"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("cancelled {task.fields[cancelled]} failed {task.fields[failed]}"), TimeElapsedColumn())
+    columns = (
+        TextColumn("[bold]soak"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("cancelled {task.fields[cancelled]} failed {task.fields[failed]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("soak", total=len(requests), cancelled=0, failed=0)
         counts = {"cancelled_by_client": 0, "failed": 0}
@@ -173,8 +231,16 @@ def run(args: argparse.Namespace, base_url: str, pid: int | None, server_info: d
     """The report, and (requests, results) for the budget report (it reads the ledger once the server has stopped)."""
     warm = warm_up(base_url)
     pool = PromptPool(args.data_dir)
-    requests = build_workload(args.num_requests, args.seed, tuple(args.max_tokens), args.cancel_fraction,
-                              args.invalid_fraction, local_model_name(base_url), pool, args.prompt_shares)
+    requests = build_workload(
+        args.num_requests,
+        args.seed,
+        tuple(args.max_tokens),
+        args.cancel_fraction,
+        args.invalid_fraction,
+        local_model_name(base_url),
+        pool,
+        args.prompt_shares,
+    )
     if args.budget_usd_per_day is not None:
         bill_per_request(requests)
     results, duration, probe, end = asyncio.run(soak(args, base_url, pid, requests))
@@ -183,20 +249,30 @@ def run(args: argparse.Namespace, base_url: str, pid: int | None, server_info: d
         "command": args.command_line,
         "machine": machine_info(),
         "server": {**server_info, "base_url": base_url, "pid": pid, "warm_up_s": warm},
-        "config": {"num_requests": args.num_requests, "concurrency": args.concurrency, "seed": args.seed,
-                   "max_tokens": list(args.max_tokens), "cancel_fraction": args.cancel_fraction,
-                   "invalid_fraction": args.invalid_fraction, "timeout_s": args.timeout,
-                   "idle_timeout_s": args.idle_timeout, "prompts": pool.source, "model_shares": MODEL_MIX,
-                   "prompt_shares": args.prompt_shares, "invalid_kinds": {k: v[1] for k, v in INVALID_BODIES.items()},
-                   "mix": describe_mix(requests)},
+        "config": {
+            "num_requests": args.num_requests,
+            "concurrency": args.concurrency,
+            "seed": args.seed,
+            "max_tokens": list(args.max_tokens),
+            "cancel_fraction": args.cancel_fraction,
+            "invalid_fraction": args.invalid_fraction,
+            "timeout_s": args.timeout,
+            "idle_timeout_s": args.idle_timeout,
+            "prompts": pool.source,
+            "model_shares": MODEL_MIX,
+            "prompt_shares": args.prompt_shares,
+            "invalid_kinds": {k: v[1] for k, v in INVALID_BODIES.items()},
+            "mix": describe_mix(requests),
+        },
     }
     report.update(analyze(requests, results, duration, probe.mark_sample(), end, trim=args.concurrency))
     report["server_end_counters"] = end.get("counters", {})
     report["samples"] = [{k: v for k, v in s.items() if k != "counters"} for s in probe.samples]
     report["probe_errors"] = probe.errors
     if args.per_request:
-        report["per_request"] = [{**req.summary(), **(vars(res) if res else {"outcome": None})}
-                                 for req, res in zip(requests, results)]
+        report["per_request"] = [
+            {**req.summary(), **(vars(res) if res else {"outcome": None})} for req, res in zip(requests, results)
+        ]
     return report, (requests, results)
 
 
@@ -208,8 +284,13 @@ def _log_findings(path: str) -> dict:
     except OSError:
         return {"log_path": path, "readable": False}
     flagged = [line for line in lines if "Traceback" in line or "ERROR" in line or "WARNING" in line]
-    return {"log_path": path, "lines": len(lines), "tracebacks": sum("Traceback" in line for line in lines),
-            "flagged_lines": len(flagged), "flagged_samples": flagged[:10]}
+    return {
+        "log_path": path,
+        "lines": len(lines),
+        "tracebacks": sum("Traceback" in line for line in lines),
+        "flagged_lines": len(flagged),
+        "flagged_samples": flagged[:10],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -221,13 +302,18 @@ def main(argv: list[str] | None = None) -> None:
         else:
             budget = None
             if args.budget_usd_per_day is not None:
-                budget = write_budget_config(Path(tempfile.mkdtemp(prefix="tandem-soak-budget-")), args.budget_usd_per_day)
+                budget = write_budget_config(
+                    Path(tempfile.mkdtemp(prefix="tandem-soak-budget-")), args.budget_usd_per_day
+                )
             server = embedded_server(args, ("--config", budget["config"]) if budget else ())
             with server:
                 console.print(f"tandem serve ready on {server.base_url} after {server.startup_s:.1f}s")
-                report, outcome = run(args, server.base_url, server.process.pid,
-                                      {"started_here": True, "command": " ".join(server.command[1:]),
-                                       "startup_s": server.startup_s})
+                report, outcome = run(
+                    args,
+                    server.base_url,
+                    server.process.pid,
+                    {"started_here": True, "command": " ".join(server.command[1:]), "startup_s": server.startup_s},
+                )
             report["server"]["exit_code"] = server.process.returncode
             report["server"]["log"] = _log_findings(server.log_path)
             if budget is not None:  # read back what the stopped server persisted

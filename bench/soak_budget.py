@@ -32,7 +32,9 @@ def write_budget_config(folder: Path, usd_per_day: float) -> dict:
     budgets, spend, config = folder / "budgets.toml", folder / "spend.sqlite3", folder / "tandem.toml"
     budgets.write_text(f"[default]\nusd_per_day = {usd_per_day!r}\n")
     prices = ", ".join(f"{k} = {v!r}" for k, v in PRICES.items())
-    config.write_text(f'[server]\nbudgets_file = "{budgets}"\nspend_path = "{spend}"\n\n[cascade.prices]\ncloud = {{ {prices} }}\n')
+    config.write_text(
+        f'[server]\nbudgets_file = "{budgets}"\nspend_path = "{spend}"\n\n[cascade.prices]\ncloud = {{ {prices} }}\n'
+    )
     return {"config": str(config), "budgets_file": str(budgets), "spend_path": str(spend)}
 
 
@@ -54,7 +56,9 @@ def persisted_spend(spend_path: str) -> dict[str, float]:
     return {scope: usd for scope, usd in rows}
 
 
-def budget_report(spend_path: str, usd_per_day: float, requests: list[SoakRequest], results: list[SoakResult | None]) -> dict:
+def budget_report(
+    spend_path: str, usd_per_day: float, requests: list[SoakRequest], results: list[SoakResult | None]
+) -> dict:
     spend = persisted_spend(spend_path)
     keys = {scope: usd for scope, usd in spend.items() if scope.startswith("key:")}
     users = {scope.rpartition(":")[2]: usd for scope, usd in spend.items() if scope.startswith("user:")}
@@ -84,6 +88,9 @@ def budget_report(spend_path: str, usd_per_day: float, requests: list[SoakReques
         "mismatched_samples": mismatched[:10],
         "refused_by_budget": sum(r.outcome == "refused_by_budget" for r in by_index.values()),
         "kept_local_budget_exhausted": sum(r.degraded_reason == "budget_exhausted" for r in completed),
-        "targets": {"no_drift": abs(drift) <= TOLERANCE_USD, "responses_match_ledger": not mismatched,
-                    "within_limit": key_total <= usd_per_day + TOLERANCE_USD},
+        "targets": {
+            "no_drift": abs(drift) <= TOLERANCE_USD,
+            "responses_match_ledger": not mismatched,
+            "within_limit": key_total <= usd_per_day + TOLERANCE_USD,
+        },
     }

@@ -81,7 +81,7 @@ async def _stream(client: httpx.AsyncClient, url: str, req: SoakRequest, result:
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue
-            data = line[len("data:"):].strip()
+            data = line[len("data:") :].strip()
             if data == "[DONE]":
                 done = True
                 break
@@ -118,8 +118,9 @@ async def _stream(client: httpx.AsyncClient, url: str, req: SoakRequest, result:
         result.cancel_not_reached = req.cancel_after_chunks > 0
 
 
-async def send_soak_request(client: httpx.AsyncClient, url: str, req: SoakRequest, t0: float,
-                            timeout_s: float) -> SoakResult:
+async def send_soak_request(
+    client: httpx.AsyncClient, url: str, req: SoakRequest, t0: float, timeout_s: float
+) -> SoakResult:
     """Run one request to its end; never raises (except cancellation of the soak itself)."""
     result = SoakResult(req.index, start_s=time.perf_counter() - t0)
     sent = time.perf_counter()
@@ -127,8 +128,11 @@ async def send_soak_request(client: httpx.AsyncClient, url: str, req: SoakReques
         await asyncio.wait_for(_stream(client, url, req, result, sent), timeout_s)
     except (asyncio.TimeoutError, httpx.TimeoutException):
         result.outcome, result.cause = "failed", "client_timeout"
-        result.detail = (f"after {timeout_s:.0f}s, {result.content_chunks} content chunks received"
-                         if result.http_status else f"after {timeout_s:.0f}s, before the response headers")
+        result.detail = (
+            f"after {timeout_s:.0f}s, {result.content_chunks} content chunks received"
+            if result.http_status
+            else f"after {timeout_s:.0f}s, before the response headers"
+        )
     except Exception as exc:  # noqa: BLE001 - every other failure is a finding, not a crash
         result.outcome, result.cause = "failed", f"exception:{type(exc).__name__}"
         result.detail = str(exc)[:200]
@@ -139,8 +143,13 @@ async def send_soak_request(client: httpx.AsyncClient, url: str, req: SoakReques
     return result
 
 
-async def run_soak(base_url: str, requests: list[SoakRequest], concurrency: int, timeout_s: float,
-                   on_done: Callable[[SoakResult, int], None] | None = None) -> tuple[list[SoakResult | None], float]:
+async def run_soak(
+    base_url: str,
+    requests: list[SoakRequest],
+    concurrency: int,
+    timeout_s: float,
+    on_done: Callable[[SoakResult, int], None] | None = None,
+) -> tuple[list[SoakResult | None], float]:
     """Closed loop: `concurrency` workers take requests in index order. Returns one slot per
     request (None = lost: never recorded) and the wall time. `on_done(result, num_done)`
     runs after each request."""
@@ -151,8 +160,9 @@ async def run_soak(base_url: str, requests: list[SoakRequest], concurrency: int,
         queue.put_nowait(req)
     num_done = 0
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0), limits=limits,
-                                 trust_env=False) as client:
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=30.0), limits=limits, trust_env=False
+    ) as client:
         t0 = time.perf_counter()
 
         async def worker() -> None:

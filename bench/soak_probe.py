@@ -15,9 +15,18 @@ GAUGES = ("kv_blocks_used", "kv_blocks_total", "num_requests_running", "num_requ
 # a remote cloud tier or an older server.
 CLOUD_GAUGES = tuple("cloud_engine_" + name for name in GAUGES)
 # Server-side counters worth keeping beside the client's view (labelled samples kept whole).
-COUNTERS = ("cascade_requests_total", "cascade_decisions_total", "cascade_degraded_total", "cascade_handoffs_total",
-            "request_success_total", "http_rejections_total", "num_preemptions_total", "privacy_kept_local_total",
-            "prompt_tokens_total", "generation_tokens_total")
+COUNTERS = (
+    "cascade_requests_total",
+    "cascade_decisions_total",
+    "cascade_degraded_total",
+    "cascade_handoffs_total",
+    "request_success_total",
+    "http_rejections_total",
+    "num_preemptions_total",
+    "privacy_kept_local_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+)
 _SAMPLE = re.compile(r"^tandem:([a-z_]+)(\{[^}]*\})? (\S+)$", re.M)
 
 
@@ -64,8 +73,14 @@ def _all_zero(sample: dict, *gauges: str) -> bool:
 class ServerProbe:
     """Samples the server at fixed fractions of the requests done; then waits for it to go idle."""
 
-    def __init__(self, base_url: str, pid: int | None, num_requests: int, every_fraction: float = 0.05,
-                 mark_fraction: float = 0.10):
+    def __init__(
+        self,
+        base_url: str,
+        pid: int | None,
+        num_requests: int,
+        every_fraction: float = 0.05,
+        mark_fraction: float = 0.10,
+    ):
         self.metrics_url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
         self.pid = pid
         self.mark_done = max(1, math.ceil(mark_fraction * num_requests))  # the RSS baseline
@@ -81,8 +96,12 @@ class ServerProbe:
 
     async def sample(self, label: str, num_done: int | None = None) -> dict:
         """One sample: time, requests done, RSS and the gauges (None where unreadable)."""
-        sample: dict = {"label": label, "done": num_done, "t_s": round(time.perf_counter() - self._t0, 3),
-                        **memory_mb(self.pid)}
+        sample: dict = {
+            "label": label,
+            "done": num_done,
+            "t_s": round(time.perf_counter() - self._t0, 3),
+            **memory_mb(self.pid),
+        }
         try:
             async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
                 values = parse_metrics((await client.get(self.metrics_url)).text)
@@ -121,10 +140,13 @@ class ServerProbe:
             if time.perf_counter() - started > timeout_s:
                 break
             await asyncio.sleep(poll_s)
-        sample.update(label="end", idle_reached=idle_after is not None,
-                      idle_wait_s=None if idle_after is None else round(idle_after, 3),
-                      kv_zero_reached=_all_zero(sample, "kv_blocks_used"),
-                      wait_s=round(time.perf_counter() - started, 3))
+        sample.update(
+            label="end",
+            idle_reached=idle_after is not None,
+            idle_wait_s=None if idle_after is None else round(idle_after, 3),
+            kv_zero_reached=_all_zero(sample, "kv_blocks_used"),
+            wait_s=round(time.perf_counter() - started, 3),
+        )
         self.samples.append(sample)
         return sample
 

@@ -16,8 +16,9 @@ import random
 import re
 from dataclasses import asdict, dataclass
 
-DEFAULT_DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
-                                "routellm")
+DEFAULT_DATA_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "routellm"
+)
 LONG_CHARS = (1200, 2000)  # ~300-500 tokens: with a 96-token answer, well inside a 1024-token context
 PROMPT_KINDS = {"short": 0.4, "medium": 0.35, "long": 0.25}
 # Routed models and their shares of the valid requests. `private` is `auto` or `auto:1` with
@@ -32,8 +33,10 @@ INVALID_BODIES = {
     "temperature_9": ({"model": "local", "temperature": 9.0}, 400),
     "unknown_model": ({"model": "no-such-model"}, 404),
 }
-WORDS = ("river mountain engine garden letter market window science history planet music silver harbour "
-         "winter question number travel kitchen signal forest bridge paper ocean theory village").split()
+WORDS = (
+    "river mountain engine garden letter market window science history planet music silver harbour "
+    "winter question number travel kitchen signal forest bridge paper ocean theory village"
+).split()
 
 
 @dataclass
@@ -50,8 +53,12 @@ class SoakRequest:
     def summary(self) -> dict:
         out = asdict(self)
         del out["body"]
-        out.update(model=self.body.get("model"), max_tokens=self.body.get("max_tokens"),
-                   private=bool(self.body.get("private")), prompt_chars=_prompt_chars(self.body))
+        out.update(
+            model=self.body.get("model"),
+            max_tokens=self.body.get("max_tokens"),
+            private=bool(self.body.get("private")),
+            prompt_chars=_prompt_chars(self.body),
+        )
         return out
 
 
@@ -75,14 +82,17 @@ class PromptPool:
             rows = _read_jsonl(gsm8k)[:600]
             self.short = short + [row["question"] for row in rows if len(row["question"]) < 160]
             self.medium = [row["question"] for row in rows if 200 <= len(row["question"]) <= 700]
-            self.passages = [row["question"].strip() + "\n" + re.sub(r"<<[^>]*>>", "", row["answer"]).strip()
-                             for row in rows]
+            self.passages = [
+                row["question"].strip() + "\n" + re.sub(r"<<[^>]*>>", "", row["answer"]).strip() for row in rows
+            ]
         else:
             self.source = "built from a word list (RouteLLM data not found)"
             rng = random.Random(1234)
             self.short = [_sentence(rng, 6, 14) + "?" for _ in range(200)]
             self.medium = [" ".join(_sentence(rng, 8, 16) + "." for _ in range(rng.randint(3, 6))) for _ in range(200)]
-            self.passages = [" ".join(_sentence(rng, 8, 16) + "." for _ in range(rng.randint(5, 9))) for _ in range(300)]
+            self.passages = [
+                " ".join(_sentence(rng, 8, 16) + "." for _ in range(rng.randint(5, 9))) for _ in range(300)
+            ]
 
     def prompt(self, kind: str, rng: random.Random) -> str:
         if kind == "short":
@@ -107,9 +117,16 @@ def _pick(rng: random.Random, shares: dict[str, float]) -> str:
     return rng.choices(list(shares), weights=list(shares.values()))[0]
 
 
-def build_workload(num: int, seed: int, max_tokens: tuple[int, int], cancel_fraction: float,
-                   invalid_fraction: float, local_model_name: str, pool: PromptPool,
-                   prompt_shares: dict[str, float] | None = None) -> list[SoakRequest]:
+def build_workload(
+    num: int,
+    seed: int,
+    max_tokens: tuple[int, int],
+    cancel_fraction: float,
+    invalid_fraction: float,
+    local_model_name: str,
+    pool: PromptPool,
+    prompt_shares: dict[str, float] | None = None,
+) -> list[SoakRequest]:
     """`num` requests; the same arguments give the same requests."""
     prompt_shares = prompt_shares or PROMPT_KINDS
     rng = random.Random(seed)
@@ -118,15 +135,24 @@ def build_workload(num: int, seed: int, max_tokens: tuple[int, int], cancel_frac
         if rng.random() < invalid_fraction:
             name = rng.choice(sorted(INVALID_BODIES))
             overrides, status = INVALID_BODIES[name]
-            body = {"messages": [{"role": "user", "content": rng.choice(pool.short)}], "max_tokens": 8,
-                    "stream": True, **overrides}
+            body = {
+                "messages": [{"role": "user", "content": rng.choice(pool.short)}],
+                "max_tokens": 8,
+                "stream": True,
+                **overrides,
+            }
             requests.append(SoakRequest(index, body, "invalid", f"invalid:{name}", expect_status=status))
             continue
         model_kind, prompt_kind = _pick(rng, MODEL_MIX), _pick(rng, prompt_shares)
         budget = rng.randint(*max_tokens)
         model = {"private": rng.choice(("auto", "auto:1")), "direct": local_model_name}.get(model_kind, model_kind)
-        body = {"model": model, "messages": [{"role": "user", "content": pool.prompt(prompt_kind, rng)}],
-                "max_tokens": budget, "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": pool.prompt(prompt_kind, rng)}],
+            "max_tokens": budget,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if rng.random() < 0.5:
             body.update(temperature=0.8, seed=rng.randrange(2**31))
         else:
@@ -140,6 +166,7 @@ def build_workload(num: int, seed: int, max_tokens: tuple[int, int], cancel_frac
 
 def describe_mix(requests: list[SoakRequest]) -> dict:
     """What the workload holds, counted."""
+
     def count(key) -> dict:
         out: dict = {}
         for r in requests:
@@ -147,8 +174,11 @@ def describe_mix(requests: list[SoakRequest]) -> dict:
         return dict(sorted(out.items()))
 
     valid = [r for r in requests if r.expect_status == 200]
-    return {"model_kinds": count(lambda r: r.model_kind), "prompt_kinds": count(lambda r: r.prompt_kind),
-            "planned_cancels": sum(r.cancel_after_chunks > 0 for r in requests),
-            "invalid": sum(r.expect_status != 200 for r in requests),
-            "max_tokens_total": sum(r.body["max_tokens"] for r in valid),
-            "prompt_chars_mean": sum(_prompt_chars(r.body) for r in valid) / max(1, len(valid))}
+    return {
+        "model_kinds": count(lambda r: r.model_kind),
+        "prompt_kinds": count(lambda r: r.prompt_kind),
+        "planned_cancels": sum(r.cancel_after_chunks > 0 for r in requests),
+        "invalid": sum(r.expect_status != 200 for r in requests),
+        "max_tokens_total": sum(r.body["max_tokens"] for r in valid),
+        "prompt_chars_mean": sum(_prompt_chars(r.body) for r in valid) / max(1, len(valid)),
+    }

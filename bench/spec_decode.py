@@ -108,7 +108,9 @@ def run_requests(llm: LLM, prompts: list[list[int]], max_tokens: int, tag: str) 
     return [{"token_ids": tokens[rid], "start": start, "first": times[rid][0], "last": times[rid][-1]} for rid in ids]
 
 
-def batch1(engines: dict[str, LLM], prompts: list[list[int]], max_tokens: int, tag: str, off: dict | None = None) -> dict:
+def batch1(
+    engines: dict[str, LLM], prompts: list[list[int]], max_tokens: int, tag: str, off: dict | None = None
+) -> dict:
     """Each prompt alone through every engine in turn; per engine decode speed, spec stats, outputs
     (token ids under "_token_ids"). `off`: speculation off's result on the same prompts, when
     the engines do not include it."""
@@ -147,7 +149,9 @@ def batch1(engines: dict[str, LLM], prompts: list[list[int]], max_tokens: int, t
             r["speedup_vs_off"] = r["decode_tokens_per_s"] / off["decode_tokens_per_s"]
             r["num_outputs_identical_to_off"] = sum(same)
             r["outputs_identical_to_off"] = all(same)
-            r["first_divergence_from_off"] = [_first_difference(a, b) for a, b, ok in zip(r["_token_ids"], off["_token_ids"], same) if not ok]
+            r["first_divergence_from_off"] = [
+                _first_difference(a, b) for a, b, ok in zip(r["_token_ids"], off["_token_ids"], same) if not ok
+            ]
     return results
 
 
@@ -213,13 +217,33 @@ def step_costs(llm: LLM, prompt: list[int], widths=(1, 2, 3, 5, 9), repeats: int
 
 
 def build_engines(specs: dict[str, SpeculativeConfig], dtype: str, device: str) -> dict[str, LLM]:
-    return {name: LLM(None, speculative=spec, dtype=dtype, device=device, max_num_seqs=BATCH, max_num_batched_tokens=512,
-                      kv_cache_gb=0.5) for name, spec in specs.items()}  # fmt: skip
+    return {
+        name: LLM(
+            None,
+            speculative=spec,
+            dtype=dtype,
+            device=device,
+            max_num_seqs=BATCH,
+            max_num_batched_tokens=512,
+            kv_cache_gb=0.5,
+        )
+        for name, spec in specs.items()
+    }
 
 
-def run_bench(num_prompts: int, max_tokens: int, batch_size: int = BATCH, b32_repeats: int = 1, k_sweep: tuple[int, ...] = (),
-              with_draft: bool = True, nonadaptive_b32: bool = False, dtype: str = "auto", device: str = "auto",
-              measure_step_costs: bool = True, step_cost_repeats: int = 20) -> dict:
+def run_bench(
+    num_prompts: int,
+    max_tokens: int,
+    batch_size: int = BATCH,
+    b32_repeats: int = 1,
+    k_sweep: tuple[int, ...] = (),
+    with_draft: bool = True,
+    nonadaptive_b32: bool = False,
+    dtype: str = "auto",
+    device: str = "auto",
+    measure_step_costs: bool = True,
+    step_cost_repeats: int = 20,
+) -> dict:
     """The whole measurement; `num_prompts` per workload at batch 1. Returns the report (no command/machine)."""
     started = time.perf_counter()
     model_path = default_model_path()
@@ -230,8 +254,12 @@ def run_bench(num_prompts: int, max_tokens: int, batch_size: int = BATCH, b32_re
     engines = build_engines(specs, dtype, device)
     engine = engines["off"].engine
     tokenize = engine.tokenize
-    grounded = [engine.apply_chat_template(c) for c in grounded_conversations(max(num_prompts, batch_size // 2), tokenize)]
-    open_ended = [engine.apply_chat_template(c) for c in open_conversations(max(num_prompts, batch_size - batch_size // 2))]
+    grounded = [
+        engine.apply_chat_template(c) for c in grounded_conversations(max(num_prompts, batch_size // 2), tokenize)
+    ]
+    open_ended = [
+        engine.apply_chat_template(c) for c in open_conversations(max(num_prompts, batch_size - batch_size // 2))
+    ]
     for name, llm in engines.items():  # warm-up: one short generation each
         run_requests(llm, [grounded[0]], 8, f"warm-{name}")
 
@@ -239,24 +267,45 @@ def run_bench(num_prompts: int, max_tokens: int, batch_size: int = BATCH, b32_re
         "grounded": batch1(engines, grounded[:num_prompts], max_tokens, "grounded"),
         "open_ended": batch1(engines, open_ended[:num_prompts], max_tokens, "open"),
     }
-    print("batch 1:", json.dumps({w: {n: round(r["speedup_vs_off"], 3) for n, r in res.items()} for w, res in b1.items()}), flush=True)
+    print(
+        "batch 1:",
+        json.dumps({w: {n: round(r["speedup_vs_off"], 3) for n, r in res.items()} for w, res in b1.items()}),
+        flush=True,
+    )
 
     sweep = {}
     if k_sweep:
-        sweep_engines = build_engines({f"ngram_k{k}": SpeculativeConfig(method="ngram", num_speculative_tokens=k) for k in k_sweep}, dtype, device)
+        sweep_engines = build_engines(
+            {f"ngram_k{k}": SpeculativeConfig(method="ngram", num_speculative_tokens=k) for k in k_sweep}, dtype, device
+        )
         for name, llm in sweep_engines.items():
             run_requests(llm, [grounded[0]], 8, f"warm-{name}")
         sweep_res = batch1(sweep_engines, grounded[:num_prompts], max_tokens, "sweep", off=b1["grounded"]["off"])
-        sweep = {name: {key: r[key] for key in ("decode_tokens_per_s", "speedup_vs_off", "acceptance_rate", "mean_acceptance_length", "outputs_identical_to_off")}
-                 for name, r in sweep_res.items()}  # fmt: skip
-        sweep[f"ngram_k{SpeculativeConfig().num_speculative_tokens}"] = {key: b1["grounded"]["ngram"][key] for key in sweep[next(iter(sweep))]}
+        sweep = {
+            name: {
+                key: r[key]
+                for key in (
+                    "decode_tokens_per_s",
+                    "speedup_vs_off",
+                    "acceptance_rate",
+                    "mean_acceptance_length",
+                    "outputs_identical_to_off",
+                )
+            }
+            for name, r in sweep_res.items()
+        }
+        sweep[f"ngram_k{SpeculativeConfig().num_speculative_tokens}"] = {
+            key: b1["grounded"]["ngram"][key] for key in sweep[next(iter(sweep))]
+        }
         del sweep_engines
         print("k sweep:", json.dumps({n: round(r["speedup_vs_off"], 3) for n, r in sweep.items()}), flush=True)
 
     mixed = [p for pair in zip(grounded[: batch_size // 2], open_ended[: batch_size - batch_size // 2]) for p in pair]
     b32_engines = dict(engines)
     if nonadaptive_b32:
-        b32_engines.update(build_engines({"ngram_nonadaptive": SpeculativeConfig(method="ngram", adaptive=False)}, dtype, device))
+        b32_engines.update(
+            build_engines({"ngram_nonadaptive": SpeculativeConfig(method="ngram", adaptive=False)}, dtype, device)
+        )
         run_requests(b32_engines["ngram_nonadaptive"], [grounded[0]], 8, "warm-nonadaptive")
     b32 = batch32(b32_engines, mixed, max_tokens, b32_repeats)
     print(f"batch {batch_size}:", json.dumps({n: round(r["ratio_vs_off"], 3) for n, r in b32.items()}), flush=True)
@@ -266,18 +315,23 @@ def run_bench(num_prompts: int, max_tokens: int, batch_size: int = BATCH, b32_re
     report = {
         "model": os.path.basename(model_path) + " (dequantized)",
         "config": {
-            "device": str(engine.device), "dtype": str(engine.dtype), "attention_backend": engine.attention_backend,
-            "torch_threads": torch.get_num_threads(), "max_num_seqs": BATCH, "max_num_batched_tokens": 512,
+            "device": str(engine.device),
+            "dtype": str(engine.dtype),
+            "attention_backend": engine.attention_backend,
+            "torch_threads": torch.get_num_threads(),
+            "max_num_seqs": BATCH,
+            "max_num_batched_tokens": 512,
             "proposers": {name: vars(spec) for name, spec in specs.items()},
             "draft_cli": draft_spec,
         },
         "workload": {
             "grounded": f"{num_prompts} GSM8K test problem+solution passages of {PASSAGE_TOKENS[0]}-{PASSAGE_TOKENS[1]} tokens, "
-                        f"templates in turn: {', '.join(GROUNDED_TEMPLATES)}",
+            f"templates in turn: {', '.join(GROUNDED_TEMPLATES)}",
             "open_ended": f"{num_prompts} MT-Bench first-turn questions, every {max(1, 80 // num_prompts)}th",
-            "max_tokens": max_tokens, "sampling": "greedy (temperature 0), EOS honoured",
+            "max_tokens": max_tokens,
+            "sampling": "greedy (temperature 0), EOS honoured",
             "batch": f"{batch_size} requests submitted at once ({batch_size // 2} grounded + {batch_size - batch_size // 2} "
-                     f"open-ended, interleaved), {b32_repeats} round(s) per engine, engines in turn (order reversed every other round)",
+            f"open-ended, interleaved), {b32_repeats} round(s) per engine, engines in turn (order reversed every other round)",
         },
         "metric": {
             "decode_tokens_per_s": "(output tokens - 1) / (last token time - first token time), summed over prompts run one at a time",
@@ -299,44 +353,78 @@ def run_bench(num_prompts: int, max_tokens: int, batch_size: int = BATCH, b32_re
             report[f"acceptance_rate_{name}_{short}"] = r["acceptance_rate"]
             report[f"mean_acceptance_length_{name}_{short}"] = r["mean_acceptance_length"]
             report[f"outputs_identical_to_off_{name}_{short}"] = r["outputs_identical_to_off"]
-    report["outputs_identical_to_off"] = all(r.get("outputs_identical_to_off", True) for w in b1.values() for r in w.values())
+    report["outputs_identical_to_off"] = all(
+        r.get("outputs_identical_to_off", True) for w in b1.values() for r in w.values()
+    )
     report["throughput_ratio_b32_adaptive"] = b32["ngram"]["ratio_vs_off"]
     if "draft" in b32:
         report["throughput_ratio_b32_adaptive_draft"] = b32["draft"]["ratio_vs_off"]
     if "ngram_nonadaptive" in b32:
         report["throughput_ratio_b32_ngram_nonadaptive"] = b32["ngram_nonadaptive"]["ratio_vs_off"]
-    report["notes"] = ("draft is a layer-skip of the target itself (no smaller model shares SmolLM2's tokenizer); in development "
-                       "its greedy acceptance on these workloads was ~0.02 with 8 layers, 0.07-0.09 with 16, 0.18-0.19 with 22 "
-                       "and 0.28-0.32 with 26 of 30, so it cannot pay for its own forwards at any depth here")
+    report["notes"] = (
+        "draft is a layer-skip of the target itself (no smaller model shares SmolLM2's tokenizer); in development "
+        "its greedy acceptance on these workloads was ~0.02 with 8 layers, 0.07-0.09 with 16, 0.18-0.19 with 22 "
+        "and 0.28-0.32 with 26 of 30, so it cannot pay for its own forwards at any depth here"
+    )
     report["targets"] = {"speedup_b1_ngram_grounded": 1.8, "throughput_ratio_b32_adaptive": 0.95}
     report["seconds"] = time.perf_counter() - started
     return report
 
 
-HEADLINE = ("speedup_b1_ngram_grounded", "acceptance_rate_ngram_grounded", "mean_acceptance_length_ngram_grounded",
-            "speedup_b1_ngram_open", "speedup_b1_draft_grounded", "speedup_b1_draft_open",
-            "throughput_ratio_b32_adaptive", "outputs_identical_to_off", "seconds")  # fmt: skip
+HEADLINE = (
+    "speedup_b1_ngram_grounded",
+    "acceptance_rate_ngram_grounded",
+    "mean_acceptance_length_ngram_grounded",
+    "speedup_b1_ngram_open",
+    "speedup_b1_draft_grounded",
+    "speedup_b1_draft_open",
+    "throughput_ratio_b32_adaptive",
+    "outputs_identical_to_off",
+    "seconds",
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--quick", action="store_true", help="fewer prompts and tokens (under 3 minutes here)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="only checks that the bench works (1 prompt per workload, 16 tokens, a batch of 4): figures meaningless")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="only checks that the bench works (1 prompt per workload, 16 tokens, a batch of 4): figures meaningless",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="auto (the engine's serving default), float32, bfloat16")
     args = parser.parse_args()
     if args.smoke:
-        report = run_bench(num_prompts=1, max_tokens=16, batch_size=4, b32_repeats=1, dtype=args.dtype, device=args.device,
-                           step_cost_repeats=2)
+        report = run_bench(
+            num_prompts=1,
+            max_tokens=16,
+            batch_size=4,
+            b32_repeats=1,
+            dtype=args.dtype,
+            device=args.device,
+            step_cost_repeats=2,
+        )
     elif args.quick:
         report = run_bench(num_prompts=4, max_tokens=64, b32_repeats=1, dtype=args.dtype, device=args.device)
     else:
-        report = run_bench(num_prompts=16, max_tokens=128, b32_repeats=2, k_sweep=(2, 4), nonadaptive_b32=True,
-                           dtype=args.dtype, device=args.device)  # fmt: skip
-    report = {"benchmark": "spec_decode", "smoke": args.smoke, "command": "python -m bench.spec_decode " + " ".join(sys.argv[1:]),
-              "machine": machine_info(), **report}  # fmt: skip
+        report = run_bench(
+            num_prompts=16,
+            max_tokens=128,
+            b32_repeats=2,
+            k_sweep=(2, 4),
+            nonadaptive_b32=True,
+            dtype=args.dtype,
+            device=args.device,
+        )
+    report = {
+        "benchmark": "spec_decode",
+        "smoke": args.smoke,
+        "command": "python -m bench.spec_decode " + " ".join(sys.argv[1:]),
+        "machine": machine_info(),
+        **report,
+    }
     write_report(args.json, report, tuple(k for k in HEADLINE if k in report))
 
 

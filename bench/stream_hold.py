@@ -51,8 +51,13 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(DEFAULT_DATA_DIR)  # RouteLLM's data, as bench.serve finds it
 THRESHOLDS = (0.3, 0.5, 0.7)
 POSITIONS = (8, 16, 32, 64, 128, 256)
-HEADLINE_KEYS = ("low_confidence_escalations_by_token", "ttft_p50_ms_local", "ttft_p50_ms_auto_window",
-                 "ttft_p50_ms_auto_until_decided", "ttft_ratio_window_vs_until_decided")  # fmt: skip
+HEADLINE_KEYS = (
+    "low_confidence_escalations_by_token",
+    "ttft_p50_ms_local",
+    "ttft_p50_ms_auto_window",
+    "ttft_p50_ms_auto_until_decided",
+    "ttft_ratio_window_vs_until_decided",
+)
 
 
 def prompts(num: int) -> list[str]:
@@ -84,8 +89,12 @@ async def escalation_positions(
     async def one(index: int, text: str) -> None:
         async with slots:
             ids = engine.apply_chat_template([{"role": "user", "content": text}])
-            policies = {t: StreamingPolicy(t, config.min_tokens_k, config.score_kind, decide_at=config.decide_at,
-                                           loop_rule=ESCALATE_LOOP) for t in THRESHOLDS}  # fmt: skip
+            policies = {
+                t: StreamingPolicy(
+                    t, config.min_tokens_k, config.score_kind, decide_at=config.decide_at, loop_rule=ESCALATE_LOOP
+                )
+                for t in THRESHOLDS
+            }
             found: dict[float, tuple | None] = {}
             params = SamplingParams(max_tokens=max_tokens, seed=index if seeded else None)
             async for event in engine.generate(GenerationRequest(f"hold-{index}", ids, params)):
@@ -108,10 +117,12 @@ async def escalation_positions(
         escalated = [e for e in by_prompt if e is not None]
         low = sorted(pos for pos, reason in escalated if reason == "low_confidence")
         out[str(t)] = {
-            "prompts": len(texts), "escalated": len(escalated), "by_reason": dict(Counter(r for _, r in escalated)),
+            "prompts": len(texts),
+            "escalated": len(escalated),
+            "by_reason": dict(Counter(r for _, r in escalated)),
             "low_confidence_by_token": {str(n): sum(1 for p in low if p <= n) for n in POSITIONS},
             "first": by_prompt,
-        }  # fmt: skip
+        }
     return out
 
 
@@ -174,20 +185,48 @@ def wait_healthy(server: subprocess.Popen, url: str, timeout_s: float = 300.0) -
     raise SystemExit("bench.stream_hold: tandem serve did not become healthy")
 
 
-def ttft_run(log_dir: Path, label: str, env_extra: dict, model: str, num_prompts: int, max_output_len: int = 160) -> dict:
+def ttft_run(
+    log_dir: Path, label: str, env_extra: dict, model: str, num_prompts: int, max_output_len: int = 160
+) -> dict:
     """bench.serve against a fresh `tandem serve --cloud none`; returns its report."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")} | env_extra
     with open(log_dir / f"serve-{label}.log", "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "sdk.cli", "serve", "--cloud", "none", "--port", str(port)],
-                                  stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)  # fmt: skip
+        server = subprocess.Popen(
+            [sys.executable, "-m", "sdk.cli", "serve", "--cloud", "none", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+        )
         try:
             wait_healthy(server, f"http://127.0.0.1:{port}/health")
             out = log_dir / f"{label}.json"
-            subprocess.run([sys.executable, "-m", "bench.serve", "--base-url", f"http://127.0.0.1:{port}", "--model", model,
-                            "--dataset", "gsm8k", "--num-prompts", str(num_prompts), "--max-concurrency", "4",
-                            "--max-output-len", str(max_output_len), "--json", str(out)],
-                           check=True, cwd=REPO, stdout=subprocess.DEVNULL, timeout=900)  # fmt: skip
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.serve",
+                    "--base-url",
+                    f"http://127.0.0.1:{port}",
+                    "--model",
+                    model,
+                    "--dataset",
+                    "gsm8k",
+                    "--num-prompts",
+                    str(num_prompts),
+                    "--max-concurrency",
+                    "4",
+                    "--max-output-len",
+                    str(max_output_len),
+                    "--json",
+                    str(out),
+                ],
+                check=True,
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                timeout=900,
+            )
             return json.loads(out.read_text())
         finally:
             stop(server)
@@ -197,8 +236,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--smoke", action="store_true", help="4 prompts of 64 tokens for (1), 4 of 32 for (2): "
-                        "checks the bench works")
+    parser.add_argument(
+        "--smoke", action="store_true", help="4 prompts of 64 tokens for (1), 4 of 32 for (2): checks the bench works"
+    )
     parser.add_argument(
         "--prefill-weights",
         default="auto",
@@ -218,8 +258,17 @@ def main() -> None:
         copy_setting = "auto" if args.prefill_weights == "off" else args.prefill_weights
         result = compare_prefill(prompts(num_positions), max_tokens, copy_setting)
         report = report_header("stream_hold_prefill", smoke=args.smoke) | {"quick": args.quick, **result}
-        write_report(args.json, report, ("copy", "escalated_by_window_off", "escalated_by_window_copy",
-                                         "escalated_by_window_copy_minus_off", "escalated_by_window_copy_minus_off_se"))
+        write_report(
+            args.json,
+            report,
+            (
+                "copy",
+                "escalated_by_window_off",
+                "escalated_by_window_copy",
+                "escalated_by_window_copy_minus_off",
+                "escalated_by_window_copy_minus_off_se",
+            ),
+        )
         return
     positions = asyncio.run(escalation_positions(prompts(num_positions), max_tokens, args.prefill_weights))
     for t in THRESHOLDS:
@@ -227,13 +276,20 @@ def main() -> None:
     num_prompts = 4 if args.smoke else 8 if args.quick else 16
     runs = {}
     with tempfile.TemporaryDirectory(prefix="stream-hold-") as tmp:
-        for label, env, model in [("local", {}, "local"), ("auto_window", {}, "auto"),
-                                  ("auto_until_decided", {"TANDEM_CASCADE_HOLD_TOKENS": "0"}, "auto")]:  # fmt: skip
+        for label, env, model in [
+            ("local", {}, "local"),
+            ("auto_window", {}, "auto"),
+            ("auto_until_decided", {"TANDEM_CASCADE_HOLD_TOKENS": "0"}, "auto"),
+        ]:
             report = ttft_run(Path(tmp), label, env, model, num_prompts, 32 if args.smoke else 160)
             metrics = report["metrics"]
-            runs[label] = {"completed": report["completed"], "failed": report["failed"],
-                           "ttft_ms_median": report["ttft_ms_median"], "output_throughput": report["output_throughput"],
-                           **{f"{name}_ms": metrics[f"{name}_ms"] for name in ("ttft", "tpot", "e2el")}}  # fmt: skip
+            runs[label] = {
+                "completed": report["completed"],
+                "failed": report["failed"],
+                "ttft_ms_median": report["ttft_ms_median"],
+                "output_throughput": report["output_throughput"],
+                **{f"{name}_ms": metrics[f"{name}_ms"] for name in ("ttft", "tpot", "e2el")},
+            }
             print(label, runs[label], flush=True)
     report = report_header("stream_hold", smoke=args.smoke) | {
         "quick": args.quick,
@@ -245,7 +301,8 @@ def main() -> None:
         "ttft_p50_ms_local": runs["local"]["ttft_ms_median"],
         "ttft_p50_ms_auto_window": runs["auto_window"]["ttft_ms_median"],
         "ttft_p50_ms_auto_until_decided": runs["auto_until_decided"]["ttft_ms_median"],
-        "ttft_ratio_window_vs_until_decided": runs["auto_window"]["ttft_ms_median"] / runs["auto_until_decided"]["ttft_ms_median"],
+        "ttft_ratio_window_vs_until_decided": runs["auto_window"]["ttft_ms_median"]
+        / runs["auto_until_decided"]["ttft_ms_median"],
     }
     write_report(args.json, report, HEADLINE_KEYS)
 

@@ -7,7 +7,12 @@ import re
 
 
 def schema_prompt(request: str, schema: dict) -> list[dict]:
-    return [{"role": "user", "content": f"{request}\nAnswer with JSON only, matching this JSON Schema: {json.dumps(schema)}"}]
+    return [
+        {
+            "role": "user",
+            "content": f"{request}\nAnswer with JSON only, matching this JSON Schema: {json.dumps(schema)}",
+        }
+    ]
 
 
 def fits(text: str, finish_reason: str | None, schema: dict, free: bool) -> bool:

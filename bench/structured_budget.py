@@ -29,10 +29,14 @@ BUDGETS = (24, 48, 96)
 def _jobs(schema_cases, prompts, max_tokens: int, closes: bool) -> tuple[list[tuple], list[tuple]]:
     jobs, meta = [], []
     for i, (name, request, schema) in enumerate(schema_cases):
-        jobs.append((schema_prompt(request, schema), StructuredOutput("json_schema", json.dumps(schema)), i, max_tokens, closes))
+        jobs.append(
+            (schema_prompt(request, schema), StructuredOutput("json_schema", json.dumps(schema)), i, max_tokens, closes)
+        )
         meta.append((name, schema))
     for i, prompt in enumerate(prompts):
-        jobs.append(([{"role": "user", "content": prompt}], StructuredOutput("json_object"), 100 + i, max_tokens, closes))
+        jobs.append(
+            ([{"role": "user", "content": prompt}], StructuredOutput("json_object"), 100 + i, max_tokens, closes)
+        )
         meta.append((f"loose-{i}", {"type": "object"}))
     return jobs, meta
 
@@ -62,25 +66,41 @@ def budget_sweep(tier, grammar, schema_cases, prompts=LOOSE_JSON_PROMPTS, budget
             cases = []
             for (name, schema), job, (text, finish, num_tokens) in zip(meta, jobs, answers):
                 need = shortest_tokens(grammar, job[1])
-                cases.append({"case": name, "fits": need is not None and need + 1 <= max_tokens, "shortest_tokens": need,
-                              "valid": fits(text, finish, schema, free=False), "finish_reason": finish, "tokens": num_tokens,
-                              "text": text})  # fmt: skip
+                cases.append(
+                    {
+                        "case": name,
+                        "fits": need is not None and need + 1 <= max_tokens,
+                        "shortest_tokens": need,
+                        "valid": fits(text, finish, schema, free=False),
+                        "finish_reason": finish,
+                        "tokens": num_tokens,
+                        "text": text,
+                    }
+                )
             fitting = [c for c in cases if c["fits"]]
             row["on" if closes else "off"] = {
                 "validity": sum(c["valid"] for c in fitting) / max(1, len(fitting)),
                 "num_fitting": len(fitting),
-                "unfit_claimed_complete": sum(c["finish_reason"] == "stop" and not c["valid"] for c in cases if not c["fits"]),
+                "unfit_claimed_complete": sum(
+                    c["finish_reason"] == "stop" and not c["valid"] for c in cases if not c["fits"]
+                ),
                 "failures": [c for c in fitting if not c["valid"]],
             }
         out["budgets"][str(max_tokens)] = row
     on = [row["on"] for row in out["budgets"].values()]
-    out["validity_under_budget"] = sum(r["validity"] * r["num_fitting"] for r in on) / max(1, sum(r["num_fitting"] for r in on))
+    out["validity_under_budget"] = sum(r["validity"] * r["num_fitting"] for r in on) / max(
+        1, sum(r["num_fitting"] for r in on)
+    )
     off = [row["off"] for row in out["budgets"].values()]
-    out["validity_under_budget_closing_off"] = sum(r["validity"] * r["num_fitting"] for r in off) / max(1, sum(r["num_fitting"] for r in off))
+    out["validity_under_budget_closing_off"] = sum(r["validity"] * r["num_fitting"] for r in off) / max(
+        1, sum(r["num_fitting"] for r in off)
+    )
     micros = sorted(s * 1e6 for s in search_seconds)
-    out["closing_search_us"] = {"p50": statistics.median(micros) if micros else None,
-                                "p99": micros[min(len(micros) - 1, int(0.99 * len(micros)))] if micros else None,
-                                "count": len(micros)}  # fmt: skip
+    out["closing_search_us"] = {
+        "p50": statistics.median(micros) if micros else None,
+        "p99": micros[min(len(micros) - 1, int(0.99 * len(micros)))] if micros else None,
+        "count": len(micros),
+    }
     out["closing_search_share_of_wall"] = sum(search_seconds) / wall_on if wall_on else None
     spt = out["seconds_per_token"]
     out["step_cost_ratio_closing_on_vs_off"] = statistics.median(spt["on"]) / statistics.median(spt["off"])

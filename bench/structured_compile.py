@@ -21,7 +21,9 @@ def compile_times_ms(grammar, constraints: list) -> list[float]:
     """Per constraint: building its matcher and computing its first mask, in ms. llguidance builds a
     grammar's lexer lazily on the first mask, so a matcher alone leaves that work out; a request
     waits for both before its first constrained token."""
-    grammar.allowed(grammar.matcher(StructuredOutput("json_object")))  # the vocabulary's one-time preparation, not a compile
+    grammar.allowed(
+        grammar.matcher(StructuredOutput("json_object"))
+    )  # the vocabulary's one-time preparation, not a compile
     times = []
     for constraint in constraints:
         start = time.perf_counter()

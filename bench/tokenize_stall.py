@@ -39,8 +39,13 @@ from bench.serve_servers import free_port
 from bench.stream_hold import wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
-HEADLINE_KEYS = ("itl_p99_ratio_under_max_bodies", "itl_p99_ratio_spread", "itl_p99_ms_without", "itl_p99_ms_with",
-                 "bodies_posted")  # fmt: skip
+HEADLINE_KEYS = (
+    "itl_p99_ratio_under_max_bodies",
+    "itl_p99_ratio_spread",
+    "itl_p99_ms_without",
+    "itl_p99_ms_with",
+    "bodies_posted",
+)
 TARGET = 1.2
 STREAMS = 8
 OUTPUT_TOKENS = 128
@@ -68,8 +73,11 @@ def max_bodies(model: str, max_model_len: int, max_token_bytes: int) -> list[byt
         text.append(word)
         size += len(word) + 1
     one = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": " ".join(text)[: budget - 8]}]}
-    many = {"model": model, "max_tokens": 1,
-            "messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(10_000)]}  # fmt: skip
+    many = {
+        "model": model,
+        "max_tokens": 1,
+        "messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(10_000)],
+    }
     return [json.dumps(one).encode(), json.dumps(many).encode()]
 
 
@@ -88,13 +96,17 @@ async def post_bodies(url: str, bodies: list[bytes], done: asyncio.Event, answer
     async with httpx.AsyncClient(timeout=600) as client:
         index = 0
         while not done.is_set():
-            reply = await client.post(url, content=bodies[index % len(bodies)], headers={"Content-Type": "application/json"})
+            reply = await client.post(
+                url, content=bodies[index % len(bodies)], headers={"Content-Type": "application/json"}
+            )
             code = reply.json().get("error", {}).get("code") if reply.status_code != 200 else "ok"
             answers[f"{reply.status_code} {code}"] = answers.get(f"{reply.status_code} {code}", 0) + 1
             index += 1
 
 
-async def phase(config: ClientConfig, rounds: int, bodies: list[bytes] | None, output_tokens: int = OUTPUT_TOKENS) -> dict:
+async def phase(
+    config: ClientConfig, rounds: int, bodies: list[bytes] | None, output_tokens: int = OUTPUT_TOKENS
+) -> dict:
     done, answers = asyncio.Event(), {}
     loader = asyncio.create_task(post_bodies(config.url, bodies, done, answers)) if bodies else None
     started = time.monotonic()
@@ -105,18 +117,23 @@ async def phase(config: ClientConfig, rounds: int, bodies: list[bytes] | None, o
     ok = [r for r in results if r.ok]
     itl = [gap for r in ok for gap in r.itl_s]
     return {
-        "load": bodies is not None, "seconds": time.monotonic() - started, "requests": len(results), "failed": len(results) - len(ok),
+        "load": bodies is not None,
+        "seconds": time.monotonic() - started,
+        "requests": len(results),
+        "failed": len(results) - len(ok),
         "itl_ms": {f"p{q}": 1000 * percentile(itl, q) for q in (50, 90, 99)},
-        "ttft_ms_p50": 1000 * percentile([r.ttft_s for r in ok], 50), "bodies_answered": answers,
-    }  # fmt: skip
+        "ttft_ms_p50": 1000 * percentile([r.ttft_s for r in ok], 50),
+        "bodies_answered": answers,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--smoke", action="store_true", help="one round of 16-token streams, one pair of phases: "
-                        "checks the bench works")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one round of 16-token streams, one pair of phases: checks the bench works"
+    )
     parser.add_argument("--rounds", type=int, help="requests per stream client per phase (default 4; --quick 2)")
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.smoke else 2 if args.quick else 4)
@@ -125,8 +142,12 @@ def main() -> None:
     max_model_len, max_token_bytes = limits_of_server()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="tokenize-stall-") as tmp, open(Path(tmp) / "serve.log", "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "sdk.cli", "serve", "--cloud", "none", "--port", str(port)],
-                                  stdout=log, stderr=subprocess.STDOUT, cwd=REPO)  # fmt: skip
+        server = subprocess.Popen(
+            [sys.executable, "-m", "sdk.cli", "serve", "--cloud", "none", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
         try:
             base = f"http://127.0.0.1:{port}"
             wait_healthy(server, f"{base}/health")
@@ -145,17 +166,23 @@ def main() -> None:
     with_load = [p["itl_ms"]["p99"] for p in phases if p["load"]]
     ratios = [w / wo for w, wo in zip(with_load, without)]
     report = report_header("tokenize_stall", smoke=args.smoke) | {
-        "quick": args.quick, "streams": STREAMS, "output_tokens": output_tokens, "rounds": rounds,
+        "quick": args.quick,
+        "streams": STREAMS,
+        "output_tokens": output_tokens,
+        "rounds": rounds,
         "failed_requests": sum(p["failed"] for p in phases),
-        "max_model_len": max_model_len, "max_token_bytes": max_token_bytes, "body_bytes": [len(b) for b in bodies],
+        "max_model_len": max_model_len,
+        "max_token_bytes": max_token_bytes,
+        "body_bytes": [len(b) for b in bodies],
         "phases": phases,
-        "itl_p99_ms_without": statistics.median(without), "itl_p99_ms_with": statistics.median(with_load),
+        "itl_p99_ms_without": statistics.median(without),
+        "itl_p99_ms_with": statistics.median(with_load),
         "itl_p99_ratio_under_max_bodies": statistics.median(with_load) / statistics.median(without),
         "itl_p99_ratio_spread": [min(ratios), max(ratios)],
         "bodies_posted": sum(sum(p["bodies_answered"].values()) for p in phases if p["load"]),
         "target": {"itl_p99_ratio_under_max_bodies": TARGET},
         "target_met": statistics.median(with_load) / statistics.median(without) <= TARGET,
-    }  # fmt: skip
+    }
     write_report(args.json, report, HEADLINE_KEYS)
 
 

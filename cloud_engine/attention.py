@@ -81,13 +81,19 @@ def plan_paged_attention(metadata: AttentionMetadata) -> PagedAttentionPlan:
         query_positions = torch.arange(context_len - query_len, context_len, device=device)
         mask = torch.arange(context_len, device=device)[None, :] <= query_positions[:, None]
         prefills.append(PrefillChunk(start, end, context_len, block_ids, mask))
-    plan = PagedAttentionPlan(num_decodes, decode_block_ids, num_decode_blocks, decode_mask, decode_tables, decode_lens, prefills)
+    plan = PagedAttentionPlan(
+        num_decodes, decode_block_ids, num_decode_blocks, decode_mask, decode_tables, decode_lens, prefills
+    )
     metadata.derived[_PLAN_KEY] = plan
     return plan
 
 
 def write_kv_cache(
-    key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
 ) -> None:
     """Store key/value [num_tokens, num_kv_heads, head_dim] at flat slots block_id * block_size + offset."""
     num_kv_heads, head_dim = key_cache.shape[-2:]
@@ -115,8 +121,11 @@ def paged_attention(
     if plan.num_decodes:
         decode_query = query[: plan.num_decodes]
         if metadata.decode_kernel is not None:
-            outputs.append(metadata.decode_kernel(
-                decode_query, key_cache, value_cache, plan.decode_block_tables, plan.decode_seq_lens, scale))
+            outputs.append(
+                metadata.decode_kernel(
+                    decode_query, key_cache, value_cache, plan.decode_block_tables, plan.decode_seq_lens, scale
+                )
+            )
         else:
             outputs.append(_decode_attention(decode_query, key_cache, value_cache, plan, scale))
     for chunk in plan.prefills:
@@ -216,5 +225,7 @@ def causal_attention_tiled(
         scores[..., visible - rows :].masked_fill_(hidden[:rows, :rows], float("-inf"))  # the diagonal block
         probs = torch.softmax(scores.mul_(scale), dim=-1)
         tile_out = torch.bmm(probs.view(num_kv_heads, group * rows, visible), values_h[:, :visible])
-        out[start:end] = tile_out.view(num_kv_heads, group, rows, head_dim).permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim)
+        out[start:end] = (
+            tile_out.view(num_kv_heads, group, rows, head_dim).permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim)
+        )
     return out

@@ -23,7 +23,9 @@ class CloudEngineConfig:
     device: str = "auto"  # auto: cuda when available
     block_size: int = 16  # KV slots per block: the unit of allocation and prefix caching
     kv_cache_gb: float | None = None  # KV cache budget; None: kv_cache_memory_fraction of free memory
-    kv_cache_memory_fraction: float | None = None  # of free device memory after loading; None: 0.9 on CUDA, 0.05 of RAM on CPU
+    kv_cache_memory_fraction: float | None = (
+        None  # of free device memory after loading; None: 0.9 on CUDA, 0.05 of RAM on CPU
+    )
     max_num_seqs: int = 32  # requests in one step at most
     max_num_batched_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
     max_model_len: int | None = None  # prompt + completion limit; None: min(model's own, KV pool, 8192)
@@ -39,25 +41,54 @@ class CloudEngineConfig:
     max_waiting: int = 1024  # queued requests beyond this are refused with 503
     attention_backend: str = "auto"  # decode attention: auto (CPU kernel where it builds), torch (portable), cpu-kernel
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off unless asked for
-    sampling: dict = field(default_factory=dict)  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
+    sampling: dict = field(
+        default_factory=dict
+    )  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
     close_within_max_tokens: bool = True  # for requests that leave it unset (sdk.protocol.grammar_closing)
 
     def __post_init__(self) -> None:
         checks = [
             (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
-            (self.device in DEVICES or self.device.startswith("cuda:"), f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}"),
+            (
+                self.device in DEVICES or self.device.startswith("cuda:"),
+                f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}",
+            ),
             (self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}"),
             (self.kv_cache_gb is None or self.kv_cache_gb > 0, f"kv_cache_gb must be > 0, got {self.kv_cache_gb}"),
-            (self.kv_cache_memory_fraction is None or 0 < self.kv_cache_memory_fraction <= 1, f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}"),
+            (
+                self.kv_cache_memory_fraction is None or 0 < self.kv_cache_memory_fraction <= 1,
+                f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}",
+            ),
             (self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
-            (self.max_num_batched_tokens >= self.max_num_seqs, f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) so every running request can decode each step"),
-            (self.max_model_len is None or self.max_model_len >= 1, f"max_model_len must be >= 1, got {self.max_model_len}"),
-            (self.long_prefill_token_threshold >= 0, f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"),
-            (self.scheduling_policy in POLICIES, f"scheduling_policy must be one of {', '.join(POLICIES)}, got {self.scheduling_policy!r}"),
-            (self.attention_backend in ATTENTION_BACKENDS, f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"),
-            (self.step_time_target_ms is None or self.step_time_target_ms > 0, f"step_time_target_ms must be > 0, got {self.step_time_target_ms}"),
-            (self.step_time_max_ms is None or (self.step_time_target_ms is not None and self.step_time_max_ms >= self.step_time_target_ms),
-             f"step_time_max_ms ({self.step_time_max_ms}) needs step_time_target_ms set and must be >= it (got {self.step_time_target_ms})"),
+            (
+                self.max_num_batched_tokens >= self.max_num_seqs,
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) so every running request can decode each step",
+            ),
+            (
+                self.max_model_len is None or self.max_model_len >= 1,
+                f"max_model_len must be >= 1, got {self.max_model_len}",
+            ),
+            (
+                self.long_prefill_token_threshold >= 0,
+                f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}",
+            ),
+            (
+                self.scheduling_policy in POLICIES,
+                f"scheduling_policy must be one of {', '.join(POLICIES)}, got {self.scheduling_policy!r}",
+            ),
+            (
+                self.attention_backend in ATTENTION_BACKENDS,
+                f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}",
+            ),
+            (
+                self.step_time_target_ms is None or self.step_time_target_ms > 0,
+                f"step_time_target_ms must be > 0, got {self.step_time_target_ms}",
+            ),
+            (
+                self.step_time_max_ms is None
+                or (self.step_time_target_ms is not None and self.step_time_max_ms >= self.step_time_target_ms),
+                f"step_time_max_ms ({self.step_time_max_ms}) needs step_time_target_ms set and must be >= it (got {self.step_time_target_ms})",
+            ),
             (0.0 <= self.slow_step_share <= 1.0, f"slow_step_share must be in [0, 1], got {self.slow_step_share}"),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
         ]

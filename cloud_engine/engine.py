@@ -30,7 +30,13 @@ from cloud_engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from cloud_engine.spec_decode.speculator import Speculator
 from cloud_engine.prefill_pacing import PrefillPacer, step_shape
 from cloud_engine.token_bytes import build_token_bytes
-from sdk.protocol.engine import EngineStats, GenerationRequest, InvalidRequestError, TokenEvent, validate_generation_request
+from sdk.protocol.engine import (
+    EngineStats,
+    GenerationRequest,
+    InvalidRequestError,
+    TokenEvent,
+    validate_generation_request,
+)
 from sdk.protocol.detokenize import detokenize
 from sdk.protocol.grammar import GrammarMasks
 from sdk.protocol.request_status import RequestStatus
@@ -39,6 +45,7 @@ from sdk.protocol.token_events import check_stop, make_token_event
 from sdk.protocol.vocabulary import vocabulary_fingerprint
 
 logger = logging.getLogger(__name__)
+
 
 class CloudEngine:
     """A PyTorch model served with tandem's paged KV cache, scheduler and sampler."""
@@ -68,20 +75,41 @@ class CloudEngine:
         self.max_token_bytes = max([1, *added, *(len(piece) for piece in self._token_bytes)])
         # Structured requests' masks over the logits' width (ids past the tokenizer: never allowed).
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else min(self.eos_token_ids)
-        self.grammar = GrammarMasks(lambda: [self.token_bytes(i) for i in range(self.vocab_size)], eos,
-                                    lambda text: self.tokenize(text, add_special=False))
+        self.grammar = GrammarMasks(
+            lambda: [self.token_bytes(i) for i in range(self.vocab_size)],
+            eos,
+            lambda text: self.tokenize(text, add_special=False),
+        )
 
         mc = self.model_config
-        block_bytes = bytes_per_block(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype)
+        block_bytes = bytes_per_block(
+            mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype
+        )
         self.num_blocks = num_blocks_for_budget(kv_budget_bytes(config, self.device), block_bytes)
         self.max_model_len = resolve_max_model_len(config, mc, self.num_blocks)
-        caches = allocate_kv_caches(mc.num_hidden_layers, self.num_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype, self.device)
+        caches = allocate_kv_caches(
+            mc.num_hidden_layers,
+            self.num_blocks,
+            config.block_size,
+            mc.num_key_value_heads,
+            mc.head_dim,
+            self.dtype,
+            self.device,
+        )
         loaded.model.bind_kv_caches(caches)
         decode_kernel = select_decode_kernel(
-            config.attention_backend, self.device, self.dtype, mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim)
+            config.attention_backend,
+            self.device,
+            self.dtype,
+            mc.num_attention_heads,
+            mc.num_key_value_heads,
+            mc.head_dim,
+        )
         self.attention_backend = "cpu-kernel" if decode_kernel is not None else "torch"
         self.runner = ModelRunner(loaded.model, config.block_size, self.device, decode_kernel)
-        self.kv_manager = KVCacheManager(self.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching)
+        self.kv_manager = KVCacheManager(
+            self.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(
             self.kv_manager,
             max_num_seqs=config.max_num_seqs,
@@ -93,16 +121,27 @@ class CloudEngine:
         )
         target_ms = config.step_time_target_ms if config.enable_chunked_prefill else None
         max_ms = config.step_time_max_ms
-        self.pacer = PrefillPacer(target_ms / 1000.0, max_ms / 1000.0 if max_ms else None,
-                                  config.slow_step_share) if target_ms else None  # fmt: skip
+        self.pacer = (
+            PrefillPacer(target_ms / 1000.0, max_ms / 1000.0 if max_ms else None, config.slow_step_share)
+            if target_ms
+            else None
+        )
         self._generators: dict[str, torch.Generator] = {}
         # Drafts, their verification and counters (cloud_engine.spec_decode.speculator); built last: a
         # draft model's proposer reads this engine's tokenizer and device.
         self.speculator = Speculator(self, config.speculative, self.max_model_len, self.grammar, self.eos_token_ids)
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
-        logger.info("cloud engine: %s on %s (%s, %s attention, %d packed linears), %d KV blocks of %d", self.model_name,
-                    self.device, self.dtype, self.attention_backend, num_packed, self.num_blocks, config.block_size)
+        logger.info(
+            "cloud engine: %s on %s (%s, %s attention, %d packed linears), %d KV blocks of %d",
+            self.model_name,
+            self.device,
+            self.dtype,
+            self.attention_backend,
+            num_packed,
+            self.num_blocks,
+            config.block_size,
+        )
 
     @functools.cached_property
     def vocabulary_fingerprint(self) -> str:
@@ -114,11 +153,15 @@ class CloudEngine:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """Raw text (special-token text stays plain, as for any user prompt); BOS only with add_special."""
         loaded = self.loaded
-        return encode_prompt(loaded.tokenizer, text, add_special and loaded.add_bos, loaded.bos_token_id, parse_special=False)
+        return encode_prompt(
+            loaded.tokenizer, text, add_special and loaded.add_bos, loaded.bos_token_id, parse_special=False
+        )
 
     def apply_chat_template(self, messages) -> list[int]:
         if not self.chat_template:
-            raise InvalidRequestError(f"model {self.model_name!r} has no chat template; use /v1/completions", "messages")
+            raise InvalidRequestError(
+                f"model {self.model_name!r} has no chat template; use /v1/completions", "messages"
+            )
         return self.loaded.encode_chat(messages)
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -143,10 +186,17 @@ class CloudEngine:
         params = self.sampling_defaults.apply(request.params)  # the fields the request left out
         if params.close_within_max_tokens is None:
             params = dataclasses.replace(params, close_within_max_tokens=self.config.close_within_max_tokens)
-        matcher = self.grammar.matcher(params.structured, request.continuation_token_ids, params.close_within_max_tokens) if params.structured is not None else None  # 400 before scheduling
+        matcher = (
+            self.grammar.matcher(params.structured, request.continuation_token_ids, params.close_within_max_tokens)
+            if params.structured is not None
+            else None
+        )  # 400 before scheduling
         self._generators[request.request_id] = make_generator(params.seed, self.device)
-        self.scheduler.add_request(Request(request.request_id, list(request.prompt_token_ids), params, priority=request.priority,
-                                           matcher=matcher))  # fmt: skip
+        self.scheduler.add_request(
+            Request(
+                request.request_id, list(request.prompt_token_ids), params, priority=request.priority, matcher=matcher
+            )
+        )
 
     def abort_request(self, request_id: str) -> bool:
         """Free the request's blocks now; False if it was not here."""
@@ -184,24 +234,37 @@ class CloudEngine:
 
     def _step(self, scheduler_output: SchedulerOutput) -> list[TokenEvent]:
         requests = self.scheduler.requests
-        batch = self.runner.prepare(scheduler_output.num_scheduled_tokens, requests, self.kv_manager.get_block_ids,
-                                    scheduler_output.scheduled_spec_token_ids)  # fmt: skip
+        batch = self.runner.prepare(
+            scheduler_output.num_scheduled_tokens,
+            requests,
+            self.kv_manager.get_block_ids,
+            scheduler_output.scheduled_spec_token_ids,
+        )
         logits = self.runner.execute(batch)
         sampled_requests = [requests[rid] for rid in batch.sampled_request_ids]
         tokens = self._sample(logits, batch.num_logits, sampled_requests, scheduler_output) if sampled_requests else []
-        runner_output = ModelRunnerOutput(sampled_token_ids={r.request_id: [t.token_id for t in ts] for r, ts in zip(sampled_requests, tokens)})
+        runner_output = ModelRunnerOutput(
+            sampled_token_ids={r.request_id: [t.token_id for t in ts] for r, ts in zip(sampled_requests, tokens)}
+        )
         self.scheduler.update_from_output(scheduler_output, runner_output)
         events = self._finish_tokens(sampled_requests, tokens)
         self.speculator.propose(self.scheduler.running)
         return events
 
-    def _sample(self, logits: torch.Tensor, num_logits: list[int], requests: list[Request], out: SchedulerOutput) -> list[list]:
+    def _sample(
+        self, logits: torch.Tensor, num_logits: list[int], requests: list[Request], out: SchedulerOutput
+    ) -> list[list]:
         """Per sampled request, its new tokens (SampledToken): one sampled token, or a verified
         draft's accepted prefix and the target's own token, cut at a token-level stop."""
         if len(logits) == len(requests):  # no drafts this step: one batched sampling pass
-            picked = sample_batch(logits, [r.params for r in requests], [self._generators[r.request_id] for r in requests],
-                                  [(r.prompt_token_ids, r.output_token_ids) for r in requests], self._end_ids,
-                                  [self._allowed(r) for r in requests])  # fmt: skip
+            picked = sample_batch(
+                logits,
+                [r.params for r in requests],
+                [self._generators[r.request_id] for r in requests],
+                [(r.prompt_token_ids, r.output_token_ids) for r in requests],
+                self._end_ids,
+                [self._allowed(r) for r in requests],
+            )
             return [[token] for token in picked]
         results, offset = [], 0
         for request, rows in zip(requests, num_logits):
@@ -209,9 +272,16 @@ class CloudEngine:
             offset += rows
             generator = self._generators[rid]
             if rows == 1:
-                results.append(sample_batch(own, [request.params], [generator],
-                                            [(request.prompt_token_ids, request.output_token_ids)], self._end_ids,
-                                            [self._allowed(request)]))  # fmt: skip
+                results.append(
+                    sample_batch(
+                        own,
+                        [request.params],
+                        [generator],
+                        [(request.prompt_token_ids, request.output_token_ids)],
+                        self._end_ids,
+                        [self._allowed(request)],
+                    )
+                )
                 continue
             results.append(self.speculator.verify(request, own, out.scheduled_spec_token_ids[rid], generator))
         return results
@@ -236,14 +306,29 @@ class CloudEngine:
                 self.num_generation_tokens_total += 1
                 if request.matcher is not None:
                     request.matcher.consume_token(token.token_id)
-                text, status = check_stop(request, token.token_id, self.token_bytes(token.token_id),
-                                          token.token_id in self.eos_token_ids, self.max_model_len, num_output_tokens=count)  # fmt: skip
+                text, status = check_stop(
+                    request,
+                    token.token_id,
+                    self.token_bytes(token.token_id),
+                    token.token_id in self.eos_token_ids,
+                    self.max_model_len,
+                    num_output_tokens=count,
+                )
                 if status is not None:
                     request.truncate_output(count)  # a stop string inside an accepted run: nothing after it
                     self.scheduler.finish_request(request.request_id, status)
                     self._forget(request.request_id)
-                events.append(make_token_event(request, token, text, self.token_bytes, self.token_text, num_output_tokens=count,
-                                               forced=index < len(request.forced) and request.forced[index]))  # fmt: skip
+                events.append(
+                    make_token_event(
+                        request,
+                        token,
+                        text,
+                        self.token_bytes,
+                        self.token_text,
+                        num_output_tokens=count,
+                        forced=index < len(request.forced) and request.forced[index],
+                    )
+                )
                 if status is not None:
                     break
         return events

@@ -32,7 +32,10 @@ def keep_freed_memory_in_heap() -> bool:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1
+        ok = (
+            libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
+            and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1
+        )
     except (OSError, AttributeError):
         ok = False
     if not ok:

@@ -23,7 +23,10 @@ def limit_host_threads_for_gpu(device: torch.device, environ: Mapping[str, str] 
     """One intra-op thread when the engine runs on CUDA and OMP_NUM_THREADS is unset; True if changed."""
     if device.type != "cuda" or "OMP_NUM_THREADS" in environ or torch.get_num_threads() == 1:
         return False
-    logger.info("cloud engine on %s: torch intra-op threads %d -> 1 (set OMP_NUM_THREADS to choose)",
-                device, torch.get_num_threads())
+    logger.info(
+        "cloud engine on %s: torch intra-op threads %d -> 1 (set OMP_NUM_THREADS to choose)",
+        device,
+        torch.get_num_threads(),
+    )
     torch.set_num_threads(1)
     return True

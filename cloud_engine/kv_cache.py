@@ -54,7 +54,13 @@ def num_blocks_for_budget(budget_bytes: int, block_bytes: int) -> int:
 
 
 def allocate_kv_caches(
-    num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Zeroed (key, value) caches per layer.
 

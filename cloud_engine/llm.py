@@ -70,6 +70,8 @@ class LLM:
             raise
         return list(outputs.values())
 
-    def chat(self, conversations: Sequence[Sequence[dict]], params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
+    def chat(
+        self, conversations: Sequence[Sequence[dict]], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[CompletionOutput]:
         """Generate replies to chat conversations rendered with the model's own template."""
         return self.generate([self.engine.apply_chat_template(messages) for messages in conversations], params)

@@ -14,9 +14,12 @@ import torch
 from sdk.protocol.engine import SamplingParams
 
 
-def apply_logit_changes(logits: torch.Tensor, params: Sequence[SamplingParams],
-                        histories: Sequence[tuple[Sequence[int], Sequence[int]]],
-                        end_ids: Sequence[int]) -> torch.Tensor:  # fmt: skip
+def apply_logit_changes(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    histories: Sequence[tuple[Sequence[int], Sequence[int]]],
+    end_ids: Sequence[int],
+) -> torch.Tensor:
     """`logits` ([n_rows, vocab]) with each row's changes applied; the same tensor when no row has any.
 
     Sparse over the tokens each row has seen (a few hundred of ~50k): one gather/scatter per kind
@@ -31,26 +34,38 @@ def apply_logit_changes(logits: torch.Tensor, params: Sequence[SamplingParams],
     if bias:
         bias_rows, bias_ids, values = zip(*bias)
         out.index_put_(_indices(bias_rows, bias_ids, device), torch.tensor(values, device=device), accumulate=True)
-    masked = [(row, token_id) for row in rows if len(histories[row][1]) < params[row].min_tokens
-              for token_id in (*params[row].stop_token_ids, *(() if params[row].ignore_eos else end_ids))]  # fmt: skip
+    masked = [
+        (row, token_id)
+        for row in rows
+        if len(histories[row][1]) < params[row].min_tokens
+        for token_id in (*params[row].stop_token_ids, *(() if params[row].ignore_eos else end_ids))
+    ]
     if masked:
         out.index_put_(_indices(*zip(*masked), device), torch.tensor(-torch.inf, device=device))
     repeat_rows = [row for row in rows if params[row].repetition_penalty != 1.0]
     if repeat_rows:
         # index_put_ / a flat gather: indexing with a tuple (out[rows, ids] = ...) was ~100x slower on CPU
-        seen_rows, seen_ids = _unique_pairs(repeat_rows, [[*histories[r][0], *histories[r][1]] for r in repeat_rows], out.shape[1])
-        penalty = torch.tensor([params[r].repetition_penalty for r in range(len(params))], device=device)[seen_rows.to(device)]
+        seen_rows, seen_ids = _unique_pairs(
+            repeat_rows, [[*histories[r][0], *histories[r][1]] for r in repeat_rows], out.shape[1]
+        )
+        penalty = torch.tensor([params[r].repetition_penalty for r in range(len(params))], device=device)[
+            seen_rows.to(device)
+        ]
         index = (seen_rows.to(device), seen_ids.to(device))
         values = out.view(-1)[index[0] * out.shape[1] + index[1]]
         out.index_put_(index, torch.where(values > 0, values / penalty, values * penalty))
-    counted_rows = [row for row in rows if (params[row].presence_penalty or params[row].frequency_penalty) and histories[row][1]]
+    counted_rows = [
+        row for row in rows if (params[row].presence_penalty or params[row].frequency_penalty) and histories[row][1]
+    ]
     if counted_rows:
         frequency = torch.tensor([params[r].frequency_penalty or 0.0 for r in range(len(params))], device=device)
         presence = torch.tensor([params[r].presence_penalty or 0.0 for r in range(len(params))], device=device)
         outputs = [histories[r][1] for r in counted_rows]
         every_rows, every_ids = _flat_pairs(counted_rows, outputs)
         # frequency once per occurrence (accumulated), presence once per distinct token
-        out.index_put_((every_rows.to(device), every_ids.to(device)), -frequency[every_rows.to(device)], accumulate=True)
+        out.index_put_(
+            (every_rows.to(device), every_ids.to(device)), -frequency[every_rows.to(device)], accumulate=True
+        )
         seen_rows, seen_ids = _unique_pairs(counted_rows, outputs, out.shape[1])
         out.index_put_((seen_rows.to(device), seen_ids.to(device)), -presence[seen_rows.to(device)], accumulate=True)
     return out

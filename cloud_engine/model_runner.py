@@ -39,8 +39,13 @@ class ModelRunner:
         self.device = device
         self.decode_kernel = decode_kernel  # native decode attention, or None for the portable path
 
-    def prepare(self, num_scheduled_tokens: dict[str, int], requests: dict[str, Request], block_ids_of,
-                spec_token_ids: dict[str, list[int]] | None = None) -> BatchInputs:  # fmt: skip
+    def prepare(
+        self,
+        num_scheduled_tokens: dict[str, int],
+        requests: dict[str, Request],
+        block_ids_of,
+        spec_token_ids: dict[str, list[int]] | None = None,
+    ) -> BatchInputs:
         """Build the batch for the scheduled requests; `block_ids_of(request_id)` gives a request's
         block table, `spec_token_ids` the drafts scheduled after some requests' last token."""
         spec_token_ids = spec_token_ids or {}

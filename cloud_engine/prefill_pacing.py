@@ -69,7 +69,10 @@ class PrefillPacer:
         max_s = target_s if max_s is None else max_s
         checks = [
             (math.isfinite(target_s) and target_s > 0, f"the step-time target must be > 0 seconds, got {target_s!r}"),
-            (math.isfinite(max_s) and max_s >= target_s, f"the step-time maximum ({max_s!r} s) must be >= the target ({target_s!r} s)"),
+            (
+                math.isfinite(max_s) and max_s >= target_s,
+                f"the step-time maximum ({max_s!r} s) must be >= the target ({target_s!r} s)",
+            ),
             (0.0 <= slow_share <= 1.0, f"the share of steps past the target must be in [0, 1], got {slow_share!r}"),
             (min_chunk >= 1, f"min_chunk must be >= 1, got {min_chunk}"),
         ]

@@ -37,10 +37,14 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
 
 
 @torch.inference_mode()
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-                 histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
-                 end_ids: Sequence[int] = (),
-                 allowed: Sequence[torch.Tensor | None] | None = None) -> list[SampledToken]:  # fmt: skip
+def sample_batch(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator],
+    histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+    end_ids: Sequence[int] = (),
+    allowed: Sequence[torch.Tensor | None] | None = None,
+) -> list[SampledToken]:
     """Pick one token per row of `logits` ([n_rows, vocab] float32) and measure its row's signals.
 
     `histories`: each row's (prompt ids, output ids) and `end_ids`: the end-of-generation ids,
@@ -48,15 +52,18 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators:
     `allowed`: per row, None or the boolean mask of a structured request's grammar (the pick only)."""
     logits = logits.float()
     greedy = [p.is_greedy for p in params]  # raises for params the engine did not resolve
-    changed = apply_logit_changes(logits, params, histories or [], end_ids)  # a copy when any row changes (structured rows do)
+    changed = apply_logit_changes(
+        logits, params, histories or [], end_ids
+    )  # a copy when any row changes (structured rows do)
     for row, mask in enumerate(allowed or ()):
         if mask is not None:
             changed[row].masked_fill_(~mask, -torch.inf)
     token_ids = changed.argmax(dim=-1)
     sampled_rows = [row for row in range(len(params)) if not greedy[row]]
     if sampled_rows:
-        token_ids[sampled_rows] = _sample_rows(changed, [params[r] for r in sampled_rows], [generators[r] for r in sampled_rows],
-                                               sampled_rows)  # fmt: skip
+        token_ids[sampled_rows] = _sample_rows(
+            changed, [params[r] for r in sampled_rows], [generators[r] for r in sampled_rows], sampled_rows
+        )
     return token_signals(logits, token_ids, params)
 
 
@@ -97,8 +104,9 @@ def token_signals(logits: torch.Tensor, token_ids: torch.Tensor, params: list[Sa
     return results
 
 
-def _sample_rows(changed: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
-                 rows: list[int]) -> torch.Tensor:  # fmt: skip
+def _sample_rows(
+    changed: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator], rows: list[int]
+) -> torch.Tensor:
     """One token id per row in `rows` of `changed` ([n, vocab], logit changes applied): temperature,
     then min-p, top-k, top-p (exact), drawn from each row's own generator. The nucleus of every
     top-p-only row (the common case) is found for all of them at once."""
@@ -138,7 +146,9 @@ def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | 
     return nucleus_ids(scaled[None], [top_p])[0]
 
 
-def nucleus_ids(scaled: torch.Tensor, top_ps: Sequence[float], windows: Sequence[int] = _NUCLEUS_WINDOWS) -> list[torch.Tensor]:
+def nucleus_ids(
+    scaled: torch.Tensor, top_ps: Sequence[float], windows: Sequence[int] = _NUCLEUS_WINDOWS
+) -> list[torch.Tensor]:
     """For each row of `scaled` ([n, vocab]), the ids of the shortest most-likely-first head whose
     probability mass reaches its top_p (the whole vocabulary if it never does). Rows are looked at
     in `windows` of the most likely tokens, one batched top-k per window for the rows still open,

@@ -53,8 +53,12 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # request id -> new tokens (batch order)
     preempted_ids: list[str] = field(default_factory=list)  # freed for recompute this step; drop their runner state
     new_request_ids: list[str] = field(default_factory=list)  # admitted (or readmitted) this step
-    num_cached_tokens: dict[str, int] = field(default_factory=dict)  # admitted id -> its first tokens, from the prefix cache
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # scheduled id -> blocks added (whole table if admitted)
+    num_cached_tokens: dict[str, int] = field(
+        default_factory=dict
+    )  # admitted id -> its first tokens, from the prefix cache
+    new_block_ids: dict[str, list[int]] = field(
+        default_factory=dict
+    )  # scheduled id -> blocks added (whole table if admitted)
     finished_ids: list[str] = field(default_factory=list)  # finished or aborted since the previous step
     # request id -> draft tokens scheduled after its last token (verified in this step's pass)
     scheduled_spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
@@ -95,14 +99,21 @@ class Scheduler:
             (max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {max_num_seqs}"),
             (max_num_batched_tokens >= 1, f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}"),
             (max_model_len >= 1, f"max_model_len must be >= 1, got {max_model_len}"),
-            (long_prefill_token_threshold >= 0, f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}"),
+            (
+                long_prefill_token_threshold >= 0,
+                f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}",
+            ),
             (policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {policy!r}"),
-            (enable_chunked_prefill or max_num_batched_tokens >= max_model_len,
-             f"without chunked prefill a whole prompt must fit one step: raise max_num_batched_tokens "
-             f"({max_num_batched_tokens}) to max_model_len ({max_model_len}) or enable chunked prefill"),
-            (pool_tokens >= max_model_len,
-             f"the KV cache holds {pool_tokens} tokens, less than max_model_len={max_model_len}: a long "
-             "request could never run; add blocks or lower max_model_len"),
+            (
+                enable_chunked_prefill or max_num_batched_tokens >= max_model_len,
+                f"without chunked prefill a whole prompt must fit one step: raise max_num_batched_tokens "
+                f"({max_num_batched_tokens}) to max_model_len ({max_model_len}) or enable chunked prefill",
+            ),
+            (
+                pool_tokens >= max_model_len,
+                f"the KV cache holds {pool_tokens} tokens, less than max_model_len={max_model_len}: a long "
+                "request could never run; add blocks or lower max_model_len",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -132,7 +143,9 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}; request ids must be unique")
         if not 1 <= request.num_tokens <= self.max_model_len:
-            raise ValueError(f"request {request.request_id!r} has {request.num_tokens} tokens; need 1..{self.max_model_len}")
+            raise ValueError(
+                f"request {request.request_id!r} has {request.num_tokens} tokens; need 1..{self.max_model_len}"
+            )
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
@@ -229,8 +242,11 @@ class Scheduler:
         ]
         # Check everything before changing anything: a runner that samples the wrong requests is a bug.
         caught_up = {r.request_id for r, n, spec in live if r.num_computed_tokens + n == r.num_tokens + len(spec)}
-        sampled = {rid: tokens if isinstance(tokens, list) else [tokens]
-                   for rid, tokens in runner_output.sampled_token_ids.items() if rid in self.requests}  # fmt: skip
+        sampled = {
+            rid: tokens if isinstance(tokens, list) else [tokens]
+            for rid, tokens in runner_output.sampled_token_ids.items()
+            if rid in self.requests
+        }
         if set(sampled) != caught_up:
             raise ValueError(
                 f"the runner must sample exactly the requests that caught up with their tokens: "

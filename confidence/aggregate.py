@@ -122,7 +122,9 @@ def features_dict(signals: SignalArrays, first_k: int | None = None, window: int
         "window_min_mean_prob": float(window_means.min()),
         "window_mean_prob": float(window_means[-1]),
         "mean_topk_mass": _mean_of_present(signals.topk_mass),
-        "repeated_ngram_fraction": math.nan if signals.token_ids is None else repeated_ngram_fraction(signals.token_ids.tolist()),
+        "repeated_ngram_fraction": math.nan
+        if signals.token_ids is None
+        else repeated_ngram_fraction(signals.token_ids.tolist()),
     }
     for name, q in zip(QUANTILE_FEATURE_NAMES, QUANTILE_LEVELS):
         values[name] = quantile_of_sorted(sorted_prob, q)

@@ -51,16 +51,12 @@ def scores_and_labels(
     score_array = as_scores(scores, allow_infinite=allow_infinite)
     label_array = as_binary_labels(labels)
     if score_array.size != label_array.size:
-        raise ValueError(
-            f"scores and labels differ in length ({score_array.size} vs {label_array.size})"
-        )
+        raise ValueError(f"scores and labels differ in length ({score_array.size} vs {label_array.size})")
     if score_array.size == 0:
         raise ValueError("scores and labels are empty; need at least one of each class")
     if need_both_classes:
         num_positive = int(label_array.sum())
         if num_positive in (0, label_array.size):
             only = "acceptable (1)" if num_positive else "unacceptable (0)"
-            raise ValueError(
-                f"all {label_array.size} labels are {only}; need examples of both classes"
-            )
+            raise ValueError(f"all {label_array.size} labels are {only}; need examples of both classes")
     return score_array, label_array

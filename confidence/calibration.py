@@ -28,9 +28,7 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 def _regularized_log_loss(design: np.ndarray, targets: np.ndarray, weights: np.ndarray) -> float:
     logits = design @ weights
-    return float(
-        np.sum(np.logaddexp(0.0, logits) - targets * logits) + 0.5 * PLATT_L2 * weights @ weights
-    )
+    return float(np.sum(np.logaddexp(0.0, logits) - targets * logits) + 0.5 * PLATT_L2 * weights @ weights)
 
 
 def _fit_logistic_1d(x: np.ndarray, targets: np.ndarray) -> tuple[float, float]:
@@ -73,9 +71,7 @@ class PlattCalibrator:
         # depend on the score's scale (log-prob sums can be in the hundreds).
         center = float(score_array.mean())
         spread = float(score_array.std()) or 1.0
-        slope, intercept = _fit_logistic_1d(
-            (score_array - center) / spread, label_array.astype(np.float64)
-        )
+        slope, intercept = _fit_logistic_1d((score_array - center) / spread, label_array.astype(np.float64))
         self.a = slope / spread
         self.b = intercept - slope * center / spread
         return self
@@ -119,9 +115,7 @@ def pool_adjacent_violators(values: np.ndarray, weights: np.ndarray) -> np.ndarr
                 block_sizes.pop(),
             )
             merged_weight = block_weights[-1] + last_weight
-            block_means[-1] = (
-                block_means[-1] * block_weights[-1] + last_mean * last_weight
-            ) / merged_weight
+            block_means[-1] = (block_means[-1] * block_weights[-1] + last_mean * last_weight) / merged_weight
             block_weights[-1] = merged_weight
             block_sizes[-1] += last_size
     return np.repeat(np.array(block_means), block_sizes)
@@ -155,9 +149,7 @@ class IsotonicCalibrator:
     def fit(self, scores, labels) -> IsotonicCalibrator:
         score_array, label_array = scores_and_labels(scores, labels, allow_infinite=False)
         # Equal scores must get one probability: pool them first, weighted by count.
-        unique_scores, inverse, counts = np.unique(
-            score_array, return_inverse=True, return_counts=True
-        )
+        unique_scores, inverse, counts = np.unique(score_array, return_inverse=True, return_counts=True)
         label_means = np.bincount(inverse, weights=label_array.astype(np.float64)) / counts
         fitted = pool_adjacent_violators(label_means, counts.astype(np.float64))
         # Only the ends of each flat run matter for interpolation; drop the inner points.

@@ -78,9 +78,7 @@ class ProbeConfig:
         if not 0.0 <= self.holdout_fraction < 0.9:
             raise ValueError(f"holdout_fraction must be in [0, 0.9), got {self.holdout_fraction}")
         if self.calibration is not None and self.holdout_fraction == 0.0:
-            raise ValueError(
-                "a calibrator needs held-out data: set holdout_fraction > 0 or calibration=None"
-            )
+            raise ValueError("a calibrator needs held-out data: set holdout_fraction > 0 or calibration=None")
         if min(self.hidden_units, self.num_steps) < 1 or self.learning_rate <= 0:
             raise ValueError("hidden_units and num_steps must be >= 1, learning_rate > 0")
         if self.weight_decay < 0:
@@ -90,16 +88,12 @@ class ProbeConfig:
 class ConfidenceProbe:
     """Train with `fit`, check with `predict`, ship with `save` (one ONNX file)."""
 
-    def __init__(
-        self, feature_names: list[str], model_fingerprint: str, config: ProbeConfig | None = None
-    ):
+    def __init__(self, feature_names: list[str], model_fingerprint: str, config: ProbeConfig | None = None):
         names = list(feature_names)
         if not names or len(set(names)) != len(names) or not all(isinstance(n, str) for n in names):
             raise ValueError("feature_names must be a non-empty list of distinct strings")
         if not (isinstance(model_fingerprint, str) and model_fingerprint):
-            raise ValueError(
-                "model_fingerprint must name the local model (see model_fingerprint_for_gguf)"
-            )
+            raise ValueError("model_fingerprint must name the local model (see model_fingerprint_for_gguf)")
         self.feature_names = names  # column order of every feature matrix
         self.model_fingerprint = model_fingerprint  # the local model whose signals these are
         self.config = config or ProbeConfig()
@@ -113,8 +107,7 @@ class ConfidenceProbe:
         matrix = np.asarray(features, dtype=np.float32)
         if matrix.ndim != 2 or matrix.shape[1] != len(self.feature_names):
             raise ProbeFeatureMismatchError(
-                f"expected features of shape [n, {len(self.feature_names)}] "
-                f"({self.feature_names}), got {matrix.shape}"
+                f"expected features of shape [n, {len(self.feature_names)}] ({self.feature_names}), got {matrix.shape}"
             )
         return matrix
 
@@ -128,13 +121,9 @@ class ConfidenceProbe:
                 "labels) and examples of both classes"
             )
         config, self.calibrator = self.config, None
-        train_rows, holdout_rows = stratified_split(
-            label_array, config.holdout_fraction, config.seed
-        )
+        train_rows, holdout_rows = stratified_split(label_array, config.holdout_fraction, config.seed)
         self.preprocessing = preprocessing_from(matrix[train_rows].astype(np.float64))
-        self.layers = train_layers(
-            torch, matrix[train_rows], label_array[train_rows], self.preprocessing, config
-        )
+        self.layers = train_layers(torch, matrix[train_rows], label_array[train_rows], self.preprocessing, config)
         self.metrics = {
             "heldout_auroc": None,
             "num_train": int(train_rows.size),

@@ -29,7 +29,11 @@ def _constant(name: str, array: np.ndarray) -> onnx.TensorProto:
 
 
 def logistic_stack(
-    input_name: str, layers: list[tuple[np.ndarray, np.ndarray]], logit_name: str, probability_name: str, prefix: str = ""
+    input_name: str,
+    layers: list[tuple[np.ndarray, np.ndarray]],
+    logit_name: str,
+    probability_name: str,
+    prefix: str = "",
 ) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
     """Initializers and nodes of input -> affine layers (ReLU between) -> logit [n] -> Sigmoid.
 
@@ -65,9 +69,7 @@ def build_probe_model(
     [d]); `layers` holds (weight [in, out], bias [out]) per affine layer, with ReLU
     between consecutive layers and one output unit in the last."""
     num_features = preprocessing["mean"].shape[0]
-    initializers = [
-        _constant(f"pre_{key}", preprocessing[key]) for key in ("mean", "std", "low", "high")
-    ]
+    initializers = [_constant(f"pre_{key}", preprocessing[key]) for key in ("mean", "std", "low", "high")]
     nodes = [
         helper.make_node("IsNaN", [INPUT_NAME], ["is_missing"]),
         helper.make_node("Where", ["is_missing", "pre_mean", INPUT_NAME], ["imputed"]),
@@ -82,9 +84,7 @@ def build_probe_model(
     graph = helper.make_graph(
         nodes,
         "tandem_confidence_probe",
-        inputs=[
-            helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["num_rows", num_features])
-        ],
+        inputs=[helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["num_rows", num_features])],
         outputs=[
             helper.make_tensor_value_info(LOGIT_OUTPUT, TensorProto.FLOAT, ["num_rows"]),
             helper.make_tensor_value_info(PROBABILITY_OUTPUT, TensorProto.FLOAT, ["num_rows"]),

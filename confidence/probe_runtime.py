@@ -21,8 +21,13 @@ METADATA_KEY = "tandem.confidence_probe"
 FORMAT_VERSION = 1
 PROBE_KINDS = ("logistic", "mlp")
 REQUIRED_METADATA_KEYS = (
-    "kind", "feature_names", "model_fingerprint", "trained_at", "calibrator", "metrics",
-)  # fmt: skip
+    "kind",
+    "feature_names",
+    "model_fingerprint",
+    "trained_at",
+    "calibrator",
+    "metrics",
+)
 INPUT_NAME, LOGIT_OUTPUT, PROBABILITY_OUTPUT = "features", "logit", "probability"
 
 
@@ -45,9 +50,7 @@ class ProbeFeatureMismatchError(ProbeError):
 def validate_probe_metadata(document) -> dict:
     """`document` (parsed JSON) checked field by field; raises ProbeFormatError."""
     if not isinstance(document, dict):
-        raise ProbeFormatError(
-            f"probe metadata must be a JSON object, got {type(document).__name__}"
-        )
+        raise ProbeFormatError(f"probe metadata must be a JSON object, got {type(document).__name__}")
     version = document.get("format_version")
     if version != FORMAT_VERSION:
         raise ProbeFormatError(
@@ -98,9 +101,7 @@ class OnnxProbe:
         self.model_fingerprint: str = metadata["model_fingerprint"]
         self.trained_at: str = metadata["trained_at"]
         self.metrics: dict = metadata["metrics"]  # held-out AUROC and split sizes
-        self.calibrator = (
-            None if metadata["calibrator"] is None else calibrator_from_dict(metadata["calibrator"])
-        )
+        self.calibrator = None if metadata["calibrator"] is None else calibrator_from_dict(metadata["calibrator"])
         self.provider: str = session.get_providers()[0]  # the execution provider in use
 
     @property
@@ -143,9 +144,7 @@ class OnnxProbe:
         return np.array([values.get(name, np.nan) for name in self.feature_names], dtype=np.float32)
 
 
-def load_probe(
-    path: str | os.PathLike, model_fingerprint: str, providers: list[str] | None = None
-) -> OnnxProbe:
+def load_probe(path: str | os.PathLike, model_fingerprint: str, providers: list[str] | None = None) -> OnnxProbe:
     """The probe saved at `path`, refused unless it was trained for `model_fingerprint`."""
     path = os.fspath(path)
     options = onnxruntime.SessionOptions()
@@ -154,9 +153,7 @@ def load_probe(
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     try:
-        session = onnxruntime.InferenceSession(
-            path, options, providers=providers or default_providers()
-        )
+        session = onnxruntime.InferenceSession(path, options, providers=providers or default_providers())
     except Exception as exc:  # onnxruntime raises its own, unexported exception types
         if not os.path.exists(path):
             raise FileNotFoundError(f"no probe file at {path}") from exc

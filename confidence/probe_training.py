@@ -9,9 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def stratified_split(
-    labels: np.ndarray, holdout_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(labels: np.ndarray, holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train indices, held-out indices), each class split in the same proportion so a
     small set still has both classes on both sides."""
     rng = np.random.default_rng(seed)
@@ -42,8 +40,7 @@ def preprocessing_from(features: np.ndarray) -> dict[str, np.ndarray]:
     low[no_data], high[no_data] = 0.0, 0.0
     std[(std < 1e-12) | no_data] = 1.0
     return {
-        key: value.astype(np.float32)
-        for key, value in {"mean": mean, "std": std, "low": low, "high": high}.items()
+        key: value.astype(np.float32) for key, value in {"mean": mean, "std": std, "low": low, "high": high}.items()
     }
 
 

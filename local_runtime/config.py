@@ -63,38 +63,65 @@ class LocalEngineConfig:
     max_cached_prompts: int = 2
     repetition_stop: bool = True  # for requests that leave repetition_stop unset (sdk.protocol.repetition)
     close_within_max_tokens: bool = True  # for requests that leave it unset (sdk.protocol.grammar_closing)
-    sampling: dict = field(default_factory=dict)  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
+    sampling: dict = field(
+        default_factory=dict
+    )  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
 
     def __post_init__(self) -> None:
         if self.cache_finished_prompts is None:
             self.cache_finished_prompts = not self.batch_invariant
         checks = [
             (self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}"),
-            (self.kv_cache_tokens >= self.block_size, f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one block of {self.block_size}"),
+            (
+                self.kv_cache_tokens >= self.block_size,
+                f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one block of {self.block_size}",
+            ),
             (self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
-            (self.max_num_batched_tokens >= self.max_num_seqs, f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) so every running sequence can decode each step"),
+            (
+                self.max_num_batched_tokens >= self.max_num_seqs,
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) so every running sequence can decode each step",
+            ),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
             (self.max_cached_prompts >= 0, f"max_cached_prompts must be >= 0, got {self.max_cached_prompts}"),
-            (self.max_model_len is None or 1 <= self.max_model_len <= self.pool_tokens, f"max_model_len ({self.max_model_len}) must fit the KV pool ({self.pool_tokens} tokens)"),
+            (
+                self.max_model_len is None or 1 <= self.max_model_len <= self.pool_tokens,
+                f"max_model_len ({self.max_model_len}) must fit the KV pool ({self.pool_tokens} tokens)",
+            ),
             (self.max_num_batched_tokens >= 2, "max_num_batched_tokens must be >= 2"),
-            (not self.batch_invariant or self.flash_attn, "batch_invariant needs flash_attn (only its per-row kernel is invariant)"),
+            (
+                not self.batch_invariant or self.flash_attn,
+                "batch_invariant needs flash_attn (only its per-row kernel is invariant)",
+            ),
             (not self.strict_batch_invariance or self.batch_invariant, "strict_batch_invariance needs batch_invariant"),
-            (not (self.extra_buffer_types and self.batch_invariant),
-             "extra_buffer_types needs batch_invariant off: llama.cpp's repacked kernels give a sequence other "
-             "logits depending on what shares its batch; set batch_invariant = false to trade that guarantee for them"),
+            (
+                not (self.extra_buffer_types and self.batch_invariant),
+                "extra_buffer_types needs batch_invariant off: llama.cpp's repacked kernels give a sequence other "
+                "logits depending on what shares its batch; set batch_invariant = false to trade that guarantee for them",
+            ),
             (self.n_threads is None or self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}"),
-            (self.prefill_weights in PREFILL_WEIGHTS, f"prefill_weights must be one of {', '.join(PREFILL_WEIGHTS)}, got {self.prefill_weights!r}"),
-            (not (self.batch_invariant and self.prefill_weights in ("bf16", "f16")),
-             "prefill_weights needs batch_invariant off (prompts and decodes would run on different kernels)"),
-            (not (self.n_gpu_layers and self.prefill_weights in ("bf16", "f16")),
-             "prefill_weights is for CPU prefill; with n_gpu_layers set, leave it at auto or off"),
+            (
+                self.prefill_weights in PREFILL_WEIGHTS,
+                f"prefill_weights must be one of {', '.join(PREFILL_WEIGHTS)}, got {self.prefill_weights!r}",
+            ),
+            (
+                not (self.batch_invariant and self.prefill_weights in ("bf16", "f16")),
+                "prefill_weights needs batch_invariant off (prompts and decodes would run on different kernels)",
+            ),
+            (
+                not (self.n_gpu_layers and self.prefill_weights in ("bf16", "f16")),
+                "prefill_weights is for CPU prefill; with n_gpu_layers set, leave it at auto or off",
+            ),
             (self.kv_layout in KV_LAYOUTS, f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}"),
-            (not (self.kv_layout == "streams" and self.batch_invariant),
-             "kv_layout 'streams' needs batch_invariant off (batch-invariant mode runs on the unified pool)"),
-            (self.kv_layout != "streams" or self.cells_per_slot >= self.longest_sequence,
-             f"kv_layout 'streams' gives each of the {self.max_num_seqs} sequences {self.cells_per_slot} KV cells, fewer "
-             f"than max_model_len ({self.longest_sequence}): raise kv_cache_tokens to "
-             f"{self.max_num_seqs * self.longest_sequence}, lower max_model_len or max_num_seqs, or use 'unified'"),
+            (
+                not (self.kv_layout == "streams" and self.batch_invariant),
+                "kv_layout 'streams' needs batch_invariant off (batch-invariant mode runs on the unified pool)",
+            ),
+            (
+                self.kv_layout != "streams" or self.cells_per_slot >= self.longest_sequence,
+                f"kv_layout 'streams' gives each of the {self.max_num_seqs} sequences {self.cells_per_slot} KV cells, fewer "
+                f"than max_model_len ({self.longest_sequence}): raise kv_cache_tokens to "
+                f"{self.max_num_seqs * self.longest_sequence}, lower max_model_len or max_num_seqs, or use 'unified'",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -80,27 +80,40 @@ class LocalEngine:
     def _set_up(self, config: LocalEngineConfig, path: str) -> None:
         self.max_model_len = config.max_model_len or min(self.backend.n_ctx_train, config.longest_sequence)
         if self.max_model_len > self.backend.n_ctx_train:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's trained context {self.backend.n_ctx_train}")
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's trained context {self.backend.n_ctx_train}"
+            )
         if self.max_model_len > self.backend.cells_per_slot:  # streams llama.cpp sized otherwise than asked
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the {self.backend.cells_per_slot} KV cells of a slot")
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the {self.backend.cells_per_slot} KV cells of a slot"
+            )
         self.prefill, self.prefill_choice = open_prefill_context(self.backend, config, path, self.max_model_len)
         choice = self.prefill_choice
         route = f"through the {choice.kind} copy of the weights" if choice.kind else "on the model's own weights"
         logger.info("local prompts prefill %s: %s", route, choice.reason)
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   cache_finished_prompts=config.cache_finished_prompts,
-                                   max_cached_prompts=config.max_cached_prompts,
-                                   slots_own_their_cells=config.kv_streams)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            cache_finished_prompts=config.cache_finished_prompts,
+            max_cached_prompts=config.max_cached_prompts,
+            slots_own_their_cells=config.kv_streams,
+        )
         self.chat_template = self.backend.metadata("tokenizer.chat_template")
         self._bos_text = self.backend.special_token_text("bos")
         self._eos_text = self.backend.special_token_text("eos")
         self.max_token_bytes = self.backend.max_token_bytes()  # a text of B bytes is >= B / this tokens
         # For min_tokens: the ids that would end generation early and are masked until then.
-        self._end_ids = np.array([i for i in range(self.backend.n_vocab) if self.backend.is_end_of_generation(i)], dtype=np.int64)
+        self._end_ids = np.array(
+            [i for i in range(self.backend.n_vocab) if self.backend.is_end_of_generation(i)], dtype=np.int64
+        )
         backend = self.backend  # structured requests' masks, over llama.cpp's token bytes
-        self.grammar = GrammarMasks(lambda: [backend.token_bytes(i) for i in range(backend.n_vocab)], backend.eos_token_id,
-                                    lambda text: backend.tokenize(text, add_special=False, parse_special=False))
+        self.grammar = GrammarMasks(
+            lambda: [backend.token_bytes(i) for i in range(backend.n_vocab)],
+            backend.eos_token_id,
+            lambda text: backend.tokenize(text, add_special=False, parse_special=False),
+        )
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         # Each step's logits land here (one row per request that samples), not in a fresh array.
@@ -122,8 +135,9 @@ class LocalEngine:
         if min_tokens > self.max_model_len:
             raise ContextLengthError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your messages "
-                f"come to at least {min_tokens} tokens. Please reduce the length of the messages.", "messages",
-            )  # fmt: skip
+                f"come to at least {min_tokens} tokens. Please reduce the length of the messages.",
+                "messages",
+            )
         # The template writes its own special tokens; add BOS only if it did not.
         add_bos = self.backend.adds_bos and not (self._bos_text and prompt.startswith(self._bos_text))
         return self.backend.tokenize(prompt, add_special=add_bos, parse_special=True)
@@ -146,7 +160,11 @@ class LocalEngine:
             params = dataclasses.replace(params, repetition_stop=self.config.repetition_stop)
         if params.close_within_max_tokens is None:
             params = dataclasses.replace(params, close_within_max_tokens=self.config.close_within_max_tokens)
-        matcher = self.grammar.matcher(params.structured, request.continuation_token_ids, params.close_within_max_tokens) if params.structured is not None else None  # 400 before scheduling
+        matcher = (
+            self.grammar.matcher(params.structured, request.continuation_token_ids, params.close_within_max_tokens)
+            if params.structured is not None
+            else None
+        )  # 400 before scheduling
         engine_request = Request(request.request_id, list(request.prompt_token_ids), params)
         engine_request.matcher = matcher
         self.scheduler.add_request(engine_request)
@@ -177,7 +195,9 @@ class LocalEngine:
         out = self.scheduler.schedule()
         for slot in out.cleared_slots:
             self.backend.clear_slot(slot)
-        scheduled = [(self.scheduler.requests[request_id], num_new) for request_id, num_new in out.num_scheduled_tokens.items()]
+        scheduled = [
+            (self.scheduler.requests[request_id], num_new) for request_id, num_new in out.num_scheduled_tokens.items()
+        ]
         try:
             for src_slot, dst_slot, num_tokens in out.prefix_copies:
                 self.backend.share_prefix(src_slot, dst_slot, num_tokens)
@@ -296,8 +316,13 @@ class LocalEngine:
         if not requests:
             return []
         histories = [(r.prompt_token_ids, r.output_token_ids) for r in requests]
-        allowed = [self.grammar.allowed(r.matcher, r.tokens_left(self.max_model_len)) if r.matcher is not None else None for r in requests]
-        sampled = sample_batch(logits, [r.params for r in requests], [r.rng for r in requests], histories, self._end_ids, allowed)
+        allowed = [
+            self.grammar.allowed(r.matcher, r.tokens_left(self.max_model_len)) if r.matcher is not None else None
+            for r in requests
+        ]
+        sampled = sample_batch(
+            logits, [r.params for r in requests], [r.rng for r in requests], histories, self._end_ids, allowed
+        )
         events = []
         backend = self.backend
         for request, token, mask in zip(requests, sampled, allowed):
@@ -308,13 +333,19 @@ class LocalEngine:
                 request.matcher.consume_token(token.token_id)
             self.num_generation_tokens_total += 1
             text, status = check_stop(
-                request, token.token_id, backend.token_bytes(token.token_id),
-                backend.is_end_of_generation(token.token_id), self.max_model_len,
+                request,
+                token.token_id,
+                backend.token_bytes(token.token_id),
+                backend.is_end_of_generation(token.token_id),
+                self.max_model_len,
             )
             if status is not None:
                 self.scheduler.finish_request(request.request_id, status)
-            events.append(make_token_event(request, token, text, backend.token_bytes, backend.token_text,
-                                           forced=self.grammar.forces(mask)))  # fmt: skip
+            events.append(
+                make_token_event(
+                    request, token, text, backend.token_bytes, backend.token_text, forced=self.grammar.forces(mask)
+                )
+            )
         return events
 
     # -- status ----------------------------------------------------------------------------

@@ -141,7 +141,9 @@ class LlamaBackend(LlamaVocabulary):
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = config.n_ctx + (1 if config.pad_single_decodes else 0)
         ctx_params.n_batch = config.n_batch
-        ctx_params.n_ubatch = min(config.n_batch, _INVARIANT_MAX_UBATCH if config.batch_invariant else _DEFAULT_MAX_UBATCH)
+        ctx_params.n_ubatch = min(
+            config.n_batch, _INVARIANT_MAX_UBATCH if config.batch_invariant else _DEFAULT_MAX_UBATCH
+        )
         ctx_params.n_seq_max = n_slots
         ctx_params.n_threads = config.n_threads
         ctx_params.n_threads_batch = config.n_threads
@@ -170,8 +172,14 @@ class LlamaBackend(LlamaVocabulary):
 
     # -- decoding --------------------------------------------------------------------------
 
-    def decode(self, token_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, want_logits: np.ndarray,
-               out: np.ndarray | None = None) -> np.ndarray:
+    def decode(
+        self,
+        token_ids: np.ndarray,
+        positions: np.ndarray,
+        slots: np.ndarray,
+        want_logits: np.ndarray,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Run one llama_decode over a flat batch; logits rows for the tokens that asked, in order.
 
         With kv_streams, llama.cpp puts sequences into one ubatch only while their slots count up by
@@ -248,7 +256,9 @@ class LlamaBackend(LlamaVocabulary):
         """Whether the model's memory is one plain KV cache, the only kind kv_state converts (no
         sliding-window attention's second cache, no recurrent state)."""
         lib, model = self._lib, self.model
-        return not (lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model) or lib.llama_model_n_swa(model) > 0)
+        return not (
+            lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model) or lib.llama_model_n_swa(model) > 0
+        )
 
     @property
     def n_streams(self) -> int:
@@ -270,7 +280,9 @@ class LlamaBackend(LlamaVocabulary):
         data = bytearray(kv_state.from_one_stream(state, self.n_streams))
         buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
         if self._lib.llama_state_seq_set_data(self.ctx, buf, len(data), slot) != len(data):
-            raise RuntimeError(f"llama.cpp could not load {len(data)} bytes of cells into slot {slot} (is the pool full?)")
+            raise RuntimeError(
+                f"llama.cpp could not load {len(data)} bytes of cells into slot {slot} (is the pool full?)"
+            )
 
     def write_sequence_tail(self, slot: int, state: bytes, start: int) -> None:
         """Add `state`'s cells (positions >= `start`) to a slot, keeping its positions below `start`.

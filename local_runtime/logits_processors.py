@@ -12,8 +12,9 @@ import numpy as np
 from sdk.protocol.engine import SamplingParams
 
 
-def apply_logit_changes(row_logits: np.ndarray, p: SamplingParams, prompt_ids: Sequence[int],
-                        output_ids: Sequence[int], end_ids: np.ndarray) -> np.ndarray:  # fmt: skip
+def apply_logit_changes(
+    row_logits: np.ndarray, p: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int], end_ids: np.ndarray
+) -> np.ndarray:
     """A float64 copy of one row of logits with the request's changes applied (p.changes_logits)."""
     row = row_logits.astype(np.float64)
     if p.logit_bias:

@@ -20,10 +20,14 @@ from sdk.protocol.engine import SamplingParams
 from sdk.protocol.token_events import SampledToken
 
 
-def sample_batch(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator],
-                 histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
-                 end_ids: np.ndarray | None = None,
-                 allowed: Sequence[np.ndarray | None] | None = None) -> list[SampledToken]:  # fmt: skip
+def sample_batch(
+    logits: np.ndarray,
+    params: list[SamplingParams],
+    rngs: list[np.random.Generator],
+    histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+    end_ids: np.ndarray | None = None,
+    allowed: Sequence[np.ndarray | None] | None = None,
+) -> list[SampledToken]:
     """Pick one token per row of `logits` ([n_rows, vocab] float32) and measure its row's signals.
 
     `histories`: each row's (prompt ids, output ids) and `end_ids`: the end-of-generation ids,

@@ -50,14 +50,22 @@ class SchedulerOutput:
 class Scheduler:
     """Owns the waiting queue, the running list, the slots and the block manager."""
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 cache_finished_prompts: bool = False, max_cached_prompts: int | None = None,
-                 slots_own_their_cells: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        cache_finished_prompts: bool = False,
+        max_cached_prompts: int | None = None,
+        slots_own_their_cells: bool = False,
+    ):
         self.block_manager = block_manager
         self.cache_finished_prompts = cache_finished_prompts
         self.max_cached_prompts = max_num_seqs if max_cached_prompts is None else max_cached_prompts
         self.prompt_cache = PromptCache()
-        self._pinned: set[CachedKey] = set()  # cache entries this schedule() copies from: not evictable until the copies ran
+        self._pinned: set[CachedKey] = (
+            set()
+        )  # cache entries this schedule() copies from: not evictable until the copies ran
         self.max_num_batched_tokens = max_num_batched_tokens
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -191,8 +199,15 @@ class Scheduler:
                 self._pinned.add(source.key)
         return self._start(request, slot, num_cached, num_new)
 
-    def _take_over(self, request: Request, entry: CachedPrompt, hit: PrefixHit | None, num_cached: int,
-                   num_new: int, out: SchedulerOutput) -> int | None:
+    def _take_over(
+        self,
+        request: Request,
+        entry: CachedPrompt,
+        hit: PrefixHit | None,
+        num_cached: int,
+        num_new: int,
+        out: SchedulerOutput,
+    ) -> int | None:
         """Admit `request` into the slot of the cached prompt holding its prefix: the entry ends, its
         first `num_cached` cells become the request's and the rest are dropped (no copy)."""
         self.prompt_cache.remove(entry.key)
@@ -244,7 +259,9 @@ class Scheduler:
         heapq.heappush(self._free_slots, entry.slot)
         return True
 
-    def _longest_computed_prefix(self, request: Request, hit: PrefixHit | None) -> tuple[Request | CachedPrompt | None, int]:
+    def _longest_computed_prefix(
+        self, request: Request, hit: PrefixHit | None
+    ) -> tuple[Request | CachedPrompt | None, int]:
         """The sequence (running, or a cached prompt) whose computed cells hold the longest prefix of
         `request`, and its length.
 
@@ -255,7 +272,11 @@ class Scheduler:
         limit = request.num_tokens - 1
         tokens = request.all_token_ids
         base = hit.num_tokens if hit else 0
-        candidates = [self.requests.get(hit.source) or self.prompt_cache.get(hit.source)] if hit else [*self.running, *self.prompt_cache]
+        candidates = (
+            [self.requests.get(hit.source) or self.prompt_cache.get(hit.source)]
+            if hit
+            else [*self.running, *self.prompt_cache]
+        )
         best, best_len = (candidates[0] if hit else None), base
         for candidate in candidates:
             n = _common_prefix(candidate.all_token_ids, tokens, base, min(candidate.num_computed_tokens, limit))

@@ -129,8 +129,10 @@ class CircuitBreaker:
                 if state is not BreakerState.OPEN:
                     logger.warning(
                         "cloud tier failing (%d consecutive failures, last: %s): answering locally for %.0fs",
-                        self._num_consecutive_failures, kind.value, self.cool_down_s,
-                    )  # fmt: skip
+                        self._num_consecutive_failures,
+                        kind.value,
+                        self.cool_down_s,
+                    )
                 self._state = BreakerState.OPEN
                 self._opened_at = self._clock()
                 self._trial_in_flight = False

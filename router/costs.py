@@ -20,7 +20,7 @@ TOKENS_PER_PRICE_UNIT = 1_000_000
 
 
 def tier_name(tier) -> str:
-    """"local"/"cloud" from a string or a string enum (router.decision.Tier)."""
+    """ "local"/"cloud" from a string or a string enum (router.decision.Tier)."""
     name = getattr(tier, "value", tier)
     if name not in TIERS:
         raise ValueError(f"unknown tier {tier!r}; known tiers: {', '.join(TIERS)}")
@@ -63,9 +63,7 @@ class CostTable:
         config = config or {}
         unknown_tiers = set(config) - set(TIERS)
         if unknown_tiers:
-            raise ValueError(
-                f"unknown tiers {sorted(unknown_tiers)} in cost config; known tiers: {', '.join(TIERS)}"
-            )
+            raise ValueError(f"unknown tiers {sorted(unknown_tiers)} in cost config; known tiers: {', '.join(TIERS)}")
         prices = {}
         for tier in TIERS:
             tier_config = config.get(tier) or {}

@@ -109,8 +109,14 @@ def should_escalate(confidence: float, threshold: float) -> bool:
 
 
 def threshold_decision(
-    confidence: float, threshold: float, *, escalate_reason: str, decided_at_token: int, what: str,
-    decided_by: str, suffix: str = "",
+    confidence: float,
+    threshold: float,
+    *,
+    escalate_reason: str,
+    decided_at_token: int,
+    what: str,
+    decided_by: str,
+    suffix: str = "",
 ) -> RoutingDecision:
     """Apply should_escalate and say so: cloud with `escalate_reason`, or local as confident."""
     escalate = should_escalate(confidence, threshold)
@@ -148,15 +154,11 @@ def parse_model_choice(model: str) -> tuple[RoutingMode, float | None]:
     if not has_colon:
         return mode, None
     if mode is not RoutingMode.AUTO:
-        raise ModelChoiceError(
-            f"model {model!r}: a threshold only applies to \"auto\" (the router); use \"{mode}\" alone"
-        )
+        raise ModelChoiceError(f'model {model!r}: a threshold only applies to "auto" (the router); use "{mode}" alone')
     try:
         threshold = float(threshold_text)
     except ValueError:
         raise ModelChoiceError(f"model {model!r}: {threshold_text!r} is not a number; use {_VALID_FORMS}") from None
     if not 0.0 <= threshold <= 1.0:  # also refuses nan and inf
-        raise ModelChoiceError(
-            f"model {model!r}: the threshold must be in [0, 1] (0 never escalates, 1 always does)"
-        )
+        raise ModelChoiceError(f"model {model!r}: the threshold must be in [0, 1] (0 never escalates, 1 always does)")
     return mode, threshold

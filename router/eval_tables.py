@@ -76,9 +76,15 @@ def load_table(
         if missing:
             raise TableError(f"{path}: row {number} has no column(s) {missing}; columns: {sorted(row)}")
         extra = {k: v for k, v in row.items() if k not in ("prompt", weak, strong)}
-        examples.append(RoutingExample(
-            str(row["prompt"]), _bool(row[weak], path, number, weak), _bool(row[strong], path, number, strong), source, extra,
-        ))  # fmt: skip
+        examples.append(
+            RoutingExample(
+                str(row["prompt"]),
+                _bool(row[weak], path, number, weak),
+                _bool(row[strong], path, number, strong),
+                source,
+                extra,
+            )
+        )
     return examples
 
 
@@ -93,7 +99,9 @@ def contaminated_prompts(data_dir: str | os.PathLike = DEFAULT_DATA_DIR) -> set[
 
 
 def load_routellm(
-    data_dir: str | os.PathLike = DEFAULT_DATA_DIR, datasets: Sequence[str] = ("gsm8k", "mmlu"), drop_contaminated: bool = True
+    data_dir: str | os.PathLike = DEFAULT_DATA_DIR,
+    datasets: Sequence[str] = ("gsm8k", "mmlu"),
+    drop_contaminated: bool = True,
 ) -> list[RoutingExample]:
     """RouteLLM's GSM8K table and its MMLU subject tables (source = "mmlu_<subject>")."""
     data_dir = Path(data_dir)

@@ -46,8 +46,12 @@ class HoldBackBuffer:
             self.mode = HandoffMode(mode)  # how an escalation hands off to the cloud
         except ValueError:
             raise ValueError(f"mode must be 'restart' or 'continue', got {mode!r}") from None
-        if hold_tokens is not None and (isinstance(hold_tokens, bool) or not isinstance(hold_tokens, int) or hold_tokens < 0):
-            raise ValueError(f"hold_tokens must be None (hold until the decision) or an integer >= 0, got {hold_tokens!r}")
+        if hold_tokens is not None and (
+            isinstance(hold_tokens, bool) or not isinstance(hold_tokens, int) or hold_tokens < 0
+        ):
+            raise ValueError(
+                f"hold_tokens must be None (hold until the decision) or an integer >= 0, got {hold_tokens!r}"
+            )
         if self.mode is HandoffMode.CONTINUE and hold_tokens:
             raise ValueError(
                 "continue mode releases tokens as they come; hold_tokens applies to restart mode only "

@@ -16,9 +16,7 @@ Detector = Callable[[str], list[tuple[int, int]]]
 
 # Local part capped at 64 characters (RFC 5321), so a long run without "@" costs at most
 # 64 steps per position; labels are dot-separated and at most 63 characters.
-_EMAIL = re.compile(
-    r"[\w.%+-]{1,64}@(?:[^\W_](?:[\w-]{0,61}[^\W_])?\.){1,8}[^\W\d_]{2,63}(?![\w-])"
-)
+_EMAIL = re.compile(r"[\w.%+-]{1,64}@(?:[^\W_](?:[\w-]{0,61}[^\W_])?\.){1,8}[^\W\d_]{2,63}(?![\w-])")
 _CARD_RUN = re.compile(r"(?<!\d)\d(?:[ -]?\d)*")
 _DIGIT_GROUP = re.compile(r"\d+")
 # Major card networks (Visa 4, Mastercard 2/5, Amex/Diners/JCB 3, Discover/UnionPay 6):

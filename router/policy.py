@@ -92,7 +92,9 @@ class Cascade:
         self._require_pre()
         if self._pre_decision is not None:
             if self._pre_decision.tier is Tier.CLOUD:
-                raise RuntimeError(f"routed to the cloud before generation ({self._pre_decision.reason}); no local tokens expected")
+                raise RuntimeError(
+                    f"routed to the cloud before generation ({self._pre_decision.reason}); no local tokens expected"
+                )
             self.running.update(event)  # forced/private local: tracked for the metadata only
             return None
         if self._final is not None:

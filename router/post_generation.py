@@ -44,5 +44,11 @@ class PostGenerationPolicy:
         if not math.isnan(score) and not 0.0 <= score <= 1.0:
             raise ValueError(f"post-generation score must be a probability in [0, 1], got {score!r}")
         num_tokens = int(features.get("num_tokens", 0))
-        return threshold_decision(score, self.threshold, escalate_reason=Reason.FINAL_CHECK,
-                                  decided_at_token=num_tokens, what="verifier P(acceptable)", decided_by=self.name)
+        return threshold_decision(
+            score,
+            self.threshold,
+            escalate_reason=Reason.FINAL_CHECK,
+            decided_at_token=num_tokens,
+            what="verifier P(acceptable)",
+            decided_by=self.name,
+        )

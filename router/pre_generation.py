@@ -127,9 +127,12 @@ class ToolTurns:
         if self.mode == "auto" and context.tool_choice != "auto":
             return None
         return RoutingDecision(
-            tier=Tier.CLOUD, escalated=True, reason=Reason.TOOL_CALLS, decided_by=self.name,
+            tier=Tier.CLOUD,
+            escalated=True,
+            reason=Reason.TOOL_CALLS,
+            decided_by=self.name,
             detail=f"tool_calls = {self.mode}: tool_choice {context.tool_choice} goes to the cloud",
-        )  # fmt: skip
+        )
 
 
 class PromptRouterPolicy:

@@ -40,8 +40,7 @@ class PrivacyConfig:
         unknown = set(config) - {"detectors", "patterns", "redact_before_escalation"}
         if unknown:
             raise PrivacyConfigError(
-                f"unknown privacy settings {sorted(unknown)}; known: detectors, patterns, "
-                "redact_before_escalation"
+                f"unknown privacy settings {sorted(unknown)}; known: detectors, patterns, redact_before_escalation"
             )
         detectors = config.get("detectors", DEFAULT_DETECTORS)
         if not isinstance(detectors, (list, tuple)):
@@ -85,9 +84,7 @@ class PrivacyRules:
         self.config = config or PrivacyConfig()
         unknown = [name for name in self.config.detectors if name not in BUILTIN_DETECTORS]
         if unknown:
-            raise PrivacyConfigError(
-                f"unknown PII detectors {unknown}; choose from {sorted(BUILTIN_DETECTORS)}"
-            )
+            raise PrivacyConfigError(f"unknown PII detectors {unknown}; choose from {sorted(BUILTIN_DETECTORS)}")
         clashes = sorted(set(self.config.patterns) & set(BUILTIN_DETECTORS))
         if clashes:
             raise PrivacyConfigError(f"privacy rule names {clashes} are built-in detector names; rename them")

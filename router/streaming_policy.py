@@ -29,7 +29,8 @@ from sdk.protocol.repetition import ESCALATE_LOOP, LoopRule
 # [0, 1] threshold means something without a calibrator. The others (log-probabilities,
 # entropies, counts) need a calibrator that maps them to P(acceptable).
 UNCALIBRATED_SCORE_KINDS = frozenset(
-    name for name in FEATURE_NAMES
+    name
+    for name in FEATURE_NAMES
     if name not in ("num_tokens", "mean_logprob", "mean_entropy", "max_entropy", "repeated_ngram_fraction")
 )
 
@@ -80,7 +81,9 @@ class StreamingPolicy:
         structured: bool = False,
     ):
         if isinstance(min_tokens_k, bool) or not isinstance(min_tokens_k, int) or min_tokens_k < 1:
-            raise ValueError(f"min_tokens_k must be an integer >= 1 (tokens before the first decision), got {min_tokens_k!r}")
+            raise ValueError(
+                f"min_tokens_k must be an integer >= 1 (tokens before the first decision), got {min_tokens_k!r}"
+            )
         if score_kind not in FEATURE_NAMES:
             raise ValueError(f"unknown score_kind {score_kind!r}; choose one of {', '.join(FEATURE_NAMES)}")
         if score_fn is not None and calibrator is not None:
@@ -140,12 +143,21 @@ class StreamingPolicy:
             return loop
         if self._decision is None and self.structured and event.finish_reason == "length" and self.threshold > 0.0:
             self._decision = RoutingDecision(
-                tier=Tier.CLOUD, escalated=True, reason=Reason.INVALID_STRUCTURE, confidence=self.confidence(),
-                decided_at_token=self.running.num_seen, decided_by=self.name,
+                tier=Tier.CLOUD,
+                escalated=True,
+                reason=Reason.INVALID_STRUCTURE,
+                confidence=self.confidence(),
+                decided_at_token=self.running.num_seen,
+                decided_by=self.name,
                 detail=f"the structured answer was cut off by max_tokens after {self.running.num_seen} tokens: it cannot parse",
-            )  # fmt: skip
+            )
             return self._decision
-        if event.forced or self._decision is not None or num_tokens < self.min_tokens_k or self.decide_at is DecideAt.END:
+        if (
+            event.forced
+            or self._decision is not None
+            or num_tokens < self.min_tokens_k
+            or self.decide_at is DecideAt.END
+        ):
             return None  # a forced token changes nothing to judge
         if self.decide_at is DecideAt.FIRST_K and num_tokens > self.min_tokens_k:
             return None
@@ -168,13 +180,25 @@ class StreamingPolicy:
         loop = self.running.repetition.loop(self.loop_rule)
         if loop is None:
             return None
-        return RoutingDecision(tier=Tier.CLOUD, escalated=True, reason=Reason.REPETITION, confidence=self.confidence(),
-                               decided_at_token=self.running.num_seen, decided_by=self.name,
-                               detail=f"the last {loop.span} tokens repeat a {loop.period}-token unit")
+        return RoutingDecision(
+            tier=Tier.CLOUD,
+            escalated=True,
+            reason=Reason.REPETITION,
+            confidence=self.confidence(),
+            decided_at_token=self.running.num_seen,
+            decided_by=self.name,
+            detail=f"the last {loop.span} tokens repeat a {loop.period}-token unit",
+        )
 
     def _judge(self) -> RoutingDecision:
         confidence = self.confidence()
         num_tokens = self.running.num_tokens
-        return threshold_decision(confidence, self.threshold, escalate_reason=Reason.LOW_CONFIDENCE,
-                                  decided_at_token=self.running.num_seen, what=f"{'probe' if self.score_fn else self.score_kind} confidence",
-                                  decided_by=self.name, suffix=f" after {num_tokens} tokens")
+        return threshold_decision(
+            confidence,
+            self.threshold,
+            escalate_reason=Reason.LOW_CONFIDENCE,
+            decided_at_token=self.running.num_seen,
+            what=f"{'probe' if self.score_fn else self.score_kind} confidence",
+            decided_by=self.name,
+            suffix=f" after {num_tokens} tokens",
+        )

@@ -85,8 +85,13 @@ def clean_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_server(args: list[str], log_path: Path, name: str = "tandem serve", port: int | None = None,
-                   extra_env: dict[str, str] | None = None):  # fmt: skip
+def running_server(
+    args: list[str],
+    log_path: Path,
+    name: str = "tandem serve",
+    port: int | None = None,
+    extra_env: dict[str, str] | None = None,
+):
     """`python -m sdk.cli ARGS --port PORT` as a subprocess: yields (process, base_url) once
     /health says 200; terminates it (kill after 30 s) on the way out."""
     port = port or free_port()
@@ -117,10 +122,17 @@ def server_url(tmp_path_factory) -> str:
     """Base URL (http://127.0.0.1:PORT) of a `tandem serve` subprocess shared by the session."""
     log_path = tmp_path_factory.mktemp("tandem-serve") / "server.log"
     args = [
-        "serve", "--max-model-len", "512", "--kv-cache-tokens", "4096",
+        "serve",
+        "--max-model-len",
+        "512",
+        "--kv-cache-tokens",
+        "4096",
         # One llama.cpp thread: the CI machines have 2 shared cores, and llama.cpp's
         # spinning worker threads stall for seconds when another process takes a core.
-        "--threads", "1", "--log-level", "warning",
+        "--threads",
+        "1",
+        "--log-level",
+        "warning",
         # Tests on this server compare a stream with the same greedy request answered whole;
         # only batch invariance promises that (the default's prompt cache changes the numbers).
         "--batch-invariant",

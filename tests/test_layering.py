@@ -113,8 +113,10 @@ def rule_broken(importer: str, imported: str) -> str | None:
     if _is_protocol(importer) and not _is_protocol(imported):
         return "sdk.protocol imports only the standard library, third-party packages and itself"
     if source == "sdk" and target == "cloud_engine" and importer not in SDK_MODULES_STARTING_CLOUD_ENGINE:
-        return ("sdk reaches the cloud engine through sdk.protocol (cloud_backend, wire); only the modules that "
-                "configure or start one import it (SDK_MODULES_STARTING_CLOUD_ENGINE)")
+        return (
+            "sdk reaches the cloud engine through sdk.protocol (cloud_backend, wire); only the modules that "
+            "configure or start one import it (SDK_MODULES_STARTING_CLOUD_ENGINE)"
+        )
     if source in ENGINES and target == "sdk" and not _is_protocol(imported):
         return f"{source} imports only sdk.protocol from sdk"
     if source in ENGINES and target in ENGINES and source != target and (source, target) not in ALLOWED_BETWEEN_ENGINES:
@@ -198,23 +200,26 @@ def _plant(root: Path, files: dict[str, str]) -> None:
 
 
 def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
-    _plant(tmp_path, {
-        "sdk/protocol/engine.py": "import json\nimport numpy\n",
-        "sdk/protocol/schema.py": "from .engine import x\nfrom sdk.cascade.runner import Runner\n",
-        "sdk/cascade/runner.py": "from local_runtime.engine import Engine\nfrom sdk.protocol.engine import x\n",
-        "sdk/cloud/client.py": "from cloud_engine.loader import wire\n",  # the client half of the wire, below
-        "sdk/cloud/tier.py": "from cloud_engine.loader import start\n",  # starts an engine: allowed
-        "local_runtime/engine.py": (
-            "from typing import TYPE_CHECKING\nfrom sdk.protocol import engine\n"
-            "if TYPE_CHECKING:\n    from sdk.cascade.runner import Runner\n"  # excluded: types only
-            "def later():\n    from sdk.cascade import runner\n"  # a deferred import still counts
-        ),
-        "cloud_engine/loader.py": "import local_runtime.engine\n",
-        "router/policy.py": "import confidence\nfrom ..confidence.signals import y\n",
-        "confidence/signals.py": "from router.policy import z\nimport bench.serve\n",
-        "bench/serve.py": "from sdk.cascade.runner import Runner\nfrom android_bridge import runtime\n",
-        "android_bridge/runtime.py": "",
-    })  # fmt: skip
+    _plant(
+        tmp_path,
+        {
+            "sdk/protocol/engine.py": "import json\nimport numpy\n",
+            "sdk/protocol/schema.py": "from .engine import x\nfrom sdk.cascade.runner import Runner\n",
+            "sdk/cascade/runner.py": "from local_runtime.engine import Engine\nfrom sdk.protocol.engine import x\n",
+            "sdk/cloud/client.py": "from cloud_engine.loader import wire\n",  # the client half of the wire, below
+            "sdk/cloud/tier.py": "from cloud_engine.loader import start\n",  # starts an engine: allowed
+            "local_runtime/engine.py": (
+                "from typing import TYPE_CHECKING\nfrom sdk.protocol import engine\n"
+                "if TYPE_CHECKING:\n    from sdk.cascade.runner import Runner\n"  # excluded: types only
+                "def later():\n    from sdk.cascade import runner\n"  # a deferred import still counts
+            ),
+            "cloud_engine/loader.py": "import local_runtime.engine\n",
+            "router/policy.py": "import confidence\nfrom ..confidence.signals import y\n",
+            "confidence/signals.py": "from router.policy import z\nimport bench.serve\n",
+            "bench/serve.py": "from sdk.cascade.runner import Runner\nfrom android_bridge import runtime\n",
+            "android_bridge/runtime.py": "",
+        },
+    )
     graph, lines = import_graph(tmp_path)
     assert graph["router.policy"] == {"confidence", "confidence.signals"}  # relative import resolved
     found = violations(graph, lines)
@@ -231,7 +236,10 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
         " third-party packages and itself",
     ]
     # sdk.protocol.schema -> sdk.cascade.runner -> local_runtime.engine -> sdk.cascade.runner; and a router <-> confidence pair.
-    assert import_cycles(graph) == [["confidence.signals", "router.policy"], ["local_runtime.engine", "sdk.cascade.runner"]]
+    assert import_cycles(graph) == [
+        ["confidence.signals", "router.policy"],
+        ["local_runtime.engine", "sdk.cascade.runner"],
+    ]
 
 
 def test_cycles_longer_than_a_pair_are_found():
@@ -241,9 +249,14 @@ def test_cycles_longer_than_a_pair_are_found():
 
 def test_only_the_modules_starting_a_cloud_engine_import_it_from_sdk():
     graph, _ = import_graph(REPO)
-    importers = {name for name, imported in graph.items()
-                 if _top(name) == "sdk" and any(_top(module) == "cloud_engine" for module in imported)}
-    assert importers == set(SDK_MODULES_STARTING_CLOUD_ENGINE), "name a new one there only if it starts or configures an engine"
+    importers = {
+        name
+        for name, imported in graph.items()
+        if _top(name) == "sdk" and any(_top(module) == "cloud_engine" for module in imported)
+    }
+    assert importers == set(SDK_MODULES_STARTING_CLOUD_ENGINE), (
+        "name a new one there only if it starts or configures an engine"
+    )
 
 
 def test_the_walk_sees_every_module_python_would_import():

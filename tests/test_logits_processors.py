@@ -38,7 +38,9 @@ def row_logits(seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(VOCAB) * 3).astype(np.float32)
 
 
-def both_tiers(logits: np.ndarray, p: SamplingParams, prompt: list[int], output: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def both_tiers(
+    logits: np.ndarray, p: SamplingParams, prompt: list[int], output: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
     on_device = local.apply_logit_changes(logits, p, prompt, output, np.array(END_IDS))
     in_cloud = cloud.apply_logit_changes(torch.from_numpy(logits)[None], [p], [(prompt, output)], END_IDS)[0].numpy()
     return on_device, in_cloud
@@ -57,7 +59,9 @@ def openai_penalties(logits: np.ndarray, output: list[int], presence: float, fre
 def test_repetition_penalty_matches_transformers(penalty):
     prompt, output = history(1)
     logits = row_logits(2)
-    reference = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([prompt + output]), torch.from_numpy(logits)[None].double())
+    reference = RepetitionPenaltyLogitsProcessor(penalty)(
+        torch.tensor([prompt + output]), torch.from_numpy(logits)[None].double()
+    )
     for got in both_tiers(logits, params(repetition_penalty=penalty), prompt, output):
         np.testing.assert_allclose(got, reference[0].numpy(), rtol=1e-6, atol=1e-6)
 
@@ -79,7 +83,8 @@ def test_logit_bias_matches_transformers_sequence_bias():
     logits = row_logits(5)
     prompt, output = history(6)
     reference = SequenceBiasLogitsProcessor({(k,): v for k, v in bias.items()})(
-        torch.tensor([prompt + output]), torch.from_numpy(logits)[None].double())  # fmt: skip
+        torch.tensor([prompt + output]), torch.from_numpy(logits)[None].double()
+    )
     for got in both_tiers(logits, params(logit_bias=bias), prompt, output):
         np.testing.assert_allclose(got, reference[0].numpy(), rtol=1e-6, atol=1e-6)
 
@@ -90,7 +95,8 @@ def test_min_tokens_masks_end_and_stop_tokens_until_reached(ignore_eos):
     logits = row_logits(8)
     p = params(min_tokens=len(output) + 1, stop_token_ids=[9], ignore_eos=ignore_eos)
     reference = MinNewTokensLengthLogitsProcessor(len(prompt), p.min_tokens, END_IDS + [9])(
-        torch.tensor([prompt + output]), torch.from_numpy(logits)[None].double())[0].numpy()  # fmt: skip
+        torch.tensor([prompt + output]), torch.from_numpy(logits)[None].double()
+    )[0].numpy()
     if ignore_eos:  # end tokens end nothing then: only the stop token ids are held back
         reference[END_IDS] = logits[END_IDS]
     for got in both_tiers(logits, p, prompt, output):
@@ -110,7 +116,9 @@ def test_min_tokens_under_ignore_eos_changes_logits_only_with_stop_token_ids():
     logits = row_logits(11)
     logits[END_IDS[0]] = logits.max() + 5.0  # the end token is the greedy pick
     p = params(min_tokens=10, ignore_eos=True, temperature=0.0)
-    picked = local_sample_batch(logits[None].copy(), [p], [np.random.default_rng(0)], [(prompt, output)], np.array(END_IDS))
+    picked = local_sample_batch(
+        logits[None].copy(), [p], [np.random.default_rng(0)], [(prompt, output)], np.array(END_IDS)
+    )
     assert picked[0].token_id == END_IDS[0]  # under ignore_eos an end token is an ordinary token
 
 
@@ -138,8 +146,9 @@ def test_greedy_picks_follow_the_changes_while_signals_stay_the_models_own():
     prompt, output = [4, 5], [7, 7]
     p = params(temperature=0.0, frequency_penalty=1.0)  # 5 - 2 x 1 = 3 < 4: token 8 wins
     on_device = local_sample_batch(logits, [p], [np.random.default_rng(0)], [(prompt, output)], np.array(END_IDS))[0]
-    in_cloud = cloud_sample_batch(torch.from_numpy(logits), [p], [make_generator(0, torch.device("cpu"))],
-                                  [(prompt, output)], END_IDS)[0]  # fmt: skip
+    in_cloud = cloud_sample_batch(
+        torch.from_numpy(logits), [p], [make_generator(0, torch.device("cpu"))], [(prompt, output)], END_IDS
+    )[0]
     raw_logprob_of_8 = float(torch.log_softmax(torch.from_numpy(logits[0]).double(), -1)[8])
     for token in (on_device, in_cloud):
         assert token.token_id == 8 and token.logprob == pytest.approx(raw_logprob_of_8, abs=1e-5)
@@ -152,12 +161,17 @@ def test_penalized_sampling_is_reproducible_per_seed_on_both_tiers():
 
     def local_run(seed):
         rngs = [np.random.default_rng(seed + i) for i in range(4)]
-        return [[t.token_id for t in local_sample_batch(logits, [p] * 4, rngs, histories, np.array(END_IDS))] for _ in range(5)]
+        return [
+            [t.token_id for t in local_sample_batch(logits, [p] * 4, rngs, histories, np.array(END_IDS))]
+            for _ in range(5)
+        ]
 
     def cloud_run(seed):
         generators = [make_generator(seed + i, torch.device("cpu")) for i in range(4)]
-        return [[t.token_id for t in cloud_sample_batch(torch.from_numpy(logits), [p] * 4, generators, histories, END_IDS)]
-                for _ in range(5)]  # fmt: skip
+        return [
+            [t.token_id for t in cloud_sample_batch(torch.from_numpy(logits), [p] * 4, generators, histories, END_IDS)]
+            for _ in range(5)
+        ]
 
     assert local_run(1) == local_run(1) and cloud_run(1) == cloud_run(1)
     assert local_run(1) != local_run(2) and cloud_run(1) != cloud_run(2)

@@ -28,7 +28,9 @@ PUBLIC_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 # The admitted call's key fingerprint (None without keys), for the servicer to bill the request
 # to (GenerationRequest.caller): set in the call's own task, before its handler runs.
-CALLER_KEY_FINGERPRINT: contextvars.ContextVar[str | None] = contextvars.ContextVar("tandem_grpc_caller_key", default=None)
+CALLER_KEY_FINGERPRINT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tandem_grpc_caller_key", default=None
+)
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):
@@ -68,7 +70,11 @@ def rpc_refusal(refusal: Refusal) -> tuple[grpc.StatusCode, str, tuple[tuple[str
     if refusal.kind == UNAUTHENTICATED:
         if refusal.key_presented:
             return grpc.StatusCode.UNAUTHENTICATED, "the API key is not valid", ()
-        return grpc.StatusCode.UNAUTHENTICATED, "this server needs an API key: send the metadata `authorization: Bearer <key>`", ()
+        return (
+            grpc.StatusCode.UNAUTHENTICATED,
+            "this server needs an API key: send the metadata `authorization: Bearer <key>`",
+            (),
+        )
     retry = str(max(1, math.ceil(refusal.retry_after_s)))
     who = "this API key" if refusal.per_key else "this client address"
     if refusal.kind == AUTH_BACKOFF:
@@ -87,10 +93,16 @@ def _metadata_value(metadata, key: str) -> str | None:
     return None
 
 
-def _gated(handler: grpc.RpcMethodHandler, gate: AccessGate, presented: str | None, method: str) -> grpc.RpcMethodHandler:
+def _gated(
+    handler: grpc.RpcMethodHandler, gate: AccessGate, presented: str | None, method: str
+) -> grpc.RpcMethodHandler:
     """A handler of the same kind as `handler` that asks the gate first (it needs the peer, which
     only the call's context knows). Unary requests arrive as raw bytes and are parsed after admission."""
-    kind = ("stream" if handler.request_streaming else "unary") + "_" + ("stream" if handler.response_streaming else "unary")
+    kind = (
+        ("stream" if handler.request_streaming else "unary")
+        + "_"
+        + ("stream" if handler.response_streaming else "unary")
+    )
     behavior = getattr(handler, kind)
     parse = None if handler.request_streaming else handler.request_deserializer
 

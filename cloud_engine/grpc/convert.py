@@ -25,7 +25,9 @@ from sdk.protocol.sampling_params import TUNABLES
 # -- server side: requests in --------------------------------------------------------------
 
 
-async def generation_request(message: pb.GenerateRequest, engine: EngineProtocol, engine_request_id: str) -> GenerationRequest:
+async def generation_request(
+    message: pb.GenerateRequest, engine: EngineProtocol, engine_request_id: str
+) -> GenerationRequest:
     """The engine request for a GenerateRequest (the prompt rendered and tokenized off the event loop
     when large, sdk.protocol.prompt_tokens; continuation appended)."""
     if message.model and message.model != engine.model_name:
@@ -34,8 +36,13 @@ async def generation_request(message: pb.GenerateRequest, engine: EngineProtocol
         )
     token_ids = await prompt_token_ids(message, engine) + list(message.continuation_token_ids)
     params = sampling_params(message, len(token_ids), engine.max_model_len)
-    return GenerationRequest(engine_request_id, token_ids, params, priority=message.priority,
-                             num_continuation_tokens=len(message.continuation_token_ids))
+    return GenerationRequest(
+        engine_request_id,
+        token_ids,
+        params,
+        priority=message.priority,
+        num_continuation_tokens=len(message.continuation_token_ids),
+    )
 
 
 async def prompt_token_ids(message: pb.GenerateRequest, engine: EngineProtocol) -> list[int]:
@@ -45,7 +52,9 @@ async def prompt_token_ids(message: pb.GenerateRequest, engine: EngineProtocol) 
     if kind == "messages":
         if not message.messages.messages:
             raise InvalidRequestError("messages must contain at least one message", "messages")
-        return await chat_prompt_tokens(engine, [{"role": m.role, "content": m.content} for m in message.messages.messages])
+        return await chat_prompt_tokens(
+            engine, [{"role": m.role, "content": m.content} for m in message.messages.messages]
+        )
     if kind == "prompt_token_ids":
         if not message.prompt_token_ids.ids:
             raise InvalidRequestError("prompt_token_ids must contain at least one token id", "prompt_token_ids")
@@ -79,7 +88,9 @@ def sampling_params(message: pb.GenerateRequest, num_prompt_tokens: int, max_mod
         stop_token_ids=list(sampling.stop_token_ids),
         ignore_eos=sampling.ignore_eos,
         repetition_stop=sampling.repetition_stop if sampling.HasField("repetition_stop") else None,
-        close_within_max_tokens=sampling.close_within_max_tokens if sampling.HasField("close_within_max_tokens") else None,
+        close_within_max_tokens=sampling.close_within_max_tokens
+        if sampling.HasField("close_within_max_tokens")
+        else None,
         logprobs=sampling.top_logprobs or None,
         structured=structured_output(sampling),
     )
@@ -89,8 +100,11 @@ def structured_output(sampling: pb.SamplingParams) -> StructuredOutput | None:
     if not sampling.HasField("structured"):
         return None
     message = sampling.structured
-    return StructuredOutput(message.kind, message.schema if message.HasField("schema") else None,  # validates the kind
-                            message.grammar if message.HasField("grammar") else None)
+    return StructuredOutput(
+        message.kind,
+        message.schema if message.HasField("schema") else None,  # validates the kind
+        message.grammar if message.HasField("grammar") else None,
+    )
 
 
 # -- server side: events out ---------------------------------------------------------------

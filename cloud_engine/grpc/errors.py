@@ -73,14 +73,18 @@ def status_for(exc: BaseException) -> RpcStatus:
         return RpcStatus(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}{where}", _typed(kind, exc.param))
     if isinstance(exc, EngineOverloadedError):
         retry = str(max(1, math.ceil(exc.retry_after_s)))
-        return RpcStatus(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), _typed(OVERLOADED_TYPE) + ((RETRY_AFTER_KEY, retry),))
+        return RpcStatus(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), _typed(OVERLOADED_TYPE) + ((RETRY_AFTER_KEY, retry),)
+        )
     if isinstance(exc, QuotaExceededError):
         return RpcStatus(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), _typed(INSUFFICIENT_QUOTA_TYPE))
     if isinstance(exc, EngineNotReadyError):
         return RpcStatus(grpc.StatusCode.UNAVAILABLE, str(exc), _typed(NOT_READY_TYPE) + ((RETRY_AFTER_KEY, "1"),))
     # The traceback may hold prompt text or paths: it goes to the log, the client gets a generic line.
     logger.error("unexpected error while serving a gRPC request", exc_info=exc)
-    return RpcStatus(grpc.StatusCode.INTERNAL, f"the server hit an internal error ({type(exc).__name__}); it was logged")
+    return RpcStatus(
+        grpc.StatusCode.INTERNAL, f"the server hit an internal error ({type(exc).__name__}); it was logged"
+    )
 
 
 def _typed(kind: str, param: str | None = None) -> tuple[tuple[str, str], ...]:

@@ -55,7 +55,9 @@ class GrpcServerConfig:
     rate_limit_per_minute: float | None = None  # calls a minute per key (per client address without keys)
     rate_limit_burst: float | None = None  # default: the per-minute figure
     max_concurrent_per_key: int | None = None  # calls in flight at once per key (per address without keys)
-    auth_backoff_after: int | None = DEFAULT_AUTH_BACKOFF_AFTER  # failed keys per address before it backs off; 0/None: off
+    auth_backoff_after: int | None = (
+        DEFAULT_AUTH_BACKOFF_AFTER  # failed keys per address before it backs off; 0/None: off
+    )
     auth_backoff_max_s: float = DEFAULT_AUTH_BACKOFF_MAX_S
 
     def __post_init__(self) -> None:
@@ -89,7 +91,9 @@ class _Running:
 _running: weakref.WeakKeyDictionary[grpc.aio.Server, _Running] = weakref.WeakKeyDictionary()
 
 
-async def start_grpc_server(engine: EngineProtocol, config: GrpcServerConfig, limits: ClientLimits | None = None) -> grpc.aio.Server:
+async def start_grpc_server(
+    engine: EngineProtocol, config: GrpcServerConfig, limits: ClientLimits | None = None
+) -> grpc.aio.Server:
     """A started server bound to config.address; raises GrpcServerStartError if it cannot listen.
     `limits`: the process's shared per-client budgets; None builds them from config."""
     credentials = _server_credentials(config)
@@ -102,8 +106,13 @@ async def start_grpc_server(engine: EngineProtocol, config: GrpcServerConfig, li
     if config.max_concurrent_streams is not None:
         options.append(("grpc.max_concurrent_streams", config.max_concurrent_streams))
     if limits is None:
-        limits = ClientLimits.build(config.rate_limit_per_minute, config.rate_limit_burst, config.max_concurrent_per_key,
-                                    auth_backoff_after=config.auth_backoff_after, auth_backoff_max_s=config.auth_backoff_max_s)
+        limits = ClientLimits.build(
+            config.rate_limit_per_minute,
+            config.rate_limit_burst,
+            config.max_concurrent_per_key,
+            auth_backoff_after=config.auth_backoff_after,
+            auth_backoff_max_s=config.auth_backoff_max_s,
+        )
     gate = AccessGate(config.api_keys, limits)
     interceptors = [AccessInterceptor(gate)] if gate.active else []
     server = grpc.aio.server(interceptors=interceptors, options=options)
@@ -118,7 +127,11 @@ async def start_grpc_server(engine: EngineProtocol, config: GrpcServerConfig, li
         reflection.enable_server_reflection((SERVICE_NAME, health_name, reflection.SERVICE_NAME), server)
 
     try:
-        port = server.add_secure_port(config.address, credentials) if credentials else server.add_insecure_port(config.address)
+        port = (
+            server.add_secure_port(config.address, credentials)
+            if credentials
+            else server.add_insecure_port(config.address)
+        )
     except RuntimeError as exc:  # grpc's way of saying the bind failed
         raise GrpcServerStartError(
             f"cannot listen on {config.address}: the port is already in use or the address is not available here"

@@ -43,7 +43,9 @@ class TandemServicer(pb_grpc.TandemServicer):
         engine = self.engine
         try:
             generation_request = await convert.generation_request(request, engine, engine_request_id)
-            generation_request.caller = Caller(CALLER_KEY_FINGERPRINT.get())  # budgets bill per key (gRPC has no `user`)
+            generation_request.caller = Caller(
+                CALLER_KEY_FINGERPRINT.get()
+            )  # budgets bill per key (gRPC has no `user`)
             events = engine.generate(generation_request)
         except Exception as exc:
             await _abort_with(context, exc)  # raises: the call ends here
@@ -68,10 +70,15 @@ class TandemServicer(pb_grpc.TandemServicer):
             # The engine ended the stream without a last event (it aborted the request itself).
             await context.abort(grpc.StatusCode.ABORTED, "the server stopped this request before it finished")
 
-    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListModelsResponse:
         fingerprint = await asyncio.to_thread(lambda: self.engine.vocabulary_fingerprint)  # first read: ~0.1 s
-        card = pb.ModelCard(id=self.engine.model_name, max_model_len=max(0, self.engine.max_model_len or 0),
-                            vocabulary_fingerprint=fingerprint)
+        card = pb.ModelCard(
+            id=self.engine.model_name,
+            max_model_len=max(0, self.engine.max_model_len or 0),
+            vocabulary_fingerprint=fingerprint,
+        )
         return pb.ListModelsResponse(models=[card])
 
 
@@ -114,7 +121,8 @@ def _parsed(method, message_cls):
             request = message_cls.FromString(raw)
         except DecodeError as exc:
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {message_cls.DESCRIPTOR.full_name} message: {exc}"
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request is not a valid {message_cls.DESCRIPTOR.full_name} message: {exc}",
             )
         return await method(request, context)
 
@@ -129,7 +137,8 @@ def add_tandem_servicer(engine: EngineProtocol, server: grpc.aio.Server) -> Tand
             _parsed(servicer.Generate, pb.GenerateRequest), response_serializer=pb.GenerateResponse.SerializeToString
         ),
         "ListModels": grpc.unary_unary_rpc_method_handler(
-            _parsed(servicer.ListModels, pb.ListModelsRequest), response_serializer=pb.ListModelsResponse.SerializeToString
+            _parsed(servicer.ListModels, pb.ListModelsRequest),
+            response_serializer=pb.ListModelsResponse.SerializeToString,
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

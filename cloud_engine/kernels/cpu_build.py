@@ -52,8 +52,9 @@ def cpu_kernels():
     if cxx_compiler() is None:
         logger.warning("no C++ compiler found; cloud engine uses the portable attention path on CPU")
         return None
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + fingerprint().encode()
-                         + torch.__version__.encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + " ".join(CFLAGS).encode() + fingerprint().encode() + torch.__version__.encode()
+    ).hexdigest()[:16]
     build_dir = kernel_cache_dir() / f"paged_decode_cpu_{key}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,12 @@ from cloud_engine.model.registry import ArchitectureSpec, get_architecture, gguf
 GGUF_MAGIC = b"GGUF"
 ROPE_FREQS_TENSOR = "rope_freqs.weight"  # Llama 3.x rope scaling, stored as per-frequency divisors
 # Big tokenizer arrays the config never needs; the tokenizer reads them itself.
-SKIPPED_METADATA = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-                    "tokenizer.ggml.scores")
+SKIPPED_METADATA = (
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.scores",
+)
 
 
 @dataclass
@@ -86,7 +90,9 @@ def read_gguf_checkpoint(path: str) -> GGUFCheckpoint:
 
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
-            raise InvalidModelError(f"{path} is not a GGUF file (bad magic); pass a .gguf model or an HF model directory")
+            raise InvalidModelError(
+                f"{path} is not a GGUF file (bad magic); pass a .gguf model or an HF model directory"
+            )
     reader = gguf.GGUFReader(path)
     metadata = {key: field.contents() for key, field in reader.fields.items() if key not in SKIPPED_METADATA}
     tensors = {t.name: t for t in reader.tensors}
@@ -100,8 +106,15 @@ def read_gguf_checkpoint(path: str) -> GGUFCheckpoint:
     rope_freqs = tensors.get(ROPE_FREQS_TENSOR)
     factors = _dequantize(rope_freqs).tolist() if rope_freqs is not None else None
     config = ModelConfig.from_gguf(metadata, tensor_names=tensors.keys(), rope_freq_factors=factors)
-    return GGUFCheckpoint(path=path, metadata=metadata, config=config, spec=spec, reader=reader,
-                          tensor_names=list(tensors), rope_freq_factors=factors)
+    return GGUFCheckpoint(
+        path=path,
+        metadata=metadata,
+        config=config,
+        spec=spec,
+        reader=reader,
+        tensor_names=list(tensors),
+        rope_freq_factors=factors,
+    )
 
 
 def _hf_shape(tensor) -> list[int]:

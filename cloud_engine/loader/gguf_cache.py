@@ -140,15 +140,22 @@ def load_cached_checkpoint(gguf_path: str) -> CachedCheckpoint | None:
         saved = json.loads((entry / CHECKPOINT_FILE).read_text(encoding="utf-8"))
         metadata = saved["metadata"]
         get_architecture(metadata["general.architecture"])  # what read_gguf_checkpoint checks
-        config = ModelConfig.from_gguf(metadata, tensor_names=saved["tensor_names"], rope_freq_factors=saved["rope_freq_factors"])
+        config = ModelConfig.from_gguf(
+            metadata, tensor_names=saved["tensor_names"], rope_freq_factors=saved["rope_freq_factors"]
+        )
         if not (entry / WEIGHTS_FILE).is_file() or not isinstance(saved["weight_names"], list):
             return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("ignoring the cached checkpoint in %s: %s", entry, exc)
         return None
     _touch(entry)
-    return CachedCheckpoint(path=gguf_path, metadata=metadata, config=config, weights_file=entry / WEIGHTS_FILE,
-                            weight_names=saved["weight_names"])  # fmt: skip
+    return CachedCheckpoint(
+        path=gguf_path,
+        metadata=metadata,
+        config=config,
+        weights_file=entry / WEIGHTS_FILE,
+        weight_names=saved["weight_names"],
+    )
 
 
 def storing_weights(checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
@@ -191,8 +198,12 @@ def _plan(checkpoint) -> list[tuple[str, list[int]]] | None:
 
 def _checkpoint_record(checkpoint) -> dict:
     """What load_cached_checkpoint rebuilds the config from: what read_gguf_checkpoint derived it from."""
-    return {"source": os.path.abspath(checkpoint.path), "metadata": checkpoint.metadata,
-            "tensor_names": checkpoint.tensor_names, "rope_freq_factors": checkpoint.rope_freq_factors}  # fmt: skip
+    return {
+        "source": os.path.abspath(checkpoint.path),
+        "metadata": checkpoint.metadata,
+        "tensor_names": checkpoint.tensor_names,
+        "rope_freq_factors": checkpoint.rope_freq_factors,
+    }
 
 
 class _SafetensorsWriter:

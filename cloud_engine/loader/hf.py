@@ -45,9 +45,7 @@ def read_hf_checkpoint(model_dir: str) -> HFCheckpoint:
     """Parse config.json and locate the safetensors files; raise InvalidModelError with a fix when absent."""
     config_path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(config_path):
-        raise InvalidModelError(
-            f"{model_dir} has no config.json; pass a Hugging Face model directory or a .gguf file"
-        )
+        raise InvalidModelError(f"{model_dir} has no config.json; pass a Hugging Face model directory or a .gguf file")
     with open(config_path, encoding="utf-8") as f:
         hf_config = json.load(f)
     # The architecture first: an unsupported model should say so, not fail on a missing field.

@@ -55,7 +55,9 @@ class LoadedModel:
         return self.encode(prompt, parse_special=True)
 
 
-def load_model(source: str | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LoadedModel:
+def load_model(
+    source: str | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> LoadedModel:
     """Load an HF model directory, a .gguf file, or (source=None) the embedded SmolLM2-135M-Instruct GGUF."""
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype {dtype} is not supported; use one of {', '.join(map(str, SUPPORTED_DTYPES))}")

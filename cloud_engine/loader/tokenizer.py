@@ -9,8 +9,15 @@ from cloud_engine.loader.hf import InvalidModelError
 
 # Special tokens that end an assistant turn in the chat formats we know; counted as
 # end-of-generation when the tokenizer registers them as special, like llama.cpp does.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|endoftext|>",
-                      "<end_of_turn>", "<|end|>")
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "<end_of_turn>",
+    "<|end|>",
+)
 
 
 def load_hf_tokenizer(model_dir: str):
@@ -20,8 +27,10 @@ def load_hf_tokenizer(model_dir: str):
     try:
         return AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as exc:
-        raise InvalidModelError(f"could not load a tokenizer from {model_dir}: {exc}; "
-                                "the directory needs tokenizer.json or tokenizer_config.json") from exc
+        raise InvalidModelError(
+            f"could not load a tokenizer from {model_dir}: {exc}; "
+            "the directory needs tokenizer.json or tokenizer_config.json"
+        ) from exc
 
 
 def load_gguf_tokenizer(gguf_path: str):
@@ -65,7 +74,9 @@ def tokenizer_adds_bos(tokenizer) -> bool:
     return bos is not None and tokenizer.encode("a", add_special_tokens=True)[:1] == [bos]
 
 
-def encode_prompt(tokenizer, text: str, add_bos: bool, bos_token_id: int | None, parse_special: bool = True) -> list[int]:
+def encode_prompt(
+    tokenizer, text: str, add_bos: bool, bos_token_id: int | None, parse_special: bool = True
+) -> list[int]:
     """Token ids for `text`, with BOS in front once when the model wants it (templates may write it already).
 
     parse_special=True turns special-token text such as "<|im_start|>" into its id (rendered

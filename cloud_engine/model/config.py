@@ -51,8 +51,16 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # tokens that end generation
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ModelConfigError(f"{name} must be a positive integer, got {value!r}; check the model's config")
@@ -64,7 +72,9 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ModelConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.hidden_act != "silu":
-            raise ModelConfigError(f"hidden_act {self.hidden_act!r} is not supported; only 'silu' (SwiGLU) models run here")
+            raise ModelConfigError(
+                f"hidden_act {self.hidden_act!r} is not supported; only 'silu' (SwiGLU) models run here"
+            )
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ModelConfigError("rope_theta and rms_norm_eps must be positive; check the model's config")
         _validate_rope_scaling(self.rope_scaling, self.head_dim)
@@ -82,8 +92,11 @@ class ModelConfig:
             raise ModelConfigError("config.json has no 'architectures' entry; add e.g. [\"LlamaForCausalLM\"]")
         architecture = architectures[0]
         d = {**HF_ARCHITECTURE_DEFAULTS.get(architecture, {}), **hf_config}
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads") if d.get(k) is None]
+        missing = [
+            k
+            for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+            if d.get(k) is None
+        ]
         if missing:
             raise ModelConfigError(f"config.json lacks {missing}; it does not describe a decoder-only transformer")
         if d.get("mlp_bias"):
@@ -134,8 +147,11 @@ class ModelConfig:
         def get(key: str, default: Any = None) -> Any:
             return metadata.get(f"{arch}.{key}", default)
 
-        missing = [k for k in ("embedding_length", "feed_forward_length", "block_count", "attention.head_count")
-                   if get(k) is None]
+        missing = [
+            k
+            for k in ("embedding_length", "feed_forward_length", "block_count", "attention.head_count")
+            if get(k) is None
+        ]
         if missing:
             raise ModelConfigError(f"the GGUF metadata lacks {[f'{arch}.{k}' for k in missing]}; re-convert the model")
         hidden, num_heads = int(get("embedding_length")), int(get("attention.head_count"))
@@ -148,9 +164,13 @@ class ModelConfig:
         elif scaling_type == "linear":
             rope_scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
         else:
-            raise ModelConfigError(f"GGUF rope scaling {scaling_type!r} is not supported (supported: none, linear, rope_freqs)")
-        eos_ids = [metadata.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                                               "tokenizer.ggml.eom_token_id")]
+            raise ModelConfigError(
+                f"GGUF rope scaling {scaling_type!r} is not supported (supported: none, linear, rope_freqs)"
+            )
+        eos_ids = [
+            metadata.get(k)
+            for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+        ]
         names = set(tensor_names)
         return cls(
             architecture=arch,

@@ -55,7 +55,10 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
         self.qkv_sizes = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
         self.qkv_proj = nn.Linear(config.hidden_size, sum(self.qkv_sizes), bias=config.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_output_bias)
@@ -117,8 +120,9 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
-                                         _weight=_embedding_init(config.vocab_size, config.hidden_size))
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size, _weight=_embedding_init(config.vocab_size, config.hidden_size)
+        )
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -132,7 +136,9 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config)
         # Tied models have no lm_head module: the embedding matrix is read directly, so
         # the tie survives meta-device construction and device moves.
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.packed_lm_head: PackedLinear | None = None  # set by pack_for_cpu
 
@@ -150,11 +156,15 @@ class LlamaForCausalLM(nn.Module):
                     f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
                 )
             if key_cache.dtype != dtype or value_cache.dtype != dtype:
-                raise ValueError(f"layer {i}: KV caches are {key_cache.dtype}/{value_cache.dtype}, the model is {dtype}; "
-                                 "allocate them in the model's dtype")
+                raise ValueError(
+                    f"layer {i}: KV caches are {key_cache.dtype}/{value_cache.dtype}, the model is {dtype}; "
+                    "allocate them in the model's dtype"
+                )
             layer.self_attn.kv_cache = (key_cache, value_cache)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
         """[num_tokens] ids and positions -> [num_tokens, hidden_size] after the final norm."""
         hidden = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # once per step, shared by every layer
@@ -195,8 +205,10 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy (HF checkpoint name, tensor) pairs into the parameters; raise on unknown, misshaped or missing ones."""
         params = dict(self.named_parameters())
-        shard_sizes = {"qkv_proj": self.model.layers[0].self_attn.qkv_sizes if self.model.layers else [],
-                       "gate_up_proj": [self.config.intermediate_size] * 2}
+        shard_sizes = {
+            "qkv_proj": self.model.layers[0].self_attn.qkv_sizes if self.model.layers else [],
+            "gate_up_proj": [self.config.intermediate_size] * 2,
+        }
         expected = {(name, shard) for name in params for shard in range(_num_shards(name, shard_sizes))}
         loaded: set[tuple[str, int]] = set()
         for name, tensor in weights:
@@ -211,15 +223,19 @@ class LlamaForCausalLM(nn.Module):
                 target_name, shard = name, 0
             param = params.get(target_name)
             if param is None:
-                raise WeightLoadError(f"checkpoint tensor {name!r} has no place in {type(self).__name__} "
-                                      f"built from this config; is the architecture right?")
+                raise WeightLoadError(
+                    f"checkpoint tensor {name!r} has no place in {type(self).__name__} "
+                    f"built from this config; is the architecture right?"
+                )
             target = param.data
             if fused is not None:
                 sizes = shard_sizes[parts[-2]]
                 target = target.narrow(0, sum(sizes[:shard]), sizes[shard])
             if tuple(tensor.shape) != tuple(target.shape):
-                raise WeightLoadError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                      f"the config implies {tuple(target.shape)}")
+                raise WeightLoadError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the config implies {tuple(target.shape)}"
+                )
             target.copy_(tensor)
             loaded.add((target_name, shard))
         missing = sorted({name for name, _ in expected - loaded})

@@ -41,8 +41,11 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope_scaling: Mapping[str, Any]) -> t
     stretched = inv_freq / factor
     blend = ((original_context / wavelength - low) / (high - low)).clamp(0.0, 1.0)
     mixed = (1 - blend) * stretched + blend * inv_freq
-    return torch.where(wavelength > original_context / low, stretched,
-                       torch.where(wavelength < original_context / high, inv_freq, mixed))
+    return torch.where(
+        wavelength > original_context / low,
+        stretched,
+        torch.where(wavelength < original_context / high, inv_freq, mixed),
+    )
 
 
 class RotaryEmbedding:

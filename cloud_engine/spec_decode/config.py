@@ -29,18 +29,38 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         checks = [
             (self.method in METHODS, f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}"),
-            (self.method != "draft" or bool(self.draft_model), "speculative method draft needs a draft model (draft:PATH)"),
-            (self.draft_num_layers is None or self.draft_num_layers >= 1, f"draft_num_layers must be >= 1, got {self.draft_num_layers}"),
-            (1 <= self.num_speculative_tokens <= 16, f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}"),
-            (1 <= self.ngram_min <= self.ngram_max, f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}"),
-            (self.max_batch_for_speculation >= 1, f"max_batch_for_speculation must be >= 1, got {self.max_batch_for_speculation}"),
-            (0.0 <= self.min_accepted_tokens <= 16, f"min_accepted_tokens must be in [0, 16], got {self.min_accepted_tokens}"),
+            (
+                self.method != "draft" or bool(self.draft_model),
+                "speculative method draft needs a draft model (draft:PATH)",
+            ),
+            (
+                self.draft_num_layers is None or self.draft_num_layers >= 1,
+                f"draft_num_layers must be >= 1, got {self.draft_num_layers}",
+            ),
+            (
+                1 <= self.num_speculative_tokens <= 16,
+                f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}",
+            ),
+            (
+                1 <= self.ngram_min <= self.ngram_max,
+                f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}",
+            ),
+            (
+                self.max_batch_for_speculation >= 1,
+                f"max_batch_for_speculation must be >= 1, got {self.max_batch_for_speculation}",
+            ),
+            (
+                0.0 <= self.min_accepted_tokens <= 16,
+                f"min_accepted_tokens must be in [0, 16], got {self.min_accepted_tokens}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
         if self.method == "draft" and not os.path.exists(os.path.expanduser(self.draft_model)):
-            raise ValueError(f"draft model not found: {self.draft_model} (expected a Hugging Face model directory or a .gguf file)")
+            raise ValueError(
+                f"draft model not found: {self.draft_model} (expected a Hugging Face model directory or a .gguf file)"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -56,8 +76,10 @@ def parse_speculative(value: str, num_speculative_tokens: int | None = None, **o
     if text in ("off", "ngram"):
         return SpeculativeConfig(method=text, **extra)
     if text.startswith("draft:"):
-        path, _, layers = text[len("draft:"):].rpartition("@") if "@" in text else (text[len("draft:"):], "", "")
+        path, _, layers = text[len("draft:") :].rpartition("@") if "@" in text else (text[len("draft:") :], "", "")
         if layers and not layers.isdigit():
             raise ValueError(f"--speculative draft:PATH@LAYERS needs an integer LAYERS, got {layers!r}")
-        return SpeculativeConfig(method="draft", draft_model=path, draft_num_layers=int(layers) if layers else None, **extra)
+        return SpeculativeConfig(
+            method="draft", draft_model=path, draft_num_layers=int(layers) if layers else None, **extra
+        )
     raise ValueError(f"--speculative must be off, ngram or draft:PATH, got {value!r}")

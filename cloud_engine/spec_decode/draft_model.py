@@ -68,25 +68,42 @@ class DraftModelProposer:
         model, config = loaded.model, loaded.config
         if spec.draft_num_layers is not None:
             if spec.draft_num_layers > config.num_hidden_layers:
-                raise DraftModelError(f"draft_num_layers {spec.draft_num_layers} > the draft's {config.num_hidden_layers} layers")
+                raise DraftModelError(
+                    f"draft_num_layers {spec.draft_num_layers} > the draft's {config.num_hidden_layers} layers"
+                )
             model.model.layers = model.model.layers[: spec.draft_num_layers]
         model.pack_for_cpu()
         model.warm_up_packed(engine.config.max_num_batched_tokens, engine.config.max_logit_rows)
         self.device, self.block_size = engine.device, engine.config.block_size
         num_layers = len(model.model.layers)
         # As many blocks as the target's pool: the draft holds at most the same tokens.
-        caches = allocate_kv_caches(num_layers, engine.num_blocks, self.block_size, config.num_key_value_heads,
-                                    config.head_dim, engine.dtype, engine.device)  # fmt: skip
+        caches = allocate_kv_caches(
+            num_layers,
+            engine.num_blocks,
+            self.block_size,
+            config.num_key_value_heads,
+            config.head_dim,
+            engine.dtype,
+            engine.device,
+        )
         model.bind_kv_caches(caches)
-        kernel = select_decode_kernel(engine.config.attention_backend, engine.device, engine.dtype,
-                                      config.num_attention_heads, config.num_key_value_heads, config.head_dim)  # fmt: skip
+        kernel = select_decode_kernel(
+            engine.config.attention_backend,
+            engine.device,
+            engine.dtype,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
         self.runner = ModelRunner(model, self.block_size, engine.device, kernel)
         self.kv = KVCacheManager(engine.num_blocks, self.block_size, enable_prefix_caching=False)
         self.vocab_size = engine.vocab_size
         self._seqs: dict[str, DraftSequence] = {}
         logger.info("draft model %s: %d layers, %d KV blocks", loaded.name, num_layers, engine.num_blocks)
 
-    def propose(self, requests: list[Request], num_tokens: dict[str, int]) -> dict[str, tuple[list[int], torch.Tensor | None]]:
+    def propose(
+        self, requests: list[Request], num_tokens: dict[str, int]
+    ) -> dict[str, tuple[list[int], torch.Tensor | None]]:
         seqs = {r.request_id: self._sync(r) for r in requests if num_tokens.get(r.request_id, 0) > 0}
         by_id = {r.request_id: r for r in requests}
         drafts: dict[str, list[int]] = {rid: [] for rid in seqs}
@@ -132,7 +149,9 @@ class DraftModelProposer:
         if seq is None:
             seed = request.params.seed
             generator = make_generator(None if seed is None else (seed + 1) % 2**63, self.device)
-            seq = self._seqs[request.request_id] = DraftSequence(request.request_id, list(target), 0, generator=generator)
+            seq = self._seqs[request.request_id] = DraftSequence(
+                request.request_id, list(target), 0, generator=generator
+            )
             return seq
         # At least the last token is recomputed: its logits give the first draft token (the draft
         # may already hold all of the target's tokens when the scheduler cut its last draft short).
@@ -154,9 +173,13 @@ class DraftModelProposer:
 def check_same_tokenizer(draft, engine) -> None:
     """Draft tokens are target token ids: the vocabularies must be the same."""
     if draft.config.vocab_size != engine.vocab_size:
-        raise DraftModelError(f"the draft model's vocabulary has {draft.config.vocab_size} tokens, the target's "
-                              f"{engine.vocab_size}; a draft model must share the target's tokenizer")  # fmt: skip
+        raise DraftModelError(
+            f"the draft model's vocabulary has {draft.config.vocab_size} tokens, the target's "
+            f"{engine.vocab_size}; a draft model must share the target's tokenizer"
+        )
     ids = list(range(min(_TOKENIZER_CHECK_IDS, engine.vocab_size)))
     if draft.tokenizer.convert_ids_to_tokens(ids) != engine.tokenizer.convert_ids_to_tokens(ids):
-        raise DraftModelError("the draft model's tokenizer differs from the target's (same size, other tokens); "
-                              "a draft model must share the target's tokenizer")  # fmt: skip
+        raise DraftModelError(
+            "the draft model's tokenizer differs from the target's (same size, other tokens); "
+            "a draft model must share the target's tokenizer"
+        )

@@ -24,7 +24,11 @@ from sdk.protocol.engine import SamplingParams
 
 @torch.inference_mode()
 def verify_draft(
-    logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None, params: SamplingParams, generator: torch.Generator
+    logits: torch.Tensor,
+    draft: list[int],
+    draft_probs: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator,
 ) -> list[int]:
     """`logits` [k + 1, vocab]: the target's rows at the last real token and at each draft token.
     Returns the emitted tokens: the accepted draft prefix, then one token of the target's."""

@@ -28,7 +28,14 @@ class Speculator:
     """Drafts and their verification for one engine (no proposer when speculation is off:
     the counters still answer, with zeros)."""
 
-    def __init__(self, engine, config: SpeculativeConfig, max_model_len: int, grammar: GrammarMasks, eos_token_ids: Collection[int]):
+    def __init__(
+        self,
+        engine,
+        config: SpeculativeConfig,
+        max_model_len: int,
+        grammar: GrammarMasks,
+        eos_token_ids: Collection[int],
+    ):
         self.config = config
         self.max_model_len = max_model_len
         self.grammar = grammar
@@ -64,7 +71,9 @@ class Speculator:
             if request.matcher is not None:  # only the prefix the grammar accepts can be verified
                 if request.matcher.near_budget(request.tokens_left(self.max_model_len)):
                     continue  # the answer may have to close: one token a step, each under the budget's mask
-                request.spec_token_ids = request.spec_token_ids[: request.matcher.validate_tokens(request.spec_token_ids)]
+                request.spec_token_ids = request.spec_token_ids[
+                    : request.matcher.validate_tokens(request.spec_token_ids)
+                ]
                 probs = probs[: len(request.spec_token_ids)] if probs is not None else None
                 if not request.spec_token_ids:
                     continue
@@ -79,7 +88,9 @@ class Speculator:
         (the raw rows, not the grammar-masked ones)."""
         probs = self.draft_probs.pop(request.request_id, None)
         verified = self._masked_by_grammar(request, rows, draft) if request.matcher is not None else rows
-        ids = verify_draft(verified, draft, probs[: len(draft)] if probs is not None else None, request.params, generator)
+        ids = verify_draft(
+            verified, draft, probs[: len(draft)] if probs is not None else None, request.params, generator
+        )
         num_accepted = len(ids) - 1
         self.stats.record(len(draft), num_accepted)
         self.policy.record(request.request_id, len(draft), num_accepted)

@@ -81,14 +81,21 @@ class OperatingPoint:
 DEFAULT_TOKENS = (256, 256)  # mean prompt / completion tokens per request when nothing says otherwise
 
 
-def cost_model(examples: Sequence, prices: CostTable, prompt_tokens: float | None = None,
-               completion_tokens: float | None = None) -> CostModel:  # fmt: skip
+def cost_model(
+    examples: Sequence, prices: CostTable, prompt_tokens: float | None = None, completion_tokens: float | None = None
+) -> CostModel:
     """Per tier, the given mean token counts, else the table's means (live tables have them), else DEFAULT_TOKENS."""
     tokens, assumed = {}, []
     for tier in ("local", "cloud"):
         means = []
-        for column, given, default in zip(TOKEN_COLUMNS, (prompt_tokens, completion_tokens), DEFAULT_TOKENS, strict=True):
-            values = [float(e.extra[f"{tier}_{column}"]) for e in examples if e.extra.get(f"{tier}_{column}") not in (None, "")]
+        for column, given, default in zip(
+            TOKEN_COLUMNS, (prompt_tokens, completion_tokens), DEFAULT_TOKENS, strict=True
+        ):
+            values = [
+                float(e.extra[f"{tier}_{column}"])
+                for e in examples
+                if e.extra.get(f"{tier}_{column}") not in (None, "")
+            ]
             if given is None and not values:
                 assumed.append(f"{tier}_{column}")
             means.append(float(given) if given is not None else float(np.mean(values)) if values else float(default))
@@ -120,8 +127,10 @@ def candidates(confidence, examples: Sequence) -> tuple[np.ndarray, np.ndarray, 
     c = np.asarray(confidence, float)
     finite = c[np.isfinite(c)]
     if np.isnan(c).any() or c[np.isinf(c)].max(initial=-np.inf) > 0 or ((finite < 0) | (finite > 1)).any():
-        raise CalibrationError("confidences must lie in [0, 1] (missing ones as -inf) to be compared with a threshold; "
-                               "check --higher-means, or rescale the score column")  # fmt: skip
+        raise CalibrationError(
+            "confidences must lie in [0, 1] (missing ones as -inf) to be compared with a threshold; "
+            "check --higher-means, or rescale the score column"
+        )
     outcomes = Outcomes.of(examples)
     c = np.maximum(c, 0.0)  # for t > 0 a -inf (missing) and a 0 both escalate: one group
     order = np.argsort(c, kind="stable")
@@ -142,14 +151,18 @@ def choose_threshold(confidence, examples: Sequence, target: Target, costs: Cost
         met = np.flatnonzero(quality >= wanted - _EPS)
         if met.size == 0:
             top = int(np.argmax(quality))
-            raise CalibrationError(f"no threshold reaches quality {wanted:.4f} ({target.value:g} of strong); the best is "
-                                   f"{quality[top]:.4f} at cloud share {shares[top]:.3f}")  # fmt: skip
+            raise CalibrationError(
+                f"no threshold reaches quality {wanted:.4f} ({target.value:g} of strong); the best is "
+                f"{quality[top]:.4f} at cloud share {shares[top]:.3f}"
+            )
         best = int(met[0])
     else:
         if costs is None:
             raise CalibrationError("a budget target needs a cost model (prices and tokens per request)")
         affordable = np.flatnonzero([costs.per_1k(share) <= target.value + _EPS for share in shares])
         if affordable.size == 0:
-            raise CalibrationError(f"even all-local costs {costs.per_1k(0.0):.4f} USD per 1k requests, over {target.value:g}")
+            raise CalibrationError(
+                f"even all-local costs {costs.per_1k(0.0):.4f} USD per 1k requests, over {target.value:g}"
+            )
         best = int(affordable[np.argmax(quality[affordable])])  # first maximum: the least cloud for that quality
     return measure(confidence, examples, float(thresholds[best]), costs)

@@ -76,7 +76,9 @@ def router_scores(router: str, examples: Sequence[RoutingExample], higher_means:
         return RouterScores(kind, strong_need, None)
     if kind == "column" and arg:
         if all(arg not in example.extra for example in examples):
-            raise TableError(f"the table has no column {arg!r}; columns besides the labels: {sorted(examples[0].extra)}")
+            raise TableError(
+                f"the table has no column {arg!r}; columns besides the labels: {sorted(examples[0].extra)}"
+            )
         values = [_number(example.extra.get(arg), f"column {arg!r}") for example in examples]
         direction = higher_means or "local"
     elif kind == "scores" and arg:

@@ -40,7 +40,9 @@ class Outcomes:
         """From router.eval_tables.RoutingExample rows."""
         if not examples:
             raise ValueError("no prompts to evaluate: the table is empty (or every prompt was dropped)")
-        return cls(np.array([e.weak_correct for e in examples], bool), np.array([e.strong_correct for e in examples], bool))
+        return cls(
+            np.array([e.weak_correct for e in examples], bool), np.array([e.strong_correct for e in examples], bool)
+        )
 
     @property
     def weak_acc(self) -> float:

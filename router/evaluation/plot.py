@@ -18,9 +18,13 @@ def plot_report(report: dict, path: str | Path) -> None:
     try:
         for name, metrics in report["routers"].items():
             label = f"{name} (APGR {metrics['apgr']:.3f})"
-            axes.plot(metrics["shares"], metrics["quality"], marker="o", markersize=3, label=label, **_STYLES.get(name, {}))
+            axes.plot(
+                metrics["shares"], metrics["quality"], marker="o", markersize=3, label=label, **_STYLES.get(name, {})
+            )
         axes.axhline(report["weak_acc"], color="tab:red", linewidth=1, label=f"weak (local) {report['weak_acc']:.3f}")
-        axes.axhline(report["strong_acc"], color="tab:green", linewidth=1, label=f"strong (cloud) {report['strong_acc']:.3f}")
+        axes.axhline(
+            report["strong_acc"], color="tab:green", linewidth=1, label=f"strong (cloud) {report['strong_acc']:.3f}"
+        )
         axes.set_xlabel("share of requests sent to the cloud")
         axes.set_ylabel("quality (accuracy)")
         axes.set_xlim(0, 1)

@@ -40,6 +40,7 @@ def build_report(table: LoadedTable, router: RouterScores, num_seeds: int = 100,
 
 def report_json(report: dict) -> str:
     """Strict JSON: NaN (no gap to recover, a level never reached) becomes null."""
+
     def clean(value):
         if isinstance(value, float) and math.isnan(value):
             return None
@@ -59,10 +60,12 @@ def print_report(report: dict, console=None) -> None:
 
     console = console or Console()
     fmt = "{:.3f}".format
-    metrics = Table(title=f"Routing: {report['router']} on {report['num_prompts']} prompts "
-                          f"({report['num_dropped_contaminated']} contaminated dropped)",
-                    caption=f"weak {fmt(report['weak_acc'])}, strong {fmt(report['strong_acc'])}; "
-                            f"random = mean of {report['num_random_seeds']} seeds")
+    metrics = Table(
+        title=f"Routing: {report['router']} on {report['num_prompts']} prompts "
+        f"({report['num_dropped_contaminated']} contaminated dropped)",
+        caption=f"weak {fmt(report['weak_acc'])}, strong {fmt(report['strong_acc'])}; "
+        f"random = mean of {report['num_random_seeds']} seeds",
+    )
     cpt_levels = list(next(iter(report["routers"].values()))["cpt"])
     for column in ["router", "AUC", "APGR", *(f"CPT({level})" for level in cpt_levels)]:
         metrics.add_column(column, justify="left" if column == "router" else "right")

@@ -18,4 +18,11 @@ from router.prompt_router.scorer import (
     load_scorer,
 )
 
-__all__ = ["PromptScorer", "RouterError", "RouterFormatError", "RouterModelMismatchError", "RouterOutputs", "load_scorer"]
+__all__ = [
+    "PromptScorer",
+    "RouterError",
+    "RouterFormatError",
+    "RouterModelMismatchError",
+    "RouterOutputs",
+    "load_scorer",
+]

@@ -86,8 +86,9 @@ def _gain(head: LinearHead, shape: np.ndarray) -> np.ndarray:
     return tiers[:, 1] - tiers[:, 0]
 
 
-def select_cold_recipe(examples: Sequence[RoutingExample], shape: np.ndarray, labels: np.ndarray, seeds=SEEDS,
-                       folds: int = FOLDS) -> tuple[ColdRecipe, dict]:  # fmt: skip
+def select_cold_recipe(
+    examples: Sequence[RoutingExample], shape: np.ndarray, labels: np.ndarray, seeds=SEEDS, folds: int = FOLDS
+) -> tuple[ColdRecipe, dict]:
     """(the recipe that ships, the report of how it was chosen) from `examples` with their
     shape features and [n, 2] tier labels; see the module docstring."""
     splits = []
@@ -110,12 +111,28 @@ def select_cold_recipe(examples: Sequence[RoutingExample], shape: np.ndarray, la
     for name, values in apgr.items():
         mean, se = mean_and_se(values)
         gain, gain_se = mean_and_se(np.subtract(values, apgr["length"]))
-        table[name] = {"apgr": mean, "apgr_se": se, "minus_length": gain, "minus_length_se": gain_se, "recipe": candidates[name].as_json()}
-    best = max((name for name in candidates if name != "length"), key=lambda name: table[name]["minus_length"], default="length")
+        table[name] = {
+            "apgr": mean,
+            "apgr_se": se,
+            "minus_length": gain,
+            "minus_length_se": gain_se,
+            "recipe": candidates[name].as_json(),
+        }
+    best = max(
+        (name for name in candidates if name != "length"),
+        key=lambda name: table[name]["minus_length"],
+        default="length",
+    )
     chosen = best if best != "length" and table[best]["minus_length"] > table[best]["minus_length_se"] else "length"
-    report = {"seeds": list(seeds), "folds": folds, "stable_features": [SHAPE_FEATURES[j] for j in stable],
-              "unstable_features": [SHAPE_FEATURES[j] for j in all_features if j not in stable],
-              "candidates": table, "best": best, "chosen": chosen}  # fmt: skip
+    report = {
+        "seeds": list(seeds),
+        "folds": folds,
+        "stable_features": [SHAPE_FEATURES[j] for j in stable],
+        "unstable_features": [SHAPE_FEATURES[j] for j in all_features if j not in stable],
+        "candidates": table,
+        "best": best,
+        "chosen": chosen,
+    }
     return candidates[chosen], report
 
 
@@ -125,8 +142,19 @@ def _gain_weights(head: LinearHead) -> np.ndarray:
 
 # What select_cold_recipe chose on the design subjects (tests/router/test_cold_recipe.py reruns
 # the selection and checks this is its answer: a constant so that training needs no selection run).
-SELECTED = ColdRecipe(("log_chars", "digit_share", "notation_share", "log_notation", "word_chars_mean", "log_words",
-                      "capitalized_share", "log_periods"), 1.0)  # fmt: skip
+SELECTED = ColdRecipe(
+    (
+        "log_chars",
+        "digit_share",
+        "notation_share",
+        "log_notation",
+        "word_chars_mean",
+        "log_words",
+        "capitalized_share",
+        "log_periods",
+    ),
+    1.0,
+)
 
 # The recipe the product uses (the default router, `tandem router train`, retrains of files
 # without a recipe of their own): SELECTED scored 0.555 +- 0.032 pooled APGR on the locked

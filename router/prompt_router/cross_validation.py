@@ -19,7 +19,9 @@ import numpy as np
 from router.eval_tables import RoutingExample
 from router.evaluation.metrics import Outcomes, evaluate_scores, oracle_scores
 
-ScoreHeldout = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (train rows, held rows) -> strong-need scores of the held rows
+ScoreHeldout = Callable[
+    [np.ndarray, np.ndarray], np.ndarray
+]  # (train rows, held rows) -> strong-need scores of the held rows
 
 
 def tier_labels(examples: Sequence[RoutingExample]) -> np.ndarray:
@@ -37,13 +39,20 @@ def evaluate(scores: np.ndarray, examples: Sequence[RoutingExample]) -> dict:
     outcomes = Outcomes.of(examples)
     metrics = evaluate_scores(scores, outcomes)
     return {
-        "apgr": metrics.apgr, "random_apgr": 0.5, "oracle_apgr": evaluate_scores(oracle_scores(outcomes), outcomes).apgr,
-        "cpt50": metrics.cpt["50%"], "auc": metrics.auc, "weak_accuracy": outcomes.weak_acc, "strong_accuracy": outcomes.strong_acc,
+        "apgr": metrics.apgr,
+        "random_apgr": 0.5,
+        "oracle_apgr": evaluate_scores(oracle_scores(outcomes), outcomes).apgr,
+        "cpt50": metrics.cpt["50%"],
+        "auc": metrics.auc,
+        "weak_accuracy": outcomes.weak_acc,
+        "strong_accuracy": outcomes.strong_acc,
         "num_examples": len(examples),
-    }  # fmt: skip
+    }
 
 
-def subject_split(examples: Sequence[RoutingExample], holdout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def subject_split(
+    examples: Sequence[RoutingExample], holdout_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(train rows, held-out rows, held-out groups). MMLU subjects are held out when the
     tables have them (GSM8K, one subject, always trains); otherwise any groups; a single
     group falls back to a row split (reported as such)."""
@@ -80,8 +89,13 @@ def mean_and_se(values) -> tuple[float, float]:
     return float(values.mean()), se
 
 
-def grouped_cv(examples: Sequence[RoutingExample], recipes: dict[str, ScoreHeldout], folds: int = 4,
-               seeds: Sequence[int] = (0, 1, 2), baseline: str | None = None) -> dict:  # fmt: skip
+def grouped_cv(
+    examples: Sequence[RoutingExample],
+    recipes: dict[str, ScoreHeldout],
+    folds: int = 4,
+    seeds: Sequence[int] = (0, 1, 2),
+    baseline: str | None = None,
+) -> dict:
     """Every recipe on the same (seed, fold) splits: per recipe, APGR per fold, their mean and
     standard error, and (with `baseline`, one of the recipes) the paired difference to it."""
     per_fold: dict[str, list[float]] = {name: [] for name in recipes}
@@ -90,8 +104,14 @@ def grouped_cv(examples: Sequence[RoutingExample], recipes: dict[str, ScoreHeldo
         for fold, held in enumerate(subject_folds(examples, folds, seed)):
             train = np.setdiff1d(np.arange(len(examples)), held)
             held_examples = [examples[i] for i in held]
-            splits.append({"seed": seed, "fold": fold, "num_held": int(held.size),
-                           "subjects": sorted({group_of(e) for e in held_examples})})  # fmt: skip
+            splits.append(
+                {
+                    "seed": seed,
+                    "fold": fold,
+                    "num_held": int(held.size),
+                    "subjects": sorted({group_of(e) for e in held_examples}),
+                }
+            )
             for name, score_heldout in recipes.items():
                 per_fold[name].append(evaluate(np.asarray(score_heldout(train, held), float), held_examples)["apgr"])
     report = {"folds": folds, "seeds": list(seeds), "splits": splits, "recipes": {}}
@@ -99,7 +119,9 @@ def grouped_cv(examples: Sequence[RoutingExample], recipes: dict[str, ScoreHeldo
         mean, se = mean_and_se(values)
         entry = {"apgr": mean, "apgr_se": se, "apgr_by_fold": values}
         if baseline is not None and name != baseline:
-            entry[f"minus_{baseline}"], entry[f"minus_{baseline}_se"] = mean_and_se(np.subtract(values, per_fold[baseline]))
+            entry[f"minus_{baseline}"], entry[f"minus_{baseline}_se"] = mean_and_se(
+                np.subtract(values, per_fold[baseline])
+            )
         report["recipes"][name] = entry
     return report
 
@@ -121,9 +143,15 @@ def per_subject_apgr(scores: np.ndarray, examples: Sequence[RoutingExample]) -> 
             by_subject[subject] = apgr
     values = list(by_subject.values())
     mean, se = mean_and_se(values) if values else (float("nan"), float("nan"))
-    return {"apgr_mean": mean, "apgr_se": se, "apgr_min": min(values, default=float("nan")),
-            "apgr_max": max(values, default=float("nan")), "apgr_by_subject": by_subject,
-            "num_subjects": len(values), "subjects_without_gap": no_gap}  # fmt: skip
+    return {
+        "apgr_mean": mean,
+        "apgr_se": se,
+        "apgr_min": min(values, default=float("nan")),
+        "apgr_max": max(values, default=float("nan")),
+        "apgr_by_subject": by_subject,
+        "num_subjects": len(values),
+        "subjects_without_gap": no_gap,
+    }
 
 
 def _pooled_apgr_leave_one_out(scores: np.ndarray, examples: Sequence[RoutingExample]) -> tuple[float, np.ndarray]:
@@ -135,13 +163,17 @@ def _pooled_apgr_leave_one_out(scores: np.ndarray, examples: Sequence[RoutingExa
     def pooled(rows) -> float:
         return evaluate(scores[rows], [examples[i] for i in rows])["apgr"]
 
-    return pooled(np.arange(len(examples))), np.array([pooled(np.flatnonzero(groups != s)) for s in sorted(set(groups))])
+    return pooled(np.arange(len(examples))), np.array(
+        [pooled(np.flatnonzero(groups != s)) for s in sorted(set(groups))]
+    )
 
 
 def _jackknife_se(leave_one_out: np.ndarray) -> float:
     """The jackknife standard error over subjects: the spread a figure on a dozen topics has."""
     n = leave_one_out.size
-    return float(math.sqrt((n - 1) / n * ((leave_one_out - leave_one_out.mean()) ** 2).sum())) if n >= 2 else float("nan")
+    return (
+        float(math.sqrt((n - 1) / n * ((leave_one_out - leave_one_out.mean()) ** 2).sum())) if n >= 2 else float("nan")
+    )
 
 
 def locked_figures(scores: np.ndarray, length: np.ndarray, examples: Sequence[RoutingExample]) -> dict:
@@ -151,6 +183,13 @@ def locked_figures(scores: np.ndarray, length: np.ndarray, examples: Sequence[Ro
     apgr, leave_one_out = _pooled_apgr_leave_one_out(scores, examples)
     length_apgr, length_leave_one_out = _pooled_apgr_leave_one_out(length, examples)
     minus, minus_se = apgr - length_apgr, _jackknife_se(leave_one_out - length_leave_one_out)
-    return {"apgr": apgr, "apgr_se": _jackknife_se(leave_one_out), "minus_length": minus, "minus_length_se": minus_se,
-            "beats_length": bool(minus > minus_se), "per_subject": per_subject_apgr(scores, examples),
-            "num_examples": len(examples), "num_subjects": len({group_of(e) for e in examples})}  # fmt: skip
+    return {
+        "apgr": apgr,
+        "apgr_se": _jackknife_se(leave_one_out),
+        "minus_length": minus,
+        "minus_length_se": minus_se,
+        "beats_length": bool(minus > minus_se),
+        "per_subject": per_subject_apgr(scores, examples),
+        "num_examples": len(examples),
+        "num_subjects": len({group_of(e) for e in examples}),
+    }

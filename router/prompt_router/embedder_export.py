@@ -128,14 +128,24 @@ def export_embedder(path: str | os.PathLike, model_dir: Path | None = None) -> P
             # graph is checked against PyTorch on padded batches (tests/router/test_prompt_router.py)
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                module, example, str(partial), input_names=[INPUT_IDS, ATTENTION_MASK],
-                output_names=[EMBEDDING_OUTPUT], opset_version=OPSET, dynamo=False,  # no onnxscript needed
+                module,
+                example,
+                str(partial),
+                input_names=[INPUT_IDS, ATTENTION_MASK],
+                output_names=[EMBEDDING_OUTPUT],
+                opset_version=OPSET,
+                dynamo=False,  # no onnxscript needed
                 dynamic_axes={INPUT_IDS: axes, ATTENTION_MASK: axes, EMBEDDING_OUTPUT: {0: "batch"}},
-            )  # fmt: skip
+            )
         model = onnx.load(str(partial))
-        onnx.helper.set_model_props(model, {METADATA_KEY: json.dumps(
-            {"model_fingerprint": model_fingerprint(model_dir), "export_version": EXPORT_VERSION}
-        )})  # fmt: skip
+        onnx.helper.set_model_props(
+            model,
+            {
+                METADATA_KEY: json.dumps(
+                    {"model_fingerprint": model_fingerprint(model_dir), "export_version": EXPORT_VERSION}
+                )
+            },
+        )
         onnx.save(model, str(partial))
         os.replace(partial, path)  # a reader never sees a half-written export
     finally:

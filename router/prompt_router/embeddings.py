@@ -47,7 +47,9 @@ class Embedder:
         return np.asarray(rows, np.float32).reshape(len(texts), -1)
 
 
-def embed_prompts(prompts: list[str], threads: int | None = None, progress=None, precision: str = DEFAULT_PRECISION) -> np.ndarray:
+def embed_prompts(
+    prompts: list[str], threads: int | None = None, progress=None, precision: str = DEFAULT_PRECISION
+) -> np.ndarray:
     """[n, 384] float32 embeddings from the cached export (threads None: all cores)."""
     return Embedder(precision, threads)(prompts, progress)
 
@@ -55,7 +57,9 @@ def embed_prompts(prompts: list[str], threads: int | None = None, progress=None,
 def cached_embeddings(prompts: list[str], progress=None, precision: str = DEFAULT_PRECISION) -> np.ndarray:
     """embed_prompts, computed once per (prompts, embedder) and kept as .npy."""
     check_precision(precision)
-    key = f"{model_fingerprint()}|{EXPORT_VERSION}|{MAX_TOKENS}" + ("" if precision == "fp32" else f"|{precision}-single")
+    key = f"{model_fingerprint()}|{EXPORT_VERSION}|{MAX_TOKENS}" + (
+        "" if precision == "fp32" else f"|{precision}-single"
+    )
     digest = hashlib.sha256(key.encode())
     for prompt in prompts:
         digest.update(prompt.encode("utf-8", "surrogatepass") + b"\x00")

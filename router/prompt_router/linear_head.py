@@ -59,7 +59,16 @@ class HeadStatistics:
 
     @classmethod
     def empty(cls, k: int) -> HeadStatistics:
-        return cls(0.0, np.zeros(k), np.zeros(k), np.zeros(2), np.zeros((2, k)), np.zeros((2, k, k)), np.zeros(2), np.zeros((2, k)))
+        return cls(
+            0.0,
+            np.zeros(k),
+            np.zeros(k),
+            np.zeros(2),
+            np.zeros((2, k)),
+            np.zeros((2, k, k)),
+            np.zeros(2),
+            np.zeros((2, k)),
+        )
 
     @classmethod
     def of(cls, shape: np.ndarray, labels: np.ndarray, weight: np.ndarray | None = None) -> HeadStatistics:
@@ -84,8 +93,16 @@ class HeadStatistics:
         return HeadStatistics(*(a + b for a, b in zip(self._fields(), other._fields())))
 
     def _fields(self) -> tuple:
-        return (self.num_rows, self.feature_sum, self.feature_square_sum, self.weight_sum, self.x_sum, self.xx_sum,
-                self.y_sum, self.xy_sum)  # fmt: skip
+        return (
+            self.num_rows,
+            self.feature_sum,
+            self.feature_square_sum,
+            self.weight_sum,
+            self.x_sum,
+            self.xx_sum,
+            self.y_sum,
+            self.xy_sum,
+        )
 
     def solve(self, alpha: float = DEFAULT_ALPHA, features=None) -> LinearHead:
         """The ridge fit on standardized features (intercept unpenalized), per tier; with
@@ -106,7 +123,9 @@ class HeadStatistics:
             scatter = self.xx_sum[column] - total * np.outer(x_mean, x_mean)  # weighted, centred
             cross = self.xy_sum[column] - total * x_mean * y_mean
             s = std[used]
-            coef = np.linalg.solve(scatter[np.ix_(used, used)] / np.outer(s, s) + alpha * np.eye(used.size), cross[used] / s)
+            coef = np.linalg.solve(
+                scatter[np.ix_(used, used)] / np.outer(s, s) + alpha * np.eye(used.size), cross[used] / s
+            )
             weights[used, column] = coef
             coef = weights[:, column]
             bias[column] = y_mean - ((x_mean - mean) / std) @ coef
@@ -119,14 +138,33 @@ class HeadStatistics:
     @classmethod
     def from_json(cls, document: dict) -> HeadStatistics:
         try:
-            return cls(float(document["num_rows"]), *(np.array(document[name], np.float64) for name in
-                       ("feature_sum", "feature_square_sum", "weight_sum", "x_sum", "xx_sum", "y_sum", "xy_sum")))  # fmt: skip
+            return cls(
+                float(document["num_rows"]),
+                *(
+                    np.array(document[name], np.float64)
+                    for name in (
+                        "feature_sum",
+                        "feature_square_sum",
+                        "weight_sum",
+                        "x_sum",
+                        "xx_sum",
+                        "y_sum",
+                        "xy_sum",
+                    )
+                ),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"head statistics are malformed: {exc}") from exc
 
 
-def fit_head(shape: np.ndarray, weak: np.ndarray, strong: np.ndarray, alpha: float = DEFAULT_ALPHA,
-             sample_weight: np.ndarray | None = None, features=None) -> LinearHead:  # fmt: skip
+def fit_head(
+    shape: np.ndarray,
+    weak: np.ndarray,
+    strong: np.ndarray,
+    alpha: float = DEFAULT_ALPHA,
+    sample_weight: np.ndarray | None = None,
+    features=None,
+) -> LinearHead:
     """`weak` / `strong`: per row, how right that tier was in [0, 1], NaN where unknown. Each
     column is fitted on the rows that know it; `sample_weight` counts rows more or less."""
     weak, strong = np.asarray(weak, np.float64), np.asarray(strong, np.float64)

@@ -42,20 +42,31 @@ def build_router_graph(
     weight, bias = head.folded()
     start, width, rise = scale.segments()
     initializers = [
-        _tensor("head_weight", weight), _tensor("head_bias", bias),
-        _tensor("gain_direction", [[-1.0], [1.0]]), _tensor("zero", 0.0), _tensor("one", 1.0), _tensor("minus_one", -1.0),
-        _tensor("flat", [-1], np.int64), _tensor("column", [1], np.int64),
-        _tensor("scale_start", start), _tensor("scale_width", width), _tensor("scale_rise", rise[:, None]),
-    ]  # fmt: skip
-    nodes = [helper.make_node("MatMul", [SHAPE_INPUT, "head_weight"], ["head_product"]),
-             helper.make_node("Add", ["head_product", "head_bias"], ["head_correct"])]  # fmt: skip
+        _tensor("head_weight", weight),
+        _tensor("head_bias", bias),
+        _tensor("gain_direction", [[-1.0], [1.0]]),
+        _tensor("zero", 0.0),
+        _tensor("one", 1.0),
+        _tensor("minus_one", -1.0),
+        _tensor("flat", [-1], np.int64),
+        _tensor("column", [1], np.int64),
+        _tensor("scale_start", start),
+        _tensor("scale_width", width),
+        _tensor("scale_rise", rise[:, None]),
+    ]
+    nodes = [
+        helper.make_node("MatMul", [SHAPE_INPUT, "head_weight"], ["head_product"]),
+        helper.make_node("Add", ["head_product", "head_bias"], ["head_correct"]),
+    ]
     inputs = [helper.make_tensor_value_info(SHAPE_INPUT, TensorProto.FLOAT, ["batch", weight.shape[0]])]
     if correction is not None:
         inputs.append(helper.make_tensor_value_info(EMBEDDING_OUTPUT, TensorProto.FLOAT, ["batch", EMBEDDING_DIM]))
         initializers += [_tensor("topic_weight", correction.weight), _tensor("topic_bias", correction.bias)]
-        nodes += [helper.make_node("MatMul", [EMBEDDING_OUTPUT, "topic_weight"], ["topic_product"]),
-                  helper.make_node("Add", ["topic_product", "topic_bias"], ["topic_correction"]),
-                  helper.make_node("Add", ["head_correct", "topic_correction"], [TIER_OUTPUT])]  # fmt: skip
+        nodes += [
+            helper.make_node("MatMul", [EMBEDDING_OUTPUT, "topic_weight"], ["topic_product"]),
+            helper.make_node("Add", ["topic_product", "topic_bias"], ["topic_correction"]),
+            helper.make_node("Add", ["head_correct", "topic_correction"], [TIER_OUTPUT]),
+        ]
     else:
         nodes.append(helper.make_node("Identity", ["head_correct"], [TIER_OUTPUT]))
     nodes += [
@@ -70,12 +81,18 @@ def build_router_graph(
         helper.make_node("Reshape", ["scaled_column", "flat"], ["scaled"]),
         helper.make_node("Clip", ["scaled", "zero", "one"], [SCORE_OUTPUT]),  # float32 sums may stray by an ulp
     ]
-    outputs = [helper.make_tensor_value_info(SCORE_OUTPUT, TensorProto.FLOAT, ["batch"]),
-               helper.make_tensor_value_info(GAIN_OUTPUT, TensorProto.FLOAT, ["batch"]),
-               helper.make_tensor_value_info(TIER_OUTPUT, TensorProto.FLOAT, ["batch", 2])]  # fmt: skip
+    outputs = [
+        helper.make_tensor_value_info(SCORE_OUTPUT, TensorProto.FLOAT, ["batch"]),
+        helper.make_tensor_value_info(GAIN_OUTPUT, TensorProto.FLOAT, ["batch"]),
+        helper.make_tensor_value_info(TIER_OUTPUT, TensorProto.FLOAT, ["batch", 2]),
+    ]
     graph = helper.make_graph(nodes, "tandem_prompt_router", inputs, outputs, initializer=initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
-                              producer_name="tandem.prompt_router")  # fmt: skip
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        ir_version=IR_VERSION,
+        producer_name="tandem.prompt_router",
+    )
     onnx.checker.check_model(model, full_check=True)
     return set_metadata(model, metadata)
 
@@ -86,9 +103,12 @@ def merge_embedder(embedder: onnx.ModelProto, router: onnx.ModelProto, metadata:
         router = onnx.ModelProto.FromString(router.SerializeToString())
         router.ir_version = embedder.ir_version
     merged = onnx.compose.merge_models(
-        embedder, router, io_map=[(EMBEDDING_OUTPUT, EMBEDDING_OUTPUT)],
-        outputs=[SCORE_OUTPUT, GAIN_OUTPUT, TIER_OUTPUT, EMBEDDING_OUTPUT], producer_name="tandem.prompt_router",
-    )  # fmt: skip
+        embedder,
+        router,
+        io_map=[(EMBEDDING_OUTPUT, EMBEDDING_OUTPUT)],
+        outputs=[SCORE_OUTPUT, GAIN_OUTPUT, TIER_OUTPUT, EMBEDDING_OUTPUT],
+        producer_name="tandem.prompt_router",
+    )
     return set_metadata(merged, metadata)
 
 

@@ -43,8 +43,15 @@ METADATA_KEY = "tandem.prompt_router"
 FORMAT_VERSION = 3
 KIND = "router"
 REQUIRED_KEYS = (
-    "kind", "shape_version", "model_fingerprint", "embedder_precision", "max_tokens", "trained_at", "metrics",
-    "topic_correction", "score_scale",
+    "kind",
+    "shape_version",
+    "model_fingerprint",
+    "embedder_precision",
+    "max_tokens",
+    "trained_at",
+    "metrics",
+    "topic_correction",
+    "score_scale",
 )
 SHAPE_INPUT, EMBEDDING_OUTPUT = "shape", "embedding"
 SCORE_OUTPUT, GAIN_OUTPUT, TIER_OUTPUT = "score", "gain", "tier_correct"
@@ -92,15 +99,21 @@ def validate_router_metadata(document) -> dict:
     if document["kind"] != KIND:
         raise RouterFormatError(f"router kind {document['kind']!r}, expected {KIND!r}")
     if document["shape_version"] != SHAPE_VERSION:
-        raise RouterFormatError(f"router shape_version {document['shape_version']!r}, this tandem computes "
-                                f"{SHAPE_VERSION}; retrain it with `tandem router train`")  # fmt: skip
+        raise RouterFormatError(
+            f"router shape_version {document['shape_version']!r}, this tandem computes "
+            f"{SHAPE_VERSION}; retrain it with `tandem router train`"
+        )
     correction = document["topic_correction"]
     if correction is not None and not isinstance(correction, dict):
         raise RouterFormatError("router topic_correction must be null or a JSON object")
     if (correction is None) != (document["embedder_precision"] is None):
-        raise RouterFormatError("a router carries an embedder (embedder_precision) exactly when it has a topic correction")
+        raise RouterFormatError(
+            "a router carries an embedder (embedder_precision) exactly when it has a topic correction"
+        )
     if document["embedder_precision"] is not None and document["embedder_precision"] not in PRECISIONS:
-        raise RouterFormatError(f"router embedder_precision {document['embedder_precision']!r} unknown; known: {PRECISIONS}")
+        raise RouterFormatError(
+            f"router embedder_precision {document['embedder_precision']!r} unknown; known: {PRECISIONS}"
+        )
     if not (isinstance(document["max_tokens"], int) and 2 <= document["max_tokens"] <= 512):
         raise RouterFormatError(f"router max_tokens must be an int in [2, 512], got {document['max_tokens']!r}")
     if not isinstance(document["metrics"], dict):
@@ -224,7 +237,9 @@ class PromptScorer:
         self.metrics: dict = metadata["metrics"]
         self.has_embedder = metadata["topic_correction"] is not None
         self.tokenizer = load_tokenizer(metadata["max_tokens"]) if self.has_embedder else None
-        self._output_names = [SCORE_OUTPUT, GAIN_OUTPUT, TIER_OUTPUT] + ([EMBEDDING_OUTPUT] if self.has_embedder else [])
+        self._output_names = [SCORE_OUTPUT, GAIN_OUTPUT, TIER_OUTPUT] + (
+            [EMBEDDING_OUTPUT] if self.has_embedder else []
+        )
 
     def outputs(self, prompts: list[str]) -> RouterOutputs:
         if isinstance(prompts, str):
@@ -233,10 +248,13 @@ class PromptScorer:
         shape = shape_features(prompts)
         if not prompts:
             empty = np.zeros((0,))
-            return RouterOutputs(empty, empty, np.zeros((0, 2)), shape, np.zeros((0, 384), np.float32) if self.has_embedder else None)
+            return RouterOutputs(
+                empty, empty, np.zeros((0, 2)), shape, np.zeros((0, 384), np.float32) if self.has_embedder else None
+            )
         if not self.has_embedder:
             values = self.session.run(self._output_names, {SHAPE_INPUT: shape})
         else:
+
             def run_one(rows, inputs):
                 return list(zip(*self.session.run(self._output_names, {**inputs, SHAPE_INPUT: shape[rows]})))
 
@@ -265,5 +283,7 @@ def load_scorer(path: str | os.PathLike | None = None, providers=None, threads: 
     inputs, outputs = {i.name for i in session.get_inputs()}, {o.name for o in session.get_outputs()}
     expected = {SHAPE_INPUT} | ({INPUT_IDS, ATTENTION_MASK} if metadata["topic_correction"] is not None else set())
     if inputs != expected or not {SCORE_OUTPUT, GAIN_OUTPUT, TIER_OUTPUT} <= outputs:
-        raise RouterFormatError(f"{where}: graph takes {sorted(inputs)} and gives {sorted(outputs)}; expected inputs {sorted(expected)}")
+        raise RouterFormatError(
+            f"{where}: graph takes {sorted(inputs)} and gives {sorted(outputs)}; expected inputs {sorted(expected)}"
+        )
     return PromptScorer(session, metadata, where)

@@ -47,12 +47,23 @@ class TopicCorrection:
         return np.asarray(embeddings, np.float64) @ self.weight + self.bias
 
     def describe(self) -> dict:
-        return {"dims": self.dims, "alpha": self.alpha, "num_rows": self.num_rows,
-                "num_labels_weak": self.num_labels[0], "num_labels_strong": self.num_labels[1]}  # fmt: skip
+        return {
+            "dims": self.dims,
+            "alpha": self.alpha,
+            "num_rows": self.num_rows,
+            "num_labels_weak": self.num_labels[0],
+            "num_labels_strong": self.num_labels[1],
+        }
 
 
-def fit_topic_correction(embeddings: np.ndarray, labelled: np.ndarray, labels: np.ndarray, predictions: np.ndarray,
-                         dims: int = DEFAULT_DIMS, alpha: float = DEFAULT_ALPHA) -> TopicCorrection | None:  # fmt: skip
+def fit_topic_correction(
+    embeddings: np.ndarray,
+    labelled: np.ndarray,
+    labels: np.ndarray,
+    predictions: np.ndarray,
+    dims: int = DEFAULT_DIMS,
+    alpha: float = DEFAULT_ALPHA,
+) -> TopicCorrection | None:
     """`embeddings` [n, d] of every traffic prompt; `labelled` indexes the ones with labels,
     `labels` [len(labelled), 2] (NaN: unknown) and `predictions` the head's for them.
     None when there are too few prompts to find directions in."""

@@ -42,7 +42,9 @@ class LabelledRows:
     groups: list[str] = field(default_factory=list)  # subject or source per row, for splits
 
     def __post_init__(self):
-        if len(self.shape) != len(self.labels) or (self.embedding is not None and len(self.embedding) != len(self.labels)):
+        if len(self.shape) != len(self.labels) or (
+            self.embedding is not None and len(self.embedding) != len(self.labels)
+        ):
             raise ValueError("shape, labels and embedding rows must match")
         if not self.groups:
             self.groups = ["traffic"] * len(self.labels)
@@ -58,7 +60,9 @@ class LabelledRows:
 
 def table_rows(examples: Sequence[RoutingExample]) -> LabelledRows:
     """A routing table's rows (both tiers' labels known, no embeddings)."""
-    return LabelledRows(shape_features([e.prompt for e in examples]), tier_labels(examples), None, [group_of(e) for e in examples])
+    return LabelledRows(
+        shape_features([e.prompt for e in examples]), tier_labels(examples), None, [group_of(e) for e in examples]
+    )
 
 
 DEFAULT_TRAFFIC_WEIGHT = 3.0  # an app's own judged row counts as three public-table rows (bench.router_learning tuning)
@@ -71,9 +75,15 @@ def prior_statistics(prior: LabelledRows | HeadStatistics | None) -> HeadStatist
     return HeadStatistics.of(prior.shape, prior.labels) if len(prior) else None
 
 
-def fit(prior: LabelledRows | HeadStatistics | None, traffic: LabelledRows | None, recipe: ColdRecipe = DEFAULT,
-        traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT, dims: int = DEFAULT_DIMS,
-        topic_alpha: float = TOPIC_ALPHA, topic_rows: LabelledRows | None = None) -> tuple[LinearHead, TopicCorrection | None]:  # fmt: skip
+def fit(
+    prior: LabelledRows | HeadStatistics | None,
+    traffic: LabelledRows | None,
+    recipe: ColdRecipe = DEFAULT,
+    traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT,
+    dims: int = DEFAULT_DIMS,
+    topic_alpha: float = TOPIC_ALPHA,
+    topic_rows: LabelledRows | None = None,
+) -> tuple[LinearHead, TopicCorrection | None]:
     """The head (`recipe`: its features and ridge penalty) on the public tables (`prior`: their
     rows or statistics) plus the traffic rows where both tiers were judged (weighted
     `traffic_weight`), then the topic correction of its residuals on every labelled traffic row
@@ -95,15 +105,28 @@ def fit(prior: LabelledRows | HeadStatistics | None, traffic: LabelledRows | Non
     if statistics is None:
         raise ValueError("nothing to train the head on: no table rows and no traffic judged for both tiers")
     head = recipe.solve(statistics)
-    embedded = [rows.take(np.flatnonzero(np.isfinite(rows.embedding).all(1)))  # rows without a vector: head only
-                for rows in (traffic, topic_rows) if rows is not None and rows.embedding is not None and len(rows)]  # fmt: skip
+    embedded = [
+        rows.take(np.flatnonzero(np.isfinite(rows.embedding).all(1)))  # rows without a vector: head only
+        for rows in (traffic, topic_rows)
+        if rows is not None and rows.embedding is not None and len(rows)
+    ]
     if not embedded:
         return head, None
-    together = LabelledRows(np.vstack([r.shape for r in embedded]), np.vstack([r.labels for r in embedded]),
-                            np.vstack([r.embedding for r in embedded]), sum((r.groups for r in embedded), []))  # fmt: skip
+    together = LabelledRows(
+        np.vstack([r.shape for r in embedded]),
+        np.vstack([r.labels for r in embedded]),
+        np.vstack([r.embedding for r in embedded]),
+        sum((r.groups for r in embedded), []),
+    )
     labelled = np.flatnonzero(~np.isnan(together.labels).all(1))
-    correction = fit_topic_correction(together.embedding, labelled, together.labels[labelled],
-                                      head.predict(together.shape[labelled]), dims, topic_alpha)  # fmt: skip
+    correction = fit_topic_correction(
+        together.embedding,
+        labelled,
+        together.labels[labelled],
+        head.predict(together.shape[labelled]),
+        dims,
+        topic_alpha,
+    )
     return head, correction
 
 
@@ -138,29 +161,47 @@ def table_scale(head: LinearHead, examples: Sequence[RoutingExample], reference:
     return ScoreScale.of(heldout_gain(head, None, table_rows(examples)), reference)
 
 
-def router_metadata(correction: TopicCorrection | None, metrics: dict, precision: str | None,
-                    prior: HeadStatistics | None = None, recipe: ColdRecipe = DEFAULT,
-                    scale: ScoreScale | None = None) -> dict:  # fmt: skip
+def router_metadata(
+    correction: TopicCorrection | None,
+    metrics: dict,
+    precision: str | None,
+    prior: HeadStatistics | None = None,
+    recipe: ColdRecipe = DEFAULT,
+    scale: ScoreScale | None = None,
+) -> dict:
     """The router file's JSON document; `scale` None: the shipped router's (shipped_scale)."""
     from router.prompt_router.scorer import FORMAT_VERSION, KIND, MAX_TOKENS
 
     scale = scale if scale is not None else shipped_scale()
 
     return {
-        "format_version": FORMAT_VERSION, "kind": KIND, "shape_version": SHAPE_VERSION,
+        "format_version": FORMAT_VERSION,
+        "kind": KIND,
+        "shape_version": SHAPE_VERSION,
         "model_fingerprint": model_fingerprint() if correction is not None else None,
         "embedder_precision": precision if correction is not None else None,
-        "max_tokens": MAX_TOKENS, "trained_at": trained_at(), "metrics": metrics,
+        "max_tokens": MAX_TOKENS,
+        "trained_at": trained_at(),
+        "metrics": metrics,
         "topic_correction": None if correction is None else correction.describe(),
-        "prior_statistics": None if prior is None else prior.as_json(),  # the public tables' share of the head: retrains add traffic to it
+        "prior_statistics": None
+        if prior is None
+        else prior.as_json(),  # the public tables' share of the head: retrains add traffic to it
         "head_recipe": recipe.as_json(),  # retrains solve the same features at the same penalty
         "score_scale": scale.as_json(),  # what the score means: the share of these reference prompts ranked lower
-    }  # fmt: skip
+    }
 
 
-def write_router(head: LinearHead, correction: TopicCorrection | None, out, metrics: dict,
-                 precision: str = DEFAULT_PRECISION, prior: HeadStatistics | None = None, recipe: ColdRecipe = DEFAULT,
-                 scale: ScoreScale | None = None) -> str:  # fmt: skip
+def write_router(
+    head: LinearHead,
+    correction: TopicCorrection | None,
+    out,
+    metrics: dict,
+    precision: str = DEFAULT_PRECISION,
+    prior: HeadStatistics | None = None,
+    recipe: ColdRecipe = DEFAULT,
+    scale: ScoreScale | None = None,
+) -> str:
     """The router file at `out`, written to a temporary name and renamed (a reader never sees
     half a file); `scale` None: the shipped router's."""
     import onnx
@@ -184,7 +225,9 @@ def write_router(head: LinearHead, correction: TopicCorrection | None, out, metr
     return out
 
 
-def split_report(examples: Sequence[RoutingExample], rows: LabelledRows, holdout_fraction: float, seed: int, recipe: ColdRecipe) -> dict:
+def split_report(
+    examples: Sequence[RoutingExample], rows: LabelledRows, holdout_fraction: float, seed: int, recipe: ColdRecipe
+) -> dict:
     """The head trained on the training subjects, scored on the held-out ones (all, and MMLU only)."""
     train_rows, held_rows, held = subject_split(examples, holdout_fraction, seed)
     head, _ = fit(rows.take(train_rows), None, recipe)
@@ -197,25 +240,40 @@ def split_report(examples: Sequence[RoutingExample], rows: LabelledRows, holdout
     return report
 
 
-def locked_test(head: LinearHead, correction: TopicCorrection | None, trained_on: Sequence[RoutingExample],
-                locked: Sequence[RoutingExample] | None) -> dict:  # fmt: skip
+def locked_test(
+    head: LinearHead,
+    correction: TopicCorrection | None,
+    trained_on: Sequence[RoutingExample],
+    locked: Sequence[RoutingExample] | None,
+) -> dict:
     """The router's own figures on the locked subjects beside prompt length's, or why there are none."""
     if not locked:
         return {"not_measured": "no locked subjects given (RouteLLM's data directory was not found)"}
     if any(is_locked(group_of(e)) for e in trained_on):
         return {"not_measured": "the training tables hold rows of locked subjects: a figure on them would be in sample"}
     if correction is not None:
-        return {"not_measured": "the router carries a topic correction, which needs MiniLM on every locked prompt: "
-                                "bench.router_learning measures it"}  # fmt: skip
+        return {
+            "not_measured": "the router carries a topic correction, which needs MiniLM on every locked prompt: "
+            "bench.router_learning measures it"
+        }
     rows = table_rows(locked)
     return locked_figures(heldout_gain(head, None, rows), rows.shape[:, 0], locked)
 
 
-def train_router(examples: Sequence[RoutingExample], out, traffic: LabelledRows | None = None, holdout_fraction: float = 0.25,
-                 seed: int = 0, precision: str = DEFAULT_PRECISION, recipe: ColdRecipe = DEFAULT,
-                 traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT, base: HeadStatistics | None = None,
-                 topic_rows: LabelledRows | None = None, locked: Sequence[RoutingExample] | None = None,
-                 base_scale: ScoreScale | None = None) -> dict:  # fmt: skip
+def train_router(
+    examples: Sequence[RoutingExample],
+    out,
+    traffic: LabelledRows | None = None,
+    holdout_fraction: float = 0.25,
+    seed: int = 0,
+    precision: str = DEFAULT_PRECISION,
+    recipe: ColdRecipe = DEFAULT,
+    traffic_weight: float = DEFAULT_TRAFFIC_WEIGHT,
+    base: HeadStatistics | None = None,
+    topic_rows: LabelledRows | None = None,
+    locked: Sequence[RoutingExample] | None = None,
+    base_scale: ScoreScale | None = None,
+) -> dict:
     """Report the head's APGR on held-out subjects of the tables, then fit on the tables (plus
     `base`, the statistics of another router's tables), the traffic and `topic_rows` (labelled
     tables with MiniLM embeddings, whose rows are among `examples`: they teach the topic
@@ -234,14 +292,24 @@ def train_router(examples: Sequence[RoutingExample], out, traffic: LabelledRows 
     trained_on: dict[str, int] = {}
     for example in examples:
         trained_on[group_of(example)] = trained_on.get(group_of(example), 0) + 1
-    report.update(num_table_rows=len(examples), num_base_rows=0 if base is None else int(base.num_rows),
-                  num_traffic_rows=0 if traffic is None else len(traffic), num_traffic_judged=num_judged,
-                  num_topic_rows=0 if topic_rows is None else len(topic_rows), trained_on=trained_on,
-                  holdout_fraction=holdout_fraction, seed=seed,
-                  recipe={"features": f"prompt shape v{SHAPE_VERSION}", "head": "ridge per tier", **recipe.as_json(),
-                          "traffic_weight": traffic_weight,
-                          "topic_correction": None if correction is None else correction.describe()},
-                  locked_test=locked_test(head, correction, examples, locked))  # fmt: skip
+    report.update(
+        num_table_rows=len(examples),
+        num_base_rows=0 if base is None else int(base.num_rows),
+        num_traffic_rows=0 if traffic is None else len(traffic),
+        num_traffic_judged=num_judged,
+        num_topic_rows=0 if topic_rows is None else len(topic_rows),
+        trained_on=trained_on,
+        holdout_fraction=holdout_fraction,
+        seed=seed,
+        recipe={
+            "features": f"prompt shape v{SHAPE_VERSION}",
+            "head": "ridge per tier",
+            **recipe.as_json(),
+            "traffic_weight": traffic_weight,
+            "topic_correction": None if correction is None else correction.describe(),
+        },
+        locked_test=locked_test(head, correction, examples, locked),
+    )
     if examples:
         scale = table_scale(head, examples, f"the {len(examples)} prompts of the tables it was trained on")
     elif base_scale is not None:
@@ -287,23 +355,34 @@ class RouterParameters:
 
     def as_stored(self) -> RouterParameters:
         """The same parameters rounded to float32, as a router file holds them."""
+
         def f32(array):
             return None if array is None else np.asarray(array, np.float32).astype(np.float64)
 
-        return RouterParameters(f32(self.head_weight), f32(self.head_bias), f32(self.topic_weight), f32(self.topic_bias))
+        return RouterParameters(
+            f32(self.head_weight), f32(self.head_bias), f32(self.topic_weight), f32(self.topic_bias)
+        )
 
     @classmethod
     def of(cls, head: LinearHead, correction: TopicCorrection | None) -> RouterParameters:
         weight, bias = head.folded()
-        return cls(weight, bias, None if correction is None else correction.weight, None if correction is None else correction.bias)
+        return cls(
+            weight,
+            bias,
+            None if correction is None else correction.weight,
+            None if correction is None else correction.bias,
+        )
 
     @classmethod
     def read(cls, path) -> RouterParameters:
         import onnx
         from onnx import numpy_helper
 
-        found = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in onnx.load(os.fspath(path)).graph.initializer
-                 if t.name in ("head_weight", "head_bias", "topic_weight", "topic_bias")}  # fmt: skip
+        found = {
+            t.name: numpy_helper.to_array(t).astype(np.float64)
+            for t in onnx.load(os.fspath(path)).graph.initializer
+            if t.name in ("head_weight", "head_bias", "topic_weight", "topic_bias")
+        }
         if "head_weight" not in found:
             raise ValueError(f"{path} has no router head")
         return cls(found["head_weight"], found["head_bias"], found.get("topic_weight"), found.get("topic_bias"))

@@ -81,7 +81,7 @@ def _limits(table, where: str) -> Limits:
     limits = []
     for name, value in table.items():
         hard = not name.startswith("soft_")
-        base = name if hard else name[len("soft_"):]
+        base = name if hard else name[len("soft_") :]
         if base not in LIMIT_NAMES:
             raise BudgetConfigError(f"{where}.{name}: unknown limit; known: {', '.join(LIMIT_NAMES)} (and soft_ each)")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

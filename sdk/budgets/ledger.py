@@ -115,8 +115,9 @@ class SpendLedger:
                     conn.executemany(
                         "INSERT INTO spend VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT (scope, period) DO UPDATE SET "
                         "usd = usd + excluded.usd, cloud_tokens = cloud_tokens + excluded.cloud_tokens, "
-                        "total_tokens = total_tokens + excluded.total_tokens, requests = requests + 1", rows,
-                    )  # fmt: skip
+                        "total_tokens = total_tokens + excluded.total_tokens, requests = requests + 1",
+                        rows,
+                    )
                     conn.execute("COMMIT")
                 for item in items:
                     if isinstance(item, threading.Event):

@@ -39,10 +39,16 @@ class Breach:
 
     def describe(self) -> str:
         if self.wanted:
-            return (f"{self.scope} budget {self.limit.name} cannot hold this request's largest cloud cost ({self.wanted:.4f} USD: "
-                    f"{self.spent:.4f} spent and {self.held:.4f} held by requests in flight, of {self.limit.value:g} this "
-                    f"{self.limit.period}, UTC)")  # fmt: skip
-        what = f"{self.spent:.4f} USD of {self.limit.value:g}" if self.limit.kind == "usd" else f"cloud share {self.spent:.3f} of {self.limit.value:g}"
+            return (
+                f"{self.scope} budget {self.limit.name} cannot hold this request's largest cloud cost ({self.wanted:.4f} USD: "
+                f"{self.spent:.4f} spent and {self.held:.4f} held by requests in flight, of {self.limit.value:g} this "
+                f"{self.limit.period}, UTC)"
+            )
+        what = (
+            f"{self.spent:.4f} USD of {self.limit.value:g}"
+            if self.limit.kind == "usd"
+            else f"cloud share {self.spent:.3f} of {self.limit.value:g}"
+        )
         return f"{self.scope} budget {self.limit.name} reached ({what} this {self.limit.period}, UTC)"
 
 
@@ -72,8 +78,10 @@ class BudgetExhaustedError(QuotaExceededError):
 
     def __init__(self, verdict: Verdict):
         self.verdict = verdict
-        super().__init__("; ".join(breach.describe() for breach in verdict.hard) + ": the cloud tier takes no more requests "
-                         "from this key until the period ends (GET /v1/budget says what is left); model auto still answers on the device")  # fmt: skip
+        super().__init__(
+            "; ".join(breach.describe() for breach in verdict.hard) + ": the cloud tier takes no more requests "
+            "from this key until the period ends (GET /v1/budget says what is left); model auto still answers on the device"
+        )
 
 
 @dataclass
@@ -87,8 +95,14 @@ class BudgetCounts:
 
 
 class BudgetManager:
-    def __init__(self, budgets_path: str, ledger: SpendLedger, prices_are_zero: bool, clock: Callable[[], float] = time.monotonic,
-                 cloud_only: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        budgets_path: str,
+        ledger: SpendLedger,
+        prices_are_zero: bool,
+        clock: Callable[[], float] = time.monotonic,
+        cloud_only: bool = False,
+    ):
         self.path = budgets_path
         self.ledger = ledger
         self.prices_are_zero = prices_are_zero
@@ -155,7 +169,9 @@ class BudgetManager:
         elif outcome == "warned":
             self.counts.soft_warnings += 1
         for breach in verdict.hard + verdict.soft:
-            self.counts.by_limit[f"{breach.scope}:{breach.limit.name}"] = self.counts.by_limit.get(f"{breach.scope}:{breach.limit.name}", 0) + 1
+            self.counts.by_limit[f"{breach.scope}:{breach.limit.name}"] = (
+                self.counts.by_limit.get(f"{breach.scope}:{breach.limit.name}", 0) + 1
+            )
 
     def reserve(self, key: str | None, user: str | None, usd: float) -> tuple[Reservation | None, Breach | None]:
         """Hold `usd` (a cloud call's largest cost) against every hard USD limit of the key and user:
@@ -180,8 +196,15 @@ class BudgetManager:
             self._held[pair] = self._held.get(pair, 0.0) + usd
         return Reservation(tuple(held), usd), None
 
-    def settle(self, reservation: Reservation | None, key: str | None, user: str | None, usd: float, cloud_tokens: int,
-               total_tokens: int) -> None:  # fmt: skip
+    def settle(
+        self,
+        reservation: Reservation | None,
+        key: str | None,
+        user: str | None,
+        usd: float,
+        cloud_tokens: int,
+        total_tokens: int,
+    ) -> None:
         """A request has ended: release what it held and add what it cost."""
         if reservation is not None:
             for pair in reservation.held:
@@ -205,9 +228,17 @@ class BudgetManager:
             for limit in limits.limits:
                 spend = self.ledger.spend(scope, limit.period)
                 spent = spend.usd if limit.kind == "usd" else spend.cloud_share
-                entries.append({"limit": limit.name, "period": limit.period, "value": limit.value, "spent": spent,
-                                "remaining": max(0.0, limit.value - spent), "exhausted": spent >= limit.value,
-                                "requests": spend.requests})  # fmt: skip
+                entries.append(
+                    {
+                        "limit": limit.name,
+                        "period": limit.period,
+                        "value": limit.value,
+                        "spent": spent,
+                        "remaining": max(0.0, limit.value - spent),
+                        "exhausted": spent >= limit.value,
+                        "requests": spend.requests,
+                    }
+                )
             out["scopes"].append({"scope": name, "limits": entries})
         return out
 
@@ -225,7 +256,7 @@ def require_prices(config: BudgetConfig, prices_are_zero: bool) -> BudgetConfig:
             f"{config.source} sets USD budgets, but the cloud tier's prices are 0, so every request costs 0 USD and "
             "no USD budget could ever be reached: set [cascade.prices] cloud (tandem serve) or --price-input-per-million / "
             "--price-output-per-million (tandem cloud serve), or budget by cloud_share"
-        )  # fmt: skip
+        )
     return config
 
 
@@ -240,7 +271,7 @@ def require_usd_only(config: BudgetConfig) -> BudgetConfig:
             raise BudgetConfigError(
                 f"{config.source} {where} sets {', '.join(shares)}: tandem cloud serve answers every request on the cloud, "
                 "so its cloud share is always 1; budget it in USD (cloud_share limits are for tandem serve's cascade)"
-            )  # fmt: skip
+            )
     return config
 
 
@@ -254,7 +285,9 @@ def check_budgets(budgets_file: str, prices_are_zero: bool, cloud_only: bool = F
     check_config(load_budgets(budgets_file), prices_are_zero, cloud_only)
 
 
-def open_budgets(budgets_file: str, spend_path: str | None, prices_are_zero: bool, cloud_only: bool = False) -> BudgetManager:
+def open_budgets(
+    budgets_file: str, spend_path: str | None, prices_are_zero: bool, cloud_only: bool = False
+) -> BudgetManager:
     """The manager of a server: the budgets file checked, the spend ledger opened (and its writer started)."""
     ledger = SpendLedger(spend_path or default_spend_path()).start()
     try:

@@ -56,6 +56,11 @@ class BudgetedEngine(EngineWrapper):
                 yield event
         finally:  # also when the client left or the engine failed: what was computed is billed
             usd = self.prices.cost(prompt_tokens, generated)
-            self.budgets.settle(reservation, caller.key_fingerprint, caller.user, usd, prompt_tokens + generated,
-                                prompt_tokens + generated)  # fmt: skip
-
+            self.budgets.settle(
+                reservation,
+                caller.key_fingerprint,
+                caller.user,
+                usd,
+                prompt_tokens + generated,
+                prompt_tokens + generated,
+            )

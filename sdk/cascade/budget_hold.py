@@ -22,8 +22,9 @@ class BudgetHold:
         self.refused: Verdict | None = None  # the Verdict that kept this request from the cloud
         self.settled = False
 
-    async def refusal(self, num_prompt_tokens: Callable[[], Awaitable[int]], cost: RequestCost, max_tokens: int,
-                      cloud_only: bool) -> str | None:  # fmt: skip
+    async def refusal(
+        self, num_prompt_tokens: Callable[[], Awaitable[int]], cost: RequestCost, max_tokens: int, cloud_only: bool
+    ) -> str | None:
         """Hold the cloud call's largest cost before it is made; "budget_exhausted" when it does not fit.
         Exact under concurrency: every reservation is taken on the event loop, against what is spent
         and what others hold. `cloud_only`: the request asked for the cloud (refused) rather than
@@ -32,7 +33,9 @@ class BudgetHold:
             return None
         self.refused = self.verdict
         if not self.verdict.exhausted:
-            largest = cost.table.request_cost("cloud", math.ceil(await num_prompt_tokens() * CLOUD_PROMPT_MARGIN), max_tokens)
+            largest = cost.table.request_cost(
+                "cloud", math.ceil(await num_prompt_tokens() * CLOUD_PROMPT_MARGIN), max_tokens
+            )
             self.reservation, breach = self.budgets.reserve(self.key_fingerprint, self.user, largest)
             if self.reservation is not None:
                 return None
@@ -46,5 +49,11 @@ class BudgetHold:
             return
         self.settled = True
         tokens = {tier: usage.prompt_tokens + usage.completion_tokens for tier, usage in cost.by_tier.items()}
-        self.budgets.settle(self.reservation, self.key_fingerprint, self.user, cost.total_cost_usd,
-                            tokens.get("cloud", 0), sum(tokens.values()))  # fmt: skip
+        self.budgets.settle(
+            self.reservation,
+            self.key_fingerprint,
+            self.user,
+            cost.total_cost_usd,
+            tokens.get("cloud", 0),
+            sum(tokens.values()),
+        )

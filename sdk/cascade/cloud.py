@@ -35,7 +35,9 @@ DEGRADED_REASONS = {
     FailureKind.INTERNAL: "cloud_error",
 }
 
-QUOTA_REASON = "cloud_quota_exhausted"  # the cloud refused the tier's key: its budget there is spent (429 insufficient_quota)
+QUOTA_REASON = (
+    "cloud_quota_exhausted"  # the cloud refused the tier's key: its budget there is spent (429 insufficient_quota)
+)
 
 DISCOVER_TIMEOUT_S = 5.0  # learning what a cloud server can do (once) before handing a request to it
 RETRY_BACKOFF_S = 0.05  # before the one retry of a call the cloud could not take
@@ -114,15 +116,21 @@ def refusal_reason(client: CloudBackend | None, breaker: CircuitBreaker, cloud_r
     return None
 
 
-async def capability_refusal(runner, structured: StructuredOutput | None, continuing: bool,
-                             first_token_timeout_s: float) -> str | None:
+async def capability_refusal(
+    runner, structured: StructuredOutput | None, continuing: bool, first_token_timeout_s: float
+) -> str | None:
     """Why this cloud cannot take this request whatever its health (a tool grammar it cannot enforce, a
     continuation it cannot take), or None. Only a request that needs such a capability asks the server
     what it is (an HTTP cloud: vLLM or not), and not while the breaker is open: a dead cloud must not
     cost every request a wait. `runner`: the sdk.cascade.runner.CascadeRunner."""
     cloud = runner.cloud
     grammar = structured is not None and structured.kind == "lark"
-    if not (grammar or continuing) or cloud is None or not runner.cloud_ready() or runner.breaker.state is BreakerState.OPEN:
+    if (
+        not (grammar or continuing)
+        or cloud is None
+        or not runner.cloud_ready()
+        or runner.breaker.state is BreakerState.OPEN
+    ):
         return None
     with contextlib.suppress(CloudError):  # unreachable: the call itself fails, and the breaker counts it
         await cloud.discover(timeout_s=min(DISCOVER_TIMEOUT_S, first_token_timeout_s))
@@ -163,9 +171,13 @@ async def stream_from_cloud(
             started = False
             try:
                 stream = client.generate(
-                    prompt, params, model=model, request_id=request_id,
-                    continuation_token_ids=continuation_token_ids, timeout_s=timeouts.deadline_s,
-                )  # fmt: skip
+                    prompt,
+                    params,
+                    model=model,
+                    request_id=request_id,
+                    continuation_token_ids=continuation_token_ids,
+                    timeout_s=timeouts.deadline_s,
+                )
                 async for event in _paced(stream, timeouts):
                     started = True
                     # The cloud's own count wins when it gives one (an HTTP cloud may send fewer chunks than

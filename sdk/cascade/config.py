@@ -33,7 +33,9 @@ class CascadeConfig:
     # A non-streamed answer is always held until decided: its client sees nothing before the end anyway.
     hold_tokens: int | None = None
     privacy: dict = field(default_factory=dict)  # router.privacy.PrivacyRules.from_config input
-    redact_before_escalation: bool = False  # escalate rule-matching requests with placeholders instead of keeping them local
+    redact_before_escalation: bool = (
+        False  # escalate rule-matching requests with placeholders instead of keeping them local
+    )
     cloud_first_token_timeout_s: float = 15.0  # longest wait for the cloud's first token
     cloud_stall_timeout_s: float = 10.0  # longest gap between two cloud tokens
     cloud_deadline_s: float | None = None  # of one whole cloud stream; None: none (a long answer may stream on)
@@ -44,7 +46,9 @@ class CascadeConfig:
     cloud_model: str | None = None  # model id on the cloud server; None: the server's default
     probe: str | None = None  # confidence probe (ONNX) for the local model: replaces score_kind when set
     prompt_router: str | None = None  # "default" (shipped) or a `tandem router train` file; None: off
-    prompt_router_threshold: float | None = None  # escalate before generation iff 1 - score < it; None: the request's threshold
+    prompt_router_threshold: float | None = (
+        None  # escalate before generation iff 1 - score < it; None: the request's threshold
+    )
     tool_calls: str = "auto"  # where turns offering tools go: auto / local / cloud (router.pre_generation.ToolTurns)
 
     def stream_hold_window(self) -> int | None:
@@ -73,14 +77,19 @@ class CascadeConfig:
             bad = isinstance(self.hold_tokens, bool) or not isinstance(self.hold_tokens, int)
             if bad or (self.hold_tokens != 0 and self.hold_tokens < self.min_tokens_k):
                 # A shorter window would commit local before the first decision at token K.
-                raise ValueError(f"hold_tokens must be 0 (hold until decided) or an integer >= min_tokens_k "
-                                 f"({self.min_tokens_k}), got {self.hold_tokens!r}")
+                raise ValueError(
+                    f"hold_tokens must be 0 (hold until decided) or an integer >= min_tokens_k "
+                    f"({self.min_tokens_k}), got {self.hold_tokens!r}"
+                )
         if self.prompt_router_threshold is not None:
             self.prompt_router_threshold = validate_threshold(self.prompt_router_threshold)
         if self.cloud_timeout_s is not None:
-            warnings.warn("cascade.cloud_timeout_s is deprecated: it is read as cloud_deadline_s (a whole-stream "
-                          "deadline); see cloud_first_token_timeout_s and cloud_stall_timeout_s", DeprecationWarning,
-                          stacklevel=3)  # fmt: skip
+            warnings.warn(
+                "cascade.cloud_timeout_s is deprecated: it is read as cloud_deadline_s (a whole-stream "
+                "deadline); see cloud_first_token_timeout_s and cloud_stall_timeout_s",
+                DeprecationWarning,
+                stacklevel=3,
+            )
             logger.warning("cascade.cloud_timeout_s is deprecated; read as cloud_deadline_s = %s", self.cloud_timeout_s)
             if self.cloud_deadline_s is None:
                 self.cloud_deadline_s = self.cloud_timeout_s

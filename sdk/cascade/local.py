@@ -66,15 +66,21 @@ class LocalRun:
         async for event in self._generate_after(prompt_tail, num_emitted, "-takeover"):
             yield event
 
-    async def _generate_after(self, prompt_tail: list[int], num_emitted: int, id_suffix: str) -> AsyncIterator[TokenEvent]:
+    async def _generate_after(
+        self, prompt_tail: list[int], num_emitted: int, id_suffix: str
+    ) -> AsyncIterator[TokenEvent]:
         """The chat prompt plus `prompt_tail`, continued within what is left of max_tokens."""
         remaining = self.params.max_tokens - num_emitted
         if remaining < 1:
             return
         params = dataclasses.replace(self.params, max_tokens=remaining)
         # The tail is the answer's start: a structured request's grammar consumes it first.
-        request = GenerationRequest(self.request_id + id_suffix, await self._prompt() + prompt_tail, params,
-                                    num_continuation_tokens=len(prompt_tail))
+        request = GenerationRequest(
+            self.request_id + id_suffix,
+            await self._prompt() + prompt_tail,
+            params,
+            num_continuation_tokens=len(prompt_tail),
+        )
         async for event in self.engine.generate(request):
             self.events.append(event)
             yield event

@@ -25,7 +25,7 @@ def load_local_probe(path: str, local_engine: EngineProtocol):
 
 
 def load_prompt_scorer(spec: str):
-    """"default" (the shipped router) or the path of a `tandem router train` file."""
+    """ "default" (the shipped router) or the path of a `tandem router train` file."""
     from router.prompt_router import load_scorer
 
     return load_scorer(None if spec == "default" else spec)

@@ -31,26 +31,31 @@ from sdk.protocol.tool_calls import ToolAnswers
 from sdk.protocol.tool_formats import tool_format_of
 
 
-def check_routable(request: ChatCompletionRequest, model: str, local_model_name: str, shares_vocabulary: bool = False) -> None:
+def check_routable(
+    request: ChatCompletionRequest, model: str, local_model_name: str, shares_vocabulary: bool = False
+) -> None:
     """Refuse what a routed model cannot offer: one choice, no logprobs (the tiers' vocabularies
     may differ, so neither survives a hand-off), logit_bias unless `shares_vocabulary`
     (CascadeRunner.shares_vocabulary); the local model's own name serves all three."""
     if request.num_choices > 1:
         raise InvalidRequestError(
             f"n > 1 is not supported for the routed model {model!r}; send n = 1, "
-            f"or use {local_model_name!r} (the local model without routing)", "n",
-        )  # fmt: skip
+            f"or use {local_model_name!r} (the local model without routing)",
+            "n",
+        )
     if request.logit_bias and not shares_vocabulary:
         raise InvalidRequestError(
             f"logit_bias is not available for the routed model {model!r}: its token ids belong to one tier's "
             f"vocabulary, and the cloud tier's is another (or has not said which it is); use {local_model_name!r} "
-            "(the local model without routing)", "logit_bias",
-        )  # fmt: skip
+            "(the local model without routing)",
+            "logit_bias",
+        )
     if request.logprobs:
         raise InvalidRequestError(
             f"logprobs are not available for the routed model {model!r} (the tiers have different "
-            f"vocabularies); use {local_model_name!r} (the local model without routing)", "logprobs",
-        )  # fmt: skip
+            f"vocabularies); use {local_model_name!r} (the local model without routing)",
+            "logprobs",
+        )
 
 
 class RoutedChat(NamedTuple):
@@ -80,37 +85,81 @@ async def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> Rou
     missing_budget = request.max_tokens is None and request.max_completion_tokens is None
     num_prompt_tokens = len(await chat_prompt_tokens(engine, message_dicts)) if missing_budget else 0
     tools = request.tool_request()
-    return RoutedChat(message_dicts, request.sampling_params(num_prompt_tokens, engine.max_model_len, tool_format=tool_format),
-                      ToolAnswers(tool_format, tools), None if tools is None else "required" if tools.required else "auto")  # fmt: skip
+    return RoutedChat(
+        message_dicts,
+        request.sampling_params(num_prompt_tokens, engine.max_model_len, tool_format=tool_format),
+        ToolAnswers(tool_format, tools),
+        None if tools is None else "required" if tools.required else "auto",
+    )
 
 
 async def routed_completion(
-    runner: CascadeRunner, chat: RoutedChat, *, model: str, private: bool, response_id: str, created: int,
-    key_fingerprint: str | None = None, user: str | None = None,
-) -> TandemChatCompletion:  # fmt: skip
+    runner: CascadeRunner,
+    chat: RoutedChat,
+    *,
+    model: str,
+    private: bool,
+    response_id: str,
+    created: int,
+    key_fingerprint: str | None = None,
+    user: str | None = None,
+) -> TandemChatCompletion:
     """The whole answer as one chat.completion with the `tandem` field."""
-    events = runner.generate(chat.messages, chat.params, model=model, private=private, request_id=response_id,
-                             tool_choice=chat.tool_choice, streamed=False, key_fingerprint=key_fingerprint, user=user)  # fmt: skip
+    events = runner.generate(
+        chat.messages,
+        chat.params,
+        model=model,
+        private=private,
+        request_id=response_id,
+        tool_choice=chat.tool_choice,
+        streamed=False,
+        key_fingerprint=key_fingerprint,
+        user=user,
+    )
     result = await collect(events)
     content, calls = chat.answers.read(result.text)
     return TandemChatCompletion(
-        id=response_id, created=created, model=model,
-        choices=[ChatChoice(index=0, message=ChatResponseMessage.answer(content, calls),
-                            finish_reason="tool_calls" if calls else result.finish_reason, stop_reason=result.stop_reason)],
-        usage=usage_of(result.routing, result.tiers), tandem=tandem_field(result.routing),
-    )  # fmt: skip
+        id=response_id,
+        created=created,
+        model=model,
+        choices=[
+            ChatChoice(
+                index=0,
+                message=ChatResponseMessage.answer(content, calls),
+                finish_reason="tool_calls" if calls else result.finish_reason,
+                stop_reason=result.stop_reason,
+            )
+        ],
+        usage=usage_of(result.routing, result.tiers),
+        tandem=tandem_field(result.routing),
+    )
 
 
 async def routed_stream(
-    runner: CascadeRunner, chat: RoutedChat, *, model: str, private: bool, response_id: str, created: int,
-    key_fingerprint: str | None = None, user: str | None = None,
-) -> AsyncIterator[TandemChatCompletionChunk]:  # fmt: skip
+    runner: CascadeRunner,
+    chat: RoutedChat,
+    *,
+    model: str,
+    private: bool,
+    response_id: str,
+    created: int,
+    key_fingerprint: str | None = None,
+    user: str | None = None,
+) -> AsyncIterator[TandemChatCompletionChunk]:
     """The answer as chat.completion.chunk objects.
 
     The first event is pulled before this returns, so a refused request (bad model, a
     prompt the cloud calls invalid) raises here, while a server can still answer 400."""
-    events = runner.generate(chat.messages, chat.params, model=model, private=private, request_id=response_id,
-                             tool_choice=chat.tool_choice, key_fingerprint=key_fingerprint, user=user)  # fmt: skip
+    events = runner.generate(
+        chat.messages,
+        chat.params,
+        model=model,
+        private=private,
+        request_id=response_id,
+        tool_choice=chat.tool_choice,
+        key_fingerprint=key_fingerprint,
+        user=user,
+    )
     try:
         first = await anext(events, None)
     except BaseException:
@@ -120,9 +169,13 @@ async def routed_stream(
 
 
 async def _chunks(
-    events: AsyncIterator[CascadeEvent], first: CascadeEvent | None, response_id: str, created: int, model: str,
+    events: AsyncIterator[CascadeEvent],
+    first: CascadeEvent | None,
+    response_id: str,
+    created: int,
+    model: str,
     answers: ToolAnswers,
-) -> AsyncIterator[TandemChatCompletionChunk]:  # fmt: skip
+) -> AsyncIterator[TandemChatCompletionChunk]:
     def chunk(delta: DeltaMessage, finish_reason=None, stop_reason=None, **extra) -> TandemChatCompletionChunk:
         choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason, stop_reason=stop_reason)
         return TandemChatCompletionChunk(id=response_id, created=created, model=model, choices=[choice], **extra)
@@ -142,9 +195,12 @@ async def _chunks(
                 if calls:
                     yield chunk(DeltaMessage(tool_calls=tool_call_deltas(calls)))
                 yield chunk(
-                    DeltaMessage(), "tool_calls" if calls else event.finish_reason, event.stop_reason,  # collect() ignores the final event's text too
-                    usage=usage_of(routing, tiers), tandem=tandem_field(routing),
-                )  # fmt: skip
+                    DeltaMessage(),
+                    "tool_calls" if calls else event.finish_reason,
+                    event.stop_reason,  # collect() ignores the final event's text too
+                    usage=usage_of(routing, tiers),
+                    tandem=tandem_field(routing),
+                )
                 return
             tiers.append(event.tier)
             content = answers.feed(0, event.text)

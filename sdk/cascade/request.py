@@ -32,7 +32,14 @@ from router.policy import (
 )
 from sdk.budgets.manager import BudgetExhaustedError
 from sdk.cascade.budget_hold import BudgetHold
-from sdk.cascade.cloud import CloudFailed, CloudTimeouts, CloudUsage, capability_refusal, refusal_reason, stream_from_cloud
+from sdk.cascade.cloud import (
+    CloudFailed,
+    CloudTimeouts,
+    CloudUsage,
+    capability_refusal,
+    refusal_reason,
+    stream_from_cloud,
+)
 from sdk.cascade.local import LocalRun
 from sdk.cascade.traffic import after_request
 from sdk.cascade.types import CascadeEvent, RoutingInfo
@@ -52,9 +59,21 @@ def escalates_loops(params: SamplingParams) -> bool:
 class CascadeRequest:
     """The state of one request; `run()` streams its CascadeEvents."""
 
-    def __init__(self, runner, messages: list, params: SamplingParams, mode: RoutingMode, threshold: float,
-                 private: bool, request_id: str, tool_choice: str | None = None, streamed: bool = True,
-                 key_fingerprint: str | None = None, model: str = "auto", user: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        runner,
+        messages: list,
+        params: SamplingParams,
+        mode: RoutingMode,
+        threshold: float,
+        private: bool,
+        request_id: str,
+        tool_choice: str | None = None,
+        streamed: bool = True,
+        key_fingerprint: str | None = None,
+        model: str = "auto",
+        user: str | None = None,
+    ):
         self.runner, self.config, self.params, self.request_id = runner, runner.config, params, request_id
         self.started = time.monotonic()
         self.key_fingerprint, self.model, self.user = key_fingerprint, model, user
@@ -77,20 +96,30 @@ class CascadeRequest:
         # The same texts the privacy rules read (string contents and "text" content parts).
         prompt_text = "\n".join(text for _, _, text in iter_message_texts(self.messages))
         self.context = RequestContext(prompt_text, mode, flagged_private=private, tool_choice=tool_choice)
-        pre = [PrivateFirst(lambda _text: kept_local_rules), ForcedTier(), ThresholdOnePolicy(threshold),
-               ToolTurns(self.config.tool_calls, threshold)]  # fmt: skip
+        pre = [
+            PrivateFirst(lambda _text: kept_local_rules),
+            ForcedTier(),
+            ThresholdOnePolicy(threshold),
+            ToolTurns(self.config.tool_calls, threshold),
+        ]
         if self.scorer is not None:  # last: only requests the others leave open are scored
             router_threshold = self.config.prompt_router_threshold
-            pre.append(PromptRouterPolicy(self._score_prompt, threshold if router_threshold is None else router_threshold))
+            pre.append(
+                PromptRouterPolicy(self._score_prompt, threshold if router_threshold is None else router_threshold)
+            )
         probe = runner.probe
         self.cascade = compose(
             pre=pre,
-            streaming=StreamingPolicy(threshold, self.config.min_tokens_k, self.config.score_kind,
-                                      decide_at=self.config.decide_at,
-                                      score_fn=probe.score_features if probe is not None else None,
-                                      loop_rule=ESCALATE_LOOP if escalates_loops(params) else None,
-                                      structured=params.structured is not None),
-        )  # fmt: skip
+            streaming=StreamingPolicy(
+                threshold,
+                self.config.min_tokens_k,
+                self.config.score_kind,
+                decide_at=self.config.decide_at,
+                score_fn=probe.score_features if probe is not None else None,
+                loop_rule=ESCALATE_LOOP if escalates_loops(params) else None,
+                structured=params.structured is not None,
+            ),
+        )
         self.threshold = threshold
         self.cost = runner.ledger.new_request()
         self.local = LocalRun(runner.local, self.messages, params, request_id)
@@ -121,10 +150,13 @@ class CascadeRequest:
 
     async def _budget_refusal(self) -> str | None:
         """sdk.cascade.budget_hold: the cloud call's largest cost held before it is made, or why not."""
+
         async def num_prompt_tokens() -> int:
             return self.local.num_prompt_tokens or len(await chat_prompt_tokens(self.runner.local, self.cloud_messages))
 
-        return await self.budget.refusal(num_prompt_tokens, self.cost, self.params.max_tokens, self.mode is RoutingMode.CLOUD)
+        return await self.budget.refusal(
+            num_prompt_tokens, self.cost, self.params.max_tokens, self.mode is RoutingMode.CLOUD
+        )
 
     def _settle_budget(self) -> None:
         self.budget.settle(self.cost)
@@ -189,8 +221,9 @@ class CascadeRequest:
         after the local answer's tokens (handoff "continue"). What the cloud cannot take comes first:
         refusal_reason may take a half-open breaker's trial call."""
         runner = self.runner
-        return await capability_refusal(runner, self.params.structured, continuing, self.config.cloud_first_token_timeout_s) \
-            or refusal_reason(runner.cloud, runner.breaker, runner.cloud_ready())  # fmt: skip
+        return await capability_refusal(
+            runner, self.params.structured, continuing, self.config.cloud_first_token_timeout_s
+        ) or refusal_reason(runner.cloud, runner.breaker, runner.cloud_ready())
 
     def _release(self, buffer: HoldBackBuffer, event) -> list[CascadeEvent]:
         # Call order (router.hold_back): the router has seen this token and did not escalate.
@@ -219,12 +252,20 @@ class CascadeRequest:
             counted = False
             try:
                 async for event in stream_from_cloud(
-                    self.runner.cloud, self.runner.breaker, self.cloud_messages, params, usage,
-                    model=self.config.cloud_model or "", request_id=self.request_id,
+                    self.runner.cloud,
+                    self.runner.breaker,
+                    self.cloud_messages,
+                    params,
+                    usage,
+                    model=self.config.cloud_model or "",
+                    request_id=self.request_id,
                     continuation_token_ids=prefix,
-                    timeouts=CloudTimeouts(self.config.cloud_first_token_timeout_s, self.config.cloud_stall_timeout_s,
-                                           self.config.cloud_deadline_s),
-                ):  # fmt: skip
+                    timeouts=CloudTimeouts(
+                        self.config.cloud_first_token_timeout_s,
+                        self.config.cloud_stall_timeout_s,
+                        self.config.cloud_deadline_s,
+                    ),
+                ):
                     num_cloud_tokens += 1
                     cloud_text.append(event.text)
                     self.answered_by = Tier.CLOUD
@@ -247,7 +288,9 @@ class CascadeRequest:
         async for event in self._resume_local(plan):
             yield event
 
-    async def _take_over(self, plan: HandoffPlan | None, cloud_text: str, num_cloud_tokens: int) -> AsyncIterator[CascadeEvent]:
+    async def _take_over(
+        self, plan: HandoffPlan | None, cloud_text: str, num_cloud_tokens: int
+    ) -> AsyncIterator[CascadeEvent]:
         """The local model finishes an answer whose cloud stream broke off part-way."""
         self.answered_by = Tier.LOCAL
         if self.finish_reason is not None:
@@ -280,15 +323,20 @@ class CascadeRequest:
         if decision.reason == Reason.PRIVATE:
             self.runner.privacy_counters.record_kept_local(self.verdict.reasons, message_text_length(self.messages))
         info = RoutingInfo(
-            tier=self.answered_by.value, escalated=escalated,
+            tier=self.answered_by.value,
+            escalated=escalated,
             reason=COMMITTED_LOCAL if self.refused_as_committed else decision.reason,
-            confidence=decision.confidence, decided_at_token=decision.decided_at_token,
+            confidence=decision.confidence,
+            decided_at_token=decision.decided_at_token,
             handoff=self.handoff.value if self.handoff is not None else None,
-            degraded=self.degraded_reason is not None, degraded_reason=self.degraded_reason,
+            degraded=self.degraded_reason is not None,
+            degraded_reason=self.degraded_reason,
             privacy_reasons=self.verdict.reasons if decision.reason == Reason.PRIVATE else (),
             num_redactions=len(self.redactions) if self.answered_by is Tier.CLOUD else 0,
-            decided_by=decision.decided_by, detail=decision.detail, cost=self.cost.as_dict(),
-        )  # fmt: skip
+            decided_by=decision.decided_by,
+            detail=decision.detail,
+            cost=self.cost.as_dict(),
+        )
         if self.local.prompt_token_ids is not None:  # the local tier ran (resumed tokens included)
             self.cost.add("local", self.local.num_prompt_tokens, self.local.num_generated)
         info.cost = self.cost.as_dict()
@@ -296,4 +344,3 @@ class CascadeRequest:
         self._settle_budget()
         self.runner.routes.record(info)
         return info
-

@@ -51,4 +51,6 @@ def usage_of(routing: RoutingInfo, tiers: Sequence[str]) -> Usage:
     cloud_count = routing.cost.get("cloud", {}).get("completion_tokens")
     num_cloud = int(cloud_count) if num_cloud_events and cloud_count is not None else num_cloud_events
     completion_tokens = num_local + num_cloud
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens)
+    return Usage(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+    )

@@ -93,7 +93,9 @@ class CascadeRunner:
         if card is None:
             return None
         if card.vocabulary_fingerprint:
-            local = await asyncio.to_thread(lambda: self.local.vocabulary_fingerprint)  # first read walks the vocabulary
+            local = await asyncio.to_thread(
+                lambda: self.local.vocabulary_fingerprint
+            )  # first read walks the vocabulary
             self._shared_vocabulary = same_vocabulary(local, card.vocabulary_fingerprint)
         else:
             cloud_ids = await self.cloud.tokenize(VOCABULARY_PROBE_TEXTS, timeout_s=5.0)
@@ -128,8 +130,18 @@ class CascadeRunner:
         if threshold is None:
             threshold = self.config.default_threshold
         request = CascadeRequest(
-            self, list(messages), params, mode, threshold, private, request_id or f"cascade-{uuid.uuid4().hex}", tool_choice,
-            streamed, key_fingerprint, model, user,
+            self,
+            list(messages),
+            params,
+            mode,
+            threshold,
+            private,
+            request_id or f"cascade-{uuid.uuid4().hex}",
+            tool_choice,
+            streamed,
+            key_fingerprint,
+            model,
+            user,
         )
         async for event in request.run():
             yield event

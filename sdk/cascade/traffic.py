@@ -24,10 +24,22 @@ def after_request(request, final: CascadeEvent) -> None:
         if runner.traffic is not None:
             runner.traffic.record(_entry(request, final, flagged, answer))
         routing = final.routing
-        if (runner.shadow is not None and not flagged and routing.tier == "local" and not routing.degraded
-                and request.params.structured is None and final.finish_reason in ("stop", "length")):  # fmt: skip
-            runner.shadow.consider(request.request_id, request.cloud_messages, request.params, request.context.prompt_text,
-                                   answer, request.local.num_prompt_tokens)  # fmt: skip
+        if (
+            runner.shadow is not None
+            and not flagged
+            and routing.tier == "local"
+            and not routing.degraded
+            and request.params.structured is None
+            and final.finish_reason in ("stop", "length")
+        ):
+            runner.shadow.consider(
+                request.request_id,
+                request.cloud_messages,
+                request.params,
+                request.context.prompt_text,
+                answer,
+                request.local.num_prompt_tokens,
+            )
     except Exception:  # the answer is out; losing its row must not break anything
         logger.exception("could not record request %s", request.request_id)
 
@@ -40,11 +52,19 @@ def _entry(request, final: CascadeEvent, flagged: bool, answer: str) -> TrafficE
         embedder = f"{scorer.metadata['model_fingerprint']}|{scorer.metadata['embedder_precision']}"
     running = request.cascade.streaming.running if request.cascade.streaming is not None else None
     return TrafficEntry(
-        response_id=request.request_id, key_fingerprint=request.key_fingerprint, model=request.model, routing=final.routing,
-        finish_reason=final.finish_reason, latency_ms=(time.monotonic() - request.started) * 1000.0,
-        prompt_text=request.context.prompt_text, flagged_private=flagged, answer_text=answer,
+        response_id=request.request_id,
+        key_fingerprint=request.key_fingerprint,
+        model=request.model,
+        routing=final.routing,
+        finish_reason=final.finish_reason,
+        latency_ms=(time.monotonic() - request.started) * 1000.0,
+        prompt_text=request.context.prompt_text,
+        flagged_private=flagged,
+        answer_text=answer,
         router_score=None if outputs is None else float(outputs.score[0]),
         router_name=None if outputs is None else scorer.path,
-        shape=None if outputs is None else outputs.shape[0], embedding=embedding, embedder=embedder,
+        shape=None if outputs is None else outputs.shape[0],
+        embedding=embedding,
+        embedder=embedder,
         signals=running.features_dict() if running is not None and running.num_tokens else None,
-    )  # fmt: skip
+    )

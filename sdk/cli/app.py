@@ -32,5 +32,3 @@ def version() -> None:
         typer.echo(package_version("tandem-llm"))
     except PackageNotFoundError:
         typer.echo("tandem-llm (not installed; running from a source tree)")
-
-

@@ -22,24 +22,57 @@ cloud_app = typer.Typer(help="The cloud tier: serve the PyTorch engine over gRPC
 # The settings `tandem cloud serve` takes as options (`--name` for `section.name`), each made from its
 # sdk.settings field: the [cloud] engine and the [cloud_server] listeners, env variables TANDEM_CLOUD_*.
 CLOUD_SERVE_SETTINGS = (
-    "cloud.model", "cloud.model_name", "cloud_server.host", "cloud_server.port", "cloud_server.grpc_port", "cloud.device",
-    "cloud_server.threads", "cloud.dtype", "cloud.kv_cache_gb", "cloud.max_num_seqs", "cloud.max_num_batched_tokens",
-    "cloud.max_model_len", "cloud.max_waiting", "cloud.speculative", "cloud.num_speculative_tokens",
-    "cloud.close_within_max_tokens", "cloud_server.api_key_file", "cloud_server.rate_limit",
-    "cloud_server.max_concurrent_per_key", "cloud_server.auth_backoff_after", "cloud_server.auth_backoff_max_s",
-    "cloud_server.strict_fields", "cloud_server.max_body_bytes", "cloud_server.price_input_per_million",
-    "cloud_server.price_output_per_million", "cloud_server.budgets_file", "cloud_server.spend_path",
-    "cloud_server.admin_key_file", "cloud_server.drain_grace_s", "cloud_server.tls_cert", "cloud_server.tls_key",
+    "cloud.model",
+    "cloud.model_name",
+    "cloud_server.host",
+    "cloud_server.port",
+    "cloud_server.grpc_port",
+    "cloud.device",
+    "cloud_server.threads",
+    "cloud.dtype",
+    "cloud.kv_cache_gb",
+    "cloud.max_num_seqs",
+    "cloud.max_num_batched_tokens",
+    "cloud.max_model_len",
+    "cloud.max_waiting",
+    "cloud.speculative",
+    "cloud.num_speculative_tokens",
+    "cloud.close_within_max_tokens",
+    "cloud_server.api_key_file",
+    "cloud_server.rate_limit",
+    "cloud_server.max_concurrent_per_key",
+    "cloud_server.auth_backoff_after",
+    "cloud_server.auth_backoff_max_s",
+    "cloud_server.strict_fields",
+    "cloud_server.max_body_bytes",
+    "cloud_server.price_input_per_million",
+    "cloud_server.price_output_per_million",
+    "cloud_server.budgets_file",
+    "cloud_server.spend_path",
+    "cloud_server.admin_key_file",
+    "cloud_server.drain_grace_s",
+    "cloud_server.tls_cert",
+    "cloud_server.tls_key",
     "cloud_server.log_level",
-)  # fmt: skip
+)
 
 _OWN_OPTIONS = [
-    option("config", Optional[str], "--config", help="TOML config file: its [cloud] and [cloud_server] sections "
-           "(default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml if present)."),
-    option("sampling", Optional[list[str]], "--sampling", metavar="KEY=VALUE",
-           help=f"Default for a sampling field requests leave out (repeatable): {SAMPLING_KEYS}; default: the model's "
-                "(its metadata, a built-in table, else OpenAI's). [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
-]  # fmt: skip
+    option(
+        "config",
+        Optional[str],
+        "--config",
+        help="TOML config file: its [cloud] and [cloud_server] sections "
+        "(default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml if present).",
+    ),
+    option(
+        "sampling",
+        Optional[list[str]],
+        "--sampling",
+        metavar="KEY=VALUE",
+        help=f"Default for a sampling field requests leave out (repeatable): {SAMPLING_KEYS}; default: the model's "
+        "(its metadata, a built-in table, else OpenAI's). [env: TANDEM_CLOUD_SAMPLING_<KEY>]",
+    ),
+]
 
 
 def serve(**options) -> None:
@@ -62,8 +95,13 @@ def serve(**options) -> None:
         server = settings.values["cloud_server"]  # the listeners' keys (the engine's are [cloud]'s)
         api_keys = load_api_keys(server["api_key_file"])
         engine_config = settings.cloud_engine_config()
-        grpc_config = GrpcServerConfig(host=server["host"], port=server["grpc_port"], api_keys=api_keys,
-                                       tls_cert_path=server["tls_cert"], tls_key_path=server["tls_key"])  # fmt: skip
+        grpc_config = GrpcServerConfig(
+            host=server["host"],
+            port=server["grpc_port"],
+            api_keys=api_keys,
+            tls_cert_path=server["tls_cert"],
+            tls_key_path=server["tls_key"],
+        )
         check_tls_files(server["tls_cert"], server["tls_key"])
         prices = TierPrices(server["price_input_per_million"], server["price_output_per_million"])
         admin_key = _read_admin_key(server["admin_key_file"]) if server["admin_key_file"] else None
@@ -84,8 +122,11 @@ def serve(**options) -> None:
     try:
         billing = (server["budgets_file"], server["spend_path"], prices) if server["budgets_file"] else None
         replica = {"admin_key": admin_key, "drain_grace_s": server["drain_grace_s"]}
-        failed = asyncio.run(_serve_both(engine, grpc_config, app_config, client_limits, server["port"], server["log_level"],
-                                         billing, replica))  # fmt: skip
+        failed = asyncio.run(
+            _serve_both(
+                engine, grpc_config, app_config, client_limits, server["port"], server["log_level"], billing, replica
+            )
+        )
     finally:
         engine.shutdown()
     if failed:
@@ -95,6 +136,7 @@ def serve(**options) -> None:
 
 serve.__signature__ = command_signature(CLOUD_SERVE_SETTINGS, _OWN_OPTIONS)  # typer reads its options from here
 cloud_app.command("serve")(serve)
+
 
 def _read_admin_key(path: str) -> str:
     """The admin key: the file's first key (ApiKeyConfigError for an unreadable file, ValueError for a missing or short key)."""
@@ -106,8 +148,16 @@ def _read_admin_key(path: str) -> str:
     return keys[0]
 
 
-async def _serve_both(engine, grpc_config, app_config, client_limits, port: int, log_level: str,
-                      billing: tuple | None = None, replica: dict | None = None) -> str | None:  # fmt: skip
+async def _serve_both(
+    engine,
+    grpc_config,
+    app_config,
+    client_limits,
+    port: int,
+    log_level: str,
+    billing: tuple | None = None,
+    replica: dict | None = None,
+) -> str | None:
     """Run uvicorn and the gRPC server until a signal or a failed load; returns why it failed, or None.
     `billing`: (budgets file, spend path, prices): both listeners serve the engine through one
     sdk.budgets.metered_engine.BudgetedEngine, so a key has one budget whichever door it uses."""
@@ -128,15 +178,17 @@ async def _serve_both(engine, grpc_config, app_config, client_limits, port: int,
             return f"the budgets could not start: {exc}"
         engine = BudgetedEngine(engine, budgets, prices)
     try:
-        return await _serve_engine(engine, grpc_config, app_config, client_limits, port, log_level, budgets, logger,
-                                   replica or {})  # fmt: skip
+        return await _serve_engine(
+            engine, grpc_config, app_config, client_limits, port, log_level, budgets, logger, replica or {}
+        )
     finally:
         if budgets is not None:
             await asyncio.to_thread(budgets.ledger.close)
 
 
-async def _serve_engine(engine, grpc_config, app_config, client_limits, port, log_level, budgets, logger,
-                        replica: dict) -> str | None:  # fmt: skip
+async def _serve_engine(
+    engine, grpc_config, app_config, client_limits, port, log_level, budgets, logger, replica: dict
+) -> str | None:
     """Both listeners over one DrainableEngine (a replica of a replicated tier: sdk.openai_server.drain)."""
     import asyncio
 
@@ -150,7 +202,11 @@ async def _serve_engine(engine, grpc_config, app_config, client_limits, port, lo
     app = create_app(engine, app_config, client_limits=client_limits, budgets=budgets)
     if replica.get("admin_key"):
         admin_routes(app, engine, replica["admin_key"])
-    http = HttpServer(http_config(app, host, port, log_level, app_config.api_keys, grpc_config.tls_cert_path, grpc_config.tls_key_path))
+    http = HttpServer(
+        http_config(
+            app, host, port, log_level, app_config.api_keys, grpc_config.tls_cert_path, grpc_config.tls_key_path
+        )
+    )
     try:
         grpc_server = await start_grpc_server(engine, grpc_config, client_limits)
     except OSError as exc:

@@ -22,7 +22,9 @@ def _group() -> None:
 @config_app.command("show")
 def show(
     config: str | None = typer.Option(
-        None, "--config", help="TOML file to read; default: $TANDEM_CONFIG, else $XDG_CONFIG_HOME/tandem/config.toml if present."
+        None,
+        "--config",
+        help="TOML file to read; default: $TANDEM_CONFIG, else $XDG_CONFIG_HOME/tandem/config.toml if present.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (values, sources, file) instead of TOML."),
 ) -> None:

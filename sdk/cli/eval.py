@@ -11,8 +11,10 @@ from pathlib import Path
 import typer
 
 _DATA_HELP = "Routing table (.csv/.jsonl: prompt, weak_correct, strong_correct, or RouteLLM's columns), or `routellm`."
-_ROUTER_HELP = ("random, oracle, column:NAME (a score column of the table, e.g. column:confidence) or "
-                "scores:FILE.csv (prompt,score as `tandem router score` writes).")  # fmt: skip
+_ROUTER_HELP = (
+    "random, oracle, column:NAME (a score column of the table, e.g. column:confidence) or "
+    "scores:FILE.csv (prompt,score as `tandem router score` writes)."
+)
 
 
 class ThresholdSetting(str, enum.Enum):
@@ -34,15 +36,23 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def _load(data: str | None, data_dir: str | None, datasets: str, router: str, higher_means: HigherMeans | None,
-          from_traffic: str | None = None):  # fmt: skip
+def _load(
+    data: str | None,
+    data_dir: str | None,
+    datasets: str,
+    router: str,
+    higher_means: HigherMeans | None,
+    from_traffic: str | None = None,
+):
     from rich.console import Console
 
     from router.evaluation.inputs import load_examples, router_scores
 
     if (data is None) == (from_traffic is None):
         raise ValueError("give one of --data (a table) and --from-traffic (a traffic record)")
-    with Console(stderr=True).status(f"reading {data or from_traffic}"):  # RouteLLM's tables hold whole responses: seconds
+    with Console(stderr=True).status(
+        f"reading {data or from_traffic}"
+    ):  # RouteLLM's tables hold whole responses: seconds
         if from_traffic is not None:
             from sdk.traffic.table import traffic_table
 
@@ -52,8 +62,15 @@ def _load(data: str | None, data_dir: str | None, datasets: str, router: str, hi
     return table, router_scores(router, table.examples, higher_means.value if higher_means else None)
 
 
-def _run_live(base_url: str, prompts: str, data_dir: str | None, limit: int | None, max_tokens: int,
-              concurrency: int, table_out: Path) -> None:  # fmt: skip
+def _run_live(
+    base_url: str,
+    prompts: str,
+    data_dir: str | None,
+    limit: int | None,
+    max_tokens: int,
+    concurrency: int,
+    table_out: Path,
+) -> None:
     import asyncio
 
     from rich.progress import Progress
@@ -63,28 +80,52 @@ def _run_live(base_url: str, prompts: str, data_dir: str | None, limit: int | No
     items = load_prompts(prompts, data_dir, limit)
     with Progress(transient=False) as progress:
         task = progress.add_task(f"asking both tiers ({len(items)} prompts)", total=len(items))
-        rows = asyncio.run(build_live_table(base_url, items, max_tokens=max_tokens, concurrency=concurrency,
-                                            on_done=lambda: progress.advance(task)))  # fmt: skip
+        rows = asyncio.run(
+            build_live_table(
+                base_url, items, max_tokens=max_tokens, concurrency=concurrency, on_done=lambda: progress.advance(task)
+            )
+        )
     write_jsonl(rows, table_out)
     typer.echo(f"wrote the live table ({len(rows)} prompts) to {table_out}")
 
 
 def eval_command(
     data: str | None = typer.Option(None, "--data", help=_DATA_HELP),
-    data_dir: str | None = typer.Option(None, "--data-dir", envvar="TANDEM_ROUTELLM_DIR", help="RouteLLM's data (default: ../shared/data/routellm); its contamination lists apply to every table."),
+    data_dir: str | None = typer.Option(
+        None,
+        "--data-dir",
+        envvar="TANDEM_ROUTELLM_DIR",
+        help="RouteLLM's data (default: ../shared/data/routellm); its contamination lists apply to every table.",
+    ),
     datasets: str = typer.Option("gsm8k,mmlu", "--datasets", help="With --data routellm: comma-separated gsm8k, mmlu."),
-    router: str | None = typer.Option(None, "--router", help=_ROUTER_HELP + " Default: column:confidence with --live, else random."),
-    higher_means: HigherMeans | None = typer.Option(None, "--higher-means", help="Which tier a higher score favours; default: local for a column, cloud for a scores file."),
+    router: str | None = typer.Option(
+        None, "--router", help=_ROUTER_HELP + " Default: column:confidence with --live, else random."
+    ),
+    higher_means: HigherMeans | None = typer.Option(
+        None,
+        "--higher-means",
+        help="Which tier a higher score favours; default: local for a column, cloud for a scores file.",
+    ),
     seeds: int = typer.Option(100, "--seeds", min=1, help="Seeds the random router's curve is averaged over."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),
     plot_out: Path | None = typer.Option(None, "--plot", help="Write the quality-vs-cloud-share plot here (PNG)."),
-    live: bool = typer.Option(False, "--live", help="Build the table by asking both tiers of a running `tandem serve`."),
-    base_url: str | None = typer.Option(None, "--base-url", envvar="TANDEM_BASE_URL", help="With --live: the endpoint, e.g. http://127.0.0.1:8000."),
-    prompts: str | None = typer.Option(None, "--prompts", help="With --live: gsm8k, mmlu (labels = agreement with the cloud) or a .jsonl/.csv of prompt[,answer]."),
+    live: bool = typer.Option(
+        False, "--live", help="Build the table by asking both tiers of a running `tandem serve`."
+    ),
+    base_url: str | None = typer.Option(
+        None, "--base-url", envvar="TANDEM_BASE_URL", help="With --live: the endpoint, e.g. http://127.0.0.1:8000."
+    ),
+    prompts: str | None = typer.Option(
+        None,
+        "--prompts",
+        help="With --live: gsm8k, mmlu (labels = agreement with the cloud) or a .jsonl/.csv of prompt[,answer].",
+    ),
     limit: int | None = typer.Option(None, "--limit", min=1, help="With --live: only the first N prompts."),
     max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="With --live: completion limit per answer."),
     concurrency: int = typer.Option(4, "--concurrency", min=1, help="With --live: prompts in flight."),
-    table_out: Path | None = typer.Option(None, "--table-out", help="With --live: keep the table (JSONL) here; reuse it with --data."),
+    table_out: Path | None = typer.Option(
+        None, "--table-out", help="With --live: keep the table (JSONL) here; reuse it with --data."
+    ),
 ) -> None:
     """Quality vs cloud share of a router, with AUC, APGR and CPT, against the random router and the oracle."""
     import tempfile
@@ -103,7 +144,9 @@ def eval_command(
             if live:
                 data = str(table_out or Path(scratch) / "live.jsonl")
                 _run_live(base_url, prompts, data_dir, limit, max_tokens, concurrency, Path(data))
-            table, scores = _load(data, data_dir, datasets, router or ("column:confidence" if live else "random"), higher_means)
+            table, scores = _load(
+                data, data_dir, datasets, router or ("column:confidence" if live else "random"), higher_means
+            )
             report = build_report(table, scores, num_seeds=seeds)
         except (TableError, LiveError, ValueError, OSError) as exc:
             raise _fail(exc) from exc
@@ -118,21 +161,64 @@ def eval_command(
 
 def calibrate_command(
     data: str | None = typer.Option(None, "--data", help=_DATA_HELP),
-    from_traffic: str | None = typer.Option(None, "--from-traffic", help="Calibrate on a traffic record of `tandem serve` ([traffic] record): its requests with both tiers judged; routers column:router_score (with --higher-means cloud) or column:confidence."),
-    router: str = typer.Option(..., "--router", help="column:NAME or scores:FILE.csv (random and oracle have no deployable threshold)."),
-    quality: float | None = typer.Option(None, "--quality", min=0.0, help="Target: this fraction of the strong tier's accuracy, e.g. 0.95."),
-    cloud_share: float | None = typer.Option(None, "--cloud-share", min=0.0, max=1.0, help="Target: this share of requests to the cloud, e.g. 0.3."),
-    budget: float | None = typer.Option(None, "--budget", min=0.0, help="Target: at most this many USD per 1,000 requests (best quality within it)."),
-    higher_means: HigherMeans | None = typer.Option(None, "--higher-means", help="Which tier a higher score favours; default: local for a column, cloud for a scores file."),
-    data_dir: str | None = typer.Option(None, "--data-dir", envvar="TANDEM_ROUTELLM_DIR", help="RouteLLM's data (default: ../shared/data/routellm)."),
+    from_traffic: str | None = typer.Option(
+        None,
+        "--from-traffic",
+        help="Calibrate on a traffic record of `tandem serve` ([traffic] record): its requests with both tiers judged; routers column:router_score (with --higher-means cloud) or column:confidence.",
+    ),
+    router: str = typer.Option(
+        ..., "--router", help="column:NAME or scores:FILE.csv (random and oracle have no deployable threshold)."
+    ),
+    quality: float | None = typer.Option(
+        None, "--quality", min=0.0, help="Target: this fraction of the strong tier's accuracy, e.g. 0.95."
+    ),
+    cloud_share: float | None = typer.Option(
+        None, "--cloud-share", min=0.0, max=1.0, help="Target: this share of requests to the cloud, e.g. 0.3."
+    ),
+    budget: float | None = typer.Option(
+        None, "--budget", min=0.0, help="Target: at most this many USD per 1,000 requests (best quality within it)."
+    ),
+    higher_means: HigherMeans | None = typer.Option(
+        None,
+        "--higher-means",
+        help="Which tier a higher score favours; default: local for a column, cloud for a scores file.",
+    ),
+    data_dir: str | None = typer.Option(
+        None, "--data-dir", envvar="TANDEM_ROUTELLM_DIR", help="RouteLLM's data (default: ../shared/data/routellm)."
+    ),
     datasets: str = typer.Option("gsm8k,mmlu", "--datasets", help="With --data routellm: comma-separated gsm8k, mmlu."),
-    config: str | None = typer.Option(None, "--config", help="Config file to update (created if missing); default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml."),
-    setting: ThresholdSetting | None = typer.Option(None, "--setting", help="The [cascade] key to write; default: prompt_router_threshold for scores that favour the cloud (the prompt router's: a scores file, or --higher-means cloud), else threshold."),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        help="Config file to update (created if missing); default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml.",
+    ),
+    setting: ThresholdSetting | None = typer.Option(
+        None,
+        "--setting",
+        help="The [cascade] key to write; default: prompt_router_threshold for scores that favour the cloud (the prompt router's: a scores file, or --higher-means cloud), else threshold.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the threshold and what it gives; write nothing."),
-    prompt_tokens: float | None = typer.Option(None, "--prompt-tokens", min=0.0, help="Mean prompt tokens per request (default: the table's, else 256)."),
-    completion_tokens: float | None = typer.Option(None, "--completion-tokens", min=0.0, help="Mean completion tokens per request (default: the table's, else 256)."),
-    cloud_input_price: float | None = typer.Option(None, "--cloud-input-price", min=0.0, help="Cloud USD per 1M prompt tokens (default: the config's cascade.prices)."),
-    cloud_output_price: float | None = typer.Option(None, "--cloud-output-price", min=0.0, help="Cloud USD per 1M completion tokens (default: the config's cascade.prices)."),
+    prompt_tokens: float | None = typer.Option(
+        None, "--prompt-tokens", min=0.0, help="Mean prompt tokens per request (default: the table's, else 256)."
+    ),
+    completion_tokens: float | None = typer.Option(
+        None,
+        "--completion-tokens",
+        min=0.0,
+        help="Mean completion tokens per request (default: the table's, else 256).",
+    ),
+    cloud_input_price: float | None = typer.Option(
+        None,
+        "--cloud-input-price",
+        min=0.0,
+        help="Cloud USD per 1M prompt tokens (default: the config's cascade.prices).",
+    ),
+    cloud_output_price: float | None = typer.Option(
+        None,
+        "--cloud-output-price",
+        min=0.0,
+        help="Cloud USD per 1M completion tokens (default: the config's cascade.prices).",
+    ),
 ) -> None:
     """Pick the routing threshold for a target and write it to the config file: cascade.threshold for a
     confidence, cascade.prompt_router_threshold for the prompt router's scores."""
@@ -142,8 +228,11 @@ def calibrate_command(
     from sdk.settings import SettingsError
     from sdk.settings.config_file import config_path, read_config, write_threshold
 
-    targets = [Target(kind, value) for kind, value in (("quality", quality), ("cloud_share", cloud_share), ("budget", budget))
-               if value is not None]  # fmt: skip
+    targets = [
+        Target(kind, value)
+        for kind, value in (("quality", quality), ("cloud_share", cloud_share), ("budget", budget))
+        if value is not None
+    ]
     if len(targets) != 1:
         raise _fail(ValueError("give exactly one target: --quality, --cloud-share or --budget"))
     if router.partition(":")[0] in ("random", "oracle"):
@@ -157,13 +246,19 @@ def calibrate_command(
         costs = cost_model(table.examples, CostTable.from_config(prices), prompt_tokens, completion_tokens)
         point = choose_threshold(scores.confidence, table.examples, targets[0], costs)
         if setting is None:  # a prompt router's score is not the confidence the streaming policy compares
-            setting = ThresholdSetting.prompt_router_threshold if scores.higher_means == "cloud" else ThresholdSetting.threshold
+            setting = (
+                ThresholdSetting.prompt_router_threshold
+                if scores.higher_means == "cloud"
+                else ThresholdSetting.threshold
+            )
         if not dry_run:
             write_threshold(path, point.threshold, setting.value)
     except (TableError, ValueError, OSError, SettingsError) as exc:
         raise _fail(exc) from exc
     strong = point.quality / point.quality_of_strong if point.quality_of_strong else float("nan")
-    typer.echo(f"threshold {point.threshold:.6g} on {len(table.examples)} prompts ({table.num_dropped_contaminated} contaminated dropped):")
+    typer.echo(
+        f"threshold {point.threshold:.6g} on {len(table.examples)} prompts ({table.num_dropped_contaminated} contaminated dropped):"
+    )
     typer.echo(f"  cloud share {point.cloud_share:.1%}")
     typer.echo(f"  quality     {point.quality:.4f} ({point.quality_of_strong:.1%} of strong's {strong:.4f})")
     typer.echo(f"  cost        {point.cost_per_1k:.4f} USD per 1k requests")
@@ -172,7 +267,9 @@ def calibrate_command(
     if dry_run:
         typer.echo(f"dry run: nothing written (it would set [cascade] {setting.value})")
     else:
-        typer.echo(f"wrote [cascade] {setting.value} = {point.threshold!r} to {path} (comments in that file are not kept)")
+        typer.echo(
+            f"wrote [cascade] {setting.value} = {point.threshold!r} to {path} (comments in that file are not kept)"
+        )
 
 
 def register_eval_commands(app: typer.Typer) -> None:

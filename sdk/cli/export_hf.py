@@ -21,9 +21,15 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 
 def export_hf(
-    paths: list[str] = typer.Argument(..., metavar="[GGUF] DIR", help="The GGUF file (default: the embedded model) "
-                                      "and where the HF checkpoint goes (created; replaced when stale)."),
-    dtype: str = typer.Option("bfloat16", "--dtype", help=f"Weights' dtype: one of {', '.join(DTYPES)}.", case_sensitive=False),
+    paths: list[str] = typer.Argument(
+        ...,
+        metavar="[GGUF] DIR",
+        help="The GGUF file (default: the embedded model) "
+        "and where the HF checkpoint goes (created; replaced when stale).",
+    ),
+    dtype: str = typer.Option(
+        "bfloat16", "--dtype", help=f"Weights' dtype: one of {', '.join(DTYPES)}.", case_sensitive=False
+    ),
 ) -> None:
     """Export a GGUF (default: the embedded model) as a Hugging Face directory for vLLM or SGLang."""
     from sdk.protocol.model_files import ModelNotFoundError, resolve_model_path

@@ -7,14 +7,23 @@ from __future__ import annotations
 
 import typer
 
-router_app = typer.Typer(help="The prompt router: score prompts' need for the cloud tier before generating.", no_args_is_help=True)
+router_app = typer.Typer(
+    help="The prompt router: score prompts' need for the cloud tier before generating.", no_args_is_help=True
+)
 CHUNK = 256  # prompts scored between progress updates (and held in memory at once)
 
 
 def _progress(total: int, description: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    return Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True, disable=total < CHUNK)
+    return Progress(
+        TextColumn(description),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+        disable=total < CHUNK,
+    )
 
 
 def _load_tables(names: list[str], data_dir: str) -> tuple[list, list, list | None]:
@@ -69,13 +78,33 @@ def _locked(data_dir: str) -> list | None:
 @router_app.command("train")
 def train(
     out: str = typer.Option(..., "--out", help="Where to write the router (one ONNX file)."),
-    data: list[str] | None = typer.Option(None, "--data", help="`routellm` (RouteLLM's GSM8K + MMLU tables, less the locked test subjects), a labelled table file (.csv/.jsonl) in RouteLLM's or tandem's format, or `none`; repeat to train on several. A table file's rows also teach the topic correction (the router then carries MiniLM). Default: routellm, or with --from-traffic the tables --base-router was trained on (their statistics travel in the file)."),
-    from_traffic: list[str] | None = typer.Option(None, "--from-traffic", help="A traffic record written by `tandem serve` ([traffic] record = true); repeat for several. Its labels refit the head and give the topic correction (the router then carries MiniLM)."),
-    base_router: str | None = typer.Option(None, "--base-router", help="With --from-traffic and no --data: the router whose table statistics to start from; default: the shipped one."),
-    data_dir: str | None = typer.Option(None, "--data-dir", help="RouteLLM data directory; default: ../shared/data/routellm."),
-    holdout_fraction: float = typer.Option(0.25, min=0.0, max=0.9, help="Share of the tables' subjects held out to report APGR (0: no report)."),
+    data: list[str] | None = typer.Option(
+        None,
+        "--data",
+        help="`routellm` (RouteLLM's GSM8K + MMLU tables, less the locked test subjects), a labelled table file (.csv/.jsonl) in RouteLLM's or tandem's format, or `none`; repeat to train on several. A table file's rows also teach the topic correction (the router then carries MiniLM). Default: routellm, or with --from-traffic the tables --base-router was trained on (their statistics travel in the file).",
+    ),
+    from_traffic: list[str] | None = typer.Option(
+        None,
+        "--from-traffic",
+        help="A traffic record written by `tandem serve` ([traffic] record = true); repeat for several. Its labels refit the head and give the topic correction (the router then carries MiniLM).",
+    ),
+    base_router: str | None = typer.Option(
+        None,
+        "--base-router",
+        help="With --from-traffic and no --data: the router whose table statistics to start from; default: the shipped one.",
+    ),
+    data_dir: str | None = typer.Option(
+        None, "--data-dir", help="RouteLLM data directory; default: ../shared/data/routellm."
+    ),
+    holdout_fraction: float = typer.Option(
+        0.25, min=0.0, max=0.9, help="Share of the tables' subjects held out to report APGR (0: no report)."
+    ),
     seed: int = typer.Option(0, help="Seed of the subject split."),
-    alpha: float | None = typer.Option(None, min=0.0, help="Ridge penalty of the head (standardized prompt-shape features); default: the shipped recipe's."),
+    alpha: float | None = typer.Option(
+        None,
+        min=0.0,
+        help="Ridge penalty of the head (standardized prompt-shape features); default: the shipped recipe's.",
+    ),
 ) -> None:
     """Train a router; print its APGR on held-out subjects and write a JSON report next to --out."""
     import dataclasses
@@ -89,8 +118,12 @@ def train(
     from router.prompt_router.training import train_router
 
     try:
-        examples, own, locked = _load_tables(data or (["none"] if from_traffic else ["routellm"]), data_dir or DEFAULT_DATA_DIR)
-        base, base_recipe, base_scale = _base_statistics(base_router) if from_traffic and not data else (None, None, None)
+        examples, own, locked = _load_tables(
+            data or (["none"] if from_traffic else ["routellm"]), data_dir or DEFAULT_DATA_DIR
+        )
+        base, base_recipe, base_scale = (
+            _base_statistics(base_router) if from_traffic and not data else (None, None, None)
+        )
         traffic = _load_traffic(from_traffic) if from_traffic else None
     except (ValueError, TableError, RouterError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -98,9 +131,18 @@ def train(
     recipe = recipe if alpha is None else dataclasses.replace(recipe, alpha=alpha)
     try:
         topic_rows = _topic_rows(own) if own else None
-        report = train_router(examples, out, traffic=traffic, holdout_fraction=holdout_fraction if examples else 0.0, seed=seed,
-                              recipe=recipe, base=base, topic_rows=topic_rows, locked=locked if locked is not None else _locked(data_dir or DEFAULT_DATA_DIR),
-                              base_scale=base_scale)  # fmt: skip
+        report = train_router(
+            examples,
+            out,
+            traffic=traffic,
+            holdout_fraction=holdout_fraction if examples else 0.0,
+            seed=seed,
+            recipe=recipe,
+            base=base,
+            topic_rows=topic_rows,
+            locked=locked if locked is not None else _locked(data_dir or DEFAULT_DATA_DIR),
+            base_scale=base_scale,
+        )
     except (ValueError, EmbedderUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -109,21 +151,40 @@ def train(
     for name in ("heldout", "heldout_mmlu"):
         if name in report and (name == "heldout" or report[name]["num_examples"] != report["heldout"]["num_examples"]):
             figures = report[name]
-            typer.echo(f"{name}: APGR {figures['apgr']:.3f} (random {figures['random_apgr']:.2f}, oracle "
-                       f"{figures['oracle_apgr']:.3f}), CPT(50%) {figures['cpt50']:.3f}, {figures['num_examples']} prompts")  # fmt: skip
+            typer.echo(
+                f"{name}: APGR {figures['apgr']:.3f} (random {figures['random_apgr']:.2f}, oracle "
+                f"{figures['oracle_apgr']:.3f}), CPT(50%) {figures['cpt50']:.3f}, {figures['num_examples']} prompts"
+            )
     locked = report["locked_test"]
-    typer.echo(f"locked test subjects: APGR {locked['apgr']:.3f} +- {locked['apgr_se']:.3f}, prompt length "
-               f"{locked['apgr'] - locked['minus_length']:.3f} ({locked['num_subjects']} subjects, SE over subjects)"
-               if "apgr" in locked else f"locked test subjects: not measured ({locked['not_measured']})")  # fmt: skip
+    typer.echo(
+        f"locked test subjects: APGR {locked['apgr']:.3f} +- {locked['apgr_se']:.3f}, prompt length "
+        f"{locked['apgr'] - locked['minus_length']:.3f} ({locked['num_subjects']} subjects, SE over subjects)"
+        if "apgr" in locked
+        else f"locked test subjects: not measured ({locked['not_measured']})"
+    )
     if own:
         correction = report["recipe"]["topic_correction"]
-        typer.echo(f"labelled tables: {len(own)} rows" + (f", topic correction from {correction['num_rows']} embedded prompts"
-                                                          if correction else ", too few rows for a topic correction"))  # fmt: skip
+        typer.echo(
+            f"labelled tables: {len(own)} rows"
+            + (
+                f", topic correction from {correction['num_rows']} embedded prompts"
+                if correction
+                else ", too few rows for a topic correction"
+            )
+        )
     if traffic is not None:
         correction = report["recipe"]["topic_correction"]
-        typer.echo(f"traffic: {report['num_traffic_rows']} rows, {report['num_traffic_judged']} with both tiers judged"
-                   + (f", topic correction from {correction['num_rows']} embedded prompts" if correction else ", too few embedded prompts for a topic correction"))  # fmt: skip
-    typer.echo(f"wrote {out} (trained on {len(examples)} table rows{' and ' + str(report['num_base_rows']) + ' of the base router' if base else ''}) and {report_path}")
+        typer.echo(
+            f"traffic: {report['num_traffic_rows']} rows, {report['num_traffic_judged']} with both tiers judged"
+            + (
+                f", topic correction from {correction['num_rows']} embedded prompts"
+                if correction
+                else ", too few embedded prompts for a topic correction"
+            )
+        )
+    typer.echo(
+        f"wrote {out} (trained on {len(examples)} table rows{' and ' + str(report['num_base_rows']) + ' of the base router' if base else ''}) and {report_path}"
+    )
 
 
 def _base_statistics(path: str | None):
@@ -151,14 +212,20 @@ def _load_traffic(paths: list[str]):
     from sdk.traffic.rows import load_traffic_rows
 
     parts = [load_traffic_rows(path, embedder=f"{model_fingerprint()}|{DEFAULT_PRECISION}").rows for path in paths]
-    return LabelledRows(np.vstack([p.shape for p in parts]), np.vstack([p.labels for p in parts]), np.vstack([p.embedding for p in parts]))
+    return LabelledRows(
+        np.vstack([p.shape for p in parts]),
+        np.vstack([p.labels for p in parts]),
+        np.vstack([p.embedding for p in parts]),
+    )
 
 
 @router_app.command("score")
 def score(
     data: str = typer.Option(..., "--data", help="CSV with a `prompt` column."),
     out: str = typer.Option(..., "--out", help="CSV to write: prompt,score (higher = more need for the strong tier)."),
-    router: str | None = typer.Option(None, "--router", help="A router from `tandem router train`; default: the shipped router."),
+    router: str | None = typer.Option(
+        None, "--router", help="A router from `tandem router train`; default: the shipped router."
+    ),
 ) -> None:
     """Score every prompt of a CSV with the prompt router."""
     import csv

@@ -26,25 +26,61 @@ logger = logging.getLogger("tandem.serve")
 # The settings `tandem serve` takes as options, each made from its sdk.settings field (type, help, env,
 # check): `--name` for `section.name`, except where renamed.
 SERVE_SETTINGS = (
-    "cloud.url", "cascade.threshold", "local.model", "local.model_name", "server.host", "server.port",
-    "server.api_key_file", "server.rate_limit", "server.max_concurrent_per_key", "server.auth_backoff_after",
-    "server.strict_fields", "server.max_body_bytes", "server.tls_cert", "server.tls_key", "local.kv_cache_tokens",
-    "local.max_num_seqs", "local.max_num_batched_tokens", "local.max_model_len", "local.max_waiting", "local.threads",
-    "local.n_gpu_layers", "local.batch_invariant", "local.kv_layout", "local.prefill_weights", "local.extra_buffer_types", "local.repetition_stop",
-    "local.close_within_max_tokens", "server.log_level",
-)  # fmt: skip
+    "cloud.url",
+    "cascade.threshold",
+    "local.model",
+    "local.model_name",
+    "server.host",
+    "server.port",
+    "server.api_key_file",
+    "server.rate_limit",
+    "server.max_concurrent_per_key",
+    "server.auth_backoff_after",
+    "server.strict_fields",
+    "server.max_body_bytes",
+    "server.tls_cert",
+    "server.tls_key",
+    "local.kv_cache_tokens",
+    "local.max_num_seqs",
+    "local.max_num_batched_tokens",
+    "local.max_model_len",
+    "local.max_waiting",
+    "local.threads",
+    "local.n_gpu_layers",
+    "local.batch_invariant",
+    "local.kv_layout",
+    "local.prefill_weights",
+    "local.extra_buffer_types",
+    "local.repetition_stop",
+    "local.close_within_max_tokens",
+    "server.log_level",
+)
 RENAMED = {"cloud.url": "cloud"}
 ALSO_SETS = {"local.close_within_max_tokens": ("cloud.close_within_max_tokens",)}  # one switch for both tiers
 
 _OWN_OPTIONS = [
-    option("config", Optional[str], "--config",
-           help="TOML config file (default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml if present)."),
-    option("local_sampling", Optional[list[str]], "--local-sampling", metavar="KEY=VALUE",
-           help=f"Local tier's default for a sampling field requests leave out (repeatable): {SAMPLING_KEYS}; default: "
-                "the model's (SmolLM2-Instruct: temperature=0.2, top_p=0.9). [env: TANDEM_LOCAL_SAMPLING_<KEY>]"),
-    option("cloud_sampling", Optional[list[str]], "--cloud-sampling", metavar="KEY=VALUE",
-           help="The embedded cloud engine's, likewise. [env: TANDEM_CLOUD_SAMPLING_<KEY>]"),
-]  # fmt: skip
+    option(
+        "config",
+        Optional[str],
+        "--config",
+        help="TOML config file (default: $TANDEM_CONFIG, else ~/.config/tandem/config.toml if present).",
+    ),
+    option(
+        "local_sampling",
+        Optional[list[str]],
+        "--local-sampling",
+        metavar="KEY=VALUE",
+        help=f"Local tier's default for a sampling field requests leave out (repeatable): {SAMPLING_KEYS}; default: "
+        "the model's (SmolLM2-Instruct: temperature=0.2, top_p=0.9). [env: TANDEM_LOCAL_SAMPLING_<KEY>]",
+    ),
+    option(
+        "cloud_sampling",
+        Optional[list[str]],
+        "--cloud-sampling",
+        metavar="KEY=VALUE",
+        help="The embedded cloud engine's, likewise. [env: TANDEM_CLOUD_SAMPLING_<KEY>]",
+    ),
+]
 
 
 def serve(**options) -> None:
@@ -125,8 +161,9 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
         from sdk.budgets.manager import open_budgets
 
         try:
-            budgets = runner.budgets = open_budgets(settings.get("server.budgets_file"), settings.get("server.spend_path"),
-                                                    cloud_prices_are_zero(settings))  # fmt: skip
+            budgets = runner.budgets = open_budgets(
+                settings.get("server.budgets_file"), settings.get("server.spend_path"), cloud_prices_are_zero(settings)
+            )
         except (OSError, ValueError) as exc:
             await cloud.close()
             return f"the budgets could not start: {exc}"
@@ -136,11 +173,21 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
     except Exception as exc:  # an unusable record file (another schema, no permission): say so before serving
         await cloud.close()
         return f"the traffic record could not start: {exc}"
-    app = create_app(engine, settings.app_config("local", api_keys), cascade=runner, also_ready=lambda: cloud.is_ready,
-                     traffic=learning.record, budgets=budgets,
-                     embeddings=EmbeddingService(threads=1))  # loads on first use: MiniLM beside llama.cpp gets one core
+    app = create_app(
+        engine,
+        settings.app_config("local", api_keys),
+        cascade=runner,
+        also_ready=lambda: cloud.is_ready,
+        traffic=learning.record,
+        budgets=budgets,
+        embeddings=EmbeddingService(threads=1),
+    )  # loads on first use: MiniLM beside llama.cpp gets one core
     learning.attach_metrics(app)
-    http = HttpServer(http_config(app, host, port, log_level, api_keys, settings.get("server.tls_cert"), settings.get("server.tls_key")))
+    http = HttpServer(
+        http_config(
+            app, host, port, log_level, api_keys, settings.get("server.tls_cert"), settings.get("server.tls_key")
+        )
+    )
     stop_on_signals(http)
     failures: list[str] = []
 
@@ -166,9 +213,16 @@ async def _serve(settings, engine, api_keys: frozenset[str], started: float) -> 
         await watch_loading("cloud", cloud.engine, http, failures, logger, started)
 
     # /health is 200 once the local model is in; an embedded cloud engine loads behind it.
-    watcher = asyncio.create_task(bring_up_embedded() if embedded else watch_loading("local", engine, http, failures, logger, started))
-    logger.info("serving the cascade on http://%s:%d (cloud tier: %s, threshold %.2f)",
-                host, port, cloud.description, runner.config.default_threshold)
+    watcher = asyncio.create_task(
+        bring_up_embedded() if embedded else watch_loading("local", engine, http, failures, logger, started)
+    )
+    logger.info(
+        "serving the cascade on http://%s:%d (cloud tier: %s, threshold %.2f)",
+        host,
+        port,
+        cloud.description,
+        runner.config.default_threshold,
+    )
     learning.start_background()
     try:
         await http.serve()

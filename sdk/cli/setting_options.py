@@ -34,8 +34,12 @@ def option_help(field: SettingField) -> str:
 
 def option(name: str, annotation: Any, *declarations: str, **settings: Any) -> inspect.Parameter:
     """A keyword parameter typer reads as the option `declarations` (typer.Option's settings)."""
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                             default=typer.Option(None, *declarations, **settings))
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=annotation,
+        default=typer.Option(None, *declarations, **settings),
+    )
 
 
 def setting_parameters(keys: Sequence[str], renamed: Mapping[str, str] = {}) -> list[inspect.Parameter]:
@@ -47,18 +51,32 @@ def setting_parameters(keys: Sequence[str], renamed: Mapping[str, str] = {}) -> 
         kind: type = field.type
         if isinstance(field.check, OneOf):  # offered as choices (any case), checked again by the field
             kind = enum.Enum(f"{flag}_choices", {choice: choice for choice in field.check.choices}, type=str)
-        parameters.append(option(flag.replace("-", "_"), Optional[kind], *declarations, help=option_help(field),
-                                 show_default=False, case_sensitive=False))  # fmt: skip
+        parameters.append(
+            option(
+                flag.replace("-", "_"),
+                Optional[kind],
+                *declarations,
+                help=option_help(field),
+                show_default=False,
+                case_sensitive=False,
+            )
+        )
     return parameters
 
 
-def command_signature(keys: Sequence[str], own: Sequence[inspect.Parameter] = (), renamed: Mapping[str, str] = {}) -> inspect.Signature:
+def command_signature(
+    keys: Sequence[str], own: Sequence[inspect.Parameter] = (), renamed: Mapping[str, str] = {}
+) -> inspect.Signature:
     """The command's own options first, then one per setting."""
     return inspect.Signature([*own, *setting_parameters(keys, renamed)])
 
 
-def settings_given(options: Mapping[str, Any], keys: Sequence[str], renamed: Mapping[str, str] = {},
-                   also: Mapping[str, Sequence[str]] = {}) -> dict[str, Any]:  # fmt: skip
+def settings_given(
+    options: Mapping[str, Any],
+    keys: Sequence[str],
+    renamed: Mapping[str, str] = {},
+    also: Mapping[str, Sequence[str]] = {},
+) -> dict[str, Any]:
     """{dotted key: value} of the options given on the command line (`also`: keys one option sets too)."""
     given = {}
     for dotted in keys:

@@ -6,7 +6,9 @@ from typing import Optional
 
 import typer
 
-traffic_app = typer.Typer(help="The traffic record: what `tandem serve` keeps of routed requests to learn from.", no_args_is_help=True)
+traffic_app = typer.Typer(
+    help="The traffic record: what `tandem serve` keeps of routed requests to learn from.", no_args_is_help=True
+)
 
 _PATH_HELP = "The record (default: [traffic] path from the config, else $TANDEM_DATA_DIR/traffic.sqlite3 or ~/.local/share/tandem/traffic.sqlite3)."
 
@@ -43,8 +45,12 @@ def stats(
 def purge(
     path: Optional[str] = typer.Option(None, "--path", help=_PATH_HELP),
     config: Optional[str] = typer.Option(None, "--config", help="TOML config file to read [traffic] path from."),
-    older_than_days: Optional[float] = typer.Option(None, "--older-than-days", min=0.0, help="Delete rows older than this."),
-    key_fingerprint: Optional[str] = typer.Option(None, "--key-fingerprint", help="Delete the rows of one API key (its fingerprint, as the server logs it)."),
+    older_than_days: Optional[float] = typer.Option(
+        None, "--older-than-days", min=0.0, help="Delete rows older than this."
+    ),
+    key_fingerprint: Optional[str] = typer.Option(
+        None, "--key-fingerprint", help="Delete the rows of one API key (its fingerprint, as the server logs it)."
+    ),
     everything: bool = typer.Option(False, "--all", help="Delete every row and counter."),
 ) -> None:
     """Delete rows (and their labels) from the record; a running server may keep writing new ones."""
@@ -57,8 +63,12 @@ def purge(
     except (OSError, RuntimeError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:
-        deleted = delete(conn, older_than_s=None if older_than_days is None else older_than_days * 86400,
-                         key_fingerprint=key_fingerprint, everything=everything)  # fmt: skip
+        deleted = delete(
+            conn,
+            older_than_s=None if older_than_days is None else older_than_days * 86400,
+            key_fingerprint=key_fingerprint,
+            everything=everything,
+        )
     finally:
         conn.close()
     typer.echo(f"deleted {deleted} request rows (and their labels)")

@@ -103,13 +103,19 @@ class InProcessBackend:
         if model != self._embeddings.model_id:
             raise InvalidRequestError(f"embeddings come from {self._embeddings.model_id!r}, not {model!r}", "model")
         result = await self._embeddings.embed(request.texts, bool(request.truncate))
-        return EmbeddingResponse.of(result.vectors, result.num_tokens, model, request.encoding_format or "float", request.ignored_fields)
+        return EmbeddingResponse.of(
+            result.vectors, result.num_tokens, model, request.encoding_format or "float", request.ignored_fields
+        )
 
     async def feedback(self, request: FeedbackRequest) -> FeedbackResponse:
         record = self.runner.traffic
         if record is None:
-            raise FeedbackError(404, "feedback needs the runner's traffic record (sdk.traffic: [traffic] record = true)")
-        outcome = await asyncio.to_thread(record.feedback, request.id, None, request.value, "thumbs" if request.thumbs else "score")
+            raise FeedbackError(
+                404, "feedback needs the runner's traffic record (sdk.traffic: [traffic] record = true)"
+            )
+        outcome = await asyncio.to_thread(
+            record.feedback, request.id, None, request.value, "thumbs" if request.thumbs else "score"
+        )
         return FeedbackResponse(id=request.id, score=request.value, **outcome)
 
 
@@ -141,9 +147,17 @@ class AsyncCompletions:
         if unsupported:
             # A typo or an OpenAI option we do not honour must not be dropped silently.
             raise TypeError(f"create() got unsupported argument(s): {', '.join(sorted(unsupported))}")
-        fields = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed, "stop": stop,
-                  "tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls,
-                  "response_format": response_format}  # fmt: skip
+        fields = {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "seed": seed,
+            "stop": stop,
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "parallel_tool_calls": parallel_tool_calls,
+            "response_format": response_format,
+        }
         return await self._backend.create(model, messages, stream, private, fields)
 
 
@@ -156,15 +170,31 @@ class AsyncEmbeddings:
     def __init__(self, backend):
         self._backend = backend
 
-    async def create(self, *, input: str | list[str], model: str | None = None, encoding_format: str | None = None,
-                     dimensions: int | None = None, user: str | None = None, truncate: bool | None = None,
-                     **unsupported) -> EmbeddingResponse:  # fmt: skip
+    async def create(
+        self,
+        *,
+        input: str | list[str],
+        model: str | None = None,
+        encoding_format: str | None = None,
+        dimensions: int | None = None,
+        user: str | None = None,
+        truncate: bool | None = None,
+        **unsupported,
+    ) -> EmbeddingResponse:
         """OpenAI's embeddings.create over all-MiniLM-L6-v2 (in-process, or the endpoint's
         POST /v1/embeddings): 384 floats per text, or base64 with encoding_format="base64"."""
         if unsupported:
             raise TypeError(f"create() got unsupported argument(s): {', '.join(sorted(unsupported))}")
-        request = build_embedding_request({"input": input, "model": model, "encoding_format": encoding_format,
-                                           "dimensions": dimensions, "user": user, "truncate": truncate})  # fmt: skip
+        request = build_embedding_request(
+            {
+                "input": input,
+                "model": model,
+                "encoding_format": encoding_format,
+                "dimensions": dimensions,
+                "user": user,
+                "truncate": truncate,
+            }
+        )
         return await self._backend.embeddings(request)
 
 
@@ -172,8 +202,14 @@ class AsyncClient:
     """client.chat.completions.create(...) in the caller's event loop, over a CascadeRunner in
     this process, or over HTTP to a `tandem serve` endpoint (base_url, api_key)."""
 
-    def __init__(self, runner: CascadeRunner | None = None, *, base_url: str | None = None, api_key: str | None = None,
-                 timeout_s: float | None = 600.0):  # fmt: skip
+    def __init__(
+        self,
+        runner: CascadeRunner | None = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float | None = 600.0,
+    ):
         if (runner is None) == (base_url is None):
             raise ValueError("AsyncClient needs either a CascadeRunner or a base_url (one of them)")
         if runner is not None:
@@ -187,7 +223,9 @@ class AsyncClient:
         self.chat = _AsyncChat(self._backend)
         self.embeddings = AsyncEmbeddings(self._backend)
 
-    async def feedback(self, response_id: str, *, score: float | None = None, thumbs: str | None = None) -> FeedbackResponse:
+    async def feedback(
+        self, response_id: str, *, score: float | None = None, thumbs: str | None = None
+    ) -> FeedbackResponse:
         """Say how right a routed answer was: `score` in [0, 1] or `thumbs` "up"/"down" for the
         `id` of a chat completion this client received (POST /v1/feedback over HTTP). It labels
         the tier that answered, for the router to learn from. FeedbackError (status 404) for an id

@@ -70,8 +70,11 @@ class HttpBackend:
 
 async def _feedback(http: httpx.AsyncClient, base_url: str, request: FeedbackRequest) -> FeedbackResponse:
     try:
-        response = await http.post(f"{base_url}/feedback", content=request.model_dump_json(exclude_none=True),
-                                   headers={"Content-Type": "application/json"})  # fmt: skip
+        response = await http.post(
+            f"{base_url}/feedback",
+            content=request.model_dump_json(exclude_none=True),
+            headers={"Content-Type": "application/json"},
+        )
     except httpx.TransportError as error:
         raise error_from_transport(error, base_url) from None
     if response.status_code in (403, 404):  # the answers feedback itself gives: the same error as in-process

@@ -48,10 +48,18 @@ from sdk.protocol.wire.status import (
 )
 
 __all__ = [
-    "CloudClient", "CloudModel", "CloudTokenEvent", "CloudError", "CloudUnauthenticatedError",
-    "CloudUnavailableError", "CloudDeadlineExceededError", "CloudInvalidArgumentError",
-    "CloudContextLengthError", "CloudOverloadedError", "CloudQuotaExceededError",
-]  # fmt: skip  (the errors and events are declared in sdk.protocol.cloud_backend)
+    "CloudClient",
+    "CloudModel",
+    "CloudTokenEvent",
+    "CloudError",
+    "CloudUnauthenticatedError",
+    "CloudUnavailableError",
+    "CloudDeadlineExceededError",
+    "CloudInvalidArgumentError",
+    "CloudContextLengthError",
+    "CloudOverloadedError",
+    "CloudQuotaExceededError",
+]  # (the errors and events are declared in sdk.protocol.cloud_backend)
 
 
 # gRPC backs off reconnecting to a dead server exponentially up to 120 s, failing calls at once in
@@ -68,10 +76,12 @@ CHANNEL_OPTIONS = (
 # Replica targets (sdk.cloud.targets): calls spread over the replicas in turn (round_robin), each replica watched through
 # grpc.health.v1 (the servers implement it) so one that is NOT_SERVING (loading, draining on
 # SIGTERM or an admin call) gets no new calls until it serves again; calls it already has go on.
-REPLICA_SERVICE_CONFIG = json.dumps({
-    "loadBalancingConfig": [{"round_robin": {}}],
-    "healthCheckConfig": {"serviceName": pb.DESCRIPTOR.services_by_name["Tandem"].full_name},
-})  # fmt: skip
+REPLICA_SERVICE_CONFIG = json.dumps(
+    {
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {"serviceName": pb.DESCRIPTOR.services_by_name["Tandem"].full_name},
+    }
+)
 
 
 def channel_options(target: str) -> tuple[tuple[str, object], ...]:
@@ -91,7 +101,13 @@ class CloudClient(CloudBackend):
     timeout_s: the default deadline of each call (of a whole Generate stream), None for none.
     """
 
-    def __init__(self, target: str, api_key: str | None = None, tls_root_cert: bytes | str | os.PathLike | bool | None = None, timeout_s: float | None = None):
+    def __init__(
+        self,
+        target: str,
+        api_key: str | None = None,
+        tls_root_cert: bytes | str | os.PathLike | bool | None = None,
+        timeout_s: float | None = None,
+    ):
         self.target = target
         self.timeout_s = timeout_s
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
@@ -104,7 +120,9 @@ class CloudClient(CloudBackend):
             if self._credentials is None:
                 self._channel = grpc.aio.insecure_channel(self.target, options=channel_options(self.target))
             else:
-                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=channel_options(self.target))
+                self._channel = grpc.aio.secure_channel(
+                    self.target, self._credentials, options=channel_options(self.target)
+                )
         return self._channel
 
     @property
@@ -140,10 +158,16 @@ class CloudClient(CloudBackend):
         cancels the call, which aborts the request on the server.
         """
         message = request_message(
-            prompt, params, request_id=request_id, model=model,
-            continuation_token_ids=continuation_token_ids, priority=priority,
-        )  # fmt: skip
-        call = pb_grpc.TandemStub(self.channel).Generate(message, timeout=self._timeout(timeout_s), metadata=self._metadata)
+            prompt,
+            params,
+            request_id=request_id,
+            model=model,
+            continuation_token_ids=continuation_token_ids,
+            priority=priority,
+        )
+        call = pb_grpc.TandemStub(self.channel).Generate(
+            message, timeout=self._timeout(timeout_s), metadata=self._metadata
+        )
         num_output_tokens = 0
         try:
             async for response in call:
@@ -167,7 +191,9 @@ class CloudClient(CloudBackend):
         """The grpc.health.v1 status name: "SERVING", "NOT_SERVING", ... ("" asks about the whole server)."""
         try:
             response = await health_pb2_grpc.HealthStub(self.channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=self._timeout(timeout_s), metadata=self._metadata
+                health_pb2.HealthCheckRequest(service=service),
+                timeout=self._timeout(timeout_s),
+                metadata=self._metadata,
             )
         except grpc.aio.AioRpcError as error:
             raise cloud_error(error, self.target) from None
@@ -179,7 +205,9 @@ class CloudClient(CloudBackend):
 
 def cloud_error(error: grpc.aio.AioRpcError, target: str = "") -> CloudError:
     """The CloudError for a failed call, rebuilt from its status and tandem's trailing metadata."""
-    code = CloudStatus.__members__.get(error.code().name, CloudStatus.UNKNOWN)  # every failing gRPC code has its namesake
+    code = CloudStatus.__members__.get(
+        error.code().name, CloudStatus.UNKNOWN
+    )  # every failing gRPC code has its namesake
     details = error.details() or error.code().name
     metadata = {key: value for key, value in (error.trailing_metadata() or ()) if isinstance(value, str)}
     param = metadata.get(ERROR_PARAM_KEY)
@@ -192,7 +220,11 @@ def cloud_error(error: grpc.aio.AioRpcError, target: str = "") -> CloudError:
     elif code == CloudStatus.DEADLINE_EXCEEDED:
         cls = CloudDeadlineExceededError
     elif code in (CloudStatus.INVALID_ARGUMENT, CloudStatus.NOT_FOUND):
-        cls = CloudContextLengthError if metadata.get(ERROR_TYPE_KEY) == CONTEXT_LENGTH_TYPE else CloudInvalidArgumentError
+        cls = (
+            CloudContextLengthError
+            if metadata.get(ERROR_TYPE_KEY) == CONTEXT_LENGTH_TYPE
+            else CloudInvalidArgumentError
+        )
     elif code == CloudStatus.RESOURCE_EXHAUSTED and metadata.get(ERROR_TYPE_KEY) == INSUFFICIENT_QUOTA_TYPE:
         cls = CloudQuotaExceededError
     elif code == CloudStatus.RESOURCE_EXHAUSTED and RETRY_AFTER_KEY in metadata:

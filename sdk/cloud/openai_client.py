@@ -183,8 +183,10 @@ class OpenAICloudClient(CloudBackend):
         if continuation_token_ids and not self.traits.takes_token_prompts:
             raise CloudInvalidArgumentError(
                 f"the cloud at {self.base_url} cannot continue from token ids (only a vLLM server can); "
-                "use handoff = restart", CloudStatus.INVALID_ARGUMENT, param="handoff",
-            )  # fmt: skip
+                "use handoff = restart",
+                CloudStatus.INVALID_ARGUMENT,
+                param="handoff",
+            )
         # JSON constraints go as response_format until the server is known: vLLM takes that too.
         vllm = self.traits is not None and self.traits.takes_grammars
         headers = {"X-Request-Id": request_id_header(request_id)} if request_id else {}
@@ -220,8 +222,12 @@ class OpenAICloudClient(CloudBackend):
             response = await self._get("/models", deadline_at(timeout_s))
         try:
             cards = response.json()["data"]
-            return [CloudModel(str(card["id"]), int(card.get("max_model_len") or 0), str(card.get("vocabulary_fingerprint") or ""))
-                    for card in cards]
+            return [
+                CloudModel(
+                    str(card["id"]), int(card.get("max_model_len") or 0), str(card.get("vocabulary_fingerprint") or "")
+                )
+                for card in cards
+            ]
         except (ValueError, KeyError, TypeError):
             raise CloudUnavailableError(
                 f"{self.base_url}/models did not answer with an OpenAI model list", CloudStatus.UNAVAILABLE
@@ -260,7 +266,9 @@ class OpenAICloudClient(CloudBackend):
         except httpx.TransportError as error:
             raise error_from_transport(error, self.base_url) from None
         except httpx.DecodingError as error:  # a body its Content-Encoding cannot decode
-            raise CloudError(f"the cloud at {self.base_url} sent an undecodable body: {error}", CloudStatus.INTERNAL) from None
+            raise CloudError(
+                f"the cloud at {self.base_url} sent an undecodable body: {error}", CloudStatus.INTERNAL
+            ) from None
         except _TIMEOUT_ERRORS:
             raise deadline_error(timeout_s) from None
 
@@ -286,7 +294,9 @@ def _checked(read, *args) -> CloudTokenEvent | None:
     (INTERNAL, like malformed JSON), never a TypeError escaping to the caller."""
     try:
         event = read(*args)
-        if event is not None and not (isinstance(event.text, str) and isinstance(event.finish_reason, (str, type(None)))):
+        if event is not None and not (
+            isinstance(event.text, str) and isinstance(event.finish_reason, (str, type(None)))
+        ):
             raise TypeError(f"text {event.text!r}, finish_reason {event.finish_reason!r}")
         return event
     except CloudError:

@@ -39,7 +39,9 @@ TANDEM_STOP_REASONS = ("repetition", CLOSED_WITHIN_MAX_TOKENS)
 UNKNOWN_TOKEN_ID = -1  # the text's token ids are the server's, and OpenAI's API does not send them
 CONTEXT_LENGTH_CODE = "context_length_exceeded"  # OpenAI's and tandem's error code (sdk.openai_server.errors)
 OVERLOADED_CODE = "server_overloaded"  # tandem's 503 for a full queue (sdk.openai_server.errors)
-QUOTA_CODE = "insufficient_quota"  # OpenAI's (and tandem's budgets') 429 for spent credit: not a reason to back off and retry
+QUOTA_CODE = (
+    "insufficient_quota"  # OpenAI's (and tandem's budgets') 429 for spent credit: not a reason to back off and retry
+)
 
 
 # -- requests --------------------------------------------------------------------------------
@@ -65,8 +67,9 @@ def chat_messages(prompt: Prompt) -> list[dict]:
     )
 
 
-def request_body(messages: list[dict], params: SamplingParams | None, model: str, priority: int = 0,
-                 vllm: bool = False) -> dict:
+def request_body(
+    messages: list[dict], params: SamplingParams | None, model: str, priority: int = 0, vllm: bool = False
+) -> dict:
     """The streamed /chat/completions body. Only what differs from the defaults is sent, so
     servers without tandem/vLLM's extensions (top_k, stop_token_ids, ignore_eos, priority)
     accept every request that does not need them. `vllm`: a constraint goes as vLLM's
@@ -115,7 +118,10 @@ def response_format(structured: StructuredOutput) -> dict:
         raise InvalidRequestError("tools cannot be sent to an OpenAI-compatible cloud tier yet", "tools")
     if structured.kind == "json_object":
         return {"type": "json_object"}
-    return {"type": "json_schema", "json_schema": {"name": "response", "schema": json.loads(structured.schema), "strict": True}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "response", "schema": json.loads(structured.schema), "strict": True},
+    }
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -183,20 +189,32 @@ def _event(request_id: str, text: str, entries: list, finish_reason: str | None,
     if entries:
         logprob = sum(float(e.get("logprob", 0.0)) for e in entries)
         top = [
-            TopLogprob(UNKNOWN_TOKEN_ID, str(alt.get("token", "")), float(alt.get("logprob", 0.0)),
-                       bytes(alt.get("bytes") or str(alt.get("token", "")).encode()))
+            TopLogprob(
+                UNKNOWN_TOKEN_ID,
+                str(alt.get("token", "")),
+                float(alt.get("logprob", 0.0)),
+                bytes(alt.get("bytes") or str(alt.get("token", "")).encode()),
+            )
             for alt in entries[-1].get("top_logprobs") or []
-        ]  # fmt: skip
+        ]
         if len(entries) == 1 and entries[0].get("bytes") is not None:
             token_bytes = bytes(entries[0]["bytes"])
     probs = sorted((math.exp(t.logprob) for t in top if math.isfinite(t.logprob)), reverse=True)
     entropy = -sum(p * math.log(p) for p in probs if p > 0)
     margin = probs[0] - probs[1] if len(probs) >= 2 else 0.0
     return CloudTokenEvent(
-        request_id=request_id, token_id=UNKNOWN_TOKEN_ID, text=text, logprob=logprob, entropy=entropy,
-        margin=margin, top_logprobs=top, token_bytes=token_bytes, finish_reason=finish_reason,
-        num_prompt_tokens=0, num_output_tokens=count,
-    )  # fmt: skip
+        request_id=request_id,
+        token_id=UNKNOWN_TOKEN_ID,
+        text=text,
+        logprob=logprob,
+        entropy=entropy,
+        margin=margin,
+        top_logprobs=top,
+        token_bytes=token_bytes,
+        finish_reason=finish_reason,
+        num_prompt_tokens=0,
+        num_output_tokens=count,
+    )
 
 
 def parse_data(data: str) -> dict:
@@ -236,8 +254,12 @@ def error_from_response(status: int, headers: Mapping[str, str], body: bytes, ba
         # 429: rate limited; tandem's own 503 "server_overloaded" is its queue being full.
         return CloudOverloadedError(message, S.RESOURCE_EXHAUSTED, param=param, retry_after_s=retry_after_s)
     if status in (502, 503):  # 502: the gateway could not reach the server (router.failure_kinds agrees)
-        return CloudUnavailableError(f"the cloud tier at {base_url} is unavailable: {message}", S.UNAVAILABLE,
-                                     param=param, retry_after_s=retry_after_s)  # fmt: skip
+        return CloudUnavailableError(
+            f"the cloud tier at {base_url} is unavailable: {message}",
+            S.UNAVAILABLE,
+            param=param,
+            retry_after_s=retry_after_s,
+        )
     if 400 <= status < 500:
         context = CONTEXT_LENGTH_CODE in (code, kind) or "maximum context length" in message  # vLLM: words only
         cls = CloudContextLengthError if context else CloudInvalidArgumentError
@@ -249,12 +271,16 @@ def error_from_transport(error: httpx.TransportError, base_url: str) -> CloudErr
     """httpx's own failures: timeouts -> DEADLINE_EXCEEDED, the rest (refused, reset, DNS) -> UNAVAILABLE."""
     detail = str(error) or type(error).__name__
     if isinstance(error, httpx.TimeoutException):
-        return CloudDeadlineExceededError(f"the cloud tier at {base_url} timed out: {detail}", CloudStatus.DEADLINE_EXCEEDED)
+        return CloudDeadlineExceededError(
+            f"the cloud tier at {base_url} timed out: {detail}", CloudStatus.DEADLINE_EXCEEDED
+        )
     return CloudUnavailableError(f"the cloud tier at {base_url} is unavailable: {detail}", CloudStatus.UNAVAILABLE)
 
 
 def deadline_error(timeout_s: float | None) -> CloudDeadlineExceededError:
-    return CloudDeadlineExceededError(f"the cloud call ran past its deadline ({timeout_s}s)", CloudStatus.DEADLINE_EXCEEDED)
+    return CloudDeadlineExceededError(
+        f"the cloud call ran past its deadline ({timeout_s}s)", CloudStatus.DEADLINE_EXCEEDED
+    )
 
 
 def retry_after_seconds(value: str | None, default: float = 1.0) -> float:

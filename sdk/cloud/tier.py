@@ -41,7 +41,12 @@ class CloudTier:
 
     def take(self, other: CloudTier) -> None:
         """Become `other`, a tier started later (its client, engine and server are ours to close)."""
-        self.client, self.engine, self.grpc_server, self.description = other.client, other.engine, other.grpc_server, other.description
+        self.client, self.engine, self.grpc_server, self.description = (
+            other.client,
+            other.engine,
+            other.grpc_server,
+            other.description,
+        )
         self.socket_folder, self.pending = other.socket_folder, False
 
     async def close(self) -> None:
@@ -75,7 +80,9 @@ async def start_cloud_tier(settings) -> CloudTier:
         # Replicas in gRPC's name syntax have no grpcs:// form: TLS when a CA file is configured.
         replicas_over_tls = is_replica_target(target.target) and settings.get("cloud.tls_ca")
         tls = (settings.get("cloud.tls_ca") or True) if target.tls or replicas_over_tls else None
-        return CloudTier(CloudClient(target.target, api_key=api_key, tls_root_cert=tls), description=settings.get("cloud.url"))
+        return CloudTier(
+            CloudClient(target.target, api_key=api_key, tls_root_cert=tls), description=settings.get("cloud.url")
+        )
     return await _start_embedded(settings)
 
 
@@ -109,8 +116,14 @@ async def serve_embedded(engine, use_unix_socket: bool = hasattr(socket, "AF_UNI
         # out of its own cloud tier (escalations degraded to cloud_overloaded). The backoff has nothing
         # to protect here anyway: the key is 256 random bits that never leave this process's memory,
         # so guessing it is hopeless at any rate, and only this user can reach the 0700 socket folder.
-        config = GrpcServerConfig(host="127.0.0.1", port=0, api_keys=frozenset({key}), reflection=False, auth_backoff_after=0,
-                                  unix_socket_path=os.path.join(folder, "grpc.sock") if folder else None)  # fmt: skip
+        config = GrpcServerConfig(
+            host="127.0.0.1",
+            port=0,
+            api_keys=frozenset({key}),
+            reflection=False,
+            auth_backoff_after=0,
+            unix_socket_path=os.path.join(folder, "grpc.sock") if folder else None,
+        )
         server = await start_grpc_server(engine, config)
     except BaseException:
         if folder is not None:
@@ -118,5 +131,10 @@ async def serve_embedded(engine, use_unix_socket: bool = hasattr(socket, "AF_UNI
         raise
     target = config.address if folder else f"127.0.0.1:{bound_port(server)}"
     logger.info("embedded cloud engine: gRPC on %s (this process only: a per-process key, no reflection)", target)
-    return CloudTier(CloudClient(target, api_key=key), engine=engine, grpc_server=server, description=f"embedded ({target})",
-                     socket_folder=folder)  # fmt: skip
+    return CloudTier(
+        CloudClient(target, api_key=key),
+        engine=engine,
+        grpc_server=server,
+        description=f"embedded ({target})",
+        socket_folder=folder,
+    )

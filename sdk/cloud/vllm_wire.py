@@ -108,7 +108,10 @@ def chat_style_logprobs(logprobs: Mapping | None) -> list[dict]:
     tokens, values = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
     tops = logprobs.get("top_logprobs") or [None] * len(tokens)
     return [
-        {"token": token, "logprob": value if value is not None else 0.0,
-         "top_logprobs": [{"token": t, "logprob": lp} for t, lp in (top or {}).items()]}
+        {
+            "token": token,
+            "logprob": value if value is not None else 0.0,
+            "top_logprobs": [{"token": t, "logprob": lp} for t, lp in (top or {}).items()],
+        }
         for token, value, top in zip(tokens, values, tops)
-    ]  # fmt: skip
+    ]

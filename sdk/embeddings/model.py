@@ -66,8 +66,9 @@ class EmbeddingModel:
                 if count > WINDOW:
                     raise InvalidRequestError(
                         f"input[{index}] is {count} tokens; {MODEL_ID} reads at most {WINDOW} (its window, [CLS] and [SEP] "
-                        "included): shorten it, or send \"truncate\": true to embed its first tokens", f"input[{index}]",
-                    )  # fmt: skip
+                        'included): shorten it, or send "truncate": true to embed its first tokens',
+                        f"input[{index}]",
+                    )
         counts = [min(count, WINDOW) for count in counts]
         vectors = np.zeros((len(texts), 384), np.float32)
         with self._lock:
@@ -85,8 +86,12 @@ def batches(counts: list[int], token_budget: int = TOKEN_BUDGET, max_batch: int 
     for index in np.argsort(counts, kind="stable").tolist():
         group = groups[-1] if groups else None
         # sorted ascending: this text is the group's longest, so the group would pad to its length
-        if (group is None or len(group) >= max_batch or (len(group) + 1) * counts[index] > token_budget
-                or counts[index] > 1.25 * counts[group[0]] + 8):  # fmt: skip
+        if (
+            group is None
+            or len(group) >= max_batch
+            or (len(group) + 1) * counts[index] > token_budget
+            or counts[index] > 1.25 * counts[group[0]] + 8
+        ):
             groups.append([index])
         else:
             group.append(index)

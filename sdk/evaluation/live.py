@@ -92,15 +92,20 @@ def agrees(local_answer: str | None, cloud_answer: str | None, kind: str) -> boo
 
 
 def load_prompts(prompt_set: str, data_dir: str | None = None, limit: int | None = None) -> list[LivePrompt]:
-    """"gsm8k" (gold numbers), "mmlu" (no gold: agreement) or a .jsonl/.csv file with `prompt` and optionally
+    """ "gsm8k" (gold numbers), "mmlu" (no gold: agreement) or a .jsonl/.csv file with `prompt` and optionally
     `answer` and `kind`; the first `limit` prompts, prompts flagged as contaminated left out."""
     data_dir = Path(data_dir or DEFAULT_DATA_DIR)
     if prompt_set == "gsm8k":
         rows = _rows(data_dir / "gsm8k_test.jsonl")
-        prompts = [LivePrompt(r["question"], last_number(r["answer"].split("####")[-1]), "number", "gsm8k") for r in rows]
+        prompts = [
+            LivePrompt(r["question"], last_number(r["answer"].split("####")[-1]), "number", "gsm8k") for r in rows
+        ]
     elif prompt_set == "mmlu":
-        prompts = [LivePrompt(r["prompt"], None, "letter", path.stem)
-                   for path in sorted((data_dir / "mmlu").glob("mmlu_*.csv")) for r in _rows(path)]  # fmt: skip
+        prompts = [
+            LivePrompt(r["prompt"], None, "letter", path.stem)
+            for path in sorted((data_dir / "mmlu").glob("mmlu_*.csv"))
+            for r in _rows(path)
+        ]
     else:
         path = Path(prompt_set)
         prompts = [_file_prompt(r, path, n) for n, r in enumerate(_rows(path), start=1)]
@@ -115,8 +120,13 @@ def _file_prompt(row: dict, path: Path, number: int) -> LivePrompt:
     if "prompt" not in row:
         raise LiveError(f"{path}: row {number} has no `prompt` column")
     answer = str(row.get("answer") or "").strip() or None
-    kind = row.get("kind") or ("letter" if answer and option_letter(answer) == answer.upper()
-                               else "number" if answer and last_number(answer) else "text")  # fmt: skip
+    kind = row.get("kind") or (
+        "letter"
+        if answer and option_letter(answer) == answer.upper()
+        else "number"
+        if answer and last_number(answer)
+        else "text"
+    )
     if kind not in _INSTRUCTIONS:
         raise LiveError(f"{path}: row {number}: kind must be number, letter or text, got {kind!r}")
     return LivePrompt(str(row["prompt"]), _normalized(answer, kind) if answer else None, kind, path.stem)
@@ -138,8 +148,10 @@ async def _ask(client, model: str, tier: str, item: LivePrompt, max_tokens: int)
     info = reply.tandem
     if info["tier"] != tier or info.get("degraded"):
         # A degraded cloud answered by the local tier must not be labelled as the strong tier's.
-        raise LiveError(f"asked model {model!r} for the {tier} tier, got tier {info['tier']!r} "
-                        f"(degraded: {info.get('degraded_reason')}); is the cloud tier up?")  # fmt: skip
+        raise LiveError(
+            f"asked model {model!r} for the {tier} tier, got tier {info['tier']!r} "
+            f"(degraded: {info.get('degraded_reason')}); is the cloud tier up?"
+        )
     return reply.choices[0].message.content or "", info
 
 
@@ -149,20 +161,36 @@ def _row(item: LivePrompt, local: tuple[str, dict], cloud: tuple[str, dict]) -> 
         weak, strong = is_correct(local_text, item.gold, item.kind), is_correct(cloud_text, item.gold, item.kind)
     else:
         weak, strong = agrees(local_text, cloud_text, item.kind), True
-    row = {"prompt": item.prompt, "weak_correct": weak, "strong_correct": strong, "confidence": local_info.get("confidence"),
-           "source": item.source, "label": "gold" if item.gold is not None else "agreement_with_cloud", "gold": item.gold,
-           "local_answer": local_text, "cloud_answer": cloud_text}  # fmt: skip
+    row = {
+        "prompt": item.prompt,
+        "weak_correct": weak,
+        "strong_correct": strong,
+        "confidence": local_info.get("confidence"),
+        "source": item.source,
+        "label": "gold" if item.gold is not None else "agreement_with_cloud",
+        "gold": item.gold,
+        "local_answer": local_text,
+        "cloud_answer": cloud_text,
+    }
     for tier, info in (("local", local_info), ("cloud", cloud_info)):
         usage = info["cost"].get(tier, {})
-        row |= {f"{tier}_prompt_tokens": usage.get("prompt_tokens", 0), f"{tier}_completion_tokens": usage.get("completion_tokens", 0),
-                f"{tier}_cost_usd": info["cost"].get("total_cost_usd", 0.0)}  # fmt: skip
+        row |= {
+            f"{tier}_prompt_tokens": usage.get("prompt_tokens", 0),
+            f"{tier}_completion_tokens": usage.get("completion_tokens", 0),
+            f"{tier}_cost_usd": info["cost"].get("total_cost_usd", 0.0),
+        }
     return row
 
 
 async def build_live_table(
-    base_url: str, prompts: Sequence[LivePrompt], *, max_tokens: int = 256, concurrency: int = 4,
-    api_key: str | None = None, on_done: Callable[[], None] | None = None,
-) -> list[dict]:  # fmt: skip
+    base_url: str,
+    prompts: Sequence[LivePrompt],
+    *,
+    max_tokens: int = 256,
+    concurrency: int = 4,
+    api_key: str | None = None,
+    on_done: Callable[[], None] | None = None,
+) -> list[dict]:
     """One table row per prompt (in order), asking both tiers with at most `concurrency` prompts in flight."""
     from sdk.client.async_client import AsyncClient
 

@@ -14,7 +14,14 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sdk.protocol.access_gate import AUTH_BACKOFF, RATE_LIMITED, TOO_MANY_IN_FLIGHT, UNAUTHENTICATED, AccessGate, Refusal
+from sdk.protocol.access_gate import (
+    AUTH_BACKOFF,
+    RATE_LIMITED,
+    TOO_MANY_IN_FLIGHT,
+    UNAUTHENTICATED,
+    AccessGate,
+    Refusal,
+)
 from sdk.protocol.api_keys import bearer_token, is_loopback, key_fingerprint
 from sdk.openai_server.errors import OpenAIError, auth_backoff, invalid_api_key, rate_limited
 from sdk.openai_server.limits import too_many_in_flight
@@ -53,8 +60,12 @@ class AccessControl:
             return
         # Behind a proxy, run uvicorn with --proxy-headers so this is the real client, not the proxy.
         address = (scope.get("client") or ("unknown", 0))[0]
-        admission = self.gate.admit(bearer_token(_header(scope, b"authorization")), address,
-                                    f"{scope['method']} {scope['path']}", limited=scope["path"] not in UNLIMITED_PATHS)  # fmt: skip
+        admission = self.gate.admit(
+            bearer_token(_header(scope, b"authorization")),
+            address,
+            f"{scope['method']} {scope['path']}",
+            limited=scope["path"] not in UNLIMITED_PATHS,
+        )
         if admission.refusal is not None:
             self.metrics.count_rejection(admission.refusal.kind)
             await http_error(admission.refusal).response()(scope, receive, send)

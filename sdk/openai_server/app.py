@@ -82,15 +82,24 @@ def create_app(
     if config.bind_host is not None:
         warn_if_exposed(config.bind_host, config.api_keys)
     if config.api_keys:
-        logger.info("API keys required: %d configured (fingerprints %s)", len(config.api_keys),
-                    ", ".join(sorted(key_fingerprint(key) for key in config.api_keys)))
+        logger.info(
+            "API keys required: %d configured (fingerprints %s)",
+            len(config.api_keys),
+            ", ".join(sorted(key_fingerprint(key) for key in config.api_keys)),
+        )
 
     app = FastAPI(title="tandem OpenAI-compatible API", version="1")
     if cascade is not None and cascade.local is not engine:
         raise ValueError("the cascade runner must route over the engine this app serves")
     names = list(config.served_model_names) if config.served_model_names is not None else None
-    state = ServerState(engine=engine, served_model_names=names, metrics=ServerMetrics(engine), cascade=cascade,
-                        strict_fields=config.strict_fields, also_ready=also_ready)
+    state = ServerState(
+        engine=engine,
+        served_model_names=names,
+        metrics=ServerMetrics(engine),
+        cascade=cascade,
+        strict_fields=config.strict_fields,
+        also_ready=also_ready,
+    )
     if cascade is not None:
         state.metrics.registry.register(CascadeCollector(cascade))
         state.traffic = traffic
@@ -104,7 +113,9 @@ def create_app(
     if cloud_engine is not None:
         attach_cloud_engine(app, cloud_engine)
     app.state.in_flight = client_limits.in_flight  # per-client counts of requests being served (None: no limit)
-    app.state.access_gate = gate  # routes that check a secret of their own (/admin/*) ask it too: one backoff per address
+    app.state.access_gate = (
+        gate  # routes that check a secret of their own (/admin/*) ask it too: one backoff per address
+    )
     install_error_handlers(app)
     # The last one added runs first: keys, rate and in-flight limits from the headers alone,
     # then the body size, so an unauthenticated client's body is never read.

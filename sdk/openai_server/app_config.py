@@ -70,8 +70,14 @@ class AppConfig:
     def client_limits(self, clock: Callable[[], float] = time.monotonic) -> ClientLimits:
         """The per-client limits these settings name; build them once to share them with another
         listener of the process (`tandem cloud serve`'s gRPC port): one budget per key."""
-        return ClientLimits.build(self.rate_limit_per_minute, self.rate_limit_burst, self.max_concurrent_per_key, clock,
-                                  self.auth_backoff_after, self.auth_backoff_max_s)  # fmt: skip
+        return ClientLimits.build(
+            self.rate_limit_per_minute,
+            self.rate_limit_burst,
+            self.max_concurrent_per_key,
+            clock,
+            self.auth_backoff_after,
+            self.auth_backoff_max_s,
+        )
 
 
 APP_CONFIG_FIELDS = frozenset(f.name for f in fields(AppConfig))

@@ -48,7 +48,9 @@ async def create_chat_completion(request: Request) -> Response:
         max_model_len = state.engine.max_model_len
         response_id = new_id("chatcmpl")
         generation_requests = choice_requests(
-            response_id, prompt_token_ids, body.num_choices,
+            response_id,
+            prompt_token_ids,
+            body.num_choices,
             lambda i: body.sampling_params(len(prompt_token_ids), max_model_len, i, tool_format),
         )
     except Exception as exc:
@@ -58,7 +60,9 @@ async def create_chat_completion(request: Request) -> Response:
     tools = body.tool_request()
     answers = lambda: ToolAnswers(tool_format, tools)  # noqa: E731
     return await run_job(
-        request, state, job,
+        request,
+        state,
+        job,
         stream=bool(body.stream),
         keep_events=bool(body.logprobs),
         stream_body=lambda first, choices: EventStreamResponse(
@@ -69,25 +73,38 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 def _response(
-    body: ChatCompletionRequest, job: Job, response_id: str, created: int, states: Sequence[ChoiceState], answers: ToolAnswers
+    body: ChatCompletionRequest,
+    job: Job,
+    response_id: str,
+    created: int,
+    states: Sequence[ChoiceState],
+    answers: ToolAnswers,
 ) -> ChatCompletionResponse:
     choices = []
     for i, state in enumerate(states):
         content, calls = answers.read(state.text)
-        choices.append(ChatChoice(
-            index=i,
-            message=ChatResponseMessage.answer(content, calls),
-            logprobs=chat_logprobs(state.events) if body.logprobs else None,
-            finish_reason="tool_calls" if calls else state.finish_reason,
-            stop_reason=state.stop_reason,
-        ))  # fmt: skip
+        choices.append(
+            ChatChoice(
+                index=i,
+                message=ChatResponseMessage.answer(content, calls),
+                logprobs=chat_logprobs(state.events) if body.logprobs else None,
+                finish_reason="tool_calls" if calls else state.finish_reason,
+                stop_reason=state.stop_reason,
+            )
+        )
     return ChatCompletionResponse(
-        id=response_id, created=created, model=job.model, choices=choices, usage=usage_of(job.num_prompt_tokens, states),
+        id=response_id,
+        created=created,
+        model=job.model,
+        choices=choices,
+        usage=usage_of(job.num_prompt_tokens, states),
         tandem=ignored_extension(body),
     )
 
 
-def _chunks(body: ChatCompletionRequest, job: Job, response_id: str, created: int, first, choices, answers: ToolAnswers):
+def _chunks(
+    body: ChatCompletionRequest, job: Job, response_id: str, created: int, first, choices, answers: ToolAnswers
+):
     def chunk(choice_list: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=response_id, created=created, model=job.model, choices=choice_list, usage=usage)
 
@@ -95,7 +112,9 @@ def _chunks(body: ChatCompletionRequest, job: Job, response_id: str, created: in
 
     def text_event(index: int) -> Callable[[str], str]:
         if index not in text_events:
-            text_events[index] = sse_for_text(lambda text: chunk([ChatChunkChoice(index=index, delta=DeltaMessage(content=text))]))
+            text_events[index] = sse_for_text(
+                lambda text: chunk([ChatChunkChoice(index=index, delta=DeltaMessage(content=text))])
+            )
         return text_events[index]
 
     def render_event(index: int, event: TokenEvent, state: ChoiceState) -> list[ChatCompletionChunk | str]:
@@ -109,9 +128,19 @@ def _chunks(body: ChatCompletionRequest, job: Job, response_id: str, created: in
         chunks = []
         # Nothing to send while text is held back (a partial character, a possible stop string, a call being written).
         if content or body.logprobs or (finish_reason is not None and not calls):
-            chunks.append(chunk([ChatChunkChoice(index=index, delta=DeltaMessage(content=content or None),
-                                                 logprobs=chat_logprobs([event]) if body.logprobs else None,
-                                                 finish_reason=None if calls else finish_reason, stop_reason=event.stop_reason)]))  # fmt: skip
+            chunks.append(
+                chunk(
+                    [
+                        ChatChunkChoice(
+                            index=index,
+                            delta=DeltaMessage(content=content or None),
+                            logprobs=chat_logprobs([event]) if body.logprobs else None,
+                            finish_reason=None if calls else finish_reason,
+                            stop_reason=event.stop_reason,
+                        )
+                    ]
+                )
+            )
         if calls:  # the calls, then the finish in a chunk of its own (as OpenAI streams them)
             chunks.append(chunk([ChatChunkChoice(index=index, delta=DeltaMessage(tool_calls=tool_call_deltas(calls)))]))
             chunks.append(chunk([ChatChunkChoice(index=index, delta=DeltaMessage(), finish_reason="tool_calls")]))
@@ -124,7 +153,10 @@ def _chunks(body: ChatCompletionRequest, job: Job, response_id: str, created: in
     ]
     prelude[0].tandem = ignored_extension(body)  # the ignored request fields, known from the start
     return sse_events(
-        first, choices, body.num_choices, render_event,
+        first,
+        choices,
+        body.num_choices,
+        render_event,
         prelude=prelude,
         render_usage=(lambda usage: chunk([], usage)) if body.include_usage else None,
         num_prompt_tokens=job.num_prompt_tokens,

@@ -35,7 +35,9 @@ async def create_completion(request: Request) -> Response:
     job = Job(model, generation_requests, len(prompt_token_ids), arrival_time, user=body.user)
     created = int(time.time())
     return await run_job(
-        request, state, job,
+        request,
+        state,
+        job,
         stream=bool(body.stream),
         keep_events=body.logprobs is not None,
         stream_body=lambda first, choices: EventStreamResponse(
@@ -59,7 +61,11 @@ def _response(
         for i, state in enumerate(states)
     ]
     return CompletionResponse(
-        id=response_id, created=created, model=job.model, choices=choices, usage=usage_of(job.num_prompt_tokens, states),
+        id=response_id,
+        created=created,
+        model=job.model,
+        choices=choices,
+        usage=usage_of(job.num_prompt_tokens, states),
         tandem=ignored_extension(body),
     )
 
@@ -72,8 +78,9 @@ def _chunks(body: CompletionRequest, job: Job, response_id: str, created: int, f
 
     def chunk(choice_list: list[CompletionChoice], usage: Usage | None = None) -> CompletionResponse:
         tandem, extension[0] = extension[0], None
-        return CompletionResponse(id=response_id, created=created, model=job.model, choices=choice_list, usage=usage,
-                                  tandem=tandem)  # fmt: skip
+        return CompletionResponse(
+            id=response_id, created=created, model=job.model, choices=choice_list, usage=usage, tandem=tandem
+        )
 
     def render_event(index: int, event: TokenEvent, state: ChoiceState) -> CompletionResponse | None:
         if not event.text and event.finish_reason is None and not want_logprobs:
@@ -82,11 +89,23 @@ def _chunks(body: CompletionRequest, job: Job, response_id: str, created: int, f
         if want_logprobs:
             logprobs = completion_logprobs([event], text_offsets[index])
             text_offsets[index] += sum(len(t) for t in logprobs.tokens)
-        return chunk([CompletionChoice(index=index, text=event.text, logprobs=logprobs, finish_reason=event.finish_reason,
-                                      stop_reason=event.stop_reason)])
+        return chunk(
+            [
+                CompletionChoice(
+                    index=index,
+                    text=event.text,
+                    logprobs=logprobs,
+                    finish_reason=event.finish_reason,
+                    stop_reason=event.stop_reason,
+                )
+            ]
+        )
 
     return sse_events(
-        first, choices, body.num_choices, render_event,
+        first,
+        choices,
+        body.num_choices,
+        render_event,
         render_usage=(lambda usage: chunk([], usage)) if body.include_usage else None,
         num_prompt_tokens=job.num_prompt_tokens,
     )
@@ -102,5 +121,6 @@ def _completion_model(state: ServerState, requested: str | None) -> str:
         return requested
     raise InvalidRequestError(
         f"/v1/completions answers on the local model only; model {requested!r} is routed: "
-        "send chat messages to /v1/chat/completions, or use model 'local'", "model",
-    )  # fmt: skip
+        "send chat messages to /v1/chat/completions, or use model 'local'",
+        "model",
+    )

@@ -24,7 +24,9 @@ from sdk.protocol.api_keys import bearer_token
 from sdk.protocol.engine import EngineNotReadyError, EngineProtocol, GenerationRequest, TokenEvent
 from sdk.protocol.engine_wrapper import EngineWrapper
 
-DRAINING_MESSAGE = "this replica is draining (shutting down or taken out of rotation): send the request to another replica"
+DRAINING_MESSAGE = (
+    "this replica is draining (shutting down or taken out of rotation): send the request to another replica"
+)
 
 
 class DrainableEngine(EngineWrapper):
@@ -90,8 +92,13 @@ def admin_routes(app, engine: DrainableEngine, admin_key: str) -> None:
     def refused(request: Request) -> Response | None:
         """None for the admin key; else the answer (403, or 429 while the address backs off)."""
         address = request.client.host if request.client is not None else "unknown"  # as AccessControl sees it
-        _, refusal = gate.check_key(bearer_token(request.headers.get("authorization")), admin_keys, address,
-                                    f"{request.method} {request.url.path}", name="admin key")  # fmt: skip
+        _, refusal = gate.check_key(
+            bearer_token(request.headers.get("authorization")),
+            admin_keys,
+            address,
+            f"{request.method} {request.url.path}",
+            name="admin key",
+        )
         if refusal is None:
             return None
         metrics.count_rejection(refusal.kind)
@@ -114,16 +121,26 @@ def admin_routes(app, engine: DrainableEngine, admin_key: str) -> None:
             return refusal
         return JSONResponse(engine.status())
 
-    app.add_api_route("/admin/drain", drain, methods=["POST"], summary="Take this replica out of rotation (needs the admin key)")
-    app.add_api_route("/admin/resume", resume, methods=["POST"], summary="Put a drained replica back (needs the admin key)")
-    app.add_api_route("/admin/status", status, methods=["GET"], summary="Whether this replica drains, and its requests in flight")
+    app.add_api_route(
+        "/admin/drain", drain, methods=["POST"], summary="Take this replica out of rotation (needs the admin key)"
+    )
+    app.add_api_route(
+        "/admin/resume", resume, methods=["POST"], summary="Put a drained replica back (needs the admin key)"
+    )
+    app.add_api_route(
+        "/admin/status", status, methods=["GET"], summary="Whether this replica drains, and its requests in flight"
+    )
 
 
 def _forbidden() -> Response:
     from sdk.openai_server.errors import OpenAIError
 
-    return OpenAIError(403, "the admin endpoints need the admin key (--admin-key-file): `Authorization: Bearer <admin key>`",
-                       type="permission_error", code="forbidden").response()  # fmt: skip
+    return OpenAIError(
+        403,
+        "the admin endpoints need the admin key (--admin-key-file): `Authorization: Bearer <admin key>`",
+        type="permission_error",
+        code="forbidden",
+    ).response()
 
 
 async def drain_then_stop(engine: DrainableEngine, stop, grace_s: float, logger) -> None:

@@ -96,7 +96,10 @@ def auth_backoff(wait_s: float) -> OpenAIError:
 
 def model_not_found(model: str) -> OpenAIError:
     return OpenAIError(
-        404, f"The model `{model}` does not exist. GET /v1/models lists the served models.", param="model", code="model_not_found"
+        404,
+        f"The model `{model}` does not exist. GET /v1/models lists the served models.",
+        param="model",
+        code="model_not_found",
     )
 
 
@@ -112,14 +115,20 @@ def from_exception(exc: BaseException) -> OpenAIError:
         headers = {"Retry-After": retry_after_header(exc.retry_after_s)}
         return OpenAIError(503, str(exc), type="server_overloaded", code="server_overloaded", headers=headers)
     if isinstance(exc, EngineNotReadyError):
-        return OpenAIError(503, str(exc), type="service_unavailable", code="model_not_ready", headers={"Retry-After": "1"})
+        return OpenAIError(
+            503, str(exc), type="service_unavailable", code="model_not_ready", headers={"Retry-After": "1"}
+        )
     if isinstance(exc, ValidationError):
         return from_validation_errors(exc.errors(include_url=False))
     if isinstance(exc, BudgetExhaustedError):
         # OpenAI's quota error: its clients stop retrying a 429 when told so (x-should-retry).
-        return OpenAIError(429, str(exc), type="insufficient_quota", code="insufficient_quota", headers={"x-should-retry": "false"})
+        return OpenAIError(
+            429, str(exc), type="insufficient_quota", code="insufficient_quota", headers={"x-should-retry": "false"}
+        )
     logger.error("unexpected error while serving a request", exc_info=exc)
-    return OpenAIError(500, f"The server hit an internal error ({type(exc).__name__}); it was logged.", type="server_error")
+    return OpenAIError(
+        500, f"The server hit an internal error ({type(exc).__name__}); it was logged.", type="server_error"
+    )
 
 
 def _loc_to_param(loc: tuple) -> str | None:

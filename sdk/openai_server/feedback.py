@@ -25,15 +25,21 @@ async def create_feedback(request: Request) -> Response:
         body = FeedbackRequest.model_validate_json(await request.body())
         record = state.traffic
         if record is None:
-            raise OpenAIError(404, "feedback needs the traffic record: start tandem serve with [traffic] record = true "
-                                   "(TANDEM_TRAFFIC_RECORD=1)", code="traffic_record_off")  # fmt: skip
+            raise OpenAIError(
+                404,
+                "feedback needs the traffic record: start tandem serve with [traffic] record = true "
+                "(TANDEM_TRAFFIC_RECORD=1)",
+                code="traffic_record_off",
+            )
         key = getattr(request.state, "key_fingerprint", None)
         who = key or f"ip:{(request.client.host if request.client else 'unknown')}"
         wait_s = state.feedback_limiter.acquire(who) if state.feedback_limiter is not None else 0.0
         if wait_s > 0:
             raise rate_limited(wait_s, state.feedback_limiter.per_minute)
         try:
-            outcome = await asyncio.to_thread(record.feedback, body.id, key, body.value, "thumbs" if body.thumbs else "score")
+            outcome = await asyncio.to_thread(
+                record.feedback, body.id, key, body.value, "thumbs" if body.thumbs else "score"
+            )
         except FeedbackError as exc:
             raise OpenAIError(exc.status, str(exc), param="id", code=_CODES.get(exc.status)) from exc
     except Exception as exc:

@@ -157,6 +157,12 @@ def usage_of(num_prompt_tokens: int, states: Sequence[ChoiceState]) -> Usage:
     details = None
     if drafted:  # speculative decoding, reported as OpenAI reports Predicted Outputs
         accepted = sum(s.num_accepted_tokens for s in states)
-        details = CompletionTokensDetails(accepted_prediction_tokens=accepted, rejected_prediction_tokens=drafted - accepted)
-    return Usage(prompt_tokens=num_prompt_tokens, completion_tokens=completion, total_tokens=num_prompt_tokens + completion,
-                 completion_tokens_details=details)  # fmt: skip
+        details = CompletionTokensDetails(
+            accepted_prediction_tokens=accepted, rejected_prediction_tokens=drafted - accepted
+        )
+    return Usage(
+        prompt_tokens=num_prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=num_prompt_tokens + completion,
+        completion_tokens_details=details,
+    )

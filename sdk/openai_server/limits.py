@@ -96,7 +96,13 @@ class BodySizeLimit:
         if self.on_reject is not None:
             self.on_reject("too_large")
         client = (scope.get("client") or ("unknown", 0))[0]
-        logger.info("413 for %s %s from %s: body over %d bytes", scope.get("method"), scope.get("path"), client, self.max_body_bytes)
+        logger.info(
+            "413 for %s %s from %s: body over %d bytes",
+            scope.get("method"),
+            scope.get("path"),
+            client,
+            self.max_body_bytes,
+        )
         await request_too_large(self.max_body_bytes, size).response()(scope, receive, send)
 
 

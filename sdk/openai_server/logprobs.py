@@ -27,7 +27,9 @@ def chat_logprobs(events: Sequence[TokenEvent]) -> ChatLogprobs:
                 # The raw bytes let clients rebuild characters split across tokens.
                 bytes=list(event.token_bytes) if event.token_bytes else list(token_text(event).encode()),
                 top_logprobs=[
-                    TopLogprobEntry(token=alt.text, logprob=alt.logprob, bytes=list(alt.token_bytes or alt.text.encode()))
+                    TopLogprobEntry(
+                        token=alt.text, logprob=alt.logprob, bytes=list(alt.token_bytes or alt.text.encode())
+                    )
                     for alt in event.top_logprobs
                 ],
             )

@@ -19,8 +19,48 @@ from sdk.protocol.engine import EngineError, EngineProtocol, TokenEvent
 PREFIX = "tandem:"
 
 # vLLM's buckets: latencies from a few ms (ITL on a GPU) to minutes (E2E on a phone).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0)
 
 
@@ -49,7 +89,11 @@ class EngineStatsCollector:
             ("num_requests_running", "Requests decoding in the engine now.", stats.num_running),
             ("num_requests_waiting", "Requests queued for admission.", stats.num_waiting),
             ("kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).", stats.kv_usage),
-            ("kv_blocks_used", "KV blocks held by requests (cached prefixes nobody holds, which can be reclaimed, are not counted).", stats.num_kv_blocks_used),
+            (
+                "kv_blocks_used",
+                "KV blocks held by requests (cached prefixes nobody holds, which can be reclaimed, are not counted).",
+                stats.num_kv_blocks_used,
+            ),
             ("kv_blocks_total", "KV blocks in the pool.", stats.num_kv_blocks_total),
         ]
         for name, doc, value in gauges:
@@ -58,18 +102,41 @@ class EngineStatsCollector:
             ("prompt_tokens", "Prompt tokens processed.", stats.num_prompt_tokens_total),
             ("generation_tokens", "Tokens generated.", stats.num_generation_tokens_total),
             ("num_preemptions", "Requests preempted for lack of KV blocks.", stats.num_preemptions_total),
-            ("num_requests_aborted", "Requests stopped before their last token (client gone, cancelled, timed out).", stats.num_requests_aborted_total),
-            ("prefix_cache_queries", "Tokens looked up in the prefix cache (vLLM's prefix_cache_queries).", stats.num_prefix_cache_query_tokens_total),
-            ("prefix_cache_hits", "Prompt tokens served from the prefix cache (vLLM's prefix_cache_hits).", stats.num_prefix_cache_hit_tokens_total),
-            ("spec_decode_num_drafts", "Speculative drafts verified (vLLM's spec_decode_num_drafts).", stats.num_spec_drafts_total),
+            (
+                "num_requests_aborted",
+                "Requests stopped before their last token (client gone, cancelled, timed out).",
+                stats.num_requests_aborted_total,
+            ),
+            (
+                "prefix_cache_queries",
+                "Tokens looked up in the prefix cache (vLLM's prefix_cache_queries).",
+                stats.num_prefix_cache_query_tokens_total,
+            ),
+            (
+                "prefix_cache_hits",
+                "Prompt tokens served from the prefix cache (vLLM's prefix_cache_hits).",
+                stats.num_prefix_cache_hit_tokens_total,
+            ),
+            (
+                "spec_decode_num_drafts",
+                "Speculative drafts verified (vLLM's spec_decode_num_drafts).",
+                stats.num_spec_drafts_total,
+            ),
             ("spec_decode_num_draft_tokens", "Draft tokens verified.", stats.num_spec_draft_tokens_total),
-            ("spec_decode_num_accepted_tokens", "Draft tokens accepted (acceptance rate = accepted / draft tokens).", stats.num_spec_accepted_tokens_total),
+            (
+                "spec_decode_num_accepted_tokens",
+                "Draft tokens accepted (acceptance rate = accepted / draft tokens).",
+                stats.num_spec_accepted_tokens_total,
+            ),
         ]
         for name, doc, value in counters:
             # The family adds `_total` to the sample name, as Prometheus counters require.
             yield CounterMetricFamily(self.prefix + name, doc, value=value)
-        per_position = CounterMetricFamily(self.prefix + "spec_decode_num_accepted_tokens_per_pos",
-                                           "Drafts whose token at this position was accepted.", labels=["position"])  # fmt: skip
+        per_position = CounterMetricFamily(
+            self.prefix + "spec_decode_num_accepted_tokens_per_pos",
+            "Drafts whose token at this position was accepted.",
+            labels=["position"],
+        )
         for position, count in enumerate(stats.spec_accepted_tokens_per_position):
             per_position.add_metric([str(position)], count)
         yield per_position
@@ -82,24 +149,34 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(EngineStatsCollector(engine))
         self.time_to_first_token = Histogram(
-            PREFIX + "time_to_first_token_seconds", "Time from request arrival to its first token.",
-            buckets=TTFT_BUCKETS, registry=self.registry,
+            PREFIX + "time_to_first_token_seconds",
+            "Time from request arrival to its first token.",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
         )
         self.inter_token_latency = Histogram(
-            PREFIX + "inter_token_latency_seconds", "Time between consecutive tokens of a request.",
-            buckets=ITL_BUCKETS, registry=self.registry,
+            PREFIX + "inter_token_latency_seconds",
+            "Time between consecutive tokens of a request.",
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
         )
         self.e2e_request_latency = Histogram(
-            PREFIX + "e2e_request_latency_seconds", "Time from request arrival to its last token.",
-            buckets=E2E_BUCKETS, registry=self.registry,
+            PREFIX + "e2e_request_latency_seconds",
+            "Time from request arrival to its last token.",
+            buckets=E2E_BUCKETS,
+            registry=self.registry,
         )
         self.request_success = Counter(
-            PREFIX + "request_success", "Requests that finished, by finish reason.",
-            ["finished_reason"], registry=self.registry,
+            PREFIX + "request_success",
+            "Requests that finished, by finish reason.",
+            ["finished_reason"],
+            registry=self.registry,
         )
         self.http_rejections = Counter(
-            PREFIX + "http_rejections", "Requests refused before reaching the model, by reason.",
-            ["reason"], registry=self.registry,
+            PREFIX + "http_rejections",
+            "Requests refused before reaching the model, by reason.",
+            ["reason"],
+            registry=self.registry,
         )
         for reason in REJECTION_REASONS:
             self.http_rejections.labels(reason)  # exported at 0 from the start, so rate() works at once

@@ -15,8 +15,12 @@ from sdk.protocol.openai_schema import ModelCard, ModelList
 
 async def list_models(request: Request) -> Response:
     state: ServerState = request.app.state.tandem
-    cards = await asyncio.to_thread(lambda: [card(state, name) for name in state.model_names])  # fingerprints: a vocabulary pass on first read
-    if state.embeddings is not None:  # before the engine's own names, which stay last (clients take the last as "the model")
+    cards = await asyncio.to_thread(
+        lambda: [card(state, name) for name in state.model_names]
+    )  # fingerprints: a vocabulary pass on first read
+    if (
+        state.embeddings is not None
+    ):  # before the engine's own names, which stay last (clients take the last as "the model")
         cards.insert(len(cards) - len(state.engine_model_names), embedding_card(state))
     return _json(ModelList(data=cards))
 
@@ -38,15 +42,20 @@ def card(state: ServerState, name: str) -> ModelCard:
         engine = None  # either tier may answer: each model card says its own
     defaults = engine.sampling_defaults if engine is not None else None
     route = state.routed_mode(name, default_auto=False)
-    return ModelCard(id=name, created=state.created, max_model_len=state.engine.max_model_len or None,
-                     sampling_defaults=defaults.as_dict() if defaults is not None else None,
-                     vocabulary_fingerprint=(engine.vocabulary_fingerprint if engine is not None else "") or None,
-                     route=route.value if route is not None else None)
+    return ModelCard(
+        id=name,
+        created=state.created,
+        max_model_len=state.engine.max_model_len or None,
+        sampling_defaults=defaults.as_dict() if defaults is not None else None,
+        vocabulary_fingerprint=(engine.vocabulary_fingerprint if engine is not None else "") or None,
+        route=route.value if route is not None else None,
+    )
 
 
 def embedding_card(state: ServerState) -> ModelCard:
-    return ModelCard(id=state.embeddings.model_id, created=state.created, max_model_len=state.embeddings.window,
-                     type="embeddings")
+    return ModelCard(
+        id=state.embeddings.model_id, created=state.created, max_model_len=state.embeddings.window, type="embeddings"
+    )
 
 
 def _json(model) -> Response:

@@ -17,9 +17,14 @@ from sdk.protocol.openai_schema import ErrorResponse
 if TYPE_CHECKING:
     from sdk.openai_server.routes import Route
 
-_ERRORS = {"400": "invalid request (the error names the field)", "401": "missing or wrong API key",
-           "404": "unknown model", "413": "body too large", "429": "rate or in-flight limit",
-           "503": "overloaded or still loading (Retry-After)"}  # fmt: skip
+_ERRORS = {
+    "400": "invalid request (the error names the field)",
+    "401": "missing or wrong API key",
+    "404": "unknown model",
+    "413": "body too large",
+    "429": "rate or in-flight limit",
+    "503": "overloaded or still loading (Retry-After)",
+}
 
 
 def install_openapi(app: FastAPI, routes: Sequence[Route]) -> None:
@@ -41,13 +46,21 @@ def install_openapi(app: FastAPI, routes: Sequence[Route]) -> None:
 
 def _document(operation: dict, route: Route, components: dict) -> None:
     if route.body is not None:
-        operation["requestBody"] = {"required": True, "content": {"application/json": {
-            "schema": _component(components, route.body, "validation")}}}  # fmt: skip
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _component(components, route.body, "validation")}},
+        }
     ok = {"application/json": {"schema": _component(components, route.answer, "serialization")}}
     if route.body is not None and "stream" in route.body.model_fields:
-        ok["text/event-stream"] = {"schema": {"type": "string", "description": (
-            "with stream: true, server-sent events: one chunk object per `data:` line "
-            "(the response shape with deltas), then `data: [DONE]`")}}  # fmt: skip
+        ok["text/event-stream"] = {
+            "schema": {
+                "type": "string",
+                "description": (
+                    "with stream: true, server-sent events: one chunk object per `data:` line "
+                    "(the response shape with deltas), then `data: [DONE]`"
+                ),
+            }
+        }
     operation["responses"] = {"200": {"description": "the answer", "content": ok}}
     error = {"application/json": {"schema": _component(components, ErrorResponse, "serialization")}}
     operation["responses"].update({code: {"description": why, "content": error} for code, why in _ERRORS.items()})

@@ -24,7 +24,9 @@ from sdk.protocol.engine import EngineOverloadedError
 from sdk.protocol.openai_schema import ChatCompletionRequest
 
 
-async def create_routed_chat_completion(request: Request, state: ServerState, body: ChatCompletionRequest, model: str) -> Response:
+async def create_routed_chat_completion(
+    request: Request, state: ServerState, body: ChatCompletionRequest, model: str
+) -> Response:
     runner = state.cascade
     try:
         chat = await prepare_routed(runner, body, model)
@@ -34,8 +36,16 @@ async def create_routed_chat_completion(request: Request, state: ServerState, bo
     key = getattr(request.state, "key_fingerprint", None)
     headers = budget_headers(runner, key, body.user)
     call = routed_stream if body.stream else routed_completion
-    answer = call(runner, chat, model=model, private=bool(body.private), response_id=response_id, created=created,
-                  key_fingerprint=key, user=body.user)  # fmt: skip
+    answer = call(
+        runner,
+        chat,
+        model=model,
+        private=bool(body.private),
+        response_id=response_id,
+        created=created,
+        key_fingerprint=key,
+        user=body.user,
+    )
     try:
         result = await cancel_on_disconnect(request, answer)
     except ClientDisconnected:

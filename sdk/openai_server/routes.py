@@ -60,19 +60,57 @@ class Route:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("/v1/chat/completions", "POST", create_chat_completion, "Create a chat completion", ChatCompletionRequest, ChatCompletionResponse),
+    Route(
+        "/v1/chat/completions",
+        "POST",
+        create_chat_completion,
+        "Create a chat completion",
+        ChatCompletionRequest,
+        ChatCompletionResponse,
+    ),
     Route("/v1/completions", "POST", create_completion, "Create a completion", CompletionRequest, CompletionResponse),
-    Route("/tokenize", "POST", create_tokenize, "Text or chat messages to token ids (vLLM's shape)", TokenizeRequest, TokenizeResponse),
-    Route("/detokenize", "POST", create_detokenize, "Token ids to text (vLLM's shape)", DetokenizeRequest, DetokenizeResponse),
-    Route("/v1/budget", "GET", get_budget, "What the caller's key (and ?user=) has left of its budgets", needs="budgets"),
-    Route("/v1/embeddings", "POST", create_embeddings, "Create embeddings", EmbeddingRequest, EmbeddingResponse, needs="embeddings"),
-    Route("/v1/feedback", "POST", create_feedback, "Say how right a routed answer was (labels for the router)",
-          FeedbackRequest, FeedbackResponse, needs="cascade"),
+    Route(
+        "/tokenize",
+        "POST",
+        create_tokenize,
+        "Text or chat messages to token ids (vLLM's shape)",
+        TokenizeRequest,
+        TokenizeResponse,
+    ),
+    Route(
+        "/detokenize",
+        "POST",
+        create_detokenize,
+        "Token ids to text (vLLM's shape)",
+        DetokenizeRequest,
+        DetokenizeResponse,
+    ),
+    Route(
+        "/v1/budget", "GET", get_budget, "What the caller's key (and ?user=) has left of its budgets", needs="budgets"
+    ),
+    Route(
+        "/v1/embeddings",
+        "POST",
+        create_embeddings,
+        "Create embeddings",
+        EmbeddingRequest,
+        EmbeddingResponse,
+        needs="embeddings",
+    ),
+    Route(
+        "/v1/feedback",
+        "POST",
+        create_feedback,
+        "Say how right a routed answer was (labels for the router)",
+        FeedbackRequest,
+        FeedbackResponse,
+        needs="cascade",
+    ),
     Route("/health", "GET", health, "200 once the model is loaded, 503 before"),
     Route("/v1/models", "GET", list_models, "The models this server answers to", answer=ModelList),
     Route("/v1/models/{model:path}", "GET", get_model, "One served model", answer=ModelCard),
     Route("/metrics", "GET", metrics, "Prometheus metrics"),
-)  # fmt: skip
+)
 
 
 def mount_routes(app: FastAPI, state: ServerState) -> tuple[Route, ...]:

@@ -25,8 +25,9 @@ def check_tls_files(tls_cert: str | None, tls_key: str | None) -> None:
             raise ValueError(f"cannot read the TLS {what} {path!r}")
 
 
-def http_config(app, host: str, port: int, log_level: str, api_keys, tls_cert: str | None = None,
-                tls_key: str | None = None) -> uvicorn.Config:  # fmt: skip
+def http_config(
+    app, host: str, port: int, log_level: str, api_keys, tls_cert: str | None = None, tls_key: str | None = None
+) -> uvicorn.Config:
     """uvicorn's config for an HTTP listener: TLS when both PEM files are given (ValueError for one
     alone or an unreadable one), and a warning when API keys would travel in plaintext beyond
     loopback (a key sent over plain HTTP can be read by anyone on the path)."""
@@ -34,10 +35,20 @@ def http_config(app, host: str, port: int, log_level: str, api_keys, tls_cert: s
 
     check_tls_files(tls_cert, tls_key)
     if api_keys and tls_cert is None and not is_loopback(host):
-        logger.warning("API keys are checked on %s but travel in plaintext HTTP: configure --tls-cert and --tls-key "
-                       "(or terminate TLS in front of this server)", host)  # fmt: skip
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                          ssl_certfile=tls_cert, ssl_keyfile=tls_key)  # fmt: skip
+        logger.warning(
+            "API keys are checked on %s but travel in plaintext HTTP: configure --tls-cert and --tls-key "
+            "(or terminate TLS in front of this server)",
+            host,
+        )
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=5,
+        ssl_certfile=tls_cert,
+        ssl_keyfile=tls_key,
+    )
 
 
 class HttpServer(uvicorn.Server):
@@ -70,21 +81,29 @@ def drain_on_signals(http: HttpServer, engine, grace_s: float) -> None:
         if tasks:  # asked twice: stop now
             http.should_exit = True
             return
-        tasks.append(loop.create_task(drain_then_stop(engine, lambda: setattr(http, "should_exit", True), grace_s, logger)))
+        tasks.append(
+            loop.create_task(drain_then_stop(engine, lambda: setattr(http, "should_exit", True), grace_s, logger))
+        )
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
 
 
-async def watch_loading(name: str, engine, http: HttpServer, failures: list[str], logger: logging.Logger,
-                        started: float | None = None) -> None:  # fmt: skip
+async def watch_loading(
+    name: str, engine, http: HttpServer, failures: list[str], logger: logging.Logger, started: float | None = None
+) -> None:
     """Log when `engine` has loaded, and how long it took since `started` (time.monotonic());
     if loading fails, note why and stop serving."""
     started = time.monotonic() if started is None else started
     try:
         await asyncio.to_thread(engine.wait_ready)
-        logger.info("%s model %s loaded in %.1f s; max_model_len %d", name, engine.model_name,
-                    time.monotonic() - started, engine.max_model_len)  # fmt: skip
+        logger.info(
+            "%s model %s loaded in %.1f s; max_model_len %d",
+            name,
+            engine.model_name,
+            time.monotonic() - started,
+            engine.max_model_len,
+        )
     except BaseException:  # the engine thread logged why
         failures.append(f"the {name} model failed to load (see the log above)")
         http.should_exit = True

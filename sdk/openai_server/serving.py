@@ -14,7 +14,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.decision import RoutingMode, parse_model_choice
-from sdk.protocol.engine import Caller, EngineOverloadedError, EngineProtocol, GenerationRequest, InvalidRequestError, TokenEvent
+from sdk.protocol.engine import (
+    Caller,
+    EngineOverloadedError,
+    EngineProtocol,
+    GenerationRequest,
+    InvalidRequestError,
+    TokenEvent,
+)
 from sdk.openai_server.errors import from_exception, model_not_found
 from sdk.openai_server.generation import (
     ChoiceState,
@@ -103,8 +110,10 @@ class ServerState:
         if requested in names:
             return requested
         if self.embeddings is not None and requested == self.embeddings.model_id:
-            raise InvalidRequestError(f"{requested!r} is an embedding model: POST /v1/embeddings; chat with "
-                                      f"{', '.join(self.model_names)}", "model")  # fmt: skip
+            raise InvalidRequestError(
+                f"{requested!r} is an embedding model: POST /v1/embeddings; chat with {', '.join(self.model_names)}",
+                "model",
+            )
         raise model_not_found(requested)
 
 
@@ -123,7 +132,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def choice_requests(request_id: str, prompt_token_ids: list[int], num_choices: int, params_for) -> list[GenerationRequest]:
+def choice_requests(
+    request_id: str, prompt_token_ids: list[int], num_choices: int, params_for
+) -> list[GenerationRequest]:
     """One engine request per choice; `params_for(i)` gives choice i its own seed."""
     return [GenerationRequest(f"{request_id}-{i}", list(prompt_token_ids), params_for(i)) for i in range(num_choices)]
 
@@ -184,7 +195,9 @@ async def run_job(
             response = stream_body(first, choices)
             response.headers.update(headers)
             return response
-        states = await cancel_on_disconnect(request, collect_choices(choices, len(job.generation_requests), keep_events))
+        states = await cancel_on_disconnect(
+            request, collect_choices(choices, len(job.generation_requests), keep_events)
+        )
         return Response(complete_body(states).model_dump_json(), media_type="application/json", headers=headers)
     except ClientDisconnected:
         await choices.aclose()

@@ -26,10 +26,14 @@ def _target(state: ServerState, model: str | None):
         return state.embeddings
     if state.cascade is not None and model == "cloud":
         if state.cloud_engine is None:
-            raise InvalidRequestError("the cloud tier is a remote server here: ask it (its /tokenize), or name the local model", "model")
+            raise InvalidRequestError(
+                "the cloud tier is a remote server here: ask it (its /tokenize), or name the local model", "model"
+            )
         return state.cloud_engine
     if state.cascade is not None and model.partition(":")[0] == "auto":
-        raise InvalidRequestError("auto routes between tiers whose vocabularies may differ: name local or cloud", "model")
+        raise InvalidRequestError(
+            "auto routes between tiers whose vocabularies may differ: name local or cloud", "model"
+        )
     raise model_not_found(model)
 
 

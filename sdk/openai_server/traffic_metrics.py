@@ -13,22 +13,38 @@ class TrafficCollector:
 
     def collect(self):
         record = self.record
-        rows = CounterMetricFamily(PREFIX + "traffic_rows", "Routed requests the traffic record handled, by what happened to them.",
-                                   labels=["outcome"])  # fmt: skip
-        for outcome, value in (("stored", record.num_recorded), ("privacy_flagged", record.num_flagged), ("dropped", record.num_dropped)):
+        rows = CounterMetricFamily(
+            PREFIX + "traffic_rows",
+            "Routed requests the traffic record handled, by what happened to them.",
+            labels=["outcome"],
+        )
+        for outcome, value in (
+            ("stored", record.num_recorded),
+            ("privacy_flagged", record.num_flagged),
+            ("dropped", record.num_dropped),
+        ):
             rows.add_metric([outcome], value)
         yield rows
-        yield CounterMetricFamily(PREFIX + "traffic_labels", "Labels written (feedback and shadow judgments).", value=record.num_labels)
+        yield CounterMetricFamily(
+            PREFIX + "traffic_labels", "Labels written (feedback and shadow judgments).", value=record.num_labels
+        )
         if self.shadow is not None:
             counts = self.shadow.counts
-            shadow = CounterMetricFamily(PREFIX + "shadow_samples", "Shadow calls to the cloud tier, by outcome.", labels=["outcome"])
+            shadow = CounterMetricFamily(
+                PREFIX + "shadow_samples", "Shadow calls to the cloud tier, by outcome.", labels=["outcome"]
+            )
             for outcome in ("started", "judged", "skipped_budget", "skipped_busy", "failed"):
                 shadow.add_metric([outcome], getattr(counts, outcome))
             yield shadow
-            yield GaugeMetricFamily(PREFIX + "shadow_budget_remaining_tokens", "Cloud tokens shadow calls may still use today.",
-                                    value=self.shadow.budget.remaining)  # fmt: skip
+            yield GaugeMetricFamily(
+                PREFIX + "shadow_budget_remaining_tokens",
+                "Cloud tokens shadow calls may still use today.",
+                value=self.shadow.budget.remaining,
+            )
         if self.retrainer is not None:
-            retrains = CounterMetricFamily(PREFIX + "router_retrains", "Background router retrains, by outcome.", labels=["outcome"])
+            retrains = CounterMetricFamily(
+                PREFIX + "router_retrains", "Background router retrains, by outcome.", labels=["outcome"]
+            )
             for outcome in ("swapped", "kept", "skipped", "failed"):
                 retrains.add_metric([outcome], self.retrainer.outcomes.get(outcome, 0))
             yield retrains

@@ -113,29 +113,48 @@ class AccessGate:
         per_key = bool(self.api_keys)
         rate = self.limits.rate
         if rate is not None and (wait_s := rate.acquire(client)) > 0:
-            self.log.info((client, RATE_LIMITED), "%s refused for %s: rate limit (%.1fs until its next request)",
-                          what, self.who(client), wait_s)  # fmt: skip
-            return Admission(client, Refusal(RATE_LIMITED, retry_after_s=wait_s, limit=rate.per_minute, per_key=per_key))
+            self.log.info(
+                (client, RATE_LIMITED),
+                "%s refused for %s: rate limit (%.1fs until its next request)",
+                what,
+                self.who(client),
+                wait_s,
+            )
+            return Admission(
+                client, Refusal(RATE_LIMITED, retry_after_s=wait_s, limit=rate.per_minute, per_key=per_key)
+            )
         in_flight = self.limits.in_flight
         if in_flight is None:
             return Admission(client)
         if not in_flight.try_acquire(client):
-            self.log.info((client, TOO_MANY_IN_FLIGHT), "%s refused for %s: %d requests already in flight",
-                          what, self.who(client), in_flight.max_in_flight)  # fmt: skip
-            return Admission(client, Refusal(TOO_MANY_IN_FLIGHT, retry_after_s=1.0, limit=in_flight.max_in_flight,
-                                             per_key=per_key))  # fmt: skip
+            self.log.info(
+                (client, TOO_MANY_IN_FLIGHT),
+                "%s refused for %s: %d requests already in flight",
+                what,
+                self.who(client),
+                in_flight.max_in_flight,
+            )
+            return Admission(
+                client, Refusal(TOO_MANY_IN_FLIGHT, retry_after_s=1.0, limit=in_flight.max_in_flight, per_key=per_key)
+            )
         return Admission(client, holds_slot=True)
 
-    def check_key(self, presented_key: str | None, keys: frozenset[str], address: str, what: str,
-                  name: str = "API key") -> tuple[str | None, Refusal | None]:  # fmt: skip
+    def check_key(
+        self, presented_key: str | None, keys: frozenset[str], address: str, what: str, name: str = "API key"
+    ) -> tuple[str | None, Refusal | None]:
         """The key of `keys` that `presented_key` is, or why not: AUTH_BACKOFF while `address` backs
         off (the key is not even compared), else UNAUTHENTICATED, which counts as a failed try of
         `address`. Every secret a listener checks comes through here (the API keys in `admit`, the
         admin key of /admin/*), so a guess at any of them spends the one backoff of its address."""
         backoff = self.limits.auth_backoff
         if backoff is not None and (wait_s := backoff.wait_s(address)) > 0:
-            self.log.info((address, AUTH_BACKOFF), "%s from %s refused unchecked: backing off after failed keys "
-                          "(%.1fs left)", what, address, wait_s)  # fmt: skip
+            self.log.info(
+                (address, AUTH_BACKOFF),
+                "%s from %s refused unchecked: backing off after failed keys (%.1fs left)",
+                what,
+                address,
+                wait_s,
+            )
             return None, Refusal(AUTH_BACKOFF, retry_after_s=wait_s, per_key=False)
         key = matching_key(presented_key, keys)
         if key is not None:

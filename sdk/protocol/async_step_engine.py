@@ -48,9 +48,11 @@ class StepEngine(Protocol):
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
     def detokenize(self, token_ids: Sequence[int]) -> str: ...
     def apply_chat_template(self, messages: Sequence[dict]) -> list[int]: ...
+
     chat_template: str | None  # the model's Jinja template (its text tells the tool format)
     max_token_bytes: int  # the longest text one token stands for
     vocabulary_fingerprint: str  # sdk.protocol.vocabulary (computed on first read)
+
     def stats(self) -> EngineStats: ...
     def close(self) -> None: ...
 
@@ -58,7 +60,14 @@ class StepEngine(Protocol):
 class AsyncStepEngine(EngineProtocol):
     """Implements sdk.protocol.engine.EngineProtocol over any StepEngine built on the engine thread."""
 
-    def __init__(self, load: Callable[[], StepEngine], model_name: str, max_in_flight: int, max_model_len: int = 0, thread_name: str = "tandem-engine"):
+    def __init__(
+        self,
+        load: Callable[[], StepEngine],
+        model_name: str,
+        max_in_flight: int,
+        max_model_len: int = 0,
+        thread_name: str = "tandem-engine",
+    ):
         self.model_name = model_name
         self.max_model_len = max_model_len  # final value known once loaded
         self._load = load
@@ -107,7 +116,9 @@ class AsyncStepEngine(EngineProtocol):
     @property
     def engine(self) -> StepEngine:
         if self._engine is None or self._stopping:
-            raise EngineNotReadyError("the model is still loading" if not self._stopping else "the engine is shutting down")
+            raise EngineNotReadyError(
+                "the model is still loading" if not self._stopping else "the engine is shutting down"
+            )
         return self._engine
 
     @property

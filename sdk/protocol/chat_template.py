@@ -38,7 +38,9 @@ def normalise_messages(messages: Sequence[dict]) -> list[dict]:
                 texts.append(part["text"])
             content = "".join(texts)
         elif not isinstance(content, str):
-            raise InvalidRequestError(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+            raise InvalidRequestError(
+                f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content"
+            )
         out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
 

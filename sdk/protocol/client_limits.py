@@ -75,7 +75,6 @@ class RequestRateLimiter:
                 del self._buckets[client]
 
 
-
 class InFlightLimiter:
     """Counts requests being served per client; `max_in_flight` at most each.
 
@@ -120,17 +119,28 @@ class ClientLimits:
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     @classmethod
-    def build(cls, rate_limit_per_minute: float | None = None, rate_limit_burst: float | None = None,
-              max_concurrent_per_key: int | None = None, clock: Callable[[], float] = time.monotonic,
-              auth_backoff_after: int | None = DEFAULT_AUTH_BACKOFF_AFTER,
-              auth_backoff_max_s: float = DEFAULT_AUTH_BACKOFF_MAX_S) -> "ClientLimits":  # fmt: skip
+    def build(
+        cls,
+        rate_limit_per_minute: float | None = None,
+        rate_limit_burst: float | None = None,
+        max_concurrent_per_key: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        auth_backoff_after: int | None = DEFAULT_AUTH_BACKOFF_AFTER,
+        auth_backoff_max_s: float = DEFAULT_AUTH_BACKOFF_MAX_S,
+    ) -> "ClientLimits":
         """The limits named by the servers' settings (rate_limit, its burst, max_concurrent_per_key,
         auth_backoff_after (None or 0: off), auth_backoff_max_s)."""
         if rate_limit_per_minute is None and rate_limit_burst is not None:
             raise ValueError("rate_limit_burst needs rate_limit_per_minute")
-        rate = None if rate_limit_per_minute is None else RequestRateLimiter(rate_limit_per_minute, rate_limit_burst, clock)
+        rate = (
+            None
+            if rate_limit_per_minute is None
+            else RequestRateLimiter(rate_limit_per_minute, rate_limit_burst, clock)
+        )
         in_flight = None if max_concurrent_per_key is None else InFlightLimiter(max_concurrent_per_key)
-        backoff = AuthFailureBackoff(auth_backoff_after, auth_backoff_max_s, clock=clock) if auth_backoff_after else None
+        backoff = (
+            AuthFailureBackoff(auth_backoff_after, auth_backoff_max_s, clock=clock) if auth_backoff_after else None
+        )
         return cls(rate, in_flight, backoff, clock)
 
     @property
@@ -152,10 +162,17 @@ class AuthFailureBackoff:
     neighbour makes them wait too (behind a trusted proxy, the forwarded address counts).
     """
 
-    def __init__(self, after: int = 10, max_wait_s: float = 300.0, forget_after_s: float = 900.0,
-                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        after: int = 10,
+        max_wait_s: float = 300.0,
+        forget_after_s: float = 900.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if isinstance(after, bool) or not isinstance(after, int) or after < 1:
-            raise ValueError(f"auth_backoff_after must be an integer >= 1 (failed keys before the backoff), got {after!r}")
+            raise ValueError(
+                f"auth_backoff_after must be an integer >= 1 (failed keys before the backoff), got {after!r}"
+            )
         if not math.isfinite(max_wait_s) or max_wait_s < 1:
             raise ValueError(f"auth_backoff_max_s must be >= 1 second, got {max_wait_s!r}")
         self.after = after

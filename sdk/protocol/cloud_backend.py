@@ -156,7 +156,7 @@ class CloudBackend(Protocol):
         return None
 
     async def health(self, *, timeout_s: float | None = None) -> str:
-        """"SERVING" when the tier can take calls (else another status name, or a CloudError)."""
+        """ "SERVING" when the tier can take calls (else another status name, or a CloudError)."""
         ...
 
     async def close(self) -> None: ...

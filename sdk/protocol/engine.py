@@ -32,6 +32,7 @@ from sdk.protocol.sampling_params import (  # noqa: F401
 if TYPE_CHECKING:
     from sdk.protocol.sampling_defaults import SamplingDefaults
 
+
 @dataclass(frozen=True)
 class Caller:
     """Whose request this is, for a server that bills it (sdk.budgets.metered_engine); engines ignore it.
@@ -61,7 +62,11 @@ class GenerationRequest:
 
     @property
     def continuation_token_ids(self) -> list[int]:
-        return list(self.prompt_token_ids[len(self.prompt_token_ids) - self.num_continuation_tokens:]) if self.num_continuation_tokens else []
+        return (
+            list(self.prompt_token_ids[len(self.prompt_token_ids) - self.num_continuation_tokens :])
+            if self.num_continuation_tokens
+            else []
+        )
 
 
 def validate_generation_request(request: GenerationRequest, vocab_size: int, max_model_len: int) -> None:
@@ -74,7 +79,9 @@ def validate_generation_request(request: GenerationRequest, vocab_size: int, max
     if request.params.logit_bias and max(request.params.logit_bias) >= vocab_size:
         raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab_size})", "logit_bias")
     if not 0 <= request.num_continuation_tokens < len(prompt):
-        raise InvalidRequestError("a continuation must leave at least one prompt token before it", "continuation_token_ids")
+        raise InvalidRequestError(
+            "a continuation must leave at least one prompt token before it", "continuation_token_ids"
+        )
     total = len(prompt) + request.params.max_tokens
     if total > max_model_len:
         raise ContextLengthError(
@@ -112,7 +119,9 @@ class TokenEvent:
     top_logprobs: list[TopLogprob] = field(default_factory=list)
     token_bytes: bytes = b""  # raw bytes of the token (OpenAI's logprobs `bytes`)
     finish_reason: str | None = None  # set on the last event: "stop", "length" or "abort"
-    stop_reason: str | None = None  # on the last event, why beyond finish_reason: "repetition" (a loop was stopped), "closed_within_max_tokens"
+    stop_reason: str | None = (
+        None  # on the last event, why beyond finish_reason: "repetition" (a loop was stopped), "closed_within_max_tokens"
+    )
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_draft_tokens: int = 0  # speculative decoding, so far in this request: draft tokens verified

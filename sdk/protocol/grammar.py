@@ -77,7 +77,11 @@ class GrammarMasks:
     """Matchers for structured requests, and their masks as boolean arrays over the vocabulary."""
 
     def __init__(self, vocabulary: Callable[[], list[bytes]], eos_token_id: int, tokenize: Callable[[str], list[int]]):
-        self._vocabulary, self._eos, self._tokenize = vocabulary, eos_token_id, tokenize  # token bytes by id, read on first use
+        self._vocabulary, self._eos, self._tokenize = (
+            vocabulary,
+            eos_token_id,
+            tokenize,
+        )  # token bytes by id, read on first use
         self._tokenizer = None  # built on the first structured request
         self._bitmask = None  # one reused buffer: each engine's step loop is single-threaded
         self._num_tokens = 0
@@ -85,7 +89,9 @@ class GrammarMasks:
         self.closing_paths: ClosingPaths | None = None  # sdk.protocol.grammar_closing, with the tokenizer
         self._duplicate_keys: DuplicateKeyTokens | None = None
 
-    def matcher(self, structured: StructuredOutput, consumed: Sequence[int] = (), closes: bool = True) -> StructuredState:
+    def matcher(
+        self, structured: StructuredOutput, consumed: Sequence[int] = (), closes: bool = True
+    ) -> StructuredState:
         """A fresh grammar state that has consumed `consumed` (the answer's start, after a hand-off);
         `closes`: the answer closes within its budget (sdk.protocol.grammar_closing).
         InvalidRequestError (naming response_format, or tools) for a schema it cannot take or a
@@ -95,7 +101,9 @@ class GrammarMasks:
         if self._tokenizer is None:
             tokens = self._vocabulary()
             self._num_tokens = len(tokens)
-            self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokens, self._eos, self._tokenize)))
+            self._tokenizer = llguidance.LLTokenizer(
+                llguidance.TokenizerWrapper(_Vocabulary(tokens, self._eos, self._tokenize))
+            )
             from llguidance.numpy import allocate_token_bitmask
 
             self._bitmask = allocate_token_bitmask(1, self._tokenizer.vocab_size)
@@ -106,22 +114,36 @@ class GrammarMasks:
             if structured.kind == "lark":
                 grammar = llguidance.LLMatcher.grammar_from_lark(structured.grammar)
             else:
-                schema = closed_objects(json.loads(structured.schema)) if structured.schema is not None else {"type": "object"}
+                schema = (
+                    closed_objects(json.loads(structured.schema))
+                    if structured.schema is not None
+                    else {"type": "object"}
+                )
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_FORMAT)
             matcher = llguidance.LLMatcher(self._tokenizer, grammar)
             error = matcher.get_error() if matcher.is_error() else None
         except Exception as exc:  # noqa: BLE001  (whatever llguidance raises about a schema is the client's 400)
             error = str(exc)
         if error is not None:
-            what = "the tools' schemas cannot be used" if structured.kind == "lark" else "the JSON schema cannot be used"
+            what = (
+                "the tools' schemas cannot be used" if structured.kind == "lark" else "the JSON schema cannot be used"
+            )
             raise InvalidRequestError(f"{structured.param}: {what}: {error}", structured.param)
-        state = StructuredState(matcher, structured.kind, self._tokens, self._eos, self.closing_paths,
-                                self._duplicate_keys if closes and structured.kind != "lark" else None, closes)  # fmt: skip
+        state = StructuredState(
+            matcher,
+            structured.kind,
+            self._tokens,
+            self._eos,
+            self.closing_paths,
+            self._duplicate_keys if closes and structured.kind != "lark" else None,
+            closes,
+        )
         if consumed and not state.consume_tokens(list(consumed)):
             raise InvalidRequestError(
                 f"{structured.param}: the answer's first {len(consumed)} tokens (a continuation) do not fit its grammar: "
-                f"{matcher.get_error() or 'rejected'}", structured.param,
-            )  # fmt: skip
+                f"{matcher.get_error() or 'rejected'}",
+                structured.param,
+            )
         return state
 
     @staticmethod

@@ -125,8 +125,16 @@ class StructuredState:
     Engines use it as they used the matcher (consume_token, consume_tokens, validate_tokens,
     rollback) and get masks from sdk.protocol.grammar.GrammarMasks.allowed."""
 
-    def __init__(self, matcher, kind: str, tokens: list[bytes], eos_token_id: int, paths: ClosingPaths,
-                 duplicate_keys: DuplicateKeyTokens | None, closes: bool):  # fmt: skip
+    def __init__(
+        self,
+        matcher,
+        kind: str,
+        tokens: list[bytes],
+        eos_token_id: int,
+        paths: ClosingPaths,
+        duplicate_keys: DuplicateKeyTokens | None,
+        closes: bool,
+    ):
         self.matcher = matcher
         self.kind = kind
         self.closes = closes  # close within the budget (the request's close_within_max_tokens)
@@ -144,8 +152,16 @@ class StructuredState:
     # -- the matcher's interface ----------------------------------------------------------------
 
     def consume_token(self, token_id: int) -> bool:
-        self._history.append((self.scan.copy(), None if self._plan is None else list(self._plan), self._planned,
-                              self._plan_age, self.closing, self.closed))  # fmt: skip
+        self._history.append(
+            (
+                self.scan.copy(),
+                None if self._plan is None else list(self._plan),
+                self._planned,
+                self._plan_age,
+                self.closing,
+                self.closed,
+            )
+        )
         del self._history[:-32]
         ok = self.matcher.consume_token(token_id)
         self.scan.push(self._tokens[token_id])
@@ -171,7 +187,14 @@ class StructuredState:
             raise ValueError(f"cannot roll back {num_tokens} tokens (the last {len(self._history)} are kept)")
         scan, plan, planned, age, closing, closed = self._history[-num_tokens]
         del self._history[-num_tokens:]
-        self.scan, self._plan, self._planned, self._plan_age, self.closing, self.closed = scan, plan, planned, age, closing, closed
+        self.scan, self._plan, self._planned, self._plan_age, self.closing, self.closed = (
+            scan,
+            plan,
+            planned,
+            age,
+            closing,
+            closed,
+        )
         self.num_consumed -= num_tokens
         return self.matcher.rollback(num_tokens)
 
@@ -230,7 +253,9 @@ class StructuredState:
         need = len(self._plan) + 1
         if need > tokens_left:
             return self._plan_age >= UNFIT_REPLAN_EVERY
-        return self._plan_age >= REPLAN_EVERY or (self._plan_age > 0 and tokens_left <= need + CLOSING_MARGIN + WATCH_TOKENS)
+        return self._plan_age >= REPLAN_EVERY or (
+            self._plan_age > 0 and tokens_left <= need + CLOSING_MARGIN + WATCH_TOKENS
+        )
 
     def _replan(self) -> None:
         self._plan = self._paths.find(self.matcher, self.scan)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+
 class JsonScan:
     """The lexical state after the bytes pushed so far (text outside JSON is passed over)."""
 
@@ -95,7 +96,11 @@ class DuplicateKeyTokens:
         for token_id, raw in enumerate(tokens):
             if b'"' not in raw:
                 continue
-            for pattern, table in ((_ENDS_KEY, self.ends_key), (_WHOLE_KEY, self.whole_key), (_COMMA_KEY, self.comma_key)):
+            for pattern, table in (
+                (_ENDS_KEY, self.ends_key),
+                (_WHOLE_KEY, self.whole_key),
+                (_COMMA_KEY, self.comma_key),
+            ):
                 match = pattern.match(raw)
                 if match:
                     table.setdefault(match.group(1), []).append(token_id)
@@ -112,7 +117,7 @@ class DuplicateKeyTokens:
             written = bytes(scan.key)
             for key in keys:
                 if key.startswith(written):
-                    out.extend(self.ends_key.get(key[len(written):], ()))
+                    out.extend(self.ends_key.get(key[len(written) :], ()))
         elif scan.expects_key:
             for key in keys:
                 out.extend(self.whole_key.get(key, ()))

@@ -46,7 +46,9 @@ def tokenizer_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tandem-tokenize", initializer=_lower_priority)
+            _pool = ThreadPoolExecutor(
+                TOKENIZER_THREADS, thread_name_prefix="tandem-tokenize", initializer=_lower_priority
+            )
         return _pool
 
 
@@ -82,8 +84,9 @@ def check_fits(engine, num_bytes: int, param: str) -> None:
         raise ContextLengthError(
             f"This model's maximum context length is {max_model_len} tokens. However, your {param} "
             f"{'comes' if param == 'prompt' else 'come'} to at least {min_tokens} tokens. "
-            f"Please reduce the length of the {param}.", param,
-        )  # fmt: skip
+            f"Please reduce the length of the {param}.",
+            param,
+        )
 
 
 async def chat_prompt_tokens(engine, messages: Sequence[dict]) -> list[int]:

@@ -25,9 +25,13 @@ _FUNCTIONS = "the deprecated functions API is not supported; send tools and tool
 _STRUCTURE = "vLLM's guided decoding fields are not supported; send OpenAI's response_format instead"
 REFUSED_FIELDS: dict[str, str] = {
     # OpenAI chat completions
-    "tools": _TOOLS, "tool_choice": _TOOLS, "parallel_tool_calls": _TOOLS, "functions": _FUNCTIONS,
+    "tools": _TOOLS,
+    "tool_choice": _TOOLS,
+    "parallel_tool_calls": _TOOLS,
+    "functions": _FUNCTIONS,
     "function_call": _FUNCTIONS,
-    "audio": "audio output is not supported; leave it out", "modalities": "only text output is supported; send [\"text\"]",
+    "audio": "audio output is not supported; leave it out",
+    "modalities": 'only text output is supported; send ["text"]',
     "web_search_options": "web search is not supported; leave it out",
     "reasoning_effort": "the served models do not reason; leave it out",
     "verbosity": "verbosity is not supported; leave it out",
@@ -38,14 +42,21 @@ REFUSED_FIELDS: dict[str, str] = {
     "add_generation_prompt": "add_generation_prompt is not supported (always true); leave it out",
     "continue_final_message": "continue_final_message is not supported; leave it out",
     "documents": "documents is not supported; leave it out",
-    "guided_json": _STRUCTURE, "guided_regex": _STRUCTURE, "guided_choice": _STRUCTURE, "guided_grammar": _STRUCTURE,
-    "guided_decoding_backend": _STRUCTURE, "guided_whitespace_pattern": _STRUCTURE, "structured_outputs": _STRUCTURE,
-    "use_beam_search": "beam search is not supported; leave it out", "length_penalty": "beam search is not supported; leave it out",
+    "guided_json": _STRUCTURE,
+    "guided_regex": _STRUCTURE,
+    "guided_choice": _STRUCTURE,
+    "guided_grammar": _STRUCTURE,
+    "guided_decoding_backend": _STRUCTURE,
+    "guided_whitespace_pattern": _STRUCTURE,
+    "structured_outputs": _STRUCTURE,
+    "use_beam_search": "beam search is not supported; leave it out",
+    "length_penalty": "beam search is not supported; leave it out",
     "include_stop_str_in_output": "include_stop_str_in_output is not supported; leave it out",
     "skip_special_tokens": "skip_special_tokens is not supported (special tokens are always skipped); leave it out",
     "spaces_between_special_tokens": "spaces_between_special_tokens is not supported; leave it out",
     "truncate_prompt_tokens": "truncate_prompt_tokens is not supported; leave it out",
-    "allowed_token_ids": "allowed_token_ids is not supported; use logit_bias", "bad_words": "bad_words is not supported; use logit_bias",
+    "allowed_token_ids": "allowed_token_ids is not supported; use logit_bias",
+    "bad_words": "bad_words is not supported; use logit_bias",
     "prompt_logprobs": "prompt_logprobs is not supported; leave it out",
     "add_special_tokens": "add_special_tokens is not supported; leave it out",
     "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported; leave it out",
@@ -53,22 +64,38 @@ REFUSED_FIELDS: dict[str, str] = {
     "mm_processor_kwargs": "multimodal input is not supported; leave it out",
     "priority": "request priority is not supported over HTTP; leave it out",
     "vllm_xargs": "vllm_xargs is not supported; leave it out",
-}  # fmt: skip
+}
 
 # Values of a refused field that ask for nothing, and so are accepted.
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "tools": ([],), "functions": ([],), "tool_choice": ("none",),
+    "tools": ([],),
+    "functions": ([],),
+    "tool_choice": ("none",),
     "modalities": (["text"],),
-    "add_generation_prompt": (True,), "skip_special_tokens": (True,), "include_stop_str_in_output": (False,),
-    "use_beam_search": (False,), "chat_template_kwargs": ({},),
+    "add_generation_prompt": (True,),
+    "skip_special_tokens": (True,),
+    "include_stop_str_in_output": (False,),
+    "use_beam_search": (False,),
+    "chat_template_kwargs": ({},),
 }
 
 # Fields that change nothing about the output: accepted, and listed as ignored.
-IGNORED_FIELDS = frozenset({
-    "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
-    "prompt_cache_options", "prediction",  # OpenAI: a speed hint (Predicted Outputs); the output is the same
-    "request_id", "cache_salt", "kv_transfer_params",  # vLLM: bookkeeping and caching
-})  # fmt: skip
+IGNORED_FIELDS = frozenset(
+    {
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "prediction",  # OpenAI: a speed hint (Predicted Outputs); the output is the same
+        "request_id",
+        "cache_salt",
+        "kv_transfer_params",  # vLLM: bookkeeping and caching
+    }
+)
 
 # Message fields: the chat template reads role, content and name; these would change the conversation.
 REFUSED_MESSAGE_FIELDS: dict[str, str] = {
@@ -117,5 +144,6 @@ def refuse_unknown_fields(ignored: list[str], strict: bool) -> None:
     """Under --strict-fields, InvalidRequestError naming the first ignored name no one defines."""
     unknown = unknown_fields(ignored)
     if strict and unknown:
-        raise InvalidRequestError(f"unknown field {unknown[0]!r} (this server refuses fields it does not know: "
-                                  "--strict-fields)", unknown[0])  # fmt: skip
+        raise InvalidRequestError(
+            f"unknown field {unknown[0]!r} (this server refuses fields it does not know: --strict-fields)", unknown[0]
+        )

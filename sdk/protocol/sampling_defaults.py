@@ -34,13 +34,18 @@ from sdk.protocol.sampling_params import TUNABLES
 SAMPLING_FIELDS = tuple(TUNABLES)
 OPENAI_DEFAULTS: dict[str, float | int] = {name: knob.off for name, knob in TUNABLES.items()}
 # Where the last resort comes from: OpenAI's API for its own fields, "off" for the extensions.
-LAST_RESORT_SOURCES = {name: "OpenAI's default" if knob.openai else "off (no other default)" for name, knob in TUNABLES.items()}
+LAST_RESORT_SOURCES = {
+    name: "OpenAI's default" if knob.openai else "off (no other default)" for name, knob in TUNABLES.items()
+}
 
 # (pattern over the model's file or directory name, values, where they come from)
 BUILTIN_DEFAULTS: tuple[tuple[re.Pattern, dict[str, float | int], str], ...] = (
-    (re.compile(r"^smollm2-[0-9.]+[mb]-instruct\b", re.IGNORECASE), {"temperature": 0.2, "top_p": 0.9},
-     "built-in: the SmolLM2-Instruct model card"),
-)  # fmt: skip
+    (
+        re.compile(r"^smollm2-[0-9.]+[mb]-instruct\b", re.IGNORECASE),
+        {"temperature": 0.2, "top_p": 0.9},
+        "built-in: the SmolLM2-Instruct model card",
+    ),
+)
 
 GGUF_KEYS = {knob.gguf_key: name for name, knob in TUNABLES.items() if knob.gguf_key}
 GENERATION_CONFIG = "generation_config.json"
@@ -78,8 +83,9 @@ def check_sampling_config(configured: Mapping[str, Any]) -> None:
         raise ValueError(f"sampling.{exc.param}: {exc}") from None
 
 
-def resolve_sampling_defaults(configured: Mapping[str, Any] | None, model_source: str | None,
-                              source_label: str | Mapping[str, str] = "config") -> SamplingDefaults:  # fmt: skip
+def resolve_sampling_defaults(
+    configured: Mapping[str, Any] | None, model_source: str | None, source_label: str | Mapping[str, str] = "config"
+) -> SamplingDefaults:
     """The defaults of a tier configured with `configured` (field -> value, None = unset) serving the
     model at `model_source` (a GGUF file or an HF directory; None: nothing known about the model).
     `source_label` names where the configured values came from (one label, or one per field)."""

@@ -79,9 +79,14 @@ class StructuredOutput:
     grammar: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.kind not in ("json_object", "json_schema", "lark") or (self.kind == "json_schema") != (self.schema is not None)
-                or (self.kind == "lark") != (self.grammar is not None)):  # fmt: skip
-            raise InvalidRequestError(f"unknown structured output {self.kind!r} (or its schema or grammar missing)", self.param)
+        if (
+            self.kind not in ("json_object", "json_schema", "lark")
+            or (self.kind == "json_schema") != (self.schema is not None)
+            or (self.kind == "lark") != (self.grammar is not None)
+        ):
+            raise InvalidRequestError(
+                f"unknown structured output {self.kind!r} (or its schema or grammar missing)", self.param
+            )
 
     @property
     def param(self) -> str:
@@ -101,26 +106,64 @@ class SamplingParams:
     # Tunables. None: unset, so the engine that runs the request fills in its tier's default for the
     # model (sdk.protocol.sampling_defaults); engines sample only with resolved values.
     temperature: float | None = tunable(
-        doc="Softmax temperature (0: greedy)", off=1.0, low=0.0, high=2.0, openai=True, gguf_key="general.sampling.temp",
-        in_generation_config=True)
+        doc="Softmax temperature (0: greedy)",
+        off=1.0,
+        low=0.0,
+        high=2.0,
+        openai=True,
+        gguf_key="general.sampling.temp",
+        in_generation_config=True,
+    )
     top_p: float | None = tunable(
-        doc="Nucleus mass kept", off=1.0, low=0.0, high=1.0, low_inclusive=False, openai=True, gguf_key="general.sampling.top_p",
-        in_generation_config=True)
+        doc="Nucleus mass kept",
+        off=1.0,
+        low=0.0,
+        high=1.0,
+        low_inclusive=False,
+        openai=True,
+        gguf_key="general.sampling.top_p",
+        in_generation_config=True,
+    )
     top_k: int | None = tunable(
-        doc="Keep the k most likely tokens (0: off)", off=0, low=0, note="0 disables it", gguf_key="general.sampling.top_k",
-        in_generation_config=True, request_off=(-1,), sent_when_off=False)
+        doc="Keep the k most likely tokens (0: off)",
+        off=0,
+        low=0,
+        note="0 disables it",
+        gguf_key="general.sampling.top_k",
+        in_generation_config=True,
+        request_off=(-1,),
+        sent_when_off=False,
+    )
     min_p: float | None = tunable(
-        doc="Drop tokens below min_p x the top token's probability (0: off)", off=0.0, low=0.0, high=1.0,
-        gguf_key="general.sampling.min_p", in_generation_config=True)
+        doc="Drop tokens below min_p x the top token's probability (0: off)",
+        off=0.0,
+        low=0.0,
+        high=1.0,
+        gguf_key="general.sampling.min_p",
+        in_generation_config=True,
+    )
     repetition_penalty: float | None = tunable(
-        doc="Repetition penalty (HF/vLLM) over prompt and output tokens (1: off)", off=1.0, low=0.0, low_inclusive=False,
-        gguf_key="general.sampling.penalty_repeat", in_generation_config=True)
+        doc="Repetition penalty (HF/vLLM) over prompt and output tokens (1: off)",
+        off=1.0,
+        low=0.0,
+        low_inclusive=False,
+        gguf_key="general.sampling.penalty_repeat",
+        in_generation_config=True,
+    )
     presence_penalty: float | None = tunable(
-        doc="Presence penalty (OpenAI): minus this for every token already generated", off=0.0, low=-MAX_PENALTY,
-        high=MAX_PENALTY, openai=True)
+        doc="Presence penalty (OpenAI): minus this for every token already generated",
+        off=0.0,
+        low=-MAX_PENALTY,
+        high=MAX_PENALTY,
+        openai=True,
+    )
     frequency_penalty: float | None = tunable(
-        doc="Frequency penalty (OpenAI): minus this x times generated", off=0.0, low=-MAX_PENALTY, high=MAX_PENALTY,
-        openai=True)
+        doc="Frequency penalty (OpenAI): minus this x times generated",
+        off=0.0,
+        low=-MAX_PENALTY,
+        high=MAX_PENALTY,
+        openai=True,
+    )
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, [-100, 100]
     min_tokens: int = 0  # end-of-generation and stop_token_ids cannot be sampled before this many tokens
     seed: int | None = None  # per-request RNG seed for reproducible sampling
@@ -147,11 +190,15 @@ class SamplingParams:
             # vLLM's epsilon: dividing logits by, say, 1e-320 overflows them to inf and the softmax to NaN.
             self.temperature = 0.0
         if any(not math.isfinite(b) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):
-            raise InvalidRequestError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", "logit_bias")
+            raise InvalidRequestError(
+                f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", "logit_bias"
+            )
         if any(token_id < 0 for token_id in self.logit_bias):
             raise InvalidRequestError("logit_bias keys must be token ids >= 0", "logit_bias")
         if not 0 <= self.min_tokens <= self.max_tokens:
-            raise InvalidRequestError(f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens!r}", "min_tokens")
+            raise InvalidRequestError(
+                f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens!r}", "min_tokens"
+            )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
                 f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs!r}", "top_logprobs"
@@ -163,7 +210,9 @@ class SamplingParams:
         if self.structured is not None and (self.ignore_eos or self.min_tokens):
             # The grammar ends the output (it allows only the end token once the JSON is complete).
             param = "ignore_eos" if self.ignore_eos else "min_tokens"
-            raise InvalidRequestError(f"{param} cannot be combined with response_format: the grammar decides where the output ends", param)
+            raise InvalidRequestError(
+                f"{param} cannot be combined with response_format: the grammar decides where the output ends", param
+            )
 
     @property
     def is_resolved(self) -> bool:
@@ -174,21 +223,29 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """Whether sampling is argmax; samplers ask this first, so unresolved params fail here, loudly."""
         if not self.is_resolved:
-            raise ValueError("sampling with unset fields: the engine must fill in its defaults first "
-                             "(sdk.protocol.sampling_defaults.SamplingDefaults.apply)")  # fmt: skip
+            raise ValueError(
+                "sampling with unset fields: the engine must fill in its defaults first "
+                "(sdk.protocol.sampling_defaults.SamplingDefaults.apply)"
+            )
         return self.temperature == 0.0 or self.top_k == 1
 
     @property
     def stops_loops(self) -> bool:
         """Whether the engine watches this request for loops (sdk.protocol.repetition)."""
-        return bool(self.repetition_stop) and not self.ignore_eos and self.structured is None  # JSON repeats legitimately
+        return (
+            bool(self.repetition_stop) and not self.ignore_eos and self.structured is None
+        )  # JSON repeats legitimately
 
     @property
     def uses_token_history(self) -> bool:
         """The logits depend on the tokens so far (penalties, the min_tokens mask): speculative
         decoding drafts nothing for such a request."""
-        return (self.repetition_penalty not in (None, 1.0) or bool(self.presence_penalty) or bool(self.frequency_penalty)
-                or self.masks_end_tokens)  # fmt: skip
+        return (
+            self.repetition_penalty not in (None, 1.0)
+            or bool(self.presence_penalty)
+            or bool(self.frequency_penalty)
+            or self.masks_end_tokens
+        )
 
     @property
     def masks_end_tokens(self) -> bool:
@@ -207,5 +264,6 @@ class SamplingParams:
 # annotations are strings under `from __future__ import annotations`: "int | None" or "float | None").
 TUNABLES: dict[str, Tunable] = {
     f.name: replace(f.metadata["tunable"], name=f.name, type=int if f.type.startswith("int") else float)
-    for f in fields(SamplingParams) if "tunable" in f.metadata
+    for f in fields(SamplingParams)
+    if "tunable" in f.metadata
 }

@@ -49,7 +49,11 @@ class SampledToken:
 
 
 def check_stop(
-    request: GeneratingRequest, token_id: int, token_bytes: bytes, is_end_of_generation: bool, max_model_len: int,
+    request: GeneratingRequest,
+    token_id: int,
+    token_bytes: bytes,
+    is_end_of_generation: bool,
+    max_model_len: int,
     num_output_tokens: int | None = None,
 ) -> tuple[str, RequestStatus | None]:
     """The text this (already appended) token makes final, and the finished status if it ends the request.
@@ -95,7 +99,9 @@ def make_token_event(
         logprob=token.logprob,
         entropy=token.entropy,
         margin=token.margin,
-        top_logprobs=[TopLogprob(i, token_text(i), lp, token_bytes(i)) for i, lp in zip(token.top_ids, token.top_logprobs)],
+        top_logprobs=[
+            TopLogprob(i, token_text(i), lp, token_bytes(i)) for i, lp in zip(token.top_ids, token.top_logprobs)
+        ],
         token_bytes=token_bytes(token.token_id),
         finish_reason=request.finish_reason,
         stop_reason=request.stop_reason,

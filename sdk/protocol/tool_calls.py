@@ -31,7 +31,9 @@ def render_tool_messages(messages: Sequence[dict], request: ToolRequest | None, 
         elif role == "assistant" and message.get("tool_calls"):
             calls = [ParsedCall(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
             before = _text(message.get("content"))
-            out.append({"role": "assistant", "content": (before + "\n" if before else "") + tool_format.calls_text(calls)})
+            out.append(
+                {"role": "assistant", "content": (before + "\n" if before else "") + tool_format.calls_text(calls)}
+            )
         else:
             out.append({k: v for k, v in message.items() if k not in ("tool_calls", "tool_call_id")})
     if request is not None:

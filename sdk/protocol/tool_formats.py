@@ -75,15 +75,18 @@ class ToolFormat(ABC):
         # as bare function objects with this wording picked 6 right; wrapped in OpenAI's
         # {"type": "function", ...} with a chattier wording, 5; the training set's own wording, 6.
         listing = json.dumps([f.as_json() for f in request.functions], ensure_ascii=False)
-        text = ("You are an expert at composing function calls. You get a question and a set of functions. "
-                "Based on the question, make the function calls that achieve its purpose.\n"
-                f"You have access to these functions:\n<tools>{listing}</tools>\n"
-                f"Your output must follow this format exactly, with no other text:\n{self.example()}")  # fmt: skip
-        return text if request.required else text + "\nIf no function fits the question, answer it in plain text instead."
+        text = (
+            "You are an expert at composing function calls. You get a question and a set of functions. "
+            "Based on the question, make the function calls that achieve its purpose.\n"
+            f"You have access to these functions:\n<tools>{listing}</tools>\n"
+            f"Your output must follow this format exactly, with no other text:\n{self.example()}"
+        )
+        return (
+            text if request.required else text + "\nIf no function fits the question, answer it in plain text instead."
+        )
 
     @abstractmethod
-    def example(self) -> str:
-        ...
+    def example(self) -> str: ...
 
     @abstractmethod
     def calls_text(self, calls: list[ParsedCall]) -> str:
@@ -107,11 +110,12 @@ class ToolFormat(ABC):
             answer = f"%json{json.dumps({'x-guidance': JSON_FORMAT, **schema})}"
         else:  # any text that cannot be mistaken for a call
             answer = f"/[^{self.opener[0]}][\\s\\S]*/"
-        return StructuredOutput("lark", grammar=f"start: answer | calls\nanswer: {answer}\ncalls: {calls}\n{self.extra_rules(request)}")
+        return StructuredOutput(
+            "lark", grammar=f"start: answer | calls\nanswer: {answer}\ncalls: {calls}\n{self.extra_rules(request)}"
+        )
 
     @abstractmethod
-    def calls_rule(self, request: ToolRequest) -> str:
-        ...
+    def calls_rule(self, request: ToolRequest) -> str: ...
 
     def extra_rules(self, request: ToolRequest) -> str:
         """Named rules calls_rule refers to (one line each)."""
@@ -127,8 +131,12 @@ class ToolFormat(ABC):
         # Arguments the function does not declare are a small model's inventions (SmolLM2 added
         # "temperature" to get_weather(city)): objects are closed unless the schema opens them.
         parameters = closed_objects(function.parameters) if function.parameters is not None else {"type": "object"}
-        return {"type": "object", "properties": {"name": {"const": function.name}, arguments_key: parameters},
-                "required": ["name", arguments_key], "additionalProperties": False}  # fmt: skip
+        return {
+            "type": "object",
+            "properties": {"name": {"const": function.name}, arguments_key: parameters},
+            "required": ["name", arguments_key],
+            "additionalProperties": False,
+        }
 
     def one_call_schema(self, request: ToolRequest, arguments_key: str = "arguments") -> dict:
         return {"x-guidance": JSON_FORMAT, "anyOf": [self.call_schema(f, arguments_key) for f in request.functions]}
@@ -142,7 +150,11 @@ def _load(text: str) -> Any:
 
 
 def _call(item: Any, arguments_key: str = "arguments") -> ParsedCall | None:
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not isinstance(item.get(arguments_key), dict):
+    if (
+        not isinstance(item, dict)
+        or not isinstance(item.get("name"), str)
+        or not isinstance(item.get(arguments_key), dict)
+    ):
         return None
     return ParsedCall(item["name"], json.dumps(item[arguments_key], ensure_ascii=False))
 
@@ -155,12 +167,18 @@ class ListFormat(ToolFormat):
         return '<tool_call>[\n{"name": "function_name", "arguments": {"parameter": "value"}}\n]</tool_call>'
 
     def calls_text(self, calls: list[ParsedCall]) -> str:
-        items = ",\n".join(json.dumps({"name": c.name, "arguments": _load(c.arguments)}, ensure_ascii=False) for c in calls)
+        items = ",\n".join(
+            json.dumps({"name": c.name, "arguments": _load(c.arguments)}, ensure_ascii=False) for c in calls
+        )
         return f"{self.opener}[\n{items}\n]{self.closer}"
 
     def calls_rule(self, request: ToolRequest) -> str:
-        schema = {"x-guidance": JSON_FORMAT, "type": "array", "minItems": 1,
-                  "items": {"anyOf": [self.call_schema(f) for f in request.functions]}}  # fmt: skip
+        schema = {
+            "x-guidance": JSON_FORMAT,
+            "type": "array",
+            "minItems": 1,
+            "items": {"anyOf": [self.call_schema(f) for f in request.functions]},
+        }
         if not request.parallel:
             schema["maxItems"] = 1
         return f'"{self.opener}" %json{json.dumps(schema)} "{self.closer}"'
@@ -183,7 +201,7 @@ class HermesFormat(ToolFormat):
 
     def calls_text(self, calls: list[ParsedCall]) -> str:
         return "\n".join(
-            f'{self.opener}\n{json.dumps({"name": c.name, "arguments": _load(c.arguments)}, ensure_ascii=False)}\n{self.closer}'
+            f"{self.opener}\n{json.dumps({'name': c.name, 'arguments': _load(c.arguments)}, ensure_ascii=False)}\n{self.closer}"
             for c in calls
         )
 
@@ -215,7 +233,9 @@ class Llama3Format(ToolFormat):
         return '{"name": "function_name", "parameters": {"parameter": "value"}}'
 
     def calls_text(self, calls: list[ParsedCall]) -> str:
-        return "; ".join(json.dumps({"name": c.name, "parameters": _load(c.arguments)}, ensure_ascii=False) for c in calls)
+        return "; ".join(
+            json.dumps({"name": c.name, "parameters": _load(c.arguments)}, ensure_ascii=False) for c in calls
+        )
 
     def result_message(self, content: str) -> dict:
         return {"role": "tool", "content": content}  # Llama 3 templates render it as the ipython turn

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 
 def vocabulary_fingerprint(tokens: Iterable[str]) -> str:
-    """"<size>:<sha256 prefix>" of the token strings, in id order."""
+    """ "<size>:<sha256 prefix>" of the token strings, in id order."""
     digest = hashlib.sha256()
     size = 0
     for token in tokens:
@@ -45,7 +45,7 @@ VOCABULARY_PROBE_TEXTS = (
     "def tokenize(text):\n    return [ord(c) for c in text]  # \t tabs",
     "Ça coûte 20 €, naïve façade, Straße, привет, مرحبا, नमस्ते",
     "日本語のテキストと中文文本, 한국어 🙂🚀",
-    "## Notes\n- item *bold* `code` [link](https://x.example/z?a=1&b=2) -> {\"k\": [1, 2]}",
+    '## Notes\n- item *bold* `code` [link](https://x.example/z?a=1&b=2) -> {"k": [1, 2]}',
     "   leading spaces, trailing spaces   ",
 )
 

@@ -35,5 +35,8 @@ def at_least(low: float, inclusive: bool = True, high: float | None = None) -> C
     def check(value: float) -> None:
         # Written as "not (ok)" so NaN fails too.
         if not ((value >= low if inclusive else value > low) and (high is None or value <= high)):
-            raise ValueError(f"must be {'>=' if inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else ""))
+            raise ValueError(
+                f"must be {'>=' if inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+            )
+
     return check

@@ -55,8 +55,11 @@ class Settings:
 
     def _targets(self, section: str) -> dict[str, Any]:
         # Unset (None) values are left out so the dataclass keeps its own default.
-        return {f.target: copy.deepcopy(self.values[section][f.key]) for f in SECTIONS[section]
-                if f.target and self.values[section][f.key] is not None}
+        return {
+            f.target: copy.deepcopy(self.values[section][f.key])
+            for f in SECTIONS[section]
+            if f.target and self.values[section][f.key] is not None
+        }
 
     def local_engine_config(self) -> LocalEngineConfig:
         from local_runtime.config import LocalEngineConfig
@@ -109,27 +112,35 @@ class Settings:
         server = self.values[section]
         name = self.get(f"{tier}.model_name")
         return AppConfig(
-            served_model_names=(name,) if name else None, api_keys=api_keys, bind_host=server["host"],
+            served_model_names=(name,) if name else None,
+            api_keys=api_keys,
+            bind_host=server["host"],
             rate_limit_per_minute=server["rate_limit"] or None,  # [cloud_server] takes 0 for no limit
-            max_concurrent_per_key=server["max_concurrent_per_key"], auth_backoff_after=server["auth_backoff_after"],
-            auth_backoff_max_s=server["auth_backoff_max_s"], max_body_bytes=server["max_body_bytes"],
+            max_concurrent_per_key=server["max_concurrent_per_key"],
+            auth_backoff_after=server["auth_backoff_after"],
+            auth_backoff_max_s=server["auth_backoff_max_s"],
+            max_body_bytes=server["max_body_bytes"],
             strict_fields=server["strict_fields"],
             feedback_per_minute=self.get("traffic.feedback_per_minute") if tier == "local" else None,
-        )  # fmt: skip
+        )
 
     def cloud_target(self) -> CloudTarget:
         return parse_cloud_url(self.get("cloud.url"))
 
     def as_dict(self) -> dict:
         """JSON-able: the file, every value (secrets as "***") and every value's source."""
-        values = {section: {f.key: _shown(f, self.values[section][f.key]) for f in section_fields}
-                  for section, section_fields in SECTIONS.items()}
+        values = {
+            section: {f.key: _shown(f, self.values[section][f.key]) for f in section_fields}
+            for section, section_fields in SECTIONS.items()
+        }
         return {"config_path": self.config_path, "values": values, "sources": dict(self.sources)}
 
     def as_toml(self) -> str:
         """The effective configuration as a TOML document, each key with its help and source."""
-        lines = [f"# tandem's effective configuration; file read: {self.config_path or 'none'}",
-                 "# precedence: defaults < file < TANDEM_* env vars < command line"]
+        lines = [
+            f"# tandem's effective configuration; file read: {self.config_path or 'none'}",
+            "# precedence: defaults < file < TANDEM_* env vars < command line",
+        ]
         for section, section_fields in SECTIONS.items():
             lines += ["", f"[{section}]"]
             for f in section_fields:
@@ -142,8 +153,11 @@ class Settings:
         return "\n".join(lines) + "\n"
 
 
-def load_settings(config_path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
-                  cli: Mapping[str, Any] | None = None) -> Settings:
+def load_settings(
+    config_path: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    cli: Mapping[str, Any] | None = None,
+) -> Settings:
     """The effective settings; SettingsError names the bad key, its source and what is allowed.
 
     `cli` maps "section.key" to a command-line value; None entries are ignored, so typer
@@ -205,19 +219,32 @@ def _validate(settings: Settings) -> None:
     """Checks across keys, after every layer is in: each error says which keys were set where."""
     target = settings.cloud_target()
     if settings.get("traffic.shadow_fraction") > 0 and target.kind == "none":
-        raise SettingsError(f"traffic.shadow_fraction = {settings.get('traffic.shadow_fraction')} "
-                            f"({_describe(settings.sources['traffic.shadow_fraction'])}) needs a cloud tier; cloud.url is 'none'")  # fmt: skip
+        raise SettingsError(
+            f"traffic.shadow_fraction = {settings.get('traffic.shadow_fraction')} "
+            f"({_describe(settings.sources['traffic.shadow_fraction'])}) needs a cloud tier; cloud.url is 'none'"
+        )
     if settings.get("traffic.retrain") and not settings.get("cascade.prompt_router"):
-        raise SettingsError(f"traffic.retrain ({_describe(settings.sources['traffic.retrain'])}) retrains the prompt router: "
-                            "set cascade.prompt_router (e.g. 'default') so there is one to replace")  # fmt: skip
-    for section, build in (("cascade", settings.cascade_config), ("local", settings.local_engine_config),
-                           ("cloud", settings.cloud_engine_config), ("traffic", settings.traffic_settings)):
+        raise SettingsError(
+            f"traffic.retrain ({_describe(settings.sources['traffic.retrain'])}) retrains the prompt router: "
+            "set cascade.prompt_router (e.g. 'default') so there is one to replace"
+        )
+    for section, build in (
+        ("cascade", settings.cascade_config),
+        ("local", settings.local_engine_config),
+        ("cloud", settings.cloud_engine_config),
+        ("traffic", settings.traffic_settings),
+    ):
         try:
             build()
         except (ValueError, TypeError) as exc:
-            changed = [f"{f.dotted} = {settings.values[section][f.key]!r} ({_describe(settings.sources[f.dotted])})"
-                       for f in SECTIONS[section] if settings.sources[f.dotted] != "default"]
-            raise SettingsError(f"invalid [{section}] settings: {exc}; set: {'; '.join(changed) or 'nothing (all defaults)'}") from exc
+            changed = [
+                f"{f.dotted} = {settings.values[section][f.key]!r} ({_describe(settings.sources[f.dotted])})"
+                for f in SECTIONS[section]
+                if settings.sources[f.dotted] != "default"
+            ]
+            raise SettingsError(
+                f"invalid [{section}] settings: {exc}; set: {'; '.join(changed) or 'nothing (all defaults)'}"
+            ) from exc
 
 
 def _describe(source: str) -> str:

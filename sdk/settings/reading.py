@@ -14,7 +14,9 @@ from sdk.settings.fields import FIELDS, SECTIONS, SettingField, SettingsError
 
 def config_file(config_path: str | os.PathLike | None, env: Mapping[str, str]) -> str | None:
     """The file to read: explicit (must exist), else the default location when it exists."""
-    explicit, origin = (config_path, "--config") if config_path is not None else (env.get("TANDEM_CONFIG") or None, "TANDEM_CONFIG")
+    explicit, origin = (
+        (config_path, "--config") if config_path is not None else (env.get("TANDEM_CONFIG") or None, "TANDEM_CONFIG")
+    )
     if explicit is not None:
         path = os.path.abspath(os.fspath(explicit))
         if not os.path.isfile(path):
@@ -58,7 +60,9 @@ def pairs_of(data: Mapping, origin: str) -> list[tuple[SettingField, Any]]:
             raise SettingsError(f"{origin}: {section!r} must be a table ([{section}]), got {table!r}")
         # A sub-table such as [local.sampling] arrives nested: {"local": {"sampling": {...}}}.
         tables += [(f"{section}.{key}", value) for key, value in table.items() if f"{section}.{key}" in SECTIONS]
-        known = [f.key for f in SECTIONS[section]] + [s.rpartition(".")[2] for s in SECTIONS if s.rpartition(".")[0] == section]
+        known = [f.key for f in SECTIONS[section]] + [
+            s.rpartition(".")[2] for s in SECTIONS if s.rpartition(".")[0] == section
+        ]
         unknown = [key for key in table if key not in known]
         if unknown:
             raise SettingsError(f"{origin}: unknown keys {unknown} in [{section}]; known keys: {', '.join(known)}")

@@ -67,7 +67,14 @@ Answer B:
 class OpenAIJudge:
     """Grades with an OpenAI-compatible chat endpoint (httpx, temperature 0)."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 60.0, rng: random.Random | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        rng: random.Random | None = None,
+    ):
         import httpx
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -79,8 +86,12 @@ class OpenAIJudge:
     async def judge(self, prompt: str, local_answer: str, cloud_answer: str) -> Judgment | None:
         local_first = self.rng.random() < 0.5
         first, second = (local_answer, cloud_answer) if local_first else (cloud_answer, local_answer)
-        body = {"model": self.model, "temperature": 0, "max_tokens": 32,
-                "messages": [{"role": "user", "content": JUDGE_PROMPT.format(prompt=prompt, first=first, second=second)}]}  # fmt: skip
+        body = {
+            "model": self.model,
+            "temperature": 0,
+            "max_tokens": 32,
+            "messages": [{"role": "user", "content": JUDGE_PROMPT.format(prompt=prompt, first=first, second=second)}],
+        }
         response = await self.client.post("/chat/completions", json=body)
         response.raise_for_status()
         scores = _scores(response.json()["choices"][0]["message"]["content"] or "")

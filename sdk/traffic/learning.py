@@ -25,7 +25,9 @@ class Learning:
         if self.record is not None:
             from sdk.openai_server.traffic_metrics import TrafficCollector
 
-            app.state.tandem.metrics.registry.register(TrafficCollector(self.record, self.shadow, self.retrainer, self.runner))
+            app.state.tandem.metrics.registry.register(
+                TrafficCollector(self.record, self.shadow, self.retrainer, self.runner)
+            )
 
     def start_background(self) -> None:
         if self.retrainer is not None:
@@ -57,8 +59,12 @@ def start_learning(runner, settings: TrafficSettings) -> Learning:
         budget = DailyBudget(settings.shadow_daily_cloud_tokens, used_today=record.counter_today(COUNTER))
         judge = make_judge(settings.judge, settings.judge_model, settings.judge_api_key)
         learning.shadow = runner.shadow = ShadowSampler(settings.shadow_fraction, budget, record, judge, runner)
-        logger.info("shadow sampling %.1f%% of local answers (judge %s), at most %d cloud tokens a day",
-                    100 * settings.shadow_fraction, judge.name, settings.shadow_daily_cloud_tokens)  # fmt: skip
+        logger.info(
+            "shadow sampling %.1f%% of local answers (judge %s), at most %d cloud tokens a day",
+            100 * settings.shadow_fraction,
+            judge.name,
+            settings.shadow_daily_cloud_tokens,
+        )
     if settings.retrain:
         from sdk.traffic.retrain import BackgroundRetrainer
 

@@ -93,10 +93,17 @@ class TrafficRecord:
         writer = store.connect(self.config.path)
         self._reader = store.connect(self.config.path)
         self._maintain(writer)
-        self._thread = threading.Thread(target=self._write_loop, args=(writer,), name="tandem-traffic-writer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._write_loop, args=(writer,), name="tandem-traffic-writer", daemon=True
+        )
         self._thread.start()
-        logger.info("recording routed traffic to %s (text %s, retention %g days, at most %g MB)", self.config.path,
-                    "kept" if self.config.record_text else "not kept", self.config.retention_days, self.config.max_mb)  # fmt: skip
+        logger.info(
+            "recording routed traffic to %s (text %s, retention %g days, at most %g MB)",
+            self.config.path,
+            "kept" if self.config.record_text else "not kept",
+            self.config.retention_days,
+            self.config.max_mb,
+        )
         return self
 
     def flush(self, timeout_s: float = 30.0) -> None:
@@ -137,7 +144,9 @@ class TrafficRecord:
         not stored. Repeats replace the earlier feedback (one per response)."""
         known = self._owner(response_id)
         if known is None:
-            raise FeedbackError(404, f"no recorded response has id {response_id!r} (it may be older than the retention, or unrouted)")
+            raise FeedbackError(
+                404, f"no recorded response has id {response_id!r} (it may be older than the retention, or unrouted)"
+            )
         owner, tier, flagged = known
         if owner != key_fingerprint:
             raise FeedbackError(403, f"response {response_id!r} was not issued to this API key")
@@ -157,7 +166,9 @@ class TrafficRecord:
         if self._reader is None:
             return 0
         with self._reader_lock:
-            row = self._reader.execute("SELECT value FROM counters WHERE day = ? AND name = ?", (store.today(), name)).fetchone()
+            row = self._reader.execute(
+                "SELECT value FROM counters WHERE day = ? AND name = ?", (store.today(), name)
+            ).fetchone()
         return int(row[0]) if row else 0
 
     def num_label_rows(self) -> int:
@@ -213,7 +224,9 @@ class TrafficRecord:
         if not items:
             return
         # Embedding happens before the transaction: the file stays unlocked meanwhile.
-        rows = {id(item): self._row(item) for item in items if isinstance(item, TrafficEntry) and not item.flagged_private}
+        rows = {
+            id(item): self._row(item) for item in items if isinstance(item, TrafficEntry) and not item.flagged_private
+        }
         stored = labelled = flagged = 0
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -226,7 +239,9 @@ class TrafficRecord:
                         store.insert_request(conn, rows[id(item)])
                         stored += 1
                 elif isinstance(item, _Label):
-                    labelled += store.upsert_label(conn, item.response_id, item.source, item.weak, item.strong, item.detail)
+                    labelled += store.upsert_label(
+                        conn, item.response_id, item.source, item.weak, item.strong, item.detail
+                    )
                 elif isinstance(item, tuple) and item[0] == "counter":
                     store.bump_counter(conn, item[1], item[2])
             with self._dropped_lock:
@@ -270,6 +285,8 @@ class TrafficRecord:
             expired = store.delete_older_than(conn, time.time() - self.config.retention_days * 86400)
             trimmed = store.enforce_size(conn, int(self.config.max_mb * 1024 * 1024))
             if expired or trimmed:
-                logger.info("traffic record: deleted %d rows past retention and %d over the size bound", expired, trimmed)
+                logger.info(
+                    "traffic record: deleted %d rows past retention and %d over the size bound", expired, trimmed
+                )
         except Exception:
             logger.exception("traffic record maintenance failed")

@@ -120,8 +120,13 @@ class Candidate:
         )
 
 
-def refit_against_serving(prior: HeadStatistics | LabelledRows, rows: LabelledRows, newest: np.ndarray, serving: RouterParameters,
-                          recipe: ColdRecipe) -> Candidate:  # fmt: skip
+def refit_against_serving(
+    prior: HeadStatistics | LabelledRows,
+    rows: LabelledRows,
+    newest: np.ndarray,
+    serving: RouterParameters,
+    recipe: ColdRecipe,
+) -> Candidate:
     """The router refitted on the tables (`prior`) and every row but `newest` (the newest labelled
     ones), and how it and `serving` rank those (compare_rankings): the swap rule of the background
     retrain (bench.router_simulation.guarded_fit replays it on simulated traffic)."""
@@ -141,8 +146,11 @@ def retrain_once(db_path: str, serving, router_dir: str, holdout_labels: int) ->
     traffic = load_traffic_rows(db_path, embedder=f"{model_fingerprint()}|{precision}")
     labelled = np.flatnonzero(~np.isnan(traffic.rows.labels).all(1))
     if labelled.size < holdout_labels + MIN_TRAINING_LABELS:
-        return RetrainResult("skipped", f"{labelled.size} labelled rows; a retrain needs {holdout_labels + MIN_TRAINING_LABELS}",
-                             num_labels=int(labelled.size))  # fmt: skip
+        return RetrainResult(
+            "skipped",
+            f"{labelled.size} labelled rows; a retrain needs {holdout_labels + MIN_TRAINING_LABELS}",
+            num_labels=int(labelled.size),
+        )
     newest = labelled[np.argsort(traffic.labelled_at[labelled], kind="stable")][-holdout_labels:]
     recipe = ColdRecipe.from_json(serving.metadata.get("head_recipe"))  # the serving router's features and penalty
     candidate = refit_against_serving(prior, traffic.rows, newest, RouterParameters.read(serving.path), recipe)
@@ -153,8 +161,14 @@ def retrain_once(db_path: str, serving, router_dir: str, holdout_labels: int) ->
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
     os.makedirs(router_dir, mode=0o700, exist_ok=True)
     path = str(Path(router_dir) / f"router-{stamp}.onnx")
-    metrics = {"retrained_from": db_path, "holdout_labels": holdout_labels, "replaced": serving.path, **figures,
-               "num_traffic_rows": len(traffic.rows) - len(newest), "topic_correction": None if correction is None else correction.describe()}  # fmt: skip
+    metrics = {
+        "retrained_from": db_path,
+        "holdout_labels": holdout_labels,
+        "replaced": serving.path,
+        **figures,
+        "num_traffic_rows": len(traffic.rows) - len(newest),
+        "topic_correction": None if correction is None else correction.describe(),
+    }
     scale = ScoreScale.from_json(serving.metadata["score_scale"])  # a swap moves scores only as far as the gains move
     write_router(head, correction, path, metrics, precision, prior, recipe, scale)
     latest = Path(router_dir) / "latest.onnx"
@@ -192,8 +206,13 @@ class BackgroundRetrainer:
         serving = self.runner.prompt_scorer
         started = time.monotonic()
         try:
-            result = await asyncio.to_thread(retrain_once, self.settings.record_path, serving, self.settings.routers_dir,
-                                             self.settings.retrain_holdout_labels)  # fmt: skip
+            result = await asyncio.to_thread(
+                retrain_once,
+                self.settings.record_path,
+                serving,
+                self.settings.routers_dir,
+                self.settings.retrain_holdout_labels,
+            )
             if result.outcome == "swapped":
                 fresh = await asyncio.to_thread(load_scorer, result.path)  # whole before anyone can see it
                 if self.runner.prompt_scorer is serving:  # nobody swapped meanwhile
@@ -203,6 +222,11 @@ class BackgroundRetrainer:
             result = RetrainResult("failed", f"{type(exc).__name__}: {exc}")
         self.outcomes[result.outcome] += 1
         self.last = result
-        logger.info("router retrain (%.1f s): %s, %s%s", time.monotonic() - started, result.outcome, result.detail,
-                    f"; now serving {result.path}" if result.outcome == "swapped" else "")  # fmt: skip
+        logger.info(
+            "router retrain (%.1f s): %s, %s%s",
+            time.monotonic() - started,
+            result.outcome,
+            result.detail,
+            f"; now serving {result.path}" if result.outcome == "swapped" else "",
+        )
         return result

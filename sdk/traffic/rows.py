@@ -37,7 +37,9 @@ def load_traffic_rows(path: str | os.PathLike, embedder: str | None) -> TrafficR
     conn = connect(path, create=False)
     try:
         labels: dict[str, list[tuple]] = {}
-        for response_id, weak, strong, created_at in conn.execute("SELECT response_id, weak, strong, created_at FROM labels"):
+        for response_id, weak, strong, created_at in conn.execute(
+            "SELECT response_id, weak, strong, created_at FROM labels"
+        ):
             labels.setdefault(response_id, []).append((weak, strong, created_at))
         shapes, vectors, tiers, ids, times = [], [], [], [], []
         skipped = 0
@@ -55,9 +57,14 @@ def load_traffic_rows(path: str | os.PathLike, embedder: str | None) -> TrafficR
     finally:
         conn.close()
     width = next((len(v) for v in vectors if v is not None), 384)
-    embedding = np.array([v if v is not None else np.full(width, np.nan) for v in vectors], np.float32).reshape(len(ids), width)
-    rows = LabelledRows(np.array(shapes, np.float32).reshape(len(ids), NUM_SHAPE_FEATURES),
-                        np.array(tiers, np.float64).reshape(len(ids), 2), embedding)  # fmt: skip
+    embedding = np.array([v if v is not None else np.full(width, np.nan) for v in vectors], np.float32).reshape(
+        len(ids), width
+    )
+    rows = LabelledRows(
+        np.array(shapes, np.float32).reshape(len(ids), NUM_SHAPE_FEATURES),
+        np.array(tiers, np.float64).reshape(len(ids), 2),
+        embedding,
+    )
     return TrafficRows(rows, ids, np.array(times, np.float64), skipped)
 
 

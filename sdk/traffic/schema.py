@@ -78,7 +78,9 @@ def migrate(conn: sqlite3.Connection, migrations: list[str] | None = None) -> in
     migrations = MIGRATIONS if migrations is None else migrations
     version = schema_version(conn)
     if version > len(migrations):
-        raise TrafficSchemaError(f"schema version {version} is newer than this tandem's ({len(migrations)}); upgrade tandem")
+        raise TrafficSchemaError(
+            f"schema version {version} is newer than this tandem's ({len(migrations)}); upgrade tandem"
+        )
     for step in range(version, len(migrations)):
         try:
             conn.execute("BEGIN IMMEDIATE")

@@ -33,7 +33,9 @@ COUNTER = "shadow_cloud_tokens"
 
 
 def utc_day(now: float | None = None) -> str:
-    return datetime.datetime.fromtimestamp(time.time() if now is None else now, datetime.timezone.utc).date().isoformat()
+    return (
+        datetime.datetime.fromtimestamp(time.time() if now is None else now, datetime.timezone.utc).date().isoformat()
+    )
 
 
 class DailyBudget:
@@ -79,8 +81,16 @@ class ShadowCounts:
 
 
 class ShadowSampler:
-    def __init__(self, fraction: float, budget: DailyBudget, record, judge, runner, max_in_flight: int = 4,
-                 rng: random.Random | None = None):  # fmt: skip
+    def __init__(
+        self,
+        fraction: float,
+        budget: DailyBudget,
+        record,
+        judge,
+        runner,
+        max_in_flight: int = 4,
+        rng: random.Random | None = None,
+    ):
         self.fraction = fraction
         self.budget = budget
         self.record = record  # sdk.traffic.record.TrafficRecord
@@ -91,8 +101,15 @@ class ShadowSampler:
         self.counts = ShadowCounts()
         self._tasks: set[asyncio.Task] = set()
 
-    def consider(self, response_id: str, messages: list[dict], params: SamplingParams, prompt_text: str,
-                 local_answer: str, num_prompt_tokens: int) -> bool:  # fmt: skip
+    def consider(
+        self,
+        response_id: str,
+        messages: list[dict],
+        params: SamplingParams,
+        prompt_text: str,
+        local_answer: str,
+        num_prompt_tokens: int,
+    ) -> bool:
         """Maybe start a shadow call for a local answer (event loop; returns whether one started)."""
         if self.fraction <= 0 or self.rng.random() >= self.fraction:
             return False
@@ -108,19 +125,35 @@ class ShadowSampler:
             self.counts.skipped_budget += 1
             return False
         self.counts.started += 1
-        shadow_params = dataclasses.replace(params, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens))
+        shadow_params = dataclasses.replace(
+            params, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens)
+        )
         task = asyncio.get_running_loop().create_task(
-            self._run(cloud, response_id, messages, shadow_params, prompt_text, local_answer, reservation))
+            self._run(cloud, response_id, messages, shadow_params, prompt_text, local_answer, reservation)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def _run(self, cloud, response_id: str, messages, params: SamplingParams, prompt_text: str, local_answer: str,
-                   reservation: int) -> None:  # fmt: skip
+    async def _run(
+        self,
+        cloud,
+        response_id: str,
+        messages,
+        params: SamplingParams,
+        prompt_text: str,
+        local_answer: str,
+        reservation: int,
+    ) -> None:
         texts, prompt_tokens, completion_tokens = [], 0, 0
         try:
-            stream = cloud.generate(messages, params, model=self.runner.config.cloud_model or "", request_id=f"shadow-{response_id}",
-                                    timeout_s=SHADOW_DEADLINE_S)  # fmt: skip
+            stream = cloud.generate(
+                messages,
+                params,
+                model=self.runner.config.cloud_model or "",
+                request_id=f"shadow-{response_id}",
+                timeout_s=SHADOW_DEADLINE_S,
+            )
             try:
                 async for event in stream:
                     texts.append(event.text)

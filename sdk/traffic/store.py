@@ -53,11 +53,34 @@ def from_blob(blob: bytes | None) -> np.ndarray | None:
 
 
 REQUEST_COLUMNS = (
-    "id", "created_at", "key_fingerprint", "model", "tier", "escalated", "reason", "decided_by", "degraded_reason",
-    "confidence", "decided_at_token", "finish_reason", "router_score", "router", "latency_ms", "local_prompt_tokens",
-    "local_completion_tokens", "cloud_prompt_tokens", "cloud_completion_tokens", "cost_usd", "signals", "shape",
-    "shape_version", "embedding", "embedder", "prompt_text", "answer_text",
-)  # fmt: skip
+    "id",
+    "created_at",
+    "key_fingerprint",
+    "model",
+    "tier",
+    "escalated",
+    "reason",
+    "decided_by",
+    "degraded_reason",
+    "confidence",
+    "decided_at_token",
+    "finish_reason",
+    "router_score",
+    "router",
+    "latency_ms",
+    "local_prompt_tokens",
+    "local_completion_tokens",
+    "cloud_prompt_tokens",
+    "cloud_completion_tokens",
+    "cost_usd",
+    "signals",
+    "shape",
+    "shape_version",
+    "embedding",
+    "embedder",
+    "prompt_text",
+    "answer_text",
+)
 
 
 def insert_request(conn: sqlite3.Connection, row: dict) -> None:
@@ -66,11 +89,20 @@ def insert_request(conn: sqlite3.Connection, row: dict) -> None:
         raise ValueError(f"not request columns: {sorted(unknown)}")
     columns = [c for c in REQUEST_COLUMNS if c in row]
     values = [json.dumps(row[c]) if c == "signals" and row[c] is not None else row[c] for c in columns]
-    conn.execute(f"INSERT OR REPLACE INTO requests ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", values)
+    conn.execute(
+        f"INSERT OR REPLACE INTO requests ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", values
+    )
 
 
-def upsert_label(conn: sqlite3.Connection, response_id: str, source: str, weak: float | None, strong: float | None,
-                 detail: str = "", created_at: float | None = None) -> bool:  # fmt: skip
+def upsert_label(
+    conn: sqlite3.Connection,
+    response_id: str,
+    source: str,
+    weak: float | None,
+    strong: float | None,
+    detail: str = "",
+    created_at: float | None = None,
+) -> bool:
     """One label per (response, source): a repeat replaces it. False when the response is not recorded."""
     if conn.execute("SELECT 1 FROM requests WHERE id = ?", (response_id,)).fetchone() is None:
         return False
@@ -121,15 +153,21 @@ def enforce_size(conn: sqlite3.Connection, max_bytes: int) -> int:
         if count == 0:
             break
         deleted += conn.execute(
-            "DELETE FROM requests WHERE id IN (SELECT id FROM requests ORDER BY created_at LIMIT ?)", (max(1, count // 10),)
+            "DELETE FROM requests WHERE id IN (SELECT id FROM requests ORDER BY created_at LIMIT ?)",
+            (max(1, count // 10),),
         ).rowcount
     if deleted:
         conn.execute("PRAGMA incremental_vacuum")
     return deleted
 
 
-def purge(conn: sqlite3.Connection, *, older_than_s: float | None = None, key_fingerprint: str | None = None,
-          everything: bool = False) -> int:  # fmt: skip
+def purge(
+    conn: sqlite3.Connection,
+    *,
+    older_than_s: float | None = None,
+    key_fingerprint: str | None = None,
+    everything: bool = False,
+) -> int:
     """Delete rows (and their labels): all of them, those older than `older_than_s` seconds,
     and/or those of one key. Returns the requests deleted."""
     if everything:
@@ -159,10 +197,13 @@ def stats(conn: sqlite3.Connection) -> dict:
     for name, value in conn.execute("SELECT name, sum(value) FROM counters GROUP BY name"):
         counters[name] = value
     return {
-        "requests": one("SELECT count(*) FROM requests"), "by_tier": by_tier,
+        "requests": one("SELECT count(*) FROM requests"),
+        "by_tier": by_tier,
         "with_embedding": one("SELECT count(*) FROM requests WHERE embedding IS NOT NULL"),
         "with_text": one("SELECT count(*) FROM requests WHERE prompt_text IS NOT NULL"),
-        "labels": by_source, "counters": counters,
-        "oldest": one("SELECT min(created_at) FROM requests"), "newest": one("SELECT max(created_at) FROM requests"),
+        "labels": by_source,
+        "counters": counters,
+        "oldest": one("SELECT min(created_at) FROM requests"),
+        "newest": one("SELECT max(created_at) FROM requests"),
         "bytes": file_bytes(conn),
-    }  # fmt: skip
+    }

@@ -20,8 +20,14 @@ FROM requests r JOIN labels l ON l.response_id = r.id
 GROUP BY r.id HAVING count(l.weak) > 0 AND count(l.strong) > 0
 ORDER BY r.created_at
 """
-COLUMNS = ("router_score", "confidence", "local_prompt_tokens", "local_completion_tokens", "cloud_prompt_tokens",
-           "cloud_completion_tokens")  # fmt: skip
+COLUMNS = (
+    "router_score",
+    "confidence",
+    "local_prompt_tokens",
+    "local_completion_tokens",
+    "cloud_prompt_tokens",
+    "cloud_completion_tokens",
+)
 
 
 def traffic_table(path: str | os.PathLike) -> LoadedTable:
@@ -31,11 +37,18 @@ def traffic_table(path: str | os.PathLike) -> LoadedTable:
     finally:
         conn.close()
     examples = [
-        RoutingExample(response_id, weak >= 0.5, strong >= 0.5, "traffic",
-                       {name: value for name, value in zip(COLUMNS, rest) if value is not None})
+        RoutingExample(
+            response_id,
+            weak >= 0.5,
+            strong >= 0.5,
+            "traffic",
+            {name: value for name, value in zip(COLUMNS, rest) if value is not None},
+        )
         for response_id, weak, strong, *rest in rows
-    ]  # fmt: skip
+    ]
     if not examples:
-        raise ValueError(f"{path}: no request there has both tiers judged (shadow samples); calibrating needs them "
-                         "([traffic] shadow_fraction > 0, or a table from `tandem eval --live`)")  # fmt: skip
+        raise ValueError(
+            f"{path}: no request there has both tiers judged (shadow samples); calibrating needs them "
+            "([traffic] shadow_fraction > 0, or a table from `tandem eval --live`)"
+        )
     return LoadedTable(examples, 0, [f"traffic:{path}"])

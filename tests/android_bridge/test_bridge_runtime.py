@@ -29,7 +29,9 @@ def request(messages=QUESTION, **fields) -> str:
 class RecordingCallback:
     """What an app's callback object sees; `block_first_token` holds on_token until released."""
 
-    def __init__(self, block_first_token: threading.Event | None = None, on_first_token=None, raise_in_token: bool = False):
+    def __init__(
+        self, block_first_token: threading.Event | None = None, on_first_token=None, raise_in_token: bool = False
+    ):
         self.events: list[tuple[str, dict]] = []
         self.threads: set[str] = set()
         self.finished = threading.Event()
@@ -113,10 +115,18 @@ def test_chat_reaches_the_cloud_tier_and_keeps_private_requests_local(runtime):
     assert (private["tandem"]["tier"], private["tandem"]["privacy_reasons"]) == ("local", ["private_flag"])
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"temperature": 5}, "temperature"), ({"max_tokens": "ten"}, "max_tokens"), ({"model": "gpt-9"}, "model"),
-    ({"n": 2}, "n"), ({"messages": []}, "messages"), ({"request_id": 5}, "request_id"), ({"timeout_s": -1}, "timeout_s"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"temperature": 5}, "temperature"),
+        ({"max_tokens": "ten"}, "max_tokens"),
+        ({"model": "gpt-9"}, "model"),
+        ({"n": 2}, "n"),
+        ({"messages": []}, "messages"),
+        ({"request_id": 5}, "request_id"),
+        ({"timeout_s": -1}, "timeout_s"),
+    ],
+)
 def test_invalid_requests_are_400s_naming_the_param(runtime, fields, param):
     error = error_of(bridge.chat(request(**fields)))
     assert (error["status"], error["param"]) == (400, param)
@@ -169,8 +179,18 @@ def test_concurrent_streams_from_several_threads_each_get_their_own_answer(runti
     wait_idle()
 
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 def test_tools_and_response_format_pass_through_the_json_api(runtime):
@@ -186,8 +206,16 @@ def test_tools_and_response_format_pass_through_the_json_api(runtime):
     assert kind == "done" and streamed and streamed[0][0]["function"] == call["function"]  # greedy: the same call
     assert done["choices"][0]["message"]["tool_calls"][0]["function"] == call["function"]
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
-    answer = json.loads(bridge.chat(request(ask, model="local", max_tokens=40,
-                                            response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})))  # fmt: skip
+    answer = json.loads(
+        bridge.chat(
+            request(
+                ask,
+                model="local",
+                max_tokens=40,
+                response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+            )
+        )
+    )
     assert isinstance(json.loads(answer["choices"][0]["message"]["content"])["city"], str)
     wait_idle()
 
@@ -211,8 +239,13 @@ def test_cancel_mid_stream_ends_it_with_one_cancelled_error_and_frees_its_blocks
 
 def test_a_blocking_chat_can_be_cancelled_from_another_thread(runtime):
     replies: list[dict] = []
-    worker = threading.Thread(target=lambda: replies.append(json.loads(
-        bridge.chat(request(LONG, max_tokens=400, temperature=0.8, ignore_eos=True, request_id="app-chat-1")))))  # fmt: skip
+    worker = threading.Thread(
+        target=lambda: replies.append(
+            json.loads(
+                bridge.chat(request(LONG, max_tokens=400, temperature=0.8, ignore_eos=True, request_id="app-chat-1"))
+            )
+        )
+    )
     worker.start()
     deadline = time.monotonic() + 30
     while "error" in json.loads(bridge.cancel("app-chat-1")):  # until the chat is in flight
@@ -233,7 +266,10 @@ def test_a_request_id_in_flight_cannot_be_reused(runtime):
     callback = RecordingCallback()
     bridge.chat_stream(request(LONG, max_tokens=400, request_id="same-id"), callback)
     assert error_of(bridge.chat(request(request_id="same-id")))["code"] == "duplicate_request_id"
-    assert error_of(bridge.chat_stream(request(request_id="same-id"), RecordingCallback()))["code"] == "duplicate_request_id"
+    assert (
+        error_of(bridge.chat_stream(request(request_id="same-id"), RecordingCallback()))["code"]
+        == "duplicate_request_id"
+    )
     bridge.cancel("same-id")
     assert callback.wait()[1]["error"]["code"] == "cancelled"
 
@@ -260,7 +296,11 @@ def test_status_reports_the_model_the_kv_cache_and_a_reachable_cloud(runtime):
     status = json.loads(bridge.status(json.dumps({"check_cloud": True, "timeout_s": 5})))
     assert (status["state"], status["model_loaded"], status["model"]) == ("ready", True, runtime["model"])
     assert status["kv_cache"]["blocks_total"] > 0 and 0 <= status["kv_cache"]["usage"] <= 1
-    assert status["cloud"]["configured"] and status["cloud"]["reachable"] is True and status["cloud"]["breaker"] == "closed"
+    assert (
+        status["cloud"]["configured"]
+        and status["cloud"]["reachable"] is True
+        and status["cloud"]["breaker"] == "closed"
+    )
     assert error_of(bridge.status(json.dumps({"check_cloud": "yes"})))["status"] == 400
 
 

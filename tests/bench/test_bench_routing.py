@@ -24,7 +24,11 @@ def _synthetic_table(seed: int = 0) -> LoadedTable:
         source = "gsm8k" if index < 40 else f"mmlu_s{index % 8}"
         weak, strong = bool(rng.random() < 0.6), bool(rng.random() < 0.85)
         words = "word " * int(rng.integers(1, 15) if weak else rng.integers(15, 40))
-        prompt = f"{words} compute {index} * {index + 7} = ? and (3 + 4) / 2 = ?" if not weak else f"{words} tell me about {index}"
+        prompt = (
+            f"{words} compute {index} * {index + 7} = ? and (3 + 4) / 2 = ?"
+            if not weak
+            else f"{words} tell me about {index}"
+        )
         examples.append(RoutingExample(prompt, weak, strong or not weak, source))
     return LoadedTable(examples, 3, ["synthetic"])
 
@@ -50,7 +54,9 @@ def test_unseen_mmlu_section_on_a_synthetic_table(tmp_path):
     # The per-seed figures average to the reported one; the per-fold mean lies within the folds' range.
     entry = routers["prompt_router"]
     assert entry["apgr"] == pytest.approx(np.mean(list(entry["apgr_by_seed"].values())))
-    assert entry["apgr_fold_min"] <= entry["apgr_fold_mean"] <= entry["apgr_fold_max"] and entry["apgr_fold_mean_se"] > 0
+    assert (
+        entry["apgr_fold_min"] <= entry["apgr_fold_mean"] <= entry["apgr_fold_max"] and entry["apgr_fold_mean_se"] > 0
+    )
     # The plotted curve starts at the weak tier and ends at the strong tier (fold means).
     for metrics in routers.values():
         assert metrics["quality"][0] == pytest.approx(report["weak_acc"])
@@ -68,7 +74,9 @@ def test_arithmetic_section_plots_and_strict_json(tmp_path):
     assert report["num_prompts"] == scored.heldout.size == report["counts"]["heldout"]
     assert report["weak_acc"] == pytest.approx(answers.labels[scored.heldout].mean())
     assert {"probe", "random", "oracle"} <= set(report["routers"])
-    assert "signal:" + report["best_signal"] in report["routers"] and len(report["routers"]) == 3 + len(scored.oriented_heldout)
+    assert "signal:" + report["best_signal"] in report["routers"] and len(report["routers"]) == 3 + len(
+        scored.oriented_heldout
+    )
     _assert_oracle_on_top(report)
     timing = probe_latency(scored.onnx_probe, answers.features[scored.heldout], warmup=2)
     assert 0.0 < timing["p50_ms"] < 50.0 and timing["count"] == scored.heldout.size

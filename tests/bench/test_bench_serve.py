@@ -16,15 +16,25 @@ import pytest
 
 from bench.serve_client import ClientConfig, arrival_times, make_payload, send_request
 from bench.serve_datasets import SampleRequest, random_requests
-from bench.serve_metrics import (RequestResult, compute_metrics, gaps, meets_slos, parse_goodput, percentile,
-                                 summarize_ms, tpot_s)
+from bench.serve_metrics import (
+    RequestResult,
+    compute_metrics,
+    gaps,
+    meets_slos,
+    parse_goodput,
+    percentile,
+    summarize_ms,
+    tpot_s,
+)
 from bench.serve_servers import REPO_ROOT, llama_cpp_server, tandem_server
 
 
-def make_result(ttft: float, e2e: float, output_len: int, itl=None, prompt_len: int = 10, ok: bool = True,
-                error: str = "") -> RequestResult:
-    return RequestResult(ok=ok, prompt_len=prompt_len, output_len=output_len, ttft_s=ttft, e2e_s=e2e,
-                         itl_s=list(itl or []), error=error)
+def make_result(
+    ttft: float, e2e: float, output_len: int, itl=None, prompt_len: int = 10, ok: bool = True, error: str = ""
+) -> RequestResult:
+    return RequestResult(
+        ok=ok, prompt_len=prompt_len, output_len=output_len, ttft_s=ttft, e2e_s=e2e, itl_s=list(itl or []), error=error
+    )
 
 
 # -- metrics ----------------------------------------------------------------------------------
@@ -174,8 +184,9 @@ def _send(body: bytes, status: int = 200, max_tokens: int = 3) -> RequestResult:
 
 def test_client_reads_usage_and_content_chunks():
     usage = {"prompt_tokens": 15, "completion_tokens": 3, "total_tokens": 18}
-    result = _send(_sse(_delta(role="assistant"), _delta("a"), _delta("b"), _delta("c", "length"),
-                        {"choices": [], "usage": usage}))
+    result = _send(
+        _sse(_delta(role="assistant"), _delta("a"), _delta("b"), _delta("c", "length"), {"choices": [], "usage": usage})
+    )
     assert result.ok and result.output_len == 3 and result.output_len_source == "usage"
     assert result.prompt_len == 15 and result.finish_reason == "length"
     assert len(result.itl_s) == 2 and 0 < result.ttft_s <= result.e2e_s
@@ -222,9 +233,24 @@ def test_quick_run_against_tandem_serve_writes_sane_json(tmp_path):
     server = tandem_server(None, threads=1, max_model_len=512)
     server.log_path = str(tmp_path / "tandem.log")
     with server:
-        run = subprocess.run([sys.executable, "-m", "bench.serve", "--base-url", server.base_url, "--quick",
-                              "--goodput", "ttft:60000", "--json", str(out)],
-                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.serve",
+                "--base-url",
+                server.base_url,
+                "--quick",
+                "--goodput",
+                "ttft:60000",
+                "--json",
+                str(out),
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     m = report["metrics"]
@@ -261,8 +287,22 @@ def test_llama_cpp_server_serves_concurrent_fixed_length_streams(tmp_path):
     server = llama_cpp_server(default_model_path(), threads=1, model_alias="smollm2-135m-instruct", n_ctx=512)
     server.log_path = str(tmp_path / "llama_cpp_server.log")
     with server:
-        serve.main(["--base-url", server.base_url, "--num-prompts", "4", "--random-input-len", "16",
-                    "--random-output-len", "8", "--max-concurrency", "2", "--json", str(out)])
+        serve.main(
+            [
+                "--base-url",
+                server.base_url,
+                "--num-prompts",
+                "4",
+                "--random-input-len",
+                "16",
+                "--random-output-len",
+                "8",
+                "--max-concurrency",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
     m = json.loads(out.read_text())["metrics"]
     # interrupt_requests off: a waiting request must not cut the running stream short.
     assert (m["completed"], m["failed"]) == (4, 0)
@@ -274,16 +314,27 @@ def test_llama_cpp_server_serves_concurrent_fixed_length_streams(tmp_path):
 
 def _metrics(output_tps: float, ttft_ms: float) -> dict:
     latency = {"median": ttft_ms, "p99": ttft_ms * 2, "mean": ttft_ms, "p90": ttft_ms, "count": 1}
-    return {"output_throughput": output_tps, "ttft_ms": latency, "itl_ms": {**latency, "median": 40.0, "p99": 90.0},
-            "tpot_ms": latency, "completed": 64, "failed": 0, "request_throughput": 1.0}
+    return {
+        "output_throughput": output_tps,
+        "ttft_ms": latency,
+        "itl_ms": {**latency, "median": 40.0, "p99": 90.0},
+        "tpot_ms": latency,
+        "completed": 64,
+        "failed": 0,
+        "request_throughput": 1.0,
+    }
 
 
 def test_compare_ratios_pair_repetitions_and_report_their_spread():
     from bench.serve_compare import headline_ratios, summarize, targets_met
 
-    runs = {8: {"tandem": [_metrics(90, 900), _metrics(100, 1000), _metrics(80, 1100)],
-                "llama_server_no_repack": [_metrics(90, 1000), _metrics(80, 1000), _metrics(100, 1000)],
-                "llama_server": [_metrics(45, 500)] * 3}}  # fmt: skip
+    runs = {
+        8: {
+            "tandem": [_metrics(90, 900), _metrics(100, 1000), _metrics(80, 1100)],
+            "llama_server_no_repack": [_metrics(90, 1000), _metrics(80, 1000), _metrics(100, 1000)],
+            "llama_server": [_metrics(45, 500)] * 3,
+        }
+    }
     ratios = headline_ratios(runs)
     # Repetition by repetition (the servers ran in turn): 1.0, 1.25, 0.8 -> median 1.0.
     assert ratios["ratio_output_tps_vs_llama_server_c8"] == pytest.approx(1.0)

@@ -24,12 +24,34 @@ pytestmark = pytest.mark.slow
 # Extra arguments per bench (beyond --smoke --json PATH). bench.serve's smoke compares the local
 # servers (it builds llama-server first when no build is cached: CI's llama-server tests need it too).
 BENCHES: dict[str, list[str]] = {
-    "chunked_prefill": [], "confidence_auroc": [], "embeddings": [], "engine_throughput": [], "first_contact": [],
-    "grammar_libraries": [], "local_kv_layout": [], "local_prefill": [], "local_step_profile": [], "local_throughput": [], "loop_stop": [], "prefix_cache": [],
-    "prompt_cache": [], "prompt_router": [], "router_learning": [], "routing": [], "serve": ["--compare-local"],
-    "soak": [], "spec_decode": [], "stream_hold": [], "structured": [], "tokenize_stall": [],
-}  # fmt: skip
-NOT_BENCHES = {"random_model", "readme_figures", "serve_llama_cpp_server"}  # measure nothing: a model writer, a checker, a server launcher
+    "chunked_prefill": [],
+    "confidence_auroc": [],
+    "embeddings": [],
+    "engine_throughput": [],
+    "first_contact": [],
+    "grammar_libraries": [],
+    "local_kv_layout": [],
+    "local_prefill": [],
+    "local_step_profile": [],
+    "local_throughput": [],
+    "loop_stop": [],
+    "prefix_cache": [],
+    "prompt_cache": [],
+    "prompt_router": [],
+    "router_learning": [],
+    "routing": [],
+    "serve": ["--compare-local"],
+    "soak": [],
+    "spec_decode": [],
+    "stream_hold": [],
+    "structured": [],
+    "tokenize_stall": [],
+}
+NOT_BENCHES = {
+    "random_model",
+    "readme_figures",
+    "serve_llama_cpp_server",
+}  # measure nothing: a model writer, a checker, a server launcher
 
 
 def _reject_constant(name: str):
@@ -37,7 +59,9 @@ def _reject_constant(name: str):
 
 
 def test_every_bench_entry_point_has_a_smoke_run():
-    entry_points = {path.stem for path in (REPO_ROOT / "bench").glob("*.py") if '__name__ == "__main__"' in path.read_text()}
+    entry_points = {
+        path.stem for path in (REPO_ROOT / "bench").glob("*.py") if '__name__ == "__main__"' in path.read_text()
+    }
     assert entry_points - NOT_BENCHES == set(BENCHES)
 
 
@@ -45,9 +69,14 @@ def test_every_bench_entry_point_has_a_smoke_run():
 def test_bench_smoke_run(name: str, tmp_path: Path):
     out = tmp_path / f"{name}.json"
     started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", f"bench.{name}", "--smoke", *BENCHES[name], "--json", str(out)],
-                         cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True,
-                         timeout=1800 if name == "serve" else 900)  # serve may build llama-server first (~5-10 min)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", "--smoke", *BENCHES[name], "--json", str(out)],
+        cwd=REPO_ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800 if name == "serve" else 900,
+    )  # serve may build llama-server first (~5-10 min)
     print(f"bench.{name} --smoke: {time.monotonic() - started:.1f} s")
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     report = json.loads(out.read_text(), parse_constant=_reject_constant)
@@ -63,12 +92,22 @@ def test_serve_compare_cloud_smoke_run(tmp_path: Path):
     if reason := vllm_cannot_run_here():
         pytest.skip(reason)
     out = tmp_path / "serve_cloud.json"
-    run = subprocess.run([sys.executable, "-m", "bench.serve", "--smoke", "--compare-cloud", "--json", str(out)],
-                         cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=2400)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.serve", "--smoke", "--compare-cloud", "--json", str(out)],
+        cwd=REPO_ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     report = json.loads(out.read_text(), parse_constant=_reject_constant)
     assert report["smoke"] is True and report["failed_requests"] == 0
-    assert set(report["targets_met"]) == {"ratio_output_tps_vs_vllm_c32", "ratio_output_tps_vs_vllm_c1", "ratio_tpot_p50_vs_vllm_c32"}
+    assert set(report["targets_met"]) == {
+        "ratio_output_tps_vs_vllm_c32",
+        "ratio_output_tps_vs_vllm_c1",
+        "ratio_tpot_p50_vs_vllm_c32",
+    }
 
 
 @pytest.mark.parametrize("name", ["confidence_auroc", "stream_hold"])

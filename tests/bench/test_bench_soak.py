@@ -35,8 +35,10 @@ def test_workload_is_seeded_and_mixed(tmp_path):
     assert all(r.body.get("private") is True for r in valid if r.model_kind == "private")
     assert all(r.body["model"] == "tiny-model" for r in valid if r.model_kind == "direct")
     assert all(0 < r.cancel_after_chunks <= max(1, r.body["max_tokens"] // 2) for r in first if r.cancel_after_chunks)
-    lengths = {kind: [len(r.body["messages"][0]["content"]) for r in valid if r.prompt_kind == kind]
-               for kind in ("short", "medium", "long")}
+    lengths = {
+        kind: [len(r.body["messages"][0]["content"]) for r in valid if r.prompt_kind == kind]
+        for kind in ("short", "medium", "long")
+    }
     assert max(lengths["short"]) < min(lengths["long"]) and max(lengths["long"]) < 2200
     # Without RouteLLM's data the prompts are built, still seeded.
     built = _workload(data_dir=str(tmp_path))
@@ -45,12 +47,17 @@ def test_workload_is_seeded_and_mixed(tmp_path):
 
 
 def test_parse_metrics_keeps_gauges_and_labelled_counters():
-    text = ("# HELP x\ntandem:kv_blocks_used 3.0\ntandem:num_requests_running 0.0\n"
-            'tandem:cascade_requests_total{escalated="true",tier="cloud"} 7.0\n'
-            'tandem:e2e_request_latency_seconds_bucket{le="1.0"} 2.0\n')
+    text = (
+        "# HELP x\ntandem:kv_blocks_used 3.0\ntandem:num_requests_running 0.0\n"
+        'tandem:cascade_requests_total{escalated="true",tier="cloud"} 7.0\n'
+        'tandem:e2e_request_latency_seconds_bucket{le="1.0"} 2.0\n'
+    )
     values = parse_metrics(text)
-    assert values == {"kv_blocks_used": 3.0, "num_requests_running": 0.0,
-                      'cascade_requests_total{escalated="true",tier="cloud"}': 7.0}
+    assert values == {
+        "kv_blocks_used": 3.0,
+        "num_requests_running": 0.0,
+        'cascade_requests_total{escalated="true",tier="cloud"}': 7.0,
+    }
     probe = ServerProbe("http://x/v1", None, 2000)
     assert probe.metrics_url == "http://x/metrics" and probe.mark_done == 200
     assert len(probe.marks) == 20 and 2000 in probe.marks
@@ -91,8 +98,13 @@ def _body(status: int, content: bytes):
 def test_client_outcomes():
     usage = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}
     ok = _send(_body(200, _sse(_delta("a"), _delta("b"), _delta("c", "stop", ROUTED), usage)))
-    assert (ok.outcome, ok.tier, ok.escalated, ok.route_reason, ok.completion_tokens) == ("completed", "cloud", True,
-                                                                                          "low_confidence", 3)
+    assert (ok.outcome, ok.tier, ok.escalated, ok.route_reason, ok.completion_tokens) == (
+        "completed",
+        "cloud",
+        True,
+        "low_confidence",
+        3,
+    )
     assert ok.content_chunks == 3 and 0 < ok.ttft_s <= ok.e2e_s
     cancelled = _send(_body(200, _sse(_delta("a"), _delta("b"), _delta("c", "stop"))), cancel_after=2)
     assert cancelled.outcome == "cancelled_by_client" and cancelled.content_chunks == 2 and not cancelled.cause
@@ -108,8 +120,10 @@ def test_client_outcomes():
     for cause, handler in cases.items():
         result = _send(handler)
         assert (result.outcome, result.cause) == ("failed", cause)
-    assert _send(_body(400, b'{"error": {"type": "invalid_request_error"}}'), expect_status=400).outcome == \
-        "rejected_as_expected"
+    assert (
+        _send(_body(400, b'{"error": {"type": "invalid_request_error"}}'), expect_status=400).outcome
+        == "rejected_as_expected"
+    )
     wrong = _send(_body(200, _sse(_delta("a", "stop"))), expect_status=400)
     assert (wrong.outcome, wrong.cause) == ("failed", "unexpected_status_200_wanted_400")
 
@@ -126,13 +140,32 @@ def test_client_outcomes():
 
 
 def test_analyze_counts_quarters_and_targets():
-    requests = [SoakRequest(i, {"model": "auto", "max_tokens": 8}, "cloud" if i % 2 else "auto", "short")
-                for i in range(8)]
-    results = [SoakResult(i, outcome="completed", tier="cloud" if i % 2 else "local", escalated=False,
-                          route_reason="forced", e2e_s=1.0 + i, ttft_s=0.5, completion_tokens=4) for i in range(8)]
+    requests = [
+        SoakRequest(i, {"model": "auto", "max_tokens": 8}, "cloud" if i % 2 else "auto", "short") for i in range(8)
+    ]
+    results = [
+        SoakResult(
+            i,
+            outcome="completed",
+            tier="cloud" if i % 2 else "local",
+            escalated=False,
+            route_reason="forced",
+            e2e_s=1.0 + i,
+            ttft_s=0.5,
+            completion_tokens=4,
+        )
+        for i in range(8)
+    ]
     results[2] = SoakResult(2, outcome="failed", cause="client_timeout")
-    results[3] = SoakResult(3, outcome="completed", tier="local", degraded_reason="cloud_timeout", e2e_s=4.0,
-                            ttft_s=0.5, completion_tokens=4)
+    results[3] = SoakResult(
+        3,
+        outcome="completed",
+        tier="local",
+        degraded_reason="cloud_timeout",
+        e2e_s=4.0,
+        ttft_s=0.5,
+        completion_tokens=4,
+    )
     results[5] = None  # lost
     report = analyze(requests, results, 10.0, {"rss_mb": 100.0}, {"rss_mb": 104.0, "kv_blocks_used": 0.0})
     req = report["requests"]
@@ -141,8 +174,13 @@ def test_analyze_counts_quarters_and_targets():
     assert report["escalations"]["degraded_to_local_by_reason"] == {"cloud_timeout": 1}
     assert report["escalations"]["routing_violations"]["cloud_answered_by_local_not_degraded"] == 0
     assert report["rss_growth_pct_from_10pct"] == pytest.approx(4.0)
-    assert report["targets"] == {"lost_requests_zero": False, "failures_zero": False, "kv_blocks_zero_at_end": True,
-                                 "rss_growth_met": True, "routing_violations_zero": True}
+    assert report["targets"] == {
+        "lost_requests_zero": False,
+        "failures_zero": False,
+        "kv_blocks_zero_at_end": True,
+        "rss_growth_met": True,
+        "routing_violations_zero": True,
+    }
     quarters = report["latency_quarters"]  # indices 0-1 and 6-7
     assert quarters["first"]["e2e_ms"]["median"] == pytest.approx(1500.0)
     assert quarters["last"]["e2e_ms"]["median"] == pytest.approx(7500.0)
@@ -162,17 +200,48 @@ def test_analyze_counts_quarters_and_targets():
 def test_small_soak_against_tandem_serve(tmp_path):
     out = tmp_path / "soak.json"
     # Small enough for about a minute on 2 shared cores (the embedded cloud engine shares them).
-    run = subprocess.run([sys.executable, "-m", "bench.soak", "--num-requests", "28", "--concurrency", "8",
-                          "--max-tokens", "8", "16", "--prompt-shares", "0.65", "0.3", "0.05", "--cancel-fraction",
-                          "0.15", "--invalid-fraction", "0.1", "--budget-usd-per-day", "0.5", "--per-request", "--json", str(out)],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.soak",
+            "--num-requests",
+            "28",
+            "--concurrency",
+            "8",
+            "--max-tokens",
+            "8",
+            "16",
+            "--prompt-shares",
+            "0.65",
+            "0.3",
+            "0.05",
+            "--cancel-fraction",
+            "0.15",
+            "--invalid-fraction",
+            "0.1",
+            "--budget-usd-per-day",
+            "0.5",
+            "--per-request",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     req = report["requests"]
     assert report["command"].startswith("python -m bench.soak") and report["machine"]["cores"] >= 1
     assert report["lost_requests"] == 0 and req["lost"] == 0
     assert req["failed"] == 0, req["failure_samples"]
-    assert req["completed"] + req["cancelled_by_client"] + req["rejected_as_expected"] + req["refused_by_budget"] == req["total"] == 28
+    assert (
+        req["completed"] + req["cancelled_by_client"] + req["rejected_as_expected"] + req["refused_by_budget"]
+        == req["total"]
+        == 28
+    )
     assert len(report["per_request"]) == 28 and all(r["outcome"] for r in report["per_request"])
     assert req["cancelled_by_client"] >= 1 and req["rejected_as_expected"] >= 1
     assert report["escalations"]["completed_by_tier"].get("cloud", 0) >= 1
@@ -197,11 +266,19 @@ def test_budget_report_finds_drift_and_mismatches(tmp_path):
 
     path = tmp_path / "spend.sqlite3"
     with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE spend (scope TEXT, period TEXT, usd REAL, cloud_tokens INTEGER, total_tokens INTEGER, "
-                     "requests INTEGER, PRIMARY KEY (scope, period))")
-        conn.executemany("INSERT INTO spend VALUES (?, ?, ?, 0, 0, 1)", [
-            ("key:-", "day:2026-11-25", 0.30), ("key:-", "month:2026-11", 0.30),
-            ("user:-:soak-0", "day:2026-11-25", 0.10), ("user:-:soak-1", "day:2026-11-25", 0.15)])
+        conn.execute(
+            "CREATE TABLE spend (scope TEXT, period TEXT, usd REAL, cloud_tokens INTEGER, total_tokens INTEGER, "
+            "requests INTEGER, PRIMARY KEY (scope, period))"
+        )
+        conn.executemany(
+            "INSERT INTO spend VALUES (?, ?, ?, 0, 0, 1)",
+            [
+                ("key:-", "day:2026-11-25", 0.30),
+                ("key:-", "month:2026-11", 0.30),
+                ("user:-:soak-0", "day:2026-11-25", 0.10),
+                ("user:-:soak-1", "day:2026-11-25", 0.15),
+            ],
+        )
     requests = [SoakRequest(i, {"model": "auto"}, "auto", "short") for i in range(2)]
     results = [SoakResult(0, outcome="completed", cost_usd=0.10), SoakResult(1, outcome="completed", cost_usd=0.12)]
     report = budget_report(str(path), 0.25, requests, results)

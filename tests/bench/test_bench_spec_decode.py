@@ -28,15 +28,24 @@ def test_prompts_are_grounded_and_open_ended():
 def test_minimal_run_reports_sane_figures():
     report = run_bench(num_prompts=1, max_tokens=16, batch_size=4, dtype="float32", measure_step_costs=False)
     json.dumps(report, allow_nan=False)
-    for key in ("speedup_b1_ngram_grounded", "acceptance_rate_ngram_grounded", "throughput_ratio_b32_adaptive",
-                "speedup_b1_draft_grounded", "speedup_b1_ngram_open", "throughput_ratio_b32_adaptive_draft"):  # fmt: skip
+    for key in (
+        "speedup_b1_ngram_grounded",
+        "acceptance_rate_ngram_grounded",
+        "throughput_ratio_b32_adaptive",
+        "speedup_b1_draft_grounded",
+        "speedup_b1_ngram_open",
+        "throughput_ratio_b32_adaptive_draft",
+    ):
         assert report[key] > 0, key
     for workload in ("grounded", "open_ended"):
         results = report["batch1"][workload]
         assert set(results) == {"off", "ngram", "draft"}
         for name, r in results.items():
             assert 0.0 <= r["acceptance_rate"] <= 1.0, name
-            assert r["mean_acceptance_length"] == 0.0 or 1.0 <= r["mean_acceptance_length"] <= 1 + SpeculativeConfig().num_speculative_tokens, name
+            assert (
+                r["mean_acceptance_length"] == 0.0
+                or 1.0 <= r["mean_acceptance_length"] <= 1 + SpeculativeConfig().num_speculative_tokens
+            ), name
             assert r["decode_tokens_per_s"] > 0 and r["speedup_vs_off"] > 0, name
             assert r["outputs_identical_to_off"] is True, (workload, name, r["first_divergence_from_off"])
     assert report["batch1"]["grounded"]["off"]["num_drafts"] == 0

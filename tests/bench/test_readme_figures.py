@@ -7,7 +7,9 @@ from bench import readme_figures
 
 def test_readme_headline_table_is_what_the_json_renders():
     block = readme_figures.readme_block(readme_figures.README.read_text())
-    assert block == readme_figures.render(), "README's figures table is stale: run python -m bench.readme_figures --write"
+    assert block == readme_figures.render(), (
+        "README's figures table is stale: run python -m bench.readme_figures --write"
+    )
 
 
 def test_every_figure_readme_links_equals_its_json():
@@ -52,11 +54,20 @@ def _checked(prose: str) -> list[str]:
 
 def test_a_measured_figure_in_a_code_span_is_caught():
     # What README once said: test durations and ratios typed in code font, with no JSON behind them.
-    typed = ("Three replicas took `150-170 s` for that test, with one thread each `22 s`.\n"
-             "The run before measured `0.75` and a TTFT ratio of `1.71`; APGR `0.50`-`0.52`; the load split within `20%`.")
+    typed = (
+        "Three replicas took `150-170 s` for that test, with one thread each `22 s`.\n"
+        "The run before measured `0.75` and a TTFT ratio of `1.71`; APGR `0.50`-`0.52`; the load split within `20%`."
+    )
     found = _checked(typed)
     assert [entry.split(" ", 1)[0] for entry in found] == [
-        "'`150-170", "'`22", "'`0.75`'", "'`1.71`'", "'`0.50`'", "'`0.52`'", "'`20%`'"], found
+        "'`150-170",
+        "'`22",
+        "'`0.75`'",
+        "'`1.71`'",
+        "'`0.50`'",
+        "'`0.52`'",
+        "'`20%`'",
+    ], found
     assert all("code span" in entry for entry in found)
     # Linked, the same figure is checked against its JSON instead.
     linked = "The quick run measured [0.899](bench/results/serve_local_vs_llama_server_quick.json#ratio_output_tps_vs_llama_server_c8)."
@@ -68,7 +79,8 @@ def test_settings_targets_and_code_in_spans_are_not_figures():
         "Default `30`, a `256`-token window, `--drain-grace-s 30`, `temperature 0.2, top_p 0.9`, at `threshold 0.5`, "
         "`slow_step_share = 0.05`, `max_body_bytes` (default `4 * 1024 * 1024`), target `<= 1.2`, `≥ 0.95`, `≤ 10 ms`, "
         "`compile p50 <= 50 ms`, `k=8`, `auto:0.35`, `0.5 + gain / 2`, `quantile_0.05`, `1e-4`, llguidance `1.9.1`, "
-        "`CPT(50%)`, `python -m bench.soak --num-requests 2000 --prompt-shares 0.5 0.35 0.15`, file `0600`.")
+        "`CPT(50%)`, `python -m bench.soak --num-requests 2000 --prompt-shares 0.5 0.35 0.15`, file `0600`."
+    )
     assert _checked(settings) == []
     # A fenced block is code whatever it holds, and the same figure in prose is still caught.
     fenced = "```\n$ time pytest\n22 s\n```\nOne thread each took 22 s."
@@ -78,15 +90,18 @@ def test_settings_targets_and_code_in_spans_are_not_figures():
 def test_relink_rewrites_only_the_named_benches_links_in_their_own_format(monkeypatch):
     data = {"a": {"x": 1234.567, "y": 0.5}, "b": {"x": 2.0}}
     monkeypatch.setattr(readme_figures, "load", lambda bench: data[bench])
-    text = ("[1,111.1](bench/results/a.json#x) [+9.00](bench/results/a.json#y) [7](bench/results/a.json#y*100) "
-            "[3](bench/results/b.json#x)")
+    text = (
+        "[1,111.1](bench/results/a.json#x) [+9.00](bench/results/a.json#y) [7](bench/results/a.json#y*100) "
+        "[3](bench/results/b.json#x)"
+    )
     assert readme_figures.relink(text, {"a"}) == (
         "[1,234.6](bench/results/a.json#x) [+0.50](bench/results/a.json#y) [50](bench/results/a.json#y*100) "
-        "[3](bench/results/b.json#x)")
+        "[3](bench/results/b.json#x)"
+    )
 
 
 def test_a_target_against_a_standard_error_reads_the_se(monkeypatch):
-    """"> SE" (a paired difference must beat its own standard error) is judged on the JSON's SE, not a constant."""
+    """ "> SE" (a paired difference must beat its own standard error) is judged on the JSON's SE, not a constant."""
     data = {"diff": 0.05, "diff_se": 0.04, "worse": -0.09, "worse_se": 0.08}
     monkeypatch.setattr(readme_figures, "load", lambda bench: data)
     beats = readme_figures.Figure("d", "x", "diff", 3, "> SE", se="diff_se")

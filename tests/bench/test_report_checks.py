@@ -18,7 +18,13 @@ from bench.serve_servers import ManagedServer, ServerStartError
 def test_headline_problems_name_missing_nan_none_and_failed_requests():
     report = {"a": 1.0, "b": math.nan, "c": None, "d": {"x": [1.0, math.inf]}, "failed_requests": 3}
     problems = headline_problems(report, ("a", "b", "c", "d", "e"))
-    assert problems == ["headline key 'e' is missing", "b is nan", "c is None", "d.x.1 is inf", "3 request(s) failed (failed_requests)"]
+    assert problems == [
+        "headline key 'e' is missing",
+        "b is nan",
+        "c is None",
+        "d.x.1 is inf",
+        "3 request(s) failed (failed_requests)",
+    ]
     assert headline_problems({"a": 0.5, "b": {"ok": True}, "failed_requests": 0}, ("a", "b")) == []
 
 
@@ -40,22 +46,38 @@ def test_machine_info_records_the_kernel_flags():
 
 
 def test_a_server_killed_by_a_signal_says_which():
-    server = ManagedServer("sigill", [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"],
-                           port=1, ready_path="/health", description="dies at start")  # fmt: skip
+    server = ManagedServer(
+        "sigill",
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"],
+        port=1,
+        ready_path="/health",
+        description="dies at start",
+    )
     with pytest.raises(ServerStartError) as failed:
         server.start(timeout_s=30)
     assert failed.value.exit_code == -4 and failed.value.signal_name == "SIGILL"
 
 
 def _metrics(tps: float, ttft_ms: float) -> dict:
-    return {"output_throughput": tps, "ttft_ms": {"median": ttft_ms, "p99": ttft_ms}, "itl_ms": {"median": 1.0, "p99": 2.0},
-            "failed": 0, "completed": 8, "request_throughput": 1.0, "tpot_ms": {"median": 1.0}}  # fmt: skip
+    return {
+        "output_throughput": tps,
+        "ttft_ms": {"median": ttft_ms, "p99": ttft_ms},
+        "itl_ms": {"median": 1.0, "p99": 2.0},
+        "failed": 0,
+        "completed": 8,
+        "request_throughput": 1.0,
+        "tpot_ms": {"median": 1.0},
+    }
 
 
 def test_a_server_that_did_not_start_leaves_its_row_out_and_the_rest_compared():
-    runs = {8: {"tandem": [_metrics(90, 100), _metrics(80, 120)],
-                "llama_server": [None, None],  # the repacked variant died with SIGILL both times
-                "llama_server_no_repack": [_metrics(100, 100), None]}}  # started only in the first repetition
+    runs = {
+        8: {
+            "tandem": [_metrics(90, 100), _metrics(80, 120)],
+            "llama_server": [None, None],  # the repacked variant died with SIGILL both times
+            "llama_server_no_repack": [_metrics(100, 100), None],
+        }
+    }  # started only in the first repetition
     ratios = headline_ratios(runs)
     assert ratios["ratio_output_tps_vs_llama_server_c8"] == pytest.approx(0.9)  # the pair where both ran, only
     assert ratios["ratio_output_tps_vs_llama_server_c8_spread"] == pytest.approx([0.9, 0.9])

@@ -40,7 +40,9 @@ def test_labels_arrive_as_the_product_learns_them():
     labels = revealed_labels(rows, cold, cut=cut, traffic=Traffic(feedback=0.3, shadow=0.2, judge="best_case"), rng=rng)
     cloud = gain >= cut
     both = ~np.isnan(labels).any(1)
-    assert both.any() and not (both & cloud).any()  # shadow sampling judges both tiers only for locally answered requests
+    assert (
+        both.any() and not (both & cloud).any()
+    )  # shadow sampling judges both tiers only for locally answered requests
     assert np.isnan(labels[cloud, 0]).all()  # feedback on a cloud answer says nothing of the local tier
     known = ~np.isnan(labels)
     np.testing.assert_array_equal(labels[known], rows.labels[known])  # a best-case judge reveals the truth
@@ -57,7 +59,9 @@ def test_the_shipped_judge_labels_the_local_answer_by_agreement_with_the_cloud()
     cold, _ = fit(rows, None)
     gain = cold.predict(rows.shape) @ np.array([-1.0, 1.0])
     cut = (gain.min() + gain.max()) / 2
-    labels = revealed_labels(rows, cold, cut=cut, traffic=Traffic(feedback=0.0, shadow=1.0), rng=np.random.default_rng(0))
+    labels = revealed_labels(
+        rows, cold, cut=cut, traffic=Traffic(feedback=0.0, shadow=1.0), rng=np.random.default_rng(0)
+    )
     local = gain < cut
     assert np.isnan(labels[:, 1]).all() and not np.isnan(labels[local, 0]).any()
     weak, strong = rows.labels[:, 0] > 0.5, rows.labels[:, 1] > 0.5
@@ -68,8 +72,16 @@ def test_the_shipped_judge_labels_the_local_answer_by_agreement_with_the_cloud()
 
 def test_simulation_scores_every_method_and_summarizes():
     examples, embeddings = _table()
-    runs = [simulate(examples, embeddings, seed, Traffic(feedback=0.4, shadow=0.3, judge="best_case"), checkpoints=(0.0, 0.1, 0.3))
-            for seed in (0, 1)]  # fmt: skip
+    runs = [
+        simulate(
+            examples,
+            embeddings,
+            seed,
+            Traffic(feedback=0.4, shadow=0.3, judge="best_case"),
+            checkpoints=(0.0, 0.1, 0.3),
+        )
+        for seed in (0, 1)
+    ]
     for run in runs:
         assert run[0.0]["num_labels"] == 0 and run[0.0]["position"] == 0
         assert len({run[0.0][name] for name in METHODS}) == 1  # no labels: every method is the cold router
@@ -88,11 +100,19 @@ def test_zero_shot_pairs_every_recipe_with_prompt_length(tmp_path):
     examples, embeddings = _table()
     report = zero_shot(examples, embeddings, seeds=(0,))
     recipes = report["recipes"]
-    assert set(recipes) == {"prompt_length", "selected_recipe", "shape_ridge_all_features", "shape_ridge_weak_wrong",
-                            "embedding_ridge_per_tier", "shape_and_embedding_ridge_per_tier"}  # fmt: skip
+    assert set(recipes) == {
+        "prompt_length",
+        "selected_recipe",
+        "shape_ridge_all_features",
+        "shape_ridge_weak_wrong",
+        "embedding_ridge_per_tier",
+        "shape_and_embedding_ridge_per_tier",
+    }
     assert len(recipes["prompt_length"]["apgr_by_fold"]) == 4 and "minus_prompt_length" not in recipes["prompt_length"]
     shipped = recipes["selected_recipe"]
-    assert shipped["minus_prompt_length"] == pytest.approx(np.mean(np.subtract(shipped["apgr_by_fold"], recipes["prompt_length"]["apgr_by_fold"])))
+    assert shipped["minus_prompt_length"] == pytest.approx(
+        np.mean(np.subtract(shipped["apgr_by_fold"], recipes["prompt_length"]["apgr_by_fold"]))
+    )
     runs = [simulate(examples, embeddings, 0, Traffic(feedback=0.4, shadow=0.3), checkpoints=(0.0, 0.1))]
     path = tmp_path / "curve.png"
     plot({"shuffled": summarize_runs(runs)}, path)
@@ -116,6 +136,8 @@ def test_the_background_retrains_guard_keeps_the_cold_router_unless_the_learner_
     kept = guarded_fit(rows, cold, few)
     assert kept[0] is cold and kept[1] is None  # too few labels for a holdout: nothing to go on
     cold_right = LabelledRows(seen.shape, rows.labels.copy(), embeddings, rows.groups)
-    cold_right.labels[-100:] = np.clip(cold.predict(rows.shape[-100:]), 0, 1)  # the newest labels: exactly what cold predicts
+    cold_right.labels[-100:] = np.clip(
+        cold.predict(rows.shape[-100:]), 0, 1
+    )  # the newest labels: exactly what cold predicts
     kept = guarded_fit(rows, cold, cold_right)
     assert kept[0] is cold and kept[1] is None

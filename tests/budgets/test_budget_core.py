@@ -43,10 +43,18 @@ def manager(tmp_path, text: str = BUDGETS, prices_are_zero: bool = False, clock=
 
 def test_the_file_is_checked_name_by_name(tmp_path):
     config = parse_budgets({"default": {"usd_per_day": 1, "soft_cloud_share_per_day": 0.2}})
-    assert [limit.name for limit in config.default.limits] == ["usd_per_day", "soft_cloud_share_per_day"] and config.uses_usd
-    for document, message in (({"default": {"usd_per_week": 1}}, "unknown limit"), ({"default": {"usd_per_day": -1}}, ">= 0"),
-                              ({"default": {"cloud_share_per_day": 1.5}}, r"\[0, 1\]"), ({"defaults": {}}, "unknown section"),
-                              ({"default": {"usd_per_day": True}}, ">= 0"), ({"keys": []}, "one table per key")):  # fmt: skip
+    assert [limit.name for limit in config.default.limits] == [
+        "usd_per_day",
+        "soft_cloud_share_per_day",
+    ] and config.uses_usd
+    for document, message in (
+        ({"default": {"usd_per_week": 1}}, "unknown limit"),
+        ({"default": {"usd_per_day": -1}}, ">= 0"),
+        ({"default": {"cloud_share_per_day": 1.5}}, r"\[0, 1\]"),
+        ({"defaults": {}}, "unknown section"),
+        ({"default": {"usd_per_day": True}}, ">= 0"),
+        ({"keys": []}, "one table per key"),
+    ):
         with pytest.raises(BudgetConfigError, match=message):
             parse_budgets(document)
     (tmp_path / "bad.toml").write_text("[default\n")
@@ -63,7 +71,9 @@ def test_usd_budgets_refuse_to_start_with_zero_prices(tmp_path):
 
 
 def test_soft_then_hard_per_key_and_per_user(tmp_path):
-    budgets, ledger, _ = manager(tmp_path)  # default: 1 USD a day hard, 0.5 soft, cloud share 0.5 a month; users 0.2 a day
+    budgets, ledger, _ = manager(
+        tmp_path
+    )  # default: 1 USD a day hard, 0.5 soft, cloud share 0.5 a month; users 0.2 a day
     assert not budgets.verdict("k1", None).exhausted
     budgets.record("k1", "alice", usd=0.15, cloud_tokens=10, total_tokens=100)
     assert budgets.verdict("k1", "alice") == budgets.verdict("k1", None) and not budgets.verdict("k1", "alice").hard
@@ -124,7 +134,14 @@ def test_the_file_is_reloaded_when_it_changes_and_a_bad_edit_keeps_the_old(tmp_p
     clock.now += 3.0
     assert not budgets.verdict("k", None).hard and budgets.counts.failed_reloads == 1  # still 5 USD
     assert budgets.status("k", None)["scopes"][0]["limits"][0] | {} == {
-        "limit": "usd_per_day", "period": "day", "value": 5.0, "spent": 2.0, "remaining": 3.0, "exhausted": False, "requests": 1}
+        "limit": "usd_per_day",
+        "period": "day",
+        "value": 5.0,
+        "spent": 2.0,
+        "remaining": 3.0,
+        "exhausted": False,
+        "requests": 1,
+    }
     ledger.close()
 
 
@@ -135,10 +152,16 @@ def test_tandem_serve_refuses_usd_budgets_without_prices_before_loading_anything
 
     budgets = tmp_path / "budgets.toml"
     budgets.write_text("[default]\nusd_per_day = 1.0\n")
-    result = CliRunner().invoke(app, ["serve", "--cloud", "none"], env={"TANDEM_BUDGETS_FILE": str(budgets), "TANDEM_CONFIG": ""})
+    result = CliRunner().invoke(
+        app, ["serve", "--cloud", "none"], env={"TANDEM_BUDGETS_FILE": str(budgets), "TANDEM_CONFIG": ""}
+    )
     assert result.exit_code != 0 and "prices are 0" in result.output
     priced = tmp_path / "tandem.toml"
-    priced.write_text(f'[server]\nbudgets_file = "{budgets}"\n[cascade.prices]\ncloud = {{ input_per_million = 1.0 }}\n'
-                      '[local]\nmodel = "/nonexistent.gguf"\n')
+    priced.write_text(
+        f'[server]\nbudgets_file = "{budgets}"\n[cascade.prices]\ncloud = {{ input_per_million = 1.0 }}\n'
+        '[local]\nmodel = "/nonexistent.gguf"\n'
+    )
     result = CliRunner().invoke(app, ["serve", "--config", str(priced)])
-    assert "prices are 0" not in result.output and "nonexistent" in result.output  # budgets passed; the model file is next
+    assert (
+        "prices are 0" not in result.output and "nonexistent" in result.output
+    )  # budgets passed; the model file is next

@@ -36,14 +36,20 @@ async def app_with_budgets(make_runner, tmp_path, budgets_text: str):  # noqa: F
 
 
 def client(app, key: str = KEY) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=300,
-                             headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://test",
+        timeout=300,
+        headers={"Authorization": f"Bearer {key}"},
+    )
 
 
 async def test_spend_stays_within_the_budget_under_200_concurrent_requests(make_runner, tmp_path):  # noqa: F811
     runner, ledger, app = await app_with_budgets(make_runner, tmp_path, "[default]\nusd_per_day = 0.5\n")
     async with client(app) as http:
-        replies = await asyncio.gather(*(http.post("/v1/chat/completions", json={"model": "cloud", **ASK}) for _ in range(200)))
+        replies = await asyncio.gather(
+            *(http.post("/v1/chat/completions", json={"model": "cloud", **ASK}) for _ in range(200))
+        )
         statuses = [r.status_code for r in replies]
         ok = [r.json() for r in replies if r.status_code == 200]
         refused = [r for r in replies if r.status_code == 429]
@@ -53,7 +59,10 @@ async def test_spend_stays_within_the_budget_under_200_concurrent_requests(make_
         spent = sum(r["tandem"]["cost"]["total_cost_usd"] for r in ok)
         assert spent <= 0.5 + 1e-9  # the documented bound: reservations keep concurrent calls inside the budget
         error = refused[0].json()["error"]
-        assert (error["type"], error["code"]) == ("insufficient_quota", "insufficient_quota") and "usd_per_day" in error["message"]
+        assert (error["type"], error["code"]) == (
+            "insufficient_quota",
+            "insufficient_quota",
+        ) and "usd_per_day" in error["message"]
         assert refused[0].headers["x-should-retry"] == "false"
         # Sequentially, the rest of the budget is used up to what fits, then every cloud call is refused:
         # what is left is less than one request's largest cost (its reservation; the message says it).

@@ -31,7 +31,13 @@ from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir, serve, wait_d
 KEY, OTHER = "sk-hosted-key-0123456789", "sk-hosted-other-0123456789"
 PRICES = TierPrices(input_per_million=1000.0, output_per_million=2000.0)
 MAX_TOKENS = 4
-ASK = {"model": "tiny", "prompt": "The budget of this request", "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+ASK = {
+    "model": "tiny",
+    "prompt": "The budget of this request",
+    "max_tokens": MAX_TOKENS,
+    "temperature": 0,
+    "ignore_eos": True,
+}
 
 
 def hosted(engine, tmp_path, budgets_text: str):  # noqa: F811
@@ -43,8 +49,12 @@ def hosted(engine, tmp_path, budgets_text: str):  # noqa: F811
 
 
 def client(app, key: str = KEY) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=300,
-                             headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://test",
+        timeout=300,
+        headers={"Authorization": f"Bearer {key}"},
+    )
 
 
 def usage_cost(usage: dict) -> float:
@@ -67,7 +77,10 @@ async def test_200_concurrent_requests_against_a_budget_for_50(engine, tmp_path)
         spent = sum(usage_cost(r["usage"]) for r in ok)
         assert spent == pytest.approx(50 * cost) and spent <= 50.5 * cost
         error = refused[0].json()["error"]
-        assert (error["type"], error["code"]) == ("insufficient_quota", "insufficient_quota") and "usd_per_day" in error["message"]
+        assert (error["type"], error["code"]) == (
+            "insufficient_quota",
+            "insufficient_quota",
+        ) and "usd_per_day" in error["message"]
         assert refused[0].headers["x-should-retry"] == "false"
         status = (await http.get("/v1/budget")).json()
         [limit] = status["scopes"][0]["limits"]
@@ -90,22 +103,30 @@ async def test_the_bill_follows_usage_for_n_choices_and_streams(engine, tmp_path
         assert two["usage"]["completion_tokens"] == 2 * MAX_TOKENS  # the prompt is counted once
         assert ledger.spend(scope, "day").usd == pytest.approx(usage_cost(two["usage"]))
         before = ledger.spend(scope, "day").usd
-        async with http.stream("POST", "/v1/completions", json={**ASK, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        async with http.stream(
+            "POST", "/v1/completions", json={**ASK, "stream": True, "stream_options": {"include_usage": True}}
+        ) as r:
             body = [line async for line in r.aiter_lines() if line.startswith("data: {")]
         usage = httpx.Response(200, content=body[-1][6:]).json()["usage"]
         assert ledger.spend(scope, "day").usd - before == pytest.approx(usage_cost(usage))
     # A caller that leaves mid-stream (the server closes the engine's stream, as on a disconnect):
     # billed what the engine computed, and nothing stays held.
     before = ledger.spend(scope, "day").usd
-    request = GenerationRequest("left-early", engine.tokenize(ASK["prompt"]), SamplingParams(max_tokens=500, ignore_eos=True),
-                                caller=Caller(key_fingerprint(KEY)))  # fmt: skip
+    request = GenerationRequest(
+        "left-early",
+        engine.tokenize(ASK["prompt"]),
+        SamplingParams(max_tokens=500, ignore_eos=True),
+        caller=Caller(key_fingerprint(KEY)),
+    )
     events = billed.generate(request)
     seen = [await anext(events) for _ in range(3)]
     assert billed.budgets._held  # the largest cost (500 tokens) is held while it runs
     await events.aclose()
     assert await wait_drained(engine) and billed.budgets._held == {}
     prompt = len(engine.tokenize(ASK["prompt"]))
-    assert ledger.spend(scope, "day").usd - before == pytest.approx(PRICES.cost(prompt, seen[-1].num_output_tokens or 3))
+    assert ledger.spend(scope, "day").usd - before == pytest.approx(
+        PRICES.cost(prompt, seen[-1].num_output_tokens or 3)
+    )
     ledger.close()
 
 
@@ -156,7 +177,6 @@ def test_a_cloud_only_server_refuses_cloud_share_limits(tmp_path):
     check_budgets(str(path), prices_are_zero=False)  # tandem serve's cascade applies them
 
 
-
 def test_tandem_cloud_serve_checks_its_budgets_before_loading_anything(tmp_path):
     from typer.testing import CliRunner
 
@@ -167,5 +187,7 @@ def test_tandem_cloud_serve_checks_its_budgets_before_loading_anything(tmp_path)
     result = CliRunner().invoke(app, ["cloud", "serve", "--budgets-file", str(budgets)])
     assert result.exit_code != 0 and "prices are 0" in result.output and "--price-input-per-million" in result.output
     budgets.write_text("[default]\ncloud_share_per_month = 0.5\n")
-    result = CliRunner().invoke(app, ["cloud", "serve", "--budgets-file", str(budgets), "--price-input-per-million", "1"])
+    result = CliRunner().invoke(
+        app, ["cloud", "serve", "--budgets-file", str(budgets), "--price-input-per-million", "1"]
+    )
     assert result.exit_code != 0 and "cloud_share_per_month" in result.output

@@ -27,10 +27,16 @@ FAKE_TOKEN_BASE = 100_000
 def make_scheduler(**overrides) -> Scheduler:
     """A real scheduler over a real KV cache manager; any argument of either can be overridden."""
     config = dict(
-        num_blocks=64, block_size=BS, enable_prefix_caching=True,
-        max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64,
-        enable_chunked_prefill=True, long_prefill_token_threshold=0, policy="fcfs",
-    )  # fmt: skip
+        num_blocks=64,
+        block_size=BS,
+        enable_prefix_caching=True,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        max_model_len=64,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=0,
+        policy="fcfs",
+    )
     config.update(overrides)
     kv = KVCacheManager(config.pop("num_blocks"), config.pop("block_size"), config.pop("enable_prefix_caching"))
     return Scheduler(kv, **config)
@@ -106,7 +112,9 @@ class Driver:
         s = self.s
         out = s.schedule(prefill)
         self.check_output(out)
-        before = {rid: (s.requests[rid].num_computed_tokens, s.requests[rid].num_tokens) for rid in out.num_scheduled_tokens}
+        before = {
+            rid: (s.requests[rid].num_computed_tokens, s.requests[rid].num_tokens) for rid in out.num_scheduled_tokens
+        }
         for rid, n in out.num_scheduled_tokens.items():
             self.compute(s.requests[rid], n)
         runner_output = runner_output_for(s, out)

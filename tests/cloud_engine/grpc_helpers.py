@@ -37,8 +37,14 @@ def long_tiny_dir(tmp_path_factory):
 
 def make_engine(model_dir: str, start: bool = True, **overrides) -> AsyncCloudEngine:
     # float32: the tests compare tokens with the engine's own, which bf16 rounding could blur.
-    config = dict(model=model_dir, model_name="tiny", dtype="float32", block_size=4, kv_cache_gb=0.001,
-                  max_model_len=MAX_MODEL_LEN)  # fmt: skip
+    config = dict(
+        model=model_dir,
+        model_name="tiny",
+        dtype="float32",
+        block_size=4,
+        kv_cache_gb=0.001,
+        max_model_len=MAX_MODEL_LEN,
+    )
     config.update(overrides)
     engine = AsyncCloudEngine(CloudEngineConfig(**config))
     if start:

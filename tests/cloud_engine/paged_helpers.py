@@ -16,8 +16,10 @@ from cloud_engine.attention_metadata import AttentionMetadata
 def make_kv_caches(config, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu"):
     """Zeroed (key, value) caches per layer, [num_blocks, block_size, num_kv_heads, head_dim]."""
     shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(config.num_hidden_layers)]
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(config.num_hidden_layers)
+    ]
 
 
 @dataclass

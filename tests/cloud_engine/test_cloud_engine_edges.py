@@ -30,7 +30,14 @@ def tiny_dir(tmp_path_factory):
 
 def make_llm(tiny_dir, **overrides) -> LLM:
     # float32: these tests compare recomputed and batched tokens for equality, which bf16 rounding would blur.
-    config = dict(dtype="float32", block_size=BLOCK, kv_cache_gb=0.001, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64)
+    config = dict(
+        dtype="float32",
+        block_size=BLOCK,
+        kv_cache_gb=0.001,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        max_model_len=64,
+    )
     config.update(overrides)
     return LLM(tiny_dir, **config)
 
@@ -124,7 +131,9 @@ def test_seeded_sampling_is_reproducible_across_batches(llm):
 
 
 async def test_async_engine_streams_and_cancel_frees_blocks(tiny_dir):
-    engine = AsyncCloudEngine(CloudEngineConfig(model=tiny_dir, block_size=BLOCK, kv_cache_gb=0.001, max_model_len=64)).start()
+    engine = AsyncCloudEngine(
+        CloudEngineConfig(model=tiny_dir, block_size=BLOCK, kv_cache_gb=0.001, max_model_len=64)
+    ).start()
     try:
         await asyncio.to_thread(engine.wait_ready, 60)
         events = [e async for e in engine.generate(GenerationRequest("a", random_tokens(5, seed=7), greedy(6)))]
@@ -141,7 +150,6 @@ async def test_async_engine_streams_and_cancel_frees_blocks(tiny_dir):
         engine.shutdown()
 
 
-
 def test_sampling_fields_a_request_leaves_out_come_from_the_models_generation_config(tiny_dir, tmp_path):
     import json
     import shutil
@@ -150,13 +158,18 @@ def test_sampling_fields_a_request_leaves_out_come_from_the_models_generation_co
     (model_dir / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_p": 0.5}))
     llm = make_llm(str(model_dir), sampling={"top_k": 3})
     assert {k: llm.engine.sampling_defaults.values[k] for k in ("temperature", "top_p", "top_k")} == {
-        "temperature": 0.0, "top_p": 0.5, "top_k": 3}
+        "temperature": 0.0,
+        "top_p": 0.5,
+        "top_k": 3,
+    }
     assert llm.engine.sampling_defaults.sources["temperature"] == "model: generation_config.json"
     prompt = random_tokens(8, seed=5)
     unset = [llm.generate([prompt], SamplingParams(max_tokens=10, ignore_eos=True))[0].token_ids for _ in range(3)]
     explicit = llm.generate([prompt], greedy(10))[0].token_ids
     assert unset == [explicit] * 3  # temperature 0 from the model: greedy without asking
     # A request's own value still wins: at temperature 1.5 (top_k 3 from the config) the runs differ.
-    sampled = {tuple(llm.generate([prompt], SamplingParams(max_tokens=10, temperature=1.5, ignore_eos=True))[0].token_ids)
-               for _ in range(4)}
+    sampled = {
+        tuple(llm.generate([prompt], SamplingParams(max_tokens=10, temperature=1.5, ignore_eos=True))[0].token_ids)
+        for _ in range(4)
+    }
     assert len(sampled) > 1

@@ -37,13 +37,15 @@ def hf_tokens(prompts):
     from transformers import AutoModelForCausalLM
 
     path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    )
     model.generation_config.eos_token_id = None
     outs = []
     with torch.inference_mode():
         for prompt in prompts:
             out = model.generate(torch.tensor([prompt]), max_new_tokens=NUM_TOKENS, do_sample=False, pad_token_id=0)
-            outs.append(out[0, len(prompt):].tolist())
+            outs.append(out[0, len(prompt) :].tolist())
     return outs
 
 
@@ -63,9 +65,20 @@ def test_chunked_prefill_matches_unchunked(prompts):
     results = []
     # The short request decodes while the long prompt prefills, so the paced mode (a 1 ms
     # target, a long step now and then) splits it into chunks of several sizes.
-    for overrides in (dict(max_num_batched_tokens=16), dict(enable_chunked_prefill=False, max_num_batched_tokens=512),
-                      dict(max_num_batched_tokens=256, step_time_target_ms=1.0, step_time_max_ms=30.0, slow_step_share=0.3)):  # fmt: skip
-        engine_llm = LLM(None, dtype="float32", kv_cache_gb=0.1, max_num_seqs=8, max_model_len=512, enable_prefix_caching=False, **overrides)
+    for overrides in (
+        dict(max_num_batched_tokens=16),
+        dict(enable_chunked_prefill=False, max_num_batched_tokens=512),
+        dict(max_num_batched_tokens=256, step_time_target_ms=1.0, step_time_max_ms=30.0, slow_step_share=0.3),
+    ):
+        engine_llm = LLM(
+            None,
+            dtype="float32",
+            kv_cache_gb=0.1,
+            max_num_seqs=8,
+            max_model_len=512,
+            enable_prefix_caching=False,
+            **overrides,
+        )
         results.append([o.token_ids for o in engine_llm.generate([prompts[0], long_prompt], greedy())])
     assert results[0] == results[1] == results[2]
 

@@ -42,14 +42,20 @@ def test_signals_match_the_local_runtime_definition():
 
 def test_greedy_is_argmax_and_top_k_one_is_greedy():
     logits = _logits(3)
-    out = sample_batch(logits, [resolved_params(temperature=0.0), resolved_params(top_k=1), resolved_params(temperature=0.0)], _gens(3))
+    out = sample_batch(
+        logits, [resolved_params(temperature=0.0), resolved_params(top_k=1), resolved_params(temperature=0.0)], _gens(3)
+    )
     assert [t.token_id for t in out] == logits.argmax(dim=1).tolist()
 
 
 def test_same_seed_same_tokens_different_seed_differs():
     logits = _logits(1, vocab=1000)
     params = [resolved_params(temperature=1.5, seed=7)]
-    draw = lambda seed: [sample_batch(logits, params, [g])[0].token_id for g in [make_generator(seed, torch.device("cpu"))] for _ in range(20)]  # noqa: E731
+    draw = lambda seed: [
+        sample_batch(logits, params, [g])[0].token_id
+        for g in [make_generator(seed, torch.device("cpu"))]
+        for _ in range(20)
+    ]  # noqa: E731
     assert draw(7) == draw(7)
     assert draw(7) != draw(8)
 
@@ -76,7 +82,9 @@ def test_nucleus_wider_than_the_first_window_is_exact():
 def test_temperature_sampling_follows_the_distribution():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
     gen = _gens(1)[0]
-    counts = np.bincount([sample_batch(logits, [resolved_params(temperature=1.0)], [gen])[0].token_id for _ in range(3000)], minlength=3)
+    counts = np.bincount(
+        [sample_batch(logits, [resolved_params(temperature=1.0)], [gen])[0].token_id for _ in range(3000)], minlength=3
+    )
     expected = np.array([0.5, 0.3, 0.2]) * 3000
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 13.8  # p = 0.001 with 2 degrees of freedom
@@ -102,7 +110,9 @@ def test_batched_nucleus_matches_a_full_sort_row_by_row():
     top_ps = [0.01, 0.5, 0.9, 0.999] * 4
     for row, (logits, top_p) in enumerate(zip(rows, top_ps)):
         order = torch.argsort(logits, descending=True)
-        mass = torch.cumsum(torch.exp(logits[order] - torch.logsumexp(logits, dim=0)), dim=0)  # the sampler's arithmetic
+        mass = torch.cumsum(
+            torch.exp(logits[order] - torch.logsumexp(logits, dim=0)), dim=0
+        )  # the sampler's arithmetic
         expected = order[: int((mass < top_p).sum()) + 1]
         got = nucleus_ids(rows, top_ps)[row]
         # Equal values may come in either order (sort and top-k break ties differently).
@@ -114,8 +124,16 @@ def test_batched_nucleus_matches_a_full_sort_row_by_row():
 def test_a_row_samples_the_same_alone_or_in_a_batch():
     torch.manual_seed(1)
     logits = torch.randn(6, 3000) * torch.tensor([[4.0], [1.0], [0.2], [3.0], [0.5], [2.0]])
-    params = [resolved_params(top_p=0.9), resolved_params(top_p=0.99), resolved_params(top_p=0.5, min_p=0.1),
-              resolved_params(top_k=20, top_p=0.8), resolved_params(), resolved_params(top_p=0.95, temperature=0.7)]
+    params = [
+        resolved_params(top_p=0.9),
+        resolved_params(top_p=0.99),
+        resolved_params(top_p=0.5, min_p=0.1),
+        resolved_params(top_k=20, top_p=0.8),
+        resolved_params(),
+        resolved_params(top_p=0.95, temperature=0.7),
+    ]
     batched = sample_batch(logits, params, [make_generator(seed, torch.device("cpu")) for seed in range(6)])
-    alone = [sample_batch(logits[i : i + 1], [params[i]], [make_generator(i, torch.device("cpu"))])[0] for i in range(6)]
+    alone = [
+        sample_batch(logits[i : i + 1], [params[i]], [make_generator(i, torch.device("cpu"))])[0] for i in range(6)
+    ]
     assert [t.token_id for t in batched] == [t.token_id for t in alone]

@@ -352,8 +352,11 @@ def test_a_victim_scheduled_earlier_in_the_step_gives_its_budget_back():
 
 
 def test_budget_of_a_victim_scheduled_earlier_goes_to_later_requests():
-    d = Driver(make_scheduler(num_blocks=6, max_model_len=24, max_num_seqs=3, max_num_batched_tokens=10,
-                              enable_prefix_caching=False))  # fmt: skip
+    d = Driver(
+        make_scheduler(
+            num_blocks=6, max_model_len=24, max_num_seqs=3, max_num_batched_tokens=10, enable_prefix_caching=False
+        )
+    )
     young = make_request("young", 7, 10, arrival_time=9.0)
     d.add(young)
     d.step()  # young: 2 blocks, first in the running list although it arrived last
@@ -371,8 +374,11 @@ def test_budget_of_a_victim_scheduled_earlier_goes_to_later_requests():
 
 
 def test_no_admission_in_a_step_that_preempted_even_with_room():
-    d = Driver(make_scheduler(num_blocks=5, max_model_len=20, max_num_seqs=2, max_num_batched_tokens=10,
-                              enable_prefix_caching=False))  # fmt: skip
+    d = Driver(
+        make_scheduler(
+            num_blocks=5, max_model_len=20, max_num_seqs=2, max_num_batched_tokens=10, enable_prefix_caching=False
+        )
+    )
     young = make_request("young", 12, 5, arrival_time=9.0)
     d.add(young)
     d.step()

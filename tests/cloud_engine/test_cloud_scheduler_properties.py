@@ -41,7 +41,9 @@ def configs(draw) -> dict:
 DOCUMENTS = [[7, 3, 9, 1, 4, 4, 8, 2] * 5, [5, 6, 5, 6, 0, 1, 2, 3] * 5]
 prompts = st.builds(
     lambda doc, n, tail: DOCUMENTS[doc][:n] + tail,
-    st.integers(0, 1), st.integers(0, 40), st.lists(st.integers(0, 2), min_size=1, max_size=6),
+    st.integers(0, 1),
+    st.integers(0, 40),
+    st.lists(st.integers(0, 2), min_size=1, max_size=6),
 )
 
 adds = st.tuples(st.just("add"), prompts, st.integers(1, 12), st.integers(0, 2))

@@ -64,7 +64,8 @@ def context_of(cache, table, length):
 def test_decode_kernel_matches_dense_reference(kernels, num_heads, num_kv_heads, head_dim, dtype):
     lengths = [1, 5, 16, 17, 40, 100]  # a lone token, part of a block, exactly one, one past, several
     query, key_cache, value_cache, tables, lens = random_paged_batch(
-        len(lengths), lengths, num_heads, num_kv_heads, head_dim, block_size=16, dtype=dtype, seed=head_dim)
+        len(lengths), lengths, num_heads, num_kv_heads, head_dim, block_size=16, dtype=dtype, seed=head_dim
+    )
     scale = head_dim**-0.5
     out = kernels.paged_decode_attention(query, key_cache, value_cache, tables, lens, scale)
     assert out.dtype == dtype and out.shape == query.shape
@@ -82,8 +83,13 @@ def test_decode_kernel_handles_peaked_softmax(kernels):
     query = query * 40
     out = kernels.paged_decode_attention(query, key_cache, value_cache, tables, lens, 1.0)
     for seq, length in enumerate([33, 7]):
-        expected = dense_attention(query[seq : seq + 1], context_of(key_cache, tables[seq], length),
-                                   context_of(value_cache, tables[seq], length), 1.0, length - 1)[0]
+        expected = dense_attention(
+            query[seq : seq + 1],
+            context_of(key_cache, tables[seq], length),
+            context_of(value_cache, tables[seq], length),
+            1.0,
+            length - 1,
+        )[0]
         torch.testing.assert_close(out[seq].double(), expected, atol=1e-4, rtol=1e-4)
 
 
@@ -111,8 +117,9 @@ def test_tiled_prefill_matches_dense_reference(query_len, query_offset, dtype):
     out = causal_attention_tiled(query, keys, values, query_offset, 32**-0.5)
     assert out.dtype == dtype and out.shape == query.shape
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(out.double(), dense_attention(query, keys, values, 32**-0.5, query_offset),
-                               atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(
+        out.double(), dense_attention(query, keys, values, 32**-0.5, query_offset), atol=tolerance, rtol=tolerance
+    )
 
 
 def _random_prefill_shapes(count, seed):
@@ -142,9 +149,13 @@ def test_tiled_prefill_in_bf16_keeps_no_state_per_shape():
     def run(shapes):
         for query_len, query_offset in shapes:
             context = query_offset + query_len
-            causal_attention_tiled(torch.randn(query_len, 6, 32, generator=gen).bfloat16(),
-                                   torch.randn(context, 2, 32, generator=gen).bfloat16(),
-                                   torch.randn(context, 2, 32, generator=gen).bfloat16(), query_offset, 32**-0.5)
+            causal_attention_tiled(
+                torch.randn(query_len, 6, 32, generator=gen).bfloat16(),
+                torch.randn(context, 2, 32, generator=gen).bfloat16(),
+                torch.randn(context, 2, 32, generator=gen).bfloat16(),
+                query_offset,
+                32**-0.5,
+            )
 
     run(_random_prefill_shapes(5, seed=2))  # BLAS sets up its per-thread buffers once
     growth = heap_growth(lambda: run(_random_prefill_shapes(200, seed=3)))
@@ -162,8 +173,9 @@ def test_sdpa_prefill_matches_dense_reference(query_len, query_offset):
     if query_offset:
         mask = torch.arange(context)[None, :] <= torch.arange(query_offset, context)[:, None]
     out = causal_attention_sdpa(query, keys, values, mask, 32**-0.5)
-    torch.testing.assert_close(out.double(), dense_attention(query, keys, values, 32**-0.5, query_offset),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out.double(), dense_attention(query, keys, values, 32**-0.5, query_offset), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_backend_selection():

@@ -86,7 +86,9 @@ async def test_a_draining_replica_finishes_its_streams_and_refuses_new_ones(engi
         running = asyncio.create_task(drain_stream(client, long))
         assert await wait_until(lambda: replica.in_flight == 1)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
-            assert (await http.post("/admin/drain", headers={"Authorization": f"Bearer {KEY}"})).status_code == 403  # an API key is not the admin key
+            assert (
+                await http.post("/admin/drain", headers={"Authorization": f"Bearer {KEY}"})
+            ).status_code == 403  # an API key is not the admin key
             drained = await http.post("/admin/drain", headers={"Authorization": f"Bearer {ADMIN}"})
             assert drained.status_code == 200 and drained.json() == {"draining": True, "in_flight": 1, "started": 1}
             health = await http.get("/health")
@@ -94,8 +96,11 @@ async def test_a_draining_replica_finishes_its_streams_and_refuses_new_ones(engi
             assert await _health(client, "NOT_SERVING")
             with pytest.raises(CloudUnavailableError, match="draining"):  # new work goes elsewhere
                 await drain_stream(client)
-            refused = await http.post("/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
-                                      json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2})  # fmt: skip
+            refused = await http.post(
+                "/v1/completions",
+                headers={"Authorization": f"Bearer {KEY}"},
+                json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2},
+            )
             assert refused.status_code == 503
             events = await running  # the stream that was running goes on to its end
             assert events[-1].finish_reason == "length" and len(events) == 200

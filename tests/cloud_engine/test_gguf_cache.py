@@ -115,12 +115,26 @@ def test_the_cached_tokenizer_is_the_converted_one(cache_root, monkeypatch):
     assert calls and all("gguf_file" not in kwargs for kwargs in calls)  # read back, not converted again
 
     assert type(cached) is type(converted) and len(cached) == len(converted)
-    assert cached.convert_ids_to_tokens(list(range(len(cached)))) == converted.convert_ids_to_tokens(list(range(len(converted))))
+    assert cached.convert_ids_to_tokens(list(range(len(cached)))) == converted.convert_ids_to_tokens(
+        list(range(len(converted)))
+    )
     assert cached.get_added_vocab() == converted.get_added_vocab()
-    assert {i: str(t) for i, t in cached.added_tokens_decoder.items()} == {i: str(t) for i, t in converted.added_tokens_decoder.items()}
-    assert (cached.bos_token_id, cached.eos_token_id, cached.pad_token_id, cached.unk_token_id) == \
-           (converted.bos_token_id, converted.eos_token_id, converted.pad_token_id, converted.unk_token_id)  # fmt: skip
-    texts = ["Hello, world!", "  spaces\n\nand\ttabs", "<|im_start|>user\nWhat is 2+2?<|im_end|>\n", "😀 中文 ünïcödé", ""]
+    assert {i: str(t) for i, t in cached.added_tokens_decoder.items()} == {
+        i: str(t) for i, t in converted.added_tokens_decoder.items()
+    }
+    assert (cached.bos_token_id, cached.eos_token_id, cached.pad_token_id, cached.unk_token_id) == (
+        converted.bos_token_id,
+        converted.eos_token_id,
+        converted.pad_token_id,
+        converted.unk_token_id,
+    )
+    texts = [
+        "Hello, world!",
+        "  spaces\n\nand\ttabs",
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n",
+        "😀 中文 ünïcödé",
+        "",
+    ]
     for text in texts:
         for split in (False, True):
             ids = converted(text, add_special_tokens=False, split_special_tokens=split)["input_ids"]

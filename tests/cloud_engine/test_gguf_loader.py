@@ -32,13 +32,20 @@ LAYER_NAMES = {  # HF module path inside a layer -> llama.cpp tensor name inside
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
-GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                "lm_head.weight": "output.weight"}
+GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 
 
 def converter_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf rope permutation: per head, rows (half, i) become (i, half)."""
-    return weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def llama3_rope_freq_factors(head_dim: int, theta: float, rope: dict) -> np.ndarray:
@@ -52,7 +59,9 @@ def llama3_rope_freq_factors(head_dim: int, theta: float, rope: dict) -> np.ndar
         elif wavelength > old_context / rope["low_freq_factor"]:
             factors.append(rope["factor"])
         else:
-            smooth = (old_context / wavelength - rope["low_freq_factor"]) / (rope["high_freq_factor"] - rope["low_freq_factor"])
+            smooth = (old_context / wavelength - rope["low_freq_factor"]) / (
+                rope["high_freq_factor"] - rope["low_freq_factor"]
+            )
             factors.append(1 / ((1 - smooth) / rope["factor"] + smooth))
     return np.array(factors, dtype=np.float32)
 

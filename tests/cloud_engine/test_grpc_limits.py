@@ -74,9 +74,12 @@ async def test_one_budget_per_key_across_grpc_and_http(engine):  # noqa: F811
     server = await start_grpc_server(engine, GrpcServerConfig(port=0, api_keys=KEYS), limits)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
     try:
-        async with CloudClient(f"127.0.0.1:{bound_port(server)}", api_key="key-one") as grpc_one, \
-                httpx.AsyncClient(transport=transport, base_url="http://test",
-                                  headers={"Authorization": "Bearer key-one"}) as http_one:  # fmt: skip
+        async with (
+            CloudClient(f"127.0.0.1:{bound_port(server)}", api_key="key-one") as grpc_one,
+            httpx.AsyncClient(
+                transport=transport, base_url="http://test", headers={"Authorization": "Bearer key-one"}
+            ) as http_one,
+        ):
             stream = grpc_one.generate([5, 6], LONG)
             await anext(stream)  # key-one's one slot, taken over gRPC (1 of its 3 requests)
             busy = await http_one.get("/v1/models")
@@ -109,8 +112,15 @@ async def test_wrong_keys_back_off_per_address_without_being_checked(engine, ser
         await refused(right.list_models())  # the right key from the same address waits too
 
 
-@pytest.mark.parametrize("peer, host", [("ipv4:127.0.0.1:5000", "127.0.0.1"), ("ipv6:%5B::1%5D:5000", "::1"),
-                                        ("ipv6:[2001:db8::1]:443", "2001:db8::1"), ("unix:/tmp/s.sock", "unix"),
-                                        ("", "unknown")])  # fmt: skip
+@pytest.mark.parametrize(
+    "peer, host",
+    [
+        ("ipv4:127.0.0.1:5000", "127.0.0.1"),
+        ("ipv6:%5B::1%5D:5000", "::1"),
+        ("ipv6:[2001:db8::1]:443", "2001:db8::1"),
+        ("unix:/tmp/s.sock", "unix"),
+        ("", "unknown"),
+    ],
+)
 def test_the_budget_identity_is_the_peer_host_without_its_port(peer, host):
     assert peer_host(peer) == host

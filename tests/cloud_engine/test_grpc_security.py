@@ -12,7 +12,13 @@ import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from sdk.protocol.cloud_backend import CloudStatus
-from cloud_engine.grpc.server import GrpcServerConfig, GrpcServerStartError, bound_port, start_grpc_server, stop_grpc_server
+from cloud_engine.grpc.server import (
+    GrpcServerConfig,
+    GrpcServerStartError,
+    bound_port,
+    start_grpc_server,
+    stop_grpc_server,
+)
 from sdk.protocol.api_keys import key_fingerprint
 from sdk.cloud.grpc_client import CloudClient, CloudUnauthenticatedError, CloudUnavailableError
 from sdk.protocol.engine import SamplingParams
@@ -25,7 +31,10 @@ async def test_api_keys_guard_the_service_but_not_health_or_reflection(engine, s
     target = await serve(engine, api_keys=frozenset({"key-one", "key-two"}))
     async with CloudClient(target) as anonymous, CloudClient(target, api_key="wrong-key-123") as wrong:
         with caplog.at_level(logging.DEBUG, logger="sdk.protocol.access_gate"):
-            for client, says in ((wrong, "not valid"), (anonymous, "authorization: Bearer")):  # the first line per address is logged
+            for client, says in (
+                (wrong, "not valid"),
+                (anonymous, "authorization: Bearer"),
+            ):  # the first line per address is logged
                 with pytest.raises(CloudUnauthenticatedError) as caught:
                     await anext(client.generate([5, 6], GREEDY))
                 assert caught.value.code == CloudStatus.UNAUTHENTICATED and says in str(caught.value)
@@ -54,11 +63,29 @@ def self_signed(tmp_path):
         pytest.skip("openssl is not installed")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(cert), str(key)
 
 

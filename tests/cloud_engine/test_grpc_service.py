@@ -22,7 +22,16 @@ from sdk.cloud.grpc_client import (
     cloud_error,
 )
 from sdk.protocol.engine import ContextLengthError, EngineOverloadedError, GenerationRequest, SamplingParams
-from tests.cloud_engine.grpc_helpers import LONG, MAX_MODEL_LEN, engine, long_tiny_dir, make_engine, serve, wait_drained, wait_until_serving  # noqa: F401
+from tests.cloud_engine.grpc_helpers import (
+    LONG,
+    MAX_MODEL_LEN,
+    engine,
+    long_tiny_dir,
+    make_engine,
+    serve,
+    wait_drained,
+    wait_until_serving,
+)  # noqa: F401
 from tests.cloud_engine.tiny_models import random_tokens
 
 
@@ -38,20 +47,26 @@ async def test_generate_streams_the_engines_own_tokens(engine, serve):  # noqa: 
         assert [e.token_id for e in events] == [e.token_id for e in direct]
         assert [e.text for e in events] == [e.text for e in direct]
         assert [e.logprob for e in events] == pytest.approx([e.logprob for e in direct], abs=1e-5)
-        assert [[t.token_id for t in e.top_logprobs] for e in events] == [[t.token_id for t in e.top_logprobs] for e in direct]
+        assert [[t.token_id for t in e.top_logprobs] for e in events] == [
+            [t.token_id for t in e.top_logprobs] for e in direct
+        ]
         assert all(e.request_id == "mine" and e.finish_reason is None for e in events[:-1])
         last = events[-1]
         assert (last.finish_reason, last.num_prompt_tokens, last.num_output_tokens) == ("length", 5, 8)
         assert (last.num_draft_tokens, last.num_accepted_tokens) == (0, 0)
 
         # A continuation is read as part of the prompt: greedy decoding goes on where it left off.
-        events = [e async for e in client.generate(prompt, greedy(5), continuation_token_ids=[e.token_id for e in direct[:3]])]
+        events = [
+            e async for e in client.generate(prompt, greedy(5), continuation_token_ids=[e.token_id for e in direct[:3]])
+        ]
         assert [e.token_id for e in events] == [e.token_id for e in direct[3:]]
         assert events[-1].num_prompt_tokens == 8
 
         text = "w5 w6 w7"
         events = [e async for e in client.generate(text, greedy(3))]
-        assert events[-1].num_prompt_tokens == len(engine.tokenize(text)) and events[-1].request_id.startswith("tandem-")
+        assert events[-1].num_prompt_tokens == len(engine.tokenize(text)) and events[-1].request_id.startswith(
+            "tandem-"
+        )
         assert await client.list_models() == [CloudModel("tiny", MAX_MODEL_LEN, engine.vocabulary_fingerprint)]
     assert await wait_drained(engine)
 
@@ -122,7 +137,9 @@ async def test_invalid_requests_are_invalid_argument_naming_the_field(engine, se
 
 
 async def test_full_queue_is_resource_exhausted(long_tiny_dir, serve):  # noqa: F811  (fixtures)
-    small = make_engine(long_tiny_dir, max_num_seqs=1, max_num_batched_tokens=16, max_waiting=0)  # one request in flight
+    small = make_engine(
+        long_tiny_dir, max_num_seqs=1, max_num_batched_tokens=16, max_waiting=0
+    )  # one request in flight
     try:
         async with CloudClient(await serve(small)) as client:
             first = client.generate(random_tokens(5, seed=4), greedy(LONG))
@@ -186,7 +203,12 @@ async def test_repetition_stop_travels_both_ways(engine, serve):  # noqa: F811  
     assert found is not None, "a random-weight model decoding greedily falls into a cycle"
     assert unset[-1].stop_reason is None  # the cloud engine's default: off
     async with CloudClient(await serve(engine)) as client:
-        asked = [e async for e in client.generate(prompt, SamplingParams(max_tokens=400, temperature=0.0, repetition_stop=True))]
+        asked = [
+            e
+            async for e in client.generate(
+                prompt, SamplingParams(max_tokens=400, temperature=0.0, repetition_stop=True)
+            )
+        ]
     assert [e.token_id for e in asked] == tokens[: found[0]]
     assert (asked[-1].finish_reason, asked[-1].stop_reason) == ("length", "repetition")
     assert await wait_drained(engine)

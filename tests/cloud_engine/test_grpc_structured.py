@@ -17,8 +17,12 @@ from sdk.cloud.openai_wire import request_body
 from sdk.protocol.engine import GenerationRequest, SamplingParams, StructuredOutput
 from tests.cloud_engine.grpc_helpers import byte_engine, serve, wait_drained  # noqa: F401  (fixtures)
 
-SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}, "n": {"type": "integer", "maximum": 99}},
-          "required": ["colour", "n"], "additionalProperties": False}  # fmt: skip
+SCHEMA = {
+    "type": "object",
+    "properties": {"colour": {"enum": ["red", "green", "blue"]}, "n": {"type": "integer", "maximum": 99}},
+    "required": ["colour", "n"],
+    "additionalProperties": False,
+}
 CONSTRAINT = StructuredOutput("json_schema", json.dumps(SCHEMA))
 PROMPT = [1, 40, 41, 42]
 
@@ -31,12 +35,18 @@ def test_the_constraint_survives_the_proto_both_ways():
     for structured in (CONSTRAINT, StructuredOutput("json_object")):
         message = pb.GenerateRequest(sampling=sampling_message(SamplingParams(max_tokens=5, structured=structured)))
         assert sampling_params(message, 3, 100).structured == structured
-    assert sampling_params(pb.GenerateRequest(sampling=sampling_message(SamplingParams(max_tokens=5))), 3, 100).structured is None
+    assert (
+        sampling_params(pb.GenerateRequest(sampling=sampling_message(SamplingParams(max_tokens=5))), 3, 100).structured
+        is None
+    )
 
 
 def test_the_openai_http_client_sends_response_format():
     body = request_body([{"role": "user", "content": "hi"}], greedy(), "m")
-    assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "response", "schema": SCHEMA, "strict": True}}
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "response", "schema": SCHEMA, "strict": True},
+    }
     body = request_body([], SamplingParams(max_tokens=5, structured=StructuredOutput("json_object")), "m")
     assert body["response_format"] == {"type": "json_object"}
 
@@ -59,5 +69,10 @@ async def test_a_structured_request_over_grpc_fits_its_schema_and_matches_the_en
 
         # A continuation the schema cannot take is the caller's error, naming the field.
         with pytest.raises(CloudInvalidArgumentError, match="response_format"):
-            _ = [e async for e in client.generate(PROMPT, greedy(), continuation_token_ids=byte_engine.tokenize("[1", add_special=False))]
+            _ = [
+                e
+                async for e in client.generate(
+                    PROMPT, greedy(), continuation_token_ids=byte_engine.tokenize("[1", add_special=False)
+                )
+            ]
     assert await wait_drained(byte_engine)

@@ -11,8 +11,14 @@ from cloud_engine.loader import InvalidModelError, ModelNotFoundError, Unsupport
 from cloud_engine.model.config import ModelConfig, ModelConfigError
 from cloud_engine.model.registry import get_architecture
 
-LLAMA_FIELDS = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                    num_attention_heads=4, num_key_value_heads=2)
+LLAMA_FIELDS = dict(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
 def test_unsupported_hf_architecture_names_the_supported_ones(tmp_path):
@@ -73,22 +79,48 @@ def test_config_validation_says_what_to_fix():
     with pytest.raises(ModelConfigError, match="multiple of num_key_value_heads"):
         ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_FIELDS, "num_key_value_heads": 3})
     with pytest.raises(ModelConfigError, match="rope_type 'yarn' is not supported; supported: default, linear, llama3"):
-        ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_FIELDS,
-                                    "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+        ModelConfig.from_hf_config(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                **LLAMA_FIELDS,
+                "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+            }
+        )
     with pytest.raises(ModelConfigError, match="llama3 rope scaling lacks"):
-        ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_FIELDS,
-                                    "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+        ModelConfig.from_hf_config(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                **LLAMA_FIELDS,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0},
+            }
+        )
 
 
 def test_config_reads_transformers_4_and_5_rope_layouts():
-    old = ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_FIELDS, "rope_theta": 5e5,
-                                      "rope_scaling": {"type": "linear", "factor": 2.0}})
-    new = ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_FIELDS,
-                                      "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}})
+    old = ModelConfig.from_hf_config(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            **LLAMA_FIELDS,
+            "rope_theta": 5e5,
+            "rope_scaling": {"type": "linear", "factor": 2.0},
+        }
+    )
+    new = ModelConfig.from_hf_config(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            **LLAMA_FIELDS,
+            "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5},
+        }
+    )
     assert old.rope_theta == new.rope_theta == 5e5
     assert old.rope_scaling["rope_type"] == new.rope_scaling["rope_type"] == "linear"
-    plain = ModelConfig.from_hf_config({"architectures": ["Qwen2ForCausalLM"], **LLAMA_FIELDS,
-                                        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+    plain = ModelConfig.from_hf_config(
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            **LLAMA_FIELDS,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        }
+    )
     assert plain.rope_scaling is None and plain.rope_theta == 1e6
     assert plain.attention_bias and not plain.attention_output_bias  # Qwen2: QKV bias only
     assert get_architecture("Qwen2ForCausalLM") is get_architecture("qwen2")

@@ -60,7 +60,9 @@ def decode_kernel(request):
     return built_cpu_kernels().paged_decode_attention
 
 
-def run_schedule(loaded, sequences: dict[str, list[int]], schedule: list[dict[str, int]], decode_kernel=None) -> dict[str, dict[int, torch.Tensor]]:
+def run_schedule(
+    loaded, sequences: dict[str, list[int]], schedule: list[dict[str, int]], decode_kernel=None
+) -> dict[str, dict[int, torch.Tensor]]:
     """Run the steps; logits of every row, by sequence and position."""
     model = loaded.model
     dtype = model.model.embed_tokens.weight.dtype
@@ -114,8 +116,10 @@ def test_chunked_prefill_then_decodes(tiny_pair, decode_kernel):
 
 def test_mixed_batches_of_decodes_and_prefill_chunks(tiny_pair, decode_kernel):
     hf, loaded = tiny_pair
-    sequences = {name: random_tokens(n, seed=10 + i) for i, (name, n) in enumerate(
-        [("a", 14), ("b", 9), ("c", 30), ("d", 6), ("e", 12)])}
+    sequences = {
+        name: random_tokens(n, seed=10 + i)
+        for i, (name, n) in enumerate([("a", 14), ("b", 9), ("c", 30), ("d", 6), ("e", 12)])
+    }
     schedule = [
         {"a": 10, "b": 3},  # two fresh prefills
         {"b": 4, "a": 1, "c": 11},  # a decodes; b continues mid-block; c starts

@@ -13,7 +13,12 @@ from cloud_engine.model.config import ModelConfig
 from cloud_engine.model.llama import LlamaForCausalLM
 from cloud_engine.model import packed_linear
 from cloud_engine.model.packed_linear import (
-    PackedLinear, can_pack, packing_supported, row_bucket, row_buckets, warm_up_packed_linears,
+    PackedLinear,
+    can_pack,
+    packing_supported,
+    row_bucket,
+    row_buckets,
+    warm_up_packed_linears,
 )
 from tests.cloud_engine.heap_probe import heap_growth, needs_glibc
 from tests.cloud_engine.paged_helpers import PagedBatchBuilder, make_kv_caches
@@ -100,7 +105,9 @@ def test_after_warm_up_any_step_size_leaves_the_heap_flat(monkeypatch):
     fresh = [PackedLinear(torch.randn(n, k, generator=gen).bfloat16(), None) for n, k in shapes]
     with monkeypatch.context() as patch:
         patch.setattr(packed_linear, "row_bucket", lambda rows: rows)  # the old behaviour: every size its own shape
-        control = heap_growth(lambda: _run_linears(fresh, [s + 1000 for s in sizes[:100]]))  # row counts no other test has used
+        control = heap_growth(
+            lambda: _run_linears(fresh, [s + 1000 for s in sizes[:100]])
+        )  # row counts no other test has used
     # The control only explains a failure: where oneDNN keeps little per shape, the bound still holds.
     linears = [PackedLinear(torch.randn(n + 8, k, generator=gen).bfloat16(), None) for n, k in shapes]
     assert warm_up_packed_linears(linears + linears[:1], 512) == len(shapes) * len(row_buckets(512))

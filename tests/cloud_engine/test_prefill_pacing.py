@@ -45,7 +45,9 @@ def test_a_step_under_the_target_fills_it():
     for depth in (0, 1500):
         allowance = pacer.allowance(16)
         granted = allowance.grant(depth, 5000)
-        assert true_seconds(StepShape(16, granted, StepShape.chunk_context(depth, granted))) == pytest.approx(TARGET, rel=0.05)
+        assert true_seconds(StepShape(16, granted, StepShape.chunk_context(depth, granted))) == pytest.approx(
+            TARGET, rel=0.05
+        )
         assert not allowance.past_target
 
 
@@ -93,14 +95,15 @@ def test_step_shape_reads_decodes_drafts_and_chunk_depths():
         def __init__(self, num_computed):
             self.num_computed_tokens = num_computed
 
-    out = SchedulerOutput(num_scheduled_tokens={"d": 1, "s": 4, "p": 10},
-                          scheduled_spec_token_ids={"s": [7, 8, 9]})  # fmt: skip
+    out = SchedulerOutput(num_scheduled_tokens={"d": 1, "s": 4, "p": 10}, scheduled_spec_token_ids={"s": [7, 8, 9]})
     shape = step_shape(out, {"d": Req(50), "s": Req(60), "p": Req(100)})
     assert shape == StepShape(2, 10, StepShape.chunk_context(100, 10))
 
 
-@pytest.mark.parametrize("args", [(0.0, 1.0, 0.05, 4), (float("nan"), 1.0, 0.05, 4), (0.1, 0.05, 0.05, 4),
-                                  (0.1, 1.0, 1.5, 4), (0.1, 1.0, 0.05, 0)])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [(0.0, 1.0, 0.05, 4), (float("nan"), 1.0, 0.05, 4), (0.1, 0.05, 0.05, 4), (0.1, 1.0, 1.5, 4), (0.1, 1.0, 0.05, 0)],
+)
 def test_bad_settings_are_refused(args):
     with pytest.raises(ValueError):
         PrefillPacer(*args)

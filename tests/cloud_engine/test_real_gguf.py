@@ -82,10 +82,12 @@ def test_prefill_logits_and_greedy_decode_match_transformers(ours, reference):
         tokens.append(next_token)
 
         hf_model.generation_config.eos_token_id = None  # like our loop: argmax every step, EOS included
-        generated = hf_model.generate(torch.tensor([prompt]), max_new_tokens=NUM_GREEDY_STEPS, do_sample=False, pad_token_id=0)
+        generated = hf_model.generate(
+            torch.tensor([prompt]), max_new_tokens=NUM_GREEDY_STEPS, do_sample=False, pad_token_id=0
+        )
         reference_tokens = generated[0].tolist()
     assert tokens == reference_tokens
-    assert "Paris" in ours.tokenizer.decode(tokens[len(prompt):])
+    assert "Paris" in ours.tokenizer.decode(tokens[len(prompt) :])
 
 
 def test_both_engines_fingerprint_the_embedded_vocabulary_alike(ours):
@@ -116,12 +118,22 @@ def test_the_cloud_engine_constrains_response_format_too():
     from cloud_engine.llm import LLM
     from sdk.protocol.engine import SamplingParams, StructuredOutput
 
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
-              "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
     llm = LLM(None, dtype="float32", max_num_seqs=4, kv_cache_gb=0.1, max_model_len=256)
     prompt = llm.engine.apply_chat_template([{"role": "user", "content": "Give the name and age of a person as JSON."}])
     constraint = StructuredOutput("json_schema", json.dumps(schema))
-    params = [SamplingParams(max_tokens=60, temperature=t, top_p=0.95, seed=s, structured=constraint) for t, s in ((0.0, 0), (0.7, 1), (0.7, 2))]
+    params = [
+        SamplingParams(max_tokens=60, temperature=t, top_p=0.95, seed=s, structured=constraint)
+        for t, s in ((0.0, 0), (0.7, 1), (0.7, 2))
+    ]
     outputs = llm.generate([prompt] * len(params), params)
     assert [o.finish_reason for o in outputs] == ["stop"] * len(params), [o.text for o in outputs]
     for output in outputs:

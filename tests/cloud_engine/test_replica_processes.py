@@ -47,10 +47,14 @@ class Replica:
     log_path: Path
 
     def status(self) -> dict:
-        return httpx.get(f"{self.http_url}/admin/status", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10).json()
+        return httpx.get(
+            f"{self.http_url}/admin/status", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+        ).json()
 
     def admin(self, action: str) -> dict:
-        return httpx.post(f"{self.http_url}/admin/{action}", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10).json()
+        return httpx.post(
+            f"{self.http_url}/admin/{action}", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+        ).json()
 
 
 @dataclass
@@ -63,10 +67,33 @@ class Outcome:
 def start_replica(model_dir: str, folder) -> Replica:
     http_port, grpc_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    command = [sys.executable, "-m", "sdk.cli", "cloud", "serve", "--model", model_dir, "--model-name", "tiny",
-               "--dtype", "float32", "--kv-cache-gb", "0.02", "--port", str(http_port), "--grpc-port", str(grpc_port),
-               "--admin-key-file", str(folder / "admin"), "--drain-grace-s", "60", "--log-level", "warning",
-               "--threads", "1"]  # three processes on 2 cores with torch's default threads ran the test 7x slower
+    command = [
+        sys.executable,
+        "-m",
+        "sdk.cli",
+        "cloud",
+        "serve",
+        "--model",
+        model_dir,
+        "--model-name",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--kv-cache-gb",
+        "0.02",
+        "--port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--admin-key-file",
+        str(folder / "admin"),
+        "--drain-grace-s",
+        "60",
+        "--log-level",
+        "warning",
+        "--threads",
+        "1",
+    ]  # three processes on 2 cores with torch's default threads ran the test 7x slower
     log_path = folder / f"replica-{grpc_port}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
@@ -89,11 +116,22 @@ def replicas(long_tiny_dir, tmp_path_factory):  # noqa: F811
                 replica.process.wait()
 
 
-async def call(client: CloudClient, breaker: CircuitBreaker, params: SamplingParams, outcome: Outcome | None = None) -> Outcome:
+async def call(
+    client: CloudClient, breaker: CircuitBreaker, params: SamplingParams, outcome: Outcome | None = None
+) -> Outcome:
     outcome = outcome or Outcome()
     try:
-        stream = stream_from_cloud(client, breaker, PROMPT, params, CloudUsage(), model="tiny", request_id="r",
-                                   continuation_token_ids=(), timeouts=CloudTimeouts(first_token_s=60, stall_s=30))  # fmt: skip
+        stream = stream_from_cloud(
+            client,
+            breaker,
+            PROMPT,
+            params,
+            CloudUsage(),
+            model="tiny",
+            request_id="r",
+            continuation_token_ids=(),
+            timeouts=CloudTimeouts(first_token_s=60, stall_s=30),
+        )
         async for event in stream:
             outcome.tokens += 1
             outcome.finish_reason = event.finish_reason or outcome.finish_reason
@@ -150,8 +188,9 @@ async def test_three_replicas_split_drain_kill_and_stop(replicas):
         outcomes = [Outcome() for _ in range(9)]
         long_calls = [asyncio.create_task(call(client, breaker, LONGEST, outcome)) for outcome in outcomes]
         # Kill B once every stream has its first token: B's are then cut mid-way, not retried elsewhere.
-        assert await wait_for(lambda: all(o.tokens >= 1 or o.failure for o in outcomes) and b.status()["in_flight"] >= 1), \
-            f"replica B never got a long stream: {outcomes}"
+        assert await wait_for(
+            lambda: all(o.tokens >= 1 or o.failure for o in outcomes) and b.status()["in_flight"] >= 1
+        ), f"replica B never got a long stream: {outcomes}"
         b.process.kill()
         b.process.wait()
         after_kill = await _in_waves(client, breaker, SHORT, 20, 4)

@@ -20,7 +20,9 @@ BLOCK = 4
 K = 3
 
 
-def build_varied_model(path, seed: int, init: float = 0.5, noisy_copy_of=None, noise: float = 0.0, vocab_size=None) -> str:
+def build_varied_model(
+    path, seed: int, init: float = 0.5, noisy_copy_of=None, noise: float = 0.0, vocab_size=None
+) -> str:
     """A tiny Llama whose greedy output varies: with the default init (0.02) a random tiny model
     just repeats the last prompt token, so every draft would trivially agree with the target.
     `noisy_copy_of`: the weights of that model plus Gaussian noise (a draft that agrees often,
@@ -45,8 +47,14 @@ def build_varied_model(path, seed: int, init: float = 0.5, noisy_copy_of=None, n
 
 
 def make_llm(model_dir, spec: SpeculativeConfig | None = None, **overrides) -> LLM:
-    config = {"dtype": "float32", "block_size": BLOCK, "kv_cache_gb": 0.001, "max_num_seqs": 4, "max_num_batched_tokens": 32,
-              "max_model_len": 64}  # fmt: skip
+    config = {
+        "dtype": "float32",
+        "block_size": BLOCK,
+        "kv_cache_gb": 0.001,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 32,
+        "max_model_len": 64,
+    }
     config.update(overrides)
     if spec is not None:
         config["speculative"] = spec
@@ -111,14 +119,18 @@ def run_spec(model_dir, spec: SpeculativeConfig, **overrides):
 
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_ngram_drafts_keep_greedy_output(target_dir, reference, adaptive):
-    llm, outs = run_spec(target_dir, SpeculativeConfig(method="ngram", ngram_min=1, num_speculative_tokens=K, adaptive=adaptive))
+    llm, outs = run_spec(
+        target_dir, SpeculativeConfig(method="ngram", ngram_min=1, num_speculative_tokens=K, adaptive=adaptive)
+    )
     assert outs == reference
     stats = llm.engine.speculator.stats
     assert stats.num_drafts >= 3 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
 
 
 def test_identical_draft_model_accepts_everything(target_dir, reference):
-    spec = SpeculativeConfig(method="draft", draft_model=target_dir, num_speculative_tokens=K, max_batch_for_speculation=8)
+    spec = SpeculativeConfig(
+        method="draft", draft_model=target_dir, num_speculative_tokens=K, max_batch_for_speculation=8
+    )
     llm, outs = run_spec(target_dir, spec)
     assert outs == reference
     stats = llm.engine.speculator.stats
@@ -160,7 +172,9 @@ def test_unrelated_draft_model_keeps_greedy_output(target_dir, other_dir, refere
 
 
 def test_layer_skip_draft_keeps_greedy_output(target_dir, reference):
-    spec = SpeculativeConfig(method="draft", draft_model=target_dir, draft_num_layers=1, num_speculative_tokens=K, adaptive=False)
+    spec = SpeculativeConfig(
+        method="draft", draft_model=target_dir, draft_num_layers=1, num_speculative_tokens=K, adaptive=False
+    )
     llm, outs = run_spec(target_dir, spec)
     assert outs == reference
     assert len(llm.engine.speculator.proposer.runner.model.model.layers) == 1
@@ -194,7 +208,15 @@ def real_prompts():
 
 
 def real_llm(spec):
-    return LLM(None, speculative=spec, dtype="float32", kv_cache_gb=0.05, max_num_seqs=4, max_num_batched_tokens=256, max_model_len=512)
+    return LLM(
+        None,
+        speculative=spec,
+        dtype="float32",
+        kv_cache_gb=0.05,
+        max_num_seqs=4,
+        max_num_batched_tokens=256,
+        max_model_len=512,
+    )
 
 
 @pytest.mark.slow
@@ -215,7 +237,11 @@ def test_real_model_layer_skip_draft_keeps_greedy_output(real_prompts):
     from sdk.protocol.model_files import default_model_path
 
     prompts, expected = real_prompts
-    llm = real_llm(SpeculativeConfig(method="draft", draft_model=default_model_path(), draft_num_layers=8, num_speculative_tokens=3))
+    llm = real_llm(
+        SpeculativeConfig(
+            method="draft", draft_model=default_model_path(), draft_num_layers=8, num_speculative_tokens=3
+        )
+    )
     assert [o.token_ids for o in llm.generate(prompts, greedy(REAL_TOKENS))] == expected
     stats = llm.engine.speculator.stats
     assert stats.num_draft_tokens > 0 and stats.acceptance_rate < 1.0

@@ -163,8 +163,13 @@ def check_books(engine):
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_random_workload_drains_both_pools(models, method):
     target, noisy = models
-    spec = SpeculativeConfig(method=method, draft_model=noisy if method == "draft" else None, ngram_min=1,
-                             num_speculative_tokens=4, adaptive=False)  # fmt: skip
+    spec = SpeculativeConfig(
+        method=method,
+        draft_model=noisy if method == "draft" else None,
+        ngram_min=1,
+        num_speculative_tokens=4,
+        adaptive=False,
+    )
     # A small pool (preemptions) and a small budget (drafts cut beside prefill chunks).
     llm = make_llm(target, spec, kv_cache_gb=0.00006, max_num_batched_tokens=12)
     engine = llm.engine
@@ -174,8 +179,13 @@ def test_random_workload_drains_both_pools(models, method):
         if rng.random() < 0.3:
             prompt = prompt + prompt[: rng.randint(1, len(prompt))]
         temperature = 0.0 if rng.random() < 0.5 else rng.choice([0.7, 1.0])
-        params = SamplingParams(max_tokens=rng.randint(1, 20), temperature=temperature, seed=i, ignore_eos=True,
-                                stop_token_ids=[rng.randint(3, 299)] if rng.random() < 0.2 else [])  # fmt: skip
+        params = SamplingParams(
+            max_tokens=rng.randint(1, 20),
+            temperature=temperature,
+            seed=i,
+            ignore_eos=True,
+            stop_token_ids=[rng.randint(3, 299)] if rng.random() < 0.2 else [],
+        )
         engine.add_request(GenerationRequest(f"w{i}", prompt, params))
     steps = 0
     while engine.has_unfinished_requests():
@@ -201,7 +211,9 @@ def greedy(n: int, **kw) -> SamplingParams:
 @pytest.fixture(scope="module")
 def identical_draft_llm(models):
     target, _ = models
-    return make_llm(target, SpeculativeConfig(method="draft", draft_model=target, num_speculative_tokens=4, adaptive=False))
+    return make_llm(
+        target, SpeculativeConfig(method="draft", draft_model=target, num_speculative_tokens=4, adaptive=False)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +266,9 @@ def test_eos_inside_an_accepted_run(models):
     free = plain.generate([PROMPT], greedy(16))[0]
     eos = free.token_ids[6]
     index = free.token_ids.index(eos)
-    spec = make_llm(target, SpeculativeConfig(method="draft", draft_model=target, num_speculative_tokens=4, adaptive=False))
+    spec = make_llm(
+        target, SpeculativeConfig(method="draft", draft_model=target, num_speculative_tokens=4, adaptive=False)
+    )
     for llm in (plain, spec):
         llm.engine.eos_token_ids = {eos}
     params = SamplingParams(max_tokens=16, temperature=0.0)
@@ -274,7 +288,9 @@ def test_max_tokens_inside_a_run(plain_llm, identical_draft_llm, max_tokens):
 def test_cut_at_token_stop_limits_a_run_to_max_tokens(identical_draft_llm):
     """The engine's own cut, independent of the policy's cap on k."""
     engine = identical_draft_llm.engine
-    request = Request("cut", [5, 6, 7], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, stop_token_ids=[42]))
+    request = Request(
+        "cut", [5, 6, 7], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, stop_token_ids=[42])
+    )
     request.append_output_token(9)
     request.append_output_token(10)
     assert engine.speculator.cut_at_token_stop(request, [1, 3, 4, 8, 9]) == [1, 3, 4]
@@ -327,8 +343,10 @@ def test_policy_no_drafting_above_the_batch_limit():
     requests = [policy_request(f"r{i}") for i in range(3)]
     assert policy.num_draft_tokens(requests) == {}
     assert policy.num_draft_tokens(requests[:2]) == {"r0": 4, "r1": 4}
-    fixed = SpeculationPolicy(SpeculativeConfig(method="ngram", num_speculative_tokens=4, max_batch_for_speculation=2,
-                                                adaptive=False), max_model_len=64)  # fmt: skip
+    fixed = SpeculationPolicy(
+        SpeculativeConfig(method="ngram", num_speculative_tokens=4, max_batch_for_speculation=2, adaptive=False),
+        max_model_len=64,
+    )
     assert fixed.num_draft_tokens(requests) == {"r0": 4, "r1": 4, "r2": 4}
 
 
@@ -346,7 +364,9 @@ def test_policy_low_acceptance_pauses_and_probes_with_one_token():
     assert policy.num_draft_tokens([bad]) == {"bad": 4}
     policy.free("bad")
     assert "bad" not in policy._state
-    fixed = SpeculationPolicy(SpeculativeConfig(method="ngram", num_speculative_tokens=4, adaptive=False), max_model_len=64)
+    fixed = SpeculationPolicy(
+        SpeculativeConfig(method="ngram", num_speculative_tokens=4, adaptive=False), max_model_len=64
+    )
     fixed.record("bad", 4, 0)
     assert fixed.num_draft_tokens([bad]) == {"bad": 4}
 

@@ -21,17 +21,22 @@ def resolved_params(**fields) -> SamplingParams:
     """What an engine hands its sampler: every field the test leaves out at OpenAI's default."""
     return OPENAI_SAMPLING.apply(SamplingParams(**fields))
 
+
 V = 8
 TRIALS = 10_000
-TARGET_LOGITS = torch.tensor([
-    [1.5, 0.2, -0.3, 0.9, -1.0, 0.4, 2.0, -0.5],
-    [0.1, 1.1, 0.7, -0.8, 0.3, -0.2, 0.0, 1.4],
-    [-0.4, 0.6, 1.2, 0.2, -0.1, 0.8, -1.2, 0.5],
-])  # fmt: skip
-DRAFT_LOGITS = torch.tensor([
-    [0.3, 1.6, 0.1, -0.5, 1.0, -0.6, 0.4, 0.2],
-    [1.0, -0.3, 0.2, 0.6, -0.7, 1.3, 0.1, -0.1],
-])  # fmt: skip
+TARGET_LOGITS = torch.tensor(
+    [
+        [1.5, 0.2, -0.3, 0.9, -1.0, 0.4, 2.0, -0.5],
+        [0.1, 1.1, 0.7, -0.8, 0.3, -0.2, 0.0, 1.4],
+        [-0.4, 0.6, 1.2, 0.2, -0.1, 0.8, -1.2, 0.5],
+    ]
+)
+DRAFT_LOGITS = torch.tensor(
+    [
+        [0.3, 1.6, 0.1, -0.5, 1.0, -0.6, 0.4, 0.2],
+        [1.0, -0.3, 0.2, 0.6, -0.7, 1.3, 0.1, -0.1],
+    ]
+)
 SAMPLED = resolved_params(max_tokens=8, temperature=1.0)
 TRUNCATED = resolved_params(max_tokens=8, temperature=0.7, top_k=5, top_p=0.9)
 
@@ -50,7 +55,9 @@ def broken_always_accept(logits, draft, draft_probs, params, generator):
     return [draft[0]]
 
 
-def first_token_counts(verify, params, draft_probs_source: str, trials: int = TRIALS, ngram_token: int = 6, seed: int = 0):
+def first_token_counts(
+    verify, params, draft_probs_source: str, trials: int = TRIALS, ngram_token: int = 6, seed: int = 0
+):
     """Counts of the first emitted token over `trials` verifications of a 1-token draft (the
     first emitted token depends on the first draft position only; one keeps the loop cheap)."""
     generator = torch.Generator().manual_seed(seed)
@@ -145,6 +152,7 @@ def target_marginals(target_dir, temperature: float):
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
     vocab = torch.arange(SMALL_VOCAB)
     with torch.inference_mode():
+
         def next_probs(prefixes: torch.Tensor) -> torch.Tensor:
             return torch.softmax(model(prefixes).logits[:, -1] / temperature, dim=-1)
 
@@ -165,7 +173,9 @@ def test_engine_sampling_with_a_draft_model_follows_the_target(small_vocab_model
     temperature = 1.0
     spec = SpeculativeConfig(method="draft", draft_model=draft, num_speculative_tokens=2, adaptive=False)
     llm = make_llm(target, spec, max_num_seqs=16, max_num_batched_tokens=128, kv_cache_gb=0.002)
-    params = [resolved_params(max_tokens=4, temperature=temperature, seed=i, ignore_eos=True) for i in range(E2E_REQUESTS)]
+    params = [
+        resolved_params(max_tokens=4, temperature=temperature, seed=i, ignore_eos=True) for i in range(E2E_REQUESTS)
+    ]
     outs = llm.generate([PROMPT] * E2E_REQUESTS, params)
     stats = llm.engine.speculator.stats
     assert stats.num_drafts >= E2E_REQUESTS  # every request verified at least one draft
@@ -189,8 +199,13 @@ def test_engine_sampling_with_a_draft_model_follows_the_target(small_vocab_model
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_seeded_sampling_is_reproducible_with_speculation(small_vocab_models, method):
     target, draft = small_vocab_models
-    spec = SpeculativeConfig(method=method, draft_model=draft if method == "draft" else None, ngram_min=1,
-                             num_speculative_tokens=3, adaptive=False)  # fmt: skip
+    spec = SpeculativeConfig(
+        method=method,
+        draft_model=draft if method == "draft" else None,
+        ngram_min=1,
+        num_speculative_tokens=3,
+        adaptive=False,
+    )
     llm = make_llm(target, spec)
     params = [resolved_params(max_tokens=8, temperature=0.9, top_p=0.95, seed=s, ignore_eos=True) for s in (7, 8, 9)]
     prompts = [PROMPT, PROMPT[:3], [1, 2, 3, 4, 5, 6, 7, 8]]

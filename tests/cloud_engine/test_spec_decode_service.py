@@ -34,7 +34,10 @@ async def test_grpc_final_response_carries_the_requests_acceptance(spec_engine, 
     assert [e.token_id for e in events] == [e.token_id for e in direct]
     last = events[-1]
     assert last.num_draft_tokens > 0 and 0 < last.num_accepted_tokens <= last.num_draft_tokens
-    assert (last.num_draft_tokens, last.num_accepted_tokens) == (direct[-1].num_draft_tokens, direct[-1].num_accepted_tokens)
+    assert (last.num_draft_tokens, last.num_accepted_tokens) == (
+        direct[-1].num_draft_tokens,
+        direct[-1].num_accepted_tokens,
+    )
     assert await wait_drained(spec_engine)
 
 
@@ -48,7 +51,9 @@ async def test_openai_usage_and_metrics_report_speculation(spec_engine):
         assert details["accepted_prediction_tokens"] > 0 and details["rejected_prediction_tokens"] >= 0
         metrics = (await client.get("/metrics")).text
     drafts = next(line for line in metrics.splitlines() if line.startswith("tandem:spec_decode_num_draft_tokens_total"))
-    accepted = next(line for line in metrics.splitlines() if line.startswith("tandem:spec_decode_num_accepted_tokens_total"))
+    accepted = next(
+        line for line in metrics.splitlines() if line.startswith("tandem:spec_decode_num_accepted_tokens_total")
+    )
     assert float(drafts.split()[-1]) >= float(accepted.split()[-1]) > 0
     assert 'tandem:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in metrics
 
@@ -56,7 +61,11 @@ async def test_openai_usage_and_metrics_report_speculation(spec_engine):
 def test_usage_has_no_details_without_speculation():
     from sdk.protocol.openai_schema import Usage
 
-    assert Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3).model_dump() == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    assert Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3).model_dump() == {
+        "prompt_tokens": 1,
+        "completion_tokens": 2,
+        "total_tokens": 3,
+    }
 
 
 def test_cli_spelling(tmp_path):

@@ -16,10 +16,17 @@ from cloud_engine.spec_decode import SpeculativeConfig
 from sdk.protocol.engine import SamplingParams, StructuredOutput
 from tests.cloud_engine.tiny_models import llama_config, save_byte_tokenizer
 
-SCHEMA = {"type": "object", "properties": {
-    "colour": {"enum": ["red", "green", "blue"]}, "size": {"enum": ["small", "medium", "large"]},
-    "count": {"type": "integer", "minimum": 0, "maximum": 999}, "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["aa", "bb", "cc"]}}},
-    "required": ["colour", "size", "count", "tags"], "additionalProperties": False}  # fmt: skip
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "colour": {"enum": ["red", "green", "blue"]},
+        "size": {"enum": ["small", "medium", "large"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 999},
+        "tags": {"type": "array", "maxItems": 3, "items": {"enum": ["aa", "bb", "cc"]}},
+    },
+    "required": ["colour", "size", "count", "tags"],
+    "additionalProperties": False,
+}
 pytestmark = pytest.mark.slow  # ~45 s: three engines per test on 2 cores
 
 EXAMPLE = '{"colour": "red", "size": "large", "count": 12, "tags": ["aa", "bb"]}'
@@ -39,8 +46,14 @@ def byte_model_dir(tmp_path_factory) -> str:
 
 
 def run(model_dir: str, params: list[SamplingParams], spec: SpeculativeConfig | None = None):
-    config = {"dtype": "float32", "block_size": 4, "kv_cache_gb": 0.002, "max_num_seqs": 4, "max_num_batched_tokens": 64,
-              "max_model_len": 256}  # fmt: skip
+    config = {
+        "dtype": "float32",
+        "block_size": 4,
+        "kv_cache_gb": 0.002,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 64,
+        "max_model_len": 256,
+    }
     if spec is not None:
         config["speculative"] = spec
     llm = LLM(model_dir, **config)
@@ -55,10 +68,13 @@ def constrained(**fields) -> SamplingParams:
     return SamplingParams(max_tokens=150, structured=StructuredOutput("json_schema", json.dumps(SCHEMA)), **fields)
 
 
-@pytest.mark.parametrize("spec", [
-    SpeculativeConfig(method="ngram", ngram_min=1, num_speculative_tokens=4, adaptive=False),
-    "identical draft model",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SpeculativeConfig(method="ngram", ngram_min=1, num_speculative_tokens=4, adaptive=False),
+        "identical draft model",
+    ],
+)
 def test_greedy_structured_output_is_the_same_with_drafts(byte_model_dir, spec):
     if spec == "identical draft model":
         spec = SpeculativeConfig(method="draft", draft_model=byte_model_dir, num_speculative_tokens=4, adaptive=False)

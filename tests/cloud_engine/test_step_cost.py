@@ -12,7 +12,12 @@ FIXED, PER_DECODE, PER_TOKEN, PER_CONTEXT = 0.020, 0.0015, 0.0007, 0.0000009
 
 
 def true_seconds(shape: StepShape) -> float:
-    return FIXED + PER_DECODE * shape.num_decodes + PER_TOKEN * shape.num_prefill_tokens + PER_CONTEXT * shape.prefill_context
+    return (
+        FIXED
+        + PER_DECODE * shape.num_decodes
+        + PER_TOKEN * shape.num_prefill_tokens
+        + PER_CONTEXT * shape.prefill_context
+    )
 
 
 def chunk(num_decodes: int, num_computed: int, num_tokens: int) -> StepShape:

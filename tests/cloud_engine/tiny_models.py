@@ -6,18 +6,31 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 VOCAB_SIZE = 300
-SMALL = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+SMALL = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 
 def llama_config():
     from transformers import LlamaConfig
 
     # original context 16 puts the head's frequencies in all three llama3 bands (kept, blended, stretched).
-    rope = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16}
-    return LlamaConfig(**SMALL, rope_scaling=rope, rope_theta=10000.0, tie_word_embeddings=True,
-                       architectures=["LlamaForCausalLM"])
+    rope = {
+        "rope_type": "llama3",
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
+    return LlamaConfig(
+        **SMALL, rope_scaling=rope, rope_theta=10000.0, tie_word_embeddings=True, architectures=["LlamaForCausalLM"]
+    )
 
 
 def mistral_config():
@@ -38,7 +51,9 @@ def save_tiny_tokenizer(path) -> None:
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB_SIZE)}}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(path)
 
 
 def random_tokens(n: int, seed: int) -> list[int]:
@@ -55,4 +70,6 @@ def save_byte_tokenizer(path) -> None:
     backend = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(path)

@@ -161,7 +161,9 @@ token_rows = st.tuples(
     st.floats(min_value=0.0, max_value=1.0),  # margin
     st.lists(st.floats(min_value=1e-6, max_value=0.2), max_size=5),  # alternatives
 )
-event_sequences = st.lists(token_rows, max_size=40).map(lambda rows: make_events(*map(list, zip(*rows))) if rows else [])
+event_sequences = st.lists(token_rows, max_size=40).map(
+    lambda rows: make_events(*map(list, zip(*rows))) if rows else []
+)
 windows = st.integers(min_value=1, max_value=12)
 
 

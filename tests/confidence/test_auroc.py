@@ -44,9 +44,7 @@ def test_known_values():
 
 
 def test_ties_share_their_mean_rank():
-    np.testing.assert_array_equal(
-        average_ranks(np.array([3.0, 1.0, 3.0, np.inf, np.inf])), [2.5, 1.0, 2.5, 4.5, 4.5]
-    )
+    np.testing.assert_array_equal(average_ranks(np.array([3.0, 1.0, 3.0, np.inf, np.inf])), [2.5, 1.0, 2.5, 4.5, 4.5])
 
 
 @pytest.mark.parametrize(

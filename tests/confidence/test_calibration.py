@@ -28,13 +28,9 @@ def brute_force_isotonic(values: list[float], weights: list[float]) -> np.ndarra
     n = len(values)
 
     def block_mean(j: int, k: int) -> float:
-        return sum(v * w for v, w in zip(values[j : k + 1], weights[j : k + 1])) / sum(
-            weights[j : k + 1]
-        )
+        return sum(v * w for v, w in zip(values[j : k + 1], weights[j : k + 1])) / sum(weights[j : k + 1])
 
-    return np.array(
-        [max(min(block_mean(j, k) for k in range(i, n)) for j in range(i + 1)) for i in range(n)]
-    )
+    return np.array([max(min(block_mean(j, k) for k in range(i, n)) for j in range(i + 1)) for i in range(n)])
 
 
 def test_platt_recovers_the_generating_parameters():
@@ -49,9 +45,7 @@ def test_platt_does_not_depend_on_the_score_scale():
     labels = logistic_labels(scores, a=2.0, b=0.5)
     unit = PlattCalibrator().fit(scores, labels)
     shifted = PlattCalibrator().fit(scores * 300.0 - 500.0, labels)  # like a log-prob sum
-    np.testing.assert_allclose(
-        unit.predict(scores), shifted.predict(scores * 300.0 - 500.0), atol=1e-6
-    )
+    np.testing.assert_allclose(unit.predict(scores), shifted.predict(scores * 300.0 - 500.0), atol=1e-6)
 
 
 def test_platt_stays_finite_on_separable_data():
@@ -86,9 +80,7 @@ def test_isotonic_fits_the_brute_force_solution_at_every_score(rows):
     # Equal scores pool into one point weighted by their count (tied scores, one answer).
     label_means = [float(np.mean(np.array(labels)[scores == s])) for s in unique_scores]
     counts = [float(np.sum(scores == s)) for s in unique_scores]
-    np.testing.assert_allclose(
-        calibrator.predict(unique_scores), brute_force_isotonic(label_means, counts), atol=1e-12
-    )
+    np.testing.assert_allclose(calibrator.predict(unique_scores), brute_force_isotonic(label_means, counts), atol=1e-12)
 
 
 @settings(max_examples=40, deadline=None)
@@ -107,9 +99,7 @@ def test_isotonic_predictions_are_monotone_and_in_the_unit_interval(rows):
 
 def test_isotonic_interpolates_between_fitted_points():
     calibrator = IsotonicCalibrator().fit([0.0, 1.0, 2.0, 3.0], [0, 0, 1, 1])
-    np.testing.assert_allclose(
-        calibrator.predict([-1.0, 0.5, 1.5, 1.75, 9.0]), [0.0, 0.0, 0.5, 0.75, 1.0]
-    )
+    np.testing.assert_allclose(calibrator.predict([-1.0, 0.5, 1.5, 1.75, 9.0]), [0.0, 0.0, 0.5, 0.75, 1.0])
     assert calibrator.x_points.tolist() == [0.0, 1.0, 2.0, 3.0]  # only run ends are kept
 
 

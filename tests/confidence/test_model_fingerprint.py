@@ -62,9 +62,7 @@ def test_the_embedded_default_model_is_fingerprinted_cheaply():
     assert model_fingerprint_for_gguf(path) == fingerprint
 
 
-@pytest.mark.parametrize(
-    "content", [b"", b"GG", b"not a gguf file at all", b"GGUF\x03\x00\x00\x00\x05"]
-)
+@pytest.mark.parametrize("content", [b"", b"GG", b"not a gguf file at all", b"GGUF\x03\x00\x00\x00\x05"])
 def test_non_gguf_files_are_refused(tmp_path, content):
     (tmp_path / "bad.gguf").write_bytes(content)
     with pytest.raises(GGUFFormatError):

@@ -24,9 +24,7 @@ def make_dataset(num_rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.n
     standard = rng.normal(size=(num_rows, len(FEATURE_NAMES)))
     true_logits = standard @ TRUE_WEIGHTS + TRUE_BIAS
     labels = rng.random(num_rows) < 1.0 / (1.0 + np.exp(-true_logits))
-    features = (standard * [2.0, 0.5, 10.0, 100.0, 1.0] + [-3.0, 0.0, 5.0, 200.0, 0.0]).astype(
-        np.float32
-    )
+    features = (standard * [2.0, 0.5, 10.0, 100.0, 1.0] + [-3.0, 0.0, 5.0, 200.0, 0.0]).astype(np.float32)
     return features, labels, true_logits
 
 
@@ -44,15 +42,13 @@ def test_set():
     return features, labels, true_logits
 
 
-@pytest.fixture(
-    scope="module", params=[("logistic", "platt"), ("mlp", "isotonic"), ("mlp", None)], ids=str
-)
+@pytest.fixture(scope="module", params=[("logistic", "platt"), ("mlp", "isotonic"), ("mlp", None)], ids=str)
 def trained(request, train_set):
     kind, calibration = request.param
     features, labels, _ = train_set
-    return ConfidenceProbe(
-        FEATURE_NAMES, FINGERPRINT, ProbeConfig(kind=kind, calibration=calibration)
-    ).fit(features, labels)
+    return ConfidenceProbe(FEATURE_NAMES, FINGERPRINT, ProbeConfig(kind=kind, calibration=calibration)).fit(
+        features, labels
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +75,9 @@ def test_probe_ranks_almost_as_well_as_the_generating_model(trained, test_set):
 def test_onnxruntime_matches_torch(trained, saved_path, test_set):
     features = test_set[0]
     loaded = load_probe(saved_path, FINGERPRINT)
-    np.testing.assert_allclose(
-        loaded.predict_logit(features), trained.predict_logit(features), atol=1e-5
-    )
+    np.testing.assert_allclose(loaded.predict_logit(features), trained.predict_logit(features), atol=1e-5)
     raw_probabilities = loaded.session.run(["probability"], {"features": features})[0]
-    np.testing.assert_allclose(
-        raw_probabilities, 1 / (1 + np.exp(-trained.predict_logit(features))), atol=1e-5
-    )
+    np.testing.assert_allclose(raw_probabilities, 1 / (1 + np.exp(-trained.predict_logit(features))), atol=1e-5)
     if trained.config.calibration != "isotonic":
         # Isotonic interpolation can be steep enough to magnify float32 rounding.
         np.testing.assert_allclose(loaded.predict(features), trained.predict(features), atol=1e-5)
@@ -112,9 +104,7 @@ def test_save_load_round_trip_keeps_the_metadata(trained, saved_path):
     assert loaded.model_fingerprint == FINGERPRINT and loaded.trained_at == trained.trained_at
     assert loaded.metrics == trained.metrics
     expected_calibrator = None if trained.calibrator is None else trained.calibrator.to_dict()
-    assert (
-        None if loaded.calibrator is None else loaded.calibrator.to_dict()
-    ) == expected_calibrator
+    assert (None if loaded.calibrator is None else loaded.calibrator.to_dict()) == expected_calibrator
     assert loaded.provider == loaded.session.get_providers()[0]
     assert loaded.provider in ("CUDAExecutionProvider", "CPUExecutionProvider")
     single = loaded.predict(loaded.features_from_mapping({"mean_logprob": -2.0, "unused": 1.0}))
@@ -132,9 +122,7 @@ def test_graph_is_built_from_plain_onnx_ops(saved_path):
 
 def test_training_is_deterministic(train_set):
     features, labels, _ = train_set
-    first, second = (
-        ConfidenceProbe(FEATURE_NAMES, FINGERPRINT).fit(features, labels) for _ in range(2)
-    )
+    first, second = (ConfidenceProbe(FEATURE_NAMES, FINGERPRINT).fit(features, labels) for _ in range(2))
     for (w1, b1), (w2, b2) in zip(first.layers, second.layers):
         np.testing.assert_array_equal(w1, w2)
         np.testing.assert_array_equal(b1, b2)

@@ -34,9 +34,7 @@ def saved_path(tmp_path_factory):
     features = rng.normal(size=(400, len(FEATURE_NAMES))).astype(np.float32)
     labels = rng.random(400) < 1.0 / (1.0 + np.exp(-features[:, 0]))
     path = tmp_path_factory.mktemp("probe") / "probe.onnx"
-    ConfidenceProbe(FEATURE_NAMES, FINGERPRINT, ProbeConfig(num_steps=50)).fit(
-        features, labels
-    ).save(path)
+    ConfidenceProbe(FEATURE_NAMES, FINGERPRINT, ProbeConfig(num_steps=50)).fit(features, labels).save(path)
     return path
 
 
@@ -113,9 +111,7 @@ def test_cuda_is_preferred_when_onnxruntime_offers_it(monkeypatch):
         lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"],
     )
     assert probe_runtime.default_providers() == ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    monkeypatch.setattr(
-        probe_runtime.onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"]
-    )
+    monkeypatch.setattr(probe_runtime.onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert probe_runtime.default_providers() == ["CPUExecutionProvider"]
 
 
@@ -143,8 +139,6 @@ def test_running_a_probe_needs_neither_torch_nor_onnx(saved_path):
         "print(sorted(m for m in ('torch', 'onnx') if m in sys.modules))"
     )
     repo_root = Path(__file__).resolve().parents[2]
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=repo_root
-    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=repo_root)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

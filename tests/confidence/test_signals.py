@@ -13,10 +13,14 @@ from confidence import SignalArrays, TokenSignals, signals_from_events, token_si
 from sdk.protocol.engine import TokenEvent, TopLogprob
 
 
-def make_event(logprob: float, entropy: float = 0.5, margin: float = 0.3, alternatives: list[float] | None = None) -> TokenEvent:
+def make_event(
+    logprob: float, entropy: float = 0.5, margin: float = 0.3, alternatives: list[float] | None = None
+) -> TokenEvent:
     """A token event with the given signals; `alternatives` are top-logprob probabilities."""
     top = [TopLogprob(token_id=i, text=f"t{i}", logprob=math.log(p)) for i, p in enumerate(alternatives or [])]
-    return TokenEvent(request_id="r", token_id=7, text="x", logprob=logprob, entropy=entropy, margin=margin, top_logprobs=top)
+    return TokenEvent(
+        request_id="r", token_id=7, text="x", logprob=logprob, entropy=entropy, margin=margin, top_logprobs=top
+    )
 
 
 def test_token_signals_hand_computed():
@@ -51,7 +55,9 @@ def test_token_signals_is_frozen():
 
 
 def test_signals_from_events_keeps_order_and_every_row():
-    events = [make_event(math.log(p), entropy=e, margin=m) for p, e, m in [(0.9, 0.1, 0.8), (0.2, 1.5, 0.05), (0.6, 0.7, 0.3)]]
+    events = [
+        make_event(math.log(p), entropy=e, margin=m) for p, e, m in [(0.9, 0.1, 0.8), (0.2, 1.5, 0.05), (0.6, 0.7, 0.3)]
+    ]
     arrays = signals_from_events(events)
     assert len(arrays) == arrays.num_tokens == 3
     for column in (arrays.logprob, arrays.prob, arrays.entropy, arrays.margin, arrays.topk_mass):

@@ -31,7 +31,10 @@ def assert_no_blocks_held(engine: LocalEngine) -> None:
     """No request holds a KV block, and evicting the prompt cache returns every block to the pool."""
     assert engine.stats().num_kv_blocks_used == 0
     engine.clear_prompt_cache()
-    assert engine.block_manager.num_used_blocks == 0 and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert (
+        engine.block_manager.num_used_blocks == 0
+        and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    )
 
 
 def run_to_completion(engine: LocalEngine, requests: list[GenerationRequest]) -> dict[str, list]:

@@ -551,7 +551,9 @@ def test_publishing_hashes_only_the_blocks_filled_since_the_last_call(monkeypatc
     """nano-vllm's incremental hashing: a long sequence's step costs its new blocks, not its chain."""
     calls = []
     real = bm_module.hash_block
-    monkeypatch.setattr(bm_module, "hash_block", lambda parent, tokens: calls.append(tuple(tokens)) or real(parent, tokens))
+    monkeypatch.setattr(
+        bm_module, "hash_block", lambda parent, tokens: calls.append(tuple(tokens)) or real(parent, tokens)
+    )
     bm = make_bm(16)
     tokens = list(range(100, 100 + 6 * BS))
     bm.allocate("a", len(tokens))

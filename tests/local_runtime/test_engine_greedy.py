@@ -31,7 +31,9 @@ def test_greedy_identical_alone_and_batched_with_seven_others(engine, chat_promp
     # Otherwise each batched prompt copies its alone run's cells, and evicting those entries to
     # make room frees cells mid-flight: the batch would test the prompt cache, not batching.
     engine.clear_prompt_cache()
-    batched = run_to_completion(engine, [greedy(f"batch-{i}", p, NUM_TOKENS, ignore_eos=True) for i, p in enumerate(chat_prompts)])
+    batched = run_to_completion(
+        engine, [greedy(f"batch-{i}", p, NUM_TOKENS, ignore_eos=True) for i, p in enumerate(chat_prompts)]
+    )
     for i in range(len(chat_prompts)):
         assert token_ids(batched[f"batch-{i}"]) == alone[i], f"prompt {i} diverged when batched"
 
@@ -40,7 +42,9 @@ def test_greedy_identical_to_high_level_llama(engine, chat_prompts):
     reference = load_reference_llama(default_model_path(), n_ctx=512)
     try:
         for i, prompt in enumerate(chat_prompts[:4]):
-            ours = token_ids(run_to_completion(engine, [greedy(f"ref-{i}", prompt, NUM_TOKENS, ignore_eos=True)])[f"ref-{i}"])
+            ours = token_ids(
+                run_to_completion(engine, [greedy(f"ref-{i}", prompt, NUM_TOKENS, ignore_eos=True)])[f"ref-{i}"]
+            )
             assert ours == reference_greedy(reference, prompt, NUM_TOKENS), f"prompt {i} differs from llama.cpp's Llama"
     finally:
         reference.close()
@@ -64,8 +68,12 @@ def test_prefix_sharing_reuses_blocks_and_keeps_output(engine, chat_prompts):
     """A second request with the same long prefix shares the first one's cells: every common
     token, the partial block past the last full one included, and the answer is unchanged."""
     system = "You are a terse assistant. " * 12
-    first = engine.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}])
-    second = engine.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}])
+    first = engine.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}]
+    )
+    second = engine.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}]
+    )
     expected = token_ids(run_to_completion(engine, [greedy("solo", second, 12, ignore_eos=True)])["solo"])
     engine.clear_prompt_cache()  # the sharer must find the holder's cells, not the solo run's
     hits_before = engine.stats().num_prefix_cache_hit_tokens_total
@@ -89,8 +97,11 @@ def test_a_finished_prompt_is_reused_by_the_next_turn_and_the_answer_is_unchange
     engine.scheduler.cache_finished_prompts = True  # off in batch-invariant mode unless asked for
     first = run_to_completion(engine, [greedy("turn-1", chat_prompts[0], 12)])["turn-1"]
     answer = "".join(e.text for e in first)  # an end-of-turn token adds no text
-    conversation = [{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": answer},
-                    {"role": "user", "content": "And of Italy?"}]  # fmt: skip
+    conversation = [
+        {"role": "user", "content": QUESTIONS[0]},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And of Italy?"},
+    ]
     second_prompt = engine.apply_chat_template(conversation)
     hits_before = engine.stats().num_prefix_cache_hit_tokens_total
     reused = token_ids(run_to_completion(engine, [greedy("turn-2", second_prompt, 12, ignore_eos=True)])["turn-2"])
@@ -100,5 +111,7 @@ def test_a_finished_prompt_is_reused_by_the_next_turn_and_the_answer_is_unchange
     engine.scheduler.cache_finished_prompts = False
     engine.clear_prompt_cache()
     assert engine.block_manager.num_used_blocks == 0
-    fresh = token_ids(run_to_completion(engine, [greedy("turn-2-fresh", second_prompt, 12, ignore_eos=True)])["turn-2-fresh"])
+    fresh = token_ids(
+        run_to_completion(engine, [greedy("turn-2-fresh", second_prompt, 12, ignore_eos=True)])["turn-2-fresh"]
+    )
     assert reused == fresh

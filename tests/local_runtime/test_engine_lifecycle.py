@@ -14,8 +14,14 @@ pytestmark = pytest.mark.slow
 
 def test_preemption_by_recompute_keeps_every_request_and_its_output(chat_prompts):
     roomy = make_engine()
-    expected = {f"r{i}": [e.token_id for e in ev] for i, ev in enumerate(
-        run_to_completion(roomy, [greedy(f"r{i}", p, 40, ignore_eos=True) for i, p in enumerate(chat_prompts[:6])]).values())}
+    expected = {
+        f"r{i}": [e.token_id for e in ev]
+        for i, ev in enumerate(
+            run_to_completion(
+                roomy, [greedy(f"r{i}", p, 40, ignore_eos=True) for i, p in enumerate(chat_prompts[:6])]
+            ).values()
+        )
+    }
     roomy.close()
     # 12 blocks of 16 cells: six ~40-token prompts growing by 40 tokens cannot all fit.
     tight = make_engine(kv_cache_tokens=192, max_model_len=128, max_num_seqs=6)
@@ -48,11 +54,16 @@ def test_bad_requests_are_refused_before_running(engine):
 def test_async_cancel_frees_blocks_and_slot_at_once(chat_prompts):
     async def scenario():
         # batch_invariant: the seeded streams below are compared alone and batched.
-        engine = AsyncLocalEngine(LocalEngineConfig(kv_cache_tokens=2048, max_num_seqs=4, max_model_len=512,
-                                                    batch_invariant=True)).start()
+        engine = AsyncLocalEngine(
+            LocalEngineConfig(kv_cache_tokens=2048, max_num_seqs=4, max_model_len=512, batch_invariant=True)
+        ).start()
         await asyncio.to_thread(engine.wait_ready, 120)
         try:
-            stream = engine.generate(GenerationRequest("c", chat_prompts[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)))
+            stream = engine.generate(
+                GenerationRequest(
+                    "c", chat_prompts[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+                )
+            )
             first = await stream.__anext__()
             assert first.token_id >= 0 and engine.stats().num_kv_blocks_used > 0
             await stream.aclose()  # what a disconnecting client does
@@ -65,7 +76,10 @@ def test_async_cancel_frees_blocks_and_slot_at_once(chat_prompts):
             # Many concurrent streams, sampled with seeds: all finish, and seeds reproduce.
             async def collect(i, seed):
                 params = SamplingParams(max_tokens=12, temperature=0.8, seed=seed)
-                return [e.token_id async for e in engine.generate(GenerationRequest(f"s{i}", chat_prompts[i % 8], params))]
+                return [
+                    e.token_id async for e in engine.generate(GenerationRequest(f"s{i}", chat_prompts[i % 8], params))
+                ]
+
             outs = await asyncio.gather(*(collect(i, 7) for i in range(8)))
             again = await collect(0, 7)
             assert all(len(o) >= 1 for o in outs) and again == outs[0]

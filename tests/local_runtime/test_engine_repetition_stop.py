@@ -13,8 +13,11 @@ pytestmark = pytest.mark.slow
 # Greedy SmolLM2 loops on the first of these (a refrain of ~35 tokens, stopped near token 133
 # on the machine this was written on); the others are there in case another CPU's kernels
 # take the first one elsewhere: the test needs one looping answer, whichever it is.
-LOOPING_PROMPTS = ("Write a poem about the sea.", "Tell me about the island of the moon.",
-                   "Describe your favourite city.")  # fmt: skip
+LOOPING_PROMPTS = (
+    "Write a poem about the sea.",
+    "Tell me about the island of the moon.",
+    "Describe your favourite city.",
+)
 MAX_TOKENS = 400
 # Answers are compared run against run: batch-invariant mode, so the default engine's prompt
 # cache cannot move a later run's cells (and kernels) away from the first's.
@@ -48,9 +51,13 @@ def test_ignore_eos_and_a_request_opt_out_keep_the_loop(engine, looping):
     prompt, tokens, _ = looping
     # One at a time: a lone decode may take another kernel than a batched one (batch_invariant
     # covers prefill), and the opt-out answer is compared token for token with the fixture's.
-    runs = {request.request_id: run_to_completion(engine, [request])[request.request_id] for request in (
-        greedy("eos", prompt, MAX_TOKENS, ignore_eos=True, repetition_stop=True),
-        greedy("opt-out", prompt, MAX_TOKENS, repetition_stop=False))}  # fmt: skip
+    runs = {
+        request.request_id: run_to_completion(engine, [request])[request.request_id]
+        for request in (
+            greedy("eos", prompt, MAX_TOKENS, ignore_eos=True, repetition_stop=True),
+            greedy("opt-out", prompt, MAX_TOKENS, repetition_stop=False),
+        )
+    }
     for events in runs.values():
         assert len(events) >= len(tokens) and events[-1].stop_reason is None
     assert [event.token_id for event in runs["opt-out"]] == tokens
@@ -60,8 +67,13 @@ def test_an_engine_configured_off_stops_only_requests_that_ask(looping):
     prompt, tokens, stop_at = looping
     engine = make_engine(repetition_stop=False, batch_invariant=True)
     try:
-        runs = {request.request_id: run_to_completion(engine, [request])[request.request_id] for request in (
-            greedy("default", prompt, MAX_TOKENS), greedy("asks", prompt, MAX_TOKENS, repetition_stop=True))}
+        runs = {
+            request.request_id: run_to_completion(engine, [request])[request.request_id]
+            for request in (
+                greedy("default", prompt, MAX_TOKENS),
+                greedy("asks", prompt, MAX_TOKENS, repetition_stop=True),
+            )
+        }
         assert [event.token_id for event in runs["default"]] == tokens
         assert len(runs["asks"]) == stop_at and runs["asks"][-1].stop_reason == "repetition"
     finally:

@@ -13,7 +13,10 @@ def test_unset_fields_take_the_configured_then_the_models_defaults():
     engine = make_engine(sampling={"top_k": 7})
     try:
         assert {k: engine.sampling_defaults.values[k] for k in ("temperature", "top_p", "top_k")} == {
-            "temperature": 0.2, "top_p": 0.9, "top_k": 7}
+            "temperature": 0.2,
+            "top_p": 0.9,
+            "top_k": 7,
+        }
         prompt = engine.apply_chat_template([{"role": "user", "content": "What is 2+2?"}])
         engine.add_request(GenerationRequest("unset", prompt, SamplingParams(max_tokens=4)))
         engine.add_request(GenerationRequest("own", prompt, SamplingParams(max_tokens=4, temperature=1.0, top_p=1.0)))

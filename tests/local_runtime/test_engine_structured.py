@@ -15,17 +15,41 @@ from tests.local_runtime.conftest import assert_no_blocks_held, run_to_completio
 pytestmark = pytest.mark.slow
 
 SCHEMAS = {
-    "person": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-               "required": ["name", "age"], "additionalProperties": False},
-    "colour": {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"],
-               "additionalProperties": False},
-    "tags": {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
-             "minItems": 1, "maxItems": 3}}, "required": ["tags"], "additionalProperties": False},
-    "nested": {"$defs": {"point": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
-                                   "required": ["x", "y"], "additionalProperties": False}},
-               "type": "object", "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"}},
-               "required": ["start", "end"], "additionalProperties": False},
-}  # fmt: skip
+    "person": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    "colour": {
+        "type": "object",
+        "properties": {"colour": {"enum": ["red", "green", "blue"]}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    },
+    "tags": {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3}
+        },
+        "required": ["tags"],
+        "additionalProperties": False,
+    },
+    "nested": {
+        "$defs": {
+            "point": {
+                "type": "object",
+                "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                "required": ["x", "y"],
+                "additionalProperties": False,
+            }
+        },
+        "type": "object",
+        "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"}},
+        "required": ["start", "end"],
+        "additionalProperties": False,
+    },
+}
 PROMPT = [{"role": "user", "content": "Describe a person, a colour, some tags or a line, as JSON."}]
 
 
@@ -39,10 +63,15 @@ def test_every_finished_answer_fits_its_schema(engine):
     One cut by max_tokens cannot (a 135M model can run on inside a number or a free-form key:
     bench.structured counts those); most of these end well inside the budget."""
     prompt = engine.apply_chat_template(PROMPT)
-    requests = [GenerationRequest(f"{name}-{seed}", prompt, structured(schema, seed=seed))
-                for name, schema in SCHEMAS.items() for seed in range(3)]  # fmt: skip
-    requests += [GenerationRequest("object-greedy", prompt, structured(None, temperature=0.0, max_tokens=300)),
-                 GenerationRequest("person-greedy", prompt, structured(SCHEMAS["person"], temperature=0.0))]  # fmt: skip
+    requests = [
+        GenerationRequest(f"{name}-{seed}", prompt, structured(schema, seed=seed))
+        for name, schema in SCHEMAS.items()
+        for seed in range(3)
+    ]
+    requests += [
+        GenerationRequest("object-greedy", prompt, structured(None, temperature=0.0, max_tokens=300)),
+        GenerationRequest("person-greedy", prompt, structured(SCHEMAS["person"], temperature=0.0)),
+    ]
     answers = run_to_completion(engine, requests)
     finished = 0
     for request in requests:
@@ -61,8 +90,13 @@ def test_every_finished_answer_fits_its_schema(engine):
 def test_a_schema_it_cannot_take_and_conflicting_options_are_refused(engine):
     prompt = engine.apply_chat_template(PROMPT)
     with pytest.raises(InvalidRequestError) as info:
-        engine.add_request(GenerationRequest("bad", prompt, structured({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}},
-                                                                           "required": ["a"]})))  # fmt: skip
+        engine.add_request(
+            GenerationRequest(
+                "bad",
+                prompt,
+                structured({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}, "required": ["a"]}),
+            )
+        )
     assert info.value.param == "response_format" and not engine.has_unfinished_requests()
     for conflict in ({"ignore_eos": True}, {"min_tokens": 3}):
         with pytest.raises(InvalidRequestError) as info:
@@ -76,8 +110,10 @@ def test_tokens_the_grammar_forces_are_marked_and_free_ones_are_not(engine):
     the punctuation around it are forced (TokenEvent.forced, which the cascade's confidence skips);
     an unconstrained request marks nothing."""
     prompt = engine.apply_chat_template(PROMPT)
-    requests = [GenerationRequest("colour", prompt, structured(SCHEMAS["colour"], temperature=0.0)),
-                GenerationRequest("free", prompt, SamplingParams(max_tokens=20, temperature=0.0))]  # fmt: skip
+    requests = [
+        GenerationRequest("colour", prompt, structured(SCHEMAS["colour"], temperature=0.0)),
+        GenerationRequest("free", prompt, SamplingParams(max_tokens=20, temperature=0.0)),
+    ]
     answers = run_to_completion(engine, requests)
     colour = answers["colour"]
     assert colour[-1].finish_reason == "stop"

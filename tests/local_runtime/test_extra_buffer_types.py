@@ -70,8 +70,11 @@ def test_the_defaults_never_load_repacked_or_amx_weights(gemma_path):
     repacks when asked) gets no CPU_REPACK and no AMX buffer. On a VM that reports AMX, llama-server's
     default (repacking) variant dies at start with SIGILL; where this runs on a CPU reporting AMX, it
     loads and decodes through tandem's defaults there for real."""
-    engine, log = load_logged(lambda: LocalEngine(LocalEngineConfig(model_path=gemma_path, kv_cache_tokens=1024,
-                                                                    max_num_seqs=2, max_model_len=256)))
+    engine, log = load_logged(
+        lambda: LocalEngine(
+            LocalEngineConfig(model_path=gemma_path, kv_cache_tokens=1024, max_num_seqs=2, max_model_len=256)
+        )
+    )
     try:
         events = run_to_completion(engine, [greedy("amx", [2, 651, 6037, 576, 9405, 603], 8, ignore_eos=True)])["amx"]
     finally:
@@ -89,8 +92,12 @@ def test_without_repacked_weights_a_decode_rows_logits_do_not_depend_on_its_batc
     want_last = np.r_[np.zeros(39, np.int8), 1]
     alone = backend.decode(prompt, np.arange(40, dtype=np.int32), np.zeros(40, np.int32), want_last)
     backend.clear_slot(0)
-    batched = backend.decode(np.r_[other, prompt], np.r_[np.arange(20), np.arange(40)].astype(np.int32),
-                             np.r_[np.ones(20), np.zeros(40)].astype(np.int32), np.r_[np.zeros(59, np.int8), 1])
+    batched = backend.decode(
+        np.r_[other, prompt],
+        np.r_[np.arange(20), np.arange(40)].astype(np.int32),
+        np.r_[np.ones(20), np.zeros(40)].astype(np.int32),
+        np.r_[np.zeros(59, np.int8), 1],
+    )
     assert np.array_equal(alone, batched)
     backend.clear_slot(0)
     backend.clear_slot(1)
@@ -98,25 +105,46 @@ def test_without_repacked_weights_a_decode_rows_logits_do_not_depend_on_its_batc
     # A decode beside one other sequence's, then the same decode beside five. (A lone decode row
     # over >= 512 cells takes llama.cpp's split-KV kernel: the documented exception, README.)
     for slot in range(1, 6):
-        backend.decode(rng.integers(100, 20000, 30).astype(np.int32), np.arange(30, dtype=np.int32),
-                       np.full(30, slot, np.int32), np.zeros(30, np.int8))
-    pair = backend.decode(np.full(2, 777, np.int32), np.array([40, 30], np.int32), np.array([0, 1], np.int32),
-                          np.ones(2, np.int8))
+        backend.decode(
+            rng.integers(100, 20000, 30).astype(np.int32),
+            np.arange(30, dtype=np.int32),
+            np.full(30, slot, np.int32),
+            np.zeros(30, np.int8),
+        )
+    pair = backend.decode(
+        np.full(2, 777, np.int32), np.array([40, 30], np.int32), np.array([0, 1], np.int32), np.ones(2, np.int8)
+    )
     for slot in (0, 1):  # back to the state before the pair's decode
         backend.clear_slot(slot)
     backend.decode(prompt, np.arange(40, dtype=np.int32), np.zeros(40, np.int32), np.zeros(40, np.int8))
-    backend.decode(rng.integers(100, 20000, 30).astype(np.int32), np.arange(30, dtype=np.int32), np.ones(30, np.int32),
-                   np.zeros(30, np.int8))
-    together = backend.decode(np.full(6, 777, np.int32), np.r_[40, np.full(5, 30)].astype(np.int32),
-                              np.arange(6, dtype=np.int32), np.ones(6, np.int8))
+    backend.decode(
+        rng.integers(100, 20000, 30).astype(np.int32),
+        np.arange(30, dtype=np.int32),
+        np.ones(30, np.int32),
+        np.zeros(30, np.int8),
+    )
+    together = backend.decode(
+        np.full(6, 777, np.int32),
+        np.r_[40, np.full(5, 30)].astype(np.int32),
+        np.arange(6, dtype=np.int32),
+        np.ones(6, np.int8),
+    )
     backend.close()
     assert np.array_equal(pair[0], together[0])  # beside 1 other row and beside 5: the same bits
 
 
 def test_repacked_weights_survive_the_engines_batching_sharing_and_aborts(gemma_path):
-    engine = LocalEngine(LocalEngineConfig(model_path=gemma_path, max_num_seqs=16, kv_cache_tokens=4096,
-                                           max_num_batched_tokens=512, max_model_len=1024,
-                                           extra_buffer_types=True, batch_invariant=False))
+    engine = LocalEngine(
+        LocalEngineConfig(
+            model_path=gemma_path,
+            max_num_seqs=16,
+            kv_cache_tokens=4096,
+            max_num_batched_tokens=512,
+            max_model_len=1024,
+            extra_buffer_types=True,
+            batch_invariant=False,
+        )
+    )
     rng = random.Random(0)
     prefixes = [[rng.randrange(100, 20000) for _ in range(n)] for n in (16, 32, 48, 100)]  # shared: seq_cp
     live: set[str] = set()

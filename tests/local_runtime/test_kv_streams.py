@@ -30,15 +30,22 @@ def test_auto_takes_streams_only_where_every_slot_fits_max_model_len():
     # Unset max_model_len counts as the engine's default, min(pool, 4096): 8192 / 16 cells do not hold it.
     assert not LocalEngineConfig().kv_streams
     assert LocalEngineConfig(kv_cache_tokens=16384, max_num_seqs=4).kv_streams
-    assert not LocalEngineConfig(kv_cache_tokens=16384, max_num_seqs=16, max_model_len=1024, batch_invariant=True).kv_streams
-    assert not LocalEngineConfig(kv_cache_tokens=16384, max_num_seqs=16, max_model_len=1024, kv_layout="unified").kv_streams
+    assert not LocalEngineConfig(
+        kv_cache_tokens=16384, max_num_seqs=16, max_model_len=1024, batch_invariant=True
+    ).kv_streams
+    assert not LocalEngineConfig(
+        kv_cache_tokens=16384, max_num_seqs=16, max_model_len=1024, kv_layout="unified"
+    ).kv_streams
 
 
-@pytest.mark.parametrize(("fields", "words"), [
-    (dict(kv_layout="streams"), ["kv_layout", "512 KV cells", "max_model_len (4096)", "65536"]),
-    (dict(kv_layout="streams", batch_invariant=True, kv_cache_tokens=65536), ["kv_layout", "batch_invariant"]),
-    (dict(kv_layout="paged"), ["kv_layout", "'paged'"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (dict(kv_layout="streams"), ["kv_layout", "512 KV cells", "max_model_len (4096)", "65536"]),
+        (dict(kv_layout="streams", batch_invariant=True, kv_cache_tokens=65536), ["kv_layout", "batch_invariant"]),
+        (dict(kv_layout="paged"), ["kv_layout", "'paged'"]),
+    ],
+)
 def test_a_layout_that_cannot_work_is_refused_with_what_to_change(fields, words):
     with pytest.raises(ValueError) as info:
         LocalEngineConfig(**fields)
@@ -92,16 +99,24 @@ def test_streams_answer_as_the_unified_pool_and_batch_in_slot_order(streams_engi
     assert max(len(p) for p in prompts) < 64
     batches = []
     decode = streams_engine.backend.decode
-    monkeypatch.setattr(streams_engine.backend, "decode", lambda t, p, slots, *a, **k: (batches.append(slots.copy()), decode(t, p, slots, *a, **k))[1])
+    monkeypatch.setattr(
+        streams_engine.backend,
+        "decode",
+        lambda t, p, slots, *a, **k: (batches.append(slots.copy()), decode(t, p, slots, *a, **k))[1],
+    )
     streams_engine.clear_prompt_cache()
-    ours = run_to_completion(streams_engine, [greedy(f"s{i}", p, NUM_TOKENS, ignore_eos=True) for i, p in enumerate(prompts)])
+    ours = run_to_completion(
+        streams_engine, [greedy(f"s{i}", p, NUM_TOKENS, ignore_eos=True) for i, p in enumerate(prompts)]
+    )
     assert any(len(set(b.tolist())) == 8 for b in batches), "the eight requests never decoded together"
     for slots in batches:  # llama.cpp batches consecutive streams in one pass only in increasing order
         assert list(slots) == sorted(slots)
     unified = make_engine(**STREAMS, kv_layout="unified", prefill_weights=streams_engine.config.prefill_weights)
     try:
         assert not unified.config.kv_streams
-        theirs = run_to_completion(unified, [greedy(f"s{i}", p, NUM_TOKENS, ignore_eos=True) for i, p in enumerate(prompts)])
+        theirs = run_to_completion(
+            unified, [greedy(f"s{i}", p, NUM_TOKENS, ignore_eos=True) for i, p in enumerate(prompts)]
+        )
     finally:
         unified.close()
     for i in range(len(prompts)):
@@ -113,17 +128,24 @@ def test_streams_answer_as_the_unified_pool_and_batch_in_slot_order(streams_engi
 def test_a_finished_prompts_slot_is_taken_over_and_the_answer_is_unchanged(streams_engine, prefix_ops):
     engine = streams_engine
     engine.clear_prompt_cache()
-    first = run_to_completion(engine, [greedy("turn-1", engine.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}]), 12)])["turn-1"]
-    conversation = [{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": "".join(e.text for e in first)},
-                    {"role": "user", "content": "And of Italy?"}]  # fmt: skip
+    first = run_to_completion(
+        engine, [greedy("turn-1", engine.apply_chat_template([{"role": "user", "content": QUESTIONS[0]}]), 12)]
+    )["turn-1"]
+    conversation = [
+        {"role": "user", "content": QUESTIONS[0]},
+        {"role": "assistant", "content": "".join(e.text for e in first)},
+        {"role": "user", "content": "And of Italy?"},
+    ]
     second = engine.apply_chat_template(conversation)
     reused = token_ids(run_to_completion(engine, [greedy("turn-2", second, 12, ignore_eos=True)])["turn-2"])
-    (src, dst, n), = prefix_ops
+    ((src, dst, n),) = prefix_ops
     assert src == dst and n >= 30, "the second turn should have taken the first turn's slot over"
     engine.clear_prompt_cache()
     engine.scheduler.cache_finished_prompts = False
     try:
-        fresh = token_ids(run_to_completion(engine, [greedy("turn-2-fresh", second, 12, ignore_eos=True)])["turn-2-fresh"])
+        fresh = token_ids(
+            run_to_completion(engine, [greedy("turn-2-fresh", second, 12, ignore_eos=True)])["turn-2-fresh"]
+        )
     finally:
         engine.scheduler.cache_finished_prompts = True
     assert len(prefix_ops) == 1 and reused == fresh
@@ -131,11 +153,17 @@ def test_a_finished_prompts_slot_is_taken_over_and_the_answer_is_unchanged(strea
 
 
 @pytest.mark.slow
-def test_a_running_requests_prefix_is_copied_into_another_stream_and_the_answer_is_unchanged(streams_engine, prefix_ops):
+def test_a_running_requests_prefix_is_copied_into_another_stream_and_the_answer_is_unchanged(
+    streams_engine, prefix_ops
+):
     engine = streams_engine
     system = "You answer in one word. Be exact."
-    holder = engine.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}])
-    sharer = engine.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}])
+    holder = engine.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}]
+    )
+    sharer = engine.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}]
+    )
     engine.clear_prompt_cache()
     engine.scheduler.cache_finished_prompts = False
     try:
@@ -148,7 +176,7 @@ def test_a_running_requests_prefix_is_copied_into_another_stream_and_the_answer_
             engine.step()
     finally:
         engine.scheduler.cache_finished_prompts = True
-    (src, dst, n), = prefix_ops
+    ((src, dst, n),) = prefix_ops
     common = next(i for i, (a, b) in enumerate(zip(holder, sharer)) if a != b)
     assert src != dst and n == common > 16
     assert token_ids(events["sharer"]) == expected

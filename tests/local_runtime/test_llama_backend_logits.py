@@ -31,10 +31,16 @@ def test_logits_rows_follow_the_batch_order_and_match_llama_per_row(backend):
         backend.clear_slot(slot)
     tokens, positions, slots, want = mixed_batch()
     got = backend.decode(tokens, positions, slots, want).copy()
-    per_row = np.stack([np.ctypeslib.as_array(backend._lib.llama_get_logits_ith(backend.ctx, int(i)), shape=(backend.n_vocab,))
-                        for i in np.flatnonzero(want)])
+    per_row = np.stack(
+        [
+            np.ctypeslib.as_array(backend._lib.llama_get_logits_ith(backend.ctx, int(i)), shape=(backend.n_vocab,))
+            for i in np.flatnonzero(want)
+        ]
+    )
     np.testing.assert_array_equal(got, per_row)
-    assert len({row.argmax() for row in got}) > 1 or not np.array_equal(got[0], got[1])  # distinct rows, not one repeated
+    assert len({row.argmax() for row in got}) > 1 or not np.array_equal(
+        got[0], got[1]
+    )  # distinct rows, not one repeated
 
 
 def test_a_reused_buffer_gets_the_same_rows_and_a_fresh_array_is_its_own(backend):

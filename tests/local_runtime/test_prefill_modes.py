@@ -23,7 +23,9 @@ def test_the_prompt_cache_follows_the_mode_unless_set():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("batch_invariant", "n_batch", "n_ubatch"), [(False, 256, 256), (False, 1024, 512), (True, 256, 63)])
+@pytest.mark.parametrize(
+    ("batch_invariant", "n_batch", "n_ubatch"), [(False, 256, 256), (False, 1024, 512), (True, 256, 63)]
+)
 def test_ubatch_size_per_mode(batch_invariant, n_batch, n_ubatch):
     """llama.cpp's default ubatch (512) caps a larger step budget: its compute buffers do not grow with it."""
     engine = make_engine(batch_invariant=batch_invariant, max_num_batched_tokens=n_batch)

@@ -71,9 +71,15 @@ def test_a_grammar_mask_samples_exactly_as_masking_the_rest_to_minus_infinity():
         row = (rng.standard_normal(2000) * 3).astype(np.float32)
         allowed = rng.random(2000) < rng.choice([0.001, 0.01, 0.5, 1.0])
         allowed[rng.integers(2000)] = True
-        fields = [dict(temperature=0.7, top_p=0.9), dict(temperature=1.0, top_k=5), dict(temperature=0.5, min_p=0.1, top_p=0.95)][trial % 3]
+        fields = [
+            dict(temperature=0.7, top_p=0.9),
+            dict(temperature=1.0, top_k=5),
+            dict(temperature=0.5, min_p=0.1, top_p=0.95),
+        ][trial % 3]
         params = resolved_params(**fields, presence_penalty=0.1)  # a row that changes logits, as structured ones do
-        got = sample_batch(row[None].copy(), [params], [np.random.default_rng(trial)], [([], [])], np.array([0]), [allowed])[0]
+        got = sample_batch(
+            row[None].copy(), [params], [np.random.default_rng(trial)], [([], [])], np.array([0]), [allowed]
+        )[0]
         masked = np.where(allowed, row, -np.inf)
         assert got.token_id == _sample(masked, params, np.random.default_rng(trial)), trial
         assert allowed[got.token_id]

@@ -24,12 +24,25 @@ from sdk.protocol.engine import SamplingParams
 BS = 4
 
 
-def make_scheduler(num_blocks: int = 64, block_size: int = BS, max_num_seqs: int = 4, budget: int = 32,
-                   cache: bool = False, max_cached: int | None = None, streams: bool = False) -> Scheduler:  # fmt: skip
+def make_scheduler(
+    num_blocks: int = 64,
+    block_size: int = BS,
+    max_num_seqs: int = 4,
+    budget: int = 32,
+    cache: bool = False,
+    max_cached: int | None = None,
+    streams: bool = False,
+) -> Scheduler:
     """Without the prompt cache unless asked: most tests pin what happens when a request lets go.
     `streams`: every slot owns its cells (llama.cpp's KV streams), so cached slots are taken over."""
-    return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                     cache_finished_prompts=cache, max_cached_prompts=max_cached, slots_own_their_cells=streams)  # fmt: skip
+    return Scheduler(
+        BlockManager(num_blocks, block_size),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        cache_finished_prompts=cache,
+        max_cached_prompts=max_cached,
+        slots_own_their_cells=streams,
+    )
 
 
 def make_request(request_id: str, prompt: list[int] | int, max_tokens: int = 4) -> Request:
@@ -88,7 +101,9 @@ class Sim:
         for slot in out.cleared_slots:
             self.cells[slot] = []
         for src, dst, n in out.prefix_copies:
-            assert len(self.cells[src]) >= n, f"prefix copy of {n} tokens from slot {src} holding {len(self.cells[src])}"
+            assert len(self.cells[src]) >= n, (
+                f"prefix copy of {n} tokens from slot {src} holding {len(self.cells[src])}"
+            )
             if src == dst:  # a cached prompt's slot taken over: its first n cells stay, the rest go
                 self.cells[dst] = self.cells[dst][:n]
                 continue
@@ -682,16 +697,33 @@ def workloads(draw):
         abort_at = draw(st.one_of(st.none(), st.integers(0, 30)))
         mid_step = draw(st.booleans())
         specs.append((f"q{i}", prompt, max_tokens, arrival, abort_at, mid_step))
-    return (block_size, num_blocks, max_num_seqs, budget, specs, draw(st.booleans()), draw(st.sampled_from([None, 0, 1, 2])),
-            draw(st.booleans()))
+    return (
+        block_size,
+        num_blocks,
+        max_num_seqs,
+        budget,
+        specs,
+        draw(st.booleans()),
+        draw(st.sampled_from([None, 0, 1, 2])),
+        draw(st.booleans()),
+    )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_finish_and_keep_the_books(workload):
     block_size, num_blocks, max_num_seqs, budget, specs, cache, max_cached, streams = workload
-    sim = Sim(make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs, budget=budget,
-                             cache=cache, max_cached=max_cached, streams=streams))  # fmt: skip
+    sim = Sim(
+        make_scheduler(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            budget=budget,
+            cache=cache,
+            max_cached=max_cached,
+            streams=streams,
+        )
+    )
     pending = sorted(specs, key=lambda spec: spec[3])
     step = 0
     max_steps = 2_000

@@ -49,8 +49,29 @@ class RequestCounter:
 
 # -- values ------------------------------------------------------------------------------------
 
-HUGE_INTS = [0, 1, -1, 2, 16, 17, 255, 256, 2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64,
-             -(2**63), -(2**63) - 1, 10**30, -(10**30), 10**100]  # fmt: skip
+HUGE_INTS = [
+    0,
+    1,
+    -1,
+    2,
+    16,
+    17,
+    255,
+    256,
+    2**31 - 1,
+    2**31,
+    2**32,
+    2**53 + 1,
+    2**63 - 1,
+    2**63,
+    2**64 - 1,
+    2**64,
+    -(2**63),
+    -(2**63) - 1,
+    10**30,
+    -(10**30),
+    10**100,
+]
 ODD_FLOATS = [0.0, -0.0, 1e-320, 5e-324, -1.0, 2.0000001, 1e308, -1e308, math.nan, math.inf, -math.inf, 0.5, 1.0, 2.0]
 
 surrogates = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
@@ -58,8 +79,26 @@ odd_text = st.one_of(
     st.text(max_size=40),
     st.text(st.characters(codec="utf-8"), max_size=40),
     st.text(surrogates, min_size=1, max_size=4),  # lone surrogates: escaped as \udXXX in the JSON
-    st.sampled_from(["", " ", "\x00", "\ufeff", "\u202e", "<|im_start|>", "<|im_end|>", "</s>", "<s>", "{{ x }}", "{% for %}",
-                     "\U0001f600" * 30, "a" * 3000, "w5 w6 w7", "\r\n\r\n", "data: [DONE]\n\n"]),  # fmt: skip
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "\x00",
+            "\ufeff",
+            "\u202e",
+            "<|im_start|>",
+            "<|im_end|>",
+            "</s>",
+            "<s>",
+            "{{ x }}",
+            "{% for %}",
+            "\U0001f600" * 30,
+            "a" * 3000,
+            "w5 w6 w7",
+            "\r\n\r\n",
+            "data: [DONE]\n\n",
+        ]
+    ),
 )
 any_int = st.one_of(st.sampled_from(HUGE_INTS), st.integers())
 any_float = st.one_of(st.sampled_from(ODD_FLOATS), st.floats())
@@ -105,8 +144,12 @@ def sampling_fields(draw, max_model_len: int, small_vocab: int) -> dict:
         (20, st.sampled_from([0, -1, 2**31, 2**63, 10**30, 1.5, 2.0, "16", None, True, [], {}])),
     )
     if draw(st.integers(0, 99)) < 10:  # the newer name, sometimes both
-        fields["max_completion_tokens"] = weighted(draw, (3, st.integers(1, 3)), (1, st.sampled_from([0, -5, 10**30, "2", None])))
-    fields["temperature"] = _maybe(draw, st.one_of(st.floats(0, 2), st.sampled_from(ODD_FLOATS + [2.5, -0.1, 100, "1", True])))
+        fields["max_completion_tokens"] = weighted(
+            draw, (3, st.integers(1, 3)), (1, st.sampled_from([0, -5, 10**30, "2", None]))
+        )
+    fields["temperature"] = _maybe(
+        draw, st.one_of(st.floats(0, 2), st.sampled_from(ODD_FLOATS + [2.5, -0.1, 100, "1", True]))
+    )
     fields["top_p"] = _maybe(draw, st.one_of(st.floats(0, 1), st.sampled_from(ODD_FLOATS + [1.1, 1e-300, "0.5"])), 30)
     fields["top_k"] = _maybe(draw, st.one_of(st.integers(-2, 400), st.sampled_from(HUGE_INTS + [1.0, 3.5, "4"])), 30)
     n_small = st.integers(1, 2) if fields["max_tokens"] not in range(1, 4) else st.integers(1, 16)
@@ -129,13 +172,20 @@ def sampling_fields(draw, max_model_len: int, small_vocab: int) -> dict:
         ),
         25,
     )
-    fields["stop_token_ids"] = _maybe(draw, st.lists(st.one_of(st.integers(-5, small_vocab + 5), st.sampled_from(HUGE_INTS)), max_size=5), 10)
+    fields["stop_token_ids"] = _maybe(
+        draw, st.lists(st.one_of(st.integers(-5, small_vocab + 5), st.sampled_from(HUGE_INTS)), max_size=5), 10
+    )
     fields["seed"] = _maybe(draw, st.one_of(st.sampled_from(HUGE_INTS), st.integers(), st.sampled_from([1.5, "7"])), 25)
     fields["ignore_eos"] = _maybe(draw, st.one_of(st.booleans(), st.sampled_from(["no", 0])), 10)
     for name in ("presence_penalty", "frequency_penalty"):
         fields[name] = _maybe(draw, st.sampled_from([0, 0.0, 0.5, -2, math.nan, "0"]), 5)
-    fields["logit_bias"] = _maybe(draw, st.sampled_from([{}, {"5": 100}, {"x": "y"}, [], None, {"5": 101}, {"-1": 1},
-                                                         {"99999999": 1}, {"5": math.inf}]), 5)  # fmt: skip
+    fields["logit_bias"] = _maybe(
+        draw,
+        st.sampled_from(
+            [{}, {"5": 100}, {"x": "y"}, [], None, {"5": 101}, {"-1": 1}, {"99999999": 1}, {"5": math.inf}]
+        ),
+        5,
+    )
     fields["min_p"] = _maybe(draw, st.sampled_from([0, 0.1, 1.0, 1.5, -0.1, math.nan, "0"]), 5)
     fields["repetition_penalty"] = _maybe(draw, st.sampled_from([1.0, 1.3, 0.0, -1.0, 1e308, math.inf, "1"]), 5)
     fields["min_tokens"] = _maybe(draw, st.one_of(st.integers(-2, 40), st.sampled_from(HUGE_INTS)), 5)
@@ -145,12 +195,22 @@ def sampling_fields(draw, max_model_len: int, small_vocab: int) -> dict:
 
 @st.composite
 def messages(draw) -> list:
-    role = st.one_of(st.sampled_from(["user", "user", "system", "assistant", "developer", "tool", "bogus", "", "USER"]),
-                     json_scalars)  # fmt: skip
+    role = st.one_of(
+        st.sampled_from(["user", "user", "system", "assistant", "developer", "tool", "bogus", "", "USER"]), json_scalars
+    )
     part = st.one_of(
         st.fixed_dictionaries({"type": st.just("text"), "text": odd_text}),
-        st.sampled_from([{"type": "image_url", "image_url": {"url": "http://x"}}, {"type": "text"}, {"text": "x"},
-                         {"type": "text", "text": 5}, "just a string", None, 7]),  # fmt: skip
+        st.sampled_from(
+            [
+                {"type": "image_url", "image_url": {"url": "http://x"}},
+                {"type": "text"},
+                {"text": "x"},
+                {"type": "text", "text": 5},
+                "just a string",
+                None,
+                7,
+            ]
+        ),
     )
     content = weighted(draw, (6, odd_text), (2, st.lists(part, max_size=3)), (1, st.sampled_from([None, 5, {}, ["x"]])))
     message = {"role": draw(role), "content": content}
@@ -164,8 +224,29 @@ def messages(draw) -> list:
 @st.composite
 def chat_bodies(draw, models: list[str], max_model_len: int, small_vocab: int) -> dict:
     body = draw(sampling_fields(max_model_len, small_vocab))
-    body["model"] = weighted(draw, (8, st.sampled_from(models)), (1, st.sampled_from(["nope", "", "auto:", "auto:2", "auto:nan", "AUTO",
-                             "local:1", "cloud:0.5", "auto:0.3", "x" * 5000, None])), (1, json_scalars))  # fmt: skip
+    body["model"] = weighted(
+        draw,
+        (8, st.sampled_from(models)),
+        (
+            1,
+            st.sampled_from(
+                [
+                    "nope",
+                    "",
+                    "auto:",
+                    "auto:2",
+                    "auto:nan",
+                    "AUTO",
+                    "local:1",
+                    "cloud:0.5",
+                    "auto:0.3",
+                    "x" * 5000,
+                    None,
+                ]
+            ),
+        ),
+        (1, json_scalars),
+    )
     body["messages"] = weighted(
         draw,
         (8, st.lists(messages(), min_size=1, max_size=3)),
@@ -182,8 +263,12 @@ def chat_bodies(draw, models: list[str], max_model_len: int, small_vocab: int) -
 @st.composite
 def completion_bodies(draw, models: list[str], max_model_len: int, small_vocab: int, words: list[str]) -> dict:
     body = draw(sampling_fields(max_model_len, small_vocab))
-    body["model"] = weighted(draw, (8, st.sampled_from(models)), (1, st.sampled_from(["nope", "", "auto", "cloud", "local",
-                             "auto:0.5", None])), (1, json_scalars))  # fmt: skip
+    body["model"] = weighted(
+        draw,
+        (8, st.sampled_from(models)),
+        (1, st.sampled_from(["nope", "", "auto", "cloud", "local", "auto:0.5", None])),
+        (1, json_scalars),
+    )
     sentence = st.lists(st.sampled_from(words), min_size=1, max_size=6).map(" ".join)
     body["prompt"] = weighted(
         draw,
@@ -196,7 +281,9 @@ def completion_bodies(draw, models: list[str], max_model_len: int, small_vocab: 
         (1, st.sampled_from(["", [], [[]], [""], None, " " * 5000, "w5 " * 2000, list(range(3, 3 + max_model_len))])),
         (1, json_values),
     )
-    body["logprobs"] = _maybe(draw, st.one_of(st.integers(-1, 6), st.sampled_from([True, False, 10**30, 1.5, None])), 20)
+    body["logprobs"] = _maybe(
+        draw, st.one_of(st.integers(-1, 6), st.sampled_from([True, False, 10**30, 1.5, None])), 20
+    )
     body["echo"] = _maybe(draw, st.one_of(st.booleans(), st.just("x")), 5)
     body["suffix"] = _maybe(draw, st.sampled_from([None, "", "x", 5]), 5)
     body["best_of"] = _maybe(draw, st.sampled_from([None, 1, 2, 0, -1, 10**30]), 5)
@@ -235,16 +322,24 @@ def malformed_bodies(draw, valid_body: dict) -> bytes:
         return draw(st.binary(max_size=200))
     if kind == 2:  # invalid UTF-8 spliced in
         at = draw(st.integers(0, len(good)))
-        return good[:at] + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x80\x80", b"\xf8\x88\x80\x80\x80"])) + good[at:]
+        return (
+            good[:at]
+            + draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x80\x80", b"\xf8\x88\x80\x80\x80"]))
+            + good[at:]
+        )
     if kind == 3:
-        return draw(st.sampled_from([b"", b" ", b"null", b"[]", b"{}", b"1", b'"x"', b"true", b"NaN", b"[1,2", b"{\"a\":}", b"{,}"]))
+        return draw(
+            st.sampled_from(
+                [b"", b" ", b"null", b"[]", b"{}", b"1", b'"x"', b"true", b"NaN", b"[1,2", b'{"a":}', b"{,}"]
+            )
+        )
     if kind == 4:
         depth = draw(st.sampled_from([100, 1000, 50_000]))
         return b'{"prompt":' + b"[" * depth + b"]" * depth + b"}"
     if kind == 5:
         return b"\xef\xbb\xbf" + good  # a BOM
     if kind == 6:
-        return good.replace(b"{", b"{\"prompt\": NaN, \"messages\": Infinity, ", 1)
+        return good.replace(b"{", b'{"prompt": NaN, "messages": Infinity, ', 1)
     if kind == 7:
         return good + b"garbage"
     if kind == 8:
@@ -329,7 +424,7 @@ def check_stream(text: str, chunk_model: type[BaseModel]) -> None:
     started, finished, errored = set(), set(), False
     for event in events[:-1]:
         assert event.startswith("data: ") and "\n" not in event, event[:500]
-        payload = json.loads(event[len("data: "):])
+        payload = json.loads(event[len("data: ") :])
         if "error" in payload:
             check_error_body(payload)
             errored = True

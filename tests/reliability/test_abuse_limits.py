@@ -33,9 +33,25 @@ MAX_MODEL_LEN = 512
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("abuse")
     (folder / "keys").write_text("\n".join(KEYS) + "\n")
-    args = ["serve", "--cloud", "none", "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-tokens", "4096",
-            "--threads", "1", "--log-level", "warning", "--api-key-file", str(folder / "keys"),
-            "--max-body-bytes", str(MAX_BODY), "--max-concurrent-per-key", str(MAX_IN_FLIGHT)]  # fmt: skip
+    args = [
+        "serve",
+        "--cloud",
+        "none",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-tokens",
+        "4096",
+        "--threads",
+        "1",
+        "--log-level",
+        "warning",
+        "--api-key-file",
+        str(folder / "keys"),
+        "--max-body-bytes",
+        str(MAX_BODY),
+        "--max-concurrent-per-key",
+        str(MAX_IN_FLIGHT),
+    ]
     with running_server(args, folder / "server.log") as (_, base_url):
         yield base_url
 
@@ -56,12 +72,20 @@ def idle(base_url: str, timeout_s: float = 30.0) -> str:
         if metric(text, "tandem:kv_blocks_used") == 0 and metric(text, "tandem:num_requests_running") == 0:
             return text
         if time.monotonic() > deadline:
-            pytest.fail("the engine is not idle:\n" + "\n".join(l for l in text.splitlines() if l.startswith("tandem:kv_blocks")))
+            pytest.fail(
+                "the engine is not idle:\n"
+                + "\n".join(l for l in text.splitlines() if l.startswith("tandem:kv_blocks"))
+            )
         time.sleep(0.1)
 
 
-def assert_openai_error(response: httpx.Response, status: int, code: str | None, param: str | None = None,
-                        type_: str = "invalid_request_error") -> str:  # fmt: skip
+def assert_openai_error(
+    response: httpx.Response,
+    status: int,
+    code: str | None,
+    param: str | None = None,
+    type_: str = "invalid_request_error",
+) -> str:
     assert response.status_code == status, response.text
     body = response.json()
     assert list(body) == ["error"] and set(body["error"]) == {"message", "type", "param", "code"}, body
@@ -76,7 +100,9 @@ def assert_openai_error(response: httpx.Response, status: int, code: str | None,
 
 def test_a_body_over_the_limit_is_413_however_it_is_sent(server):
     big = {"model": MODEL, "messages": [{"role": "user", "content": "word " * (MAX_BODY // 4)}]}
-    message = assert_openai_error(httpx.post(f"{server}/v1/chat/completions", json=big, headers=auth()), 413, "request_too_large")
+    message = assert_openai_error(
+        httpx.post(f"{server}/v1/chat/completions", json=big, headers=auth()), 413, "request_too_large"
+    )
     assert str(MAX_BODY) in message
     # Chunked (no Content-Length): counted as it arrives.
     payload = json.dumps(big).encode()
@@ -85,8 +111,12 @@ def test_a_body_over_the_limit_is_413_however_it_is_sent(server):
         for at in range(0, len(payload), 8192):
             yield payload[at : at + 8192]
 
-    chunked = httpx.post(f"{server}/v1/completions", content=chunks(), headers={**auth(), "content-type": "application/json"})
-    assert "transfer-encoding" not in chunked.request.headers or chunked.request.headers["transfer-encoding"] == "chunked"
+    chunked = httpx.post(
+        f"{server}/v1/completions", content=chunks(), headers={**auth(), "content-type": "application/json"}
+    )
+    assert (
+        "transfer-encoding" not in chunked.request.headers or chunked.request.headers["transfer-encoding"] == "chunked"
+    )
     assert_openai_error(chunked, 413, "request_too_large")
     # A huge declared length is refused from the headers alone: the body is never sent here.
     with socket.create_connection(("127.0.0.1", httpx.URL(server).port), timeout=10) as sock:
@@ -106,8 +136,12 @@ def test_a_body_under_the_limit_reaches_the_context_check(server):
     # ~60 KB of text: under the byte limit, far over the 512-token context: 400 naming the lengths.
     long_chat = {"model": MODEL, "messages": [{"role": "user", "content": "cat " * 15000}]}
     assert len(json.dumps(long_chat)) < MAX_BODY
-    message = assert_openai_error(httpx.post(f"{server}/v1/chat/completions", json=long_chat, headers=auth()),
-                                  400, "context_length_exceeded", "messages")  # fmt: skip
+    message = assert_openai_error(
+        httpx.post(f"{server}/v1/chat/completions", json=long_chat, headers=auth()),
+        400,
+        "context_length_exceeded",
+        "messages",
+    )
     assert str(MAX_MODEL_LEN) in message
     completion = {"model": MODEL, "prompt": "cat " * 15000, "max_tokens": 4}
     response = httpx.post(f"{server}/v1/completions", json=completion, headers=auth())
@@ -125,15 +159,29 @@ def test_a_body_under_the_limit_reaches_the_context_check(server):
 SHORT = {"model": MODEL, "prompt": "The sky is", "max_tokens": 2}
 
 
-@pytest.mark.parametrize("path, body, code, param", [
-    ("/v1/completions", {**SHORT, "max_tokens": 100_000}, "context_length_exceeded", "max_tokens"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "max_completion_tokens": 100_000}, "context_length_exceeded", "max_tokens"),
-    ("/v1/completions", {**SHORT, "n": MAX_CHOICES + 1}, None, "n"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "n": MAX_CHOICES + 1}, None, "n"),
-    ("/v1/completions", {**SHORT, "stop": ["x"] * (MAX_STOP_STRINGS + 1)}, None, "stop"),
-    ("/v1/completions", {**SHORT, "logprobs": 6}, None, "logprobs"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "top_logprobs": 21, "logprobs": True}, None, "top_logprobs"),
-], ids=["max-tokens", "chat-max-completion-tokens", "n", "chat-n", "stop", "logprobs", "top-logprobs"])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, body, code, param",
+    [
+        ("/v1/completions", {**SHORT, "max_tokens": 100_000}, "context_length_exceeded", "max_tokens"),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": CHAT, "max_completion_tokens": 100_000},
+            "context_length_exceeded",
+            "max_tokens",
+        ),
+        ("/v1/completions", {**SHORT, "n": MAX_CHOICES + 1}, None, "n"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "n": MAX_CHOICES + 1}, None, "n"),
+        ("/v1/completions", {**SHORT, "stop": ["x"] * (MAX_STOP_STRINGS + 1)}, None, "stop"),
+        ("/v1/completions", {**SHORT, "logprobs": 6}, None, "logprobs"),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": CHAT, "top_logprobs": 21, "logprobs": True},
+            None,
+            "top_logprobs",
+        ),
+    ],
+    ids=["max-tokens", "chat-max-completion-tokens", "n", "chat-n", "stop", "logprobs", "top-logprobs"],
+)
 def test_request_limits_are_400s_in_openai_shape(server, path, body, code, param):
     response = httpx.post(f"{server}{path}", json=body, headers=auth())
     if param == "max_tokens" and response.json()["error"]["param"] == "max_completion_tokens":
@@ -160,8 +208,12 @@ def test_in_flight_streams_per_key_are_capped_and_released(server):
         with http.stream("POST", "/v1/chat/completions", json=_long_stream(), headers=auth()) as first:
             first_lines = first.iter_lines()
             assert next(first_lines).startswith("data: ")
-            with http.stream("POST", "/v1/completions", json={**SHORT, "max_tokens": 400, "ignore_eos": True, "stream": True},
-                             headers=auth()) as second:  # fmt: skip
+            with http.stream(
+                "POST",
+                "/v1/completions",
+                json={**SHORT, "max_tokens": 400, "ignore_eos": True, "stream": True},
+                headers=auth(),
+            ) as second:
                 second_lines = second.iter_lines()
                 assert next(second_lines).startswith("data: ")
                 # A third, streaming or not, is 429 at once.
@@ -197,7 +249,12 @@ def test_in_flight_slots_survive_errors_and_are_per_client_address_without_keys(
         for ip in ("10.0.0.1", "10.0.0.2"):
             transport = httpx.ASGITransport(app=app, client=(ip, 1234))
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
-                for body in ({"messages": CHAT, "n": 99}, {"messages": CHAT}, {"messages": CHAT, "stream": True}, {"messages": 3}):
+                for body in (
+                    {"messages": CHAT, "n": 99},
+                    {"messages": CHAT},
+                    {"messages": CHAT, "stream": True},
+                    {"messages": 3},
+                ):
                     await http.post("/v1/chat/completions", json=body)
                     assert limiter.total == 0
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
@@ -209,7 +266,11 @@ def test_in_flight_slots_survive_errors_and_are_per_client_address_without_keys(
     assert DEFAULT_MAX_BODY_BYTES == 4 * 1024 * 1024
     from sdk.settings.fields import FIELDS
 
-    assert DEFAULT_MAX_BODY_BYTES == FIELDS["server.max_body_bytes"].default == FIELDS["cloud_server.max_body_bytes"].default
+    assert (
+        DEFAULT_MAX_BODY_BYTES
+        == FIELDS["server.max_body_bytes"].default
+        == FIELDS["cloud_server.max_body_bytes"].default
+    )
     assert FIELDS["server.max_concurrent_per_key"].default is None
 
 
@@ -217,7 +278,12 @@ def test_in_flight_slots_survive_errors_and_are_per_client_address_without_keys(
 
 
 def _head(method: str, path: str, key: str, content_length: int | None = None) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "Host: test", f"Authorization: Bearer {key}", "Content-Type: application/json"]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        "Host: test",
+        f"Authorization: Bearer {key}",
+        "Content-Type: application/json",
+    ]
     if content_length is not None:
         lines.append(f"Content-Length: {content_length}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
@@ -234,9 +300,16 @@ def _fast_streams(server: str, num: int, key: str) -> float:
     start = time.monotonic()
 
     def one(i: int) -> None:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": f"Count to {i + 3}."}], "max_tokens": 48,
-                "ignore_eos": True, "stream": True}  # fmt: skip
-        with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, headers=auth(key), timeout=120) as response:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"Count to {i + 3}."}],
+            "max_tokens": 48,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST", f"{server}/v1/chat/completions", json=body, headers=auth(key), timeout=120
+        ) as response:
             assert response.status_code == 200
             lines = [line for line in response.iter_lines() if line]
         assert lines[-1] == "data: [DONE]"
@@ -347,8 +420,12 @@ def test_clients_vanishing_at_random_points_free_everything(server):
     with httpx.Client(base_url=server, timeout=120) as http:
         for key in KEYS[2:]:
             responses = []
-            threads = [threading.Thread(target=lambda: responses.append(http.post("/v1/completions", json=SHORT, headers=auth(key))))
-                       for _ in range(MAX_IN_FLIGHT)]  # fmt: skip
+            threads = [
+                threading.Thread(
+                    target=lambda: responses.append(http.post("/v1/completions", json=SHORT, headers=auth(key)))
+                )
+                for _ in range(MAX_IN_FLIGHT)
+            ]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -365,10 +442,15 @@ def test_the_limits_are_settings_flags_and_env_vars(tmp_path):
 
     env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     defaults = load_settings(env=env)
-    assert defaults.get("server.max_body_bytes") == DEFAULT_MAX_BODY_BYTES and defaults.get("server.max_concurrent_per_key") is None
+    assert (
+        defaults.get("server.max_body_bytes") == DEFAULT_MAX_BODY_BYTES
+        and defaults.get("server.max_concurrent_per_key") is None
+    )
     config = tmp_path / "c.toml"
     config.write_text("[server]\nmax_body_bytes = 100000\nmax_concurrent_per_key = 3\n")
-    layered = load_settings(str(config), env=env | {"TANDEM_MAX_CONCURRENT_PER_KEY": "5"}, cli={"server.max_body_bytes": 2048})
+    layered = load_settings(
+        str(config), env=env | {"TANDEM_MAX_CONCURRENT_PER_KEY": "5"}, cli={"server.max_body_bytes": 2048}
+    )
     assert layered.get("server.max_body_bytes") == 2048 and layered.get("server.max_concurrent_per_key") == 5
     for key, value in [("max_body_bytes", 10), ("max_concurrent_per_key", 0)]:
         config.write_text(f"[server]\n{key} = {value}\n")

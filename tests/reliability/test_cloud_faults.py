@@ -41,7 +41,9 @@ CLOUD_WORDS = [f" cloud{i}" for i in range(PARAMS.max_tokens)]
 
 @pytest.fixture(scope="module")
 def local_engine():
-    config = LocalEngineConfig(kv_cache_tokens=1024, max_num_seqs=2, max_num_batched_tokens=128, max_model_len=512, n_threads=1)
+    config = LocalEngineConfig(
+        kv_cache_tokens=1024, max_num_seqs=2, max_num_batched_tokens=128, max_model_len=512, n_threads=1
+    )
     engine = AsyncLocalEngine(config).start()
     engine.wait_ready(180)
     yield engine
@@ -85,8 +87,15 @@ class FakeCloud(pb_grpc.TandemServicer):
     sends a token every `gap_s`. `num_cancelled` counts calls the client cancelled (what
     makes a real engine abort the request and free its KV blocks)."""
 
-    def __init__(self, mode: str = "ok", *, cut_after: int = 3, stall_s: float = 30.0, gap_s: float = 0.01,
-                 abort_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE):  # fmt: skip
+    def __init__(
+        self,
+        mode: str = "ok",
+        *,
+        cut_after: int = 3,
+        stall_s: float = 30.0,
+        gap_s: float = 0.01,
+        abort_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+    ):
         self.mode, self.cut_after, self.stall_s, self.abort_code = mode, cut_after, stall_s, abort_code
         self.gap_s = gap_s
         self.num_calls = 0
@@ -129,8 +138,13 @@ class FakeCloud(pb_grpc.TandemServicer):
                 await asyncio.sleep(self.stall_s)
             await asyncio.sleep(self.gap_s if self.mode == "slow" else 0.01)
             last = i == max_tokens - 1
-            response = pb.GenerateResponse(request_id=request.request_id, token_id=i, text=CLOUD_WORDS[i % len(CLOUD_WORDS)],
-                                           logprob=-0.1, finish_reason="length" if last else "")  # fmt: skip
+            response = pb.GenerateResponse(
+                request_id=request.request_id,
+                token_id=i,
+                text=CLOUD_WORDS[i % len(CLOUD_WORDS)],
+                logprob=-0.1,
+                finish_reason="length" if last else "",
+            )
             if last:
                 response.usage.prompt_tokens, response.usage.completion_tokens = 7, max_tokens
             yield response
@@ -186,19 +200,32 @@ SHORT = {"cloud_first_token_timeout_s": 0.5, "cloud_stall_timeout_s": 0.5}  # Ca
 GRPC_FAULTS = [
     # id, cloud factory, timeouts, degraded_reason, cloud tokens the client saw first
     pytest.param(lambda: FakeCloud("kill", cut_after=3), {}, "cloud_unavailable", 3, id="killed-mid-stream"),
-    pytest.param(lambda: FakeCloud("abort", abort_code=grpc.StatusCode.UNAVAILABLE), {}, "cloud_unavailable", 0, id="unavailable"),
+    pytest.param(
+        lambda: FakeCloud("abort", abort_code=grpc.StatusCode.UNAVAILABLE), {}, "cloud_unavailable", 0, id="unavailable"
+    ),
     pytest.param(None, {}, "cloud_unavailable", 0, id="nothing-listening"),
     pytest.param(lambda: FakeCloud("stall", cut_after=0), SHORT, "cloud_first_token_timeout", 0, id="slow-first-token"),
     pytest.param(lambda: FakeCloud("stall", cut_after=3), SHORT, "cloud_stall_timeout", 3, id="stalls-mid-stream"),
-    pytest.param(lambda: FakeCloud("slow", gap_s=0.3), {"cloud_stall_timeout_s": 2.0, "cloud_deadline_s": 1.0}, "cloud_deadline",
-                 3, id="past-the-deadline"),
-    pytest.param(lambda: FakeCloud("abort", abort_code=grpc.StatusCode.RESOURCE_EXHAUSTED), {}, "cloud_overloaded", 0, id="overloaded"),
+    pytest.param(
+        lambda: FakeCloud("slow", gap_s=0.3),
+        {"cloud_stall_timeout_s": 2.0, "cloud_deadline_s": 1.0},
+        "cloud_deadline",
+        3,
+        id="past-the-deadline",
+    ),
+    pytest.param(
+        lambda: FakeCloud("abort", abort_code=grpc.StatusCode.RESOURCE_EXHAUSTED),
+        {},
+        "cloud_overloaded",
+        0,
+        id="overloaded",
+    ),
     pytest.param(lambda: FakeCloud("abort", abort_code=grpc.StatusCode.INTERNAL), {}, "cloud_error", 0, id="internal"),
     pytest.param(lambda: RawTcp(os.urandom(4096)), {}, "cloud_unavailable", 0, id="random-bytes"),
     pytest.param(lambda: RawTcp(HTTP1_PAGE), {}, "cloud_unavailable", 0, id="http1-server"),
     pytest.param(lambda: RawTcp(None), SHORT, "cloud_first_token_timeout", 0, id="black-hole"),
     pytest.param(NotTandem, {}, "cloud_error", 0, id="grpc-but-not-tandem"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("make_cloud, timeouts, reason, num_cloud", GRPC_FAULTS)
@@ -223,7 +250,9 @@ async def test_grpc_cloud_fault_degrades_to_a_whole_local_answer(local_engine, m
     assert final.routing.cost["local"]["completion_tokens"] == len(tiers) - num_cloud
     assert runner.breaker.num_consecutive_failures == 1 and runner.breaker.state.value == "closed"
     assert elapsed < timeout_s + 15, "a failing cloud must not hold the answer much past its deadline"
-    if reason in ("cloud_first_token_timeout", "cloud_stall_timeout", "cloud_deadline") and isinstance(cloud, FakeCloud):
+    if reason in ("cloud_first_token_timeout", "cloud_stall_timeout", "cloud_deadline") and isinstance(
+        cloud, FakeCloud
+    ):
         assert cloud.num_cancelled == 1, "a timed-out call is cancelled on the server (a real engine frees its blocks)"
     await assert_idle(local_engine)
 
@@ -254,13 +283,19 @@ def sse(*chunks, done: bool = True) -> bytes:
     return (body + ("data: [DONE]\n\n" if done else "")).encode()
 
 
-def http_response(body: bytes, content_type: str = "text/event-stream", status: str = "200 OK", extra: str = "") -> bytes:
+def http_response(
+    body: bytes, content_type: str = "text/event-stream", status: str = "200 OK", extra: str = ""
+) -> bytes:
     head = f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n"
     return head.encode() + body
 
 
 def word(text: str, finish: str | None = None) -> dict:
-    return {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+    return {
+        "id": "x",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
+    }
 
 
 TWO_WORDS = [word(" cloud0"), word(" cloud1")]
@@ -271,18 +306,32 @@ HTTP_GARBAGE = [
     pytest.param(sse({"choices": "abc"}), "cloud_error", 0, id="choices-a-string"),
     pytest.param(sse(*TWO_WORDS, {"choices": [{"delta": "hello"}]}), "cloud_error", 2, id="delta-a-string"),
     pytest.param(sse({"choices": [{"delta": {"content": 5}}]}), "cloud_error", 0, id="content-a-number"),
-    pytest.param(sse(word(" a", "stop"), {"choices": [], "usage": {"prompt_tokens": "many"}}), "cloud_error", 0, id="usage-not-numbers"),
-    pytest.param(sse({"choices": [{"delta": {"content": "a"}, "logprobs": {"content": ["x"]}}]}), "cloud_error", 0, id="logprobs-wrong-shape"),
+    pytest.param(
+        sse(word(" a", "stop"), {"choices": [], "usage": {"prompt_tokens": "many"}}),
+        "cloud_error",
+        0,
+        id="usage-not-numbers",
+    ),
+    pytest.param(
+        sse({"choices": [{"delta": {"content": "a"}, "logprobs": {"content": ["x"]}}]}),
+        "cloud_error",
+        0,
+        id="logprobs-wrong-shape",
+    ),
     pytest.param(sse(word(" a", finish=7)), "cloud_error", 0, id="finish-reason-a-number"),
     pytest.param(sse(*TWO_WORDS, done=False), "cloud_error", 2, id="truncated-sse"),
     pytest.param(sse(*TWO_WORDS, done=False) + b'data: {"choi', "cloud_error", 2, id="truncated-mid-chunk"),
     pytest.param(http_response(b"<html>hi</html>", "text/html"), "cloud_error", 0, id="html-page"),
-    pytest.param(http_response(b"\x00\x01garbage", extra="Content-Encoding: gzip\r\n"), "cloud_error", 0, id="undecodable-gzip"),
-    pytest.param(http_response(b"<html>oops</html>", "text/html", "500 Internal Server Error"), "cloud_error", 0, id="500-html"),
+    pytest.param(
+        http_response(b"\x00\x01garbage", extra="Content-Encoding: gzip\r\n"), "cloud_error", 0, id="undecodable-gzip"
+    ),
+    pytest.param(
+        http_response(b"<html>oops</html>", "text/html", "500 Internal Server Error"), "cloud_error", 0, id="500-html"
+    ),
     pytest.param(http_response(b"{}", "application/json", "503 Service Unavailable"), "cloud_unavailable", 0, id="503"),
     pytest.param(os.urandom(2048), "cloud_unavailable", 0, id="random-bytes"),
     pytest.param(None, "cloud_first_token_timeout", 0, id="never-answers"),
-]  # fmt: skip
+]
 
 
 class RawHttp(LoopbackTcpServer):
@@ -298,7 +347,14 @@ class RawHttp(LoopbackTcpServer):
     async def _handle(self, reader, writer):
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             await reader.readexactly(length)
             self.num_requests += 1
             if self.payload is None:
@@ -414,7 +470,9 @@ async def test_breaker_reopens_when_the_half_open_trial_fails_then_recovers(loca
     cloud = FakeCloud("stall", cut_after=0)
     port = await cloud.start()
     client = CloudClient(f"127.0.0.1:{port}")
-    config = CascadeConfig(breaker_failure_threshold=1, breaker_cool_down_s=COOL_DOWN_S, cloud_first_token_timeout_s=0.5)
+    config = CascadeConfig(
+        breaker_failure_threshold=1, breaker_cool_down_s=COOL_DOWN_S, cloud_first_token_timeout_s=0.5
+    )
     clock = Clock()
     runner = CascadeRunner(local_engine, client, config, clock=clock)
     try:
@@ -471,11 +529,14 @@ class ClientThatBreaks(CloudBackend):
         raise self.error
 
 
-@pytest.mark.parametrize("error, reason", [
-    (ValueError("a chunk the client could not read"), "cloud_error"),
-    (ConnectionResetError("reset by peer"), "cloud_unavailable"),
-    (TimeoutError(), "cloud_deadline"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "error, reason",
+    [
+        (ValueError("a chunk the client could not read"), "cloud_error"),
+        (ConnectionResetError("reset by peer"), "cloud_unavailable"),
+        (TimeoutError(), "cloud_deadline"),
+    ],
+)
 async def test_any_exception_from_the_cloud_client_degrades_instead_of_escaping(local_engine, error, reason):
     runner = CascadeRunner(local_engine, ClientThatBreaks(error), CascadeConfig())
     tokens, final = await answer(runner)

@@ -83,7 +83,9 @@ text_bytes = st.one_of(
 )
 small_uint = st.one_of(st.integers(0, 4), st.integers(0, VOCAB + 5))
 extreme_int = st.one_of(st.sampled_from(HUGE_INTS), st.integers(-(2**64), 2**64))
-float_values = st.one_of(st.floats(width=32), st.sampled_from([0.0, -0.0, 1e-45, 1e-38, -1.0, 2.5, math.nan, math.inf, -math.inf]))
+float_values = st.one_of(
+    st.floats(width=32), st.sampled_from([0.0, -0.0, 1e-45, 1e-38, -1.0, 2.5, math.nan, math.inf, -math.inf])
+)
 
 
 def pick(draw, p_extreme: int, normal, extreme):
@@ -94,7 +96,15 @@ def pick(draw, p_extreme: int, normal, extreme):
 def sampling_bytes(draw) -> bytes:
     out = b""
     if draw(st.integers(0, 9)):  # max_tokens: set, mostly small; unset means "the rest of the context"
-        out += f_varint(1, pick(draw, 15, st.integers(1, 4), st.one_of(extreme_int, st.sampled_from([0, MAX_MODEL_LEN, 2**32 - 1, 2**32 + 2]))))
+        out += f_varint(
+            1,
+            pick(
+                draw,
+                15,
+                st.integers(1, 4),
+                st.one_of(extreme_int, st.sampled_from([0, MAX_MODEL_LEN, 2**32 - 1, 2**32 + 2])),
+            ),
+        )
     if draw(st.booleans()):
         out += f_float(2, pick(draw, 40, st.floats(0, 2, width=32), float_values))
     if draw(st.integers(0, 3)) == 0:
@@ -158,9 +168,13 @@ def generate_requests(draw) -> bytes:
         return body + draw(st.binary(min_size=1, max_size=10))  # trailing garbage
     if mutation == 2 and body:
         at = draw(st.integers(0, len(body) - 1))
-        return body[:at] + bytes([body[at] ^ draw(st.integers(1, 255))]) + body[at + 1:]  # a flipped byte
+        return body[:at] + bytes([body[at] ^ draw(st.integers(1, 255))]) + body[at + 1 :]  # a flipped byte
     if mutation == 3:
-        return draw(st.sampled_from([tag(5, 2) + varint(2**40), tag(6, 3), tag(0, 0) + b"\0", b"\xff" * 11, tag(3, 0) + b"\x01"]))
+        return draw(
+            st.sampled_from(
+                [tag(5, 2) + varint(2**40), tag(6, 3), tag(0, 0) + b"\0", b"\xff" * 11, tag(3, 0) + b"\x01"]
+            )
+        )
     return body
 
 
@@ -258,9 +272,16 @@ def check_call(channel, payload: bytes) -> grpc.StatusCode:
     elif not parses(payload):
         # Bytes that are not a GenerateRequest: refused by the servicer's own parsing (gRPC's
         # deserializer would answer UNKNOWN and log a traceback per request).
-        assert code == grpc.StatusCode.INVALID_ARGUMENT and "not a valid tandem.v1.GenerateRequest" in details, (code, details)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "not a valid tandem.v1.GenerateRequest" in details, (
+            code,
+            details,
+        )
     else:
-        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), (code, details, pb.GenerateRequest.FromString(payload))
+        assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), (
+            code,
+            details,
+            pb.GenerateRequest.FromString(payload),
+        )
     return code
 
 
@@ -277,7 +298,11 @@ def wait_idle(engine, timeout_s: float = 15.0) -> None:
 def assert_still_serving(channel) -> None:
     normal = pb.GenerateRequest(text="w5 w6", sampling=pb.SamplingParams(max_tokens=3, temperature=0.0))
     code, _, responses = call(channel, normal.SerializeToString())
-    assert code == grpc.StatusCode.OK and responses[-1].finish_reason == "length" and responses[-1].usage.completion_tokens == 3
+    assert (
+        code == grpc.StatusCode.OK
+        and responses[-1].finish_reason == "length"
+        and responses[-1].usage.completion_tokens == 3
+    )
 
 
 # -- tests ---------------------------------------------------------------------------------------------
@@ -293,7 +318,9 @@ def test_fuzz_generate(channel, fuzz_engine):
         seen[code] = seen.get(code, 0) + 1
 
     run()
-    print(f"\nfuzzed gRPC Generate calls: {COUNTER.counts['grpc']}; status codes: { {c.name: n for c, n in seen.items()} }")
+    print(
+        f"\nfuzzed gRPC Generate calls: {COUNTER.counts['grpc']}; status codes: { {c.name: n for c, n in seen.items()} }"
+    )
     assert seen.get(grpc.StatusCode.OK, 0) >= 20 and seen.get(grpc.StatusCode.INVALID_ARGUMENT, 0) > N_GENERATE // 20
     assert COUNTER.counts["grpc"] >= N_GENERATE
     wait_idle(fuzz_engine)
@@ -301,29 +328,47 @@ def test_fuzz_generate(channel, fuzz_engine):
     wait_idle(fuzz_engine)
 
 
-@pytest.mark.parametrize("payload, expected", [
-    (pb.GenerateRequest(text="w5" * (MAX_MESSAGE_BYTES // 2 + 1)).SerializeToString(), grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (f_bytes(5, b"w5 " * 1_000_000), grpc.StatusCode.RESOURCE_EXHAUSTED),  # 3 MB, under gRPC's default limit
-    # Regression: bytes that do not parse were UNKNOWN (gRPC's deserializer), with a logged traceback each.
-    (f_bytes(5, b"w5 \xff"), grpc.StatusCode.INVALID_ARGUMENT),  # invalid UTF-8 in a string field
-    (f_bytes(3, f_bytes(1, f_bytes(1, b"user") + f_bytes(2, b"\xed\xa0\x80"))), grpc.StatusCode.INVALID_ARGUMENT),  # a lone surrogate
-    (b"", grpc.StatusCode.INVALID_ARGUMENT),  # every field at its default: no prompt
-    (f_bytes(5, b""), grpc.StatusCode.INVALID_ARGUMENT),  # empty text
-    (f_bytes(3, b""), grpc.StatusCode.INVALID_ARGUMENT),  # empty messages
-    (f_bytes(4, b""), grpc.StatusCode.INVALID_ARGUMENT),  # empty token ids
-    (f_bytes(5, b"w5") + f_bytes(6, f_varint(1, 2**32 - 1)), grpc.StatusCode.INVALID_ARGUMENT),  # huge max_tokens
-    (f_bytes(5, b"w5") + f_bytes(6, f_varint(1, -1)), grpc.StatusCode.INVALID_ARGUMENT),  # -1 read as a uint32
-    (f_bytes(4, f_packed(1, [2**32 - 1])), grpc.StatusCode.INVALID_ARGUMENT),  # a token id beyond the vocabulary
-    (f_bytes(5, b"w5") + f_bytes(6, f_float(2, math.nan)), grpc.StatusCode.INVALID_ARGUMENT),
-    (f_bytes(5, b"w5") + f_bytes(6, f_float(3, math.inf)), grpc.StatusCode.INVALID_ARGUMENT),
-    (f_bytes(5, b"w5") + f_bytes(6, f_varint(1, 2) + f_float(2, 1e-45)), grpc.StatusCode.OK),  # tiny temperature: greedy
-    (f_bytes(5, b"w5") + f_bytes(6, f_varint(1, 2) + f_varint(5, 2**64 - 1)), grpc.StatusCode.INVALID_ARGUMENT),  # seed
-    (f_bytes(5, b"w5") + f_bytes(2, b"other"), grpc.StatusCode.NOT_FOUND),
-    # Regression: the status echoed a 60 kB model name, over the client's metadata limit (RESOURCE_EXHAUSTED).
-    (f_bytes(5, b"w5") + f_bytes(2, "é".encode() * 30_000), grpc.StatusCode.NOT_FOUND),
-    (f_bytes(5, b"w5") + f_bytes(6, f_varint(1, 2)) + f_varint(8, -(2**31)), grpc.StatusCode.OK),  # priority int32 min
-    (b"\xff" * 11, grpc.StatusCode.INVALID_ARGUMENT),  # not a protobuf message
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "payload, expected",
+    [
+        (
+            pb.GenerateRequest(text="w5" * (MAX_MESSAGE_BYTES // 2 + 1)).SerializeToString(),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ),
+        (f_bytes(5, b"w5 " * 1_000_000), grpc.StatusCode.RESOURCE_EXHAUSTED),  # 3 MB, under gRPC's default limit
+        # Regression: bytes that do not parse were UNKNOWN (gRPC's deserializer), with a logged traceback each.
+        (f_bytes(5, b"w5 \xff"), grpc.StatusCode.INVALID_ARGUMENT),  # invalid UTF-8 in a string field
+        (
+            f_bytes(3, f_bytes(1, f_bytes(1, b"user") + f_bytes(2, b"\xed\xa0\x80"))),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),  # a lone surrogate
+        (b"", grpc.StatusCode.INVALID_ARGUMENT),  # every field at its default: no prompt
+        (f_bytes(5, b""), grpc.StatusCode.INVALID_ARGUMENT),  # empty text
+        (f_bytes(3, b""), grpc.StatusCode.INVALID_ARGUMENT),  # empty messages
+        (f_bytes(4, b""), grpc.StatusCode.INVALID_ARGUMENT),  # empty token ids
+        (f_bytes(5, b"w5") + f_bytes(6, f_varint(1, 2**32 - 1)), grpc.StatusCode.INVALID_ARGUMENT),  # huge max_tokens
+        (f_bytes(5, b"w5") + f_bytes(6, f_varint(1, -1)), grpc.StatusCode.INVALID_ARGUMENT),  # -1 read as a uint32
+        (f_bytes(4, f_packed(1, [2**32 - 1])), grpc.StatusCode.INVALID_ARGUMENT),  # a token id beyond the vocabulary
+        (f_bytes(5, b"w5") + f_bytes(6, f_float(2, math.nan)), grpc.StatusCode.INVALID_ARGUMENT),
+        (f_bytes(5, b"w5") + f_bytes(6, f_float(3, math.inf)), grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            f_bytes(5, b"w5") + f_bytes(6, f_varint(1, 2) + f_float(2, 1e-45)),
+            grpc.StatusCode.OK,
+        ),  # tiny temperature: greedy
+        (
+            f_bytes(5, b"w5") + f_bytes(6, f_varint(1, 2) + f_varint(5, 2**64 - 1)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),  # seed
+        (f_bytes(5, b"w5") + f_bytes(2, b"other"), grpc.StatusCode.NOT_FOUND),
+        # Regression: the status echoed a 60 kB model name, over the client's metadata limit (RESOURCE_EXHAUSTED).
+        (f_bytes(5, b"w5") + f_bytes(2, "é".encode() * 30_000), grpc.StatusCode.NOT_FOUND),
+        (
+            f_bytes(5, b"w5") + f_bytes(6, f_varint(1, 2)) + f_varint(8, -(2**31)),
+            grpc.StatusCode.OK,
+        ),  # priority int32 min
+        (b"\xff" * 11, grpc.StatusCode.INVALID_ARGUMENT),  # not a protobuf message
+    ],
+)
 def test_malformed_and_extreme_messages(channel, fuzz_engine, payload, expected):
     code = check_call(channel, payload)
     if expected is not None:
@@ -337,8 +382,11 @@ def test_malformed_and_extreme_messages(channel, fuzz_engine, payload, expected)
 def test_tiny_temperature_is_greedy_over_grpc(channel, fuzz_engine):
     """Regression (found by the HTTP fuzzer, same sampler): a subnormal temperature overflowed the
     logits to inf and the call failed with INTERNAL; it now samples greedily."""
+
     def tokens(temperature: float) -> list[int]:
-        request = pb.GenerateRequest(text="w5 w6", sampling=pb.SamplingParams(max_tokens=4, temperature=temperature, ignore_eos=True))
+        request = pb.GenerateRequest(
+            text="w5 w6", sampling=pb.SamplingParams(max_tokens=4, temperature=temperature, ignore_eos=True)
+        )
         code, details, responses = call(channel, request.SerializeToString())
         assert code == grpc.StatusCode.OK, (code, details)
         return [r.token_id for r in responses]

@@ -46,9 +46,29 @@ MAX_MODEL_LEN = 128
 API_KEY = "fuzz-key-0123456789"
 N_CHAT, N_COMPLETIONS, N_MALFORMED = 900, 900, 450  # per target; + the fixed huge-body cases
 MIN_REQUESTS_PER_TARGET = 2000
-SMOL_WORDS = ["Hello", "the", "cat", "sat", "on", "mat", "\n", "1", "2", "!", "Name", "three", "colours", "def", "(", "é", "日本"]
+SMOL_WORDS = [
+    "Hello",
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "\n",
+    "1",
+    "2",
+    "!",
+    "Name",
+    "three",
+    "colours",
+    "def",
+    "(",
+    "é",
+    "日本",
+]
 TINY_WORDS = ["w5", "w6", "w7", "w8", "w42", "w299", "w300", "xx", "<s>", "</s>"]
-TINY_TEMPLATE = "{% for m in messages %}w5 {{ m['content'] }} w6 {% endfor %}{% if add_generation_prompt %}w7{% endif %}"
+TINY_TEMPLATE = (
+    "{% for m in messages %}w5 {{ m['content'] }} w6 {% endfor %}{% if add_generation_prompt %}w7{% endif %}"
+)
 
 COUNTER = RequestCounter()
 
@@ -73,8 +93,19 @@ class Target:
 @pytest.fixture(scope="module")
 def local_target(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("fuzz-serve") / "server.log"
-    args = ["serve", "--cloud", "none", "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-tokens", "2048",
-            "--threads", "1", "--log-level", "warning"]
+    args = [
+        "serve",
+        "--cloud",
+        "none",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-tokens",
+        "2048",
+        "--threads",
+        "1",
+        "--log-level",
+        "warning",
+    ]
     with running_server(args, log_path) as (process, base_url):
         models = [m["id"] for m in httpx.get(f"{base_url}/v1/models").json()["data"]]
         yield Target("local", base_url, models, 49152, SMOL_WORDS)
@@ -100,16 +131,31 @@ def hosted_target(tmp_path_factory):
     config_path = Path(path) / "tokenizer_config.json"
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "chat_template": TINY_TEMPLATE}))
 
-    engine = AsyncCloudEngine(CloudEngineConfig(model=str(path), model_name="tiny", dtype="float32", block_size=4,
-                                                kv_cache_gb=0.002, max_model_len=MAX_MODEL_LEN)).start()  # fmt: skip
+    engine = AsyncCloudEngine(
+        CloudEngineConfig(
+            model=str(path),
+            model_name="tiny",
+            dtype="float32",
+            block_size=4,
+            kv_cache_gb=0.002,
+            max_model_len=MAX_MODEL_LEN,
+        )
+    ).start()
     engine.wait_ready(120)
     # The fuzzer sends wrong and missing keys from this one address on purpose; the auth backoff
     # (tests/sdk/test_openai_auth.py) would then refuse its valid requests unchecked.
     app = create_app(engine, api_keys=frozenset({API_KEY}), auth_backoff_after=0)
     try:
         with served_in_thread(app, "fuzz-uvicorn") as url:
-            yield Target("hosted", url, ["tiny"], VOCAB_SIZE, TINY_WORDS,
-                         headers={"Authorization": f"Bearer {API_KEY}"}, engine=engine)  # fmt: skip
+            yield Target(
+                "hosted",
+                url,
+                ["tiny"],
+                VOCAB_SIZE,
+                TINY_WORDS,
+                headers={"Authorization": f"Bearer {API_KEY}"},
+                engine=engine,
+            )
     finally:
         engine.shutdown()
 
@@ -122,8 +168,14 @@ def target(request) -> Target:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def send(client: httpx.Client, target: Target, method: str, path: str, content: bytes | None = None,
-         headers: dict | None = None) -> httpx.Response:  # fmt: skip
+def send(
+    client: httpx.Client,
+    target: Target,
+    method: str,
+    path: str,
+    content: bytes | None = None,
+    headers: dict | None = None,
+) -> httpx.Response:
     """One request, counted; a transport error or a hang fails the test."""
     COUNTER.add(target.name)
     response, _ = timed(lambda: client.request(method, path, content=content, headers=headers))
@@ -142,10 +194,15 @@ def assert_idle(target: Target, timeout_s: float = 15.0) -> None:
     with target.client() as client:
         while True:
             text = client.get("/metrics").text
-            values = [metric(text, n) for n in ("tandem:num_requests_running", "tandem:num_requests_waiting", "tandem:kv_blocks_used")]
+            values = [
+                metric(text, n)
+                for n in ("tandem:num_requests_running", "tandem:num_requests_waiting", "tandem:kv_blocks_used")
+            ]
             if values == [0, 0, 0]:
                 break
-            assert time.monotonic() < deadline, f"{target.name} not idle after the fuzz run: running/waiting/blocks = {values}"
+            assert time.monotonic() < deadline, (
+                f"{target.name} not idle after the fuzz run: running/waiting/blocks = {values}"
+            )
             time.sleep(0.1)
     if target.engine is not None:
         stats = target.engine.stats()
@@ -178,7 +235,10 @@ def test_fuzz_completions(target):
     with target.client() as client:
 
         @fuzz_settings(N_COMPLETIONS)
-        @given(body=completion_bodies(target.models, MAX_MODEL_LEN, target.vocab_size, target.words), ensure_ascii=st.booleans())
+        @given(
+            body=completion_bodies(target.models, MAX_MODEL_LEN, target.vocab_size, target.words),
+            ensure_ascii=st.booleans(),
+        )
         def run(body, ensure_ascii):
             post_json(client, target, "/v1/completions", body, ensure_ascii)
 
@@ -187,21 +247,46 @@ def test_fuzz_completions(target):
     COUNTER.completed.add(f"completions-{target.name}")
 
 
-PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/v1/models/tiny", "/v1/models/auto",
-         "/v1/models/%ff%fe", "/v1/models/" + "x" * 3000, "/v1/chat/completions/", "/v1/nope", "/", "/v1//completions",
-         "/v1/models/../../etc/passwd"]  # fmt: skip
-CONTENT_TYPES = ["application/json", "application/json; charset=utf-8", "application/json; charset=latin-1", "text/plain",
-                 "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "", "garbage/x"]  # fmt: skip
+PATHS = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/v1/models/tiny",
+    "/v1/models/auto",
+    "/v1/models/%ff%fe",
+    "/v1/models/" + "x" * 3000,
+    "/v1/chat/completions/",
+    "/v1/nope",
+    "/",
+    "/v1//completions",
+    "/v1/models/../../etc/passwd",
+]
+CONTENT_TYPES = [
+    "application/json",
+    "application/json; charset=utf-8",
+    "application/json; charset=latin-1",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "",
+    "garbage/x",
+]
 
 
 @st.composite
 def raw_requests(draw, target: Target):
     """(method, path, headers, body): malformed bodies on the POST endpoints, odd methods and paths elsewhere."""
     models = target.models
-    valid = draw(st.sampled_from([
-        {"model": models[-1], "prompt": "Hello", "max_tokens": 2},
-        {"model": models[-1], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True},
-    ]))  # fmt: skip
+    valid = draw(
+        st.sampled_from(
+            [
+                {"model": models[-1], "prompt": "Hello", "max_tokens": 2},
+                {"model": models[-1], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True},
+            ]
+        )
+    )
     path = draw(st.sampled_from(PATHS[:2] * 4 + PATHS))
     method = draw(st.sampled_from(["POST"] * 8 + ["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]))
     headers = {}
@@ -209,8 +294,21 @@ def raw_requests(draw, target: Target):
     if content_type:
         headers["Content-Type"] = content_type
     if target.headers:  # the hosted API: mostly the right key, sometimes none, a wrong or a malformed one
-        auth = draw(st.sampled_from([target.headers["Authorization"]] * 6 + [None, "Bearer", "Bearer a b", "Basic x",
-                                     f"bearer {API_KEY}", f"Bearer {API_KEY} x", b"Bearer \xff\xfe", "Bearer wrong"]))  # fmt: skip
+        auth = draw(
+            st.sampled_from(
+                [target.headers["Authorization"]] * 6
+                + [
+                    None,
+                    "Bearer",
+                    "Bearer a b",
+                    "Basic x",
+                    f"bearer {API_KEY}",
+                    f"Bearer {API_KEY} x",
+                    b"Bearer \xff\xfe",
+                    "Bearer wrong",
+                ]
+            )
+        )
         headers["Authorization"] = auth if auth is not None else ""
     body = draw(malformed_bodies(valid)) if draw(st.integers(0, 3)) else draw(odd_text).encode("utf-8", "surrogatepass")
     return method, path, headers, body
@@ -245,14 +343,24 @@ def test_huge_bodies(target):
         ("/v1/completions", {"model": model, "prompt": [5] * 1_000_000, "max_tokens": 1}, 400),
         # Long stop strings are allowed (OpenAI limits their number, not their length).
         ("/v1/completions", {"model": model, "prompt": "x", "max_tokens": 1, "stop": ["y" * 1_000_000] * 4}, 200),
-        ("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "é" * 2_000_000}], "max_tokens": 1}, 400),
-        ("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "hi"}] * 2_000, "max_tokens": 1}, 400),
+        (
+            "/v1/chat/completions",
+            {"model": model, "messages": [{"role": "user", "content": "é" * 2_000_000}], "max_tokens": 1},
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": model, "messages": [{"role": "user", "content": "hi"}] * 2_000, "max_tokens": 1},
+            400,
+        ),
     ]
     with target.client() as client:
         for path, body, status in cases:
             response = post_json(client, target, path, body)
             # 413: a server with a body size limit refuses a body over it before parsing.
-            assert response.status_code == status or (status == 400 and response.status_code == 413), response.text[:500]
+            assert response.status_code == status or (status == 400 and response.status_code == 413), response.text[
+                :500
+            ]
         garbage = bytes(range(256)) * 16_384  # 4 MiB
         response = send(client, target, "POST", "/v1/chat/completions", garbage, {"Content-Type": "application/json"})
         check_http_response(response, "/v1/chat/completions")
@@ -270,7 +378,9 @@ def test_tiny_positive_temperature_is_greedy_not_a_500(hosted_target, temperatur
         response = post_json(client, hosted_target, "/v1/completions", body)
         assert response.status_code == 200, response.text
         assert response.json()["choices"][0]["text"] == greedy["choices"][0]["text"]
-        chat = post_json(client, hosted_target, "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "w5"}]})
+        chat = post_json(
+            client, hosted_target, "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "w5"}]}
+        )
         assert chat.status_code == 200, chat.text
     assert_idle(hosted_target)
 
@@ -278,7 +388,11 @@ def test_tiny_positive_temperature_is_greedy_not_a_500(hosted_target, temperatur
 def test_many_messages_are_refused_before_tokenizing(local_target):
     # llama.cpp's special-token pass grows faster than linearly: 100k small messages used to hold the
     # event loop past 30 s. The engine now refuses a rendered prompt that cannot fit from its byte count.
-    body = {"model": local_target.models[-1], "messages": [{"role": "user", "content": "hi"}] * 100_000, "max_tokens": 1}
+    body = {
+        "model": local_target.models[-1],
+        "messages": [{"role": "user", "content": "hi"}] * 100_000,
+        "max_tokens": 1,
+    }
     with local_target.client() as client:
         start = time.monotonic()
         response = post_json(client, local_target, "/v1/chat/completions", body)
@@ -291,12 +405,22 @@ def test_truncated_and_abandoned_requests(target):
     a half-sent header; the server frees everything and keeps serving."""
     host, port = target.base_url.removeprefix("http://").split(":")
     auth = "".join(f"{k}: {v}\r\n" for k, v in target.headers.items())
-    body = json.dumps({"model": target.models[-1], "prompt": "Hello", "max_tokens": MAX_MODEL_LEN - 8, "stream": True,
-                       "ignore_eos": True}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "model": target.models[-1],
+            "prompt": "Hello",
+            "max_tokens": MAX_MODEL_LEN - 8,
+            "stream": True,
+            "ignore_eos": True,
+        }
+    ).encode()
     requests = [
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth.encode() + b"Content-Length: 1000\r\n\r\n{\"prompt\":",
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth.encode() + b"Content-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body,
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth.encode() + b'Content-Length: 1000\r\n\r\n{"prompt":',
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+        + auth.encode()
+        + b"Content-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body,
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Len",
         b"GARBAGE\r\n\r\n",
     ]
@@ -308,7 +432,9 @@ def test_truncated_and_abandoned_requests(target):
                 sock.recv(4096)  # the stream has started: now leave
             time.sleep(0.05)
     with target.client() as client:
-        response = post_json(client, target, "/v1/completions", {"model": target.models[-1], "prompt": "Hello", "max_tokens": 2})
+        response = post_json(
+            client, target, "/v1/completions", {"model": target.models[-1], "prompt": "Hello", "max_tokens": 2}
+        )
         assert response.status_code == 200, response.text
     assert_idle(target)
 

@@ -33,12 +33,14 @@ MAX_TOKENS = 40
 async def stream_one(http: httpx.AsyncClient, path: str, body: dict) -> dict:
     """One streamed request: status, the text, the finish reason, the usage, and whether [DONE] came."""
     out = {"status": None, "text": "", "finish_reason": None, "usage": None, "done": False}
-    async with http.stream("POST", path, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as response:
+    async with http.stream(
+        "POST", path, json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    ) as response:
         out["status"] = response.status_code
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             if data == "[DONE]":
                 out["done"] = True
                 continue
@@ -64,14 +66,29 @@ async def wait_idle(http: httpx.AsyncClient, timeout_s: float = 10.0) -> str:
         text = (await http.get("/metrics")).text
         if metric(text, "tandem:num_requests_running") == 0 and metric(text, "tandem:kv_blocks_used") == 0:
             return text
-        assert time.monotonic() < deadline, "\n".join(l for l in text.splitlines() if l.startswith("tandem:kv") or "requests" in l)
+        assert time.monotonic() < deadline, "\n".join(
+            l for l in text.splitlines() if l.startswith("tandem:kv") or "requests" in l
+        )
         await asyncio.sleep(0.1)
 
 
 def test_tandem_serve_with_a_tiny_kv_pool_finishes_every_stream(tmp_path):
     # 16 blocks of 16 cells; each request needs ~5 (a ~35-token chat prompt + 40 tokens): 16 x 5 >> 16.
-    args = ["serve", "--cloud", "none", "--kv-cache-tokens", "256", "--max-model-len", "128", "--max-num-seqs", "16",
-            "--threads", "1", "--log-level", "warning"]  # fmt: skip
+    args = [
+        "serve",
+        "--cloud",
+        "none",
+        "--kv-cache-tokens",
+        "256",
+        "--max-model-len",
+        "128",
+        "--max-num-seqs",
+        "16",
+        "--threads",
+        "1",
+        "--log-level",
+        "warning",
+    ]
     with running_server(args, tmp_path / "server.log") as (_, base_url):
 
         async def scenario():
@@ -80,9 +97,17 @@ def test_tandem_serve_with_a_tiny_kv_pool_finishes_every_stream(tmp_path):
 
                 def body(i: int) -> dict:
                     messages = [{"role": "user", "content": f"Count from {i} upwards."}]
-                    return {"model": model, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+                    return {
+                        "model": model,
+                        "messages": messages,
+                        "max_tokens": MAX_TOKENS,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                    }
 
-                results = await asyncio.gather(*(stream_one(http, "/v1/chat/completions", body(i)) for i in range(NUM_CLIENTS)))
+                results = await asyncio.gather(
+                    *(stream_one(http, "/v1/chat/completions", body(i)) for i in range(NUM_CLIENTS))
+                )
                 return results, await wait_idle(http)
 
         results, text = asyncio.run(scenario())
@@ -93,10 +118,22 @@ def test_tandem_serve_with_a_tiny_kv_pool_finishes_every_stream(tmp_path):
 
 
 async def test_cloud_engine_with_a_tiny_kv_pool_gives_every_stream_its_greedy_answer(tiny_dir):  # noqa: F811
-    roomy = AsyncCloudEngine(CloudEngineConfig(model=tiny_dir, model_name="tiny", dtype="float32", block_size=4,
-                                               kv_cache_gb=0.01, max_model_len=64)).start()  # fmt: skip
-    tight = AsyncCloudEngine(CloudEngineConfig(model=tiny_dir, model_name="tiny", dtype="float32", block_size=4,
-                                               kv_cache_gb=0.0001, max_model_len=64, max_num_seqs=16)).start()  # fmt: skip
+    roomy = AsyncCloudEngine(
+        CloudEngineConfig(
+            model=tiny_dir, model_name="tiny", dtype="float32", block_size=4, kv_cache_gb=0.01, max_model_len=64
+        )
+    ).start()
+    tight = AsyncCloudEngine(
+        CloudEngineConfig(
+            model=tiny_dir,
+            model_name="tiny",
+            dtype="float32",
+            block_size=4,
+            kv_cache_gb=0.0001,
+            max_model_len=64,
+            max_num_seqs=16,
+        )
+    ).start()
     try:
         await asyncio.gather(asyncio.to_thread(roomy.wait_ready, 60), asyncio.to_thread(tight.wait_ready, 60))
         prompts = [" ".join(f"w{(7 * i + j) % 50 + 1}" for j in range(6 + i % 5)) for i in range(NUM_CLIENTS)]
@@ -104,9 +141,13 @@ async def test_cloud_engine_with_a_tiny_kv_pool_gives_every_stream_its_greedy_an
         def body(prompt: str) -> dict:
             return {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
 
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(roomy)), base_url="http://roomy") as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(roomy)), base_url="http://roomy"
+        ) as http:
             alone = [await stream_one(http, "/v1/completions", body(p)) for p in prompts]  # one at a time
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(tight)), base_url="http://tight") as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(tight)), base_url="http://tight"
+        ) as http:
             total = metric((await http.get("/metrics")).text, "tandem:kv_blocks_total")
             assert total * 4 < NUM_CLIENTS * MAX_TOKENS, "the pool must be too small for all of them at once"
             results = await asyncio.gather(*(stream_one(http, "/v1/completions", body(p)) for p in prompts))

@@ -50,12 +50,32 @@ def keyed_cloud_server(tiny_dir, tmp_path_factory):  # noqa: F811
     folder = tmp_path_factory.mktemp("security")
     (folder / "keys").write_text(f"# the only key\n{KEY}\n")
     grpc_port = free_port()
-    args = ["cloud", "serve", "--model", tiny_dir, "--model-name", "tiny", "--dtype", "float32", "--kv-cache-gb", "0.001",
-            "--max-model-len", "64", "--grpc-port", str(grpc_port), "--api-key-file", str(folder / "keys"),
-            "--log-level", "debug"]  # fmt: skip
+    args = [
+        "cloud",
+        "serve",
+        "--model",
+        tiny_dir,
+        "--model-name",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--kv-cache-gb",
+        "0.001",
+        "--max-model-len",
+        "64",
+        "--grpc-port",
+        str(grpc_port),
+        "--api-key-file",
+        str(folder / "keys"),
+        "--log-level",
+        "debug",
+    ]
     log_path = folder / "server.log"
     # GRPC_VERBOSITY: gRPC's own core log too.
-    with running_server(args, log_path, "tandem cloud serve", extra_env={"GRPC_VERBOSITY": "debug"}) as (process, base_url):
+    with running_server(args, log_path, "tandem cloud serve", extra_env={"GRPC_VERBOSITY": "debug"}) as (
+        process,
+        base_url,
+    ):
         yield process, base_url, f"127.0.0.1:{grpc_port}", log_path
 
 
@@ -72,10 +92,14 @@ async def test_keys_never_appear_in_the_server_log(keyed_cloud_server):
             assert response.status_code == status, response.text
             assert KEY not in response.text and WRONG_KEY not in response.text
         # A key in a malformed header (not Bearer), and in the body: still never echoed or logged.
-        odd = await http.post("/v1/completions", json={**completion, "user": WRONG_KEY}, headers={"Authorization": WRONG_KEY})
+        odd = await http.post(
+            "/v1/completions", json={**completion, "user": WRONG_KEY}, headers={"Authorization": WRONG_KEY}
+        )
         assert odd.status_code == 401 and WRONG_KEY not in odd.text
     async with CloudClient(grpc_target, api_key=KEY) as client:
-        events = [e async for e in client.generate("w1 w2", SamplingParams(max_tokens=2, temperature=0.0), model="tiny")]
+        events = [
+            e async for e in client.generate("w1 w2", SamplingParams(max_tokens=2, temperature=0.0), model="tiny")
+        ]
         assert events[-1].finish_reason == "length"
     async with CloudClient(grpc_target, api_key=WRONG_KEY) as client:
         with pytest.raises(CloudUnauthenticatedError) as info:
@@ -97,17 +121,31 @@ async def test_keys_never_appear_in_the_server_log(keyed_cloud_server):
 
 def test_config_show_masks_the_cloud_key(tmp_path):
     config = tmp_path / "tandem.toml"
-    config.write_text(f'[cloud]\nurl = "grpcs://cloud.example:443"\napi_key = "{KEY}"\n'
-                      f'[traffic]\nrecord = true\nshadow_fraction = 0.1\njudge = "https://judge.example/v1"\n'
-                      f'judge_model = "big"\njudge_api_key = "{KEY}-judge"\n')
+    config.write_text(
+        f'[cloud]\nurl = "grpcs://cloud.example:443"\napi_key = "{KEY}"\n'
+        f'[traffic]\nrecord = true\nshadow_fraction = 0.1\njudge = "https://judge.example/v1"\n'
+        f'judge_model = "big"\njudge_api_key = "{KEY}-judge"\n'
+    )
     for extra in ([], ["--json"]):
-        out = subprocess.run([sys.executable, "-m", "sdk.cli", "config", "show", "--config", str(config), *extra],
-                             capture_output=True, text=True, env=clean_env(), cwd=REPO_ROOT, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "sdk.cli", "config", "show", "--config", str(config), *extra],
+            capture_output=True,
+            text=True,
+            env=clean_env(),
+            cwd=REPO_ROOT,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         assert KEY not in out.stdout + out.stderr and "***" in out.stdout
     env = clean_env() | {"TANDEM_CLOUD_API_KEY": WRONG_KEY}
-    out = subprocess.run([sys.executable, "-m", "sdk.cli", "config", "show"], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "sdk.cli", "config", "show"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert out.returncode == 0 and WRONG_KEY not in out.stdout + out.stderr
     # the secret settings: the cloud's key and the shadow judge's
     assert [f.dotted for f in FIELDS.values() if f.secret] == ["cloud.api_key", "traffic.judge_api_key"]
@@ -121,15 +159,28 @@ def test_default_bind_is_loopback():
     from cloud_engine.grpc.server import GrpcServerConfig
 
     assert GrpcServerConfig().host == "127.0.0.1"
-    out = subprocess.run([sys.executable, "-m", "sdk.cli", "cloud", "serve", "--help"], capture_output=True,
-                         text=True, env=clean_env() | {"COLUMNS": "200"}, cwd=REPO_ROOT, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "sdk.cli", "cloud", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        env=clean_env() | {"COLUMNS": "200"},
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
     assert "127.0.0.1" in out.stdout  # tandem cloud serve's --host default
 
 
-@pytest.mark.parametrize("host, keys, warns", [
-    ("0.0.0.0", frozenset(), True), ("::", frozenset(), True), ("192.168.1.20", frozenset(), True),
-    ("0.0.0.0", frozenset({KEY}), False), ("127.0.0.1", frozenset(), False), ("localhost", frozenset(), False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "host, keys, warns",
+    [
+        ("0.0.0.0", frozenset(), True),
+        ("::", frozenset(), True),
+        ("192.168.1.20", frozenset(), True),
+        ("0.0.0.0", frozenset({KEY}), False),
+        ("127.0.0.1", frozenset(), False),
+        ("localhost", frozenset(), False),
+    ],
+)
 def test_a_wide_bind_without_keys_warns(host, keys, warns, caplog):
     caplog.set_level(logging.WARNING, logger="sdk.openai_server")
     create_app(FakeEngine(), api_keys=keys, bind_host=host)
@@ -233,9 +284,14 @@ def phone_numbers(draw) -> str:
     return f"+{country} {area} {rest[:3]} {rest[3:]}"
 
 
-EMAILS = st.from_regex(r"[a-z][a-z0-9._+-]{0,15}[a-z0-9]@[a-z][a-z0-9-]{0,10}[a-z0-9]\.(com|org|net|io|co\.uk)", fullmatch=True)
-PII = st.one_of(EMAILS.map(lambda v: ("email", v)), phone_numbers().map(lambda v: ("phone", v)),
-                card_numbers().map(lambda v: ("card", v)))  # fmt: skip
+EMAILS = st.from_regex(
+    r"[a-z][a-z0-9._+-]{0,15}[a-z0-9]@[a-z][a-z0-9-]{0,10}[a-z0-9]\.(com|org|net|io|co\.uk)", fullmatch=True
+)
+PII = st.one_of(
+    EMAILS.map(lambda v: ("email", v)),
+    phone_numbers().map(lambda v: ("phone", v)),
+    card_numbers().map(lambda v: ("card", v)),
+)
 # Arbitrary text (any Unicode but lone surrogates, which JSON cannot carry).
 FILLER = st.text(st.characters(exclude_categories=("Cs",)), max_size=60)
 ROLES = st.sampled_from(["user", "system"])
@@ -266,7 +322,10 @@ def test_pii_is_kept_local_by_default(pii, left, right, role, earlier):
 
     result = asyncio.run(run())
     assert cloud.bodies == []  # nothing at all went out
-    assert (result.routing.tier, result.routing.reason) == ("local", "private") and rule in result.routing.privacy_reasons
+    assert (result.routing.tier, result.routing.reason) == (
+        "local",
+        "private",
+    ) and rule in result.routing.privacy_reasons
 
 
 @PII_SETTINGS
@@ -298,8 +357,10 @@ def test_private_requests_never_reach_the_cloud(texts, redact):
 
     async def run():
         runner = _cascade(cloud, default_threshold=1.0, redact_before_escalation=redact)
-        results = [await runner.complete(messages, SamplingParams(max_tokens=2), model=model, private=True)
-                   for model in ("auto:1", "auto", "cloud")]  # fmt: skip
+        results = [
+            await runner.complete(messages, SamplingParams(max_tokens=2), model=model, private=True)
+            for model in ("auto:1", "auto", "cloud")
+        ]
         await runner.cloud.close()
         return results
 
@@ -312,7 +373,9 @@ async def test_the_recording_cloud_does_record_an_ordinary_escalation():
     """The control for the PII tests: without PII, threshold 1 does reach the recording cloud."""
     cloud = RecordingCloud()
     runner = _cascade(cloud, default_threshold=1.0)
-    result = await runner.complete([{"role": "user", "content": "hello there"}], SamplingParams(max_tokens=2), model="auto:1")
+    result = await runner.complete(
+        [{"role": "user", "content": "hello there"}], SamplingParams(max_tokens=2), model="auto:1"
+    )
     await runner.cloud.close()
     assert result.routing.tier == "cloud" and result.text == "ok" and cloud.texts() == ["hello there"]
 
@@ -329,7 +392,9 @@ def test_private_flag_reaches_the_cascade_over_http():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
             chat = {"model": "auto:1", "messages": [{"role": "user", "content": "secret plans"}], "max_tokens": 2}
             private = await http.post("/v1/chat/completions", json={**chat, "private": True})
-            pii = await http.post("/v1/chat/completions", json={**chat, "messages": [{"role": "user", "content": "mail a.b@example.org"}]})
+            pii = await http.post(
+                "/v1/chat/completions", json={**chat, "messages": [{"role": "user", "content": "mail a.b@example.org"}]}
+            )
             plain = await http.post("/v1/chat/completions", json=chat)
         await client.close()
         return private.json(), pii.json(), plain.json()
@@ -345,4 +410,3 @@ def test_private_flag_reaches_the_cascade_over_http():
 def test_readme_documents_grpc_tls():
     readme = (REPO_ROOT / "README.md").read_text()
     assert "--tls-cert" in readme and "--tls-key" in readme and "grpcs://" in readme
-

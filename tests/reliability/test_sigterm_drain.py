@@ -94,10 +94,15 @@ def wait_exit(process: subprocess.Popen, log_path, timeout_s: float) -> tuple[in
     return code, time.monotonic() - started
 
 
-async def sigterm_mid_streams(process, base_url: str, streams: list[Stream], log_path, also=lambda: True) -> tuple[int, float]:
+async def sigterm_mid_streams(
+    process, base_url: str, streams: list[Stream], log_path, also=lambda: True
+) -> tuple[int, float]:
     """SIGTERM once every stream has started; check new connections are refused meanwhile."""
-    await wait_for(lambda: (all(s.num_chunks >= 2 for s in streams) and also()) or any(s.task.done() for s in streams), 60,
-                   "the streams did not start")  # fmt: skip
+    await wait_for(
+        lambda: (all(s.num_chunks >= 2 for s in streams) and also()) or any(s.task.done() for s in streams),
+        60,
+        "the streams did not start",
+    )
     assert not any(s.task.done() for s in streams), "the requests must still be in flight at SIGTERM"
     process.send_signal(signal.SIGTERM)
     for stream in streams:
@@ -110,8 +115,19 @@ async def sigterm_mid_streams(process, base_url: str, streams: list[Stream], log
 
 def test_tandem_serve_drains_in_flight_streams_on_sigterm(tmp_path):
     log_path = tmp_path / "serve.log"
-    args = ["serve", "--cloud", "none", "--max-model-len", "512", "--kv-cache-tokens", "4096", "--threads", "1",
-            "--log-level", "warning"]  # fmt: skip
+    args = [
+        "serve",
+        "--cloud",
+        "none",
+        "--max-model-len",
+        "512",
+        "--kv-cache-tokens",
+        "4096",
+        "--threads",
+        "1",
+        "--log-level",
+        "warning",
+    ]
     process, base_url = start(args, log_path, free_port())
     try:
         model = own_chat_model_id(httpx.get(f"{base_url}/v1/models").json()["data"])
@@ -127,7 +143,9 @@ def test_tandem_serve_drains_in_flight_streams_on_sigterm(tmp_path):
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert [(s.error, s.finish_reason, s.done) for s in streams] == [(None, "length", True)] * NUM_STREAMS, _log_tail(log_path)
+    assert [(s.error, s.finish_reason, s.done) for s in streams] == [(None, "length", True)] * NUM_STREAMS, _log_tail(
+        log_path
+    )
     assert code == 0, _log_tail(log_path)
     assert exit_s < GRACE_S + 10
 
@@ -141,8 +159,13 @@ def test_tandem_serve_cuts_a_stream_longer_than_the_grace(tmp_path):
     process, base_url = start(args, log_path, free_port())
     try:
         model = own_chat_model_id(httpx.get(f"{base_url}/v1/models").json()["data"])
-        body = {"model": model, "messages": [{"role": "user", "content": "Go on forever."}], "max_tokens": 1800,
-                "temperature": 0, "ignore_eos": True}  # fmt: skip
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Go on forever."}],
+            "max_tokens": 1800,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
 
         async def scenario():
             stream = Stream(base_url, "/v1/chat/completions", body)
@@ -165,8 +188,24 @@ def test_tandem_serve_cuts_a_stream_longer_than_the_grace(tmp_path):
 async def test_tandem_cloud_serve_drains_http_and_grpc_streams_on_sigterm(long_tiny_dir, tmp_path):  # noqa: F811
     log_path = tmp_path / "cloud.log"
     grpc_port = free_port()
-    args = ["cloud", "serve", "--model", long_tiny_dir, "--model-name", "tiny", "--dtype", "float32",
-            "--kv-cache-gb", "0.01", "--max-model-len", "1024", "--grpc-port", str(grpc_port), "--log-level", "warning"]  # fmt: skip
+    args = [
+        "cloud",
+        "serve",
+        "--model",
+        long_tiny_dir,
+        "--model-name",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--kv-cache-gb",
+        "0.01",
+        "--max-model-len",
+        "1024",
+        "--grpc-port",
+        str(grpc_port),
+        "--log-level",
+        "warning",
+    ]
     process, base_url = await asyncio.to_thread(start, args, log_path, free_port())
     try:
         body = {"model": "tiny", "prompt": "w1 w2 w3", "max_tokens": 60, "temperature": 0, "ignore_eos": True}
@@ -180,7 +219,9 @@ async def test_tandem_cloud_serve_drains_http_and_grpc_streams_on_sigterm(long_t
                     grpc_events.append(event)
 
         grpc_task = asyncio.create_task(grpc_stream())
-        code, exit_s = await sigterm_mid_streams(process, base_url, streams, log_path, also=lambda: len(grpc_events) >= 2)
+        code, exit_s = await sigterm_mid_streams(
+            process, base_url, streams, log_path, also=lambda: len(grpc_events) >= 2
+        )
         await grpc_task  # raises if the gRPC stream was cut
     finally:
         if process.poll() is None:
@@ -190,7 +231,11 @@ async def test_tandem_cloud_serve_drains_http_and_grpc_streams_on_sigterm(long_t
     # documented cut applies, and it must not come before the grace is over.
     for s in streams:
         drained = (s.error, s.finish_reason, s.done) == (None, "length", True)
-        assert drained or s.ended_at - s.sigterm_at >= GRACE_S - 0.5, (s.error, s.ended_at - s.sigterm_at, _log_tail(log_path))
+        assert drained or s.ended_at - s.sigterm_at >= GRACE_S - 0.5, (
+            s.error,
+            s.ended_at - s.sigterm_at,
+            _log_tail(log_path),
+        )
     assert any(s.done for s in streams) or all(s.ended_at - s.sigterm_at >= GRACE_S - 0.5 for s in streams)
     assert len(grpc_events) == 60 and grpc_events[-1].finish_reason == "length"
     assert code == 0, _log_tail(log_path)

@@ -26,8 +26,10 @@ CONFIDENCE = [round(1.0 - s, 12) for s in ROUTER]
 
 
 def make_examples(weak=WEAK, strong=STRONG, confidence=CONFIDENCE, **extra) -> list[RoutingExample]:
-    return [RoutingExample(f"p{i}", bool(w), bool(s), "t", {"confidence": c, **extra})
-            for i, (w, s, c) in enumerate(zip(weak, strong, confidence))]  # fmt: skip
+    return [
+        RoutingExample(f"p{i}", bool(w), bool(s), "t", {"confidence": c, **extra})
+        for i, (w, s, c) in enumerate(zip(weak, strong, confidence))
+    ]
 
 
 def measured_share(confidence, threshold: float) -> float:
@@ -72,7 +74,10 @@ def test_a_budget_buys_the_best_quality_it_can_afford(budget, threshold, share):
 def test_token_counts_come_from_a_live_table_else_defaults():
     examples = make_examples(cloud_prompt_tokens=100, cloud_completion_tokens=50)
     costs = cost_model(examples, CostTable())
-    assert costs.tokens["cloud"] == (100.0, 50.0) and costs.assumed == ("local_prompt_tokens", "local_completion_tokens")
+    assert costs.tokens["cloud"] == (100.0, 50.0) and costs.assumed == (
+        "local_prompt_tokens",
+        "local_completion_tokens",
+    )
 
 
 def test_scores_outside_zero_one_cannot_be_thresholds():
@@ -104,14 +109,38 @@ def cli() -> typer.Typer:
 def test_tandem_calibrate_writes_the_config_and_dry_run_does_not(tmp_path):
     examples, confidence = calibration_table(seed=1)
     table = tmp_path / "table.jsonl"
-    table.write_text("".join(json.dumps({"prompt": e.prompt, "weak_correct": e.weak_correct,
-                                         "strong_correct": e.strong_correct, "confidence": e.extra["confidence"]}) + "\n"
-                             for e in examples))  # fmt: skip
+    table.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "prompt": e.prompt,
+                    "weak_correct": e.weak_correct,
+                    "strong_correct": e.strong_correct,
+                    "confidence": e.extra["confidence"],
+                }
+            )
+            + "\n"
+            for e in examples
+        )
+    )
     config = tmp_path / "config.toml"
-    config.write_text('[server]\nport = 9000\n[cascade.prices.cloud]\ninput_per_million = 1.0\noutput_per_million = 2.0\n')
+    config.write_text(
+        "[server]\nport = 9000\n[cascade.prices.cloud]\ninput_per_million = 1.0\noutput_per_million = 2.0\n"
+    )
     before = config.read_text()
-    args = ["calibrate", "--data", str(table), "--router", "column:confidence", "--cloud-share", "0.3",
-            "--config", str(config), "--data-dir", str(tmp_path)]  # fmt: skip
+    args = [
+        "calibrate",
+        "--data",
+        str(table),
+        "--router",
+        "column:confidence",
+        "--cloud-share",
+        "0.3",
+        "--config",
+        str(config),
+        "--data-dir",
+        str(tmp_path),
+    ]
     result = CliRunner().invoke(cli(), [*args, "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "dry run: nothing written" in result.output and config.read_text() == before

@@ -207,9 +207,7 @@ async def test_retry_reports_to_the_breaker_and_stops_when_it_opens():
     sleep = FakeSleep()
     call, calls = failing_then_ok([FakeCloudError("UNAVAILABLE")] * 5)
     with pytest.raises(FakeCloudError):
-        await retry_with_backoff(
-            call, attempts=5, base_s=1, max_s=1, idempotent=True, sleep=sleep, breaker=breaker
-        )
+        await retry_with_backoff(call, attempts=5, base_s=1, max_s=1, idempotent=True, sleep=sleep, breaker=breaker)
     assert len(calls) == 2 and breaker.state is BreakerState.OPEN
     with pytest.raises(CircuitOpenError, match="open"):
         await retry_with_backoff(call, idempotent=True, sleep=sleep, breaker=breaker)

@@ -33,9 +33,13 @@ def _synthetic(signal_column: int | None, seed: int = 0, subjects: int = 16, per
             x = rng.normal(size=len(SHAPE_FEATURES))
             need = 0.6 * x[0] + (1.5 * x[signal_column] if signal_column is not None else 0.0) + rng.normal()
             strong_only = rng.random() < 1 / (1 + np.exp(-need))
-            labels.append([0.0 if strong_only else float(rng.random() < 0.5), 1.0 if strong_only else float(rng.random() < 0.5)])
+            labels.append(
+                [0.0 if strong_only else float(rng.random() < 0.5), 1.0 if strong_only else float(rng.random() < 0.5)]
+            )
             shape.append(x)
-            examples.append(RoutingExample(f"p{s}-{len(shape)}", labels[-1][0] > 0.5, labels[-1][1] > 0.5, f"mmlu_s{s}"))
+            examples.append(
+                RoutingExample(f"p{s}-{len(shape)}", labels[-1][0] > 0.5, labels[-1][1] > 0.5, f"mmlu_s{s}")
+            )
     return examples, np.array(shape), np.array(labels)
 
 

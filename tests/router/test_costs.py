@@ -92,8 +92,11 @@ def test_ledger_accumulates_per_tier():
     snapshot = ledger.snapshot()
     assert snapshot["num_requests"] == 3
     assert snapshot["tiers"]["local"] == {
-        "num_requests": 3, "prompt_tokens": 6_000, "completion_tokens": 30, "cost_usd": 0.0,
-    }  # fmt: skip
+        "num_requests": 3,
+        "prompt_tokens": 6_000,
+        "completion_tokens": 30,
+        "cost_usd": 0.0,
+    }
     cloud_cost = (5_000 * 0.5 + 2_000 * 1.5) / 1e6
     assert snapshot["tiers"]["cloud"] == {
         "num_requests": 2,

@@ -46,8 +46,8 @@ def test_parse_model_choice_accepts_the_grammar(model, expected):
     [
         ("gpt-4o", "unknown model"),
         ("", "unknown model"),
-        ("local:0.3", "only applies to \"auto\""),
-        ("cloud:1", "only applies to \"auto\""),
+        ("local:0.3", 'only applies to "auto"'),
+        ("cloud:1", 'only applies to "auto"'),
         ("auto:", "is not a number"),
         ("auto:abc", "is not a number"),
         ("auto:1.5", "[0, 1]"),
@@ -103,5 +103,7 @@ def test_routing_decision_invariants():
 
 def test_choices_print_and_serialize_as_their_values():
     assert f"{Tier.CLOUD}" == "cloud" and str(HandoffMode.RESTART) == "restart"
-    assert json.dumps({"tier": Tier.LOCAL, "handoff": HandoffMode.CONTINUE}) == '{"tier": "local", "handoff": "continue"}'
+    assert (
+        json.dumps({"tier": Tier.LOCAL, "handoff": HandoffMode.CONTINUE}) == '{"tier": "local", "handoff": "continue"}'
+    )
     assert Tier("cloud") is Tier.CLOUD and Tier.CLOUD == "cloud"

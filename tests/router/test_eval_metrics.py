@@ -58,8 +58,12 @@ def test_the_inverted_oracle_by_hand_is_worst_of_all():
     inverted = evaluate_scores(-oracle_scores(outcomes), outcomes)
     assert inverted.auc == pytest.approx(0.45) and inverted.apgr == pytest.approx(-0.25)
     assert inverted.cpt == pytest.approx({"20%": 0.84, "50%": 0.9, "80%": 0.96})
-    others = [evaluate_scores(ROUTER, outcomes), evaluate_scores(oracle_scores(outcomes), outcomes),
-              summarize(random_curve(outcomes, 100), outcomes), evaluate_scores(np.zeros(10), outcomes)]  # fmt: skip
+    others = [
+        evaluate_scores(ROUTER, outcomes),
+        evaluate_scores(oracle_scores(outcomes), outcomes),
+        summarize(random_curve(outcomes, 100), outcomes),
+        evaluate_scores(np.zeros(10), outcomes),
+    ]
     assert all(inverted.apgr < other.apgr for other in others)
 
 

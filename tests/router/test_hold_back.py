@@ -103,7 +103,12 @@ def test_settled_requests_take_no_more_tokens():
 
 @pytest.mark.parametrize(
     "mode, hold_tokens, message_part",
-    [("continue", 4, "restart mode only"), ("restart", -1, "hold_tokens"), ("restart", 2.5, "hold_tokens"), ("later", None, "mode")],
+    [
+        ("continue", 4, "restart mode only"),
+        ("restart", -1, "hold_tokens"),
+        ("restart", 2.5, "hold_tokens"),
+        ("later", None, "mode"),
+    ],
 )
 def test_bad_configuration_is_refused(mode, hold_tokens, message_part):
     with pytest.raises(ValueError, match=message_part):

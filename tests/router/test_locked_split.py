@@ -10,11 +10,21 @@ from router.prompt_router.locked_split import is_locked, split_subjects
 
 DATA = Path(DEFAULT_DATA_DIR) / "mmlu"
 LOCKED = [
-    "mmlu_abstract_algebra", "mmlu_business_ethics", "mmlu_college_medicine", "mmlu_college_physics",
-    "mmlu_high_school_geography", "mmlu_high_school_physics", "mmlu_high_school_us_history", "mmlu_human_sexuality",
-    "mmlu_machine_learning", "mmlu_philosophy", "mmlu_professional_law", "mmlu_public_relations",
-    "mmlu_us_foreign_policy", "mmlu_virology",
-]  # fmt: skip
+    "mmlu_abstract_algebra",
+    "mmlu_business_ethics",
+    "mmlu_college_medicine",
+    "mmlu_college_physics",
+    "mmlu_high_school_geography",
+    "mmlu_high_school_physics",
+    "mmlu_high_school_us_history",
+    "mmlu_human_sexuality",
+    "mmlu_machine_learning",
+    "mmlu_philosophy",
+    "mmlu_professional_law",
+    "mmlu_public_relations",
+    "mmlu_us_foreign_policy",
+    "mmlu_virology",
+]
 
 
 def test_the_locked_subjects_are_the_hash_rules():

@@ -37,13 +37,21 @@ def test_locked_figures_pool_every_row_and_leave_each_subject_out_for_the_standa
     from router.prompt_router.cross_validation import locked_figures
 
     rng = np.random.default_rng(0)
-    examples = [e for s in range(5) for e in _rows(f"mmlu_{s}", [(bool(rng.random() < 0.5), bool(rng.random() < 0.8)) for _ in range(30)])]
+    examples = [
+        e
+        for s in range(5)
+        for e in _rows(f"mmlu_{s}", [(bool(rng.random() < 0.5), bool(rng.random() < 0.8)) for _ in range(30)])
+    ]
     scores, length = rng.random(len(examples)), rng.random(len(examples))
     figures = locked_figures(scores, length, examples)
     assert figures["apgr"] == pytest.approx(evaluate(scores, examples)["apgr"])
     assert figures["minus_length"] == pytest.approx(figures["apgr"] - evaluate(length, examples)["apgr"])
-    left_out = np.array([evaluate(scores[np.arange(150) // 30 != s], [e for i, e in enumerate(examples) if i // 30 != s])["apgr"]
-                         for s in range(5)])  # fmt: skip
+    left_out = np.array(
+        [
+            evaluate(scores[np.arange(150) // 30 != s], [e for i, e in enumerate(examples) if i // 30 != s])["apgr"]
+            for s in range(5)
+        ]
+    )
     assert figures["apgr_se"] == pytest.approx(np.sqrt(4 / 5 * ((left_out - left_out.mean()) ** 2).sum()))
     same = locked_figures(scores, scores, examples)
     assert same["minus_length"] == 0 and same["minus_length_se"] == 0 and not same["beats_length"]

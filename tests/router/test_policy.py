@@ -63,7 +63,10 @@ def test_forced_tiers():
     local = compose(pre=standard_pre(1.0), streaming=StreamingPolicy(1.0, 1))
     decision = local.route_recorded(RequestContext("hi", RoutingMode.LOCAL), [make_event(0.01)] * 3)
     assert (decision.tier, decision.escalated, decision.reason, decision.decided_by) == (
-        Tier.LOCAL, False, Reason.FORCED, "forced_tier"
+        Tier.LOCAL,
+        False,
+        Reason.FORCED,
+        "forced_tier",
     )
     cloud = compose(pre=standard_pre(0.0))
     decision = cloud.before_generation(RequestContext("hi", RoutingMode.CLOUD))

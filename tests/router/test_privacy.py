@@ -127,11 +127,14 @@ def test_messages_with_content_parts_and_private_flag():
     messages = [
         {"role": "system", "content": "You are helpful."},
         {"role": "assistant", "content": None, "tool_calls": []},
-        {"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "https://x/a@b.com"}},
-            {"type": "text", "text": "My mail is a@b.com"},
-        ]},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": "https://x/a@b.com"}},
+                {"type": "text", "text": "My mail is a@b.com"},
+            ],
+        },
+    ]
     verdict = rules.check_messages(messages)
     assert verdict.private and verdict.reasons == ("email",)
     (match,) = verdict.matches
@@ -153,8 +156,10 @@ def test_redact_messages_copies_and_replaces_only_text():
     assert redacted[1]["content"][1] == {"type": "text", "text": "[EMAIL], [EMAIL]"}
     assert messages[0]["content"] == "call 020 7946 0958"  # the caller's messages are untouched
     assert [(r.rule, r.message_index, r.part_index) for r in redactions] == [
-        ("phone", 0, None), ("email", 1, 1), ("email", 1, 1),
-    ]  # fmt: skip
+        ("phone", 0, None),
+        ("email", 1, 1),
+        ("email", 1, 1),
+    ]
 
 
 def test_overlapping_matches_merge_into_one_placeholder():
@@ -192,9 +197,26 @@ def test_hostile_inputs_scan_in_linear_time():
 
 
 pii_fragments = st.sampled_from(
-    ["a@b.com", "x.y@mail.example.org", "+44 20 7946 0958", "(555) 123-4567", "4111 1111 1111 1111",
-     "DE89 3704 0044 0532 0130 00", "2024", "$12.50", " ", "-", ".", "(", ")", "+", "@", "0", "00"]
-)  # fmt: skip
+    [
+        "a@b.com",
+        "x.y@mail.example.org",
+        "+44 20 7946 0958",
+        "(555) 123-4567",
+        "4111 1111 1111 1111",
+        "DE89 3704 0044 0532 0130 00",
+        "2024",
+        "$12.50",
+        " ",
+        "-",
+        ".",
+        "(",
+        ")",
+        "+",
+        "@",
+        "0",
+        "00",
+    ]
+)
 digit_heavy_text = st.text(alphabet="0123456789 -.()+@aAEDGB$[]_", max_size=40)
 fuzz_text = st.lists(st.one_of(st.text(max_size=12), digit_heavy_text, pii_fragments), max_size=8).map("".join)
 

@@ -29,10 +29,18 @@ from router.prompt_router.topic_correction import fit_topic_correction
 from router.prompt_router.training import LabelledRows, fit, heldout_gain, table_rows, write_router
 
 PROMPTS = [
-    f"Question {i}: " + " ".join(["what is the integral of x squared", "name the capital of France",
-                                  "explain the tort of negligence", "a train leaves at 3pm going 60 mph"][i % 4]) * (1 + i % 7)
+    f"Question {i}: "
+    + " ".join(
+        [
+            "what is the integral of x squared",
+            "name the capital of France",
+            "explain the tort of negligence",
+            "a train leaves at 3pm going 60 mph",
+        ][i % 4]
+    )
+    * (1 + i % 7)
     for i in range(100)
-]  # fmt: skip
+]
 PROMPTS_AS_ROWS = [RoutingExample(p, True, True, "x") for p in PROMPTS]
 
 
@@ -49,8 +57,12 @@ def _examples(n: int = 240, seed: int = 0) -> list[RoutingExample]:
     examples = []
     for i in range(n):
         hard = i % 3 == 0
-        prompt = f"Compute {1000 + i} * {7 + i % 5} = ? then (x + {i}) / 2" if hard else f"Say hello to friend number {i}."
-        examples.append(RoutingExample(prompt, bool(not hard and rng.random() < 0.9), bool(rng.random() < 0.9), f"mmlu_s{i % 6}"))
+        prompt = (
+            f"Compute {1000 + i} * {7 + i % 5} = ? then (x + {i}) / 2" if hard else f"Say hello to friend number {i}."
+        )
+        examples.append(
+            RoutingExample(prompt, bool(not hard and rng.random() < 0.9), bool(rng.random() < 0.9), f"mmlu_s{i % 6}")
+        )
     return examples
 
 
@@ -73,7 +85,10 @@ def test_split_holds_out_whole_subjects_and_evaluates():
     from router.prompt_router.cross_validation import evaluate, subject_split
 
     rng = np.random.default_rng(0)
-    examples = [RoutingExample(f"p{i}", bool(rng.random() < 0.5), bool(rng.random() < 0.8), f"mmlu_s{i % 8}") for i in range(400)]
+    examples = [
+        RoutingExample(f"p{i}", bool(rng.random() < 0.5), bool(rng.random() < 0.8), f"mmlu_s{i % 8}")
+        for i in range(400)
+    ]
     examples += [RoutingExample(f"g{i}", True, True, "gsm8k") for i in range(20)]
     train_rows, held_rows, held = subject_split(examples, 0.25, seed=0)
     assert len(held) == 2 and "gsm8k" not in held  # GSM8K always trains
@@ -117,7 +132,9 @@ def test_head_fits_each_tier_on_the_rows_that_know_it():
 
     labels = np.c_[weak, strong_seen]
     halves = HeadStatistics.of(x[:150], labels[:150]) + HeadStatistics.of(x[150:], labels[150:])
-    np.testing.assert_allclose(halves.solve(1.0).predict(x), HeadStatistics.of(x, labels).solve(1.0).predict(x), atol=1e-9)
+    np.testing.assert_allclose(
+        halves.solve(1.0).predict(x), HeadStatistics.of(x, labels).solve(1.0).predict(x), atol=1e-9
+    )
     again = HeadStatistics.from_json(json.loads(json.dumps(halves.as_json())))
     np.testing.assert_allclose(again.solve(1.0).predict(x), halves.solve(1.0).predict(x), atol=1e-12)
 
@@ -279,8 +296,12 @@ def test_int8_embedder_stays_close_to_the_exact_export(router_cache):
     exact, small = embedder_export.ensure_embedder(precision="fp32"), embedder_export.ensure_embedder(precision="int8")
     assert small != exact and small.stat().st_size < exact.stat().st_size / 3
     tokenizer = load_tokenizer()
-    embeddings = [np.stack(run_batched(tokenizer, PROMPTS, lambda rows, inputs, s=open_session(path): s.run(["embedding"], inputs)[0]))
-                  for path in (exact, small)]  # fmt: skip
+    embeddings = [
+        np.stack(
+            run_batched(tokenizer, PROMPTS, lambda rows, inputs, s=open_session(path): s.run(["embedding"], inputs)[0])
+        )
+        for path in (exact, small)
+    ]
     cosine = (embeddings[0] * embeddings[1]).sum(axis=1)
     assert cosine.min() > 0.98, cosine.min()
     assert np.abs(embeddings[0] - embeddings[1]).max() > 1e-4  # it is quantized, not a copy of fp32
@@ -307,7 +328,9 @@ def test_cli_score_writes_prompt_score_rows(tmp_path):
 
     source, out = tmp_path / "in.csv", tmp_path / "out.csv"
     with open(source, "w", newline="") as handle:
-        csv.writer(handle).writerows([["id", "prompt"], ["1", "What is 2+2?"], ["2", "Prove, with care, that, sqrt 2 is irrational."]])
+        csv.writer(handle).writerows(
+            [["id", "prompt"], ["1", "What is 2+2?"], ["2", "Prove, with care, that, sqrt 2 is irrational."]]
+        )
     result = CliRunner().invoke(router_app, ["score", "--data", str(source), "--out", str(out)])
     assert result.exit_code == 0, result.output
     with open(out, newline="") as handle:
@@ -352,8 +375,12 @@ def test_cli_train_takes_every_data_table(tmp_path):
     _write_table(tables[0], examples[:100])
     _write_table(tables[1], examples[100:])
     out = tmp_path / "router.onnx"
-    result = CliRunner().invoke(router_app, ["train", "--data", str(tables[0]), "--data", str(tables[1]), "--out", str(out)])
+    result = CliRunner().invoke(
+        router_app, ["train", "--data", str(tables[0]), "--data", str(tables[1]), "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(out.with_suffix(".report.json").read_text())["num_table_rows"] == 240
-    twice = CliRunner().invoke(router_app, ["train", "--data", str(tables[0]), "--data", str(tables[0]), "--out", str(out)])
+    twice = CliRunner().invoke(
+        router_app, ["train", "--data", str(tables[0]), "--data", str(tables[0]), "--out", str(out)]
+    )
     assert twice.exit_code != 0 and "more than once" in twice.output

@@ -47,14 +47,20 @@ def test_the_shipped_router_scores_on_the_locked_subjects_what_its_file_says():
 
 def _topic_prompts(topic: str, start: int, count: int) -> list[str]:
     if topic == "hard":
-        stems = ["Which enzyme of the {i}th step of glycolysis is inhibited by citrate?",
-                 "In viral replication, what does protein {i} of the capsid bind to?",
-                 "Which mutation in oncogene {i} makes the kinase constitutively active?"]  # fmt: skip
+        stems = [
+            "Which enzyme of the {i}th step of glycolysis is inhibited by citrate?",
+            "In viral replication, what does protein {i} of the capsid bind to?",
+            "Which mutation in oncogene {i} makes the kinase constitutively active?",
+        ]
     else:
-        stems = ["Which slogan would a bakery use for campaign {i}?",
-                 "What colour is the logo of shop {i} most likely to be?",
-                 "Which greeting suits customer {i} at a shop counter?"]  # fmt: skip
-    return [stems[i % 3].format(i=i) + "\nA. one\nB. two\nC. three\nD. four\nAnswer:" for i in range(start, start + count)]
+        stems = [
+            "Which slogan would a bakery use for campaign {i}?",
+            "What colour is the logo of shop {i} most likely to be?",
+            "Which greeting suits customer {i} at a shop counter?",
+        ]
+    return [
+        stems[i % 3].format(i=i) + "\nA. one\nB. two\nC. three\nD. four\nAnswer:" for i in range(start, start + count)
+    ]
 
 
 @pytest.mark.slow
@@ -74,7 +80,9 @@ def test_a_labelled_table_teaches_the_topics_it_labels(tmp_path):
         writer.writerows([p, "True", "True"] for p in _topic_prompts("easy", 0, 40))
     plain, taught = tmp_path / "plain.onnx", tmp_path / "taught.onnx"
     for out, data in ((plain, ["routellm"]), (taught, ["routellm", str(table)])):
-        args = ["train", "--out", str(out), "--holdout-fraction", "0"] + [part for name in data for part in ("--data", name)]
+        args = ["train", "--out", str(out), "--holdout-fraction", "0"] + [
+            part for name in data for part in ("--data", name)
+        ]
         result = CliRunner().invoke(router_app, args)
         assert result.exit_code == 0, result.output
     report = json.loads(taught.with_suffix(".report.json").read_text())
@@ -82,7 +90,10 @@ def test_a_labelled_table_teaches_the_topics_it_labels(tmp_path):
     hard, easy = _topic_prompts("hard", 100, 6), _topic_prompts("easy", 100, 6)
     before, after = load_scorer(plain), load_scorer(taught)
     assert np.mean(after.score(hard) - before.score(hard)) > 0.02
-    assert np.mean(after.score(hard)) - np.mean(after.score(easy)) > np.mean(before.score(hard)) - np.mean(before.score(easy)) + 0.03
+    assert (
+        np.mean(after.score(hard)) - np.mean(after.score(easy))
+        > np.mean(before.score(hard)) - np.mean(before.score(easy)) + 0.03
+    )
     plain_report = json.loads(plain.with_suffix(".report.json").read_text())
     assert plain_report["locked_test"]["num_subjects"] == 14  # a shape-only router trained on routellm is scored there
     assert "MiniLM" in report["locked_test"]["not_measured"]

@@ -31,7 +31,9 @@ def make_event(logprob: float, margin: float = 0.1, token_id: int = 7) -> TokenE
 
 # Token ids drawn wide, so answers do not repeat themselves: the loop rule has its own tests.
 token_events = st.builds(
-    make_event, st.floats(min_value=-8.0, max_value=0.0), st.floats(min_value=0.0, max_value=1.0),
+    make_event,
+    st.floats(min_value=-8.0, max_value=0.0),
+    st.floats(min_value=0.0, max_value=1.0),
     st.integers(min_value=0, max_value=2**30),
 )
 answers = st.lists(token_events, max_size=30)
@@ -85,7 +87,9 @@ def assert_same_confidence(actual, expected):
 def test_escalates_exactly_when_confidence_at_the_decision_point_is_below_threshold(
     events, threshold, k, decide_at, kind
 ):
-    expected_escalated, expected_point, expected_confidence = reference_outcome(events, threshold, k, decide_at.value, kind)
+    expected_escalated, expected_point, expected_confidence = reference_outcome(
+        events, threshold, k, decide_at.value, kind
+    )
     policy = StreamingPolicy(threshold, k, score_kind=kind, decide_at=decide_at, window=WINDOW)
     decision, num_fed = run_policy(policy, events)
     assert decision.escalated is expected_escalated
@@ -213,7 +217,8 @@ def test_a_loop_escalates_whatever_the_confidence(decide_at):
     assert fires_at == 3 + 26  # two copies of the 13-token unit
     for threshold, loop_rule, min_tokens_k, expected in [
         (0.5, ESCALATE_LOOP, 40, fires_at),  # K after the loop: first_k has not settled anything yet
-        (0.5, None, 40, None), (0.0, ESCALATE_LOOP, 40, None),
+        (0.5, None, 40, None),
+        (0.0, ESCALATE_LOOP, 40, None),
         (0.5, ESCALATE_LOOP, 8, None if decide_at == "first_k" else fires_at),  # a pass at K = 8 settles first_k
     ]:
         policy = StreamingPolicy(threshold, min_tokens_k, decide_at=decide_at, loop_rule=loop_rule)
@@ -225,5 +230,10 @@ def test_a_loop_escalates_whatever_the_confidence(decide_at):
         if expected is None:
             assert decision is None
             continue
-        assert (at, decision.reason, decision.tier, decision.decided_at_token) == (expected, Reason.REPETITION, Tier.CLOUD, expected)
+        assert (at, decision.reason, decision.tier, decision.decided_at_token) == (
+            expected,
+            Reason.REPETITION,
+            Tier.CLOUD,
+            expected,
+        )
         assert policy.finish() is decision

@@ -15,11 +15,19 @@ from router.streaming_policy import StreamingPolicy
 from sdk.protocol.engine import TokenEvent
 
 
-@pytest.mark.parametrize("mode, tool_choice, to_cloud", [
-    ("auto", "auto", True), ("auto", "required", False), ("auto", None, False),
-    ("cloud", "auto", True), ("cloud", "required", True), ("cloud", None, False),
-    ("local", "auto", False), ("local", "required", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mode, tool_choice, to_cloud",
+    [
+        ("auto", "auto", True),
+        ("auto", "required", False),
+        ("auto", None, False),
+        ("cloud", "auto", True),
+        ("cloud", "required", True),
+        ("cloud", None, False),
+        ("local", "auto", False),
+        ("local", "required", False),
+    ],
+)
 def test_tool_turns_route_by_mode_and_choice(mode, tool_choice, to_cloud):
     decision = ToolTurns(mode, 0.5).decide(RequestContext("hi", tool_choice=tool_choice))
     if to_cloud:
@@ -35,12 +43,20 @@ def test_threshold_zero_keeps_tool_turns_local_and_bad_modes_are_refused():
 
 
 def event(finish_reason=None) -> TokenEvent:
-    return TokenEvent(request_id="r", token_id=7, text="x", logprob=-0.01, entropy=0.1, margin=0.9, finish_reason=finish_reason)
+    return TokenEvent(
+        request_id="r", token_id=7, text="x", logprob=-0.01, entropy=0.1, margin=0.9, finish_reason=finish_reason
+    )
 
 
-@pytest.mark.parametrize("structured, finish, threshold, escalates", [
-    (True, "length", 0.5, True), (True, "stop", 0.5, False), (False, "length", 0.5, False), (True, "length", 0.0, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "structured, finish, threshold, escalates",
+    [
+        (True, "length", 0.5, True),
+        (True, "stop", 0.5, False),
+        (False, "length", 0.5, False),
+        (True, "length", 0.0, False),
+    ],
+)
 def test_a_structured_answer_cut_by_max_tokens_escalates_as_invalid_structure(structured, finish, threshold, escalates):
     policy = StreamingPolicy(threshold, min_tokens_k=2, structured=structured)
     assert [policy.observe(event()) for _ in range(5)] == [None] * 5  # confident tokens

@@ -30,7 +30,14 @@ def test_bad_key_files_are_errors(tmp_path):
 
 @pytest.mark.parametrize(
     "header,token",
-    [("Bearer sk-1", "sk-1"), ("bearer   sk-1 ", "sk-1"), ("Basic abc", None), ("Bearer", None), ("", None), (None, None)],
+    [
+        ("Bearer sk-1", "sk-1"),
+        ("bearer   sk-1 ", "sk-1"),
+        ("Basic abc", None),
+        ("Bearer", None),
+        ("", None),
+        (None, None),
+    ],
 )
 def test_bearer_token(header, token):
     assert bearer_token(header) == token

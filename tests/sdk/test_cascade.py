@@ -49,7 +49,7 @@ class RecordingCloudEngine:
         return ids
 
     def generate(self, request: GenerationRequest):
-        self.received[-1][1].extend(request.prompt_token_ids[self._template_len:])
+        self.received[-1][1].extend(request.prompt_token_ids[self._template_len :])
         folded = [t % VOCAB_SIZE for t in request.prompt_token_ids]
         return self.engine.generate(dataclasses.replace(request, prompt_token_ids=folded))
 
@@ -58,8 +58,14 @@ class RecordingCloudEngine:
 def local_engine():
     # batch_invariant: these tests compare the cascade's local run with the same request run alone
     # (by default a repeated request's cells land around cached ones, and can round differently).
-    config = LocalEngineConfig(kv_cache_tokens=1024, max_num_seqs=2, max_num_batched_tokens=128, max_model_len=512, n_threads=1,
-                               batch_invariant=True)
+    config = LocalEngineConfig(
+        kv_cache_tokens=1024,
+        max_num_seqs=2,
+        max_num_batched_tokens=128,
+        max_model_len=512,
+        n_threads=1,
+        batch_invariant=True,
+    )
     engine = AsyncLocalEngine(config).start()
     engine.wait_ready(180)
     yield engine
@@ -144,7 +150,11 @@ async def test_private_and_pii_requests_never_reach_the_cloud(make_runner, recor
     runner = await make_runner()
     private = await runner.complete(QUESTION, GREEDY, model="auto:1", private=True)
     email = await runner.complete(EMAIL, GREEDY, model="cloud")
-    assert (private.routing.tier, private.routing.reason, private.routing.privacy_reasons) == ("local", "private", ("private_flag",))
+    assert (private.routing.tier, private.routing.reason, private.routing.privacy_reasons) == (
+        "local",
+        "private",
+        ("private_flag",),
+    )
     assert (email.routing.tier, email.routing.reason, email.routing.privacy_reasons) == ("local", "private", ("email",))
     assert recording.received == []
     assert runner.privacy_counters.snapshot().num_requests_kept_local == 2
@@ -154,7 +164,7 @@ async def test_redaction_sends_only_placeholders(make_runner, recording):
     runner = await make_runner(redact_before_escalation=True)
     result = await runner.complete(EMAIL, GREEDY, model="auto:1")
     assert result.routing.tier == "cloud" and result.routing.num_redactions == 1
-    (sent, _), = recording.received
+    ((sent, _),) = recording.received
     assert "[EMAIL]" in sent[0]["content"] and "jane.doe" not in sent[0]["content"]
     flagged = await runner.complete(EMAIL, GREEDY, model="auto:1", private=True)  # the flag still wins
     assert flagged.routing.tier == "local" and len(recording.received) == 1
@@ -166,7 +176,11 @@ async def test_stopped_cloud_server_degrades_to_local(make_runner, recording):
     await stop_grpc_server(server, grace_s=0)
     runner = await make_runner(target, min_tokens_k=4)
     result = await runner.complete(QUESTION, GREEDY, model="auto:1")
-    assert (result.routing.tier, result.routing.degraded, result.routing.degraded_reason) == ("local", True, "cloud_unavailable")
+    assert (result.routing.tier, result.routing.degraded, result.routing.degraded_reason) == (
+        "local",
+        True,
+        "cloud_unavailable",
+    )
     assert result.text and set(result.tiers) == {"local"}
     # Escalating mid-answer: the held-back tokens come out, then the local answer resumes.
     result = await runner.complete(QUESTION, GREEDY, model="auto:0.9999")
@@ -176,7 +190,9 @@ async def test_stopped_cloud_server_degrades_to_local(make_runner, recording):
 
 async def test_breaker_opens_after_failures_and_closes_after_cool_down(make_runner, serve, recording):  # noqa: F811
     now = [0.0]
-    runner = await make_runner(f"127.0.0.1:{free_port()}", breaker_failure_threshold=2, breaker_cool_down_s=10, clock=lambda: now[0])
+    runner = await make_runner(
+        f"127.0.0.1:{free_port()}", breaker_failure_threshold=2, breaker_cool_down_s=10, clock=lambda: now[0]
+    )
     params = SamplingParams(max_tokens=4, temperature=0.0)
     reasons = [(await runner.complete(QUESTION, params, model="cloud")).routing.degraded_reason for _ in range(3)]
     assert reasons == ["cloud_unavailable", "cloud_unavailable", "circuit_open"]
@@ -194,22 +210,31 @@ async def test_breaker_opens_after_failures_and_closes_after_cool_down(make_runn
 async def test_escalation_at_token_k_hands_off(make_runner, recording, local_engine, handoff):
     k = 4
     scores = await reference_scores(local_engine)
-    threshold = min(0.9999, max(scores[k - 1:]) + 1e-6)  # every judged prefix falls below it: escalate at K
+    threshold = min(0.9999, max(scores[k - 1 :]) + 1e-6)  # every judged prefix falls below it: escalate at K
     # Continuing hands the local ids over: the recording cloud stands in for one that shares the local
     # vocabulary (it folds the ids into the tiny model's own), as the embedded SmolLM2 engine does.
     recording.vocabulary_fingerprint = local_engine.vocabulary_fingerprint
     runner = await make_runner(min_tokens_k=k, handoff=handoff)
-    local_ids = [e.token_id async for e in local_engine.generate(
-        GenerationRequest("ids", local_engine.apply_chat_template(QUESTION), GREEDY))]
+    local_ids = [
+        e.token_id
+        async for e in local_engine.generate(
+            GenerationRequest("ids", local_engine.apply_chat_template(QUESTION), GREEDY)
+        )
+    ]
     result = await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")
     routing = result.routing
-    assert (routing.tier, routing.escalated, routing.reason, routing.handoff) == ("cloud", True, "low_confidence", handoff)
+    assert (routing.tier, routing.escalated, routing.reason, routing.handoff) == (
+        "cloud",
+        True,
+        "low_confidence",
+        handoff,
+    )
     assert routing.decided_at_token == k and routing.confidence == pytest.approx(scores[k - 1])
-    (_, continuation), = recording.received
+    ((_, continuation),) = recording.received
     if handoff == "continue":
         assert continuation == local_ids[: k - 1]  # the released prefix; the K-th token triggered
         assert result.tiers[: k - 1] == ["local"] * (k - 1) and result.token_ids[: k - 1] == local_ids[: k - 1]
-        assert set(result.tiers[k - 1:]) == {"cloud"}
+        assert set(result.tiers[k - 1 :]) == {"cloud"}
     else:
         assert continuation == [] and set(result.tiers) == {"cloud"}  # no local token was released
     assert routing.cost["local"]["completion_tokens"] == k
@@ -220,7 +245,7 @@ async def test_continuing_into_another_vocabulary_is_refused(make_runner, record
     other text there, so the local answer stands and nothing is sent."""
     k = 4
     scores = await reference_scores(local_engine)
-    threshold = min(0.9999, max(scores[k - 1:]) + 1e-6)
+    threshold = min(0.9999, max(scores[k - 1 :]) + 1e-6)
     runner = await make_runner(min_tokens_k=k, handoff="continue")
     result = await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")
     routing = result.routing
@@ -259,12 +284,19 @@ async def test_a_looping_local_answer_escalates_unless_the_request_opts_out(make
     params = SamplingParams(max_tokens=300, temperature=0.0)
     tokens = await local_tokens(local_engine, POEM, params)
     escalate_at, stop_at = find_loop(tokens, ESCALATE_LOOP), find_loop(tokens, STOP_LOOP)
-    assert escalate_at is not None and stop_at is not None, "the poem no longer loops greedily here: pick another prompt"
+    assert escalate_at is not None and stop_at is not None, (
+        "the poem no longer loops greedily here: pick another prompt"
+    )
     runner = await make_runner()
     # A threshold no token of this confident answer falls under: only the loop can escalate it.
     result = await runner.complete(POEM, params, model="auto:0.01")
     routing = result.routing
-    assert (routing.reason, routing.escalated, routing.tier, routing.decided_at_token) == ("repetition", True, "cloud", escalate_at[0])
+    assert (routing.reason, routing.escalated, routing.tier, routing.decided_at_token) == (
+        "repetition",
+        True,
+        "cloud",
+        escalate_at[0],
+    )
     assert escalate_at[0] < stop_at[0] and len(recording.received) == 1
     result = await runner.complete(POEM, dataclasses.replace(params, repetition_stop=False), model="auto:0.01")
     assert (result.routing.reason, result.routing.tier, result.token_ids) == ("confident", "local", tokens)
@@ -276,8 +308,16 @@ async def test_a_loop_the_cloud_cannot_take_is_stopped_locally(make_runner, loca
     stop_at = find_loop(tokens, STOP_LOOP)
     runner = await make_runner(None)  # no cloud tier: the escalation is refused, the local answer goes on
     result = await runner.complete(POEM, params, model="auto:0.01")
-    assert (result.routing.reason, result.routing.degraded_reason, result.routing.tier) == ("repetition", "no_cloud", "local")
-    assert (result.finish_reason, result.stop_reason, result.token_ids) == ("length", "repetition", tokens[: stop_at[0]])
+    assert (result.routing.reason, result.routing.degraded_reason, result.routing.tier) == (
+        "repetition",
+        "no_cloud",
+        "local",
+    )
+    assert (result.finish_reason, result.stop_reason, result.token_ids) == (
+        "length",
+        "repetition",
+        tokens[: stop_at[0]],
+    )
 
 
 async def test_logit_bias_crosses_tiers_only_when_they_share_a_vocabulary(make_runner, recording, local_engine):
@@ -285,8 +325,9 @@ async def test_logit_bias_crosses_tiers_only_when_they_share_a_vocabulary(make_r
     from sdk.protocol.openai_schema import ChatCompletionRequest
 
     token = local_engine.tokenize(" Paris", add_special=False)[0]
-    body = ChatCompletionRequest.model_validate({"messages": QUESTION, "logit_bias": {str(token): 100}, "max_tokens": 3,
-                                                 "temperature": 0})  # fmt: skip
+    body = ChatCompletionRequest.model_validate(
+        {"messages": QUESTION, "logit_bias": {str(token): 100}, "max_tokens": 3, "temperature": 0}
+    )
     runner = await make_runner()  # the tiny cloud model: another vocabulary, and its card says so
     assert not await runner.shares_vocabulary()
     with pytest.raises(InvalidRequestError, match="logit_bias"):

@@ -15,7 +15,9 @@ from sdk.protocol.engine import SamplingParams
 
 
 def token(i: int, finish: str | None = None) -> CloudTokenEvent:
-    return CloudTokenEvent("r", i, f"t{i}", -0.1, 0.5, 0.2, finish_reason=finish, num_prompt_tokens=5, num_output_tokens=i)
+    return CloudTokenEvent(
+        "r", i, f"t{i}", -0.1, 0.5, 0.2, finish_reason=finish, num_prompt_tokens=5, num_output_tokens=i
+    )
 
 
 class ScriptedCloud(CloudBackend):
@@ -36,9 +38,17 @@ class ScriptedCloud(CloudBackend):
 
 async def drain(cloud: ScriptedCloud, breaker: CircuitBreaker) -> list[CloudTokenEvent]:
     stream = stream_from_cloud(
-        cloud, breaker, [{"role": "user", "content": "hi"}], SamplingParams(max_tokens=4), CloudUsage(),
-        model="", request_id="r", continuation_token_ids=(), timeouts=CloudTimeouts(deadline_s=5.0), retry_backoff_s=0.0,
-    )  # fmt: skip
+        cloud,
+        breaker,
+        [{"role": "user", "content": "hi"}],
+        SamplingParams(max_tokens=4),
+        CloudUsage(),
+        model="",
+        request_id="r",
+        continuation_token_ids=(),
+        timeouts=CloudTimeouts(deadline_s=5.0),
+        retry_backoff_s=0.0,
+    )
     return [event async for event in stream]
 
 
@@ -52,11 +62,14 @@ async def test_unavailable_before_the_first_token_is_retried_once():
     assert cloud.num_calls == 2 and breaker.num_consecutive_failures == 0
 
 
-@pytest.mark.parametrize("script", [
-    [[UNAVAILABLE], [UNAVAILABLE]],  # retried once only
-    [[CloudDeadlineExceededError("slow", CloudStatus.DEADLINE_EXCEEDED)]],  # a deadline is not retried
-    [[token(1), UNAVAILABLE]],  # a token reached the caller: not idempotent any more
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "script",
+    [
+        [[UNAVAILABLE], [UNAVAILABLE]],  # retried once only
+        [[CloudDeadlineExceededError("slow", CloudStatus.DEADLINE_EXCEEDED)]],  # a deadline is not retried
+        [[token(1), UNAVAILABLE]],  # a token reached the caller: not idempotent any more
+    ],
+)
 async def test_what_is_not_retried_fails_once_and_counts_once(script):
     cloud = ScriptedCloud(*script)
     breaker = CircuitBreaker(3, 30.0)

@@ -58,16 +58,23 @@ async def test_cloud_killed_mid_stream_is_finished_by_the_local_tier(cloud_engin
     routing, tiers = events[-1].routing, tiers_of(events)
     assert (routing.tier, routing.degraded) == ("local", True) and routing.degraded_reason
     num_cloud = tiers.count("cloud")
-    assert num_cloud >= 3 and tiers == ["cloud"] * num_cloud + ["local"] * (len(tiers) - num_cloud) and len(tiers) > num_cloud
+    assert (
+        num_cloud >= 3
+        and tiers == ["cloud"] * num_cloud + ["local"] * (len(tiers) - num_cloud)
+        and len(tiers) > num_cloud
+    )
     assert events[-1].finish_reason == "stop" or len(tiers) == params.max_tokens  # a whole answer
     assert routing.cost["local"]["completion_tokens"] == len(tiers) - num_cloud
     assert runner.breaker.num_consecutive_failures == 1
 
 
-@pytest.mark.parametrize("timeouts, reason", [
-    ({"cloud_deadline_s": 0.4}, "cloud_deadline"),
-    ({"cloud_first_token_timeout_s": 5.0, "cloud_stall_timeout_s": 0.1}, "cloud_stall_timeout"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "timeouts, reason",
+    [
+        ({"cloud_deadline_s": 0.4}, "cloud_deadline"),
+        ({"cloud_first_token_timeout_s": 5.0, "cloud_stall_timeout_s": 0.1}, "cloud_stall_timeout"),
+    ],
+)
 async def test_slow_cloud_times_out_and_the_local_tier_answers(cloud_engine, make_runner, timeouts, reason):  # noqa: F811
     server = await start_grpc_server(PacedCloudEngine(cloud_engine, 0.25), GrpcServerConfig(port=0))
     try:

@@ -45,11 +45,18 @@ def probe_path(tmp_path_factory, local_engine):  # noqa: F811
 
 async def test_the_probe_decides_at_token_k_with_its_own_score(make_runner, local_engine, probe_path, recording):  # noqa: F811
     k = 4
-    events = [e async for e in local_engine.generate(GenerationRequest("ref", local_engine.apply_chat_template(QUESTION), GREEDY))]
+    events = [
+        e
+        async for e in local_engine.generate(
+            GenerationRequest("ref", local_engine.apply_chat_template(QUESTION), GREEDY)
+        )
+    ]
     running = RunningConfidence()
     for event in events[:k]:
         running.update(event)
-    expected = load_probe(probe_path, model_fingerprint_for_gguf(resolve_model_path(None))).score_features(running.features_dict())
+    expected = load_probe(probe_path, model_fingerprint_for_gguf(resolve_model_path(None))).score_features(
+        running.features_dict()
+    )
     threshold = min(0.9999, expected + 1e-3)  # just above the probe's verdict at K: escalate there
     runner = await make_runner(min_tokens_k=k, probe=probe_path)
     routing = (await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")).routing
@@ -82,7 +89,12 @@ async def test_prompt_router_decides_before_generation(make_runner, recording): 
     score = float(eager.prompt_scorer.scorer.score([QUESTION[0]["content"]])[0])
     result = await eager.complete(QUESTION, GREEDY, model="auto:0.5")
     routing = result.routing
-    assert (routing.tier, routing.escalated, routing.reason, routing.decided_by) == ("cloud", True, "prompt_router", "prompt_router")
+    assert (routing.tier, routing.escalated, routing.reason, routing.decided_by) == (
+        "cloud",
+        True,
+        "prompt_router",
+        "prompt_router",
+    )
     assert routing.confidence == pytest.approx(1.0 - score, abs=1e-6) and routing.decided_at_token is None
     assert "local" not in routing.cost and len(recording.received) == 1  # the local model never ran
     # Requests the policies before it settle are never scored: private, forced, threshold 1.

@@ -22,14 +22,22 @@ from tests.sdk.test_cascade import local_engine  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.slow
 
 ASK = [{"role": "user", "content": "Pick a colour and a number, as JSON."}]
-SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}, "n": {"type": "integer", "maximum": 99}},
-          "required": ["colour", "n"], "additionalProperties": False}  # fmt: skip
+SCHEMA = {
+    "type": "object",
+    "properties": {"colour": {"enum": ["red", "green", "blue"]}, "n": {"type": "integer", "maximum": 99}},
+    "required": ["colour", "n"],
+    "additionalProperties": False,
+}
 PARAMS = SamplingParams(max_tokens=60, temperature=0.0, structured=StructuredOutput("json_schema", json.dumps(SCHEMA)))
 
 
 def fits(text: str) -> bool:
     answer = json.loads(text)
-    return set(answer) == {"colour", "n"} and answer["colour"] in SCHEMA["properties"]["colour"]["enum"] and answer["n"] <= 99
+    return (
+        set(answer) == {"colour", "n"}
+        and answer["colour"] in SCHEMA["properties"]["colour"]["enum"]
+        and answer["n"] <= 99
+    )
 
 
 class PacedByteCloud:
@@ -61,14 +69,20 @@ async def test_a_failed_hand_off_resumes_the_local_answer_under_its_grammar(loca
     expected = await local_only(local_engine)
     k = 4
     assert len(expected) > k and fits("".join(e.text for e in expected))
-    runner = CascadeRunner(local_engine, CloudClient(f"127.0.0.1:{free_port()}"), CascadeConfig(min_tokens_k=k, handoff="continue"))
+    runner = CascadeRunner(
+        local_engine, CloudClient(f"127.0.0.1:{free_port()}"), CascadeConfig(min_tokens_k=k, handoff="continue")
+    )
     try:
         result = await runner.complete(ASK, PARAMS, model="auto:0.9999")  # every judged prefix is below it
     finally:
         await runner.cloud.close()
     routing = result.routing
     # Judged at the K-th token the grammar did not force (forced ones are not judged, but counted).
-    assert (routing.escalated, routing.tier, routing.degraded) == (True, "local", True) and routing.decided_at_token >= k
+    assert (routing.escalated, routing.tier, routing.degraded) == (
+        True,
+        "local",
+        True,
+    ) and routing.decided_at_token >= k
     assert result.token_ids == [e.token_id for e in expected] and result.finish_reason == "stop"
     assert fits(result.text)
 

@@ -16,7 +16,9 @@ from sdk.cli.setting_options import flag_name, settings_given
 from sdk.settings.fields import FIELDS
 
 
-@pytest.mark.parametrize("command, keys, renamed", [(serve, SERVE_SETTINGS, RENAMED), (cloud_serve, CLOUD_SERVE_SETTINGS, {})])
+@pytest.mark.parametrize(
+    "command, keys, renamed", [(serve, SERVE_SETTINGS, RENAMED), (cloud_serve, CLOUD_SERVE_SETTINGS, {})]
+)
 def test_every_setting_a_command_takes_is_an_option_with_its_env_variable(command, keys, renamed):
     parameters = inspect.signature(command).parameters
     for dotted in keys:
@@ -36,10 +38,18 @@ def test_cloud_serve_reads_its_engine_from_cloud_and_its_listeners_from_cloud_se
 
 
 def test_given_options_land_on_their_keys_and_one_switch_sets_both_tiers():
-    given = settings_given({"cloud": "none", "port": 9000, "close_within_max_tokens": False, "threads": None},
-                           SERVE_SETTINGS, RENAMED, ALSO_SETS)  # fmt: skip
-    assert given == {"cloud.url": "none", "server.port": 9000, "local.close_within_max_tokens": False,
-                     "cloud.close_within_max_tokens": False}  # fmt: skip
+    given = settings_given(
+        {"cloud": "none", "port": 9000, "close_within_max_tokens": False, "threads": None},
+        SERVE_SETTINGS,
+        RENAMED,
+        ALSO_SETS,
+    )
+    assert given == {
+        "cloud.url": "none",
+        "server.port": 9000,
+        "local.close_within_max_tokens": False,
+        "cloud.close_within_max_tokens": False,
+    }
 
 
 def test_the_fields_check_refuses_a_bad_value_before_anything_loads():

@@ -67,7 +67,9 @@ def test_idle_buckets_are_dropped_once_there_are_many(monkeypatch):
     assert set(limiter._buckets) == {"e"}
 
 
-@pytest.mark.parametrize("per_minute, burst", [(0, None), (-1, None), (float("inf"), None), (60, 0.5), (60, float("nan"))])
+@pytest.mark.parametrize(
+    "per_minute, burst", [(0, None), (-1, None), (float("inf"), None), (60, 0.5), (60, float("nan"))]
+)
 def test_limits_that_would_refuse_everything_or_nothing_are_rejected(per_minute, burst):
     with pytest.raises(ValueError):
         RequestRateLimiter(per_minute=per_minute, burst=burst)

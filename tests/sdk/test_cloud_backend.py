@@ -18,11 +18,17 @@ from sdk.protocol.cloud_backend import CloudBackend, CloudContextLengthError, Cl
 
 def test_both_clients_are_cloud_backends_with_their_capabilities_declared():
     grpc_client, http_client = CloudClient("localhost:1"), OpenAICloudClient("http://localhost:1/v1")
-    assert all(CloudBackend in type(client).__mro__ for client in (grpc_client, http_client))  # declared, not just shaped alike
+    assert all(
+        CloudBackend in type(client).__mro__ for client in (grpc_client, http_client)
+    )  # declared, not just shaped alike
     assert (grpc_client.supports_continuation, grpc_client.takes_grammars) == (True, True)
     # The HTTP client's depend on the server (discover(): tests/sdk/test_vllm_cloud.py); before it knows, it
     # claims both, so that a request needing one makes the cascade ask the server first.
-    assert (http_client.supports_continuation, http_client.takes_grammars, http_client.continues_constrained) == (True, True, False)
+    assert (http_client.supports_continuation, http_client.takes_grammars, http_client.continues_constrained) == (
+        True,
+        True,
+        False,
+    )
     assert not grpc_client.spreads_over_replicas and not http_client.spreads_over_replicas
     assert CloudClient("ipv4:10.0.0.1:1,10.0.0.2:1").spreads_over_replicas
     for method in ("generate", "list_models", "health", "close"):
@@ -58,12 +64,16 @@ class _RpcError:
         return self._metadata
 
 
-@pytest.mark.parametrize("code_name", ["UNAVAILABLE", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "UNAUTHENTICATED", "INTERNAL", "DATA_LOSS"])
+@pytest.mark.parametrize(
+    "code_name", ["UNAVAILABLE", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "UNAUTHENTICATED", "INTERNAL", "DATA_LOSS"]
+)
 def test_grpc_and_http_failures_map_to_the_same_neutral_status(code_name):
     error = cloud_error(_RpcError(code_name), "host:1")
     assert isinstance(error.code, CloudStatus) and error.code.name == code_name
     assert classify_failure(error) is not None
-    http = {"UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504, "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401}.get(code_name)
+    http = {"UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504, "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401}.get(
+        code_name
+    )
     if http is not None:
         assert error_from_response(http, {}, b"{}", "http://h/v1").code is error.code
         assert classify_failure(error_from_response(http, {}, b"{}", "http://h/v1")) is classify_failure(error)
@@ -71,7 +81,9 @@ def test_grpc_and_http_failures_map_to_the_same_neutral_status(code_name):
 
 def test_context_length_travels_in_metadata_and_in_words():
     grpc_error = cloud_error(_RpcError("INVALID_ARGUMENT", (("tandem-error-type", "context_length_exceeded"),)))
-    http_error = error_from_response(400, {}, b'{"error": {"message": "too long", "code": "context_length_exceeded"}}', "u")
+    http_error = error_from_response(
+        400, {}, b'{"error": {"message": "too long", "code": "context_length_exceeded"}}', "u"
+    )
     assert isinstance(grpc_error, CloudContextLengthError) and isinstance(http_error, CloudContextLengthError)
     unavailable = cloud_error(_RpcError("UNAVAILABLE"), "host:1")
     assert isinstance(unavailable, CloudUnavailableError) and classify_failure(unavailable) is FailureKind.UNAVAILABLE

@@ -25,7 +25,11 @@ async def test_cloud_loading_is_answered_locally_and_health_is_green(local_engin
     try:
         params = SamplingParams(max_tokens=8, temperature=0.0)
         forced = await runner.complete(QUESTION, params, model="cloud")
-        assert (forced.routing.tier, forced.routing.degraded, forced.routing.degraded_reason) == ("local", True, "cloud_loading")
+        assert (forced.routing.tier, forced.routing.degraded, forced.routing.degraded_reason) == (
+            "local",
+            True,
+            "cloud_loading",
+        )
         confident = await runner.complete(QUESTION, params, model="auto:0")  # threshold 0: never escalates
         assert (confident.routing.tier, confident.routing.degraded) == ("local", False)
         assert runner.breaker.num_consecutive_failures == 0  # nothing was sent, nothing counted

@@ -30,10 +30,31 @@ def cloud_server(tiny_dir, tmp_path_factory):  # noqa: F811
     (folder / "keys").write_text(f"# test key\n{KEY}\n")
     http_port, grpc_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    command = [sys.executable, "-m", "sdk.cli", "cloud", "serve", "--model", tiny_dir, "--model-name", "tiny",
-               "--dtype", "float32", "--kv-cache-gb", "0.001", "--max-model-len", "64",
-               "--port", str(http_port), "--grpc-port", str(grpc_port), "--api-key-file", str(folder / "keys"),
-               "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "sdk.cli",
+        "cloud",
+        "serve",
+        "--model",
+        tiny_dir,
+        "--model-name",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--kv-cache-gb",
+        "0.001",
+        "--max-model-len",
+        "64",
+        "--port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--api-key-file",
+        str(folder / "keys"),
+        "--log-level",
+        "warning",
+    ]
     log_path = folder / "server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
@@ -49,7 +70,9 @@ def test_http_needs_the_key_and_answers_with_it(cloud_server):
     _, base_url, _, _ = cloud_server
     assert httpx.get(f"{base_url}/v1/models").status_code == 401
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-wrong").completions.create(model="tiny", prompt="w1 w2", max_tokens=2)
+        openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-wrong").completions.create(
+            model="tiny", prompt="w1 w2", max_tokens=2
+        )
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEY)
     out = client.completions.create(model="tiny", prompt="w1 w2 w3", max_tokens=4, temperature=0)
     assert out.usage.completion_tokens == 4 and out.choices[0].finish_reason == "length"
@@ -60,7 +83,9 @@ async def test_grpc_serves_the_same_engine_with_the_same_key(cloud_server):
     async with CloudClient(grpc_target, api_key=KEY) as client:
         assert await client.health() == "SERVING"
         assert [m.id for m in await client.list_models()] == ["tiny"]
-        events = [e async for e in client.generate("w1 w2 w3", SamplingParams(max_tokens=4, temperature=0.0), model="tiny")]
+        events = [
+            e async for e in client.generate("w1 w2 w3", SamplingParams(max_tokens=4, temperature=0.0), model="tiny")
+        ]
     assert len(events) == 4 and events[-1].finish_reason == "length"
     http = openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEY)
     same = http.completions.create(model="tiny", prompt="w1 w2 w3", max_tokens=4, temperature=0)

@@ -13,8 +13,18 @@ from tests.conftest import free_port, running_server
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+        },
+    },
+}
 ASK = [{"role": "user", "content": "What's the weather like in Paris?"}]
 
 
@@ -25,28 +35,52 @@ class Person(BaseModel):
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    args = ["cloud", "serve", "--grpc-port", str(free_port()), "--max-model-len", "512", "--kv-cache-gb", "0.2",
-            "--log-level", "warning"]  # fmt: skip
-    with running_server(args, tmp_path_factory.mktemp("cloud-serve-structured") / "server.log", "tandem cloud serve") as (_, url):
+    args = [
+        "cloud",
+        "serve",
+        "--grpc-port",
+        str(free_port()),
+        "--max-model-len",
+        "512",
+        "--kv-cache-gb",
+        "0.2",
+        "--log-level",
+        "warning",
+    ]
+    with running_server(
+        args, tmp_path_factory.mktemp("cloud-serve-structured") / "server.log", "tandem cloud serve"
+    ) as (_, url):
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def test_parse_returns_a_valid_object(client):
     model = client.models.list().data[0].id
-    reply = client.chat.completions.parse(model=model, messages=[{"role": "user", "content": "Invent a person with a name and an age."}],
-                                          response_format=Person, max_tokens=60, seed=1)  # fmt: skip
+    reply = client.chat.completions.parse(
+        model=model,
+        messages=[{"role": "user", "content": "Invent a person with a name and an age."}],
+        response_format=Person,
+        max_tokens=60,
+        seed=1,
+    )
     assert reply.choices[0].finish_reason == "stop" and isinstance(reply.choices[0].message.parsed, Person)
 
 
 def test_tool_calls_whole_and_streamed(client):
     model = client.models.list().data[0].id
-    reply = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=60, seed=2)
+    reply = client.chat.completions.create(
+        model=model, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=60, seed=2
+    )
     (call,) = reply.choices[0].message.tool_calls
     assert reply.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
     assert isinstance(json.loads(call.function.arguments)["city"], str)
-    with client.chat.completions.stream(model=model, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=60, seed=3) as stream:
+    with client.chat.completions.stream(
+        model=model, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=60, seed=3
+    ) as stream:
         final = stream.get_final_completion()
-    assert final.choices[0].finish_reason == "tool_calls" and final.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert (
+        final.choices[0].finish_reason == "tool_calls"
+        and final.choices[0].message.tool_calls[0].function.name == "get_weather"
+    )
 
 
 def test_loose_json_prompts_close_valid_within_max_tokens(client):
@@ -56,11 +90,23 @@ def test_loose_json_prompts_close_valid_within_max_tokens(client):
 
     model = client.models.list().data[0].id
     for prompt in LOOSE_PROMPTS:
-        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], max_tokens=80,
-                                               temperature=0, response_format={"type": "json_object"})  # fmt: skip
-        assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens <= 80, reply.choices[0].message.content
+        reply = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=80,
+            temperature=0,
+            response_format={"type": "json_object"},
+        )
+        assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens <= 80, reply.choices[
+            0
+        ].message.content
         assert isinstance(json.loads(reply.choices[0].message.content), dict)
-    cut = client.chat.completions.create(model=model, messages=[{"role": "user", "content": LOOSE_PROMPTS[0]}], max_tokens=80,
-                                         temperature=0, response_format={"type": "json_object"},
-                                         extra_body={"close_within_max_tokens": False})  # fmt: skip
+    cut = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": LOOSE_PROMPTS[0]}],
+        max_tokens=80,
+        temperature=0,
+        response_format={"type": "json_object"},
+        extra_body={"close_within_max_tokens": False},
+    )
     assert (cut.choices[0].finish_reason, cut.usage.completion_tokens) == ("length", 80)

@@ -32,16 +32,27 @@ def server(tmp_path_factory):
 
 @pytest.mark.parametrize("max_tokens", [1, 12, 40])
 async def test_recorded_completion_tokens_are_the_servers(server, max_tokens):
-    whole = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120,
-                       json={"model": MODEL, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 0.0}).json()  # fmt: skip
+    whole = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        timeout=120,
+        json={"model": MODEL, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 0.0},
+    ).json()
     expected = whole["usage"]["completion_tokens"]  # the same greedy answer, counted by the server
     client = OpenAICloudClient(f"{server.base_url}/v1")
     usage, texts = CloudUsage(), []
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        async for event in stream_from_cloud(client, CircuitBreaker(3, 30.0), QUESTION, params, usage, model="",
-                                             request_id="chatcmpl-0123456789abcdef0123456789abcdef",
-                                             continuation_token_ids=(), timeouts=CloudTimeouts(60.0, 60.0)):  # fmt: skip
+        async for event in stream_from_cloud(
+            client,
+            CircuitBreaker(3, 30.0),
+            QUESTION,
+            params,
+            usage,
+            model="",
+            request_id="chatcmpl-0123456789abcdef0123456789abcdef",
+            continuation_token_ids=(),
+            timeouts=CloudTimeouts(60.0, 60.0),
+        ):
             texts.append(event.text)
     finally:
         await client.close()
@@ -57,7 +68,9 @@ async def test_any_request_id_reaches_the_server_as_a_uuid(server):
     assert len(odd) == 36 and odd == request_id_header("shadow-my request")
     client = OpenAICloudClient(f"{server.base_url}/v1")
     try:
-        events = [e async for e in client.generate(QUESTION, SamplingParams(max_tokens=2), request_id="cascade-not-a-uuid")]
+        events = [
+            e async for e in client.generate(QUESTION, SamplingParams(max_tokens=2), request_id="cascade-not-a-uuid")
+        ]
     finally:
         await client.close()
     assert events[-1].finish_reason is not None

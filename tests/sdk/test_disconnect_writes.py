@@ -42,7 +42,9 @@ def served():
     engine = BurstEngine(words=[f"w{i} " for i in range(3000)])
     engine.max_model_len = 10_000
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -57,8 +59,10 @@ def served():
 def reset_mid_stream(port: int) -> None:
     """Start a stream, read its first bytes, then vanish with a TCP reset (no FIN, no goodbye)."""
     body = json.dumps({"model": "fake", "prompt": "x", "max_tokens": 3000, "stream": True}).encode()
-    request = (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n" % len(body)) + body  # fmt: skip
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    ) + body
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.sendall(request)

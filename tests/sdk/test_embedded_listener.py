@@ -108,8 +108,14 @@ async def test_a_process_sending_wrong_keys_cannot_lock_the_cascade_out(engine, 
     try:
         assert await wait_until_serving(tier.client)
         with open(log, "w") as stderr:
-            guesser = subprocess.Popen([sys.executable, "-c", GUESSER, tier.client.target, str(stop), "60", "5000"],
-                                       stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO_ROOT, env=clean_env())  # fmt: skip
+            guesser = subprocess.Popen(
+                [sys.executable, "-c", GUESSER, tier.client.target, str(stop), "60", "5000"],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                cwd=REPO_ROOT,
+                env=clean_env(),
+            )
         started = await asyncio.to_thread(guesser.stdout.readline)
         assert started == "guessing\n", log.read_text()
         routings = []

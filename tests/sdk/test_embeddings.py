@@ -17,8 +17,13 @@ from sdk.protocol.engine import InvalidRequestError
 pytestmark = pytest.mark.slow
 
 MODEL = "all-MiniLM-L6-v2"
-TEXTS = ["The cat sat on the mat.", "A feline rested on the rug.", "Quarterly revenue grew by 12%.",
-         "Wie spät ist es?", "🙂 emoji and accents: café"] + [f"sentence {i} " + "word " * (i * 7) for i in range(20)]  # fmt: skip
+TEXTS = [
+    "The cat sat on the mat.",
+    "A feline rested on the rug.",
+    "Quarterly revenue grew by 12%.",
+    "Wie spät ist es?",
+    "🙂 emoji and accents: café",
+] + [f"sentence {i} " + "word " * (i * 7) for i in range(20)]
 
 
 @pytest.fixture(scope="module")
@@ -71,21 +76,26 @@ def test_openai_client_embeds(client, model):
     assert reply.usage.prompt_tokens == reply.usage.total_tokens == sum(model.count_tokens(TEXTS[:3]))
     one = client.embeddings.create(model=MODEL, input=TEXTS[0])
     assert len(one.data) == 1 and len(one.data[0].embedding) == 384
-    raw = httpx.post(f"{client.base_url}embeddings", json={"model": MODEL, "input": TEXTS[:2], "encoding_format": "base64"}).json()
+    raw = httpx.post(
+        f"{client.base_url}embeddings", json={"model": MODEL, "input": TEXTS[:2], "encoding_format": "base64"}
+    ).json()
     decoded = np.frombuffer(base64.b64decode(raw["data"][1]["embedding"]), dtype="<f4")
     np.testing.assert_allclose(decoded, vectors[1], atol=1e-6)
     assert MODEL in [m.id for m in client.models.list().data] and client.models.retrieve(MODEL).id == MODEL
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"input": "hi", "dimensions": 128}, "dimensions"),
-    ({"input": [1, 2, 3]}, "input"),
-    ({"input": [[1, 2], [3]]}, "input"),
-    ({"input": []}, "input"),
-    ({"input": ["ok", ""]}, "input[1]"),
-    ({"input": ["ok", "word " * 400]}, "input[1]"),
-    ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "hi", "dimensions": 128}, "dimensions"),
+        ({"input": [1, 2, 3]}, "input"),
+        ({"input": [[1, 2], [3]]}, "input"),
+        ({"input": []}, "input"),
+        ({"input": ["ok", ""]}, "input[1]"),
+        ({"input": ["ok", "word " * 400]}, "input[1]"),
+        ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
+    ],
+)
 def test_refusals_name_the_field(server_url, body, param):
     reply = httpx.post(f"{server_url}/v1/embeddings", json={"model": MODEL, **body}, timeout=60)
     assert reply.status_code == 400, reply.text
@@ -94,7 +104,9 @@ def test_refusals_name_the_field(server_url, body, param):
 
 def test_truncate_models_and_chat_with_an_embedding_model(server_url, client):
     long = "word " * 400
-    cut = httpx.post(f"{server_url}/v1/embeddings", json={"model": MODEL, "input": long, "truncate": True}, timeout=60).json()
+    cut = httpx.post(
+        f"{server_url}/v1/embeddings", json={"model": MODEL, "input": long, "truncate": True}, timeout=60
+    ).json()
     assert cut["usage"]["prompt_tokens"] == 256
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="text-embedding-3-small", input="hi")
@@ -109,7 +121,9 @@ def test_langchain_openai_embeddings(server_url, model):
     from langchain_openai import OpenAIEmbeddings
 
     # Without check_embedding_ctx_length=False LangChain sends tiktoken ids, which the server refuses (input).
-    embeddings = OpenAIEmbeddings(model=MODEL, base_url=f"{server_url}/v1", api_key="unused", check_embedding_ctx_length=False)
+    embeddings = OpenAIEmbeddings(
+        model=MODEL, base_url=f"{server_url}/v1", api_key="unused", check_embedding_ctx_length=False
+    )
     vectors = np.array(embeddings.embed_documents(TEXTS[:2]))
     np.testing.assert_allclose(vectors, model.embed(TEXTS[:2]).vectors, atol=1e-5)
     assert len(embeddings.embed_query("hello")) == 384
@@ -126,7 +140,9 @@ def test_sdk_clients_and_the_bridge(server_url, model):
         assert "input" in str(refused.value)
     import android_bridge
 
-    started = json.loads(android_bridge.start(json.dumps({"cloud": {"url": "none"}, "local": {"threads": 1, "kv_cache_tokens": 1024}})))
+    started = json.loads(
+        android_bridge.start(json.dumps({"cloud": {"url": "none"}, "local": {"threads": 1, "kv_cache_tokens": 1024}}))
+    )
     assert started.get("ok"), started
     try:
         reply = json.loads(android_bridge.embeddings(json.dumps({"input": TEXTS[:2]})))
@@ -144,7 +160,9 @@ def test_tokenize_and_detokenize_per_tier_and_for_the_embedding_model(server_url
     text = "Hello, tokens: café!"
     local = post("/tokenize", {"model": "local", "prompt": text}).json()
     cloud = post("/tokenize", {"model": "cloud", "prompt": text}).json()  # the embedded cloud engine: the same GGUF
-    assert local["tokens"] == cloud["tokens"] and local["count"] == len(local["tokens"]) and local["max_model_len"] == 512
+    assert (
+        local["tokens"] == cloud["tokens"] and local["count"] == len(local["tokens"]) and local["max_model_len"] == 512
+    )
     assert post("/detokenize", {"model": "local", "tokens": local["tokens"]}).json()["prompt"].endswith(text)
     chat = post("/tokenize", {"messages": [{"role": "user", "content": text}]}).json()
     assert chat["count"] > local["count"]  # the template's own tokens around the text
@@ -163,7 +181,9 @@ def test_models_say_what_each_model_is_for(server_url, client):
     cards = httpx.get(f"{server_url}/v1/models", timeout=30).json()["data"]
     kinds = {card["id"]: (card["type"], card.get("route")) for card in cards}
     assert kinds[MODEL] == ("embeddings", None)
-    assert kinds["auto"] == ("llm", "auto") and kinds["local"] == ("llm", "local") and kinds["cloud"] == ("llm", "cloud")
+    assert (
+        kinds["auto"] == ("llm", "auto") and kinds["local"] == ("llm", "local") and kinds["cloud"] == ("llm", "cloud")
+    )
     own = own_chat_model_id(cards)
     assert kinds[own] == ("llm", None) and own == cards[-1]["id"]  # the engine's own name, still listed last
     assert MODEL not in chat_model_ids(cards)

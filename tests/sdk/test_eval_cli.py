@@ -23,8 +23,10 @@ def cli() -> typer.Typer:
 
 def write_table(tmp_path):
     table = tmp_path / "table.csv"
-    table.write_text("prompt,weak_correct,strong_correct,confidence\n"
-                     + "".join(f"p{i},{w},{s},{1 - n:.1f}\n" for i, (w, s, n) in enumerate(zip(WEAK, STRONG, NEED))))  # fmt: skip
+    table.write_text(
+        "prompt,weak_correct,strong_correct,confidence\n"
+        + "".join(f"p{i},{w},{s},{1 - n:.1f}\n" for i, (w, s, n) in enumerate(zip(WEAK, STRONG, NEED)))
+    )
     return table
 
 
@@ -32,8 +34,24 @@ def test_eval_writes_json_and_png_and_prints_the_table(tmp_path):
     table, report, plot = write_table(tmp_path), tmp_path / "report.json", tmp_path / "curve.png"
     # A contamination list in the data dir: p9 is dropped from every table.
     (tmp_path / "gsm8k_contaminated_prompts.jsonl").write_text(json.dumps({"eval_prompt": "p9"}) + "\n")
-    result = CliRunner().invoke(cli(), ["eval", "--data", str(table), "--router", "column:confidence", "--seeds", "20",
-                                        "--json", str(report), "--plot", str(plot), "--data-dir", str(tmp_path)])  # fmt: skip
+    result = CliRunner().invoke(
+        cli(),
+        [
+            "eval",
+            "--data",
+            str(table),
+            "--router",
+            "column:confidence",
+            "--seeds",
+            "20",
+            "--json",
+            str(report),
+            "--plot",
+            str(plot),
+            "--data-dir",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "APGR" in result.output and "CPT(50%)" in result.output and "column:confidence" in result.output
     data = json.loads(report.read_text())
@@ -50,13 +68,17 @@ def test_eval_scores_file_and_direction(tmp_path):
     assert CliRunner().invoke(cli(), [*args, "--router", f"scores:{scores}"]).exit_code == 0
     as_cloud = json.loads(report.read_text())["routers"][f"scores:{scores}"]["apgr"]
     assert CliRunner().invoke(cli(), [*args, "--router", "column:confidence", "--higher-means", "local"]).exit_code == 0
-    assert json.loads(report.read_text())["routers"]["column:confidence"]["apgr"] == as_cloud  # the same signal both ways
+    assert (
+        json.loads(report.read_text())["routers"]["column:confidence"]["apgr"] == as_cloud
+    )  # the same signal both ways
     assert abs(as_cloud - 0.6) < 1e-9
 
 
 def test_eval_errors_say_what_to_fix(tmp_path):
     table = write_table(tmp_path)
-    result = CliRunner().invoke(cli(), ["eval", "--data", str(table), "--router", "column:nope", "--data-dir", str(tmp_path)])
+    result = CliRunner().invoke(
+        cli(), ["eval", "--data", str(table), "--router", "column:nope", "--data-dir", str(tmp_path)]
+    )
     assert result.exit_code == 2 and "no column 'nope'" in result.output
     result = CliRunner().invoke(cli(), ["eval", "--router", "random"])
     assert result.exit_code == 2 and "--data or --live" in result.output

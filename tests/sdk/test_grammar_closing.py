@@ -31,13 +31,24 @@ def tokenize(text: str) -> list[int]:
 
 VOCAB = GrammarMasks(lambda: TOKENS, EOS, tokenize)
 CAT = StructuredOutput("json_object")
-PERSON = StructuredOutput("json_schema", schema=json.dumps({
-    "type": "object", "required": ["name", "age", "tags"],
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
-}))  # fmt: skip
+PERSON = StructuredOutput(
+    "json_schema",
+    schema=json.dumps(
+        {
+            "type": "object",
+            "required": ["name", "age", "tags"],
+            "properties": {
+                "name": {"type": "string"},
+                "age": {"type": "integer"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+            },
+        }
+    ),
+)
 # A model that never stops: key after key, long values.
 RAMBLING = '{"name": "Luna the very long named cat", "breed": "tabby", "colour": "grey and white", ' + ", ".join(
-    f'"extra_key_{i}": "more"' for i in range(40))
+    f'"extra_key_{i}": "more"' for i in range(40)
+)
 
 
 def generate(structured, max_tokens: int, wants: str = RAMBLING, closes: bool = True):
@@ -71,7 +82,9 @@ def test_a_rambling_object_closes_valid_within_max_tokens(max_tokens):
 
 @pytest.mark.parametrize("max_tokens", [30, 40, 64])
 def test_a_schema_closes_with_its_required_keys_filled(max_tokens):
-    text, ended, state = generate(PERSON, max_tokens, '{"name": "Luna the cat with a very long name that goes on and on')
+    text, ended, state = generate(
+        PERSON, max_tokens, '{"name": "Luna the cat with a very long name that goes on and on'
+    )
     assert ended and state.closed, text
     answer = json.loads(text)
     assert set(answer) == {"name", "age", "tags"} and answer["name"].startswith("Lu")
@@ -137,9 +150,15 @@ def test_rollback_restores_the_scan_and_the_plan():
 
 
 def test_a_required_tool_call_closes_into_a_call_that_parses():
-    weather = ToolFunction("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+    weather = ToolFunction(
+        "get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    )
     grammar = LIST.grammar(ToolRequest((weather,), required=True))
-    text, ended, state = generate(grammar, 100, '<tool_call>[\n{"name": "get_weather", "arguments": {"city": "Paris is a city with a very long name that goes on and on and on')
+    text, ended, state = generate(
+        grammar,
+        100,
+        '<tool_call>[\n{"name": "get_weather", "arguments": {"city": "Paris is a city with a very long name that goes on and on and on',
+    )
     assert ended and state.closed, text
     assert [c.name for c in LIST.parse(text)] == ["get_weather"]
 

@@ -26,12 +26,25 @@ GREEDY = {"temperature": 0.0, "max_tokens": 24}
 
 @pytest.fixture(scope="module")
 def llama_server_url(tmp_path_factory):
-    build = subprocess.run(["bash", os.path.join(REPO_ROOT, "scripts", "build-llama-server.sh")], cwd=REPO_ROOT,
-                           capture_output=True, text=True, timeout=1800)  # fmt: skip
+    build = subprocess.run(
+        ["bash", os.path.join(REPO_ROOT, "scripts", "build-llama-server.sh")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert build.returncode == 0, f"scripts/build-llama-server.sh failed:\n{build.stderr[-3000:]}"
     binary = build.stdout.strip().splitlines()[-1]
-    server = llama_server(binary, default_model_path(), threads=1, model_alias=ALIAS, num_slots=2, ctx_per_slot=1024,
-                          n_batch=512, n_ubatch=512)  # fmt: skip
+    server = llama_server(
+        binary,
+        default_model_path(),
+        threads=1,
+        model_alias=ALIAS,
+        num_slots=2,
+        ctx_per_slot=1024,
+        n_batch=512,
+        n_ubatch=512,
+    )
     server.log_path = str(tmp_path_factory.mktemp("llama-server") / "server.log")
     with server:
         yield server.base_url
@@ -42,8 +55,20 @@ def cascade_url(llama_server_url, tmp_path_factory):
     folder = tmp_path_factory.mktemp("tandem-serve")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    command = [sys.executable, "-m", "sdk.cli", "serve", "--port", str(port), "--threads", "1",
-               "--cloud", f"{llama_server_url}/v1", "--log-level", "warning"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "sdk.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--threads",
+        "1",
+        "--cloud",
+        f"{llama_server_url}/v1",
+        "--log-level",
+        "warning",
+    ]
     log_path = folder / "serve.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
@@ -78,8 +103,11 @@ def test_escalation_answers_with_the_servers_text_and_usage(llama_server_url, ca
 def test_streaming_from_the_external_cloud(llama_server_url, cascade_url):
     base_url, _ = cascade_url
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused")
-    chunks = list(client.chat.completions.create(model="cloud", messages=QUESTION, stream=True,
-                                                 stream_options={"include_usage": True}, **GREEDY))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="cloud", messages=QUESTION, stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     reference = direct(llama_server_url)
     assert text == reference["choices"][0]["message"]["content"]

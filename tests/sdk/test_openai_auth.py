@@ -28,7 +28,13 @@ COMPLETION = {"model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 2, "temperatu
 def engine(tiny_dir):  # noqa: F811
     # One request in flight at most (one running, none waiting): the next one finds the queue full.
     config = CloudEngineConfig(
-        model=tiny_dir, model_name="tiny", block_size=4, kv_cache_gb=0.001, max_model_len=64, max_num_seqs=1, max_waiting=0
+        model=tiny_dir,
+        model_name="tiny",
+        block_size=4,
+        kv_cache_gb=0.001,
+        max_model_len=64,
+        max_num_seqs=1,
+        max_waiting=0,
     )
     engine = AsyncCloudEngine(config).start()
     engine.wait_ready(60)
@@ -70,7 +76,10 @@ async def test_keys_guard_the_api_and_metrics_but_not_health(engine, caplog):
     app = create_app(engine, api_keys=frozenset({KEY, OTHER_KEY}))
     async with http(app) as anonymous, http(app, WRONG_KEY, client_ip="127.0.0.2") as wrong, http(app, KEY) as good:
         missing = await anonymous.get("/v1/models")
-        assert "didn't provide an API key" in assert_openai_error(missing, 401, "invalid_request_error", "invalid_api_key")["message"]
+        assert (
+            "didn't provide an API key"
+            in assert_openai_error(missing, 401, "invalid_request_error", "invalid_api_key")["message"]
+        )
         assert missing.headers["www-authenticate"] == "Bearer"
         refused = await wrong.post("/v1/completions", json=COMPLETION)
         assert_openai_error(refused, 401, "invalid_request_error", "invalid_api_key")
@@ -83,7 +92,9 @@ async def test_keys_guard_the_api_and_metrics_but_not_health(engine, caplog):
         assert (await good.get("/v1/models")).json()["data"][0]["id"] == "tiny"
         completion = await good.post("/v1/completions", json=COMPLETION)
         assert completion.status_code == 200 and completion.json()["usage"]["prompt_tokens"] == 3
-        assert (await good.post("/v1/completions", json=COMPLETION, headers={"Authorization": f"Bearer {OTHER_KEY}"})).status_code == 200
+        assert (
+            await good.post("/v1/completions", json=COMPLETION, headers={"Authorization": f"Bearer {OTHER_KEY}"})
+        ).status_code == 200
         metrics = await good.get("/metrics")
         assert metrics.status_code == 200 and rejections(metrics.text, "unauthenticated") == 4
         assert rejections(metrics.text, "rate_limited") == 0 and rejections(metrics.text, "overloaded") == 0
@@ -101,7 +112,9 @@ async def test_without_keys_or_limits_everything_stays_open(engine):
 
 async def test_rate_limit_is_per_key_with_retry_after_and_recovers(engine):
     clock = FakeClock()
-    app = create_app(engine, api_keys=frozenset({KEY, OTHER_KEY}), rate_limit_per_minute=30, rate_limit_burst=2, clock=clock)
+    app = create_app(
+        engine, api_keys=frozenset({KEY, OTHER_KEY}), rate_limit_per_minute=30, rate_limit_burst=2, clock=clock
+    )
     async with http(app, KEY) as first, http(app, OTHER_KEY) as second, http(app, WRONG_KEY) as wrong:
         assert (await wrong.get("/v1/models")).status_code == 401  # refused before it can spend a bucket
         assert [(await first.get("/v1/models")).status_code for _ in range(2)] == [200, 200]
@@ -177,7 +190,9 @@ async def test_official_client_raises_authentication_and_rate_limit_errors(engin
 
 async def test_a_full_engine_queue_is_503_with_retry_after(engine):
     app = create_app(engine, api_keys=frozenset({KEY}))
-    held = engine.generate(GenerationRequest("hold-the-only-slot", engine.tokenize("w1 w2"), SamplingParams(max_tokens=8)))
+    held = engine.generate(
+        GenerationRequest("hold-the-only-slot", engine.tokenize("w1 w2"), SamplingParams(max_tokens=8))
+    )
     try:
         await asyncio.wait_for(anext(held), 30)  # the one request the engine admits is now in flight
         async with http(app, KEY) as good:
@@ -232,8 +247,13 @@ def test_create_app_refuses_unknown_settings_and_limits_given_twice(engine):
 @pytest.mark.parametrize("tier", ["local", "cloud"])
 async def test_each_servers_settings_make_its_app_config(engine, tier):
     section, prefix = {"local": ("server", "TANDEM_"), "cloud": ("cloud_server", "TANDEM_CLOUD_")}[tier]
-    env = {f"{prefix}RATE_LIMIT": "3", f"{prefix}MAX_BODY_BYTES": "2048", f"{prefix}STRICT_FIELDS": "1",
-           f"{prefix}HOST": "0.0.0.0", "TANDEM_TRAFFIC_FEEDBACK_PER_MINUTE": "7"}  # fmt: skip
+    env = {
+        f"{prefix}RATE_LIMIT": "3",
+        f"{prefix}MAX_BODY_BYTES": "2048",
+        f"{prefix}STRICT_FIELDS": "1",
+        f"{prefix}HOST": "0.0.0.0",
+        "TANDEM_TRAFFIC_FEEDBACK_PER_MINUTE": "7",
+    }
     settings = load_settings(None, env=env, cli={f"{tier}.model_name": "tiny-alias"})
     config = settings.app_config(tier, frozenset({KEY}))
     assert config.served_model_names == ("tiny-alias",) and config.bind_host == "0.0.0.0"
@@ -245,7 +265,9 @@ async def test_each_servers_settings_make_its_app_config(engine, tier):
         unknown = await client.post("/v1/completions", json={**COMPLETION, "model": "tiny-alias", "frobnicate": 1})
         assert unknown.status_code == 400 and "frobnicate" in unknown.json()["error"]["message"]
         assert (await client.post("/v1/completions", content=b"x" * 4096)).status_code == 413
-        assert (await client.post("/v1/completions", json={**COMPLETION, "model": "tiny-alias"})).status_code == 429  # 4th
+        assert (
+            await client.post("/v1/completions", json={**COMPLETION, "model": "tiny-alias"})
+        ).status_code == 429  # 4th
     async with http(create_app(engine, config)) as anonymous:
         assert (await anonymous.get("/v1/models")).status_code == 401
 
@@ -275,10 +297,14 @@ async def test_wrong_admin_keys_back_off_like_wrong_api_keys(engine, caplog):
         assert not replica.draining
         api = await guesser.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
         assert_openai_error(api, 429, "requests", "auth_backoff")  # one backoff per address, every door
-        assert (await neighbour.get("/admin/status", headers=admin)).status_code == 200  # another address is not affected
+        assert (
+            await neighbour.get("/admin/status", headers=admin)
+        ).status_code == 200  # another address is not affected
 
         checked, waited = 0, 0
-        for guess in range(2000):  # 20 s of guessing at 10 ms a try: one checked at 1, 3, 7 and 15 s (waits 1, 2, 4, 8 s)
+        for guess in range(
+            2000
+        ):  # 20 s of guessing at 10 ms a try: one checked at 1, 3, 7 and 15 s (waits 1, 2, 4, 8 s)
             reply = await guesser.post("/admin/drain", headers={"Authorization": f"Bearer admin-guess-{guess}"})
             checked += reply.status_code == 403
             waited += reply.status_code == 429
@@ -286,7 +312,9 @@ async def test_wrong_admin_keys_back_off_like_wrong_api_keys(engine, caplog):
         assert checked == 4 and checked + waited == 2000 and not replica.draining
 
         for guess in range(3):  # API-key failures lock the admin door of their address too
-            assert (await neighbour.get("/v1/models", headers={"Authorization": f"Bearer sk-guess-{guess}"})).status_code == 401
+            assert (
+                await neighbour.get("/v1/models", headers={"Authorization": f"Bearer sk-guess-{guess}"})
+            ).status_code == 401
         assert_openai_error(await neighbour.get("/admin/status", headers=admin), 429, "requests", "auth_backoff")
         clock.now += 1.0  # its wait is over: the admin key is checked again
         assert (await neighbour.post("/admin/drain", headers=admin)).json()["draining"] is True

@@ -60,7 +60,9 @@ def engine(long_tiny_dir):  # noqa: F811
 @pytest.fixture(scope="module")
 def base_url(engine):
     """http://127.0.0.1:PORT/v1 of the OpenAI app (key required) served in a thread."""
-    with served_in_thread(create_app(TemplatedEngine(engine), api_keys=frozenset({KEY})), "openai-cloud-test-server") as url:
+    with served_in_thread(
+        create_app(TemplatedEngine(engine), api_keys=frozenset({KEY})), "openai-cloud-test-server"
+    ) as url:
         yield f"{url}/v1"
 
 
@@ -77,15 +79,19 @@ async def drain(events) -> list:
 async def test_stream_equals_the_non_streamed_answer_with_usage(client, base_url):
     events = await drain(client.generate(MESSAGES, GREEDY))  # model "" -> the first listed model
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}) as http:
-        response = await http.post(f"{base_url}/chat/completions", json={
-            "model": "tiny", "messages": MESSAGES, "max_tokens": GREEDY.max_tokens, "temperature": 0})  # fmt: skip
+        response = await http.post(
+            f"{base_url}/chat/completions",
+            json={"model": "tiny", "messages": MESSAGES, "max_tokens": GREEDY.max_tokens, "temperature": 0},
+        )
     assert response.status_code == 200, response.text
     same = response.json()
     assert "".join(e.text for e in events) == same["choices"][0]["message"]["content"]
     assert [e.finish_reason for e in events] == [None] * (len(events) - 1) + [same["choices"][0]["finish_reason"]]
     last = events[-1]
     assert (last.num_prompt_tokens, last.num_output_tokens) == (
-        same["usage"]["prompt_tokens"], same["usage"]["completion_tokens"])  # fmt: skip
+        same["usage"]["prompt_tokens"],
+        same["usage"]["completion_tokens"],
+    )
     assert last.num_prompt_tokens == 1 + len(MESSAGES[0]["content"].split())
     assert all(e.token_id == UNKNOWN_TOKEN_ID for e in events)
     assert [e.num_output_tokens for e in events[:-1]] == list(range(1, len(events)))
@@ -177,19 +183,47 @@ async def test_continuation_and_token_ids_are_refused_by_a_server_that_is_not_vl
 # -- the wire mapping on its own (shapes our server never sends) -------------------------------
 
 
-@pytest.mark.parametrize("status, body, headers, cls, kind, message", [
-    (403, b'{"error": {"message": "not allowed", "type": "x"}}', {}, CloudError, FailureKind.AUTH, "not allowed"),
-    (429, b'{"error": {"message": "slow down"}}', {"retry-after": "7"}, CloudOverloadedError, FailureKind.OVERLOADED, "slow down"),
-    (429, b'{"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}',
-     {}, CloudQuotaExceededError, FailureKind.OVERLOADED, "current quota"),  # spent credit: the cascade answers locally
-    (503, b'{"error": {"message": "loading"}}', {}, CloudUnavailableError, FailureKind.UNAVAILABLE, "loading"),
-    (503, b'{"error": {"message": "queue full", "code": "server_overloaded"}}', {"retry-after": "2"},
-     CloudOverloadedError, FailureKind.OVERLOADED, "queue full"),  # tandem's own full queue
-    (504, b"gateway timeout", {}, CloudDeadlineExceededError, FailureKind.DEADLINE, "gateway timeout"),
-    (500, b'{"error": {"message": "boom"}}', {}, CloudError, FailureKind.INTERNAL, "boom"),
-    (400, b'{"object": "error", "message": "This model\'s maximum context length is 8 tokens", "code": 400}', {},
-     CloudContextLengthError, FailureKind.INVALID_ARGUMENT, "maximum context length"),  # vLLM's flat shape
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "status, body, headers, cls, kind, message",
+    [
+        (403, b'{"error": {"message": "not allowed", "type": "x"}}', {}, CloudError, FailureKind.AUTH, "not allowed"),
+        (
+            429,
+            b'{"error": {"message": "slow down"}}',
+            {"retry-after": "7"},
+            CloudOverloadedError,
+            FailureKind.OVERLOADED,
+            "slow down",
+        ),
+        (
+            429,
+            b'{"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}',
+            {},
+            CloudQuotaExceededError,
+            FailureKind.OVERLOADED,
+            "current quota",
+        ),  # spent credit: the cascade answers locally
+        (503, b'{"error": {"message": "loading"}}', {}, CloudUnavailableError, FailureKind.UNAVAILABLE, "loading"),
+        (
+            503,
+            b'{"error": {"message": "queue full", "code": "server_overloaded"}}',
+            {"retry-after": "2"},
+            CloudOverloadedError,
+            FailureKind.OVERLOADED,
+            "queue full",
+        ),  # tandem's own full queue
+        (504, b"gateway timeout", {}, CloudDeadlineExceededError, FailureKind.DEADLINE, "gateway timeout"),
+        (500, b'{"error": {"message": "boom"}}', {}, CloudError, FailureKind.INTERNAL, "boom"),
+        (
+            400,
+            b'{"object": "error", "message": "This model\'s maximum context length is 8 tokens", "code": 400}',
+            {},
+            CloudContextLengthError,
+            FailureKind.INVALID_ARGUMENT,
+            "maximum context length",
+        ),  # vLLM's flat shape
+    ],
+)
 def test_http_errors_map_onto_the_grpc_clients_classes(status, body, headers, cls, kind, message):
     error = error_from_response(status, headers, body, "http://cloud/v1")
     assert type(error) is cls and isinstance(error.code, CloudStatus) and message in str(error)
@@ -213,13 +247,23 @@ def test_in_stream_errors_and_unfinished_streams_are_internal():
 def test_request_body_sends_only_what_differs_from_the_defaults():
     # Unset sampling fields are not sent: the server applies its own defaults for its model.
     assert request_body([], SamplingParams(), "m") == {
-        "model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": True},
-        "max_tokens": 16}  # fmt: skip
+        "model": "m",
+        "messages": [],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 16,
+    }
     body = request_body([], SamplingParams(temperature=1.0, top_p=0.9, top_k=0), "m")
     assert (body["temperature"], body["top_p"], "top_k" in body) == (1.0, 0.9, False)
     body = request_body([], SamplingParams(top_k=5, seed=3, stop=["x"], logprobs=0), "m", priority=2)
     assert (body["top_k"], body["seed"], body["stop"], body["logprobs"], body["top_logprobs"], body["priority"]) == (
-        5, 3, ["x"], True, 0, 2)  # fmt: skip
+        5,
+        3,
+        ["x"],
+        True,
+        0,
+        2,
+    )
 
 
 # -- the cascade over it -------------------------------------------------------------------------
@@ -239,7 +283,6 @@ async def test_cascade_answers_from_the_openai_cloud_with_costs(base_url, local_
     # The server's own count, not the number of chunks (tokens with no text send none).
     assert routing.cost["cloud"]["completion_tokens"] == direct[-1].num_output_tokens >= len(result.token_ids) > 0
     assert "local" not in routing.cost
-
 
 
 async def test_repetition_stop_asked_over_http_comes_back_as_stop_reason(client):

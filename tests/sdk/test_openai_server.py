@@ -27,11 +27,20 @@ from sdk.openai_server import create_app
 MODEL = "smollm2-135m-instruct"
 CHAT = [{"role": "user", "content": "Name three colours."}]
 METRIC_NAMES = [
-    "tandem:num_requests_running", "tandem:num_requests_waiting", "tandem:kv_cache_usage_perc",
-    "tandem:kv_blocks_used", "tandem:kv_blocks_total", "tandem:prompt_tokens_total",
-    "tandem:generation_tokens_total", "tandem:num_preemptions_total", "tandem:prefix_cache_hits_total", "tandem:prefix_cache_queries_total",
-    "tandem:time_to_first_token_seconds_bucket", "tandem:inter_token_latency_seconds_bucket",
-    "tandem:e2e_request_latency_seconds_bucket", "tandem:request_success_total",
+    "tandem:num_requests_running",
+    "tandem:num_requests_waiting",
+    "tandem:kv_cache_usage_perc",
+    "tandem:kv_blocks_used",
+    "tandem:kv_blocks_total",
+    "tandem:prompt_tokens_total",
+    "tandem:generation_tokens_total",
+    "tandem:num_preemptions_total",
+    "tandem:prefix_cache_hits_total",
+    "tandem:prefix_cache_queries_total",
+    "tandem:time_to_first_token_seconds_bucket",
+    "tandem:inter_token_latency_seconds_bucket",
+    "tandem:e2e_request_latency_seconds_bucket",
+    "tandem:request_success_total",
 ]
 
 
@@ -59,9 +68,14 @@ def wait_until_idle(server_url: str, timeout_s: float = 10.0, engine: str = "") 
         if metric(text, prefix + "kv_blocks_used") == 0 and metric(text, prefix + "num_requests_running") == 0:
             return text
         if time.monotonic() > deadline:
-            pytest.fail(f"blocks still held after {timeout_s}s:\n" + "\n".join(
-                line for line in text.splitlines() if line.startswith((prefix + "kv_blocks", prefix + "num_requests"))
-            ))
+            pytest.fail(
+                f"blocks still held after {timeout_s}s:\n"
+                + "\n".join(
+                    line
+                    for line in text.splitlines()
+                    if line.startswith((prefix + "kv_blocks", prefix + "num_requests"))
+                )
+            )
         time.sleep(0.1)
 
 
@@ -79,9 +93,16 @@ def test_chat_completion_matches_its_stream(client):
     assert usage.prompt_tokens > 0 and 0 < usage.completion_tokens <= 12
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=CHAT, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
     assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" for c in chunks)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -97,10 +118,16 @@ def test_completion_matches_its_stream(client):
     assert whole.usage.completion_tokens == 8 and whole.choices[0].finish_reason == "length"
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + 8
 
-    chunks = list(client.completions.create(
-        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0,
-        stream=True, stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt="The capital of France is",
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert all(c.object == "text_completion" for c in chunks)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
@@ -150,12 +177,19 @@ def test_stop_string_is_cut_from_the_output(client):
 
 @pytest.mark.slow
 def test_a_loop_ends_with_stop_reason_repetition_unless_the_request_opts_out(client):
-    body = dict(model=MODEL, messages=[{"role": "user", "content": "Write a poem about the sea."}], max_tokens=400, temperature=0)
+    body = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write a poem about the sea."}],
+        max_tokens=400,
+        temperature=0,
+    )
     whole = client.chat.completions.create(**body)
     choice = whole.choices[0]
     assert (choice.finish_reason, choice.model_extra["stop_reason"]) == ("length", "repetition")
     assert whole.usage.completion_tokens < 400
-    last = [c for c in client.chat.completions.create(**body, stream=True) if c.choices and c.choices[0].finish_reason][-1]
+    last = [c for c in client.chat.completions.create(**body, stream=True) if c.choices and c.choices[0].finish_reason][
+        -1
+    ]
     assert (last.choices[0].finish_reason, last.choices[0].model_extra["stop_reason"]) == ("length", "repetition")
     kept = client.chat.completions.create(**body, extra_body={"repetition_stop": False})
     assert kept.choices[0].model_extra["stop_reason"] is None and kept.usage.completion_tokens == 400
@@ -175,8 +209,12 @@ def test_seed_makes_sampling_reproducible_in_batch_invariant_mode(server_url):
         return out.choices[0].message.content
 
     first = sample()
-    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Write a poem about the sea."}],
-                                   max_tokens=300, temperature=0.0)  # cells taken and freed in between
+    client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write a poem about the sea."}],
+        max_tokens=300,
+        temperature=0.0,
+    )  # cells taken and freed in between
     assert sample() == first
 
 
@@ -237,13 +275,21 @@ BAD_CHATS = [
     pytest.param({"model": MODEL, "messages": []}, 400, "messages", id="no-messages"),
     pytest.param({"model": MODEL, "messages": CHAT, "temperature": 5}, 400, "temperature", id="temperature-5"),
     pytest.param({"model": MODEL, "messages": CHAT, "max_tokens": 0}, 400, "max_tokens", id="max-tokens-0"),
-    pytest.param({"model": MODEL, "messages": CHAT, "presence_penalty": 2.5}, 400, "presence_penalty", id="penalty-2.5"),
+    pytest.param(
+        {"model": MODEL, "messages": CHAT, "presence_penalty": 2.5}, 400, "presence_penalty", id="penalty-2.5"
+    ),
     pytest.param({"model": MODEL, "messages": CHAT, "logit_bias": {"x": 1}}, 400, "logit_bias", id="logit-bias-key"),
-    pytest.param({"model": MODEL, "messages": CHAT, "logit_bias": {"99999999": 1}}, 400, "logit_bias", id="logit-bias-id"),
-    pytest.param({"model": MODEL, "messages": CHAT, "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens", id="min-tokens"),
+    pytest.param(
+        {"model": MODEL, "messages": CHAT, "logit_bias": {"99999999": 1}}, 400, "logit_bias", id="logit-bias-id"
+    ),
+    pytest.param(
+        {"model": MODEL, "messages": CHAT, "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens", id="min-tokens"
+    ),
     pytest.param({"model": MODEL, "messages": CHAT, "stop": ["x"] * 17}, 400, "stop", id="too-many-stops"),
     pytest.param({"model": MODEL, "messages": CHAT, "n": 100}, 400, "n", id="n-100"),
-    pytest.param({"model": MODEL, "messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content", id="content-int"),
+    pytest.param(
+        {"model": MODEL, "messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content", id="content-int"
+    ),
     pytest.param({"model": "gpt-9", "messages": CHAT}, 404, "model", id="unknown-model"),
 ]
 
@@ -258,8 +304,13 @@ def test_routed_logit_bias_is_honoured_when_both_tiers_share_the_vocabulary(serv
         time.sleep(0.5)
     cards = {card.id: card.model_extra for card in client.models.list().data}
     assert cards[MODEL]["vocabulary_fingerprint"] == cards["cloud"]["vocabulary_fingerprint"] != ""
+
     def answer(model: str, **extra) -> str:
-        return client.chat.completions.create(model=model, messages=CHAT, max_tokens=3, temperature=0, **extra).choices[0].message.content
+        return (
+            client.chat.completions.create(model=model, messages=CHAT, max_tokens=3, temperature=0, **extra)
+            .choices[0]
+            .message.content
+        )
 
     bias = {"3681": 100}  # one token pushed far above every other: the answer is that token, three times
     direct, routed = answer(MODEL, logit_bias=bias), answer("auto", logit_bias=bias)
@@ -323,7 +374,9 @@ class FakeEngine(EngineProtocol):
     model_name = "fake"
     max_model_len = 64
 
-    def __init__(self, words=("a", "b", "c"), error: Exception | None = None, delay_s: float = 0.0, prompt_len: int = 3):
+    def __init__(
+        self, words=("a", "b", "c"), error: Exception | None = None, delay_s: float = 0.0, prompt_len: int = 3
+    ):
         self.ready = True
         self.prompt_len = prompt_len
         self.words = list(words)
@@ -352,10 +405,17 @@ class FakeEngine(EngineProtocol):
                 await asyncio.sleep(self.delay_s)
                 last = i == len(self.words) - 1
                 yield TokenEvent(
-                    request.request_id, i, word, -0.5, 1.0, 0.1,
-                    top_logprobs=[TopLogprob(i, word, -0.5)], token_bytes=word.encode(),
+                    request.request_id,
+                    i,
+                    word,
+                    -0.5,
+                    1.0,
+                    0.1,
+                    top_logprobs=[TopLogprob(i, word, -0.5)],
+                    token_bytes=word.encode(),
                     finish_reason="length" if last else None,
-                    num_prompt_tokens=len(request.prompt_token_ids), num_output_tokens=i + 1,
+                    num_prompt_tokens=len(request.prompt_token_ids),
+                    num_output_tokens=i + 1,
                 )
             self.finished_ids.append(request.request_id)
         finally:
@@ -436,10 +496,18 @@ async def test_disconnected_stream_closes_the_engine_stream():
             hung_up.set()
 
     scope = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
-        "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-        "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 1), "server": ("test", 80),
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
     }
     await asyncio.wait_for(app(scope, receive, send), timeout=10)
     assert len(engine.closed_ids) == 1 and engine.finished_ids == []

@@ -66,7 +66,9 @@ def test_whatever_the_document_allows_validates(data):
     for path, model in (("/v1/chat/completions", ChatCompletionRequest), ("/v1/completions", CompletionRequest)):
         body = data.draw(from_schema(body_schema(path)), label=path)
         try:
-            model.model_validate_json(json.dumps(body))  # a ValidationError is a mismatch between document and validation
+            model.model_validate_json(
+                json.dumps(body)
+            )  # a ValidationError is a mismatch between document and validation
         except InvalidRequestError as refused:
             # A validator's refusal is no mismatch when the document states its rule.
             assert refused.param in SPEC["components"]["schemas"][model.__name__]["x-tandem-refusals"], refused
@@ -81,7 +83,9 @@ def _bounded(body: dict, model: str) -> dict:
 
 
 @pytest.mark.slow
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(body=from_schema(body_schema("/v1/chat/completions")), model=st.sampled_from(["smollm2-135m-instruct", "auto"]))
 def test_the_document_driven_fuzzer_finds_no_5xx(server_url, body, model):
     reply = httpx.post(f"{server_url}/v1/chat/completions", json=_bounded(body, model), timeout=120)

@@ -35,14 +35,19 @@ class SlowTokenizer:
 
 
 def test_message_text_bytes_counts_string_contents_and_text_parts():
-    messages = [{"role": "user", "content": "héllo"}, {"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "image_url"}]},
-                {"role": "assistant", "content": None}]  # fmt: skip
+    messages = [
+        {"role": "user", "content": "héllo"},
+        {"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "image_url"}]},
+        {"role": "assistant", "content": None},
+    ]
     assert message_text_bytes(messages) == 6 + 3
 
 
 async def test_a_prompt_that_cannot_fit_is_refused_before_any_tokenizer_runs():
     engine = SlowTokenizer()
-    too_long = "x" * (engine.max_model_len * engine.max_token_bytes + engine.max_token_bytes)  # >= max_model_len + 1 tokens
+    too_long = "x" * (
+        engine.max_model_len * engine.max_token_bytes + engine.max_token_bytes
+    )  # >= max_model_len + 1 tokens
     with pytest.raises(ContextLengthError) as caught:
         await chat_prompt_tokens(engine, [{"role": "user", "content": too_long}])
     assert caught.value.param == "messages" and "at least 10001 tokens" in str(caught.value)
@@ -58,7 +63,9 @@ async def test_small_prompts_stay_on_the_loop_and_large_ones_go_to_the_pool():
     engine = SlowTokenizer()
     await chat_prompt_tokens(engine, [{"role": "user", "content": "hi"}])
     await chat_prompt_tokens(engine, [{"role": "user", "content": "x" * INLINE_MAX_BYTES}])
-    await chat_prompt_tokens(engine, [{"role": "user", "content": "hi"}] * 100)  # many short messages: slow special-token pass
+    await chat_prompt_tokens(
+        engine, [{"role": "user", "content": "hi"}] * 100
+    )  # many short messages: slow special-token pass
     await text_prompt_tokens(engine, "y" * INLINE_MAX_BYTES)
     assert engine.threads[0] == threading.current_thread().name
     assert all(name.startswith("tandem-tokenize") for name in engine.threads[1:]), engine.threads

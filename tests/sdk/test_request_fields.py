@@ -20,25 +20,65 @@ from sdk.protocol.request_fields import IGNORED_FIELDS, REFUSED_FIELDS, REFUSED_
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
 # A value for every field of the openai package's request types that asks for something.
 SAMPLES: dict[str, object] = {
-    "audio": {"voice": "alloy", "format": "wav"}, "frequency_penalty": 0.5, "function_call": "auto",
-    "functions": [{"name": "f", "parameters": {}}], "logit_bias": {"5": 1.0}, "logprobs": True,
-    "max_completion_tokens": 4, "max_tokens": 4, "messages": MESSAGES, "metadata": {"k": "v"},
-    "modalities": ["text", "audio"], "model": "m", "moderation": {"input": True}, "n": 2,
-    "parallel_tool_calls": True, "prediction": {"type": "content", "content": "4"}, "presence_penalty": 0.5,
-    "prompt_cache_key": "k", "prompt_cache_options": {}, "prompt_cache_retention": "24h", "reasoning_effort": "low",
-    "response_format": {"type": "json_object"}, "safety_identifier": "s", "seed": 1, "service_tier": "auto",
-    "stop": ["x"], "store": False, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.5,
-    "tool_choice": "auto", "tools": [{"type": "function", "function": {"name": "f"}}], "top_logprobs": 2, "top_p": 0.9,
-    "user": "u", "verbosity": "low", "web_search_options": {},
+    "audio": {"voice": "alloy", "format": "wav"},
+    "frequency_penalty": 0.5,
+    "function_call": "auto",
+    "functions": [{"name": "f", "parameters": {}}],
+    "logit_bias": {"5": 1.0},
+    "logprobs": True,
+    "max_completion_tokens": 4,
+    "max_tokens": 4,
+    "messages": MESSAGES,
+    "metadata": {"k": "v"},
+    "modalities": ["text", "audio"],
+    "model": "m",
+    "moderation": {"input": True},
+    "n": 2,
+    "parallel_tool_calls": True,
+    "prediction": {"type": "content", "content": "4"},
+    "presence_penalty": 0.5,
+    "prompt_cache_key": "k",
+    "prompt_cache_options": {},
+    "prompt_cache_retention": "24h",
+    "reasoning_effort": "low",
+    "response_format": {"type": "json_object"},
+    "safety_identifier": "s",
+    "seed": 1,
+    "service_tier": "auto",
+    "stop": ["x"],
+    "store": False,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "temperature": 0.5,
+    "tool_choice": "auto",
+    "tools": [{"type": "function", "function": {"name": "f"}}],
+    "top_logprobs": 2,
+    "top_p": 0.9,
+    "user": "u",
+    "verbosity": "low",
+    "web_search_options": {},
     # completions
-    "prompt": "2+2=", "echo": True, "suffix": "!", "best_of": 3,
-}  # fmt: skip
-MESSAGE_SAMPLES = {
-    "audio": {"id": "a"}, "function_call": {"name": "f", "arguments": "{}"}, "refusal": "no", "name": "bob",
-    "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}], "tool_call_id": "1",
+    "prompt": "2+2=",
+    "echo": True,
+    "suffix": "!",
+    "best_of": 3,
 }
-MESSAGE_TYPES = ("ChatCompletionSystemMessageParam", "ChatCompletionUserMessageParam", "ChatCompletionDeveloperMessageParam",
-                 "ChatCompletionAssistantMessageParam", "ChatCompletionToolMessageParam", "ChatCompletionFunctionMessageParam")  # fmt: skip
+MESSAGE_SAMPLES = {
+    "audio": {"id": "a"},
+    "function_call": {"name": "f", "arguments": "{}"},
+    "refusal": "no",
+    "name": "bob",
+    "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    "tool_call_id": "1",
+}
+MESSAGE_TYPES = (
+    "ChatCompletionSystemMessageParam",
+    "ChatCompletionUserMessageParam",
+    "ChatCompletionDeveloperMessageParam",
+    "ChatCompletionAssistantMessageParam",
+    "ChatCompletionToolMessageParam",
+    "ChatCompletionFunctionMessageParam",
+)
 
 
 def openai_fields(params_type) -> list[str]:
@@ -66,7 +106,9 @@ def outcome(build) -> tuple[str, str | None]:
 
 @pytest.mark.parametrize("name", openai_fields(chat_create_params.CompletionCreateParamsBase))
 def test_every_chat_field_is_honoured_refused_or_ignored(name):
-    assert name in SAMPLES, f"the openai package has a new chat field {name!r}: classify it in sdk.protocol.request_fields"
+    assert name in SAMPLES, (
+        f"the openai package has a new chat field {name!r}: classify it in sdk.protocol.request_fields"
+    )
     extra = {"stream": True} if name == "stream_options" else {"logprobs": True} if name == "top_logprobs" else {}
     got = outcome(lambda: chat(**extra, **{name: SAMPLES[name]}))
     if name in IGNORED_FIELDS:
@@ -84,8 +126,12 @@ def test_every_completions_field_is_honoured_refused_or_ignored(name):
     value = 2 if name == "logprobs" else SAMPLES[name]  # the legacy API's logprobs is a count
     body = {"model": "m", "prompt": "2+2=", name: value} | ({"stream": True} if name == "stream_options" else {})
     got = outcome(lambda: CompletionRequest.model_validate_json(json.dumps(body)))
-    expected = {"echo": ("refused", "echo"), "suffix": ("refused", "suffix"), "best_of": ("refused", "best_of"),
-                "user": ("ignored", "user")}.get(name, ("honoured", None))  # fmt: skip
+    expected = {
+        "echo": ("refused", "echo"),
+        "suffix": ("refused", "suffix"),
+        "best_of": ("refused", "best_of"),
+        "user": ("ignored", "user"),
+    }.get(name, ("honoured", None))
     assert name in CompletionRequest.model_fields and got == expected
 
 
@@ -104,8 +150,9 @@ def test_every_message_field_is_honoured_or_refused(message_type):
 
 
 def test_values_that_ask_for_nothing_are_accepted():
-    assert outcome(lambda: chat(tools=[], tool_choice="none", response_format={"type": "text"}, modalities=["text"],
-                                audio=None)) == ("honoured", None)  # fmt: skip
+    assert outcome(
+        lambda: chat(tools=[], tool_choice="none", response_format={"type": "text"}, modalities=["text"], audio=None)
+    ) == ("honoured", None)
 
 
 def test_unknown_names_are_listed_or_refused_when_strict():
@@ -128,16 +175,24 @@ def test_unknown_names_are_listed_or_refused_when_strict():
 @pytest.mark.slow
 def test_the_server_refuses_names_and_lists_what_it_ignored(server_url):
     model = "smollm2-135m-instruct"
-    refused = httpx.post(f"{server_url}/v1/completions", json={"model": "auto", "prompt": "2+2=", "tools": SAMPLES["tools"]})
+    refused = httpx.post(
+        f"{server_url}/v1/completions", json={"model": "auto", "prompt": "2+2=", "tools": SAMPLES["tools"]}
+    )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
     for name in (model, "auto"):
         body = {"model": name, "messages": MESSAGES, "max_tokens": 4, "user": "u", "frobnicate": 1}
         reply = httpx.post(f"{server_url}/v1/chat/completions", json=body, timeout=120).json()
         assert reply["tandem"]["ignored_fields"] == ["user", "frobnicate"], name
-    plain = httpx.post(f"{server_url}/v1/chat/completions", json={"model": model, "messages": MESSAGES, "max_tokens": 2}, timeout=120)
+    plain = httpx.post(
+        f"{server_url}/v1/chat/completions", json={"model": model, "messages": MESSAGES, "max_tokens": 2}, timeout=120
+    )
     assert "tandem" not in plain.json()  # nothing to say
-    with httpx.stream("POST", f"{server_url}/v1/chat/completions", timeout=120,
-                      json={"model": model, "messages": MESSAGES, "max_tokens": 2, "stream": True, "store": True}) as stream:
+    with httpx.stream(
+        "POST",
+        f"{server_url}/v1/chat/completions",
+        timeout=120,
+        json={"model": model, "messages": MESSAGES, "max_tokens": 2, "stream": True, "store": True},
+    ) as stream:
         first = json.loads(next(line for line in stream.iter_lines() if line.startswith("data: "))[6:])
     assert first["tandem"] == {"ignored_fields": ["store"]}
 

@@ -17,11 +17,19 @@ def test_cloud_answer_counts_the_clouds_tokens_not_its_chunks():
 
 
 def test_local_answer_after_a_cut_cloud_stream_counts_both_parts():
-    cost = {"cloud": {"prompt_tokens": 30, "completion_tokens": 3}, "local": {"prompt_tokens": 28, "completion_tokens": 9}}
+    cost = {
+        "cloud": {"prompt_tokens": 30, "completion_tokens": 3},
+        "local": {"prompt_tokens": 28, "completion_tokens": 9},
+    }
     usage = usage_of(routing("local", cost), ["cloud"] * 3 + ["local"] * 9)
     assert (usage.prompt_tokens, usage.completion_tokens) == (28, 12)
 
 
 def test_a_local_answer_is_its_events_and_a_cloud_without_a_count_falls_back_to_events():
-    assert usage_of(routing("local", {"local": {"prompt_tokens": 5, "completion_tokens": 4}}), ["local"] * 4).completion_tokens == 4
+    assert (
+        usage_of(
+            routing("local", {"local": {"prompt_tokens": 5, "completion_tokens": 4}}), ["local"] * 4
+        ).completion_tokens
+        == 4
+    )
     assert usage_of(routing("cloud", {}), ["cloud"] * 6).completion_tokens == 6

@@ -41,18 +41,35 @@ def write_gguf(path, **sampling) -> str:
 
 def test_the_embedded_default_samples_as_its_model_card_says():
     defaults = resolve_sampling_defaults({}, default_model_path())
-    assert defaults.values == {"temperature": 0.2, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
-                               "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    assert defaults.values == {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+    }
     assert defaults.sources["temperature"] == defaults.sources["top_p"] == "built-in: the SmolLM2-Instruct model card"
-    assert defaults.sources["top_k"] == "off (no other default)" and defaults.sources["presence_penalty"] == "OpenAI's default"
+    assert (
+        defaults.sources["top_k"] == "off (no other default)"
+        and defaults.sources["presence_penalty"] == "OpenAI's default"
+    )
 
 
 def test_request_beats_config_beats_model_metadata_beats_builtin_beats_openai(tmp_path):
     # A SmolLM2-Instruct file name (built-in: 0.2 / 0.9) whose header declares its own temperature and top_k.
     path = write_gguf(tmp_path / "SmolLM2-360M-Instruct.Q8_0.gguf", temp=0.6, top_k=20, penalty_repeat=1.1)
     defaults = resolve_sampling_defaults({"top_k": 5}, path, "config: file x.toml")
-    assert defaults.values == {"temperature": pytest.approx(0.6), "top_p": 0.9, "top_k": 5, "min_p": 0.0,
-                               "repetition_penalty": pytest.approx(1.1), "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    assert defaults.values == {
+        "temperature": pytest.approx(0.6),
+        "top_p": 0.9,
+        "top_k": 5,
+        "min_p": 0.0,
+        "repetition_penalty": pytest.approx(1.1),
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+    }
     assert defaults.sources["temperature"] == "model: GGUF general.sampling.temp"
     assert defaults.sources["repetition_penalty"] == "model: GGUF general.sampling.penalty_repeat"
     assert defaults.sources["top_p"] == "built-in: the SmolLM2-Instruct model card"
@@ -71,8 +88,9 @@ def test_an_unknown_model_gets_openais_defaults(tmp_path):
 
 
 def test_generation_config_beside_a_checkpoint_is_read_like_vllm(tmp_path):
-    (tmp_path / "generation_config.json").write_text(json.dumps(
-        {"do_sample": False, "temperature": 0.7, "top_p": 0.8, "top_k": -1, "bos_token_id": 1}))  # fmt: skip
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"do_sample": False, "temperature": 0.7, "top_p": 0.8, "top_k": -1, "bos_token_id": 1})
+    )
     values, sources = model_sampling_metadata(str(tmp_path))
     assert values == {"temperature": 0.7, "top_p": 0.8, "top_k": 0}  # top_k <= 0: off
     assert set(sources.values()) == {"model: generation_config.json"}
@@ -102,8 +120,12 @@ def test_a_request_that_leaves_fields_out_leaves_them_unset():
 
 
 def test_unset_survives_grpc_and_set_values_arrive_as_sent():
-    for sent in (SamplingParams(max_tokens=4), SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0),
-                 SamplingParams(max_tokens=4, repetition_stop=False), SamplingParams(max_tokens=4, repetition_stop=True)):
+    for sent in (
+        SamplingParams(max_tokens=4),
+        SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0),
+        SamplingParams(max_tokens=4, repetition_stop=False),
+        SamplingParams(max_tokens=4, repetition_stop=True),
+    ):
         message = request_message([1, 2, 3], sent, request_id="r")
         received = convert.sampling_params(message, num_prompt_tokens=3, max_model_len=64)
         fields = ("temperature", "top_p", "top_k", "repetition_stop")

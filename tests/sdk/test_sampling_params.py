@@ -30,7 +30,15 @@ def a_value_that_changes_something(name: str) -> float | int:
 
 
 def test_the_declaration_names_and_types_every_tunable():
-    assert list(TUNABLES) == ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"]
+    assert list(TUNABLES) == [
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+    ]
     assert TUNABLES["top_k"].type is int and TUNABLES["temperature"].type is float
     for name, knob in TUNABLES.items():
         assert a_value_that_changes_something(name) != knob.off

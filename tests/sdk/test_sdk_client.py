@@ -36,7 +36,9 @@ async def test_local_and_cloud_answers_carry_routing(make_runner, recording):  #
 async def test_stream_joins_to_the_whole_answer(make_runner, model):  # noqa: F811
     client = AsyncClient(await make_runner())
     whole = await client.chat.completions.create(model=model, messages=QUESTION, **GREEDY)
-    chunks = [c async for c in await client.chat.completions.create(model=model, messages=QUESTION, stream=True, **GREEDY)]
+    chunks = [
+        c async for c in await client.chat.completions.create(model=model, messages=QUESTION, stream=True, **GREEDY)
+    ]
     assert chunks[0].choices[0].delta.role == "assistant" and all(c.object == "chat.completion.chunk" for c in chunks)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
     last = chunks[-1]
@@ -55,8 +57,12 @@ async def test_bad_arguments_are_refused_before_generation(make_runner, recordin
     client = AsyncClient(await make_runner())
     create = client.chat.completions.create
     for kwargs, param in [
-        ({"model": "bigger"}, "model"), ({"model": "auto:2"}, "model"), ({"temperature": 5.0}, "temperature"),
-        ({"max_tokens": 0}, "max_tokens"), ({"temperature": "hot"}, "temperature"), ({"private": "yes"}, "private"),
+        ({"model": "bigger"}, "model"),
+        ({"model": "auto:2"}, "model"),
+        ({"temperature": 5.0}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"private": "yes"}, "private"),
     ]:
         with pytest.raises(InvalidRequestError) as info:
             await create(**{"model": "local", "messages": QUESTION, **kwargs})

@@ -27,8 +27,12 @@ async def client(server_url):
 async def test_completion_and_stream_carry_routing_like_in_process(client):
     whole = await client.chat.completions.create(model="auto:0", messages=QUESTION, max_tokens=8, temperature=0)
     assert whole.tandem["tier"] == "local" and whole.choices[0].message.content
-    chunks = [c async for c in await client.chat.completions.create(
-        model="auto:0", messages=QUESTION, max_tokens=8, temperature=0, stream=True)]  # fmt: skip
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            model="auto:0", messages=QUESTION, max_tokens=8, temperature=0, stream=True
+        )
+    ]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
     last = chunks[-1]  # finish reason, usage and routing together, as the in-process stream ends
@@ -68,7 +72,11 @@ async def test_closing_a_stream_early_frees_the_request(client, server_url):
 def test_sync_client_over_http(server_url):
     with Client(base_url=f"{server_url}/v1") as client:
         out = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=4)
-        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-            model="local", messages=QUESTION, max_tokens=4, temperature=0, stream=True))  # fmt: skip
+        streamed = "".join(
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(
+                model="local", messages=QUESTION, max_tokens=4, temperature=0, stream=True
+            )
+        )
     assert out.tandem["tier"] == "local" and streamed
     assert httpx.get(f"{server_url}/health").status_code == 200

@@ -31,9 +31,15 @@ def test_models_and_health_name_both_tiers(server_url, client):
     assert httpx.get(f"{server_url}/health").json() == {"status": "ok", "local": "ready", "cloud": "closed"}
 
 
-@pytest.mark.parametrize(("model", "tier", "escalated"), [
-    ("local", "local", False), ("cloud", "cloud", False), ("auto:0", "local", False), ("auto:1", "cloud", True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("model", "tier", "escalated"),
+    [
+        ("local", "local", False),
+        ("cloud", "cloud", False),
+        ("auto:0", "local", False),
+        ("auto:1", "cloud", True),
+    ],
+)
 def test_each_routed_model_answers_from_its_tier(client, model, tier, escalated):
     reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8, temperature=0)
     info = routing(reply)
@@ -44,9 +50,16 @@ def test_each_routed_model_answers_from_its_tier(client, model, tier, escalated)
 
 def test_auto_streams_with_routing_in_the_last_chunk_and_usage_after(client):
     whole = client.chat.completions.create(model="auto", messages=QUESTION, max_tokens=10, temperature=0)
-    chunks = list(client.chat.completions.create(
-        model="auto", messages=QUESTION, max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True},
-    ))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="auto",
+            messages=QUESTION,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     finish, usage = chunks[-2], chunks[-1]
@@ -56,7 +69,9 @@ def test_auto_streams_with_routing_in_the_last_chunk_and_usage_after(client):
 
 
 def test_private_requests_stay_local_even_at_threshold_one(client):
-    reply = client.chat.completions.create(model="auto:1", messages=QUESTION, max_tokens=4, extra_body={"private": True})
+    reply = client.chat.completions.create(
+        model="auto:1", messages=QUESTION, max_tokens=4, extra_body={"private": True}
+    )
     assert (routing(reply)["tier"], routing(reply)["privacy_reasons"]) == ("local", ["private_flag"])
     email = [{"role": "user", "content": "Write to jane.doe@example.com about lunch."}]
     reply = client.chat.completions.create(model="auto:1", messages=email, max_tokens=4)
@@ -78,7 +93,10 @@ def test_metrics_count_routes_tokens_and_the_breaker(server_url, client):
     client.chat.completions.create(model="cloud", messages=QUESTION, max_tokens=3, temperature=0)
     text = httpx.get(f"{server_url}/metrics").text
     label = '{escalated="false",tier="cloud"}'
-    assert metric(text, "tandem:cascade_requests_total", label) == metric(before, "tandem:cascade_requests_total", label) + 1
+    assert (
+        metric(text, "tandem:cascade_requests_total", label)
+        == metric(before, "tandem:cascade_requests_total", label) + 1
+    )
     assert metric(text, "tandem:cascade_tokens_total", '{kind="completion",tier="cloud"}') >= 3
     assert metric(text, "tandem:cloud_circuit_state", '{state="closed"}') == 1
     assert re.search(r'^tandem:cascade_decisions_total\{reason="forced"\} ', text, re.M), text

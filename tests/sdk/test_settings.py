@@ -44,7 +44,10 @@ def test_defaults_without_any_file(env):
 
 
 def test_precedence_default_file_env_cli(tmp_path, env):
-    path = write(tmp_path / "c.toml", '[server]\nport = 9000\nhost = "0.0.0.0"\nlog_level = "debug"\n[cascade]\nthreshold = 0.7\n')
+    path = write(
+        tmp_path / "c.toml",
+        '[server]\nport = 9000\nhost = "0.0.0.0"\nlog_level = "debug"\n[cascade]\nthreshold = 0.7\n',
+    )
     env |= {"TANDEM_PORT": "9100", "TANDEM_THRESHOLD": "0.8"}
     settings = load_settings(path, env=env, cli={"server.port": 9200, "server.host": None, "local.threads": 4})
     assert settings.get("server.port") == 9200 and settings.sources["server.port"] == "cli"
@@ -56,8 +59,12 @@ def test_precedence_default_file_env_cli(tmp_path, env):
 
 
 def test_env_values_are_parsed_to_the_key_type(env):
-    env |= {"TANDEM_CASCADE_REDACT_BEFORE_ESCALATION": "yes", "TANDEM_CLOUD_KV_CACHE_GB": "1.5",
-            "TANDEM_CASCADE_HOLD_TOKENS": "16", "TANDEM_MODEL": ""}
+    env |= {
+        "TANDEM_CASCADE_REDACT_BEFORE_ESCALATION": "yes",
+        "TANDEM_CLOUD_KV_CACHE_GB": "1.5",
+        "TANDEM_CASCADE_HOLD_TOKENS": "16",
+        "TANDEM_MODEL": "",
+    }
     settings = load_settings(env=env)
     assert settings.get("cascade.redact_before_escalation") is True
     assert settings.get("cloud.kv_cache_gb") == 1.5 and settings.get("cascade.hold_tokens") == 16
@@ -69,32 +76,38 @@ def test_empty_env_unsets_a_file_value(tmp_path, env):
     assert load_settings(path, env=env | {"TANDEM_MODEL": ""}).get("local.model") is None
 
 
-@pytest.mark.parametrize("var, value, expected", [
-    ("TANDEM_PORT", "eighty", "an integer"),
-    ("TANDEM_PORT", "70000", "<= 65535"),
-    ("TANDEM_PORT", "", "is empty"),
-    ("TANDEM_RATE_LIMIT", "0", "> 0"),
-    ("TANDEM_CASCADE_REDACT_BEFORE_ESCALATION", "maybe", "true/false"),
-    ("TANDEM_LOG_LEVEL", "loud", "trace"),
-    ("TANDEM_CLOUD", "grpc://host", "HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "var, value, expected",
+    [
+        ("TANDEM_PORT", "eighty", "an integer"),
+        ("TANDEM_PORT", "70000", "<= 65535"),
+        ("TANDEM_PORT", "", "is empty"),
+        ("TANDEM_RATE_LIMIT", "0", "> 0"),
+        ("TANDEM_CASCADE_REDACT_BEFORE_ESCALATION", "maybe", "true/false"),
+        ("TANDEM_LOG_LEVEL", "loud", "trace"),
+        ("TANDEM_CLOUD", "grpc://host", "HOST:PORT"),
+    ],
+)
 def test_bad_env_value_names_the_variable(env, var, value, expected):
     with pytest.raises(SettingsError, match=f"env var {var}") as info:
         load_settings(env=env | {var: value})
     assert expected in str(info.value)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ('[server]\nport = "8000"\n', "server.port = '8000' from file .*must be an integer"),
-    ("[cascade]\nmin_tokens_k = true\n", "must be an integer"),
-    ("[cascade]\nredact_before_escalation = 1\n", "must be true or false"),
-    ("[server]\nhost = 1\n", "must be a string"),
-    ("[cascade]\nprivacy = 3\n", "must be a table"),
-    ("[cascade.privacy]\ndetectors = ['nope']\n", "unknown PII detectors"),
-    ("[cascade.prices]\nmoon = {}\n", "unknown tiers"),
-    ("server = 1\n", "must be a table"),
-    ("[server\n", "cannot read it as TOML"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('[server]\nport = "8000"\n', "server.port = '8000' from file .*must be an integer"),
+        ("[cascade]\nmin_tokens_k = true\n", "must be an integer"),
+        ("[cascade]\nredact_before_escalation = 1\n", "must be true or false"),
+        ("[server]\nhost = 1\n", "must be a string"),
+        ("[cascade]\nprivacy = 3\n", "must be a table"),
+        ("[cascade.privacy]\ndetectors = ['nope']\n", "unknown PII detectors"),
+        ("[cascade.prices]\nmoon = {}\n", "unknown tiers"),
+        ("server = 1\n", "must be a table"),
+        ("[server\n", "cannot read it as TOML"),
+    ],
+)
 def test_bad_types_in_the_file(tmp_path, env, text, expected):
     with pytest.raises(SettingsError, match=expected):
         load_settings(write(tmp_path / "c.toml", text), env=env)
@@ -106,7 +119,10 @@ def test_int_is_accepted_for_a_float(tmp_path, env):
 
 
 def test_unknown_section_and_key(tmp_path, env):
-    with pytest.raises(SettingsError, match=r"unknown sections \['servre'\].*known sections: server, local, cloud, cloud_server, cascade"):
+    with pytest.raises(
+        SettingsError,
+        match=r"unknown sections \['servre'\].*known sections: server, local, cloud, cloud_server, cascade",
+    ):
         load_settings(write(tmp_path / "a.toml", "[servre]\nport = 1\n"), env=env)
     with pytest.raises(SettingsError, match=r"unknown keys \['prot'\] in \[server\]; known keys: host, port"):
         load_settings(write(tmp_path / "b.toml", "[server]\nprot = 1\n"), env=env)
@@ -115,7 +131,9 @@ def test_unknown_section_and_key(tmp_path, env):
 
 
 def test_cross_key_errors_name_what_was_set(env):
-    with pytest.raises(SettingsError, match=r"invalid \[cascade\].*cascade.hold_tokens = 3 \(env var TANDEM_CASCADE_HOLD_TOKENS\)"):
+    with pytest.raises(
+        SettingsError, match=r"invalid \[cascade\].*cascade.hold_tokens = 3 \(env var TANDEM_CASCADE_HOLD_TOKENS\)"
+    ):
         load_settings(env=env | {"TANDEM_CASCADE_HOLD_TOKENS": "3"})
     with pytest.raises(SettingsError, match=r"invalid \[local\].*local.max_num_seqs = 1000 \(the command line\)"):
         load_settings(env=env, cli={"local.max_num_seqs": 1000})
@@ -156,7 +174,9 @@ def test_default_file_under_home_when_no_xdg(tmp_path):
 
 
 def test_conversions_to_the_engine_and_cascade_dataclasses(tmp_path, env):
-    path = write(tmp_path / "c.toml", """
+    path = write(
+        tmp_path / "c.toml",
+        """
 [local]
 model = "/models/a.gguf"
 threads = 3
@@ -173,7 +193,8 @@ hold_tokens = 12
 detectors = ["email"]
 [cascade.prices.cloud]
 input_per_million = 0.5
-""")
+""",
+    )
     settings = load_settings(path, env=env)
     local = settings.local_engine_config()
     assert isinstance(local, LocalEngineConfig)
@@ -181,7 +202,12 @@ input_per_million = 0.5
     assert local.kv_cache_tokens == LocalEngineConfig().kv_cache_tokens  # unset: the engine's default
     cloud = settings.cloud_engine_config()
     assert isinstance(cloud, CloudEngineConfig)
-    assert (cloud.model_name, cloud.device, cloud.kv_cache_gb, cloud.max_num_seqs) == ("big", "cpu", 2.0, CloudEngineConfig().max_num_seqs)
+    assert (cloud.model_name, cloud.device, cloud.kv_cache_gb, cloud.max_num_seqs) == (
+        "big",
+        "cpu",
+        2.0,
+        CloudEngineConfig().max_num_seqs,
+    )
     cascade = settings.cascade_config()
     assert isinstance(cascade, CascadeConfig)
     assert (cascade.default_threshold, cascade.hold_tokens, cascade.cloud_model) == (0.3, 12, "big")
@@ -190,25 +216,46 @@ input_per_million = 0.5
     assert settings.get("cascade.privacy") == {"detectors": ["email"]}
 
 
-@pytest.mark.parametrize("url, expected", [
-    ("embedded", CloudTarget("embedded")),
-    ("none", CloudTarget("none")),
-    ("grpc://cloud.internal:50051", CloudTarget("grpc", "cloud.internal:50051")),
-    ("grpcs://[::1]:443", CloudTarget("grpc", "[::1]:443", tls=True)),
-    ("http://localhost:8000/v1", CloudTarget("http", "http://localhost:8000/v1")),
-    ("https://api.example.com/v1/", CloudTarget("http", "https://api.example.com/v1", tls=True)),
-    # Replicas, in gRPC's own syntax (round robin with health checks: sdk.cloud.grpc_client)
-    ("ipv4:127.0.0.1:50051,127.0.0.1:50052", CloudTarget("grpc", "ipv4:127.0.0.1:50051,127.0.0.1:50052")),
-    ("ipv6:[::1]:50051,[::1]:50052", CloudTarget("grpc", "ipv6:[::1]:50051,[::1]:50052")),
-    ("dns:///cloud.internal:50051", CloudTarget("grpc", "dns:///cloud.internal:50051")),
-])
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("embedded", CloudTarget("embedded")),
+        ("none", CloudTarget("none")),
+        ("grpc://cloud.internal:50051", CloudTarget("grpc", "cloud.internal:50051")),
+        ("grpcs://[::1]:443", CloudTarget("grpc", "[::1]:443", tls=True)),
+        ("http://localhost:8000/v1", CloudTarget("http", "http://localhost:8000/v1")),
+        ("https://api.example.com/v1/", CloudTarget("http", "https://api.example.com/v1", tls=True)),
+        # Replicas, in gRPC's own syntax (round robin with health checks: sdk.cloud.grpc_client)
+        ("ipv4:127.0.0.1:50051,127.0.0.1:50052", CloudTarget("grpc", "ipv4:127.0.0.1:50051,127.0.0.1:50052")),
+        ("ipv6:[::1]:50051,[::1]:50052", CloudTarget("grpc", "ipv6:[::1]:50051,[::1]:50052")),
+        ("dns:///cloud.internal:50051", CloudTarget("grpc", "dns:///cloud.internal:50051")),
+    ],
+)
 def test_parse_cloud_url(url, expected):
     assert parse_cloud_url(url) == expected
 
 
-@pytest.mark.parametrize("url", ["", "Embedded", "ftp://x", "grpc://host", "grpc://:50051", "grpc://h:0",
-                                 "grpc://h:port", "grpc://h:1/path", "grpcs://h:99999", "https://", "cloud:50051",
-                                 "ipv4:127.0.0.1", "ipv4:127.0.0.1:1,", "ipv6:::1:50051", "dns:///cloud", "dns:///h:0"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "Embedded",
+        "ftp://x",
+        "grpc://host",
+        "grpc://:50051",
+        "grpc://h:0",
+        "grpc://h:port",
+        "grpc://h:1/path",
+        "grpcs://h:99999",
+        "https://",
+        "cloud:50051",
+        "ipv4:127.0.0.1",
+        "ipv4:127.0.0.1:1,",
+        "ipv6:::1:50051",
+        "dns:///cloud",
+        "dns:///h:0",
+    ],
+)
 def test_parse_cloud_url_refuses(url):
     with pytest.raises(SettingsError, match="cloud URL"):
         parse_cloud_url(url)
@@ -223,7 +270,9 @@ def test_api_key_is_masked(env):
 
 
 def test_as_toml_parses_back_to_the_same_values(tmp_path, env):
-    path = write(tmp_path / "c.toml", """
+    path = write(
+        tmp_path / "c.toml",
+        """
 [server]
 host = "quote\\" back\\\\slash \\u00e9 tab\\t"
 rate_limit = 12.5
@@ -236,7 +285,8 @@ redact_before_escalation = true
 [cascade.privacy]
 detectors = ["email", "card"]
 patterns = { employee_id = "E-\\\\d{6}" }
-""")
+""",
+    )
     settings = load_settings(path, env=env | {"TANDEM_CLOUD_API_KEY": "sk-secret"})
     parsed = tomllib.loads(settings.as_toml())
     expected = {section: {k: v for k, v in keys.items() if v is not None} for section, keys in settings.values.items()}
@@ -273,11 +323,18 @@ def test_config_show_cli(tmp_path, monkeypatch):
 
 
 def test_config_show_does_not_import_torch(tmp_path):
-    code = ("import sys; from sdk.cli.config import config_app\n"
-            "try: config_app(['show', '--json'])\n"
-            "except SystemExit as exit: assert not exit.code, exit.code\n"
-            "assert 'torch' not in sys.modules and 'llama_cpp' not in sys.modules, 'heavy import'")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")} | {"XDG_CONFIG_HOME": str(tmp_path), "TANDEM_PORT": "4321"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    code = (
+        "import sys; from sdk.cli.config import config_app\n"
+        "try: config_app(['show', '--json'])\n"
+        "except SystemExit as exit: assert not exit.code, exit.code\n"
+        "assert 'torch' not in sys.modules and 'llama_cpp' not in sys.modules, 'heavy import'"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")} | {
+        "XDG_CONFIG_HOME": str(tmp_path),
+        "TANDEM_PORT": "4321",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["sources"]["server.port"] == "env:TANDEM_PORT"

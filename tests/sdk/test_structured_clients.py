@@ -49,10 +49,17 @@ def test_instructor_modes(server_url, mode):
     import instructor
     import openai
 
-    client = instructor.from_openai(openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0),
-                                    mode=getattr(instructor.Mode, mode))  # fmt: skip
-    person = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ASK_PERSON}],
-                                            response_model=Person, max_tokens=200, seed=3, max_retries=0)  # fmt: skip
+    client = instructor.from_openai(
+        openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0), mode=getattr(instructor.Mode, mode)
+    )
+    person = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": ASK_PERSON}],
+        response_model=Person,
+        max_tokens=200,
+        seed=3,
+        max_retries=0,
+    )
     assert isinstance(person, Person) and person.name
 
 
@@ -61,7 +68,9 @@ def test_pydantic_ai_output_type(server_url):
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    agent = Agent(OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=f"{server_url}/v1", api_key="unused")),
-                  output_type=Person)  # fmt: skip
+    agent = Agent(
+        OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=f"{server_url}/v1", api_key="unused")),
+        output_type=Person,
+    )
     result = agent.run_sync(ASK_PERSON, model_settings={"max_tokens": 80, "seed": 2})
     assert isinstance(result.output, Person)

@@ -26,9 +26,28 @@ KEY = "sk-tls-test"
 def cert(tmp_path_factory) -> tuple[str, str]:
     folder = tmp_path_factory.mktemp("tls")
     cert_path, key_path = str(folder / "cert.pem"), str(folder / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key_path, "-out", cert_path,
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            key_path,
+            "-out",
+            cert_path,
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     (folder / "keys").write_text(f"{KEY}\n")
     return cert_path, key_path
 
@@ -40,8 +59,13 @@ def trusting(cert_path: str) -> ssl.SSLContext:
 def start(args: list[str], log_path, base_url: str, verify) -> subprocess.Popen:
     """The command as a subprocess, once GET /health answers 200 at base_url."""
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "sdk.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                                   env=clean_env(), cwd=REPO_ROOT)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sdk.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=clean_env(),
+            cwd=REPO_ROOT,
+        )
     deadline = time.monotonic() + 180
     while True:
         if process.poll() is not None:
@@ -61,13 +85,45 @@ async def test_cloud_serve_encrypts_its_http_and_grpc_ports(cert, tiny_dir, tmp_
     cert_path, key_path = cert
     http_port, grpc_port = free_port(), free_port()
     keys = os.path.join(os.path.dirname(cert_path), "keys")
-    process = start(["cloud", "serve", "--model", tiny_dir, "--model-name", "tiny", "--dtype", "float32", "--kv-cache-gb", "0.001",
-                     "--max-model-len", "64", "--port", str(http_port), "--grpc-port", str(grpc_port), "--api-key-file", keys,
-                     "--tls-cert", cert_path, "--tls-key", key_path, "--log-level", "warning"],
-                    tmp_path / "cloud.log", f"https://127.0.0.1:{http_port}", trusting(cert_path))  # fmt: skip
+    process = start(
+        [
+            "cloud",
+            "serve",
+            "--model",
+            tiny_dir,
+            "--model-name",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--kv-cache-gb",
+            "0.001",
+            "--max-model-len",
+            "64",
+            "--port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+            "--api-key-file",
+            keys,
+            "--tls-cert",
+            cert_path,
+            "--tls-key",
+            key_path,
+            "--log-level",
+            "warning",
+        ],
+        tmp_path / "cloud.log",
+        f"https://127.0.0.1:{http_port}",
+        trusting(cert_path),
+    )
     try:
-        reply = httpx.post(f"https://127.0.0.1:{http_port}/v1/completions", verify=trusting(cert_path), timeout=60,
-                           headers={"Authorization": f"Bearer {KEY}"}, json={"model": "tiny", "prompt": "w1 w2", "max_tokens": 2})  # fmt: skip
+        reply = httpx.post(
+            f"https://127.0.0.1:{http_port}/v1/completions",
+            verify=trusting(cert_path),
+            timeout=60,
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": "tiny", "prompt": "w1 w2", "max_tokens": 2},
+        )
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 2
         with pytest.raises(httpx.HTTPError):  # plaintext to the TLS port gets nowhere
             httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=5)
@@ -80,29 +136,64 @@ async def test_cloud_serve_encrypts_its_http_and_grpc_ports(cert, tiny_dir, tmp_
 
 def test_tandem_serve_speaks_https_and_warns_about_keys_in_plaintext(cert, tmp_path):
     cert_path, key_path = cert
-    base = ["serve", "--cloud", "none", "--threads", "1", "--max-model-len", "256", "--kv-cache-tokens", "1024", "--log-level", "warning"]
+    base = [
+        "serve",
+        "--cloud",
+        "none",
+        "--threads",
+        "1",
+        "--max-model-len",
+        "256",
+        "--kv-cache-tokens",
+        "1024",
+        "--log-level",
+        "warning",
+    ]
     port = free_port()
-    process = start([*base, "--port", str(port), "--tls-cert", cert_path, "--tls-key", key_path], tmp_path / "tls.log",
-                    f"https://127.0.0.1:{port}", trusting(cert_path))  # fmt: skip
+    process = start(
+        [*base, "--port", str(port), "--tls-cert", cert_path, "--tls-key", key_path],
+        tmp_path / "tls.log",
+        f"https://127.0.0.1:{port}",
+        trusting(cert_path),
+    )
     try:
-        reply = httpx.post(f"https://127.0.0.1:{port}/v1/chat/completions", verify=trusting(cert_path), timeout=60,
-                           json={"model": "local", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})  # fmt: skip
+        reply = httpx.post(
+            f"https://127.0.0.1:{port}/v1/chat/completions",
+            verify=trusting(cert_path),
+            timeout=60,
+            json={"model": "local", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+        )
         assert reply.status_code == 200
     finally:
         stop(process)
     port = free_port()
     keys = os.path.join(os.path.dirname(cert_path), "keys")
-    process = start([*base, "--host", "0.0.0.0", "--port", str(port), "--api-key-file", keys], tmp_path / "plain.log",
-                    f"http://127.0.0.1:{port}", True)  # fmt: skip
+    process = start(
+        [*base, "--host", "0.0.0.0", "--port", str(port), "--api-key-file", keys],
+        tmp_path / "plain.log",
+        f"http://127.0.0.1:{port}",
+        True,
+    )
     stop(process)
     assert "travel in plaintext HTTP" in (tmp_path / "plain.log").read_text()
     loopback = free_port()
-    process = start([*base, "--port", str(loopback), "--api-key-file", keys], tmp_path / "loopback.log", f"http://127.0.0.1:{loopback}", True)
+    process = start(
+        [*base, "--port", str(loopback), "--api-key-file", keys],
+        tmp_path / "loopback.log",
+        f"http://127.0.0.1:{loopback}",
+        True,
+    )
     stop(process)
     assert "plaintext" not in (tmp_path / "loopback.log").read_text()  # keys on loopback need no TLS
 
 
 def test_one_tls_file_alone_is_refused_before_anything_loads(cert):
-    result = subprocess.run([sys.executable, "-m", "sdk.cli", "serve", "--tls-cert", cert[0]], capture_output=True, text=True,
-                            env=clean_env(), cwd=REPO_ROOT, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "sdk.cli", "serve", "--tls-cert", cert[0]],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert result.returncode != 0 and "--tls-key" in result.stderr

@@ -13,7 +13,11 @@ from sdk.protocol.grammar import GrammarMasks
 from sdk.protocol.tool_calls import ToolAnswer, render_tool_messages
 from sdk.protocol.tool_formats import HERMES, LIST, LLAMA3, ParsedCall, ToolFunction, ToolRequest, format_for_template
 
-WEATHER = ToolFunction("get_weather", "Weather in a city", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+WEATHER = ToolFunction(
+    "get_weather",
+    "Weather in a city",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
 TIME = ToolFunction("get_time", "", None)
 TOOLS = ToolRequest((WEATHER, TIME))
 PARIS = ParsedCall("get_weather", '{"city": "Paris"}')
@@ -37,17 +41,22 @@ def test_written_calls_parse_back_and_fit_the_grammar(tool_format):
     required = ToolRequest(TOOLS.functions, required=True)
     assert accepts(tool_format.grammar(required), text)
     assert accepts(tool_format.grammar(TOOLS), text)  # auto: a call is one of the two readings
-    assert accepts(tool_format.grammar(TOOLS), "It is sunny.") and not accepts(tool_format.grammar(required), "It is sunny.")
+    assert accepts(tool_format.grammar(TOOLS), "It is sunny.") and not accepts(
+        tool_format.grammar(required), "It is sunny."
+    )
 
 
-@pytest.mark.parametrize("text", [
-    '<tool_call>[{"name": "get_wether", "arguments": {"city": "Paris"}}]</tool_call>',  # unknown function
-    '<tool_call>[{"name": "get_weather", "arguments": {}}]</tool_call>',  # a required argument missing
-    '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}]</tool_call>',  # undeclared
-    '<tool_call>[{"name": "get_weather", "arguments": {"city": 3}}]</tool_call>',  # wrong type
-    "<tool_call>[]</tool_call>",  # no call at all
-    '<b>bold</b>',  # auto: text that opens like a call must be one
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>[{"name": "get_wether", "arguments": {"city": "Paris"}}]</tool_call>',  # unknown function
+        '<tool_call>[{"name": "get_weather", "arguments": {}}]</tool_call>',  # a required argument missing
+        '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}]</tool_call>',  # undeclared
+        '<tool_call>[{"name": "get_weather", "arguments": {"city": 3}}]</tool_call>',  # wrong type
+        "<tool_call>[]</tool_call>",  # no call at all
+        "<b>bold</b>",  # auto: text that opens like a call must be one
+    ],
+)
 def test_the_list_grammar_refuses_what_is_not_a_valid_call(text):
     assert not accepts(LIST.grammar(TOOLS), text)
 
@@ -57,7 +66,9 @@ def test_parallel_false_allows_one_call_and_a_named_choice_only_that_function():
     assert not accepts(LIST.grammar(ToolRequest(TOOLS.functions, required=True, parallel=False)), two)
     assert accepts(LIST.grammar(ToolRequest(TOOLS.functions, required=True, parallel=False)), LIST.calls_text([NOW]))
     assert not accepts(LIST.grammar(ToolRequest((TIME,), required=True)), LIST.calls_text([PARIS]))
-    assert not accepts(HERMES.grammar(ToolRequest(TOOLS.functions, required=True, parallel=False)), HERMES.calls_text([PARIS, NOW]))
+    assert not accepts(
+        HERMES.grammar(ToolRequest(TOOLS.functions, required=True, parallel=False)), HERMES.calls_text([PARIS, NOW])
+    )
 
 
 def test_response_format_constrains_the_text_branch():
@@ -75,7 +86,9 @@ def test_an_answer_reads_as_calls_only_when_it_opens_like_one():
     cut = LIST.calls_text([PARIS])[:20]  # max_tokens ended it mid-call: the text is the answer
     assert ToolAnswer.read(LIST, True, cut) == (cut, None)
     streamed = ToolAnswer(LIST, False)
-    assert [streamed.feed(piece) for piece in ("<tool", "_call>[", '{"name": "get_time", "arguments": {}}]</tool_call>')] == ["", "", ""]
+    assert [
+        streamed.feed(piece) for piece in ("<tool", "_call>[", '{"name": "get_time", "arguments": {}}]</tool_call>')
+    ] == ["", "", ""]
     assert streamed.finish() == ("", [NOW])
 
 
@@ -88,8 +101,10 @@ def test_the_format_follows_the_chat_template():
     assert format_for_template("{{ messages[0].content }}") is LIST and format_for_template(None) is LIST
 
 
-CHATML = ("{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def test_a_tool_loop_renders_into_plain_messages_for_the_template():
@@ -118,7 +133,13 @@ def test_objects_are_closed_unless_the_schema_says_otherwise():
     keys of the model's own invention; a schema that opens an object keeps it open."""
     from sdk.protocol.engine import StructuredOutput
 
-    pydantic_like = {"type": "object", "properties": {"name": {"type": "string"}, "pet": {"type": "object", "properties": {"kind": {"type": "string"}}}}}
+    pydantic_like = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "pet": {"type": "object", "properties": {"kind": {"type": "string"}}},
+        },
+    }
     closed = StructuredOutput("json_schema", json.dumps(pydantic_like))
     assert accepts(closed, '{"name": "Ann", "pet": {"kind": "cat"}}')
     assert not accepts(closed, '{"name": "Ann", "required": ["name"]}')

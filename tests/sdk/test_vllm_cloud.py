@@ -50,12 +50,17 @@ def shifted_standin(local_engine):  # noqa: F811
 async def test_discovery_tells_vllm_from_a_plain_openai_server(standin):
     url, _ = standin
     async with OpenAICloudClient(f"{url}/v1") as vllm:
-        assert vllm.traits is None and (vllm.supports_continuation, vllm.takes_grammars) == (True, True)  # not known yet
+        assert vllm.traits is None and (vllm.supports_continuation, vllm.takes_grammars) == (
+            True,
+            True,
+        )  # not known yet
         await vllm.discover()
         assert vllm.traits.kind == "vllm" and (vllm.supports_continuation, vllm.takes_grammars) == (True, True)
 
     plain = OpenAICloudClient("http://plain.example/v1")
-    plain._http = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(404, json={"detail": "Not Found"})))
+    plain._http = httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda request: httpx.Response(404, json={"detail": "Not Found"}))
+    )
     await plain.discover()
     assert plain.traits.kind == "openai" and (plain.supports_continuation, plain.takes_grammars) == (False, False)
     assert await plain.tokenize(["hi"]) is None
@@ -84,21 +89,25 @@ async def test_continue_hand_off_sends_the_clouds_template_then_the_local_tokens
     url, app = standin
     k = 4
     scores = await reference_scores(local_engine)
-    threshold = min(0.9999, max(scores[k - 1:]) + 1e-6)  # every judged prefix falls below it: escalate at K
+    threshold = min(0.9999, max(scores[k - 1 :]) + 1e-6)  # every judged prefix falls below it: escalate at K
     prompt_ids = local_engine.apply_chat_template(QUESTION)
     local_ids = [e.token_id async for e in local_engine.generate(GenerationRequest("ids", prompt_ids, GREEDY))]
-    runner = CascadeRunner(local_engine, OpenAICloudClient(f"{url}/v1"), CascadeConfig(min_tokens_k=k, handoff="continue"))
+    runner = CascadeRunner(
+        local_engine, OpenAICloudClient(f"{url}/v1"), CascadeConfig(min_tokens_k=k, handoff="continue")
+    )
     app.state.bodies.clear()
     result = await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")
     await runner.cloud.close()
 
     routing = result.routing
     assert (routing.tier, routing.escalated, routing.handoff, routing.degraded) == ("cloud", True, "continue", False)
-    (path, body), = [(p, b) for p, b in app.state.bodies if p == "/v1/completions"]
-    assert body["prompt"] == prompt_ids + local_ids[: k - 1]  # the cloud's template (same here), then the released prefix
+    ((path, body),) = [(p, b) for p, b in app.state.bodies if p == "/v1/completions"]
+    assert (
+        body["prompt"] == prompt_ids + local_ids[: k - 1]
+    )  # the cloud's template (same here), then the released prefix
     assert body["max_tokens"] == GREEDY.max_tokens - (k - 1)
     assert ("/tokenize", {"model": "standin", "messages": QUESTION, "add_generation_prompt": True}) in app.state.bodies
-    assert result.tiers[: k - 1] == ["local"] * (k - 1) and set(result.tiers[k - 1:]) == {"cloud"}
+    assert result.tiers[: k - 1] == ["local"] * (k - 1) and set(result.tiers[k - 1 :]) == {"cloud"}
     # Greedy on the same weights: the cloud goes on exactly where the local model would have.
     assert result.text == local_engine.detokenize(local_ids)
 
@@ -107,8 +116,10 @@ async def test_continue_is_refused_when_the_vocabularies_differ(shifted_standin,
     url, app = shifted_standin
     k = 4
     scores = await reference_scores(local_engine)
-    threshold = min(0.9999, max(scores[k - 1:]) + 1e-6)
-    runner = CascadeRunner(local_engine, OpenAICloudClient(f"{url}/v1"), CascadeConfig(min_tokens_k=k, handoff="continue"))
+    threshold = min(0.9999, max(scores[k - 1 :]) + 1e-6)
+    runner = CascadeRunner(
+        local_engine, OpenAICloudClient(f"{url}/v1"), CascadeConfig(min_tokens_k=k, handoff="continue")
+    )
     app.state.bodies.clear()
     result = await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")
     await runner.cloud.close()
@@ -127,7 +138,7 @@ async def test_a_grammar_goes_to_the_cloud_as_structured_outputs(standin, local_
     result = await runner.complete(QUESTION, params, model="cloud")
     await runner.cloud.close()
     assert (result.routing.tier, result.routing.degraded) == ("cloud", False)
-    (path, body), = [(p, b) for p, b in app.state.bodies if p.startswith("/v1/")]
+    ((path, body),) = [(p, b) for p, b in app.state.bodies if p.startswith("/v1/")]
     assert path == "/v1/chat/completions" and body["structured_outputs"] == {"grammar": grammar}
     assert "response_format" not in body
     assert result.text in ("<tool_call>yes</tool_call>", "<tool_call>no</tool_call>")
@@ -140,8 +151,10 @@ async def test_a_server_that_is_not_vllm_keeps_the_local_answer_in_continue_mode
     with served_in_thread(create_app(local_engine), "plain-openai") as url:
         k = 4
         scores = await reference_scores(local_engine)
-        threshold = min(0.9999, max(scores[k - 1:]) + 1e-6)
-        runner = CascadeRunner(local_engine, OpenAICloudClient(f"{url}/v1"), CascadeConfig(min_tokens_k=k, handoff="continue"))
+        threshold = min(0.9999, max(scores[k - 1 :]) + 1e-6)
+        runner = CascadeRunner(
+            local_engine, OpenAICloudClient(f"{url}/v1"), CascadeConfig(min_tokens_k=k, handoff="continue")
+        )
         result = await runner.complete(QUESTION, GREEDY, model=f"auto:{threshold!r}")
         await runner.cloud.close()
     routing = result.routing

@@ -25,9 +25,14 @@ pytestmark = pytest.mark.slow
 NAME = "smollm2-on-vllm"
 QUESTION = [{"role": "user", "content": "Write the 14th digit of pi, then the capital of Burkina Faso."}]
 GREEDY = {"temperature": 0.0, "max_tokens": 32}
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +40,13 @@ def vllm(tmp_path_factory):
     reason = vllm_cannot_run_here()
     if reason:
         pytest.skip(reason)
-    setup = subprocess.run(["bash", os.path.join(REPO_ROOT, "scripts", "setup-vllm.sh")], cwd=REPO_ROOT,
-                           capture_output=True, text=True, timeout=1800)  # fmt: skip
+    setup = subprocess.run(
+        ["bash", os.path.join(REPO_ROOT, "scripts", "setup-vllm.sh")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert setup.returncode == 0, f"scripts/setup-vllm.sh failed:\n{setup.stderr[-3000:]}"
     python, hf_dir = setup.stdout.strip().splitlines()[-2:]
     server = vllm_server(python, hf_dir, NAME, threads=1, max_num_seqs=4)
@@ -53,8 +63,20 @@ def cascade_url(vllm, tmp_path_factory):
     folder = tmp_path_factory.mktemp("tandem-serve")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")} | {"TANDEM_CASCADE_HANDOFF": "continue"}
-    command = [sys.executable, "-m", "sdk.cli", "serve", "--port", str(port), "--threads", "1",
-               "--cloud", f"{vllm.base_url}/v1", "--log-level", "warning"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "sdk.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--threads",
+        "1",
+        "--cloud",
+        f"{vllm.base_url}/v1",
+        "--log-level",
+        "warning",
+    ]
     log_path = folder / "serve.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
@@ -81,23 +103,36 @@ def test_vllm_answers_as_transformers_does_on_the_same_weights(vllm):
     hf_dir = vllm.command[vllm.command.index("--model") + 1]
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16)
-    ids = tokenizer.apply_chat_template(question, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    reference = tokenizer.decode(model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:],
-                                 skip_special_tokens=True)  # fmt: skip
-    answer = httpx.post(f"{vllm.base_url}/v1/chat/completions", timeout=120, json={
-        "model": NAME, "messages": question, "max_tokens": 12, "temperature": 0.0}).json()  # fmt: skip
+    ids = tokenizer.apply_chat_template(question, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
+        "input_ids"
+    ]
+    reference = tokenizer.decode(
+        model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :], skip_special_tokens=True
+    )
+    answer = httpx.post(
+        f"{vllm.base_url}/v1/chat/completions",
+        timeout=120,
+        json={"model": NAME, "messages": question, "max_tokens": 12, "temperature": 0.0},
+    ).json()
     assert "Paris" in reference
     assert answer["choices"][0]["message"]["content"] == reference
 
 
 def test_a_streamed_escalation_continues_after_the_local_prefix(vllm, cascade_url):
-    chunks = list(client_of(cascade_url).chat.completions.create(
-        model="auto:0.999", messages=QUESTION, stream=True, stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        client_of(cascade_url).chat.completions.create(
+            model="auto:0.999", messages=QUESTION, stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
     infos = [c.model_extra["tandem"] for c in chunks if (c.model_extra or {}).get("tandem")]
     assert infos, "no routing information in the stream"
     tandem = infos[-1]
-    assert (tandem["tier"], tandem["escalated"], tandem["handoff"], tandem["degraded"]) == ("cloud", True, "continue", False), (
-        tandem, _log_tail(cascade_url[1]))
+    assert (tandem["tier"], tandem["escalated"], tandem["handoff"], tandem["degraded"]) == (
+        "cloud",
+        True,
+        "continue",
+        False,
+    ), (tandem, _log_tail(cascade_url[1]))
     released = tandem["decided_at_token"] - 1  # the K-th local token triggered the escalation; the ones before streamed
     assert released >= 1
     # vLLM got its own chat template's tokens and then the released local tokens (a token-id prompt).
@@ -111,8 +146,9 @@ def test_an_escalated_answer_is_vllms_with_its_own_usage(vllm, cascade_url):
     answer = client_of(cascade_url).chat.completions.create(model="cloud", messages=QUESTION, **GREEDY)
     tandem = answer.model_extra["tandem"]
     assert (tandem["tier"], tandem["degraded"]) == ("cloud", False), (tandem, _log_tail(cascade_url[1]))
-    direct = httpx.post(f"{vllm.base_url}/v1/chat/completions", json={"model": NAME, "messages": QUESTION, **GREEDY},
-                        timeout=120).json()  # fmt: skip
+    direct = httpx.post(
+        f"{vllm.base_url}/v1/chat/completions", json={"model": NAME, "messages": QUESTION, **GREEDY}, timeout=120
+    ).json()
     assert answer.choices[0].message.content == direct["choices"][0]["message"]["content"]
     assert answer.usage.completion_tokens == direct["usage"]["completion_tokens"]
     assert tandem["cost"]["cloud"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]
@@ -120,11 +156,16 @@ def test_an_escalated_answer_is_vllms_with_its_own_usage(vllm, cascade_url):
 
 def test_a_tool_call_is_answered_by_vllm_under_tandems_grammar(cascade_url):
     answer = client_of(cascade_url).chat.completions.create(
-        model="cloud", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=[WEATHER_TOOL], tool_choice="required", temperature=0.0, max_tokens=64)  # fmt: skip
+        model="cloud",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        temperature=0.0,
+        max_tokens=64,
+    )
     tandem = answer.model_extra["tandem"]
     assert (tandem["tier"], tandem["degraded"]) == ("cloud", False), (tandem, _log_tail(cascade_url[1]))
-    call, = answer.choices[0].message.tool_calls
+    (call,) = answer.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
     assert answer.choices[0].finish_reason == "tool_calls"
 
@@ -149,8 +190,13 @@ def test_a_json_schema_answer_from_vllm(vllm, cascade_url):
     assert isinstance(value["city"], str) and isinstance(value["is_capital"], bool)
     direct = httpx.post(
         f"{vllm.base_url}/v1/chat/completions",
-        json={"model": NAME, "messages": question, "response_format": response_format, "temperature": 0.0,
-              "max_tokens": 64},
+        json={
+            "model": NAME,
+            "messages": question,
+            "response_format": response_format,
+            "temperature": 0.0,
+            "max_tokens": 64,
+        },
         timeout=120,
     ).json()
     assert answer.choices[0].message.content == direct["choices"][0]["message"]["content"]
@@ -160,8 +206,9 @@ def test_vllm_killed_mid_stream_falls_back_and_opens_the_breaker(vllm, cascade_u
     """Runs last (it kills the module's server): the stream ends with the local tier taking over,
     nothing hangs, and the failures count for the breaker until it opens."""
     client = client_of(cascade_url)
-    stream = client.chat.completions.create(model="cloud", messages=QUESTION, stream=True, temperature=0.0,
-                                            max_tokens=200, extra_body={"ignore_eos": True})  # fmt: skip
+    stream = client.chat.completions.create(
+        model="cloud", messages=QUESTION, stream=True, temperature=0.0, max_tokens=200, extra_body={"ignore_eos": True}
+    )
     started = time.monotonic()
     chunks = []
     for chunk in stream:

@@ -40,7 +40,10 @@ def vllm_standin(engine, model_name: str = "standin") -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "max_model_len": engine.max_model_len}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "max_model_len": engine.max_model_len}],
+        }
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -55,21 +58,40 @@ def vllm_standin(engine, model_name: str = "standin") -> FastAPI:
     async def completions(request: Request):
         body = await body_of(request)
         if not (isinstance(body.get("prompt"), list) and all(isinstance(t, int) for t in body["prompt"])):
-            return JSONResponse({"error": {"message": "the stand-in takes token-id prompts only", "type": "BadRequestError",
-                                           "param": "prompt", "code": 400}}, status_code=400)  # fmt: skip
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": "the stand-in takes token-id prompts only",
+                        "type": "BadRequestError",
+                        "param": "prompt",
+                        "code": 400,
+                    }
+                },
+                status_code=400,
+            )
         return stream(body, list(body["prompt"]), "text_completion", lambda text: {"text": text})
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await body_of(request)
         if "response_format" in body:  # a vLLM client of tandem's sends structured_outputs instead
-            return JSONResponse({"error": {"message": "use structured_outputs", "param": "response_format"}}, status_code=400)
-        return stream(body, engine.apply_chat_template(body["messages"]), "chat.completion.chunk",
-                      lambda text: {"delta": {"content": text}})  # fmt: skip
+            return JSONResponse(
+                {"error": {"message": "use structured_outputs", "param": "response_format"}}, status_code=400
+            )
+        return stream(
+            body,
+            engine.apply_chat_template(body["messages"]),
+            "chat.completion.chunk",
+            lambda text: {"delta": {"content": text}},
+        )
 
     def stream(body: dict, prompt_ids: list[int], kind: str, choice_of) -> StreamingResponse:
-        params = SamplingParams(max_tokens=body.get("max_tokens") or 16, temperature=body.get("temperature", 1.0),
-                                seed=body.get("seed"), structured=structured(body.get("structured_outputs")))  # fmt: skip
+        params = SamplingParams(
+            max_tokens=body.get("max_tokens") or 16,
+            temperature=body.get("temperature", 1.0),
+            seed=body.get("seed"),
+            structured=structured(body.get("structured_outputs")),
+        )
         request_id = f"cmpl-{uuid.uuid4().hex}"
 
         async def chunks():
@@ -78,7 +100,11 @@ def vllm_standin(engine, model_name: str = "standin") -> FastAPI:
                 count += 1
                 choice = {"index": 0, **choice_of(event.text), "finish_reason": event.finish_reason}
                 yield f"data: {json.dumps({'id': request_id, 'object': kind, 'choices': [choice]})}\n\n"
-            usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": count, "total_tokens": len(prompt_ids) + count}
+            usage = {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": count,
+                "total_tokens": len(prompt_ids) + count,
+            }
             yield f"data: {json.dumps({'id': request_id, 'object': kind, 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
 

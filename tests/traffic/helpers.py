@@ -30,9 +30,20 @@ def routing(tier: str = "local", escalated: bool = False, reason: str = "confide
     return RoutingInfo(tier=tier, escalated=escalated, reason=reason, confidence=0.8, decided_by="streaming", cost=cost)
 
 
-def entry(response_id: str, key: str | None = "fp-a", tier: str = "local", private: bool = False, text: str = "What is 2+2?") -> TrafficEntry:
-    return TrafficEntry(response_id=response_id, key_fingerprint=key, model="auto", routing=routing(tier), finish_reason="stop",
-                        latency_ms=12.5, prompt_text=text, flagged_private=private, answer_text="4")  # fmt: skip
+def entry(
+    response_id: str, key: str | None = "fp-a", tier: str = "local", private: bool = False, text: str = "What is 2+2?"
+) -> TrafficEntry:
+    return TrafficEntry(
+        response_id=response_id,
+        key_fingerprint=key,
+        model="auto",
+        routing=routing(tier),
+        finish_reason="stop",
+        latency_ms=12.5,
+        prompt_text=text,
+        flagged_private=private,
+        answer_text="4",
+    )
 
 
 def open_record(path, **config) -> TrafficRecord:

@@ -22,7 +22,9 @@ QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
 @pytest.fixture(scope="module")
 def local_engine():
-    engine = AsyncLocalEngine(LocalEngineConfig(kv_cache_tokens=1024, max_num_seqs=2, max_model_len=512, n_threads=1)).start()
+    engine = AsyncLocalEngine(
+        LocalEngineConfig(kv_cache_tokens=1024, max_num_seqs=2, max_model_len=512, n_threads=1)
+    ).start()
     engine.wait_ready(180)
     yield engine
     engine.shutdown()
@@ -55,8 +57,11 @@ async def test_in_process_feedback(tmp_path, local_engine):
 def test_bridge_feedback(tmp_path):
     import android_bridge
 
-    config = {"cloud": {"url": "none"}, "local": {"kv_cache_tokens": 1024, "max_num_seqs": 2, "threads": 1},
-              "traffic": {"record": True, "path": str(tmp_path / "bridge.sqlite3"), "embed": False}}  # fmt: skip
+    config = {
+        "cloud": {"url": "none"},
+        "local": {"kv_cache_tokens": 1024, "max_num_seqs": 2, "threads": 1},
+        "traffic": {"record": True, "path": str(tmp_path / "bridge.sqlite3"), "embed": False},
+    }
     started = json.loads(android_bridge.start(json.dumps(config)))
     assert started.get("ok"), started
     try:

@@ -36,11 +36,20 @@ def test_rows_hold_features_and_signals_but_never_text(tmp_path):
     record.close()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
     [row] = rows_of(path)
-    assert (row["id"], row["key_fingerprint"], row["tier"], row["reason"]) == ("chatcmpl-1", "fp-a", "local", "confident")
+    assert (row["id"], row["key_fingerprint"], row["tier"], row["reason"]) == (
+        "chatcmpl-1",
+        "fp-a",
+        "local",
+        "confident",
+    )
     assert row["prompt_text"] is None and row["answer_text"] is None
     assert b"secret" not in path.read_bytes()  # nowhere in the file, not even in a free page
     assert len(store.from_blob(row["shape"])) == NUM_SHAPE_FEATURES and len(store.from_blob(row["embedding"])) == 384
-    assert row["embedder"] == HashEmbedder.fingerprint and row["local_completion_tokens"] == 5 and row["latency_ms"] == 12.5
+    assert (
+        row["embedder"] == HashEmbedder.fingerprint
+        and row["local_completion_tokens"] == 5
+        and row["latency_ms"] == 12.5
+    )
     texted = open_record(tmp_path / "texted.sqlite3", record_text=True)
     texted.record(entry("chatcmpl-2", text="keep me"))
     texted.flush()
@@ -82,8 +91,13 @@ def test_feedback_belongs_to_the_key_that_got_the_answer(tmp_path):
     record.flush()
     record.close()
     conn = sqlite3.connect(path)
-    labels = conn.execute("SELECT response_id, source, weak, strong, detail FROM labels ORDER BY response_id").fetchall()
-    assert labels == [("chatcmpl-a", "feedback", 1.0, None, "thumbs"), ("chatcmpl-cloud", "feedback", None, 0.25, "score")]
+    labels = conn.execute(
+        "SELECT response_id, source, weak, strong, detail FROM labels ORDER BY response_id"
+    ).fetchall()
+    assert labels == [
+        ("chatcmpl-a", "feedback", 1.0, None, "thumbs"),
+        ("chatcmpl-cloud", "feedback", None, 0.25, "score"),
+    ]
     # A restarted server (nothing in memory) finds owners in the file.
     again = open_record(path)
     with pytest.raises(FeedbackError) as later:
@@ -123,10 +137,17 @@ def test_retention_size_bound_and_purge(tmp_path):
         assert store.file_bytes(conn) < 1024 * 1024  # texts are not stored: 400 rows are small
         removed = store.enforce_size(conn, 64 * 1024)  # a tighter bound: the oldest rows go first
         remaining = [r[0] for r in conn.execute("SELECT id FROM requests ORDER BY created_at")]
-        assert removed > 0 and len(remaining) == before - removed and store.file_bytes(conn) <= 64 * 1024 * store.SIZE_SLACK
+        assert (
+            removed > 0
+            and len(remaining) == before - removed
+            and store.file_bytes(conn) <= 64 * 1024 * store.SIZE_SLACK
+        )
         assert remaining[-1] == "chatcmpl-0399" and "chatcmpl-0000" not in remaining
         deleted = store.purge(conn, key_fingerprint="fp-b")
-        assert deleted > 0 and conn.execute("SELECT count(*) FROM requests WHERE key_fingerprint = 'fp-b'").fetchone()[0] == 0
+        assert (
+            deleted > 0
+            and conn.execute("SELECT count(*) FROM requests WHERE key_fingerprint = 'fp-b'").fetchone()[0] == 0
+        )
         store.purge(conn, everything=True)
         assert store.stats(conn)["requests"] == 0
         with pytest.raises(ValueError):
@@ -151,7 +172,9 @@ def test_a_full_queue_drops_rows_and_counts_them(tmp_path):
 def test_schema_migrates_forward_and_refuses_what_it_cannot_read(tmp_path):
     path = tmp_path / "t.sqlite3"
     conn = store.connect(path)
-    store.insert_request(conn, {"id": "r1", "created_at": 1.0, "model": "auto", "tier": "local", "escalated": 0, "reason": "x"})
+    store.insert_request(
+        conn, {"id": "r1", "created_at": 1.0, "model": "auto", "tier": "local", "escalated": 0, "reason": "x"}
+    )
     assert schema.schema_version(conn) == schema.SCHEMA_VERSION
     # A later version adds a column: the row survives the migration.
     later = schema.MIGRATIONS + ["ALTER TABLE requests ADD COLUMN region TEXT; -- a new column"]
@@ -188,7 +211,11 @@ def test_training_rows_combine_labels_and_skip_foreign_vectors(tmp_path):
     loaded = load_traffic_rows(path, embedder=HashEmbedder.fingerprint)
     assert loaded.ids == [f"chatcmpl-{i}" for i in range(6)] and loaded.num_labelled == 2
     np.testing.assert_allclose(loaded.rows.labels[0], [0.5, 1.0])
-    assert np.isnan(loaded.rows.labels[1, 0]) and loaded.rows.labels[1, 1] == 0.0 and np.isnan(loaded.rows.labels[2:]).all()
+    assert (
+        np.isnan(loaded.rows.labels[1, 0])
+        and loaded.rows.labels[1, 1] == 0.0
+        and np.isnan(loaded.rows.labels[2:]).all()
+    )
     assert np.isfinite(loaded.rows.embedding).all() and loaded.rows.shape.shape == (6, NUM_SHAPE_FEATURES)
     other = load_traffic_rows(path, embedder="another-embedder|int8")  # vectors of another model never mix in
     assert np.isnan(other.rows.embedding).all()

@@ -25,8 +25,11 @@ from sdk.traffic import store
 from sdk.traffic.retrain import BackgroundRetrainer, Candidate, RetrainResult, compare_rankings, retrain_once
 from sdk.traffic.config import TrafficSettings
 
-PROMPTS = [f"Question {i}: " + ("compute 3 * (4 + 5) = ?" if i % 3 == 0 else "tell me about the history of Rome.") * (1 + i % 4)
-           for i in range(40)]  # fmt: skip
+PROMPTS = [
+    f"Question {i}: "
+    + ("compute 3 * (4 + 5) = ?" if i % 3 == 0 else "tell me about the history of Rome.") * (1 + i % 4)
+    for i in range(40)
+]
 
 
 def _router(path, alpha: float = 1.0, flip: bool = False) -> str:
@@ -52,9 +55,21 @@ def _fill(path, rows: int, weak_rate_by_topic: tuple[float, float], seed: int = 
         topic = i % 2
         vector = centres[topic] + 0.3 * rng.normal(size=384)
         text = PROMPTS[i % len(PROMPTS)]
-        store.insert_request(conn, {"id": f"r{i}", "created_at": 1000.0 + i, "model": "auto", "tier": "local", "escalated": 0,
-                                    "reason": "confident", "shape": store.to_blob(shape_features([text])[0]), "shape_version": 1,
-                                    "embedding": store.to_blob(vector / np.linalg.norm(vector)), "embedder": embedder})  # fmt: skip
+        store.insert_request(
+            conn,
+            {
+                "id": f"r{i}",
+                "created_at": 1000.0 + i,
+                "model": "auto",
+                "tier": "local",
+                "escalated": 0,
+                "reason": "confident",
+                "shape": store.to_blob(shape_features([text])[0]),
+                "shape_version": 1,
+                "embedding": store.to_blob(vector / np.linalg.norm(vector)),
+                "embedder": embedder,
+            },
+        )
         weak = float(rng.random() < weak_rate_by_topic[topic])
         store.upsert_label(conn, f"r{i}", "shadow", weak, 1.0, "test", created_at=2000.0 + i)
     conn.close()
@@ -133,7 +148,9 @@ def test_a_better_candidate_is_written_whole_and_swapped_in(tmp_path):
     assert result.num_ranked == 100 and retrainer.outcomes["swapped"] == 1
     assert "better by more than 2 SE" in result.detail and "not" not in result.detail
     fresh = runner.prompt_scorer
-    assert fresh.path == result.path and fresh.metadata["topic_correction"]["num_rows"] == 500  # the newest 100 held out
+    assert (
+        fresh.path == result.path and fresh.metadata["topic_correction"]["num_rows"] == 500
+    )  # the newest 100 held out
     latest = load_scorer(os.path.join(settings.routers_dir, "latest.onnx"))
     np.testing.assert_allclose(latest.score(PROMPTS), fresh.score(PROMPTS))
     assert asyncio.run(retrainer.maybe_retrain()) is None  # no new labels since

@@ -55,17 +55,23 @@ async def test_budget_holds_under_concurrency(tmp_path):
     record = open_record(tmp_path / "t.sqlite3", embed=False)
     cloud = SlowCloud(prompt_tokens=30)
     budget = DailyBudget(limit=1000)
-    sampler = ShadowSampler(1.0, budget, record, ExactMatchJudge(), Runner(cloud), max_in_flight=100, rng=random.Random(0))
+    sampler = ShadowSampler(
+        1.0, budget, record, ExactMatchJudge(), Runner(cloud), max_in_flight=100, rng=random.Random(0)
+    )
     params = SamplingParams(max_tokens=64)
     started = 0
     for i in range(200):  # 200 local answers finishing at once
         record.record(entry(f"chatcmpl-{i}"))
-        started += sampler.consider(f"chatcmpl-{i}", [{"role": "user", "content": "2+2?"}], params, "2+2?", "4", num_prompt_tokens=24)
+        started += sampler.consider(
+            f"chatcmpl-{i}", [{"role": "user", "content": "2+2?"}], params, "2+2?", "4", num_prompt_tokens=24
+        )
     reservation = int(24 * PROMPT_MARGIN) + 64
     assert started == 1000 // reservation and sampler.counts.skipped_budget == 200 - started
     assert budget.used + budget.reserved <= budget.limit
     await asyncio.gather(*list(sampler._tasks))
-    assert budget.reserved == 0 and budget.used == started * (30 + 5) <= budget.limit  # settled with what the cloud reported
+    assert (
+        budget.reserved == 0 and budget.used == started * (30 + 5) <= budget.limit
+    )  # settled with what the cloud reported
     assert sampler.counts.judged == started == cloud.calls
     await asyncio.to_thread(record.flush)
     assert record.counter_today("shadow_cloud_tokens") == budget.used
@@ -79,7 +85,9 @@ async def test_budget_holds_under_concurrency(tmp_path):
 async def test_fraction_breaker_and_in_flight_cap(tmp_path):
     record = open_record(tmp_path / "t.sqlite3", embed=False)
     runner = Runner(SlowCloud(delay_s=0.05))
-    sampler = ShadowSampler(0.25, DailyBudget(10**9), record, ExactMatchJudge(), runner, max_in_flight=3, rng=random.Random(1))
+    sampler = ShadowSampler(
+        0.25, DailyBudget(10**9), record, ExactMatchJudge(), runner, max_in_flight=3, rng=random.Random(1)
+    )
     taken = [sampler.consider(f"r{i}", [], SamplingParams(max_tokens=8), "q", "a", 10) for i in range(400)]
     assert sampler.counts.started == 3 and sampler.counts.skipped_busy > 0  # the cap, reached at once
     await asyncio.gather(*list(sampler._tasks))
@@ -88,8 +96,12 @@ async def test_fraction_breaker_and_in_flight_cap(tmp_path):
     await asyncio.gather(*list(sampler._tasks))
     Breaker.state.value = "open"
     try:
-        assert not any(ShadowSampler(1.0, DailyBudget(10**9), record, ExactMatchJudge(), runner).consider("x", [], SamplingParams(), "q", "a", 1)
-                       for _ in range(5))  # fmt: skip
+        assert not any(
+            ShadowSampler(1.0, DailyBudget(10**9), record, ExactMatchJudge(), runner).consider(
+                "x", [], SamplingParams(), "q", "a", 1
+            )
+            for _ in range(5)
+        )
     finally:
         Breaker.state.value = "closed"
     record.close()
@@ -104,10 +116,17 @@ def test_daily_budget_rolls_over_at_utc_midnight():
     assert budget.reserve(100) and budget.remaining == 0
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("The total is 1,234 apples.", "1234"), ("So x = 2.50", "2.5"), ("Answer: B", "B"), ("I think (C)", "C"),
-    ("The capital of France is Paris.", "the capital of france is paris"), ("", ""),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The total is 1,234 apples.", "1234"),
+        ("So x = 2.50", "2.5"),
+        ("Answer: B", "B"),
+        ("I think (C)", "C"),
+        ("The capital of France is Paris.", "the capital of france is paris"),
+        ("", ""),
+    ],
+)
 def test_final_answer(text, expected):
     assert final_answer(text) == expected
 

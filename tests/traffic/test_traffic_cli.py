@@ -40,22 +40,65 @@ def test_calibrate_from_traffic_uses_the_judged_requests(tmp_path):
     rng = np.random.default_rng(0)
     for i in range(200):  # a router score that knows which prompts the local tier gets wrong
         weak = float(rng.random() < 0.6)
-        store.insert_request(conn, {"id": f"r{i}", "created_at": float(i), "model": "auto", "tier": "local", "escalated": 0,
-                                    "reason": "confident", "router_score": float(0.7 - 0.4 * weak + 0.1 * rng.random()),
-                                    "local_prompt_tokens": 20, "local_completion_tokens": 10})  # fmt: skip
+        store.insert_request(
+            conn,
+            {
+                "id": f"r{i}",
+                "created_at": float(i),
+                "model": "auto",
+                "tier": "local",
+                "escalated": 0,
+                "reason": "confident",
+                "router_score": float(0.7 - 0.4 * weak + 0.1 * rng.random()),
+                "local_prompt_tokens": 20,
+                "local_completion_tokens": 10,
+            },
+        )
         store.upsert_label(conn, f"r{i}", "shadow", weak, 1.0, "test")
-    store.insert_request(conn, {"id": "feedback-only", "created_at": 300.0, "model": "auto", "tier": "local", "escalated": 0, "reason": "x"})
+    store.insert_request(
+        conn,
+        {"id": "feedback-only", "created_at": 300.0, "model": "auto", "tier": "local", "escalated": 0, "reason": "x"},
+    )
     store.upsert_label(conn, "feedback-only", "feedback", 1.0, None, "score")  # one tier judged: not a calibration row
     conn.close()
-    result = run("calibrate", "--from-traffic", str(db), "--router", "column:router_score", "--higher-means", "cloud",
-                 "--quality", "0.95", "--dry-run")  # fmt: skip
+    result = run(
+        "calibrate",
+        "--from-traffic",
+        str(db),
+        "--router",
+        "column:router_score",
+        "--higher-means",
+        "cloud",
+        "--quality",
+        "0.95",
+        "--dry-run",
+    )
     assert result.exit_code == 0, result.output
     assert "on 200 prompts" in result.output and "dry run" in result.output
-    both = run("calibrate", "--from-traffic", str(db), "--data", "routellm", "--router", "column:router_score", "--quality", "0.9", "--dry-run")
+    both = run(
+        "calibrate",
+        "--from-traffic",
+        str(db),
+        "--data",
+        "routellm",
+        "--router",
+        "column:router_score",
+        "--quality",
+        "0.9",
+        "--dry-run",
+    )
     assert both.exit_code != 0 and "one of --data" in both.output
     conn = store.connect(tmp_path / "unjudged.sqlite3")
     conn.close()
-    empty = run("calibrate", "--from-traffic", str(tmp_path / "unjudged.sqlite3"), "--router", "column:router_score", "--quality", "0.9")
+    empty = run(
+        "calibrate",
+        "--from-traffic",
+        str(tmp_path / "unjudged.sqlite3"),
+        "--router",
+        "column:router_score",
+        "--quality",
+        "0.9",
+    )
     assert empty.exit_code != 0 and "both tiers judged" in empty.output
 
 
@@ -73,5 +116,11 @@ def test_router_train_from_traffic_refines_the_shipped_router(tmp_path):
     assert np.abs(learned.score(PROMPTS) - shipped.score(PROMPTS)).max() > 0.01
     report = json.loads(out.with_suffix(".report.json").read_text())
     assert report["num_table_rows"] == 0 and report["num_traffic_judged"] == 400
-    assert report["num_base_rows"] == shipped.metadata["prior_statistics"]["num_rows"] == sum(shipped.metrics["trained_on"].values())
-    assert learned.metadata["head_recipe"] == shipped.metadata["head_recipe"]  # the retrain keeps the base router's recipe
+    assert (
+        report["num_base_rows"]
+        == shipped.metadata["prior_statistics"]["num_rows"]
+        == sum(shipped.metrics["trained_on"].values())
+    )
+    assert (
+        learned.metadata["head_recipe"] == shipped.metadata["head_recipe"]
+    )  # the retrain keeps the base router's recipe

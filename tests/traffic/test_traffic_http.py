@@ -18,7 +18,11 @@ from tests.conftest import running_server
 
 pytestmark = pytest.mark.slow
 
-KEY_A, KEY_B, KEY_C = "sk-tandem-traffic-a-0123456789", "sk-tandem-traffic-b-0123456789", "sk-tandem-traffic-c-0123456789"
+KEY_A, KEY_B, KEY_C = (
+    "sk-tandem-traffic-a-0123456789",
+    "sk-tandem-traffic-b-0123456789",
+    "sk-tandem-traffic-c-0123456789",
+)
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
 
@@ -28,9 +32,14 @@ def served(tmp_path_factory):
     keys = scratch / "keys.txt"
     keys.write_text(f"{KEY_A}\n{KEY_B}\n{KEY_C}\n")
     db = scratch / "traffic.sqlite3"
-    env = {"TANDEM_TRAFFIC_RECORD": "1", "TANDEM_TRAFFIC_PATH": str(db), "TANDEM_TRAFFIC_EMBED": "0",
-           "TANDEM_TRAFFIC_SHADOW_FRACTION": "1", "TANDEM_TRAFFIC_FEEDBACK_PER_MINUTE": "6",
-           "TANDEM_CASCADE_PROMPT_ROUTER": "default"}  # fmt: skip
+    env = {
+        "TANDEM_TRAFFIC_RECORD": "1",
+        "TANDEM_TRAFFIC_PATH": str(db),
+        "TANDEM_TRAFFIC_EMBED": "0",
+        "TANDEM_TRAFFIC_SHADOW_FRACTION": "1",
+        "TANDEM_TRAFFIC_FEEDBACK_PER_MINUTE": "6",
+        "TANDEM_CASCADE_PROMPT_ROUTER": "default",
+    }
     with running_server(["serve", "--api-key-file", str(keys)], scratch / "server.log", extra_env=env) as (_, url):
         yield url, db
 
@@ -61,8 +70,11 @@ def wait_for(db, query: str, args=(), timeout_s: float = 60.0):
 def test_answers_are_recorded_with_their_key_and_no_text(served):
     url, db = served
     reply = client(url, KEY_A).chat.completions.create(model="auto:0", messages=QUESTION, max_tokens=8, temperature=0)
-    rows = wait_for(db, "SELECT key_fingerprint, tier, model, router_score, prompt_text, shape IS NOT NULL, signals FROM requests WHERE id = ?",
-                    (reply.id,))  # fmt: skip
+    rows = wait_for(
+        db,
+        "SELECT key_fingerprint, tier, model, router_score, prompt_text, shape IS NOT NULL, signals FROM requests WHERE id = ?",
+        (reply.id,),
+    )
     assert rows, "the answer was never recorded"
     fingerprint, tier, model, router_score, text, has_shape, signals = rows[0]
     assert (fingerprint, tier, model, text, has_shape) == (key_fingerprint(KEY_A), "local", "auto:0", None, 1)
@@ -75,14 +87,29 @@ def test_feedback_is_owned_idempotent_and_rate_limited(served):
     ok = feedback(url, KEY_A, {"id": reply.id, "thumbs": "down"})
     assert ok.status_code == 200, ok.text
     assert ok.json() == {"object": "feedback", "id": reply.id, "score": 0.0, "recorded": True, "tier": "local"}
-    assert feedback(url, KEY_A, {"id": reply.id, "score": 0.75}).status_code == 200  # a second verdict replaces the first
-    labels = wait_for(db, "SELECT weak FROM labels WHERE response_id = ? AND source = 'feedback' AND weak = 0.75", (reply.id,))
-    assert labels == [(0.75,)] and len(wait_for(db, "SELECT 1 FROM labels WHERE response_id = ? AND source = 'feedback'", (reply.id,))) == 1
+    assert (
+        feedback(url, KEY_A, {"id": reply.id, "score": 0.75}).status_code == 200
+    )  # a second verdict replaces the first
+    labels = wait_for(
+        db, "SELECT weak FROM labels WHERE response_id = ? AND source = 'feedback' AND weak = 0.75", (reply.id,)
+    )
+    assert (
+        labels == [(0.75,)]
+        and len(wait_for(db, "SELECT 1 FROM labels WHERE response_id = ? AND source = 'feedback'", (reply.id,))) == 1
+    )
     other = feedback(url, KEY_B, {"id": reply.id, "score": 1})
-    assert other.status_code == 403 and other.json()["error"]["code"] == "permission_denied" and other.json()["error"]["param"] == "id"
+    assert (
+        other.status_code == 403
+        and other.json()["error"]["code"] == "permission_denied"
+        and other.json()["error"]["param"] == "id"
+    )
     unknown = feedback(url, KEY_A, {"id": "chatcmpl-never", "score": 1})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "response_not_found"
-    for bad, param in (({"id": reply.id}, None), ({"id": reply.id, "score": 2}, None), ({"id": reply.id, "score": 1, "tag": 1}, "tag")):
+    for bad, param in (
+        ({"id": reply.id}, None),
+        ({"id": reply.id, "score": 2}, None),
+        ({"id": reply.id, "score": 1, "tag": 1}, "tag"),
+    ):
         refused = feedback(url, KEY_A, bad)
         assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
         if param:
@@ -98,7 +125,9 @@ def test_privacy_flagged_requests_leave_only_a_counter(served):
     url, db = served
     email = [{"role": "user", "content": "Draft a note to jane.doe@example.com about the merger."}]
     flagged = client(url, KEY_A).chat.completions.create(model="auto", messages=email, max_tokens=4)
-    private = client(url, KEY_A).chat.completions.create(model="auto", messages=QUESTION, max_tokens=4, extra_body={"private": True})
+    private = client(url, KEY_A).chat.completions.create(
+        model="auto", messages=QUESTION, max_tokens=4, extra_body={"private": True}
+    )
     assert wait_for(db, "SELECT value FROM counters WHERE name = 'privacy_flagged' AND value >= 2")
     assert not wait_for(db, "SELECT 1 FROM requests WHERE id IN (?, ?)", (flagged.id, private.id), timeout_s=2)
     answer = feedback(url, KEY_A, {"id": private.id, "thumbs": "up"})
@@ -108,9 +137,15 @@ def test_privacy_flagged_requests_leave_only_a_counter(served):
 
 def test_shadow_samples_label_local_answers(served):
     url, db = served
-    reply = client(url, KEY_A).chat.completions.create(model="local", messages=[{"role": "user", "content": "What is 3+4?"}],
-                                                       max_tokens=12, temperature=0)  # fmt: skip
-    labels = wait_for(db, "SELECT weak, strong, detail FROM labels WHERE response_id = ? AND source = 'shadow'", (reply.id,), timeout_s=120)
+    reply = client(url, KEY_A).chat.completions.create(
+        model="local", messages=[{"role": "user", "content": "What is 3+4?"}], max_tokens=12, temperature=0
+    )
+    labels = wait_for(
+        db,
+        "SELECT weak, strong, detail FROM labels WHERE response_id = ? AND source = 'shadow'",
+        (reply.id,),
+        timeout_s=120,
+    )
     assert labels, "no shadow judgment arrived"
     weak, strong, detail = labels[0]
     assert weak in (0.0, 1.0) and strong is None and detail == "exact_match"

@@ -39,7 +39,9 @@ class EmbeddingRequest(BaseModel):
         texts = self.texts  # raises for token arrays, empty lists and too many inputs
         del texts
         if self.dimensions is not None:
-            raise InvalidRequestError("dimensions is not supported: all-MiniLM-L6-v2 has one size, 384; leave it out", "dimensions")
+            raise InvalidRequestError(
+                "dimensions is not supported: all-MiniLM-L6-v2 has one size, 384; leave it out", "dimensions"
+            )
         ignored = (["user"] if self.user is not None else []) + classify_extra_fields(self.model_extra or {})
         refuse_unknown_fields(ignored, bool((info.context or {}).get("strict_fields")))
         self._ignored_fields = ignored
@@ -53,8 +55,9 @@ class EmbeddingRequest(BaseModel):
         if any(not isinstance(value, str) for value in values):
             raise InvalidRequestError(
                 "input must be a string or a list of strings: token ids belong to a tokenizer (OpenAI's are not "
-                "this model's), so send the text", "input",
-            )  # fmt: skip
+                "this model's), so send the text",
+                "input",
+            )
         if len(values) > MAX_INPUTS:
             raise InvalidRequestError(f"input holds {len(values)} texts; at most {MAX_INPUTS} per request", "input")
         return values
@@ -83,8 +86,9 @@ class EmbeddingResponse(BaseModel):
     tandem: dict[str, Any] | None = None  # extension: the request fields accepted but ignored
 
     @classmethod
-    def of(cls, vectors: np.ndarray, num_tokens: list[int], model: str, encoding_format: str,
-           ignored_fields: list[str]) -> EmbeddingResponse:  # fmt: skip
+    def of(
+        cls, vectors: np.ndarray, num_tokens: list[int], model: str, encoding_format: str, ignored_fields: list[str]
+    ) -> EmbeddingResponse:
         def encode(vector: np.ndarray):
             if encoding_format == "base64":
                 return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
@@ -92,5 +96,9 @@ class EmbeddingResponse(BaseModel):
 
         data = [EmbeddingData(index=i, embedding=encode(vector)) for i, vector in enumerate(vectors)]
         total = int(sum(num_tokens))
-        return cls(data=data, model=model, usage=EmbeddingUsage(prompt_tokens=total, total_tokens=total),
-                   tandem={"ignored_fields": ignored_fields} if ignored_fields else None)  # fmt: skip
+        return cls(
+            data=data,
+            model=model,
+            usage=EmbeddingUsage(prompt_tokens=total, total_tokens=total),
+            tandem={"ignored_fields": ignored_fields} if ignored_fields else None,
+        )

@@ -25,7 +25,9 @@ class FeedbackRequest(BaseModel):
             raise ValueError("id must name a response (the `id` of a chat.completion)")
         if (self.score is None) == (self.thumbs is None):
             raise ValueError("send exactly one of score (0..1) and thumbs (up/down)")
-        if self.score is not None and (isinstance(self.score, bool) or not math.isfinite(self.score) or not 0 <= self.score <= 1):
+        if self.score is not None and (
+            isinstance(self.score, bool) or not math.isfinite(self.score) or not 0 <= self.score <= 1
+        ):
             raise ValueError(f"score must be a number in [0, 1], got {self.score!r}")
         return self
 

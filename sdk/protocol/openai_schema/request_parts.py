@@ -52,7 +52,9 @@ class ResponseFormat(_Request):
         if self.type == "json_object":
             return StructuredOutput("json_object")
         if self.json_schema is None:
-            raise InvalidRequestError("response_format of type json_schema needs a json_schema object", "response_format")
+            raise InvalidRequestError(
+                "response_format of type json_schema needs a json_schema object", "response_format"
+            )
         if self.json_schema.schema_ is None:
             return StructuredOutput("json_object")
         return StructuredOutput("json_schema", json.dumps(self.json_schema.schema_))

@@ -47,9 +47,10 @@ def _document_refusals(schema: dict[str, Any], model: type[_SamplingFields]) -> 
 # The tunables (temperature, top_p, top_k, ...), one optional field each as SamplingParams declares
 # them (sdk.protocol.sampling_params): null or absent means the tier's default for its model.
 _TunableFields = create_model(
-    "_TunableFields", __base__=_TopLevel,
+    "_TunableFields",
+    __base__=_TopLevel,
     **{name: (knob.type | None, Field(default=None, description=knob.doc)) for name, knob in TUNABLES.items()},
-)  # fmt: skip
+)
 
 
 class _SamplingFields(_TunableFields):
@@ -58,9 +59,10 @@ class _SamplingFields(_TunableFields):
     model_config = ConfigDict(json_schema_extra=_document_refusals)
     # What the validator below refuses, by the param its error names (the document lists them).
     _REFUSALS: ClassVar[dict[str, str]] = {
-        "stream_options": "only with stream true", "stop": f"at most {MAX_STOP_STRINGS} strings",
+        "stream_options": "only with stream true",
+        "stop": f"at most {MAX_STOP_STRINGS} strings",
         "logit_bias": "keys are token ids (non-negative integers)",
-    }  # fmt: skip
+    }
     _ignored_fields: list[str] = PrivateAttr(default_factory=list)
 
     model: str | None = None  # None: the first served model (vLLM's lenient default)
@@ -97,7 +99,9 @@ class _SamplingFields(_TunableFields):
         """Refuse output-changing fields tandem does not implement (InvalidRequestError names the
         field); return the names accepted but ignored. `strict`: unknown names are refused too.
         `uses_user`: the server bills `user` (budgets), so it is not an ignored field."""
-        ignored = (["user"] if self.user is not None and not uses_user else []) + classify_extra_fields(self.model_extra or {})
+        ignored = (["user"] if self.user is not None and not uses_user else []) + classify_extra_fields(
+            self.model_extra or {}
+        )
         # Only a chat request's own messages: on /v1/completions a stray "messages" is just an extra field.
         messages = self.messages if "messages" in type(self).model_fields else []
         for index, message in enumerate(messages):
@@ -124,7 +128,9 @@ class _SamplingFields(_TunableFields):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
         if len(self.stop_list) > MAX_STOP_STRINGS:
-            raise InvalidRequestError(f"stop accepts at most {MAX_STOP_STRINGS} strings, got {len(self.stop_list)}", "stop")
+            raise InvalidRequestError(
+                f"stop accepts at most {MAX_STOP_STRINGS} strings, got {len(self.stop_list)}", "stop"
+            )
         self.token_logit_bias  # noqa: B018  (raises for keys that are not token ids)
         self._refuse_for_endpoint()
         context = info.context or {}
@@ -140,7 +146,9 @@ class _SamplingFields(_TunableFields):
         bias = {}
         for key, value in (self.logit_bias or {}).items():
             if not re.fullmatch(r"\s*[0-9]+\s*", key):  # str.isdigit() takes "²", which int() refuses
-                raise InvalidRequestError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}", "logit_bias")
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids (non-negative integers), got {key!r}", "logit_bias"
+                )
             bias[int(key)] = value
         return bias
 
@@ -153,8 +161,9 @@ class _SamplingFields(_TunableFields):
     def _structured(self) -> StructuredOutput | None:
         return self.response_format.structured() if self.response_format is not None else None
 
-    def _sampling_params(self, max_tokens: int, logprobs: int | None, choice_index: int,
-                         structured: StructuredOutput | None) -> SamplingParams:  # fmt: skip
+    def _sampling_params(
+        self, max_tokens: int, logprobs: int | None, choice_index: int, structured: StructuredOutput | None
+    ) -> SamplingParams:
         seed = self.seed
         if seed is not None:
             # Each choice gets its own reproducible stream; numpy wants a non-negative seed.
@@ -178,10 +187,11 @@ class _SamplingFields(_TunableFields):
 
 class ChatCompletionRequest(_SamplingFields):
     _REFUSALS: ClassVar[dict[str, str]] = {
-        "messages": "at least one message", "top_logprobs": "only with logprobs true",
+        "messages": "at least one message",
+        "top_logprobs": "only with logprobs true",
         "tools": "function names match [A-Za-z0-9_-]{1,64} and are unique",
         "tool_choice": "required or a named function only with tools, a named function among them",
-    }  # fmt: skip
+    }
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
     logprobs: bool | None = False
@@ -206,7 +216,9 @@ class ChatCompletionRequest(_SamplingFields):
         if choice == "required" and not names:
             raise InvalidRequestError("tool_choice 'required' needs tools", "tool_choice")
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-            raise InvalidRequestError(f"tool_choice names function {choice.function.name!r}, which is not in tools", "tool_choice")
+            raise InvalidRequestError(
+                f"tool_choice names function {choice.function.name!r}, which is not in tools", "tool_choice"
+            )
 
     def tool_request(self) -> ToolRequest | None:
         """The tools this answer may call, or None (no tools, or tool_choice "none": the tools are
@@ -214,10 +226,16 @@ class ChatCompletionRequest(_SamplingFields):
         if not self.tools or self.tool_choice == "none":
             return None
         named = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
-        functions = tuple(ToolFunction(t.function.name, t.function.description or "", t.function.parameters)
-                          for t in self.tools if named in (None, t.function.name))  # fmt: skip
-        return ToolRequest(functions, required=named is not None or self.tool_choice == "required",
-                           parallel=self.parallel_tool_calls is not False)  # fmt: skip
+        functions = tuple(
+            ToolFunction(t.function.name, t.function.description or "", t.function.parameters)
+            for t in self.tools
+            if named in (None, t.function.name)
+        )
+        return ToolRequest(
+            functions,
+            required=named is not None or self.tool_choice == "required",
+            parallel=self.parallel_tool_calls is not False,
+        )
 
     def message_dicts(self, tool_format: ToolFormat = LIST) -> list[dict[str, Any]]:
         """Messages as the plain dicts sdk.protocol.chat_template expects: with tools (offered, or
@@ -228,8 +246,9 @@ class ChatCompletionRequest(_SamplingFields):
             return dicts
         return render_tool_messages(dicts, request, tool_format)
 
-    def sampling_params(self, num_prompt_tokens: int, max_model_len: int, choice_index: int = 0,
-                        tool_format: ToolFormat = LIST) -> SamplingParams:  # fmt: skip
+    def sampling_params(
+        self, num_prompt_tokens: int, max_model_len: int, choice_index: int = 0, tool_format: ToolFormat = LIST
+    ) -> SamplingParams:
         """Engine parameters; the default completion budget is what the context has left. With
         tools, the answer is constrained by `tool_format`'s grammar (response_format, if any,
         constrains its text branch)."""
@@ -245,8 +264,11 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    _REFUSALS: ClassVar[dict[str, str]] = {"echo": "true is not supported", "suffix": "not supported",
-                                           "best_of": "only equal to n"}  # fmt: skip
+    _REFUSALS: ClassVar[dict[str, str]] = {
+        "echo": "true is not supported",
+        "suffix": "not supported",
+        "best_of": "only equal to n",
+    }
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool | None = False

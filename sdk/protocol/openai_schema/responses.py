@@ -42,7 +42,9 @@ class Usage(_Response):
     completion_tokens: int
     total_tokens: int
     completion_tokens_details: CompletionTokensDetails | None = None  # only when the engine speculated
-    _omitted_when_none: ClassVar[tuple[str, ...]] = ("completion_tokens_details",)  # absent, as OpenAI's usage without it
+    _omitted_when_none: ClassVar[tuple[str, ...]] = (
+        "completion_tokens_details",
+    )  # absent, as OpenAI's usage without it
 
 
 class TopLogprobEntry(BaseModel):
@@ -78,7 +80,10 @@ class ToolCallDelta(ToolCall):
 
 def tool_call_objects(calls) -> list[ToolCall]:
     """OpenAI tool_calls, with fresh ids, for sdk.protocol.tool_formats.ParsedCall objects."""
-    return [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
+    return [
+        ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=c.name, arguments=c.arguments))
+        for c in calls
+    ]
 
 
 def tool_call_deltas(calls) -> list[ToolCallDelta]:
@@ -105,7 +110,9 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    stop_reason: str | None = None  # vLLM's field; tandem: "repetition" when a loop was stopped (finish_reason "length"), "closed_within_max_tokens" when a structured answer took its closing path ("stop")
+    stop_reason: str | None = (
+        None  # vLLM's field; tandem: "repetition" when a loop was stopped (finish_reason "length"), "closed_within_max_tokens" when a structured answer took its closing path ("stop")
+    )
 
 
 class _WithTandem(_Response):

@@ -31,10 +31,15 @@ class TokenizeRequest(_Body):
         if (self.prompt is None) == (self.messages is None):
             raise InvalidRequestError("send exactly one of prompt (text) and messages (a chat)", "prompt")
         if self.messages is not None and self.add_generation_prompt is False:
-            raise InvalidRequestError("add_generation_prompt false is not supported: the chat template always ends "
-                                      "ready for the assistant's answer", "add_generation_prompt")  # fmt: skip
+            raise InvalidRequestError(
+                "add_generation_prompt false is not supported: the chat template always ends "
+                "ready for the assistant's answer",
+                "add_generation_prompt",
+            )
         if self.messages is not None and self.add_special_tokens:
-            raise InvalidRequestError("add_special_tokens applies to prompt; a chat's template writes its own", "add_special_tokens")
+            raise InvalidRequestError(
+                "add_special_tokens applies to prompt; a chat's template writes its own", "add_special_tokens"
+            )
         return self
 
 

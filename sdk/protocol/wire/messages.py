@@ -50,7 +50,12 @@ def sampling_message(params: SamplingParams) -> pb.SamplingParams:
         ignore_eos=params.ignore_eos,
         top_logprobs=params.logprobs or 0,
     )
-    for name in (*TUNABLES, "seed", "repetition_stop", "close_within_max_tokens"):  # unset: the server's default for its model
+    for name in (
+        *TUNABLES,
+        "seed",
+        "repetition_stop",
+        "close_within_max_tokens",
+    ):  # unset: the server's default for its model
         if getattr(params, name) is not None:
             setattr(message, name, getattr(params, name))
     message.logit_bias.update(params.logit_bias)

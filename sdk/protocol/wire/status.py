@@ -17,4 +17,6 @@ CONTEXT_LENGTH_TYPE = "context_length_exceeded"
 OVERLOADED_TYPE = "overloaded"
 NOT_READY_TYPE = "not_ready"
 MODEL_NOT_FOUND_TYPE = "model_not_found"
-INSUFFICIENT_QUOTA_TYPE = "insufficient_quota"  # OpenAI's code: a budget reached; no retry-after (retrying will not help)
+INSUFFICIENT_QUOTA_TYPE = (
+    "insufficient_quota"  # OpenAI's code: a budget reached; no retry-after (retrying will not help)
+)
