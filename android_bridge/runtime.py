@@ -39,6 +39,7 @@ class BridgeRuntime:
     def __init__(self, settings):
         self.settings = settings
         self.engine = None
+        self.cascade = None  # sdk.cascade.assembly.Cascade
         self.cloud = None
         self.runner = None
         self.learning = None  # sdk.traffic.learning.Learning
@@ -58,11 +59,13 @@ class BridgeRuntime:
         wait, block until the model is loaded. Raises BridgeError('start_failed') after
         undoing whatever had started."""
         from local_runtime.async_engine import AsyncLocalEngine
+        from sdk.settings.serve_config import ServeConfig
 
         self._thread.start()
         try:
-            self.engine = AsyncLocalEngine(self.settings.local_engine_config()).start()
-            self._submit(self._start_cascade()).result()
+            config = ServeConfig.from_settings(self.settings)
+            self.engine = AsyncLocalEngine(config.local).start()
+            self._submit(self._start_cascade(config)).result()
             if wait:
                 deadline = time.monotonic() + load_timeout_s
                 self.engine.wait_ready(timeout=load_timeout_s)
@@ -76,20 +79,14 @@ class BridgeRuntime:
                 "start_failed", f"the tandem runtime could not start: {exc}", 500, "server_error"
             ) from None
 
-    async def _start_cascade(self) -> None:
-        from sdk.cascade.runner import CascadeRunner
-        from sdk.cloud.tier import start_cloud_tier
-
-        from sdk.traffic.learning import start_learning
-
-        self.cloud = await start_cloud_tier(self.settings)  # clients bind to the loop they are made in
-        self.runner = CascadeRunner(self.engine, self.cloud.client, self.settings.cascade_config())
-        self.learning = start_learning(
-            self.runner, self.settings.traffic_settings()
-        )  # [traffic] record: feedback() needs it
-        self.learning.start_background()
+    async def _start_cascade(self, config) -> None:
+        """What `tandem serve` starts (sdk.cascade.assembly), minus HTTP; the cloud tier starts at once."""
+        from sdk.cascade.assembly import start_cascade
         from sdk.client.async_client import InProcessBackend
 
+        self.cascade = await start_cascade(config, self.engine)  # clients bind to the loop they are made in
+        self.cloud, self.runner, self.learning = self.cascade.cloud, self.cascade.runner, self.cascade.learning
+        self.learning.start_background()  # [traffic] record: feedback() needs it
         self.backend = InProcessBackend(
             self.runner
         )  # feedback() and embeddings() (the embedding model loads on first use)
@@ -107,17 +104,12 @@ class BridgeRuntime:
             for dispatcher in dispatchers:  # their last callback (runtime_stopped) is delivered before stop returns
                 if not dispatcher.join(grace_s):
                     logger.warning("android_bridge: a callback of %s is still running at stop", dispatcher.request_id)
-            if self.learning is not None:
-                try:
-                    self._submit(self.learning.close(), internal=True).result(timeout=grace_s + 30)
-                except Exception:
-                    logger.exception("android_bridge: the traffic record did not close cleanly")
-            if self.cloud is not None:
+            if self.cascade is not None:
                 try:
                     # An embedded engine's shutdown joins its thread (up to 30 s while it is still loading).
-                    self._submit(self.cloud.close(), internal=True).result(timeout=grace_s + 35)
+                    self._submit(self.cascade.close(), internal=True).result(timeout=grace_s + 65)
                 except Exception:
-                    logger.exception("android_bridge: the cloud tier did not close cleanly")
+                    logger.exception("android_bridge: the cascade (traffic record, cloud tier) did not close cleanly")
         if self.engine is not None:
             self.engine.shutdown()
         if self._thread.is_alive():

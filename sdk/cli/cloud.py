@@ -10,12 +10,15 @@ A second signal stops at once.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from sdk.cli.options import SAMPLING_KEYS, sampling_flags
 from sdk.cli.setting_options import command_signature, option, settings_given
+
+if TYPE_CHECKING:
+    from sdk.settings.serve_config import CloudServeConfig
 
 cloud_app = typer.Typer(help="The cloud tier: serve the PyTorch engine over gRPC and HTTP.", no_args_is_help=True)
 
@@ -81,52 +84,27 @@ def serve(**options) -> None:
     import logging
 
     from cloud_engine.async_engine import AsyncCloudEngine
-    from cloud_engine.grpc.server import GrpcServerConfig
-    from router.costs import TierPrices
     from sdk.budgets.config import BudgetConfigError
-    from sdk.budgets.manager import check_budgets
-    from sdk.openai_server.serve_loop import check_tls_files
-    from sdk.protocol.api_keys import ApiKeyConfigError, load_api_keys
+    from sdk.protocol.api_keys import ApiKeyConfigError
     from sdk.settings import SettingsError, load_settings
+    from sdk.settings.serve_config import CloudServeConfig
 
     try:  # every configuration error is reported before anything loads or binds
         flags = settings_given(options, CLOUD_SERVE_SETTINGS) | sampling_flags("cloud", options["sampling"])
-        settings = load_settings(options["config"], cli=flags)
-        server = settings.values["cloud_server"]  # the listeners' keys (the engine's are [cloud]'s)
-        api_keys = load_api_keys(server["api_key_file"])
-        engine_config = settings.cloud_engine_config()
-        grpc_config = GrpcServerConfig(
-            host=server["host"],
-            port=server["grpc_port"],
-            api_keys=api_keys,
-            tls_cert_path=server["tls_cert"],
-            tls_key_path=server["tls_key"],
-        )
-        check_tls_files(server["tls_cert"], server["tls_key"])
-        prices = TierPrices(server["price_input_per_million"], server["price_output_per_million"])
-        admin_key = _read_admin_key(server["admin_key_file"]) if server["admin_key_file"] else None
-        if server["budgets_file"]:
-            check_budgets(server["budgets_file"], prices_are_zero=prices == TierPrices(), cloud_only=True)
-        app_config = settings.app_config("cloud", api_keys)
-        # One budget per key for both listeners: a key cannot double its share by switching protocol.
-        client_limits = app_config.client_limits()
+        config = CloudServeConfig.from_settings(load_settings(options["config"], cli=flags))
+        grpc_server_config(config)  # its own checks (ports, TLS pairs), before the model loads
     except (ValueError, ApiKeyConfigError, SettingsError, BudgetConfigError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
-    logging.basicConfig(level=server["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if server["threads"] is not None:
+    level = config.listener.log_level
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.hosted.threads is not None:
         import torch
 
-        torch.set_num_threads(server["threads"])  # process-wide: the engine thread's kernels use it
-    engine = AsyncCloudEngine(engine_config).start()
+        torch.set_num_threads(config.hosted.threads)  # process-wide: the engine thread's kernels use it
+    engine = AsyncCloudEngine(config.engine).start()
     try:
-        billing = (server["budgets_file"], server["spend_path"], prices) if server["budgets_file"] else None
-        replica = {"admin_key": admin_key, "drain_grace_s": server["drain_grace_s"]}
-        failed = asyncio.run(
-            _serve_both(
-                engine, grpc_config, app_config, client_limits, server["port"], server["log_level"], billing, replica
-            )
-        )
+        failed = asyncio.run(_serve_both(engine, config))
     finally:
         engine.shutdown()
     if failed:
@@ -138,73 +116,66 @@ serve.__signature__ = command_signature(CLOUD_SERVE_SETTINGS, _OWN_OPTIONS)  # t
 cloud_app.command("serve")(serve)
 
 
-def _read_admin_key(path: str) -> str:
-    """The admin key: the file's first key (ApiKeyConfigError for an unreadable file, ValueError for a missing or short key)."""
-    from sdk.protocol.api_keys import read_key_file
+def grpc_server_config(config: CloudServeConfig):
+    """The gRPC listener's config: [cloud_server]'s host, grpc_port, keys and TLS."""
+    from cloud_engine.grpc.server import GrpcServerConfig
 
-    keys = read_key_file(path, "the admin key file")
-    if not keys or len(keys[0]) < 16:
-        raise ValueError(f"the admin key file {path!r} must hold one key of at least 16 characters")
-    return keys[0]
+    listener = config.listener
+    return GrpcServerConfig(
+        host=listener.host,
+        port=config.hosted.grpc_port,
+        api_keys=config.api_keys,
+        tls_cert_path=listener.tls_cert,
+        tls_key_path=listener.tls_key,
+    )
 
 
-async def _serve_both(
-    engine,
-    grpc_config,
-    app_config,
-    client_limits,
-    port: int,
-    log_level: str,
-    billing: tuple | None = None,
-    replica: dict | None = None,
-) -> str | None:
+async def _serve_both(engine, config: CloudServeConfig) -> str | None:
     """Run uvicorn and the gRPC server until a signal or a failed load; returns why it failed, or None.
-    `billing`: (budgets file, spend path, prices): both listeners serve the engine through one
+    With [cloud_server] budgets_file, both listeners serve the engine through one
     sdk.budgets.metered_engine.BudgetedEngine, so a key has one budget whichever door it uses."""
     import asyncio
-    import logging
-
-    logger = logging.getLogger("tandem.cloud.serve")
 
     budgets = None
-    if billing is not None:
+    if config.listener.budgets_file:
         from sdk.budgets.manager import open_budgets
         from sdk.budgets.metered_engine import BudgetedEngine
 
-        budgets_file, spend_path, prices = billing
         try:
-            budgets = open_budgets(budgets_file, spend_path, prices_are_zero=False, cloud_only=True)
+            budgets = open_budgets(
+                config.listener.budgets_file, config.listener.spend_path, prices_are_zero=False, cloud_only=True
+            )
         except (OSError, ValueError) as exc:
             return f"the budgets could not start: {exc}"
-        engine = BudgetedEngine(engine, budgets, prices)
+        engine = BudgetedEngine(engine, budgets, config.prices)
     try:
-        return await _serve_engine(
-            engine, grpc_config, app_config, client_limits, port, log_level, budgets, logger, replica or {}
-        )
+        return await _serve_engine(engine, config, budgets)
     finally:
         if budgets is not None:
             await asyncio.to_thread(budgets.ledger.close)
 
 
-async def _serve_engine(
-    engine, grpc_config, app_config, client_limits, port, log_level, budgets, logger, replica: dict
-) -> str | None:
+async def _serve_engine(engine, config: CloudServeConfig, budgets=None) -> str | None:
     """Both listeners over one DrainableEngine (a replica of a replicated tier: sdk.openai_server.drain)."""
     import asyncio
+    import logging
 
     from cloud_engine.grpc.server import start_grpc_server, stop_grpc_server
     from sdk.openai_server import create_app
     from sdk.openai_server.drain import DrainableEngine, admin_routes
     from sdk.openai_server.serve_loop import HttpServer, drain_on_signals, http_config, watch_loading
 
+    logger = logging.getLogger("tandem.cloud.serve")
+    listener, grpc_config = config.listener, grpc_server_config(config)
+    # One budget per key for both listeners: a key cannot double its share by switching protocol.
+    client_limits = config.app.client_limits()
     engine = DrainableEngine(engine)
-    host = app_config.bind_host
-    app = create_app(engine, app_config, client_limits=client_limits, budgets=budgets)
-    if replica.get("admin_key"):
-        admin_routes(app, engine, replica["admin_key"])
+    app = create_app(engine, config.app, client_limits=client_limits, budgets=budgets)
+    if config.admin_key:
+        admin_routes(app, engine, config.admin_key)
     http = HttpServer(
         http_config(
-            app, host, port, log_level, app_config.api_keys, grpc_config.tls_cert_path, grpc_config.tls_key_path
+            app, listener.host, listener.port, listener.log_level, config.api_keys, listener.tls_cert, listener.tls_key
         )
     )
     try:
@@ -212,13 +183,13 @@ async def _serve_engine(
     except OSError as exc:
         return str(exc)
     failures: list[str] = []
-    drain_on_signals(http, engine, replica.get("drain_grace_s", 30.0))
+    drain_on_signals(http, engine, config.hosted.drain_grace_s)
     watcher = asyncio.create_task(watch_loading("cloud", engine, http, failures, logger))
-    logger.info("gRPC on %s, HTTP on %s:%d", grpc_config.address, host, port)
+    logger.info("gRPC on %s, HTTP on %s:%d", grpc_config.address, listener.host, listener.port)
     try:
         await http.serve()  # returns after SIGINT/SIGTERM (stop_on_signals) and the HTTP drain
         if not http.started and not failures:
-            failures.append(f"the HTTP server could not start on {host}:{port} (see the log above)")
+            failures.append(f"the HTTP server could not start on {listener.host}:{listener.port} (see the log above)")
     finally:
         watcher.cancel()
         await stop_grpc_server(grpc_server, grace_s=5.0)

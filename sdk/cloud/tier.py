@@ -1,4 +1,4 @@
-"""The cloud tier `tandem serve` routes to, built from the [cloud] settings:
+"""The cloud tier `tandem serve` routes to, built from [cloud] (sdk.settings.serve_config.CloudTierConfig):
 
 - "embedded": the PyTorch cloud engine started in this process, behind its gRPC service on a
   listener only this process can use (serve_embedded: a per-process key, a unix socket in a
@@ -17,9 +17,12 @@ import shutil
 import socket
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sdk.protocol.cloud_backend import CloudBackend
+
+if TYPE_CHECKING:
+    from sdk.settings.serve_config import CloudTierConfig
 
 logger = logging.getLogger("tandem.serve")
 
@@ -63,33 +66,30 @@ class CloudTier:
             shutil.rmtree(self.socket_folder, ignore_errors=True)
 
 
-async def start_cloud_tier(settings) -> CloudTier:
-    """The cloud tier for sdk.settings.Settings (call in the serving event loop: clients bind to it)."""
-    target = settings.cloud_target()
-    api_key = settings.get("cloud.api_key")
+async def start_cloud_tier(config: CloudTierConfig) -> CloudTier:
+    """The cloud tier [cloud] describes (call in the serving event loop: clients bind to it)."""
+    target = config.target
     if target.kind == "none":
         return CloudTier()
     if target.kind == "http":
         from sdk.cloud.openai_client import OpenAICloudClient
 
-        return CloudTier(OpenAICloudClient(target.target, api_key=api_key), description=target.target)
+        return CloudTier(OpenAICloudClient(target.target, api_key=config.api_key), description=target.target)
     from sdk.cloud.grpc_client import CloudClient
     from sdk.cloud.targets import is_replica_target
 
     if target.kind == "grpc":
         # Replicas in gRPC's name syntax have no grpcs:// form: TLS when a CA file is configured.
-        replicas_over_tls = is_replica_target(target.target) and settings.get("cloud.tls_ca")
-        tls = (settings.get("cloud.tls_ca") or True) if target.tls or replicas_over_tls else None
-        return CloudTier(
-            CloudClient(target.target, api_key=api_key, tls_root_cert=tls), description=settings.get("cloud.url")
-        )
-    return await _start_embedded(settings)
+        replicas_over_tls = is_replica_target(target.target) and config.tls_ca
+        tls = (config.tls_ca or True) if target.tls or replicas_over_tls else None
+        return CloudTier(CloudClient(target.target, api_key=config.api_key, tls_root_cert=tls), description=config.url)
+    return await _start_embedded(config.engine)
 
 
-async def _start_embedded(settings) -> CloudTier:
+async def _start_embedded(engine_config) -> CloudTier:
     from cloud_engine.async_engine import AsyncCloudEngine
 
-    engine = AsyncCloudEngine(settings.cloud_engine_config()).start()  # loads on its own thread
+    engine = AsyncCloudEngine(engine_config).start()  # loads on its own thread
     try:
         return await serve_embedded(engine)
     except BaseException:

@@ -1,14 +1,15 @@
 """Every tandem setting, declared once: section, key, type, default, env var and help text.
 
 `sdk.settings` layers built-in defaults < a TOML file < TANDEM_* env vars < command-line
-values over this table. A new setting is one `SettingField` line here; `tandem config show`
-and the validation pick it up from the table.
+values over this table. [server] and [cloud_server] are declared on their config dataclasses
+(sdk.settings.server_sections); [cascade] and [traffic] take their defaults from theirs; the
+engines' sections name the engine config field each key feeds (`target`). `tandem config show`,
+the CLI options and the validation pick every key up from the table.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -21,16 +22,10 @@ from router.streaming_policy import DecideAt
 from sdk.cascade.config import CascadeConfig
 from sdk.cloud.targets import is_replica_target
 from sdk.protocol.sampling_params import TUNABLES
-from sdk.settings.checks import Check, at_least, one_of, speculative
+from sdk.settings.checks import at_least, one_of, speculative
+from sdk.settings.server_sections import CLOUD_SERVER_FIELDS, SERVER_FIELDS
+from sdk.settings.setting_field import SettingField, SettingsError
 from sdk.traffic.config import TrafficSettings
-
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
-_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-_KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a table"}
-
-
-class SettingsError(ValueError):
-    """A bad config file, value or key; the message names the key, where it came from and what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -92,67 +87,6 @@ def _replica_target(url: str) -> str:
     return url
 
 
-@dataclass(frozen=True)
-class SettingField:
-    """One setting. `None` as default means optional: unset, and `unset` says what that means."""
-
-    section: str
-    key: str
-    type: type  # str, int, float, bool or dict (a TOML table)
-    default: Any
-    env: str | None  # None: set only in the TOML file (or by a command-line option)
-    help: str
-    unset: str = ""  # what an unset (None) value means
-    check: Check | None = None
-    target: str | None = None  # the field of LocalEngineConfig / CloudEngineConfig / CascadeConfig it feeds
-    secret: bool = False  # printed as "***"
-
-    @property
-    def dotted(self) -> str:
-        return f"{self.section}.{self.key}"
-
-    @property
-    def optional(self) -> bool:
-        return self.default is None
-
-    @property
-    def kind(self) -> str:
-        return _KINDS[self.type] + (" (or unset)" if self.optional else "")
-
-    def coerce(self, value: Any) -> Any:
-        """`value` (from TOML or the command line) as this key's type, checked; ValueError says what is allowed."""
-        if isinstance(value, enum.Enum):  # typer passes Enum choices
-            value = value.value
-        if value is None and self.optional:
-            return None
-        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)  # TOML writes 1 for 1.0
-        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
-            raise ValueError(f"must be {self.kind}, got {type(value).__name__}")
-        if self.check is not None:
-            self.check(value)
-        return value
-
-    def parse_env(self, raw: str) -> Any:
-        """An env var's text as this key's value; empty means unset (optional keys only)."""
-        text = raw.strip()
-        if not text:
-            if self.optional:
-                return None
-            raise ValueError(f"is empty; must be {self.kind} (unset the variable to use the default)")
-        if self.type is dict:
-            raise ValueError("is a table: set it in the TOML file")
-        if self.type is bool:
-            if text.lower() not in _BOOL_WORDS:
-                raise ValueError("must be true/false, 1/0 or yes/no")
-            return _BOOL_WORDS[text.lower()]
-        try:
-            value = self.type(text)
-        except ValueError:
-            raise ValueError(f"must be {self.kind}") from None
-        return self.coerce(value)
-
-
 _CASCADE = {
     f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
     for f in dataclasses.fields(CascadeConfig)
@@ -189,109 +123,7 @@ _SAMPLING_KEYS = tuple(
 )
 
 FIELDS_LIST: tuple[SettingField, ...] = (
-    SettingField(
-        "server", "host", str, "127.0.0.1", "TANDEM_HOST", "Address `tandem serve` listens on (0.0.0.0 for all)."
-    ),
-    SettingField(
-        "server", "port", int, 8000, "TANDEM_PORT", "TCP port of the HTTP endpoint.", check=at_least(0, high=65535)
-    ),
-    SettingField(
-        "server", "log_level", str, "info", "TANDEM_LOG_LEVEL", "Server log level.", check=one_of(*LOG_LEVELS)
-    ),
-    SettingField(
-        "server",
-        "api_key_file",
-        str,
-        None,
-        "TANDEM_API_KEY_FILE",
-        "Keys clients must present, one per line (TANDEM_API_KEYS adds comma-separated ones).",
-        unset="no key file",
-    ),
-    SettingField(
-        "server",
-        "rate_limit",
-        float,
-        None,
-        "TANDEM_RATE_LIMIT",
-        "Requests per minute per key.",
-        unset="no limit",
-        check=at_least(0, inclusive=False),
-    ),
-    SettingField(
-        "server",
-        "max_concurrent_per_key",
-        int,
-        None,
-        "TANDEM_MAX_CONCURRENT_PER_KEY",
-        "Requests (streams included) in flight at once per key (per client address without keys); one more is 429.",
-        unset="no limit",
-        check=at_least(1),
-    ),
-    SettingField(
-        "server",
-        "auth_backoff_after",
-        int,
-        10,
-        "TANDEM_AUTH_BACKOFF_AFTER",
-        "Failed API keys from one client address before it must wait (1 s, doubling to auth_backoff_max_s) and its requests get 429 unchecked; 0: off.",
-        check=at_least(0),
-    ),
-    SettingField(
-        "server",
-        "auth_backoff_max_s",
-        float,
-        300.0,
-        "TANDEM_AUTH_BACKOFF_MAX_S",
-        "Longest wait of a client address backing off after failed API keys, seconds.",
-        check=at_least(1),
-    ),
-    SettingField(
-        "server",
-        "strict_fields",
-        bool,
-        False,
-        "TANDEM_STRICT_FIELDS",
-        "Refuse request fields neither OpenAI nor a known extension defines (400) instead of ignoring them with a warning.",
-    ),
-    SettingField(
-        "server",
-        "max_body_bytes",
-        int,
-        4 * 1024 * 1024,
-        "TANDEM_MAX_BODY_BYTES",
-        "Largest HTTP request body; a larger one is 413 before it is read.",
-        check=at_least(1024),
-    ),
-    SettingField(
-        "server",
-        "budgets_file",
-        str,
-        None,
-        "TANDEM_BUDGETS_FILE",
-        "Spend limits per API key and per user (TOML, reloaded when it changes): see README, Budgets.",
-        unset="no budgets",
-    ),
-    SettingField(
-        "server",
-        "spend_path",
-        str,
-        None,
-        "TANDEM_SPEND_PATH",
-        "Where spend against the budgets is kept (SQLite; survives restarts).",
-        unset="$TANDEM_DATA_DIR/spend.sqlite3, else ~/.local/share/tandem/spend.sqlite3",
-    ),
-    SettingField(
-        "server",
-        "tls_cert",
-        str,
-        None,
-        "TANDEM_TLS_CERT",
-        "PEM certificate chain: the HTTP endpoint serves HTTPS (with tls_key).",
-        unset="plaintext HTTP",
-    ),
-    SettingField(
-        "server", "tls_key", str, None, "TANDEM_TLS_KEY", "PEM private key for tls_cert.", unset="plaintext HTTP"
-    ),
+    *SERVER_FIELDS,
     SettingField(
         "local",
         "model",
@@ -622,164 +454,7 @@ FIELDS_LIST: tuple[SettingField, ...] = (
         "8",
         at_least(1, high=16),
     ),
-    # [cloud_server]: `tandem cloud serve`, the hosted cloud tier (gRPC and the OpenAI HTTP API over the [cloud] engine).
-    SettingField(
-        "cloud_server",
-        "host",
-        str,
-        "127.0.0.1",
-        "TANDEM_CLOUD_HOST",
-        "Address both servers bind (0.0.0.0 for all; use keys and TLS then).",
-    ),
-    SettingField(
-        "cloud_server", "port", int, 8000, "TANDEM_CLOUD_PORT", "OpenAI HTTP API port.", check=at_least(0, high=65535)
-    ),
-    SettingField(
-        "cloud_server", "grpc_port", int, 50051, "TANDEM_CLOUD_GRPC_PORT", "gRPC port.", check=at_least(0, high=65535)
-    ),
-    SettingField(
-        "cloud_server",
-        "threads",
-        int,
-        None,
-        "TANDEM_CLOUD_THREADS",
-        "CPU threads of torch's kernels; several replicas on one host need their share each.",
-        "torch's (one per core)",
-        at_least(1),
-    ),
-    SettingField(
-        "cloud_server",
-        "api_key_file",
-        str,
-        None,
-        "TANDEM_CLOUD_API_KEY_FILE",
-        "File of API keys, one per line (TANDEM_API_KEYS adds comma-separated keys).",
-        unset="no key file",
-    ),
-    SettingField(
-        "cloud_server",
-        "rate_limit",
-        float,
-        None,
-        "TANDEM_CLOUD_RATE_LIMIT",
-        "Requests per minute per key (per client address without keys), HTTP and gRPC together; 0: no limit.",
-        unset="no limit",
-        check=at_least(0),
-    ),
-    SettingField(
-        "cloud_server",
-        "max_concurrent_per_key",
-        int,
-        None,
-        "TANDEM_CLOUD_MAX_CONCURRENT_PER_KEY",
-        "Requests in flight at once per key (per client address without keys), HTTP and gRPC together.",
-        unset="no limit",
-        check=at_least(1),
-    ),
-    SettingField(
-        "cloud_server",
-        "auth_backoff_after",
-        int,
-        10,
-        "TANDEM_CLOUD_AUTH_BACKOFF_AFTER",
-        "Failed keys (API keys and the admin key) from one client address before it backs off (HTTP 429 / gRPC RESOURCE_EXHAUSTED, its key unchecked, 1 s doubling); 0: off.",
-        check=at_least(0),
-    ),
-    SettingField(
-        "cloud_server",
-        "auth_backoff_max_s",
-        float,
-        300.0,
-        "TANDEM_CLOUD_AUTH_BACKOFF_MAX_S",
-        "Longest backoff wait, seconds.",
-        check=at_least(1),
-    ),
-    SettingField(
-        "cloud_server",
-        "strict_fields",
-        bool,
-        False,
-        "TANDEM_CLOUD_STRICT_FIELDS",
-        "Refuse HTTP request fields tandem does not know (400) instead of ignoring them with a warning.",
-    ),
-    SettingField(
-        "cloud_server",
-        "max_body_bytes",
-        int,
-        4 * 1024 * 1024,
-        "TANDEM_CLOUD_MAX_BODY_BYTES",
-        "Largest HTTP request body, bytes; larger is 413 (gRPC has its own 4 MiB message limit).",
-        check=at_least(1024),
-    ),
-    SettingField(
-        "cloud_server",
-        "price_input_per_million",
-        float,
-        0.0,
-        "TANDEM_CLOUD_PRICE_INPUT_PER_MILLION",
-        "USD per million prompt tokens this server charges (budgets bill at it).",
-        check=at_least(0),
-    ),
-    SettingField(
-        "cloud_server",
-        "price_output_per_million",
-        float,
-        0.0,
-        "TANDEM_CLOUD_PRICE_OUTPUT_PER_MILLION",
-        "USD per million completion tokens.",
-        check=at_least(0),
-    ),
-    SettingField(
-        "cloud_server",
-        "budgets_file",
-        str,
-        None,
-        "TANDEM_CLOUD_BUDGETS_FILE",
-        "TOML of USD budgets per API key and per `user` (reloaded when it changes; see README, Budgets): over a hard one, 429 insufficient_quota. Needs the prices.",
-        unset="no budgets",
-    ),
-    SettingField(
-        "cloud_server",
-        "spend_path",
-        str,
-        None,
-        "TANDEM_CLOUD_SPEND_PATH",
-        "SQLite file of what each key spent.",
-        unset="$TANDEM_DATA_DIR/spend.sqlite3",
-    ),
-    SettingField(
-        "cloud_server",
-        "admin_key_file",
-        str,
-        None,
-        "TANDEM_CLOUD_ADMIN_KEY_FILE",
-        "File holding the admin key of POST /admin/drain and /admin/resume (take this replica out of rotation and back).",
-        unset="no admin endpoints",
-    ),
-    SettingField(
-        "cloud_server",
-        "drain_grace_s",
-        float,
-        30.0,
-        "TANDEM_CLOUD_DRAIN_GRACE_S",
-        "On SIGTERM: seconds the requests in flight get to finish while health says NOT_SERVING and new ones are refused.",
-        check=at_least(0),
-    ),
-    SettingField(
-        "cloud_server",
-        "tls_cert",
-        str,
-        None,
-        "TANDEM_CLOUD_TLS_CERT",
-        "PEM certificate chain: TLS on both the gRPC and the HTTP port.",
-        unset="plaintext",
-    ),
-    SettingField(
-        "cloud_server", "tls_key", str, None, "TANDEM_CLOUD_TLS_KEY", "PEM private key for tls_cert.", unset="plaintext"
-    ),
-    SettingField(
-        "cloud_server", "log_level", str, "info", "TANDEM_CLOUD_LOG_LEVEL", "Log level.", check=one_of(*LOG_LEVELS)
-    ),
+    *CLOUD_SERVER_FIELDS,  # `tandem cloud serve`, the hosted cloud tier (gRPC and HTTP over the [cloud] engine)
     *(
         SettingField(
             f"{tier}.sampling",

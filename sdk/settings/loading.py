@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 
 from sdk.settings.fields import (
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from sdk.traffic.config import TrafficSettings
 
 __all__ = ["Settings", "load_settings", "settings_from_mapping"]
+C = TypeVar("C")
 
 
 @dataclass(frozen=True)
@@ -103,26 +104,19 @@ class Settings:
 
         return TrafficSettings(**self._targets("traffic"))
 
+    def section_config(self, config: type[C], section: str) -> C:
+        """A config dataclass that declares its settings (sdk.settings.setting_field.setting) from
+        [section]'s values: ListenerConfig from [server] or [cloud_server], HostedCloudConfig."""
+        return config(**{f.name: copy.deepcopy(self.values[section][f.name]) for f in fields(config)})
+
     def app_config(self, tier: str, api_keys: frozenset[str] = frozenset()) -> AppConfig:
         """The HTTP app's config: `tandem serve`'s from [server] ("local"), `tandem cloud serve`'s
         from [cloud_server] ("cloud"); `api_keys` read from the section's key file by the caller."""
-        from sdk.openai_server.app_config import AppConfig
+        from sdk.settings.server_sections import ListenerConfig, app_config
 
-        section = {"local": "server", "cloud": "cloud_server"}[tier]
-        server = self.values[section]
-        name = self.get(f"{tier}.model_name")
-        return AppConfig(
-            served_model_names=(name,) if name else None,
-            api_keys=api_keys,
-            bind_host=server["host"],
-            rate_limit_per_minute=server["rate_limit"] or None,  # [cloud_server] takes 0 for no limit
-            max_concurrent_per_key=server["max_concurrent_per_key"],
-            auth_backoff_after=server["auth_backoff_after"],
-            auth_backoff_max_s=server["auth_backoff_max_s"],
-            max_body_bytes=server["max_body_bytes"],
-            strict_fields=server["strict_fields"],
-            feedback_per_minute=self.get("traffic.feedback_per_minute") if tier == "local" else None,
-        )
+        listener = self.section_config(ListenerConfig, {"local": "server", "cloud": "cloud_server"}[tier])
+        feedback = self.get("traffic.feedback_per_minute") if tier == "local" else None
+        return app_config(listener, api_keys, self.get(f"{tier}.model_name"), feedback)
 
     def cloud_target(self) -> CloudTarget:
         return parse_cloud_url(self.get("cloud.url"))
