@@ -268,7 +268,7 @@ FIELDS_LIST: tuple[SettingField, ...] = (
         str,
         None,
         "TANDEM_BUDGETS_FILE",
-        "Spend limits per API key and per user (TOML, reloaded when it changes): see README, Budgets.",
+        "Spend limits per API key and per user (TOML, reloaded when it changes): see docs/configuration.md, Budgets.",
         unset="no budgets",
     ),
     SettingField(
@@ -735,7 +735,7 @@ FIELDS_LIST: tuple[SettingField, ...] = (
         str,
         None,
         "TANDEM_CLOUD_BUDGETS_FILE",
-        "TOML of USD budgets per API key and per `user` (reloaded when it changes; see README, Budgets): over a hard one, 429 insufficient_quota. Needs the prices.",
+        "TOML of USD budgets per API key and per `user` (reloaded when it changes; see docs/configuration.md, Budgets): over a hard one, 429 insufficient_quota. Needs the prices.",
         unset="no budgets",
     ),
     SettingField(
