@@ -20,7 +20,7 @@ a fixed set (one JSON Schema feature each, compact JSON, no free whitespace):
 Keys: per library `coverage` (schemas right / total), `compile_ms_p50`, `mask_us_p50_b1`,
 `mask_us_p50_b8_per_row`, `mask_us_p99_b1` (mostly the first mask: llguidance builds its lexer
 then), `setup_ms` (the vocabulary prepared once) and `footprint` (declared requirements, import
-time, whether importing it loads torch). The bench does not choose; README says which and why.
+time, whether importing it loads torch). The bench does not choose; docs/benchmarks.md says which and why.
 """
 
 from __future__ import annotations

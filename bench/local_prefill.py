@@ -10,7 +10,7 @@ One prompt at a time, nothing else in the pool, random token ids (seeded) of 64,
 * `default`: tandem's backend with its defaults (ubatches of up to 512 tokens, as llama.cpp's);
 * `engine`: the whole local engine with its defaults, add_request to the first token event
   (scheduling, the batch tandem builds, llama_decode, sampling and the confidence signals); its
-  `prefill_weights` default (README "Prefill weights") is recorded as `engine_prefill_weights`, with
+  `prefill_weights` default (docs/local-engine.md "Prefill weights") is recorded as `engine_prefill_weights`, with
   the reason `auto` gave (its measurement on this machine) as `engine_prefill_choice`;
 * `engine_own_weights`: the same engine with `prefill_weights = "off"` (prompts on the model's own
   quantized weights, as llama-server runs them);

@@ -1,14 +1,16 @@
-"""README's headline figures, rendered from the JSON in bench/results/ (never typed by hand).
+"""The documentation's headline figures, rendered from the JSON in bench/results/ (never typed by hand).
 
     python -m bench.readme_figures            # print the table
-    python -m bench.readme_figures --write    # replace README's block between the markers
+    python -m bench.readme_figures --write    # replace the block between the markers, in the page that holds them
     python -m bench.readme_figures --relink structured   # after a re-run: its links' numbers from the JSON
 
 Each row names a benchmark's JSON and a key in it; the table gives the value, the target
-when there is one, the commit it was measured at and the machine. tests/bench/test_readme_figures.py
-fails when README's block differs from what the JSON renders (a re-run bench without a README
-update, or a hand edit), and when a figure README quotes in its prose (`QUOTES`) differs
-from its JSON.
+when there is one, the commit it was measured at and the machine. The pages are README.md and
+docs/*.md (`pages()`); the block sits in one of them (`block_page()`: docs/benchmarks.md since issue
+53). tests/bench/test_readme_figures.py fails when the block differs from what the JSON renders
+(a re-run bench without a page update, or a hand edit), and when a figure a page quotes in its
+prose (a `LINK` into the JSON, from wherever the page is) differs from its JSON; each finding
+names its page.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 START = "<!-- readme_figures: start (python -m bench.readme_figures --write) -->"
 END = "<!-- readme_figures: end -->"
 
@@ -189,13 +192,14 @@ FIGURES = (
     ),
 )
 
-# A figure in README's prose is a link to the JSON it came from, so a reader can open it and a
-# test can check it: [3.05](bench/results/engine_throughput.json#ratio_vs_hf_static). The key
-# is a dotted path (list indices are numbers) with an optional scale, `*100` or `*1000` (a
-# fraction written as a percentage, seconds as milliseconds); the written digits set the
-# precision compared.
+# A figure in a page's prose is a link to the JSON it came from, so a reader can open it and a
+# test can check it: [3.05](bench/results/engine_throughput.json#ratio_vs_hf_static) in README,
+# [3.05](../bench/results/engine_throughput.json#ratio_vs_hf_static) in docs/. The key is a dotted
+# path (list indices are numbers) with an optional scale, `*100` or `*1000` (a fraction written as
+# a percentage, seconds as milliseconds); the written digits set the precision compared.
 LINK = re.compile(
-    r"\[(?P<number>[-+]?\d[\d,]*(?:\.\d+)?)\]\(bench/results/(?P<bench>[\w.-]+)\.json#(?P<key>[\w.-]+)(?:\*(?P<scale>\d+))?\)"
+    r"\[(?P<number>[-+]?\d[\d,]*(?:\.\d+)?)\]\((?P<up>(?:\.\./)*)bench/results/(?P<bench>[\w.-]+)\.json"
+    r"#(?P<key>[\w.-]+)(?:\*(?P<scale>\d+))?\)"
 )
 # A number in prose, with the unit of measure that may follow it. It reads as a measured
 # figure when it is a decimal or has a unit; settings and inputs are written in code spans
@@ -211,6 +215,24 @@ NUMBER = re.compile(rf"(?<![\w.#/-])(?P<number>{_DECIMAL})(?P<unit>{_UNIT})?")
 # a figure; a bare integer such as a default `30` is not, in prose either).
 BARE_SPAN = re.compile(rf"\s*(?P<number>{_DECIMAL}(?:\s?[-–]\s?{_DECIMAL})?)(?P<unit>{_UNIT})?\s*")
 CODE_SPAN = re.compile(r"`([^`]*)`")
+
+
+def pages() -> list[Path]:
+    """The pages whose figures are checked: README.md, then docs/*.md."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def page_name(page: Path) -> str:
+    return page.resolve().relative_to(REPO).as_posix()
+
+
+def block_page() -> Path:
+    """The one page that holds the rendered table between START and END."""
+    holding = [page for page in pages() if START in page.read_text()]
+    if len(holding) != 1:
+        names = ", ".join(page_name(page) for page in holding) or "none"
+        raise SystemExit(f"the block between {START!r} and {END!r} must be in exactly one page, found in: {names}")
+    return holding[0]
 
 
 def load(bench: str) -> dict:
@@ -254,7 +276,7 @@ def render() -> str:
 def readme_block(text: str) -> str:
     start, end = text.find(START), text.find(END)
     if start < 0 or end < 0:
-        raise SystemExit(f"README has no block between {START!r} and {END!r}")
+        raise SystemExit(f"no block between {START!r} and {END!r}")
     return text[start : end + len(END)]
 
 
@@ -265,7 +287,7 @@ def _formatted_like(written: str, value: float) -> str:
 
 
 def relink(text: str, benches: set[str]) -> str:
-    """README with every link into `benches`' JSONs showing the JSON's number again (after a re-run);
+    """A page with every link into `benches`' JSONs showing the JSON's number again (after a re-run);
     the prose around the links is the author's to re-read."""
 
     def fresh(match: re.Match) -> str:
@@ -277,11 +299,17 @@ def relink(text: str, benches: set[str]) -> str:
     return LINK.sub(fresh, text)
 
 
-def link_mismatches(text: str) -> list[str]:
-    """Every figure README links to a JSON that differs from it (or whose key is missing)."""
+def link_mismatches(text: str, page: Path | None = None) -> list[str]:
+    """Every figure a page links to a JSON that differs from it (or whose key is missing); with the
+    page, also every link whose path does not reach bench/results/ from where the page is."""
     wrong = []
+    where = page_name(page) if page else "the text"
     for match in LINK.finditer(text):
         written, bench, key, scale = match["number"], match["bench"], match["key"], int(match["scale"] or 1)
+        target = f"{match['up']}bench/results/{bench}.json"
+        if page and (page.parent / target).resolve() != (RESULTS / f"{bench}.json").resolve():
+            wrong.append(f"{match[0]}: {where} links {target}, not the JSON in bench/results/")
+            continue
         try:
             value = lookup(load(bench), key) * scale
         except (OSError, KeyError, IndexError, TypeError, ValueError) as error:
@@ -289,15 +317,16 @@ def link_mismatches(text: str) -> list[str]:
             continue
         expected = _formatted_like(written, value)
         if written != expected:
-            wrong.append(f"{bench}.{key}: README says {written}, the JSON {expected}")
+            wrong.append(f"{bench}.{key}: {where} says {written}, the JSON {expected}")
     return wrong
 
 
 def unlinked_figures(text: str) -> list[str]:
-    """Figure-like numbers in README that are neither linked to their JSON nor in the rendered table.
+    """Figure-like numbers in a page that are neither linked to their JSON nor in the rendered table.
     Code (fenced blocks, and spans that read as code: commands, settings, targets, keys) is not a
     figure; a span that is only a number and its unit is (`BARE_SPAN`)."""
-    text = text.replace(readme_block(text), "")
+    if START in text:
+        text = text.replace(readme_block(text), "")
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = LINK.sub("", text)
     found = []
@@ -320,32 +349,50 @@ def unlinked_figures(text: str) -> list[str]:
     return found
 
 
+def all_link_mismatches() -> list[str]:
+    """`link_mismatches` over every page."""
+    return [line for page in pages() for line in link_mismatches(page.read_text(), page)]
+
+
+def all_unlinked_figures() -> list[str]:
+    """`unlinked_figures` over every page, each finding prefixed with its page."""
+    return [f"{page_name(page)}: {line}" for page in pages() for line in unlinked_figures(page.read_text())]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="replace README's block")
+    parser.add_argument("--write", action="store_true", help="replace the block, in the page that holds it")
     parser.add_argument(
         "--relink",
         action="append",
         default=[],
         metavar="BENCH",
-        help="after re-running BENCH: rewrite the numbers of README's links into its JSON (repeatable)",
+        help="after re-running BENCH: rewrite the numbers of every page's links into its JSON (repeatable)",
     )
     args = parser.parse_args()
     if args.relink:
-        text = README.read_text()
-        README.write_text(relink(text, set(args.relink)))
-        print(f"relinked {', '.join(args.relink)}; now disagreeing: {link_mismatches(README.read_text()) or 'none'}")
+        changed = []
+        for page in pages():
+            text = page.read_text()
+            fresh = relink(text, set(args.relink))
+            if fresh != text:
+                page.write_text(fresh)
+                changed.append(page_name(page))
+        print(
+            f"relinked {', '.join(args.relink)} in {', '.join(changed) or 'no page'}; "
+            f"now disagreeing: {all_link_mismatches() or 'none'}"
+        )
         return
     table = render()
     if not args.write:
         print(table)
         return
-    text = README.read_text()
-    README.write_text(text.replace(readme_block(text), table))
-    text = README.read_text()
+    page = block_page()
+    text = page.read_text()
+    page.write_text(text.replace(readme_block(text), table))
     print(
-        f"README: {len(FIGURES)} figures written; linked figures that disagree: {link_mismatches(text) or 'none'}; "
-        f"figures without a link: {len(unlinked_figures(text))}"
+        f"{page_name(page)}: {len(FIGURES)} figures written; linked figures that disagree (all pages): "
+        f"{all_link_mismatches() or 'none'}; figures without a link: {len(all_unlinked_figures())}"
     )
 
 

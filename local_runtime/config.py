@@ -35,7 +35,7 @@ class LocalEngineConfig:
     extra_buffer_types: bool = False
     # Opt-in, as in vLLM and SGLang: a sequence's numbers then do not depend on what shares its batch
     # (prefill in ubatches of at most 63 tokens, llama.cpp's per-row attention kernel), which costs
-    # lone prompts llama.cpp's own prefill speed (README "Batch invariance").
+    # lone prompts llama.cpp's own prefill speed (docs/local-engine.md "Batch invariance").
     batch_invariant: bool = False
     # How llama.cpp lays the cells out. "streams": each sequence slot gets kv_cache_tokens /
     # max_num_seqs cells of its own (llama-server's layout with -np), so a decode attends over its

@@ -63,7 +63,7 @@ class LlamaBackendConfig:
 _INVARIANT_MAX_UBATCH = 63
 # Otherwise ubatches are llama.cpp's own default size (llama-server's -ub): a lone 128-token
 # prompt then goes through in one ubatch on the tiled kernel, 1.1-1.2x faster than in 63-token
-# pieces on an AVX2 EPYC and more on AVX-512 (README "Batch invariance"), and a larger
+# pieces on an AVX2 EPYC and more on AVX-512 (docs/local-engine.md "Batch invariance"), and a larger
 # max_num_batched_tokens does not grow llama.cpp's compute buffers past its default.
 _DEFAULT_MAX_UBATCH = 512
 
@@ -120,7 +120,7 @@ class LlamaBackend(LlamaVocabulary):
         model_params = llama_cpp.llama_model_default_params()
         # Repacked layouts exist per tensor type (Q4_0, Q4_K, IQ4_NL, ... on x86; none for Q4_1, so
         # on the embedded SmolLM2 this changes nothing). Off by default because their kernels make
-        # a row's logits depend on its batch (README: "Extra buffer types"), not for the crash that
+        # a row's logits depend on its batch (docs/local-engine.md: "Extra buffer types"), not for the crash that
         # once kept them off and no longer reproduces.
         model_params.use_extra_bufts = config.extra_buffer_types
         model_params.n_gpu_layers = config.n_gpu_layers

@@ -78,7 +78,7 @@ lines.append(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
 if eng.device.type == "cuda":
     lines.append(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
 open(out, "w").write("\n".join(lines))
-# The figures README quotes, as JSON beside the text.
+# The figures docs/cloud-engine.md quotes, as JSON beside the text.
 events = {e.key: e for e in p.key_averages()}
 launches = sum(events[k].count for k in ("cudaLaunchKernel", "cudaLaunchKernelExC") if k in events)
 cuda_us = sum(e.self_device_time_total for e in p.key_averages()) if eng.device.type == "cuda" else 0.0

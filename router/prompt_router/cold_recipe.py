@@ -17,7 +17,7 @@ The procedure, every step inside the rows it is given:
 Decided before the locked subjects were scored (issue 37): the default router uses SELECTED
 when, on the locked subjects, its pooled APGR beats prompt length's by more than the jackknife
 standard error (over subjects) of the paired difference; otherwise it uses LENGTH, and
-README says so. Each was scored on the locked subjects once: SELECTED did not (DEFAULT below).
+docs/benchmarks.md says so. Each was scored on the locked subjects once: SELECTED did not (DEFAULT below).
 
 Nested inside an outer split (bench.router_learning), this is the recipe's honest estimate:
 on the design subjects it gained +0.019 +- 0.010 pooled APGR over length, with within-subject

@@ -3,7 +3,7 @@
 
 Every choice a router recipe makes (features, ridge alpha, k, blend weights) is made by grouped
 cross-validation inside the design subjects; the locked subjects are scored once per recipe
-that ships, and README quotes that figure (issue 37). One choice was made on the locked
+that ships, and docs/benchmarks.md quotes that figure (issue 37). One choice was made on the locked
 subjects: whether the default router uses the recipe the CV selected (cold_recipe.SELECTED) or
 prompt length (LENGTH). It was made by a rule written down before either was scored (SELECTED
 ships only when it beats length's pooled APGR by more than the standard error of the paired

@@ -3,7 +3,7 @@
 vLLM (and SGLang, TGI) load HF directories, not tandem's embedded GGUF: this writes the same model
 (dequantized by transformers' GGUF reader) with its tokenizer and chat template, so a cloud tier run
 by vLLM serves the very weights the local tier quantized, and shares its vocabulary (token-id
-continuation then works: README, "cloud tier at scale"). The export is idempotent: DIR keeps a
+continuation then works: docs/cloud-at-scale.md, "cloud tier at scale"). The export is idempotent: DIR keeps a
 stamp of the source file (path, size, mtime) and the dtype, and a second run with the same ones
 only prints DIR.
 """

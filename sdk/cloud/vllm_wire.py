@@ -1,6 +1,6 @@
 """What tandem sends a vLLM server beyond OpenAI's API, so a vLLM cloud gets the whole cascade.
 
-vLLM is what an app's cloud tier becomes at scale (README, "cloud tier at scale"). Over OpenAI's
+vLLM is what an app's cloud tier becomes at scale (docs/cloud-at-scale.md, "cloud tier at scale"). Over OpenAI's
 API alone it would get a reduced cascade; its own extensions close the gap:
 
 - Discovery: `GET {root}/version` answers `{"version": "..."}` on vLLM (the root is the URL

@@ -6,7 +6,7 @@ tokens), and one `LLMatcher` per constrained request. Each step the engine's own
 matcher's allowed-token mask for the row, and the engine feeds the sampled token back. llguidance
 and numpy are imported on first use (this package is the engines' shared contract).
 Chosen by measurement (bench.grammar_libraries: full JSON Schema coverage on its set, sub-ms
-compiles, microsecond masks, no dependencies: README).
+compiles, microsecond masks, no dependencies: docs/benchmarks.md).
 """
 
 from __future__ import annotations

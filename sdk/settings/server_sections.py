@@ -71,7 +71,7 @@ class ListenerConfig:
     )
     budgets_file: str | None = setting(
         None,
-        "Spend limits in USD per API key and per `user` (TOML, reloaded when it changes; see docs, Budgets): over a "
+        "Spend limits in USD per API key and per `user` (TOML, reloaded when it changes; see docs/configuration.md, Budgets): over a "
         "hard one, 429 insufficient_quota.",
         unset="no budgets",
     )

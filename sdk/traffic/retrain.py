@@ -55,7 +55,8 @@ MIN_TRAINING_LABELS = 20  # besides the held-out ones
 # A candidate must rank the held-out labels better by more than this many standard errors of the paired
 # difference. One SE swapped on noise about one retrain in six: in the design subjects' simulation (20 seeds, 10%
 # labels) it swapped 8 learners in, one of them worse (-0.024 APGR on the rest); two SEs swapped the other 7 (mean
-# +0.045). Chosen after the one-SE rule had been scored on the locked subjects (README: "Learning from labels").
+# +0.045). Chosen after the one-SE rule had been scored on the locked subjects
+# (docs/benchmarks.md: "Learning from labels").
 SWAP_MARGIN_SE = 2.0
 
 

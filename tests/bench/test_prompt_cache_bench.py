@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 def test_later_turns_compute_only_what_is_new(monkeypatch):
     monkeypatch.setattr(prompt_cache, "MAX_TOKENS", 8)
     # Answers are the same token for token with and without the cache only where a prompt's numbers do
-    # not depend on how it was split: batch-invariant mode (README, "Batch invariance"). With llama.cpp's
+    # not depend on how it was split: batch-invariant mode (docs/local-engine.md, "Batch invariance"). With llama.cpp's
     # own kernels (the bench's default) that depends on the CPU: on an AVX-512 EPYC one of these two
     # conversations flipped a near-tie; the bench reports what it measured there.
     monkeypatch.setattr(prompt_cache, "CONFIG", dict(prompt_cache.CONFIG, batch_invariant=True))

@@ -1,4 +1,5 @@
-"""README's figures agree with the JSON the benchmarks wrote (bench.readme_figures)."""
+"""The documentation's figures (README.md, docs/*.md) agree with the JSON the benchmarks wrote
+(bench.readme_figures)."""
 
 from __future__ import annotations
 
@@ -6,20 +7,36 @@ from bench import readme_figures
 
 
 def test_readme_headline_table_is_what_the_json_renders():
-    block = readme_figures.readme_block(readme_figures.README.read_text())
+    page = readme_figures.block_page()
+    assert page == readme_figures.DOCS / "benchmarks.md"
+    block = readme_figures.readme_block(page.read_text())
     assert block == readme_figures.render(), (
-        "README's figures table is stale: run python -m bench.readme_figures --write"
+        f"{page.name}'s figures table is stale: run python -m bench.readme_figures --write"
     )
 
 
-def test_every_figure_readme_links_equals_its_json():
-    text = readme_figures.README.read_text()
-    assert len(list(readme_figures.LINK.finditer(text))) > 100  # the prose figures are links, not typed numbers
-    assert readme_figures.link_mismatches(text) == []
+def test_the_pages_are_readme_and_docs():
+    names = [readme_figures.page_name(page) for page in readme_figures.pages()]
+    assert names[0] == "README.md" and "docs/benchmarks.md" in names and "docs/local-engine.md" in names
 
 
-def test_readme_states_no_figure_without_its_source():
-    assert readme_figures.unlinked_figures(readme_figures.README.read_text()) == []
+def test_every_figure_the_pages_link_equals_its_json():
+    links = sum(len(list(readme_figures.LINK.finditer(page.read_text()))) for page in readme_figures.pages())
+    assert links > 100  # the prose figures are links, not typed numbers
+    assert readme_figures.all_link_mismatches() == []
+
+
+def test_the_pages_state_no_figure_without_its_source():
+    assert readme_figures.all_unlinked_figures() == []
+
+
+def test_a_link_from_docs_must_climb_to_bench_results():
+    good = "[3.05](../bench/results/engine_throughput.json#ratio_vs_hf_static)"
+    page = readme_figures.DOCS / "benchmarks.md"
+    assert readme_figures.link_mismatches(good, page) == []
+    wrong = readme_figures.link_mismatches(good.replace("../", ""), page)
+    assert len(wrong) == 1 and "docs/benchmarks.md links bench/results/engine_throughput.json" in wrong[0]
+    assert readme_figures.link_mismatches(good, readme_figures.README) != []  # from the root, ../ leaves the tree
 
 
 def test_a_changed_figure_is_caught(monkeypatch):
@@ -32,9 +49,10 @@ def test_a_changed_figure_is_caught(monkeypatch):
         return data
 
     monkeypatch.setattr(readme_figures, "load", shifted)
-    text = readme_figures.README.read_text()
+    text = readme_figures.block_page().read_text()
     assert readme_figures.readme_block(text) != readme_figures.render()
-    assert any("prefix_cache.ttft_ratio" in line for line in readme_figures.link_mismatches(text))
+    caught = [line for line in readme_figures.all_link_mismatches() if "prefix_cache.ttft_ratio" in line]
+    assert caught and all(" says " in line for line in caught)
 
 
 def test_the_checks_see_typed_figures_and_wrong_links():
@@ -46,6 +64,10 @@ def test_the_checks_see_typed_figures_and_wrong_links():
     assert len(readme_figures.link_mismatches(wrong)) == 2
     scaled = "[12.8](bench/results/engine_throughput.json#penalties_b32.off_run_spread*100)"
     assert readme_figures.link_mismatches(scaled) == []
+
+
+def test_the_block_is_optional_in_a_page():
+    assert readme_figures.unlinked_figures("Measured at 181.3 tok/s.") == ["'181.3 tok/s' in: Measured at 181.3 tok/s."]
 
 
 def _checked(prose: str) -> list[str]:
@@ -91,11 +113,11 @@ def test_relink_rewrites_only_the_named_benches_links_in_their_own_format(monkey
     data = {"a": {"x": 1234.567, "y": 0.5}, "b": {"x": 2.0}}
     monkeypatch.setattr(readme_figures, "load", lambda bench: data[bench])
     text = (
-        "[1,111.1](bench/results/a.json#x) [+9.00](bench/results/a.json#y) [7](bench/results/a.json#y*100) "
+        "[1,111.1](bench/results/a.json#x) [+9.00](bench/results/a.json#y) [7](../bench/results/a.json#y*100) "
         "[3](bench/results/b.json#x)"
     )
     assert readme_figures.relink(text, {"a"}) == (
-        "[1,234.6](bench/results/a.json#x) [+0.50](bench/results/a.json#y) [50](bench/results/a.json#y*100) "
+        "[1,234.6](bench/results/a.json#x) [+0.50](bench/results/a.json#y) [50](../bench/results/a.json#y*100) "
         "[3](bench/results/b.json#x)"
     )
 

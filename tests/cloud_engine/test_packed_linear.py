@@ -39,7 +39,7 @@ def test_packed_linear_equals_f_linear(rows):
     weight = torch.randn(96, 64, generator=gen).bfloat16()
     bias = torch.randn(96, generator=gen).bfloat16()
     x = torch.randn(rows, 64, generator=gen).bfloat16()
-    # README's claim is "bit-identical": the same oneDNN kernel on prepacked weights, so equal, not close.
+    # docs/cloud-engine.md's claim is "bit-identical": the same oneDNN kernel on prepacked weights, so equal, not close.
     assert torch.equal(PackedLinear(weight, bias)(x), F.linear(x, weight, bias))
     assert torch.equal(PackedLinear(weight, None)(x), F.linear(x, weight))
 

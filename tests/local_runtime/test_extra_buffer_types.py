@@ -103,7 +103,7 @@ def test_without_repacked_weights_a_decode_rows_logits_do_not_depend_on_its_batc
     backend.clear_slot(1)
     backend.decode(prompt, np.arange(40, dtype=np.int32), np.zeros(40, np.int32), np.zeros(40, np.int8))
     # A decode beside one other sequence's, then the same decode beside five. (A lone decode row
-    # over >= 512 cells takes llama.cpp's split-KV kernel: the documented exception, README.)
+    # over >= 512 cells takes llama.cpp's split-KV kernel: the documented exception, docs/local-engine.md.)
     for slot in range(1, 6):
         backend.decode(
             rng.integers(100, 20000, 30).astype(np.int32),

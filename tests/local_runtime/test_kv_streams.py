@@ -91,7 +91,7 @@ def prefix_ops(streams_engine, monkeypatch):
 
 # On the model's own weights only: prompts moved in from the prefill copy land in the unified pool
 # wherever llama.cpp finds room, and attention sums a sequence's cells in cell order there, so the
-# two layouts can round differently after a few tokens (README "Batch invariance", condition (b)).
+# two layouts can round differently after a few tokens (docs/local-engine.md "Batch invariance", condition (b)).
 @pytest.mark.slow
 @pytest.mark.parametrize("streams_engine", ["off"], indirect=True)
 def test_streams_answer_as_the_unified_pool_and_batch_in_slot_order(streams_engine, monkeypatch):

@@ -140,7 +140,7 @@ def test_cells_moved_from_the_prefill_context_answer_as_the_main_context_compute
         moved.prefill.prefill = lambda chunks: (starts.extend(c.start for c in chunks), prefill(chunks))
         # The long prompt starts from an empty pool: in the unified one, cells moved in land where
         # llama.cpp finds room and a decode's wherever cells are free, and around cached prompts
-        # those differ, which changes attention's rounding (README "Batch invariance").
+        # those differ, which changes attention's rounding (docs/local-engine.md "Batch invariance").
         ours, theirs = (answers_one_at_a_time(e, prompts, empty_pool_before=(2,)) for e in (moved, reference))
         for i, (a, b) in enumerate(zip(ours, theirs)):
             assert [t for t, _ in a] == [t for t, _ in b], f"prompt {i}: other tokens"

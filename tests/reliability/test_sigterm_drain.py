@@ -1,6 +1,6 @@
 """SIGTERM while requests stream: `tandem serve` and `tandem cloud serve` drain before exiting.
 
-Documented behaviour (README, sdk/cli/serve.py, sdk/cli/cloud.py): SIGTERM stops accepting
+Documented behaviour (docs/reliability.md, sdk/cli/serve.py, sdk/cli/cloud.py): SIGTERM stops accepting
 connections, lets in-flight HTTP requests finish for up to 5 s (uvicorn's
 timeout_graceful_shutdown), then stops the cloud tier / gRPC (whose streams get another
 5 s) and the engines, and exits 0. So: streams that end within the grace complete normally

@@ -1,4 +1,4 @@
-"""The locked test subjects are fixed by the hash rule: this list is what README quotes, and a change
+"""The locked test subjects are fixed by the hash rule: this list is what docs/benchmarks.md quotes, and a change
 of rule or salt (which would let a recipe be tuned on the locked part) fails here."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Issue 52, item 7: `cascade.prompt_router = "default"` with nothing else set escalates the share of
-prompts README states (bench.router_learning's `prompt_router_default_cut`), not all of them: the
+prompts docs/benchmarks.md states (bench.router_learning's `prompt_router_default_cut`), not all of them: the
 settings a `tandem serve` reads, the runner it builds, the policies each request composes."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Issue 52, item 7, done when: `tandem serve` with TANDEM_CASCADE_PROMPT_ROUTER=default and no other
-routing setting escalates the share README states (half of the design tables' prompts before
+routing setting escalates the share docs/benchmarks.md states (half of the design tables' prompts before
 generation: tests/sdk/test_prompt_router_default.py checks the figure itself), not every prompt.
 The real command on loopback, the official `openai` client, model "auto"."""
 
