@@ -71,8 +71,8 @@ class ListenerConfig:
     )
     budgets_file: str | None = setting(
         None,
-        "Spend limits in USD per API key and per `user` (TOML, reloaded when it changes; see docs/configuration.md, Budgets): over a "
-        "hard one, 429 insufficient_quota.",
+        "Spend limits in USD per API key and per `user` (TOML, reloaded when it changes; see docs/configuration.md, "
+        "Budgets): over a hard one, 429 insufficient_quota.",
         unset="no budgets",
     )
     spend_path: str | None = setting(

@@ -8,7 +8,7 @@ from bench import readme_figures
 
 def test_readme_headline_table_is_what_the_json_renders():
     page = readme_figures.block_page()
-    assert page == readme_figures.DOCS / "benchmarks.md"
+    assert page == readme_figures.README
     block = readme_figures.readme_block(page.read_text())
     assert block == readme_figures.render(), (
         f"{page.name}'s figures table is stale: run python -m bench.readme_figures --write"
