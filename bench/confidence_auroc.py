@@ -147,7 +147,7 @@ def compare_prefill(off: Answers, copy: Answers, seed: int, holdout_fraction: fl
     held-out questions of both runs (see the module docstring)."""
     from confidence.probe import ConfidenceProbe, ProbeConfig, model_fingerprint_for_gguf
     from confidence.probe_training import stratified_split
-    from sdk.protocol.model_files import resolve_model_path
+    from sdk.engine_common.model_files import resolve_model_path
 
     train, heldout = stratified_split(off.labels, holdout_fraction, seed)
     fingerprint = model_fingerprint_for_gguf(resolve_model_path(None))
@@ -211,7 +211,7 @@ def heldout_scores(
     """Split, orient single signals on train, train + export the probe, score held-out."""
     from confidence.probe import ConfidenceProbe, ProbeConfig, load_probe, model_fingerprint_for_gguf
     from confidence.probe_training import stratified_split
-    from sdk.protocol.model_files import resolve_model_path
+    from sdk.engine_common.model_files import resolve_model_path
 
     labels, features = answers.labels, answers.features
     train, heldout = stratified_split(labels, holdout_fraction, seed)

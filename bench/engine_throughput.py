@@ -40,7 +40,7 @@ from bench.penalty_compare import compare as compare_penalties
 from bench.random_model import describe_model
 from cloud_engine.llm import LLM
 from sdk.protocol.engine import SamplingParams
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 
 STATIC_BATCH = 32
 REPEATS = 3

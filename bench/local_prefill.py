@@ -50,7 +50,7 @@ from local_runtime.config import LocalEngineConfig
 from local_runtime.engine import LocalEngine
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
 from sdk.protocol.engine import GenerationRequest, SamplingParams
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 
 LENGTHS = (64, 128, 256, 512)
 THREADS = 2
@@ -126,7 +126,7 @@ def first_token_kl(path: str) -> dict:
     moved, the last token on the model's own weights)."""
     from local_runtime.prefill_context import PrefillContext, PromptChunk
     from local_runtime.prefill_weights import prefill_copy_path
-    from sdk.protocol.chat_template import render_chat
+    from sdk.engine_common.chat_template import render_chat
 
     paths = {"own_weights": path, "bf16": prefill_copy_path(path, "bf16"), "f16": prefill_copy_path(path, "f16")}
     backends = {name: LlamaBackend(LlamaBackendConfig(p, N_CTX, 1, 512, THREADS)) for name, p in paths.items()}

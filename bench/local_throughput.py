@@ -28,7 +28,7 @@ from bench.penalty_compare import compare as compare_penalties
 from local_runtime.async_engine import AsyncLocalEngine
 from local_runtime.config import LocalEngineConfig
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 CONCURRENCY_LEVELS = (1, 4, 8, 16)

@@ -4,7 +4,7 @@ looping answers it ends.
     python -m bench.loop_stop [--quick | --smoke] --json bench/results/loop_stop.json
 
 The local tier stops an answer whose tail is one unit repeated exactly
-(sdk.protocol.repetition.STOP_LOOP), and the cascade escalates one earlier (ESCALATE_LOOP).
+(sdk.engine_common.repetition.STOP_LOOP), and the cascade escalates one earlier (ESCALATE_LOOP).
 Each answer is generated with the stop off, then replayed token by token through the tracker
 the engines use, so one run measures both rules on identical answers.
 
@@ -45,7 +45,7 @@ from pathlib import Path
 from bench.loop_stop_tasks import FAMILIES, Task, last_number
 from router.eval_tables import DEFAULT_DATA_DIR, ROUTELLM_STRONG, ROUTELLM_WEAK, load_table
 from sdk.protocol.engine import GenerationRequest, SamplingParams
-from sdk.protocol.repetition import ESCALATE_LOOP, STOP_LOOP, find_loop
+from sdk.engine_common.repetition import ESCALATE_LOOP, STOP_LOOP, find_loop
 
 # Prompts per set. A full run: about 90k output tokens, some 15 minutes on 2 cores.
 FULL = {"word_problems": 200, "word_problem_pairs": 160, "alphabet": 36, "spelling": 32, "gsm8k": 60, "mt_bench": 60}

@@ -58,7 +58,7 @@ RANDOM_WEIGHTS_FILE = "random_weights.json"
 def export_tokenizer(out_dir: str) -> None:
     """SmolLM2's tokenizer and chat template, read from the embedded GGUF, as HF files."""
     from cloud_engine.loader.tokenizer import load_gguf_tokenizer
-    from sdk.protocol.model_files import default_model_path
+    from sdk.engine_common.model_files import default_model_path
 
     load_gguf_tokenizer(default_model_path()).save_pretrained(out_dir)
 

@@ -229,7 +229,7 @@ def sanity_answer(server: ManagedServer) -> str:
 
 
 def _embedded_tokenizer() -> GgufTokenizer:
-    from sdk.protocol.model_files import default_model_path
+    from sdk.engine_common.model_files import default_model_path
 
     return GgufTokenizer(default_model_path())  # the exported weights' vocabulary and chat template
 

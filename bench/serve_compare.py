@@ -107,7 +107,7 @@ def servers_at(concurrency: int, binary: str, model_path: str, model_name: str, 
 
 
 def run_compare(args: argparse.Namespace) -> dict:
-    from sdk.protocol.model_files import model_name_for, resolve_model_path
+    from sdk.engine_common.model_files import model_name_for, resolve_model_path
 
     model_path = resolve_model_path(args.model_path)
     model_name = model_name_for(args.model_path)

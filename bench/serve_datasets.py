@@ -87,7 +87,7 @@ class GgufTokenizer:
 
     def count_chat(self, prompt: str) -> int:
         """Tokens of `prompt` as a user message through the model's chat template (as a server counts them)."""
-        from sdk.protocol.chat_template import render_chat
+        from sdk.engine_common.chat_template import render_chat
 
         vocab = self._vocab
         bos = vocab.special_token_text("bos")

@@ -46,7 +46,7 @@ from bench.machine import machine_info, write_report
 from cloud_engine.llm import LLM
 from cloud_engine.spec_decode import SpeculativeConfig
 from cloud_engine.spec_decode.stats import SpecDecodeStats
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "routellm")

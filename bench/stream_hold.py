@@ -77,7 +77,7 @@ async def escalation_positions(
     from router.streaming_policy import StreamingPolicy
     from sdk.cascade.config import CascadeConfig
     from sdk.protocol.engine import GenerationRequest, SamplingParams
-    from sdk.protocol.repetition import ESCALATE_LOOP
+    from sdk.engine_common.repetition import ESCALATE_LOOP
 
     config = CascadeConfig()
     engine = AsyncLocalEngine(LocalEngineConfig(max_num_seqs=8, prefill_weights=prefill_weights)).start()

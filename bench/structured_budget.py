@@ -5,7 +5,7 @@ Every schema case (constrained, as bench.structured asks it) and every free json
 default) and off (the grammar alone, OpenAI's behaviour). An answer is valid when it ends with
 finish_reason "stop" and parses (and fits its schema). `validity_under_budget` counts only the
 requests where a valid answer fits: the grammar's shortest completion from the start, plus the end
-token, within max_tokens (sdk.protocol.grammar_closing's own walk measures it); the others are
+token, within max_tokens (sdk.engine_common.grammar_closing's own walk measures it); the others are
 listed, and each must end at "length" rather than claim completeness.
 
 Cost: each closing-plan search is timed inside the engine (ClosingPaths.seconds): p50/p99 in

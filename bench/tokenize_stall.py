@@ -6,7 +6,7 @@ largest bodies that pass the server's byte pre-check, in a loop.
 `tandem serve --cloud none` on the embedded SmolLM2; 8 clients stream chat answers (a short
 prompt, 128 tokens, greedy, `ignore_eos`), `--rounds` requests each, through the local model's
 own name (the shared OpenAI server's path). The load: one client posting, back to back, bodies
-that pass sdk.protocol.prompt_tokens' pre-check (their text is at most max_model_len x the
+that pass sdk.serving.prompt_tokens' pre-check (their text is at most max_model_len x the
 longest token's bytes) but take the tokenizer long: alternately one message of that many bytes
 of words, and 10,000 two-letter messages (llama.cpp's special-token pass: ~1.3 s here). Both are
 then refused as too long for the context. Phases alternate without and with the load, twice

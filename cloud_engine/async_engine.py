@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.engine import CloudEngine
-from sdk.protocol.async_step_engine import AsyncStepEngine
+from sdk.engine_common.async_step_engine import AsyncStepEngine
 
 
 class AsyncCloudEngine(AsyncStepEngine):

@@ -44,7 +44,7 @@ class CloudEngineConfig:
     sampling: dict = field(
         default_factory=dict
     )  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
-    close_within_max_tokens: bool = True  # for requests that leave it unset (sdk.protocol.grammar_closing)
+    close_within_max_tokens: bool = True  # for requests that leave it unset (sdk.engine_common.grammar_closing)
 
     def __post_init__(self) -> None:
         checks = [

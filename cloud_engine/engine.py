@@ -37,11 +37,11 @@ from sdk.protocol.engine import (
     TokenEvent,
     validate_generation_request,
 )
-from sdk.protocol.detokenize import detokenize
-from sdk.protocol.grammar import GrammarMasks
+from sdk.engine_common.detokenize import detokenize
+from sdk.engine_common.grammar import GrammarMasks
 from sdk.protocol.request_status import RequestStatus
 from sdk.protocol.sampling_defaults import resolve_sampling_defaults
-from sdk.protocol.token_events import check_stop, make_token_event
+from sdk.engine_common.token_events import check_stop, make_token_event
 from sdk.protocol.vocabulary import vocabulary_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class CloudEngine:
         loaded.model.warm_up_packed(config.max_num_batched_tokens, config.max_logit_rows)  # memory flat from here
         self.vocab_size = self.model_config.vocab_size
         self._token_bytes = build_token_bytes(self.tokenizer)
-        # The longest text one token stands for, special tokens' names included (sdk.protocol.prompt_tokens).
+        # The longest text one token stands for, special tokens' names included (sdk.serving.prompt_tokens).
         added = [len(text.encode("utf-8")) for text in self.tokenizer.get_added_vocab()]
         self.max_token_bytes = max([1, *added, *(len(piece) for piece in self._token_bytes)])
         # Structured requests' masks over the logits' width (ids past the tokenizer: never allowed).

@@ -1,4 +1,4 @@
-"""A request's life inside the cloud engine: sdk.protocol.engine_request's shared state plus
+"""A request's life inside the cloud engine: sdk.engine_common.engine_request's shared state plus
 priority, blocks' hashes, preemptions and the speculative draft."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sdk.protocol.engine_request import EngineRequest
+from sdk.engine_common.engine_request import EngineRequest
 from sdk.protocol.request_status import RequestStatus  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:

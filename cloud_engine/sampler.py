@@ -17,7 +17,7 @@ import torch
 
 from cloud_engine.logits_processors import apply_logit_changes, min_p_filter
 from sdk.protocol.engine import SamplingParams
-from sdk.protocol.token_events import SampledToken
+from sdk.engine_common.token_events import SampledToken
 
 # Nucleus candidates are looked for among this many most likely tokens first, then among the
 # wider window for the rows whose nucleus did not fit, then in a full sort. Each is one

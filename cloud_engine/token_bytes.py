@@ -1,7 +1,7 @@
 """The raw bytes of every token of a Hugging Face tokenizer.
 
 Streaming text must be cut at token boundaries without breaking multi-byte characters
-(`sdk.protocol.text_stream.TextStream` takes bytes), and OpenAI's logprobs report each token's
+(`sdk.engine_common.text_stream.TextStream` takes bytes), and OpenAI's logprobs report each token's
 `bytes`. Decoding single ids with `tokenizer.decode` loses both (it strips spaces and
 turns half a character into U+FFFD), so we map token strings back to bytes once.
 """

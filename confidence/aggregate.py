@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from confidence.signals import SignalArrays
-from sdk.protocol.repetition import repeated_ngram_fraction
+from sdk.engine_common.repetition import repeated_ngram_fraction
 
 QUANTILE_LEVELS = (0.05, 0.1, 0.25)  # low quantiles of token probability we report
 DEFAULT_WINDOW = 8  # tokens per sliding window: short enough to catch one unsure phrase
@@ -46,7 +46,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "window_min_mean_prob",  # lowest mean probability over any window of `window` tokens
     "window_mean_prob",  # mean probability of the last `window` tokens
     "mean_topk_mass",  # mean top-k alternative mass over tokens that carry alternatives
-    "repeated_ngram_fraction",  # share of recent n-grams repeating another (sdk.protocol.repetition); grows as it loops
+    "repeated_ngram_fraction",  # share of recent n-grams repeating another (sdk.engine_common.repetition); grows as it loops
 )
 QUANTILE_FEATURE_NAMES = ("quantile_0.05", "quantile_0.1", "quantile_0.25")  # one per QUANTILE_LEVELS entry
 

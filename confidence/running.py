@@ -32,7 +32,7 @@ from confidence.aggregate import (
 )
 from confidence.signals import TokenSignals, token_signals
 from sdk.protocol.engine import TokenEvent
-from sdk.protocol.repetition import RepetitionTracker
+from sdk.engine_common.repetition import RepetitionTracker
 
 
 class RunningConfidence:

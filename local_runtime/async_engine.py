@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from local_runtime.config import LocalEngineConfig
 from local_runtime.engine import LocalEngine
-from sdk.protocol.model_files import model_name_for, resolve_model_path
-from sdk.protocol.async_step_engine import AsyncStepEngine
+from sdk.engine_common.model_files import model_name_for, resolve_model_path
+from sdk.engine_common.async_step_engine import AsyncStepEngine
 
 
 class AsyncLocalEngine(AsyncStepEngine):

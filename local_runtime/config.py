@@ -61,8 +61,8 @@ class LocalEngineConfig:
     # walks (llama.cpp's unified pool): an 8-client decode step slows by a few percent with
     # cached prompts nobody reuses (bench.prompt_cache --overhead); a chat's next turn needs only its own.
     max_cached_prompts: int = 2
-    repetition_stop: bool = True  # for requests that leave repetition_stop unset (sdk.protocol.repetition)
-    close_within_max_tokens: bool = True  # for requests that leave it unset (sdk.protocol.grammar_closing)
+    repetition_stop: bool = True  # for requests that leave repetition_stop unset (sdk.engine_common.repetition)
+    close_within_max_tokens: bool = True  # for requests that leave it unset (sdk.engine_common.grammar_closing)
     sampling: dict = field(
         default_factory=dict
     )  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)

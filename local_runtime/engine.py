@@ -21,8 +21,8 @@ from local_runtime.prefill_context import PrefillContext, PromptChunk
 from local_runtime.request import Request, RequestStatus
 from local_runtime.sampler import sample_batch
 from local_runtime.scheduler import Scheduler
-from sdk.protocol.chat_template import render_chat
-from sdk.protocol.grammar import GrammarMasks
+from sdk.engine_common.chat_template import render_chat
+from sdk.engine_common.grammar import GrammarMasks
 from sdk.protocol.engine import (
     ContextLengthError,
     EngineStats,
@@ -30,10 +30,10 @@ from sdk.protocol.engine import (
     TokenEvent,
     validate_generation_request,
 )
-from sdk.protocol.model_files import model_name_for, resolve_model_path
+from sdk.engine_common.model_files import model_name_for, resolve_model_path
 from sdk.protocol.sampling_defaults import resolve_sampling_defaults
-from sdk.protocol.token_events import check_stop, make_token_event
-from sdk.protocol.detokenize import detokenize
+from sdk.engine_common.token_events import check_stop, make_token_event
+from sdk.engine_common.detokenize import detokenize
 from sdk.protocol.vocabulary import vocabulary_fingerprint
 
 logger = logging.getLogger("tandem.local")

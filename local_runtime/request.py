@@ -1,4 +1,4 @@
-"""A request's life inside the local engine: sdk.protocol.engine_request's shared state plus
+"""A request's life inside the local engine: sdk.engine_common.engine_request's shared state plus
 its llama.cpp sequence slot and its own RNG."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sdk.protocol.engine_request import EngineRequest
+from sdk.engine_common.engine_request import EngineRequest
 from sdk.protocol.request_status import RequestStatus  # noqa: F401  (re-exported)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from local_runtime.logits_processors import apply_logit_changes, min_p_candidates
 from sdk.protocol.engine import SamplingParams
-from sdk.protocol.token_events import SampledToken
+from sdk.engine_common.token_events import SampledToken
 
 
 def sample_batch(

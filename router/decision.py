@@ -57,7 +57,7 @@ class Reason:
     THRESHOLD_ONE = "threshold_one"  # threshold 1: always the cloud
     PROMPT_ROUTER = "prompt_router"  # the prompt scorer judged the request too hard for the local tier
     LOW_CONFIDENCE = "low_confidence"  # running confidence fell below the threshold during generation
-    REPETITION = "repetition"  # the local answer fell into an exact loop (sdk.protocol.repetition.ESCALATE_LOOP)
+    REPETITION = "repetition"  # the local answer fell into an exact loop (sdk.engine_common.repetition.ESCALATE_LOOP)
     INVALID_STRUCTURE = "invalid_structure"  # a structured local answer cannot fit (cut off by max_tokens)
     TOOL_CALLS = "tool_calls"  # the deployment's tool-call policy sends tool-choosing turns to the cloud
     FINAL_CHECK = "final_check"  # the verifier of the complete local answer rejected it

@@ -23,7 +23,7 @@ from router.decision import (
     validate_threshold,
 )
 from sdk.protocol.engine import TokenEvent
-from sdk.protocol.repetition import ESCALATE_LOOP, LoopRule
+from sdk.engine_common.repetition import ESCALATE_LOOP, LoopRule
 
 # Features that are already probability-like in [0, 1] and grow with confidence, so a
 # [0, 1] threshold means something without a calibrator. The others (log-probabilities,

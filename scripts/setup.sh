@@ -19,7 +19,7 @@ python -c 'from cloud_engine.kernels.cpu_build import cpu_kernels; cpu_kernels()
 python -c 'from router.prompt_router.embedder_export import ensure_embedder; ensure_embedder(precision="int8")' || true
 # Decide the local engine's prefill_weights=auto for the embedded model on this machine now (~10 s once: converts
 # 16-bit copies of the weights and times prompts through each, cached in ~/.cache/tandem/prefill-weights).
-python -c 'from local_runtime.prefill_choice import measurement; from sdk.protocol.model_files import default_model_path as m; import os; measurement(m(), os.cpu_count() or 1)' || true
+python -c 'from local_runtime.prefill_choice import measurement; from sdk.engine_common.model_files import default_model_path as m; import os; measurement(m(), os.cpu_count() or 1)' || true
 # Parse the embedded GGUF for the cloud engine now (~20 s once, cached in ~/.cache/tandem/gguf:
 # cloud_engine/loader/gguf_cache.py), so the first `tandem serve` has its cloud tier up in seconds.
 python -c 'from cloud_engine.loader import load_model; load_model()' || true

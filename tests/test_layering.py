@@ -1,9 +1,12 @@
 """The layering of the tree (docs/architecture.md "Where things are", ../shared/DESIGN.md), checked on the AST.
 
-Engines and routing sit on the contracts, the product sits on top:
-- `sdk.protocol` imports only the standard library, third-party packages and itself;
-- `local_runtime`, `cloud_engine`, `router`, `confidence` import only `sdk.protocol` from `sdk`,
-  and never each other, except `router` -> `confidence`;
+Engines and routing sit on the contracts and the machinery they share, the product sits on top:
+- `sdk.protocol` (the contracts) imports only the standard library, third-party packages and itself;
+- `sdk.engine_common` (the machinery both engines share) imports only `sdk.protocol` and itself;
+- `local_runtime`, `cloud_engine`, `router`, `confidence` import only those two from `sdk`,
+  and never each other, except `router` -> `confidence`; `cloud_engine` does not serve (no `grpc`);
+- `sdk.serving` (the gRPC server for any engine, and what both servers share) imports only those
+  two and itself;
 - the rest of `sdk` may import anything below it, except that it reaches the cloud engine only
   through the contracts (`sdk.protocol.cloud_backend`, `sdk.protocol.wire`): only the modules
   that configure or start a cloud engine import `cloud_engine` (SDK_MODULES_STARTING_CLOUD_ENGINE);
@@ -101,8 +104,17 @@ def _top(module: str) -> str:
     return module.partition(".")[0]
 
 
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def _is_protocol(module: str) -> bool:
-    return module == "sdk.protocol" or module.startswith("sdk.protocol.")
+    return _in(module, "sdk.protocol")
+
+
+def _below_engines(module: str) -> bool:
+    """What the engines may import from sdk: the contracts and the machinery they share."""
+    return _in(module, "sdk.protocol") or _in(module, "sdk.engine_common")
 
 
 def rule_broken(importer: str, imported: str) -> str | None:
@@ -112,13 +124,17 @@ def rule_broken(importer: str, imported: str) -> str | None:
         return f"{target} sits at the top: only {' and '.join(TOP)} import it"
     if _is_protocol(importer) and not _is_protocol(imported):
         return "sdk.protocol imports only the standard library, third-party packages and itself"
+    if _in(importer, "sdk.engine_common") and not _below_engines(imported):
+        return "sdk.engine_common imports only sdk.protocol and itself"
+    if _in(importer, "sdk.serving") and not (_below_engines(imported) or _in(imported, "sdk.serving")):
+        return "sdk.serving imports only sdk.protocol, sdk.engine_common and itself"
     if source == "sdk" and target == "cloud_engine" and importer not in SDK_MODULES_STARTING_CLOUD_ENGINE:
         return (
             "sdk reaches the cloud engine through sdk.protocol (cloud_backend, wire); only the modules that "
             "configure or start one import it (SDK_MODULES_STARTING_CLOUD_ENGINE)"
         )
-    if source in ENGINES and target == "sdk" and not _is_protocol(imported):
-        return f"{source} imports only sdk.protocol from sdk"
+    if source in ENGINES and target == "sdk" and not _below_engines(imported):
+        return f"{source} imports only sdk.protocol and sdk.engine_common from sdk"
     if source in ENGINES and target in ENGINES and source != target and (source, target) not in ALLOWED_BETWEEN_ENGINES:
         return f"{source} may not import {target} (of the engines and routing, only router -> confidence)"
     return None
@@ -182,6 +198,19 @@ def test_the_tree_keeps_its_layers():
     assert violations(graph, lines) == []
 
 
+def test_no_engine_module_serves():
+    """The gRPC server is sdk.serving.grpc's, for any engine: no module under cloud_engine (or the
+    other engines) imports grpc, so none can start a server."""
+    serving = []
+    for package in ENGINES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                names += [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+                serving += [f"{path.relative_to(REPO)} imports {n}" for n in names if n.partition(".")[0] == "grpc"]
+    assert serving == []
+
+
 def test_the_tree_has_no_import_cycle():
     graph, _ = import_graph(REPO)
     assert import_cycles(graph) == []
@@ -208,8 +237,11 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
             "sdk/cascade/runner.py": "from local_runtime.engine import Engine\nfrom sdk.protocol.engine import x\n",
             "sdk/cloud/client.py": "from cloud_engine.loader import wire\n",  # the client half of the wire, below
             "sdk/cloud/tier.py": "from cloud_engine.loader import start\n",  # starts an engine: allowed
+            "sdk/engine_common/grammar.py": "from sdk.protocol import engine\nfrom sdk.openai_server import app\n",
+            "sdk/serving/grpc/server.py": "from sdk.engine_common import grammar\nimport sdk.openai_server.app\n",
+            "sdk/openai_server/app.py": "",
             "local_runtime/engine.py": (
-                "from typing import TYPE_CHECKING\nfrom sdk.protocol import engine\n"
+                "from typing import TYPE_CHECKING\nfrom sdk.protocol import engine\nfrom sdk.engine_common import grammar\n"
                 "if TYPE_CHECKING:\n    from sdk.cascade.runner import Runner\n"  # excluded: types only
                 "def later():\n    from sdk.cascade import runner\n"  # a deferred import still counts
             ),
@@ -229,11 +261,16 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
         "confidence.signals (line 2) imports bench.serve: bench sits at the top: only android_bridge and bench import it",
         "confidence.signals (line 1) imports router.policy: confidence may not import router"
         " (of the engines and routing, only router -> confidence)",
-        "local_runtime.engine (line 6) imports sdk.cascade.runner: local_runtime imports only sdk.protocol from sdk",
+        "local_runtime.engine (line 7) imports sdk.cascade.runner: local_runtime imports only sdk.protocol and"
+        " sdk.engine_common from sdk",
         "sdk.cloud.client (line 1) imports cloud_engine.loader: sdk reaches the cloud engine through sdk.protocol"
         " (cloud_backend, wire); only the modules that configure or start one import it (SDK_MODULES_STARTING_CLOUD_ENGINE)",
+        "sdk.engine_common.grammar (line 2) imports sdk.openai_server.app: sdk.engine_common imports only sdk.protocol"
+        " and itself",
         "sdk.protocol.schema (line 2) imports sdk.cascade.runner: sdk.protocol imports only the standard library,"
         " third-party packages and itself",
+        "sdk.serving.grpc.server (line 2) imports sdk.openai_server.app: sdk.serving imports only sdk.protocol,"
+        " sdk.engine_common and itself",
     ]
     # sdk.protocol.schema -> sdk.cascade.runner -> local_runtime.engine -> sdk.cascade.runner; and a router <-> confidence pair.
     assert import_cycles(graph) == [

@@ -3,7 +3,7 @@
 from cloud_engine.loader.hf import InvalidModelError
 from cloud_engine.loader.load import LoadedModel, build_model, load_model
 from cloud_engine.model.registry import UnsupportedArchitectureError
-from sdk.protocol.model_files import ModelNotFoundError
+from sdk.engine_common.model_files import ModelNotFoundError
 
 __all__ = [
     "InvalidModelError",

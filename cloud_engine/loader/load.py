@@ -22,7 +22,7 @@ from cloud_engine.loader.tokenizer import (
 )
 from cloud_engine.model.config import ModelConfig
 from cloud_engine.model.registry import get_architecture
-from sdk.protocol.model_files import DEFAULT_MODEL_NAME, ModelNotFoundError, default_model_path, model_name_for
+from sdk.engine_common.model_files import DEFAULT_MODEL_NAME, ModelNotFoundError, default_model_path, model_name_for
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -34,7 +34,7 @@ class LoadedModel:
     model: nn.Module  # forward(input_ids, positions, attn_metadata), compute_logits, bind_kv_caches
     config: ModelConfig
     tokenizer: Any  # a transformers tokenizer
-    chat_template: str | None  # Jinja source (render with sdk.protocol.chat_template.render_chat)
+    chat_template: str | None  # Jinja source (render with sdk.engine_common.chat_template.render_chat)
     name: str  # served model id
     eos_token_ids: set[int]  # any of these ends generation (eos plus end-of-turn specials)
     bos_token_id: int | None
@@ -49,7 +49,7 @@ class LoadedModel:
 
     def encode_chat(self, messages: Sequence[dict]) -> list[int]:
         """Prompt ids for chat messages rendered with the model's template, assistant turn opened."""
-        from sdk.protocol.chat_template import render_chat
+        from sdk.engine_common.chat_template import render_chat
 
         prompt = render_chat(self.chat_template, messages, self.bos_token or "", self.eos_token or "")
         return self.encode(prompt, parse_special=True)

@@ -21,7 +21,7 @@ from cloud_engine.spec_decode.config import SpeculativeConfig
 from cloud_engine.spec_decode.policy import SpeculationPolicy
 from cloud_engine.spec_decode.rejection import verify_draft
 from cloud_engine.spec_decode.stats import SpecDecodeStats
-from sdk.protocol.grammar import GrammarMasks
+from sdk.engine_common.grammar import GrammarMasks
 
 
 class Speculator:

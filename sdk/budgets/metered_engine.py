@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from router.costs import TierPrices
 from sdk.budgets.manager import BudgetExhaustedError, BudgetManager, Verdict
 from sdk.protocol.engine import Caller, EngineProtocol, GenerationRequest, TokenEvent, output_tokens_after
-from sdk.protocol.engine_wrapper import EngineWrapper
+from sdk.serving.engine_wrapper import EngineWrapper
 
 
 class BudgetedEngine(EngineWrapper):

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from sdk.protocol.engine import EngineProtocol, GenerationRequest, SamplingParams, TokenEvent
-from sdk.protocol.prompt_tokens import chat_prompt_tokens
+from sdk.serving.prompt_tokens import chat_prompt_tokens
 
 
 class LocalRun:

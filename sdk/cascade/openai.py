@@ -17,7 +17,7 @@ from typing import NamedTuple
 from sdk.cascade.runner import CascadeRunner
 from sdk.cascade.types import CascadeEvent, collect
 from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk, tandem_field, usage_of
-from sdk.protocol.prompt_tokens import chat_prompt_tokens
+from sdk.serving.prompt_tokens import chat_prompt_tokens
 from sdk.protocol.engine import EngineProtocol, InvalidRequestError, SamplingParams
 from sdk.protocol.openai_schema import (
     ChatChoice,

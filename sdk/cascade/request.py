@@ -44,8 +44,8 @@ from sdk.cascade.local import LocalRun
 from sdk.cascade.traffic import after_request
 from sdk.cascade.types import CascadeEvent, RoutingInfo
 from sdk.protocol.engine import ContextLengthError, SamplingParams, TokenEvent
-from sdk.protocol.prompt_tokens import chat_prompt_tokens
-from sdk.protocol.repetition import ESCALATE_LOOP
+from sdk.serving.prompt_tokens import chat_prompt_tokens
+from sdk.engine_common.repetition import ESCALATE_LOOP
 
 COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
 

@@ -85,7 +85,7 @@ def serve(**options) -> None:
 
     from cloud_engine.async_engine import AsyncCloudEngine
     from sdk.budgets.config import BudgetConfigError
-    from sdk.protocol.api_keys import ApiKeyConfigError
+    from sdk.serving.api_keys import ApiKeyConfigError
     from sdk.settings import SettingsError, load_settings
     from sdk.settings.serve_config import CloudServeConfig
 
@@ -118,7 +118,7 @@ cloud_app.command("serve")(serve)
 
 def grpc_server_config(config: CloudServeConfig):
     """The gRPC listener's config: [cloud_server]'s host, grpc_port, keys and TLS."""
-    from cloud_engine.grpc.server import GrpcServerConfig
+    from sdk.serving.grpc.server import GrpcServerConfig
 
     listener = config.listener
     return GrpcServerConfig(
@@ -160,7 +160,7 @@ async def _serve_engine(engine, config: CloudServeConfig, budgets=None) -> str |
     import asyncio
     import logging
 
-    from cloud_engine.grpc.server import start_grpc_server, stop_grpc_server
+    from sdk.serving.grpc.server import start_grpc_server, stop_grpc_server
     from sdk.openai_server import create_app
     from sdk.openai_server.drain import DrainableEngine, admin_routes
     from sdk.openai_server.serve_loop import HttpServer, drain_on_signals, http_config, watch_loading

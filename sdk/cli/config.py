@@ -38,7 +38,7 @@ def show(
     except SettingsError as exc:
         typer.echo(f"tandem config: {exc}", err=True)
         raise typer.Exit(code=2) from exc
-    from sdk.protocol.model_files import ModelNotFoundError
+    from sdk.engine_common.model_files import ModelNotFoundError
 
     try:
         sampling = {tier: settings.effective_sampling(tier) for tier in ("local", "cloud")}

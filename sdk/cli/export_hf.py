@@ -32,7 +32,7 @@ def export_hf(
     ),
 ) -> None:
     """Export a GGUF (default: the embedded model) as a Hugging Face directory for vLLM or SGLang."""
-    from sdk.protocol.model_files import ModelNotFoundError, resolve_model_path
+    from sdk.engine_common.model_files import ModelNotFoundError, resolve_model_path
 
     if len(paths) > 2:
         raise typer.BadParameter(f"give [GGUF] DIR, got {len(paths)} paths")

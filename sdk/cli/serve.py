@@ -89,8 +89,8 @@ _OWN_OPTIONS = [
 def serve(**options) -> None:
     """Serve the cascade over the OpenAI-compatible HTTP API: models auto, local, cloud."""
     from sdk.budgets.config import BudgetConfigError
-    from sdk.protocol.api_keys import ApiKeyConfigError
-    from sdk.protocol.model_files import ModelNotFoundError
+    from sdk.serving.api_keys import ApiKeyConfigError
+    from sdk.engine_common.model_files import ModelNotFoundError
     from sdk.settings import SettingsError, load_settings
     from sdk.settings.serve_config import ServeConfig
 

@@ -29,7 +29,7 @@ from sdk.protocol.cloud_backend import (
     Prompt,
 )
 from sdk.protocol.engine import InvalidRequestError, SamplingParams, StructuredOutput, TopLogprob
-from sdk.protocol.grammar_closing import CLOSED_WITHIN_MAX_TOKENS
+from sdk.engine_common.grammar_closing import CLOSED_WITHIN_MAX_TOKENS
 from sdk.protocol.sampling_params import TUNABLES
 from sdk.cloud.vllm_wire import chat_style_logprobs, structured_outputs
 

@@ -54,7 +54,7 @@ class CloudTier:
 
     async def close(self) -> None:
         """Stop in dependency order: the client, then the server it talks to, then the engine."""
-        from cloud_engine.grpc.server import stop_grpc_server
+        from sdk.serving.grpc.server import stop_grpc_server
 
         if self.client is not None:
             await self.client.close()
@@ -103,7 +103,7 @@ async def serve_embedded(engine, use_unix_socket: bool = hasattr(socket, "AF_UNI
     unix domain socket in a fresh 0700 directory (loopback TCP where the platform has none). Any
     other process on the host is refused, whatever port or path it finds, and cannot lock this
     process out by failing keys: the listener has no failed-key backoff (see below)."""
-    from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server
+    from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server
     from sdk.cloud.grpc_client import CloudClient
 
     key = secrets.token_urlsafe(32)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sdk.protocol.access_gate import (
+from sdk.serving.access_gate import (
     AUTH_BACKOFF,
     RATE_LIMITED,
     TOO_MANY_IN_FLIGHT,
@@ -22,7 +22,7 @@ from sdk.protocol.access_gate import (
     AccessGate,
     Refusal,
 )
-from sdk.protocol.api_keys import bearer_token, is_loopback, key_fingerprint
+from sdk.serving.api_keys import bearer_token, is_loopback, key_fingerprint
 from sdk.openai_server.errors import OpenAIError, auth_backoff, invalid_api_key, rate_limited
 from sdk.openai_server.limits import too_many_in_flight
 from sdk.openai_server.metrics import ServerMetrics
@@ -42,7 +42,7 @@ UNLIMITED_PATHS = PUBLIC_PATHS | {"/metrics"}
 class AccessControl:
     """ASGI middleware: 401 without a configured bearer key, 429 over the client's rate limit
     or over its requests in flight (the slot is held until the response has ended, however).
-    The decisions are the process's AccessGate (sdk.protocol.access_gate): a gRPC listener in
+    The decisions are the process's AccessGate (sdk.serving.access_gate): a gRPC listener in
     the same process shares its budgets."""
 
     def __init__(self, app: ASGIApp, *, gate: AccessGate, metrics: ServerMetrics):

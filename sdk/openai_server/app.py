@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from fastapi import FastAPI
 
-from sdk.protocol.access_gate import AccessGate
-from sdk.protocol.api_keys import key_fingerprint
-from sdk.protocol.client_limits import ClientLimits, RequestRateLimiter
+from sdk.serving.access_gate import AccessGate
+from sdk.serving.api_keys import key_fingerprint
+from sdk.serving.client_limits import ClientLimits, RequestRateLimiter
 from sdk.protocol.engine import EngineProtocol
 from sdk.openai_server.access import AccessControl, warn_if_exposed
 from sdk.openai_server.app_config import APP_CONFIG_FIELDS, CLIENT_LIMIT_FIELDS, AppConfig

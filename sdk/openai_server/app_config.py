@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Callable
 
-from sdk.protocol.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits
+from sdk.serving.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits
 from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES
 
 # The fields ClientLimits is built from: create_app refuses them beside limits already built.

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sdk.protocol.engine import TokenEvent
-from sdk.protocol.prompt_tokens import chat_prompt_tokens
+from sdk.serving.prompt_tokens import chat_prompt_tokens
 from sdk.protocol.tool_calls import ToolAnswers
 from sdk.protocol.tool_formats import tool_format_of
 from sdk.protocol.openai_schema import (

@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from router.decision import RoutingMode
 from sdk.protocol.engine import InvalidRequestError, TokenEvent
-from sdk.protocol.prompt_tokens import text_prompt_tokens
+from sdk.serving.prompt_tokens import text_prompt_tokens
 from sdk.protocol.openai_schema import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of

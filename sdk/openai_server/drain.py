@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from sdk.openai_server.access import http_error
-from sdk.protocol.access_gate import AUTH_BACKOFF, AccessGate
-from sdk.protocol.api_keys import bearer_token
+from sdk.serving.access_gate import AUTH_BACKOFF, AccessGate
+from sdk.serving.api_keys import bearer_token
 from sdk.protocol.engine import EngineNotReadyError, EngineProtocol, GenerationRequest, TokenEvent
-from sdk.protocol.engine_wrapper import EngineWrapper
+from sdk.serving.engine_wrapper import EngineWrapper
 
 DRAINING_MESSAGE = (
     "this replica is draining (shutting down or taken out of rotation): send the request to another replica"

@@ -9,7 +9,7 @@
   without keys) are being served at once: streaming or not, from the moment the request
   passes the access checks until its response has ended however it ended (finished,
   failed, client gone). One more is 429 at once; nothing queues. The count is the process's
-  AccessGate's (sdk.protocol.access_gate, asked by access.AccessControl); its answer is here.
+  AccessGate's (sdk.serving.access_gate, asked by access.AccessControl); its answer is here.
 
 BodySizeLimit is plain ASGI middleware (like access.AccessControl): it never wraps the response,
 so streaming and client-disconnect detection behave exactly as without it.
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 # A 4096-token context is at most ~100 KB of JSON for ordinary text (a token is ~4 bytes,
 # ~24 bytes when every character is a \uXXXX escape) and ~30 KB as token ids. 4 MiB
 # leaves room for the cloud tier's longer contexts (a 32k-token prompt escaped) and
-# long chat histories, and matches gRPC's own message limit (cloud_engine.grpc.server).
+# long chat histories, and matches gRPC's own message limit (sdk.serving.grpc.server).
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 

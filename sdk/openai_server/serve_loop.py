@@ -31,7 +31,7 @@ def http_config(
     """uvicorn's config for an HTTP listener: TLS when both PEM files are given (ValueError for one
     alone or an unreadable one), and a warning when API keys would travel in plaintext beyond
     loopback (a key sent over plain HTTP can be read by anyone on the path)."""
-    from sdk.protocol.api_keys import is_loopback
+    from sdk.serving.api_keys import is_loopback
 
     check_tls_files(tls_cert, tls_key)
     if api_keys and tls_cert is None and not is_loopback(host):

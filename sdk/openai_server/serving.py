@@ -32,14 +32,14 @@ from sdk.openai_server.generation import (
 )
 from sdk.openai_server.metrics import ServerMetrics
 from sdk.openai_server.streaming import EventStreamResponse
-from sdk.protocol.prompt_tokens import LARGE_BODY_BYTES, off_loop
+from sdk.serving.prompt_tokens import LARGE_BODY_BYTES, off_loop
 from sdk.protocol.request_fields import unknown_fields
 
 if TYPE_CHECKING:  # types only: the plain server (tandem cloud serve) never imports the cascade, traffic or embeddings
     from sdk.budgets.manager import BudgetManager
     from sdk.cascade.runner import CascadeRunner
     from sdk.embeddings.service import EmbeddingService
-    from sdk.protocol.client_limits import RequestRateLimiter
+    from sdk.serving.client_limits import RequestRateLimiter
     from sdk.traffic.record import TrafficRecord
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from sdk.openai_server.errors import from_exception, model_not_found
 from sdk.openai_server.serving import ServerState
 from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from sdk.protocol.prompt_tokens import chat_prompt_tokens, text_prompt_tokens
+from sdk.serving.prompt_tokens import chat_prompt_tokens, text_prompt_tokens
 
 
 def _target(state: ServerState, model: str | None):

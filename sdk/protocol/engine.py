@@ -168,7 +168,7 @@ class EngineProtocol(Protocol):
 
     Engines subclass it: the facts and capabilities below have the defaults of an engine that
     does not know them (or has not loaded yet); the servers read them as declared, never probing
-    an engine with getattr. Serving layers over an engine (sdk.protocol.engine_wrapper) forward them."""
+    an engine with getattr. Serving layers over an engine (sdk.serving.engine_wrapper) forward them."""
 
     model_name: str  # the id clients put in `model`
     max_model_len: int  # prompt + completion tokens one request may use
@@ -191,7 +191,7 @@ class EngineProtocol(Protocol):
 
     @property
     def max_token_bytes(self) -> int | None:
-        """The longest text one token stands for (sdk.protocol.prompt_tokens bounds a prompt with it)."""
+        """The longest text one token stands for (sdk.serving.prompt_tokens bounds a prompt with it)."""
         return None
 
     @property
@@ -223,7 +223,7 @@ class EngineProtocol(Protocol):
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
-        """The text of token ids as answers render them (sdk.protocol.detokenize); InvalidRequestError
+        """The text of token ids as answers render them (sdk.engine_common.detokenize); InvalidRequestError
         names an id outside the vocabulary."""
         ...
 

@@ -1,5 +1,5 @@
 """The errors an engine reports to its callers, each with one meaning on every front door
-(sdk.openai_server.errors: HTTP status and OpenAI error JSON; cloud_engine.grpc.errors: gRPC status)."""
+(sdk.openai_server.errors: HTTP status and OpenAI error JSON; sdk.serving.grpc.errors: gRPC status)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ with `tunable(...)`: its range, the value that turns it off (OpenAI's default fo
 fields), where a model file declares its default, what it does. Everything else is derived from
 `TUNABLES`: the OpenAI request schema's field (sdk.protocol.openai_schema), the tier defaults and
 their last resort (sdk.protocol.sampling_defaults), the [local.sampling] / [cloud.sampling] settings
-and their flags (sdk.settings), the tandem.v1 conversion (sdk.protocol.wire, cloud_engine.grpc.convert)
+and their flags (sdk.settings), the tandem.v1 conversion (sdk.protocol.wire, sdk.serving.grpc.convert)
 and the OpenAI-HTTP body (sdk.cloud.openai_wire). What stays hand-written is the .proto's field
 and what the two samplers do with the value (local_runtime/ and cloud_engine/ sampler and logits
 processors).
@@ -71,7 +71,7 @@ class StructuredOutput:
 
     kind "json_object": any JSON object; "json_schema": JSON valid against `schema` (JSON text);
     "lark": text in llguidance's Lark dialect `grammar` (tool calls: sdk.protocol.tool_formats).
-    Whitespace between JSON tokens is bounded (sdk.protocol.grammar.JSON_FORMAT), so a small
+    Whitespace between JSON tokens is bounded (sdk.engine_common.grammar.JSON_FORMAT), so a small
     model cannot pad it out."""
 
     kind: str
@@ -170,12 +170,12 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings, never included in the output
     stop_token_ids: list[int] = field(default_factory=list)  # extra tokens that end generation
     ignore_eos: bool = False  # keep going past end-of-generation tokens
-    # Stop an answer caught in an exact loop (sdk.protocol.repetition.STOP_LOOP) with finish_reason
+    # Stop an answer caught in an exact loop (sdk.engine_common.repetition.STOP_LOOP) with finish_reason
     # "length" and stop_reason "repetition". None: the tier's default (local on, cloud off).
     # Never under ignore_eos, which asks for every token.
     repetition_stop: bool | None = None
     # A structured answer about to run out of max_tokens (or context) takes its grammar's closing
-    # path and ends valid (sdk.protocol.grammar_closing). None: the tier's default (on).
+    # path and ends valid (sdk.engine_common.grammar_closing). None: the tier's default (on).
     close_within_max_tokens: bool | None = None
     logprobs: int | None = None  # None: no logprobs; k >= 0: chosen token + k alternatives
     structured: StructuredOutput | None = None  # response_format: a grammar masks every step
@@ -231,7 +231,7 @@ class SamplingParams:
 
     @property
     def stops_loops(self) -> bool:
-        """Whether the engine watches this request for loops (sdk.protocol.repetition)."""
+        """Whether the engine watches this request for loops (sdk.engine_common.repetition)."""
         return (
             bool(self.repetition_stop) and not self.ignore_eos and self.structured is None
         )  # JSON repeats legitimately

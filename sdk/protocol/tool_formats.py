@@ -1,6 +1,6 @@
 """How a model family writes tool calls in text, and how a conversation with tools is rendered for it.
 
-Chat templates render role and content (sdk.protocol.chat_template); tools are rendered into those
+Chat templates render role and content (sdk.engine_common.chat_template); tools are rendered into those
 messages here, in the text format the model was trained on, and its answer is constrained by a
 grammar (StructuredOutput kind "lark") so that a call always parses. One format per family, chosen
 from the model's chat template (`format_for_template`):
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdk.protocol.engine import StructuredOutput
-from sdk.protocol.grammar import JSON_FORMAT, closed_objects
+from sdk.protocol.json_schema_rules import JSON_FORMAT, closed_objects
 
 
 @dataclass(frozen=True)

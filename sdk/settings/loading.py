@@ -82,7 +82,7 @@ class Settings:
     def effective_sampling(self, tier: str) -> SamplingDefaults | None:
         """What the tier fills in for sampling fields a request leaves out, with each value's source
         (the model file's header is read; nothing is loaded). None for a remote cloud: it decides."""
-        from sdk.protocol.model_files import resolve_model_path
+        from sdk.engine_common.model_files import resolve_model_path
         from sdk.protocol.sampling_defaults import resolve_sampling_defaults
 
         if tier == "local":

@@ -60,8 +60,8 @@ class ServeConfig:
         """Raises SettingsError, ModelNotFoundError, ApiKeyConfigError, BudgetConfigError or ValueError."""
         from router.costs import CostTable
         from sdk.openai_server.serve_loop import check_tls_files
-        from sdk.protocol.api_keys import load_api_keys
-        from sdk.protocol.model_files import resolve_model_path
+        from sdk.serving.api_keys import load_api_keys
+        from sdk.engine_common.model_files import resolve_model_path
 
         listener = settings.section_config(ListenerConfig, "server")
         resolve_model_path(settings.get("local.model"))  # load_settings checked the values, not the file
@@ -117,7 +117,7 @@ class CloudServeConfig:
         """Raises SettingsError, ApiKeyConfigError, BudgetConfigError, ValueError or OSError."""
         from router.costs import TierPrices
         from sdk.openai_server.serve_loop import check_tls_files
-        from sdk.protocol.api_keys import load_api_keys
+        from sdk.serving.api_keys import load_api_keys
 
         listener = settings.section_config(ListenerConfig, "cloud_server")
         hosted = settings.section_config(HostedCloudConfig, "cloud_server")
@@ -143,7 +143,7 @@ class CloudServeConfig:
 def read_admin_key(path: str) -> str:
     """The admin key: the file's first key (ApiKeyConfigError for an unreadable file, ValueError for a
     missing or short key)."""
-    from sdk.protocol.api_keys import read_key_file
+    from sdk.serving.api_keys import read_key_file
 
     keys = read_key_file(path, "the admin key file")
     if not keys or len(keys[0]) < 16:

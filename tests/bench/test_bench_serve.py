@@ -266,7 +266,7 @@ def test_quick_run_against_tandem_serve_writes_sane_json(tmp_path):
     from bench import serve
     from bench.serve_datasets import GgufTokenizer
     from bench.serve_run import build_samples
-    from sdk.protocol.model_files import default_model_path
+    from sdk.engine_common.model_files import default_model_path
 
     samples = build_samples(serve.parse_args(["--base-url", "x", "--quick"]), GgufTokenizer(default_model_path()))
     assert m["total_input_tokens"] == sum(s.prompt_len for s in samples) > 8 * 64
@@ -281,7 +281,7 @@ def test_quick_run_against_tandem_serve_writes_sane_json(tmp_path):
 @pytest.mark.slow
 def test_llama_cpp_server_serves_concurrent_fixed_length_streams(tmp_path):
     from bench import serve
-    from sdk.protocol.model_files import default_model_path
+    from sdk.engine_common.model_files import default_model_path
 
     out = tmp_path / "llama.json"
     server = llama_cpp_server(default_model_path(), threads=1, model_alias="smollm2-135m-instruct", n_ctx=512)

@@ -15,7 +15,7 @@ import pytest
 from sdk.budgets.ledger import SpendLedger, key_scope
 from sdk.budgets.manager import BudgetManager
 from sdk.openai_server import create_app
-from sdk.protocol.api_keys import key_fingerprint
+from sdk.serving.api_keys import key_fingerprint
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, serve  # noqa: F401  (fixtures)
 from tests.sdk.test_cascade import cloud_engine, local_engine, make_runner, recording  # noqa: F401  (fixtures)
 

@@ -24,7 +24,7 @@ from sdk.budgets.manager import BudgetManager, check_budgets
 from sdk.budgets.metered_engine import BudgetedEngine
 from sdk.cloud.grpc_client import CloudClient, CloudQuotaExceededError
 from sdk.openai_server import create_app
-from sdk.protocol.api_keys import key_fingerprint
+from sdk.serving.api_keys import key_fingerprint
 from sdk.protocol.engine import Caller, GenerationRequest, SamplingParams
 from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir, serve, wait_drained  # noqa: F401  (fixtures)
 

@@ -15,7 +15,7 @@ import torch
 
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
-from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
+from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from tests.cloud_engine.tiny_models import llama_config, save_byte_tokenizer, save_tiny_tokenizer
 
 MAX_MODEL_LEN = 1024

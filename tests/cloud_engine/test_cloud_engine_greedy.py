@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cloud_engine.llm import LLM
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 from sdk.protocol.engine import SamplingParams
 from tests.local_runtime.conftest import QUESTIONS
 

@@ -12,7 +12,7 @@ import asyncio
 import httpx
 import pytest
 
-from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
+from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from sdk.cloud.grpc_client import CloudClient, CloudUnavailableError
 from sdk.cloud.targets import is_replica_target
 from sdk.openai_server import create_app

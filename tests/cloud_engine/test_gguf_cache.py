@@ -104,7 +104,7 @@ def test_the_cached_tokenizer_is_the_converted_one(cache_root, monkeypatch):
     from transformers import AutoTokenizer
 
     from cloud_engine.loader.tokenizer import load_gguf_tokenizer
-    from sdk.protocol.model_files import default_model_path
+    from sdk.engine_common.model_files import default_model_path
 
     path = default_model_path()
     converted = load_gguf_tokenizer(path)

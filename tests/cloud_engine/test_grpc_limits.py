@@ -1,5 +1,5 @@
 """Per-key rate and concurrency limits on the gRPC service, and one budget per key shared
-with the HTTP listener of the same process (sdk.protocol.access_gate)."""
+with the HTTP listener of the same process (sdk.serving.access_gate)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import httpx
 import pytest
 
 from sdk.protocol.cloud_backend import CloudStatus
-from cloud_engine.grpc.auth import peer_host
-from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
+from sdk.serving.grpc.auth import peer_host
+from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from sdk.cloud.grpc_client import CloudClient, CloudOverloadedError, CloudUnauthenticatedError
 from sdk.openai_server import create_app
-from sdk.protocol.client_limits import ClientLimits
+from sdk.serving.client_limits import ClientLimits
 from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir, serve, wait_until  # noqa: F401
 

@@ -12,14 +12,14 @@ import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from sdk.protocol.cloud_backend import CloudStatus
-from cloud_engine.grpc.server import (
+from sdk.serving.grpc.server import (
     GrpcServerConfig,
     GrpcServerStartError,
     bound_port,
     start_grpc_server,
     stop_grpc_server,
 )
-from sdk.protocol.api_keys import key_fingerprint
+from sdk.serving.api_keys import key_fingerprint
 from sdk.cloud.grpc_client import CloudClient, CloudUnauthenticatedError, CloudUnavailableError
 from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir, serve, wait_until_serving  # noqa: F401
@@ -30,7 +30,7 @@ GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 async def test_api_keys_guard_the_service_but_not_health_or_reflection(engine, serve, caplog):  # noqa: F811  (fixtures)
     target = await serve(engine, api_keys=frozenset({"key-one", "key-two"}))
     async with CloudClient(target) as anonymous, CloudClient(target, api_key="wrong-key-123") as wrong:
-        with caplog.at_level(logging.DEBUG, logger="sdk.protocol.access_gate"):
+        with caplog.at_level(logging.DEBUG, logger="sdk.serving.access_gate"):
             for client, says in (
                 (wrong, "not valid"),
                 (anonymous, "authorization: Bearer"),

@@ -22,16 +22,8 @@ from sdk.cloud.grpc_client import (
     cloud_error,
 )
 from sdk.protocol.engine import ContextLengthError, EngineOverloadedError, GenerationRequest, SamplingParams
-from tests.cloud_engine.grpc_helpers import (
-    LONG,
-    MAX_MODEL_LEN,
-    engine,
-    long_tiny_dir,
-    make_engine,
-    serve,
-    wait_drained,
-    wait_until_serving,
-)  # noqa: F401
+from tests.cloud_engine.grpc_helpers import LONG, MAX_MODEL_LEN, make_engine, wait_drained, wait_until_serving
+from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir, serve  # noqa: F401  (fixtures)
 from tests.cloud_engine.tiny_models import random_tokens
 
 
@@ -193,7 +185,7 @@ async def test_unreachable_server_is_unavailable():
 
 async def test_repetition_stop_travels_both_ways(engine, serve):  # noqa: F811  (fixtures)
     """Off on the cloud engine unless asked; asked, it stops where the rule fires and says so."""
-    from sdk.protocol.repetition import STOP_LOOP, find_loop
+    from sdk.engine_common.repetition import STOP_LOOP, find_loop
 
     prompt = random_tokens(5, seed=3)
     params = SamplingParams(max_tokens=400, temperature=0.0)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from cloud_engine.grpc.convert import sampling_params
+from sdk.serving.grpc.convert import sampling_params
 from sdk.protocol.wire.messages import sampling_message
 from sdk.protocol.wire import tandem_pb2 as pb
 from sdk.cloud.grpc_client import CloudClient, CloudInvalidArgumentError

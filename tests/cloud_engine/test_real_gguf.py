@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cloud_engine.loader import load_model
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 from tests.cloud_engine.paged_helpers import PagedBatchBuilder, make_kv_caches
 
 pytestmark = pytest.mark.slow

@@ -234,7 +234,7 @@ def test_real_model_ngram_keeps_greedy_output(real_prompts):
 
 @pytest.mark.slow
 def test_real_model_layer_skip_draft_keeps_greedy_output(real_prompts):
-    from sdk.protocol.model_files import default_model_path
+    from sdk.engine_common.model_files import default_model_path
 
     prompts, expected = real_prompts
     llm = real_llm(

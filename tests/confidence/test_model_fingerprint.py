@@ -15,7 +15,7 @@ from confidence.gguf_fingerprint import (
     gguf_header_layout,
     model_fingerprint_for_gguf,
 )
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 
 
 def write_tiny_gguf(path, *, name: str = "tiny", last_tensor_fill: float = 1.0) -> None:

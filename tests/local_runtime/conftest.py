@@ -99,7 +99,7 @@ def copy_cells(engine) -> int:
 def own_file_as_copy(engine: LocalEngine) -> LocalEngine:
     """Point the engine's prefill context at the model file itself: same weights, same kernels."""
     from local_runtime.prefill_context import PrefillContext
-    from sdk.protocol.model_files import default_model_path
+    from sdk.engine_common.model_files import default_model_path
 
     engine.prefill.close()
     engine.prefill = PrefillContext(engine.backend, default_model_path(), copy_cells(engine))

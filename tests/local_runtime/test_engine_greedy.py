@@ -9,7 +9,7 @@ number of tokens, and start from an empty prompt cache.
 
 import pytest
 
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 from tests.local_runtime.conftest import QUESTIONS, greedy, run_to_completion
 from tests.local_runtime.reference_llama import load_reference_llama, reference_greedy
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdk.protocol.repetition import STOP_LOOP, find_loop
+from sdk.engine_common.repetition import STOP_LOOP, find_loop
 from tests.local_runtime.conftest import assert_no_blocks_held, greedy, make_engine, run_to_completion
 
 pytestmark = pytest.mark.slow

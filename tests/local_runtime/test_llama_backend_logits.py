@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
-from sdk.protocol.model_files import resolve_model_path
+from sdk.engine_common.model_files import resolve_model_path
 
 
 @pytest.fixture(scope="module")

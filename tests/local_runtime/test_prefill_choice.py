@@ -13,7 +13,7 @@ import pytest
 from local_runtime import prefill_choice
 from local_runtime.prefill_choice import MARGIN, MEMORY_SHARE, PrefillMeasurement, decide, measurement
 from local_runtime.prefill_weights import cached_copy, memory_limit_bytes, prune_cache
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 
 MIB = 1 << 20
 

@@ -18,7 +18,7 @@ import pytest
 from local_runtime import kv_state
 from local_runtime.config import LocalEngineConfig
 from local_runtime.prefill_weights import prefill_copy_path
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 from tests.local_runtime.conftest import (
     QUESTIONS,
     assert_no_blocks_held,

@@ -27,7 +27,7 @@ from local_runtime.prefill_choice import PrefillMeasurement
 from local_runtime.prefill_context import PrefillContext
 from local_runtime.prefill_weights import cached_copy, prefill_copy_path
 from sdk.protocol.engine import GenerationRequest, SamplingParams
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 from tests.local_runtime.conftest import (
     QUESTIONS,
     assert_no_blocks_held,

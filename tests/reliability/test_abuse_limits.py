@@ -17,7 +17,7 @@ import pytest
 from sdk.protocol.openai_schema import MAX_CHOICES, MAX_STOP_STRINGS
 from sdk.openai_server import create_app
 from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES
-from sdk.protocol.client_limits import InFlightLimiter
+from sdk.serving.client_limits import InFlightLimiter
 from tests.conftest import running_server
 from tests.sdk.test_openai_server import CHAT, MODEL, FakeEngine, metric
 

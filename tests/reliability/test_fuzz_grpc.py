@@ -26,7 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sdk.protocol.wire import tandem_pb2 as pb
-from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
+from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, make_engine  # noqa: F401  (fixture)
 from tests.reliability.fuzz_strategies import HUGE_INTS, REQUEST_TIMEOUT_S, RequestCounter, fuzz_settings, odd_text
 

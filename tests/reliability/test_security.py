@@ -156,7 +156,7 @@ def test_config_show_masks_the_cloud_key(tmp_path):
 
 def test_default_bind_is_loopback():
     assert FIELDS["server.host"].default == "127.0.0.1"
-    from cloud_engine.grpc.server import GrpcServerConfig
+    from sdk.serving.grpc.server import GrpcServerConfig
 
     assert GrpcServerConfig().host == "127.0.0.1"
     out = subprocess.run(

@@ -19,7 +19,7 @@ from confidence import (
 from router.decision import Reason, Tier
 from router.streaming_policy import DecideAt, StreamingPolicy
 from sdk.protocol.engine import TokenEvent
-from sdk.protocol.repetition import ESCALATE_LOOP, find_loop
+from sdk.engine_common.repetition import ESCALATE_LOOP, find_loop
 
 WINDOW = 4  # small, so the window features differ from the whole-answer ones
 SCORE_KINDS = ["mean_prob", "min_prob", "quantile_0.1", "window_mean_prob", "window_min_mean_prob", "mean_margin"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdk.protocol.api_keys import ApiKeyConfigError, bearer_token, key_fingerprint, load_api_keys, matching_key
+from sdk.serving.api_keys import ApiKeyConfigError, bearer_token, key_fingerprint, load_api_keys, matching_key
 
 
 def test_keys_from_file_and_env(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
+from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from confidence import RunningConfidence
 from local_runtime.async_engine import AsyncLocalEngine
 from local_runtime.config import LocalEngineConfig
@@ -15,7 +15,7 @@ from router.decision import ModelChoiceError
 from sdk.cascade.runner import CascadeConfig, CascadeRunner
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.engine import GenerationRequest, InvalidRequestError, SamplingParams
-from sdk.protocol.repetition import ESCALATE_LOOP, STOP_LOOP, find_loop
+from sdk.engine_common.repetition import ESCALATE_LOOP, STOP_LOOP, find_loop
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, make_engine, serve  # noqa: F401  (fixtures)
 from tests.cloud_engine.tiny_models import VOCAB_SIZE
 from tests.conftest import free_port

@@ -11,7 +11,7 @@ from confidence import FEATURE_NAMES, RunningConfidence
 from confidence.gguf_fingerprint import model_fingerprint_for_gguf
 from confidence.probe import ConfidenceProbe, ProbeConfig
 from confidence.probe_runtime import ProbeModelMismatchError, load_probe
-from sdk.protocol.model_files import resolve_model_path
+from sdk.engine_common.model_files import resolve_model_path
 from sdk.cascade.runner import CascadeConfig, CascadeRunner
 from sdk.protocol.engine import GenerationRequest
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, serve  # noqa: F401  (fixtures)

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from cloud_engine.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
+from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from sdk.cascade.runner import CascadeConfig, CascadeRunner
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.engine import GenerationRequest, SamplingParams, StructuredOutput

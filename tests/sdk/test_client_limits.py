@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sdk.protocol import client_limits
+from sdk.serving import client_limits
 from sdk.openai_server.errors import retry_after_header
-from sdk.protocol.client_limits import RequestRateLimiter
+from sdk.serving.client_limits import RequestRateLimiter
 
 
 class FakeClock:

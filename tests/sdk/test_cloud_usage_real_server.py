@@ -14,7 +14,7 @@ from router.circuit_breaker import CircuitBreaker
 from sdk.cascade.cloud import CloudTimeouts, CloudUsage, stream_from_cloud
 from sdk.cloud.openai_client import OpenAICloudClient
 from sdk.protocol.engine import SamplingParams
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 
 pytestmark = pytest.mark.slow
 

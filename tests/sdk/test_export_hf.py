@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from sdk.cli.app import app
 from sdk.cli.export_hf import STAMP_FILE, source_stamp, write_hf_checkpoint
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 
 
 def test_bad_arguments_are_refused_before_anything_loads(tmp_path):

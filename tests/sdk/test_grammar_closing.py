@@ -1,4 +1,4 @@
-"""Structured answers close within their budget (sdk.protocol.grammar_closing) and never repeat a key.
+"""Structured answers close within their budget (sdk.engine_common.grammar_closing) and never repeat a key.
 
 A toy vocabulary (every byte, a few multi-byte pieces, an end token) and a "model" that always
 wants to write more: the budget's mask alone decides whether the answer ends valid."""
@@ -10,8 +10,8 @@ import json
 import pytest
 
 from sdk.protocol.engine import StructuredOutput
-from sdk.protocol.grammar import GrammarMasks
-from sdk.protocol.grammar_closing import CLOSING_MARGIN
+from sdk.engine_common.grammar import GrammarMasks
+from sdk.engine_common.grammar_closing import CLOSING_MARGIN
 from sdk.protocol.tool_formats import LIST, ToolFunction, ToolRequest
 
 PIECES = [b'"}', b'":', b', "', b"}}", b'""', b"]}", b'"a"', b'"a":', b',"a"', b'a"', b"name"]

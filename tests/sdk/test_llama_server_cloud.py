@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from bench.serve_servers import REPO_ROOT, llama_server
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 from tests.conftest import _log_tail, free_port, wait_until_healthy
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
-from sdk.protocol.api_keys import key_fingerprint
+from sdk.serving.api_keys import key_fingerprint
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 from sdk.openai_server import AppConfig, create_app, warn_if_exposed
 from sdk.settings import load_settings

@@ -1,4 +1,4 @@
-"""Prompt tokenization off the event loop, after a byte-length pre-check (sdk.protocol.prompt_tokens)."""
+"""Prompt tokenization off the event loop, after a byte-length pre-check (sdk.serving.prompt_tokens)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from sdk.protocol.engine import ContextLengthError
-from sdk.protocol.prompt_tokens import INLINE_MAX_BYTES, chat_prompt_tokens, message_text_bytes, text_prompt_tokens
+from sdk.serving.prompt_tokens import INLINE_MAX_BYTES, chat_prompt_tokens, message_text_bytes, text_prompt_tokens
 
 
 class SlowTokenizer:

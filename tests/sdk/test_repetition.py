@@ -1,4 +1,4 @@
-"""The loop detector both engines and the cascade read (sdk.protocol.repetition), against
+"""The loop detector both engines and the cascade read (sdk.engine_common.repetition), against
 brute-force definitions of its two measures."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sdk.protocol.repetition import (
+from sdk.engine_common.repetition import (
     ESCALATE_LOOP,
     MAX_PERIOD,
     NGRAM,

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from cloud_engine.grpc import convert
+from sdk.serving.grpc import convert
 from sdk.cloud.openai_wire import request_body
 from sdk.protocol.engine import SamplingParams
 from sdk.protocol.wire.messages import request_message
-from sdk.protocol.model_files import default_model_path
+from sdk.engine_common.model_files import default_model_path
 from sdk.protocol.openai_schema import ChatCompletionRequest
 from sdk.protocol.sampling_defaults import (
     OPENAI_SAMPLING,

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from cloud_engine.grpc.convert import sampling_params as params_from_proto
+from sdk.serving.grpc.convert import sampling_params as params_from_proto
 from sdk.cloud.openai_wire import request_body
 from sdk.protocol.engine import InvalidRequestError, SamplingParams
 from sdk.protocol.openai_schema import ChatCompletionRequest

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from sdk.protocol.chat_template import render_chat
-from sdk.protocol.grammar import GrammarMasks
+from sdk.engine_common.chat_template import render_chat
+from sdk.engine_common.grammar import GrammarMasks
 from sdk.protocol.tool_calls import ToolAnswer, render_tool_messages
 from sdk.protocol.tool_formats import HERMES, LIST, LLAMA3, ParsedCall, ToolFunction, ToolRequest, format_for_template
 

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from sdk.protocol.api_keys import key_fingerprint
+from sdk.serving.api_keys import key_fingerprint
 from tests.conftest import running_server
 
 pytestmark = pytest.mark.slow

@@ -93,7 +93,7 @@ class MessageToolCall(_Request):
 
 
 class ChatMessage(_TopLevel):
-    role: str  # checked against the allowed roles by sdk.protocol.chat_template
+    role: str  # checked against the allowed roles by sdk.engine_common.chat_template
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None  # passed to the chat template (which may or may not print it)
     tool_calls: list[MessageToolCall] | None = None  # an earlier assistant turn's calls

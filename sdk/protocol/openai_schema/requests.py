@@ -238,7 +238,7 @@ class ChatCompletionRequest(_SamplingFields):
         )
 
     def message_dicts(self, tool_format: ToolFormat = LIST) -> list[dict[str, Any]]:
-        """Messages as the plain dicts sdk.protocol.chat_template expects: with tools (offered, or
+        """Messages as the plain dicts sdk.engine_common.chat_template expects: with tools (offered, or
         calls and results in the history) rendered in the model's `tool_format`."""
         dicts = [m.model_dump(exclude_none=True) for m in self.messages]
         request = self.tool_request()

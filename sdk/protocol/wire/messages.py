@@ -1,6 +1,6 @@
 """The client half of tandem.v1's conversion: the engine's SamplingParams and a prompt ->
 GenerateRequest, GenerateResponse -> CloudTokenEvent. The servicer's half (requests in, events
-out, with its checks) is cloud_engine.grpc.convert. Every tunable SamplingParams declares is an
+out, with its checks) is sdk.serving.grpc.convert. Every tunable SamplingParams declares is an
 `optional` field of the proto under the same name, so both halves carry them by name.
 """
 

@@ -1,7 +1,7 @@
 """Error details a tandem.v1 server attaches to a failed call, and the client reads back.
 
 The status message is for people; this trailing metadata is for programs: the servicer
-(cloud_engine.grpc.errors) writes it, the SDK's client (sdk.cloud.grpc_client) rebuilds the
+(sdk.serving.grpc.errors) writes it, the SDK's client (sdk.cloud.grpc_client) rebuilds the
 engine exception from it, so clients never parse messages.
 """
 

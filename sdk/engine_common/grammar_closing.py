@@ -31,7 +31,7 @@ import collections
 import string
 import time
 
-from sdk.protocol.json_scan import DuplicateKeyTokens, JsonScan
+from sdk.engine_common.json_scan import DuplicateKeyTokens, JsonScan
 
 CLOSED_WITHIN_MAX_TOKENS = "closed_within_max_tokens"  # stop_reason of an answer whose closing path was taken
 CLOSING_MARGIN = 3  # tokens to spare when closing starts: one model token may lengthen the plan by this much
@@ -123,7 +123,7 @@ class StructuredState:
     """One structured request's grammar: its llguidance matcher, the scan of its text, its plan.
 
     Engines use it as they used the matcher (consume_token, consume_tokens, validate_tokens,
-    rollback) and get masks from sdk.protocol.grammar.GrammarMasks.allowed."""
+    rollback) and get masks from sdk.engine_common.grammar.GrammarMasks.allowed."""
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ One `LLTokenizer` per engine, built on first use from the raw bytes of every tok
 from the GGUF on the local tier, the tokenizer's on the cloud engine; ~0.1 s for SmolLM2's 49k
 tokens), and one `LLMatcher` per constrained request. Each step the engine's own sampler gets the
 matcher's allowed-token mask for the row, and the engine feeds the sampled token back. llguidance
-and numpy are imported on first use (this package is the engines' shared contract).
+and numpy are imported on first use (sdk.engine_common: machinery both engines share).
 Chosen by measurement (bench.grammar_libraries: full JSON Schema coverage on its set, sub-ms
 compiles, microsecond masks, no dependencies: docs/benchmarks.md).
 """
@@ -15,48 +15,9 @@ import json
 from collections.abc import Callable, Sequence
 
 from sdk.protocol.engine import InvalidRequestError, StructuredOutput
-from sdk.protocol.grammar_closing import ClosingPaths, StructuredState
-from sdk.protocol.json_scan import DuplicateKeyTokens
-
-
-# Whitespace between JSON tokens: at most 16 spaces or newlines per gap (a pretty-printer's
-# indentation), never unbounded, so a small model cannot pad until max_tokens. Not compact: the
-# 135M model was trained on pretty-printed JSON, and with no whitespace allowed its free object
-# keys degenerated (`{"🌍🌍🌍...` until max_tokens on 5 of 5 json_object requests, greedy and
-# sampled; with this pattern it writes `{\n  "name": "Luna",\n  "age": 12, ...`).
-JSON_FORMAT = {"whitespace_flexible": False, "whitespace_pattern": r"[ \n]{0,16}"}
-
-
-_OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
-
-
-def closed_objects(schema):
-    """The schema with every object that lists `properties` and says nothing about others closed
-    (`additionalProperties: false`), as vLLM's default grammar backend (xgrammar's strict mode)
-    and OpenAI's strict schemas do. JSON Schema's own default is open, and a small model fills an
-    open object with keys of its own (SmolLM2 added `"required": [...]` to a pydantic model's
-    answer until max_tokens). A schema that sets any of additionalProperties, patternProperties or
-    unevaluatedProperties keeps its choice; allOf branches, and objects that combine their
-    properties with allOf or $ref, are left open (closing either part would refuse the other's keys)."""
-    if isinstance(schema, list):
-        return [closed_objects(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: closed_objects(sub) for name, sub in out[key].items()}
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [closed_objects(sub) for sub in out[key]]
-    for key in ("items", "additionalProperties", "not"):
-        if isinstance(out.get(key), (dict, list)):
-            out[key] = closed_objects(out[key])
-    if isinstance(out.get("properties"), dict) and not any(k in out for k in (*_OPEN_KEYWORDS, "allOf", "$ref")):
-        out["additionalProperties"] = False
-    return out
+from sdk.engine_common.grammar_closing import ClosingPaths, StructuredState
+from sdk.engine_common.json_scan import DuplicateKeyTokens
+from sdk.protocol.json_schema_rules import JSON_FORMAT, closed_objects  # noqa: F401  (re-exported)
 
 
 class _Vocabulary:
@@ -86,14 +47,14 @@ class GrammarMasks:
         self._bitmask = None  # one reused buffer: each engine's step loop is single-threaded
         self._num_tokens = 0
         self._tokens: list[bytes] = []
-        self.closing_paths: ClosingPaths | None = None  # sdk.protocol.grammar_closing, with the tokenizer
+        self.closing_paths: ClosingPaths | None = None  # sdk.engine_common.grammar_closing, with the tokenizer
         self._duplicate_keys: DuplicateKeyTokens | None = None
 
     def matcher(
         self, structured: StructuredOutput, consumed: Sequence[int] = (), closes: bool = True
     ) -> StructuredState:
         """A fresh grammar state that has consumed `consumed` (the answer's start, after a hand-off);
-        `closes`: the answer closes within its budget (sdk.protocol.grammar_closing).
+        `closes`: the answer closes within its budget (sdk.engine_common.grammar_closing).
         InvalidRequestError (naming response_format, or tools) for a schema it cannot take or a
         start that does not fit it."""
         import llguidance

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from sdk.protocol.engine import SamplingParams, TokenEvent, TopLogprob
-from sdk.protocol.grammar_closing import CLOSED_WITHIN_MAX_TOKENS
-from sdk.protocol.repetition import STOP_LOOP, RepetitionTracker
+from sdk.engine_common.grammar_closing import CLOSED_WITHIN_MAX_TOKENS
+from sdk.engine_common.repetition import STOP_LOOP, RepetitionTracker
 from sdk.protocol.request_status import RequestStatus
-from sdk.protocol.text_stream import TextStream
+from sdk.engine_common.text_stream import TextStream
 
 
 class GeneratingRequest(Protocol):
@@ -26,7 +26,7 @@ class GeneratingRequest(Protocol):
     num_tokens: int
     repetition: RepetitionTracker | None  # set when params.stops_loops (see new_repetition_tracker)
     stop_reason: str | None  # "repetition" once a loop stopped the request
-    matcher: object | None  # a structured request's sdk.protocol.grammar_closing.StructuredState
+    matcher: object | None  # a structured request's sdk.engine_common.grammar_closing.StructuredState
     num_draft_tokens: int  # speculative decoding's totals so far (zero without it)
     num_accepted_tokens: int
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from sdk.protocol.engine import SamplingParams
 from sdk.protocol.request_status import FINISH_REASONS, RequestStatus
-from sdk.protocol.text_stream import TextStream
-from sdk.protocol.token_events import new_repetition_tracker
+from sdk.engine_common.text_stream import TextStream
+from sdk.engine_common.token_events import new_repetition_tracker
 
 
 @dataclass
@@ -29,7 +29,7 @@ class EngineRequest:
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at the latest admission
-    matcher: object | None = None  # llguidance.LLMatcher of a structured request (sdk.protocol.grammar)
+    matcher: object | None = None  # llguidance.LLMatcher of a structured request (sdk.engine_common.grammar)
     # Speculative decoding's running totals (zero on an engine that does not speculate): every event carries them.
     num_draft_tokens: int = 0  # drafted tokens the target verified
     num_accepted_tokens: int = 0  # of those, accepted

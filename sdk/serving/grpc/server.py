@@ -3,7 +3,7 @@
 Besides tandem.v1.Tandem the server runs the standard grpc.health.v1 service (NOT_SERVING
 until the engine is ready, for "" and for "tandem.v1.Tandem") and server reflection (unless
 turned off). When API keys or per-client limits are configured, every call except health and
-reflection goes through an AccessGate (cloud_engine.grpc.auth); pass the process's ClientLimits
+reflection goes through an AccessGate (sdk.serving.grpc.auth); pass the process's ClientLimits
 to share one budget per key with its HTTP listener. It listens on host:port, or on a unix
 domain socket.
 """
@@ -19,11 +19,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from cloud_engine.grpc.auth import AccessInterceptor
-from cloud_engine.grpc.service import SERVICE_NAME, add_tandem_servicer
-from sdk.protocol.access_gate import AccessGate
-from sdk.protocol.api_keys import is_loopback
-from sdk.protocol.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits
+from sdk.serving.grpc.auth import AccessInterceptor
+from sdk.serving.grpc.service import SERVICE_NAME, add_tandem_servicer
+from sdk.serving.access_gate import AccessGate
+from sdk.serving.api_keys import is_loopback
+from sdk.serving.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits
 from sdk.protocol.engine import EngineProtocol
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class GrpcServerConfig:
     max_concurrent_streams: int | None = None  # per HTTP/2 connection; None: gRPC's default
     unix_socket_path: str | None = None  # listen on this unix domain socket instead of host:port
     reflection: bool = True  # server reflection (grpcurl-style discovery); off for private listeners
-    # The HTTP servers' settings, same meaning (sdk.protocol.client_limits); None: off.
+    # The HTTP servers' settings, same meaning (sdk.serving.client_limits); None: off.
     rate_limit_per_minute: float | None = None  # calls a minute per key (per client address without keys)
     rate_limit_burst: float | None = None  # default: the per-minute figure
     max_concurrent_per_key: int | None = None  # calls in flight at once per key (per address without keys)

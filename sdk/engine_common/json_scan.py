@@ -1,7 +1,7 @@
 """Where a structured answer stands in its JSON text: in a string or not, and each open object's keys.
 
 llguidance says which tokens may come next but not where in the JSON they are. Two rules need
-that (sdk.protocol.grammar_closing): the closing path searches bytes in an order that depends on
+that (sdk.engine_common.grammar_closing): the closing path searches bytes in an order that depends on
 being inside a string (close it) or not (close the container), and an object must not take a key
 it already has. A scan is fed every byte of the answer; it copies cheaply, so a search can try
 bytes on a copy. Escapes inside a key (`\\u0061`) are kept as written, not decoded.

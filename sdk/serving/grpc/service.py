@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf.message import DecodeError
 
-from cloud_engine.grpc import convert
-from cloud_engine.grpc.auth import CALLER_KEY_FINGERPRINT
+from sdk.serving.grpc import convert
+from sdk.serving.grpc.auth import CALLER_KEY_FINGERPRINT
 from sdk.protocol.wire import tandem_pb2 as pb
 from sdk.protocol.wire import tandem_pb2_grpc as pb_grpc
-from cloud_engine.grpc.errors import status_for
+from sdk.serving.grpc.errors import status_for
 from sdk.protocol.engine import Caller, EngineProtocol
 
 logger = logging.getLogger(__name__)

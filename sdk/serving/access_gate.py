@@ -1,10 +1,10 @@
 """Who may call a serving process and how much, decided once for all its listeners.
 
-The HTTP servers (sdk.openai_server.access) and the gRPC service (cloud_engine.grpc.auth)
+The HTTP servers (sdk.openai_server.access) and the gRPC service (sdk.serving.grpc.auth)
 ask one `AccessGate` per process, so a key's budget is one budget whichever door its
 requests come through. Per request, in order: whether the caller's address is backing off
 after failed keys (then its key is not even checked), the API key (when keys are
-configured), the rate limit, the limit on requests in flight (sdk.protocol.client_limits).
+configured), the rate limit, the limit on requests in flight (sdk.serving.client_limits).
 A caller is identified by its key, or by its address (`ip:<host>`) when the process has
 no keys. Each listener turns a `Refusal` into its own protocol's answer (HTTP 401/429,
 gRPC UNAUTHENTICATED/RESOURCE_EXHAUSTED) and releases an admitted request's slot when
@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sdk.protocol.api_keys import key_fingerprint, matching_key
-from sdk.protocol.client_limits import ClientLimits
+from sdk.serving.api_keys import key_fingerprint, matching_key
+from sdk.serving.client_limits import ClientLimits
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ model (token ids in range, context length) are left to the engine's own validati
 
 from __future__ import annotations
 
-from cloud_engine.grpc.errors import ModelNotFoundError
-from sdk.protocol.prompt_tokens import chat_prompt_tokens, text_prompt_tokens
+from sdk.serving.grpc.errors import ModelNotFoundError
+from sdk.serving.prompt_tokens import chat_prompt_tokens, text_prompt_tokens
 from sdk.protocol.engine import (
     EngineProtocol,
     GenerationRequest,
@@ -29,7 +29,7 @@ async def generation_request(
     message: pb.GenerateRequest, engine: EngineProtocol, engine_request_id: str
 ) -> GenerationRequest:
     """The engine request for a GenerateRequest (the prompt rendered and tokenized off the event loop
-    when large, sdk.protocol.prompt_tokens; continuation appended)."""
+    when large, sdk.serving.prompt_tokens; continuation appended)."""
     if message.model and message.model != engine.model_name:
         raise ModelNotFoundError(
             f"the model {message.model!r} is not served here; ListModels lists the served models", "model"

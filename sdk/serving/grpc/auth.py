@@ -1,5 +1,5 @@
 """Access to the gRPC service: `authorization: Bearer KEY` call metadata, per-client rate and
-concurrency limits, all decided by the process's sdk.protocol.access_gate.AccessGate (the
+concurrency limits, all decided by the process's sdk.serving.access_gate.AccessGate (the
 one its HTTP listener asks too, so a key has one budget across both).
 
 Health checks and reflection stay public and unlimited, so load balancers and grpcurl-style
@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from sdk.protocol.wire.status import ERROR_TYPE_KEY, RETRY_AFTER_KEY
-from sdk.protocol.access_gate import AUTH_BACKOFF, RATE_LIMITED, UNAUTHENTICATED, AccessGate, Refusal
-from sdk.protocol.api_keys import bearer_token, key_fingerprint
+from sdk.serving.access_gate import AUTH_BACKOFF, RATE_LIMITED, UNAUTHENTICATED, AccessGate, Refusal
+from sdk.serving.api_keys import bearer_token, key_fingerprint
 
 AUTHORIZATION_KEY = "authorization"
 PUBLIC_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")

@@ -135,7 +135,7 @@ class AsyncStepEngine(EngineProtocol):
     @property
     def max_token_bytes(self) -> int | None:
         """The longest text one token of the loaded model stands for (None while loading):
-        sdk.protocol.prompt_tokens bounds a prompt's tokens from its bytes with it."""
+        sdk.serving.prompt_tokens bounds a prompt's tokens from its bytes with it."""
         return self._engine.max_token_bytes if self._engine is not None else None
 
     @property
