@@ -1,34 +1,57 @@
-"""Configuration of the cloud engine: one validated dataclass."""
+"""Configuration of the cloud engine: one validated dataclass. The fields that are settings ([cloud] in
+the TOML file, TANDEM_CLOUD_<KEY> variables, `tandem cloud serve` options) declare them here
+(sdk.protocol.config_fields)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from cloud_engine.spec_decode.config import SpeculativeConfig
+from sdk.protocol.config_fields import at_least, setting
 from sdk.protocol.sampling_defaults import check_sampling_config
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")  # cloud_engine.kernels.BACKENDS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 POLICIES = ("fcfs", "priority")
+# A [cloud] key left unset takes the dataclass default below (tandem config show prints it).
+_ENGINE_DEFAULT = {"optional": True, "unset": "the engine's default"}
 
 
 @dataclass
 class CloudEngineConfig:
     """Everything that sizes and shapes the PyTorch engine."""
 
-    model: str | None = None  # HF directory or GGUF file; None means the embedded default
-    model_name: str | None = None  # the id served as `model`; derived from the source when None
-    dtype: str = "auto"  # weights and KV cache; auto: bfloat16 on CUDA and on CPUs with native bf16, else float32
-    device: str = "auto"  # auto: cuda when available
+    model: str | None = setting(
+        None,
+        "The cloud engine's model (tandem serve's embedded tier, tandem cloud serve): HF directory or GGUF file.",
+        unset="the embedded SmolLM2-135M-Instruct",
+    )
+    model_name: str | None = setting(  # the id served as `model`; derived from the source when None
+        None,
+        "Model id sent to the cloud server (and served by the embedded engine).",
+        unset="the server's default model",
+    )
+    # Weights and KV cache; auto: bfloat16 on CUDA and on CPUs with native bf16, else float32.
+    dtype: str = setting("auto", "Cloud engine dtype: auto, float32, bfloat16, float16.")
+    device: str = setting("auto", "Cloud engine device: auto, cpu, cuda or cuda:N.")  # auto: cuda when available
     block_size: int = 16  # KV slots per block: the unit of allocation and prefix caching
-    kv_cache_gb: float | None = None  # KV cache budget; None: kv_cache_memory_fraction of free memory
+    kv_cache_gb: float | None = setting(  # None: kv_cache_memory_fraction of free memory
+        None,
+        "Cloud engine KV cache budget in GB.",
+        check=at_least(0, inclusive=False),
+        unset="a fraction of free memory",
+    )
     kv_cache_memory_fraction: float | None = (
         None  # of free device memory after loading; None: 0.9 on CUDA, 0.05 of RAM on CPU
     )
-    max_num_seqs: int = 32  # requests in one step at most
-    max_num_batched_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
-    max_model_len: int | None = None  # prompt + completion limit; None: min(model's own, KV pool, 8192)
+    max_num_seqs: int = setting(32, "Cloud engine: requests in one step.", check=at_least(1), **_ENGINE_DEFAULT)
+    max_num_batched_tokens: int = setting(  # decodes + prefill chunks
+        512, "Cloud engine: token budget of one step.", check=at_least(1), **_ENGINE_DEFAULT
+    )
+    max_model_len: int | None = setting(
+        None, "Cloud engine: prompt + completion limit.", check=at_least(1), unset="min(model's own, KV pool, 8192)"
+    )
     enable_chunked_prefill: bool = True  # split long prompts across steps, beside running decodes
     long_prefill_token_threshold: int = 0  # > 0 caps one request's prefill chunk per step
     # Chunked prefill sized so a step beside running decodes takes about this long (measured
@@ -38,13 +61,25 @@ class CloudEngineConfig:
     slow_step_share: float = 0.05  # of the steps with decodes, at most this share run past the target
     enable_prefix_caching: bool = True  # reuse full KV blocks of identical prefixes
     scheduling_policy: str = "fcfs"  # fcfs, or priority (lower GenerationRequest.priority first)
-    max_waiting: int = 1024  # queued requests beyond this are refused with 503
+    max_waiting: int = setting(
+        1024,
+        "Cloud engine: queued requests beyond this are refused (HTTP 503, gRPC RESOURCE_EXHAUSTED).",
+        check=at_least(0),
+        **_ENGINE_DEFAULT,
+    )
     attention_backend: str = "auto"  # decode attention: auto (CPU kernel where it builds), torch (portable), cpu-kernel
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off unless asked for
     sampling: dict = field(
         default_factory=dict
     )  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
-    close_within_max_tokens: bool = True  # for requests that leave it unset (sdk.engine_common.grammar_closing)
+    close_within_max_tokens: bool = setting(  # for requests that leave it unset (sdk.engine_common.grammar_closing)
+        True,
+        "The cloud engine's (tandem serve's embedded tier, tandem cloud serve): a structured answer about to reach "
+        "max_tokens takes its grammar's closing path and ends valid unless a request sends close_within_max_tokens "
+        "false.",
+        optional=True,
+        unset="on",
+    )
 
     def __post_init__(self) -> None:
         checks = [

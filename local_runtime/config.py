@@ -1,4 +1,6 @@
-"""Configuration of the local engine: one validated dataclass."""
+"""Configuration of the local engine: one validated dataclass. The fields that are settings ([local] in
+the TOML file, TANDEM_* variables, `tandem serve` options) declare them here (sdk.protocol.config_fields),
+with env variables TANDEM_LOCAL_<KEY> unless named."""
 
 from __future__ import annotations
 
@@ -6,63 +8,148 @@ import os
 from dataclasses import dataclass, field
 
 from local_runtime.prefill_weights import PREFILL_WEIGHTS
+from sdk.protocol.config_fields import at_least, one_of, setting
 from sdk.protocol.sampling_defaults import check_sampling_config
 
 KV_LAYOUTS = ("auto", "streams", "unified")
 # The context limit when the model's own is larger: long enough for chat, and one such request
 # still leaves most of an 8k-cell pool for others.
 DEFAULT_MAX_MODEL_LEN = 4096
+# A [local] key left unset takes the dataclass default below (tandem config show prints it).
+_ENGINE_DEFAULT = {"optional": True, "unset": "the engine's default"}
 
 
 @dataclass
 class LocalEngineConfig:
     """Everything that sizes and shapes the on-device engine."""
 
-    model_path: str | None = None  # a GGUF file; None means the embedded default
-    model_name: str | None = None  # the id served as `model`; derived from the file when None
-    kv_cache_tokens: int = 8192  # KV cells of all sequences together
+    model_path: str | None = setting(
+        None,
+        "GGUF file of the on-device model.",
+        key="model",
+        env="TANDEM_MODEL",
+        unset="the embedded SmolLM2-135M-Instruct",
+    )
+    model_name: str | None = setting(
+        None, "The id clients send as `model`.", env="TANDEM_MODEL_NAME", unset="derived from the model file"
+    )
+    kv_cache_tokens: int = setting(
+        8192, "KV cells shared by all sequences.", env="TANDEM_KV_CACHE_TOKENS", check=at_least(1), **_ENGINE_DEFAULT
+    )
     block_size: int = 16  # KV cells per block, the unit of admission and prefix sharing
-    max_num_seqs: int = 16  # sequences decoded together (llama.cpp sequence slots)
-    max_num_batched_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
-    max_model_len: int | None = None  # prompt + completion limit; None: min(train context, pool, 4096)
-    max_waiting: int = 256  # queued requests beyond this are refused with 503
-    n_threads: int | None = None  # CPU threads for llama.cpp; None: all cores
-    n_gpu_layers: int = 0  # layers offloaded when llama.cpp was built with a GPU backend
+    max_num_seqs: int = setting(  # llama.cpp sequence slots
+        16, "Sequences decoded together.", env="TANDEM_MAX_NUM_SEQS", check=at_least(1), **_ENGINE_DEFAULT
+    )
+    max_num_batched_tokens: int = setting(  # decodes + prefill chunks
+        512, "Token budget of one step.", env="TANDEM_MAX_NUM_BATCHED_TOKENS", check=at_least(1), **_ENGINE_DEFAULT
+    )
+    max_model_len: int | None = setting(
+        None,
+        "Prompt + completion limit per request.",
+        env="TANDEM_MAX_MODEL_LEN",
+        check=at_least(1),
+        optional=True,
+        unset="min(train context, KV pool, 4096)",
+    )
+    max_waiting: int = setting(
+        256, "Queued requests beyond this get 503.", env="TANDEM_MAX_WAITING", check=at_least(0), **_ENGINE_DEFAULT
+    )
+    n_threads: int | None = setting(
+        None, "CPU threads for llama.cpp.", key="threads", env="TANDEM_THREADS", check=at_least(1), unset="all cores"
+    )
+    n_gpu_layers: int = setting(
+        0,
+        "Layers offloaded when llama.cpp has a GPU backend.",
+        env="TANDEM_N_GPU_LAYERS",
+        check=at_least(0),
+        **_ENGINE_DEFAULT,
+    )
     flash_attn: bool = True  # llama.cpp flash attention (also on CPU)
     # llama.cpp's repacked CPU weight layouts where a tensor type has one (Q4_0, Q4_K, IQ4_NL, ...):
     # faster matmuls, but a row's result then depends on how many rows share the call, so they
     # need batch_invariant off (tests/local_runtime/test_extra_buffer_types.py).
-    extra_buffer_types: bool = False
+    extra_buffer_types: bool = setting(
+        False,
+        "llama.cpp's repacked CPU weight layouts for the tensor types that have one (Q4_0, Q4_K, IQ4_NL, ...; "
+        "llama-server's default); needs batch_invariant off.",
+        optional=True,
+        unset="off",
+    )
     # Opt-in, as in vLLM and SGLang: a sequence's numbers then do not depend on what shares its batch
     # (prefill in ubatches of at most 63 tokens, llama.cpp's per-row attention kernel), which costs
     # lone prompts llama.cpp's own prefill speed (docs/local-engine.md "Batch invariance").
-    batch_invariant: bool = False
+    batch_invariant: bool = setting(
+        False,
+        "A sequence's numbers do not depend on what shares its batch (prefill in ubatches of at most 63 tokens: "
+        "slower prompts; as vLLM's and SGLang's, opt-in).",
+        optional=True,
+        unset="off",
+    )
     # How llama.cpp lays the cells out. "streams": each sequence slot gets kv_cache_tokens /
     # max_num_seqs cells of its own (llama-server's layout with -np), so a decode attends over its
     # own cells only: an 8-sequence decode step is ~10% faster than in one pool (bench/results/
     # local_kv_layout.json), but every slot must fit max_model_len. "unified": one pool whose cells
     # any sequence may use (long contexts in little memory). "auto": streams when every slot fits
     # max_model_len, else unified; batch_invariant always uses unified (its guarantee is shown there).
-    kv_layout: str = "auto"
+    kv_layout: str = setting(
+        "auto",
+        "KV cells per sequence (streams: kv_cache_tokens / max_num_seqs each, as llama-server -np; decode steps of "
+        "several sequences ~10% faster; every slot must fit max_model_len), one shared pool (unified: long contexts in "
+        "little memory), or auto.",
+        check=one_of(*KV_LAYOUTS),
+        optional=True,
+        unset="auto: streams when every slot fits max_model_len, else unified",
+    )
     # Prompts prefill through a 16-bit copy of the weights where llama.cpp has no GEMM kernel for the
     # model's own type (local_runtime.prefill_weights): "bf16", "f16", "off", or "auto": the copy that
     # prefills fastest on this machine, where it beats the model's own weights by a margin and fits the
     # memory bound, as measured on first use (local_runtime.prefill_choice). The copy is cached on disk
     # and costs 2 bytes a weight of memory; decoding stays on the quantized weights.
-    prefill_weights: str = "auto"
+    prefill_weights: str = setting(
+        "auto",
+        "Prompts prefill through a 16-bit copy of the model's quantized weights (made once, cached under "
+        "~/.cache/tandem; 2 bytes a weight of memory; decoding stays quantized): bf16, f16, off, or auto.",
+        check=one_of(*PREFILL_WEIGHTS),
+        optional=True,
+        unset="auto: the faster copy where it measured >= 1.25x the model's own weights on this machine and fits 1/8 "
+        "of memory, else off",
+    )
     strict_batch_invariance: bool = False  # also pad lone decodes so they never change kernel (~40% slower at c=1)
     # A finished request's slot keeps its cells (local_runtime.prompt_cache) until the slot or its
     # blocks are needed, so the next prompt with the same prefix (a chat's next turn, or just the
     # chat template's head) copies them, as llama-server's prompt cache does. None: on unless
     # batch_invariant, because llama.cpp then places later cells around the cached ones and its
     # attention sums a sequence's cells in cell order, so a repeated seeded request can sample differently.
-    cache_finished_prompts: bool | None = None
+    cache_finished_prompts: bool | None = setting(
+        None,
+        "A finished request's slot keeps its KV cells until needed, so the next prompt with the same prefix (a chat's "
+        "next turn) reuses them (5-10x faster first tokens on later turns); later cells then land around cached ones, "
+        "so repeated seeded requests may sample differently (see batch invariance).",
+        unset="on unless batch_invariant",
+    )
     # How many finished prompts stay cached. Every cached cell widens the KV view each decode
     # walks (llama.cpp's unified pool): an 8-client decode step slows by a few percent with
     # cached prompts nobody reuses (bench.prompt_cache --overhead); a chat's next turn needs only its own.
-    max_cached_prompts: int = 2
-    repetition_stop: bool = True  # for requests that leave repetition_stop unset (sdk.engine_common.repetition)
-    close_within_max_tokens: bool = True  # for requests that leave it unset (sdk.engine_common.grammar_closing)
+    max_cached_prompts: int = setting(
+        2,
+        "Finished prompts kept cached at most (each widens the KV view every decode walks).",
+        check=at_least(0),
+        **_ENGINE_DEFAULT,
+    )
+    repetition_stop: bool = setting(  # for requests that leave repetition_stop unset (sdk.engine_common.repetition)
+        True,
+        "Stop answers caught in an exact loop (finish_reason length, stop_reason repetition) unless a request sends "
+        "repetition_stop false.",
+        optional=True,
+        unset="on",
+    )
+    close_within_max_tokens: bool = setting(  # for requests that leave it unset (sdk.engine_common.grammar_closing)
+        True,
+        "A structured answer about to reach max_tokens takes its grammar's closing path and ends valid (stop_reason "
+        "closed_within_max_tokens) unless a request sends close_within_max_tokens false.",
+        optional=True,
+        unset="on",
+    )
     sampling: dict = field(
         default_factory=dict
     )  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)

@@ -32,6 +32,7 @@ SDK_MODULES_STARTING_CLOUD_ENGINE = {
     "sdk.cloud.tier": "starts the embedded tier (engine, gRPC listener)",
     "sdk.cli.cloud": "`tandem cloud serve`",
     "sdk.settings.loading": "builds the CloudEngineConfig [cloud] describes",
+    "sdk.settings.fields": "reads the [cloud] keys CloudEngineConfig declares",
     "sdk.settings.checks": "checks [cloud] speculative with the engine's own parser",
 }
 REPO = Path(__file__).resolve().parents[1]

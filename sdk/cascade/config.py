@@ -1,14 +1,18 @@
-"""Settings of the cascade runner (sdk.cascade): one validated dataclass."""
+"""Settings of the cascade runner (sdk.cascade): one validated dataclass, whose fields declare the
+[cascade] settings (sdk.protocol.config_fields; env variables TANDEM_CASCADE_<KEY> unless named)."""
 
 from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from confidence import FEATURE_NAMES
+from router.costs import CostTable
 from router.decision import HandoffMode, validate_threshold
+from router.privacy import PrivacyRules
 from router.streaming_policy import UNCALIBRATED_SCORE_KINDS, DecideAt
+from sdk.protocol.config_fields import at_least, one_of, setting
 
 logger = logging.getLogger("tandem.cascade")
 
@@ -22,34 +26,87 @@ DEFAULT_HOLD_TOKENS = 16
 class CascadeConfig:
     """How one deployment routes between the local and the cloud tier."""
 
-    default_threshold: float = 0.5  # used when the model name is plain "auto"
-    min_tokens_k: int = 8  # local tokens before the streaming policy first judges
-    score_kind: str = "mean_prob"  # the confidence feature compared with the threshold
-    decide_at: str = "every_token"  # router.streaming_policy.DecideAt value
-    handoff: str = "restart"  # "restart" (cloud answers anew) or "continue" (cloud goes on after the local prefix)
+    default_threshold: float = setting(  # used when the model name is plain "auto"
+        0.5, "Confidence below which a request escalates (model 'auto').", key="threshold", env="TANDEM_THRESHOLD"
+    )
+    min_tokens_k: int = setting(8, "Local tokens before the first judgement.")  # before the streaming policy judges
+    score_kind: str = setting("mean_prob", "Confidence feature compared with the threshold.")
+    decide_at: str = setting(  # router.streaming_policy.DecideAt value
+        "every_token", "When the threshold is checked.", check=one_of(*(d.value for d in DecideAt))
+    )
+    handoff: str = setting(
+        "restart",
+        "restart (cloud answers anew) or continue (after the local prefix: a tandem gRPC cloud, or a vLLM cloud sharing "
+        "the local vocabulary; elsewhere the local answer stands).",
+        check=one_of(*(m.value for m in HandoffMode)),
+    )
     # Streamed answers, restart mode: local tokens held back before the answer is committed local and
     # reaches the client (a restart after that would contradict it). None: DEFAULT_HOLD_TOKENS, or
     # min_tokens_k if larger; 0: hold until decided (the whole answer, with decide_at every_token).
     # A non-streamed answer is always held until decided: its client sees nothing before the end anyway.
-    hold_tokens: int | None = None
-    privacy: dict = field(default_factory=dict)  # router.privacy.PrivacyRules.from_config input
-    redact_before_escalation: bool = (
-        False  # escalate rule-matching requests with placeholders instead of keeping them local
+    hold_tokens: int | None = setting(
+        None,
+        "Streamed answers, restart mode: local tokens held back before committing local (0: until decided).",
+        unset=f"{DEFAULT_HOLD_TOKENS} (at least min_tokens_k)",
     )
-    cloud_first_token_timeout_s: float = 15.0  # longest wait for the cloud's first token
-    cloud_stall_timeout_s: float = 10.0  # longest gap between two cloud tokens
-    cloud_deadline_s: float | None = None  # of one whole cloud stream; None: none (a long answer may stream on)
-    cloud_timeout_s: float | None = None  # deprecated: the old whole-stream deadline, taken as cloud_deadline_s
-    breaker_failure_threshold: int = 3  # consecutive cloud failures that open the circuit breaker
-    breaker_cool_down_s: float = 30.0  # how long the breaker stays open before a trial call
-    prices: dict = field(default_factory=dict)  # router.costs.CostTable.from_config input
-    cloud_model: str | None = None  # model id on the cloud server; None: the server's default
-    probe: str | None = None  # confidence probe (ONNX) for the local model: replaces score_kind when set
-    prompt_router: str | None = None  # "default" (shipped) or a `tandem router train` file; None: off
-    prompt_router_threshold: float | None = (
-        None  # escalate before generation iff 1 - score < it; None: the request's threshold
+    privacy: dict = setting(  # router.privacy.PrivacyRules.from_config input
+        default_factory=dict,
+        help="Privacy rules: detectors, patterns (router.privacy).",
+        check=PrivacyRules.from_config,
+        env=False,
     )
-    tool_calls: str = "auto"  # where turns offering tools go: auto / local / cloud (router.pre_generation.ToolTurns)
+    redact_before_escalation: bool = setting(  # placeholders instead of keeping rule-matching requests local
+        False, "Escalate privacy-matching requests redacted instead of keeping them local."
+    )
+    cloud_first_token_timeout_s: float = setting(
+        15.0,
+        "Longest wait for the cloud's first token, seconds; then the answer is local (degraded: "
+        "cloud_first_token_timeout).",
+        check=at_least(0, inclusive=False),
+    )
+    cloud_stall_timeout_s: float = setting(
+        10.0,
+        "Longest gap between two cloud tokens, seconds; then the local model finishes (cloud_stall_timeout).",
+        check=at_least(0, inclusive=False),
+    )
+    cloud_deadline_s: float | None = setting(  # a long answer may stream on when unset
+        None,
+        "Deadline of one whole cloud stream, seconds (cloud_deadline).",
+        check=at_least(0, inclusive=False),
+        unset="none",
+    )
+    cloud_timeout_s: float | None = setting(  # the old whole-stream deadline
+        None, "Deprecated: read as cloud_deadline_s, with a warning.", unset="not set"
+    )
+    breaker_failure_threshold: int = setting(3, "Consecutive cloud failures that open the circuit breaker.")
+    breaker_cool_down_s: float = setting(30.0, "Seconds the breaker stays open before a trial call.")
+    prices: dict = setting(  # router.costs.CostTable.from_config input
+        default_factory=dict,
+        help="USD per million tokens per tier (router.costs).",
+        check=CostTable.from_config,
+        env=False,
+    )
+    cloud_model: str | None = None  # model id on the cloud server ([cloud] model_name); None: the server's default
+    probe: str | None = setting(
+        None, "Confidence probe (ONNX) trained for the local model; replaces score_kind.", unset="no probe"
+    )
+    prompt_router: str | None = setting(
+        None,
+        "Prompt router before generation: 'default' (shipped) or a `tandem router train` file. Its score is the share "
+        "of its reference prompts (the shipped router's: the design tables) it ranks lower.",
+        unset="off",
+    )
+    prompt_router_threshold: float | None = setting(
+        None,
+        "Escalate before generation iff 1 - prompt score < this: the top this share of the router's reference prompts "
+        "goes to the cloud.",
+        unset="the request's threshold",
+    )
+    tool_calls: str = setting(  # router.pre_generation.ToolTurns
+        "auto",
+        "Where turns offering tools go: auto (tool_choice auto to the cloud, required local), local, or cloud.",
+        check=one_of("auto", "local", "cloud"),
+    )
 
     def stream_hold_window(self) -> int | None:
         """Tokens a streamed answer holds back (router.hold_back); None: until decided, or (continue

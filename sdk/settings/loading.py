@@ -54,18 +54,21 @@ class Settings:
         section, key = dotted.rsplit(".", 1)
         return self.values[section][key]
 
-    def _targets(self, section: str) -> dict[str, Any]:
-        # Unset (None) values are left out so the dataclass keeps its own default.
+    def _targets(self, section: str, config: type) -> dict[str, Any]:
+        """[section]'s values for the fields of `config` they feed (a section may feed two: [cloud]'s
+        url, key and CA are the cloud tier's, the rest the engine's). Unset (None) values are left out
+        so the dataclass keeps its own default."""
+        names = {f.name for f in fields(config)}
         return {
             f.target: copy.deepcopy(self.values[section][f.key])
             for f in SECTIONS[section]
-            if f.target and self.values[section][f.key] is not None
+            if f.target in names and self.values[section][f.key] is not None
         }
 
     def local_engine_config(self) -> LocalEngineConfig:
         from local_runtime.config import LocalEngineConfig
 
-        return LocalEngineConfig(**self._targets("local"), sampling=self.sampling("local"))
+        return LocalEngineConfig(**self._targets("local", LocalEngineConfig), sampling=self.sampling("local"))
 
     def cloud_engine_config(self) -> CloudEngineConfig:
         """The embedded cloud engine's settings (used when cloud.url is "embedded")."""
@@ -73,7 +76,9 @@ class Settings:
         from cloud_engine.spec_decode.config import parse_speculative
 
         speculative = parse_speculative(self.get("cloud.speculative"), self.get("cloud.num_speculative_tokens"))
-        return CloudEngineConfig(**self._targets("cloud"), speculative=speculative, sampling=self.sampling("cloud"))
+        return CloudEngineConfig(
+            **self._targets("cloud", CloudEngineConfig), speculative=speculative, sampling=self.sampling("cloud")
+        )
 
     def sampling(self, tier: str) -> dict[str, Any]:
         """The tier's configured sampling defaults ([local.sampling] / [cloud.sampling]), unset keys left out."""
@@ -97,15 +102,15 @@ class Settings:
     def cascade_config(self) -> CascadeConfig:
         from sdk.cascade.config import CascadeConfig
 
-        return CascadeConfig(**self._targets("cascade"), cloud_model=self.get("cloud.model_name"))
+        return CascadeConfig(**self._targets("cascade", CascadeConfig), cloud_model=self.get("cloud.model_name"))
 
     def traffic_settings(self) -> TrafficSettings:
         from sdk.traffic.config import TrafficSettings
 
-        return TrafficSettings(**self._targets("traffic"))
+        return TrafficSettings(**self._targets("traffic", TrafficSettings))
 
     def section_config(self, config: type[C], section: str) -> C:
-        """A config dataclass that declares its settings (sdk.settings.setting_field.setting) from
+        """A config dataclass that declares its settings (sdk.protocol.config_fields.setting) from
         [section]'s values: ListenerConfig from [server] or [cloud_server], HostedCloudConfig."""
         return config(**{f.name: copy.deepcopy(self.values[section][f.name]) for f in fields(config)})
 
@@ -258,7 +263,7 @@ def _unset_meaning(field: SettingField) -> str:
             from local_runtime.config import LocalEngineConfig as engine_config
         else:
             from cloud_engine.config import CloudEngineConfig as engine_config
-        default = {f.name: f.default for f in fields(engine_config)}[field.target]
+        default = {f.name: f.default for f in fields(engine_config)}.get(field.target)
         if default is not None:
             return f"{field.unset} ({default})"
     return field.unset

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sdk.settings.fields import CloudTarget
+from sdk.protocol.config_fields import setting
+from sdk.settings.cloud_url import CLOUD_URL_FORMS, CloudTarget, parse_cloud_url
 from sdk.settings.server_sections import HostedCloudConfig, ListenerConfig, app_config
 
 if TYPE_CHECKING:
@@ -27,15 +28,22 @@ if TYPE_CHECKING:
     from sdk.traffic.config import TrafficSettings
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CloudTierConfig:
     """[cloud] as the cascade reaches its cloud tier (sdk.cloud.tier.start_cloud_tier)."""
 
-    url: str  # as configured (what the startup log names)
-    target: CloudTarget
-    api_key: str | None  # presented to a remote cloud
-    tls_ca: str | None  # CAs trusted for grpcs:// and replicas over TLS
-    engine: CloudEngineConfig  # the embedded engine's, used when `target.kind` is "embedded"
+    url: str = setting("embedded", f"The cloud tier: {CLOUD_URL_FORMS}.", env="TANDEM_CLOUD", check=parse_cloud_url)
+    api_key: str | None = setting(None, "Key presented to the cloud server.", unset="no key sent", secret=True)
+    tls_ca: str | None = setting(
+        None,
+        "PEM file of CAs trusted for grpcs:// (and, when set, TLS to replicas named ipv4:/ipv6:/dns:).",
+        unset="the system's root certificates",
+    )
+    engine: CloudEngineConfig | None = None  # the embedded engine's, used when the url is "embedded"
+
+    @property
+    def target(self) -> CloudTarget:
+        return parse_cloud_url(self.url)
 
     @property
     def embedded(self) -> bool:
@@ -75,7 +83,6 @@ class ServeConfig:
             check_budgets(listener.budgets_file, prices_are_zero)
         cloud = CloudTierConfig(
             url=settings.get("cloud.url"),
-            target=settings.cloud_target(),
             api_key=settings.get("cloud.api_key"),
             tls_ca=settings.get("cloud.tls_ca"),
             engine=settings.cloud_engine_config(),

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sdk.serving.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S
-from sdk.settings.checks import at_least, one_of
-from sdk.settings.setting_field import fields_of, setting
+from sdk.protocol.config_fields import at_least, one_of, setting
+from sdk.settings.setting_field import fields_of
 
 if TYPE_CHECKING:
     from sdk.openai_server.app_config import AppConfig

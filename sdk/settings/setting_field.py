@@ -1,6 +1,6 @@
-"""One setting (`SettingField`: section, key, type, default, env variable, help, check), and the way a
-config dataclass declares its settings on its own fields (`setting(...)`, read back by `fields_of`),
-so a key is written once: as the field of the object the server is configured with.
+"""One setting (`SettingField`: section, key, type, default, env variable, help, check), and the rows a
+config dataclass declares on its own fields (sdk.protocol.config_fields.setting, read back by `fields_of`),
+so a key is written once: as the field of the object it configures.
 
     @dataclass(frozen=True)
     class ListenerConfig:
@@ -12,17 +12,17 @@ so a key is written once: as the field of the object the server is configured wi
 from __future__ import annotations
 
 import dataclasses
+import sys
 import enum
 import types
 import typing
 from dataclasses import dataclass
 from typing import Any
 
-from sdk.settings.checks import Check
+from sdk.protocol.config_fields import Check, declared
 
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a table"}
-_METADATA_KEY = "tandem.setting"
 
 
 class SettingsError(ValueError):
@@ -90,50 +90,39 @@ class SettingField:
         return self.coerce(value)
 
 
-@dataclass(frozen=True)
-class Declared:
-    """What a dataclass field says about its setting (the rest, key, type and default, is the field's own)."""
-
-    help: str
-    check: Check | None = None
-    unset: str = ""
-    env: bool = True  # False: set only in the TOML file (or by a command-line option)
-    secret: bool = False
-
-
-def setting(
-    default: Any, help: str, *, check: Check | None = None, unset: str = "", env: bool = True, secret: bool = False
-) -> Any:
-    """A dataclass field that is also a setting; `default` None means optional (and `unset` says what that means)."""
-    declared = Declared(help, check, unset, env, secret)
-    return dataclasses.field(default=default, metadata={_METADATA_KEY: declared})
-
-
 def fields_of(
     config: type, section: str, env_prefix: str, changes: dict[str, dict[str, Any]] | None = None
 ) -> tuple[SettingField, ...]:
-    """The settings a config dataclass declares (`setting(...)` fields, in their order), as [section]'s
-    keys with env variables `env_prefix + KEY`. `changes` maps a key to SettingField attributes this
-    section sets otherwise (a check or a help text of its own)."""
-    hints = typing.get_type_hints(config)
+    """The settings a config dataclass declares (sdk.protocol.config_fields.setting, in field order) as
+    [section]'s keys, each with the env variable its declaration names (by default `env_prefix + KEY`).
+    `changes` maps a key to SettingField attributes this section sets otherwise (a check or help of its own)."""
+    namespace = vars(sys.modules[config.__module__])
     rows = []
     for field in dataclasses.fields(config):
-        declared = field.metadata.get(_METADATA_KEY)
-        if declared is None:
+        declaration = declared(field)
+        if declaration is None:
             continue
+        key = declaration.key or field.name
+        if declaration.optional:
+            default = None
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = field.default
+        env = declaration.env
         row = SettingField(
             section,
-            field.name,
-            _value_type(hints[field.name]),
-            field.default,
-            f"{env_prefix}{field.name.upper()}" if declared.env else None,
-            declared.help,
-            unset=declared.unset,
-            check=declared.check,
+            key,
+            _value_type(eval(field.type, namespace) if isinstance(field.type, str) else field.type),
+            default,
+            f"{env_prefix}{key.upper()}" if env is True else env or None,
+            declaration.help,
+            unset=declaration.unset,
+            check=declaration.check,
             target=field.name,
-            secret=declared.secret,
+            secret=declaration.secret,
         )
-        rows.append(dataclasses.replace(row, **(changes or {}).get(field.name, {})))
+        rows.append(dataclasses.replace(row, **(changes or {}).get(key, {})))
     unknown = set(changes or {}) - {row.key for row in rows}
     if unknown:
         raise KeyError(f"{config.__name__} declares no setting {sorted(unknown)}")
@@ -144,5 +133,5 @@ def _value_type(hint: Any) -> type:
     """`int`, or `int | None` (an optional setting): the setting's type."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         (kind,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        return kind
-    return hint
+        hint = kind
+    return typing.get_origin(hint) or hint  # dict[str, float] -> dict

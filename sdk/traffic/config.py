@@ -1,5 +1,6 @@
 """The [traffic] settings of `tandem serve`: the record, feedback, shadow sampling and the
-background retrain, one validated dataclass (sdk.settings feeds it from the field table)."""
+background retrain, one validated dataclass whose fields declare the [traffic] settings
+(sdk.protocol.config_fields; env variables TANDEM_TRAFFIC_<KEY>)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sdk.protocol.config_fields import at_least, setting
 from sdk.traffic.record import TrafficConfig
 
 JUDGES = ("exact_match",)  # or an http(s) base URL of an OpenAI-compatible judge
@@ -21,22 +23,61 @@ def default_path() -> str:
 
 @dataclass(frozen=True)
 class TrafficSettings:
-    record: bool = False  # the one switch: keep a record of routed requests
-    path: str | None = None  # the SQLite file; None: default_path()
-    record_text: bool = False
-    retention_days: float = 30.0
-    max_mb: float = 512.0
-    embed: bool = True
-    feedback_per_minute: float = 60.0  # POST /v1/feedback per key (per address without keys)
-    shadow_fraction: float = 0.0  # share of locally answered requests also sent to the cloud and judged
-    shadow_daily_cloud_tokens: int = 200_000  # the shadow calls' cloud tokens per UTC day, at most
-    judge: str = "exact_match"  # or the base URL of an OpenAI-compatible judge (https://host/v1)
-    judge_model: str | None = None  # the judge endpoint's model id
-    judge_api_key: str | None = None
-    retrain: bool = False  # retrain the prompt router in the background and swap it in when it does better
-    retrain_every_labels: int = 200  # new labels between two retrains
-    retrain_holdout_labels: int = 100  # the newest labels, kept out of training to compare old and new
-    router_dir: str | None = None  # where retrained routers are written; None: next to the record
+    record: bool = setting(  # the one switch
+        False,
+        "Keep a record of routed requests (SQLite): router features, tier, signals, cost, latency, labels; never text "
+        "unless record_text.",
+    )
+    path: str | None = setting(  # None: default_path()
+        None,
+        "The record's SQLite file.",
+        unset="$TANDEM_DATA_DIR/traffic.sqlite3, else ~/.local/share/tandem/traffic.sqlite3",
+    )
+    record_text: bool = setting(False, "Also keep prompt and answer text (privacy-flagged requests are never stored).")
+    retention_days: float = setting(
+        30.0, "Rows older than this are deleted (hourly).", check=at_least(0, inclusive=False)
+    )
+    max_mb: float = setting(512.0, "Largest record; past it the oldest rows are deleted.", check=at_least(1))
+    embed: bool = setting(
+        True,
+        "Store a MiniLM embedding of each recorded prompt (what a router learns topics from; ~10-20 ms of CPU per "
+        "request, off the request path).",
+    )
+    feedback_per_minute: float = setting(
+        60.0,
+        "POST /v1/feedback calls a minute per key (per client address without keys).",
+        check=at_least(0, inclusive=False),
+    )
+    shadow_fraction: float = setting(
+        0.0,
+        "Share of locally answered requests also sent to the cloud in the background, both answers judged (never "
+        "privacy-flagged ones).",
+        check=at_least(0, high=1),
+    )
+    shadow_daily_cloud_tokens: int = setting(
+        200_000, "Cloud tokens shadow calls may use per UTC day (reserved before each call).", check=at_least(0)
+    )
+    judge: str = setting(
+        "exact_match",
+        "How shadow answers are judged: exact_match (final answers compared, the cloud's as reference) or the base URL "
+        "of an OpenAI-compatible judge.",
+    )
+    judge_model: str | None = setting(None, "The judge endpoint's model id.", unset="none (needed with a judge URL)")
+    judge_api_key: str | None = setting(None, "Key presented to the judge endpoint.", unset="no key sent", secret=True)
+    retrain: bool = setting(
+        False,
+        "Retrain the prompt router from the record in the background; swap it in when it beats the serving one on the "
+        "newest labels.",
+    )
+    retrain_every_labels: int = setting(200, "New labels between two background retrains.", check=at_least(1))
+    retrain_holdout_labels: int = setting(
+        100, "The newest labels kept out of a retrain to compare the two routers.", check=at_least(10)
+    )
+    router_dir: str | None = setting(
+        None,
+        "Where retrained routers are written (latest.onnx is the newest swapped in).",
+        unset="routers/ next to the record",
+    )
 
     def __post_init__(self):
         if not 0.0 <= self.shadow_fraction <= 1.0:
