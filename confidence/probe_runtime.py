@@ -8,7 +8,6 @@ calibrator (JSON) is applied here, after the graph, to the logit."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 
@@ -16,6 +15,12 @@ import numpy as np
 import onnxruntime
 
 from confidence.calibration import calibrator_from_dict
+from confidence.onnx_file import (
+    OnnxFileFormat,
+    check_document_header,
+    open_session,
+    read_metadata_document,
+)
 
 METADATA_KEY = "tandem.confidence_probe"
 FORMAT_VERSION = 1
@@ -47,19 +52,21 @@ class ProbeFeatureMismatchError(ProbeError):
     """The features given do not match the ones the probe was trained on."""
 
 
+PROBE_FILE = OnnxFileFormat(
+    noun="probe",
+    description="a tandem probe",
+    metadata_key=METADATA_KEY,
+    format_version=FORMAT_VERSION,
+    version_note="",
+    retrain_hint="retrain the probe with this version",
+    required_keys=REQUIRED_METADATA_KEYS,
+    format_error=ProbeFormatError,
+)
+
+
 def validate_probe_metadata(document) -> dict:
     """`document` (parsed JSON) checked field by field; raises ProbeFormatError."""
-    if not isinstance(document, dict):
-        raise ProbeFormatError(f"probe metadata must be a JSON object, got {type(document).__name__}")
-    version = document.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ProbeFormatError(
-            f"probe format_version {version!r} is not supported (this tandem reads "
-            f"{FORMAT_VERSION}); retrain the probe with this version"
-        )
-    missing = [key for key in REQUIRED_METADATA_KEYS if key not in document]
-    if missing:
-        raise ProbeFormatError(f"probe metadata lacks {missing}")
+    check_document_header(document, PROBE_FILE)
     if document["kind"] not in PROBE_KINDS:
         raise ProbeFormatError(f"probe kind {document['kind']!r} unknown; known: {PROBE_KINDS}")
     names = document["feature_names"]
@@ -81,13 +88,6 @@ def validate_probe_metadata(document) -> dict:
         except ValueError as exc:
             raise ProbeFormatError(f"probe calibrator is invalid: {exc}") from exc
     return document
-
-
-def default_providers() -> list[str]:
-    """CUDA first when this onnxruntime build offers it, CPU always as the fallback."""
-    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
 
 
 class OnnxProbe:
@@ -147,25 +147,10 @@ class OnnxProbe:
 def load_probe(path: str | os.PathLike, model_fingerprint: str, providers: list[str] | None = None) -> OnnxProbe:
     """The probe saved at `path`, refused unless it was trained for `model_fingerprint`."""
     path = os.fspath(path)
-    options = onnxruntime.SessionOptions()
     # A few hundred multiply-adds per row: threads only add overhead, and the local LLM
     # beside the probe wants every core.
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    try:
-        session = onnxruntime.InferenceSession(path, options, providers=providers or default_providers())
-    except Exception as exc:  # onnxruntime raises its own, unexported exception types
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no probe file at {path}") from exc
-        raise ProbeFormatError(f"{path} is not a loadable ONNX model: {exc}") from exc
-    raw = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
-    if raw is None:
-        raise ProbeFormatError(f"{path} has no {METADATA_KEY!r} metadata; it is not a tandem probe")
-    try:
-        document = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ProbeFormatError(f"{path}: probe metadata is not valid JSON: {exc}") from exc
-    metadata = validate_probe_metadata(document)
+    session = open_session(path, PROBE_FILE, providers, threads=1)
+    metadata = validate_probe_metadata(read_metadata_document(session, path, PROBE_FILE))
     if metadata["model_fingerprint"] != model_fingerprint:
         raise ProbeModelMismatchError(
             f"probe {path} was trained for model {metadata['model_fingerprint']!r}, but the "

@@ -16,7 +16,6 @@ tables), so a threshold t on 1 - score sends the top t of such prompts to the cl
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from confidence import onnx_file
+from confidence.onnx_file import OnnxFileFormat, check_document_header, read_metadata_document
 from router.prompt_router.embedder_export import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -83,19 +84,21 @@ class RouterModelMismatchError(RouterError):
     """The router was trained on another embedding model/tokenizer than the one installed."""
 
 
+ROUTER_FILE = OnnxFileFormat(
+    noun="router",
+    description="a tandem prompt router",
+    metadata_key=METADATA_KEY,
+    format_version=FORMAT_VERSION,
+    version_note=": scores on the scale of the router's reference prompts, so a threshold is a cloud share",
+    retrain_hint="retrain it with `tandem router train`",
+    required_keys=REQUIRED_KEYS,
+    format_error=RouterFormatError,
+)
+
+
 def validate_router_metadata(document) -> dict:
     """`document` (parsed JSON) checked field by field; raises RouterFormatError."""
-    if not isinstance(document, dict):
-        raise RouterFormatError(f"router metadata must be a JSON object, got {type(document).__name__}")
-    if document.get("format_version") != FORMAT_VERSION:
-        raise RouterFormatError(
-            f"router format_version {document.get('format_version')!r} is not supported (this tandem reads "
-            f"{FORMAT_VERSION}: scores on the scale of the router's reference prompts, so a threshold is a cloud "
-            "share); retrain it with `tandem router train`"
-        )
-    missing = [key for key in REQUIRED_KEYS if key not in document]
-    if missing:
-        raise RouterFormatError(f"router metadata lacks {missing}")
+    check_document_header(document, ROUTER_FILE)
     if document["kind"] != KIND:
         raise RouterFormatError(f"router kind {document['kind']!r}, expected {KIND!r}")
     if document["shape_version"] != SHAPE_VERSION:
@@ -134,44 +137,14 @@ def validate_router_metadata(document) -> dict:
     return document
 
 
-def default_providers() -> list[str]:
-    """CUDA first when this onnxruntime build offers it, CPU always as the fallback."""
-    import onnxruntime
-
-    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
-
-
 def open_session(path, providers=None, threads: int | None = 1) -> onnxruntime.InferenceSession:
-    """An onnxruntime session; threads=1 by default: one short prompt is a few ms on one
-    core and the local LLM beside the router wants the others (None: onnxruntime's default)."""
-    # Imported here, not at the top: `tandem serve` imports this module before /health can
-    # answer, and only a configured router opens a session (~0.1-0.25 s on 2 cores otherwise).
-    import onnxruntime
-
-    path = os.fspath(path)
-    options = onnxruntime.SessionOptions()
-    if threads is not None:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    try:
-        return onnxruntime.InferenceSession(path, options, providers=providers or default_providers())
-    except Exception as exc:  # onnxruntime raises its own, unexported exception types
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no router file at {path}") from exc
-        raise RouterFormatError(f"{path} is not a loadable ONNX model: {exc}") from exc
+    """An onnxruntime session over a router or its embedder (refusals name a router file);
+    threads=1 by default (None: onnxruntime's default)."""
+    return onnx_file.open_session(path, ROUTER_FILE, providers, threads)
 
 
 def read_metadata(session: onnxruntime.InferenceSession, path) -> dict:
-    raw = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
-    if raw is None:
-        raise RouterFormatError(f"{path} has no {METADATA_KEY!r} metadata; it is not a tandem prompt router")
-    try:
-        document = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise RouterFormatError(f"{path}: router metadata is not valid JSON: {exc}") from exc
-    metadata = validate_router_metadata(document)
+    metadata = validate_router_metadata(read_metadata_document(session, path, ROUTER_FILE))
     if metadata["topic_correction"] is not None:
         installed = model_fingerprint()
         if metadata["model_fingerprint"] != installed:

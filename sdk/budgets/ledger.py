@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import queue
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from sdk.sqlite_writer import SQLiteWriter
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS spend (
@@ -24,7 +24,6 @@ CREATE TABLE IF NOT EXISTS spend (
     PRIMARY KEY (scope, period)
 )
 """
-_STOP = object()
 
 
 @dataclass
@@ -57,8 +56,7 @@ class SpendLedger:
         self.path = Path(path)
         self.clock = clock
         self._spend: dict[tuple[str, str], Spend] = {}
-        self._queue: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._writer = SQLiteWriter("spend", _add_spend)
 
     def start(self) -> SpendLedger:
         if not self.path.parent.exists():
@@ -70,8 +68,7 @@ class SpendLedger:
         for scope, period, usd, cloud, total, requests in conn.execute("SELECT * FROM spend"):
             if period in current:  # earlier periods stay in the file, not in memory
                 self._spend[(scope, period)] = Spend(usd, cloud, total, requests)
-        self._thread = threading.Thread(target=self._write_loop, args=(conn,), name="tandem-spend-writer", daemon=True)
-        self._thread.start()
+        self._writer.start(conn)
         return self
 
     def spend(self, scope: str, period: str) -> Spend:
@@ -86,43 +83,22 @@ class SpendLedger:
                 spend.cloud_tokens += cloud_tokens
                 spend.total_tokens += total_tokens
                 spend.requests += 1
-                self._queue.put((scope, period, usd, cloud_tokens, total_tokens))
+                self._writer.put((scope, period, usd, cloud_tokens, total_tokens))
 
     def flush(self, timeout_s: float = 30.0) -> None:
-        done = threading.Event()
-        self._queue.put(done)
-        if not done.wait(timeout_s):
-            raise TimeoutError("the spend writer did not catch up")
+        self._writer.flush(timeout_s)
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._writer.close(timeout_s=30)
 
-    def _write_loop(self, conn: sqlite3.Connection) -> None:
-        try:
-            while True:
-                items = [self._queue.get()]
-                while True:
-                    try:
-                        items.append(self._queue.get_nowait())
-                    except queue.Empty:
-                        break
-                rows = [item for item in items if isinstance(item, tuple)]
-                if rows:
-                    conn.execute("BEGIN IMMEDIATE")
-                    conn.executemany(
-                        "INSERT INTO spend VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT (scope, period) DO UPDATE SET "
-                        "usd = usd + excluded.usd, cloud_tokens = cloud_tokens + excluded.cloud_tokens, "
-                        "total_tokens = total_tokens + excluded.total_tokens, requests = requests + 1",
-                        rows,
-                    )
-                    conn.execute("COMMIT")
-                for item in items:
-                    if isinstance(item, threading.Event):
-                        item.set()
-                if any(item is _STOP for item in items):
-                    return
-        finally:
-            conn.close()
+
+def _add_spend(conn: sqlite3.Connection, rows: list[tuple]) -> None:
+    """One transaction adding each (scope, period, usd, cloud_tokens, total_tokens) row as one request."""
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(
+        "INSERT INTO spend VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT (scope, period) DO UPDATE SET "
+        "usd = usd + excluded.usd, cloud_tokens = cloud_tokens + excluded.cloud_tokens, "
+        "total_tokens = total_tokens + excluded.total_tokens, requests = requests + 1",
+        rows,
+    )
+    conn.execute("COMMIT")

@@ -23,9 +23,7 @@ from sdk.protocol.openai_schema import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionRequest,
-    ChatResponseMessage,
     DeltaMessage,
-    tool_call_deltas,
 )
 from sdk.protocol.tool_calls import ToolAnswers
 from sdk.protocol.tool_formats import tool_format_of
@@ -122,14 +120,7 @@ async def routed_completion(
         id=response_id,
         created=created,
         model=model,
-        choices=[
-            ChatChoice(
-                index=0,
-                message=ChatResponseMessage.answer(content, calls),
-                finish_reason="tool_calls" if calls else result.finish_reason,
-                stop_reason=result.stop_reason,
-            )
-        ],
+        choices=[ChatChoice.answer(0, content, calls, result.finish_reason, result.stop_reason)],
         usage=usage_of(result.routing, result.tiers),
         tandem=tandem_field(result.routing),
     )
@@ -176,13 +167,15 @@ async def _chunks(
     model: str,
     answers: ToolAnswers,
 ) -> AsyncIterator[TandemChatCompletionChunk]:
-    def chunk(delta: DeltaMessage, finish_reason=None, stop_reason=None, **extra) -> TandemChatCompletionChunk:
-        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason, stop_reason=stop_reason)
+    def chunk(choice: ChatChunkChoice, **extra) -> TandemChatCompletionChunk:
         return TandemChatCompletionChunk(id=response_id, created=created, model=model, choices=[choice], **extra)
+
+    def content_chunk(text: str) -> TandemChatCompletionChunk:
+        return chunk(ChatChunkChoice(index=0, delta=DeltaMessage(content=text)))
 
     tiers: list[str] = []  # the tier of each event released
     try:
-        yield chunk(DeltaMessage(role="assistant", content=""))  # OpenAI opens with the role
+        yield chunk(ChatChunkChoice.opening(0))
         event = first
         while True:
             if event is None:
@@ -191,21 +184,18 @@ async def _chunks(
                 routing = event.routing
                 rest, calls = answers.finish(0)
                 if rest:  # a call cut off part-way: its text is the answer
-                    yield chunk(DeltaMessage(content=rest))
-                if calls:
-                    yield chunk(DeltaMessage(tool_calls=tool_call_deltas(calls)))
-                yield chunk(
-                    DeltaMessage(),
-                    "tool_calls" if calls else event.finish_reason,
-                    event.stop_reason,  # collect() ignores the final event's text too
-                    usage=usage_of(routing, tiers),
-                    tandem=tandem_field(routing),
-                )
+                    yield content_chunk(rest)
+                # The finish always in a chunk of its own, with the usage and the routing (collect() ignores
+                # the final event's text too).
+                *call_choices, finish = ChatChunkChoice.ending(0, calls, event.finish_reason, event.stop_reason)
+                for choice in call_choices:
+                    yield chunk(choice)
+                yield chunk(finish, usage=usage_of(routing, tiers), tandem=tandem_field(routing))
                 return
             tiers.append(event.tier)
             content = answers.feed(0, event.text)
             if content:  # tokens whose text is held back (partial characters, a call being written) need no chunk
-                yield chunk(DeltaMessage(content=content))
+                yield content_chunk(content)
             event = await anext(events, None)
     finally:
         await events.aclose()  # a client that stops reading early cancels the generation

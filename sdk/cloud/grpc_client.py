@@ -134,12 +134,6 @@ class CloudClient(CloudBackend):
             await self._channel.close()
             self._channel = None
 
-    async def __aenter__(self) -> CloudClient:
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self.close()
-
     async def generate(
         self,
         prompt: Prompt,

@@ -151,12 +151,6 @@ class OpenAICloudClient(CloudBackend):
             await self._http.aclose()
             self._http = None
 
-    async def __aenter__(self) -> OpenAICloudClient:
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self.close()
-
     async def generate(
         self,
         prompt: Prompt,

@@ -18,10 +18,8 @@ from sdk.protocol.openai_schema import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatResponseMessage,
     DeltaMessage,
     Usage,
-    tool_call_deltas,
 )
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
@@ -83,15 +81,8 @@ def _response(
     choices = []
     for i, state in enumerate(states):
         content, calls = answers.read(state.text)
-        choices.append(
-            ChatChoice(
-                index=i,
-                message=ChatResponseMessage.answer(content, calls),
-                logprobs=chat_logprobs(state.events) if body.logprobs else None,
-                finish_reason="tool_calls" if calls else state.finish_reason,
-                stop_reason=state.stop_reason,
-            )
-        )
+        logprobs = chat_logprobs(state.events) if body.logprobs else None
+        choices.append(ChatChoice.answer(i, content, calls, state.finish_reason, state.stop_reason, logprobs))
     return ChatCompletionResponse(
         id=response_id,
         created=created,
@@ -141,16 +132,11 @@ def _chunks(
                     ]
                 )
             )
-        if calls:  # the calls, then the finish in a chunk of its own (as OpenAI streams them)
-            chunks.append(chunk([ChatChunkChoice(index=index, delta=DeltaMessage(tool_calls=tool_call_deltas(calls)))]))
-            chunks.append(chunk([ChatChunkChoice(index=index, delta=DeltaMessage(), finish_reason="tool_calls")]))
+        if calls:  # the calls, then the finish in a chunk of its own (stop_reason rides on the content chunk above)
+            chunks += [chunk([choice]) for choice in ChatChunkChoice.ending(index, calls, finish_reason)]
         return chunks
 
-    # OpenAI opens every choice with the assistant role and empty content.
-    prelude = [
-        chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
-        for i in range(body.num_choices)
-    ]
+    prelude = [chunk([ChatChunkChoice.opening(i)]) for i in range(body.num_choices)]
     prelude[0].tandem = ignored_extension(body)  # the ignored request fields, known from the start
     return sse_events(
         first,

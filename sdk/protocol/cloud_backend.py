@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, Self
 
 from sdk.protocol.engine import (
     ContextLengthError,
@@ -159,4 +159,11 @@ class CloudBackend(Protocol):
         """ "SERVING" when the tier can take calls (else another status name, or a CloudError)."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Close what the client opened (a channel, HTTP connections); `async with` closes it on leaving."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()

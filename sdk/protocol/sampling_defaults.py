@@ -19,15 +19,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import mmap
 import os
 import re
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sdk.protocol.engine import InvalidRequestError, SamplingParams
+from sdk.protocol.gguf_header import gguf_metadata
 from sdk.protocol.sampling_params import TUNABLES
 
 # The fields a tier may default, as SamplingParams declares them (logit_bias and min_tokens are the request's alone).
@@ -137,60 +136,6 @@ def _gguf_sampling(path: str) -> tuple[dict[str, float | int], dict[str, str]]:
         if value is not None:
             values[GGUF_KEYS[key]], sources[GGUF_KEYS[key]] = value, f"model: GGUF {key}"
     return values, sources
-
-
-# GGUF value types: scalar struct formats by type id; 8 is a string, 9 an array.
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
-def gguf_metadata(path: str, wanted: Mapping[str, Any] | set[str]) -> dict[str, Any]:
-    """The scalar values of the `wanted` keys of a GGUF file's header, read directly: the gguf
-    package's reader parses every array (a 49k-token vocabulary: ~2.5 s); this skips them, walking
-    a memory map by offsets (a file read per skipped string took ~0.25 s of the local tier's start)."""
-    found: dict[str, Any] = {}
-    with open(path, "rb") as handle:
-        if handle.read(4) != b"GGUF":
-            return found
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as header:
-            _version, _num_tensors, num_kv = struct.unpack_from("<IQQ", header, 4)
-            offset = 24
-            for _ in range(num_kv):
-                key, offset = _gguf_string(header, offset)
-                (value_type,) = struct.unpack_from("<I", header, offset)
-                offset += 4
-                if key in wanted and value_type in _GGUF_SCALARS:
-                    found[key] = struct.unpack_from("<" + _GGUF_SCALARS[value_type], header, offset)[0]
-                offset = _skip_gguf_value(header, offset, value_type)
-    return found
-
-
-def _gguf_string(header, offset: int) -> tuple[str, int]:
-    (length,) = struct.unpack_from("<Q", header, offset)
-    start = offset + 8
-    return bytes(header[start : start + length]).decode("utf-8", errors="replace"), start + length
-
-
-def _skip_gguf_value(header, offset: int, value_type: int) -> int:
-    """The offset just past a value of `value_type` that starts at `offset`."""
-    if value_type in _GGUF_SCALARS:
-        return offset + struct.calcsize("<" + _GGUF_SCALARS[value_type])
-    if value_type == _GGUF_STRING:
-        return offset + 8 + struct.unpack_from("<Q", header, offset)[0]
-    if value_type == _GGUF_ARRAY:
-        element_type, count = struct.unpack_from("<IQ", header, offset)
-        offset += 12
-        if element_type in _GGUF_SCALARS:
-            return offset + count * struct.calcsize("<" + _GGUF_SCALARS[element_type])
-        if element_type == _GGUF_STRING:
-            unpack = struct.Struct("<Q").unpack_from
-            for _ in range(count):
-                offset += 8 + unpack(header, offset)[0]
-            return offset
-        for _ in range(count):
-            offset = _skip_gguf_value(header, offset, element_type)
-        return offset
-    raise ValueError(f"unknown GGUF value type {value_type}")
 
 
 def _generation_config(path: str) -> tuple[dict[str, float | int], dict[str, str]]:

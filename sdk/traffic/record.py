@@ -20,7 +20,6 @@ else); older ones are looked up in the file.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sdk.sqlite_writer import SQLiteWriter
 from sdk.traffic import store
 from sdk.traffic.entry import TrafficEntry, entry_row
 
@@ -35,7 +35,7 @@ logger = logging.getLogger("tandem.traffic")
 
 OWNERS_KEPT = 100_000
 MAINTENANCE_EVERY_S = 3600.0
-_STOP = object()
+MAX_BATCH = 256  # items per batch (one transaction, its prompts embedded first) at most: a burst goes in several
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,17 @@ class TrafficRecord:
         self._embedder_factory = embedder_factory  # () -> Embedder-like; None: router.prompt_router.embeddings.Embedder
         self._embedder = None
         self._embed_failed = False
-        self._queue: queue.Queue = queue.Queue(maxsize=config.queue_size)
+        self._writer = SQLiteWriter(
+            "traffic",
+            self._write,
+            queue_size=config.queue_size,
+            max_batch=MAX_BATCH,
+            after_batch=self._maintain_when_due,
+        )
         self._owners: OrderedDict[str, tuple[str | None, str, bool]] = OrderedDict()
         self._owners_lock = threading.Lock()
         self._reader = None
         self._reader_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self.num_recorded = self.num_dropped = self.num_flagged = self.num_labels = 0  # since start, for /metrics
         self._dropped_lock = threading.Lock()
         self._dropped_unsaved = 0  # drops the file's counters do not have yet
@@ -93,10 +98,7 @@ class TrafficRecord:
         writer = store.connect(self.config.path)
         self._reader = store.connect(self.config.path)
         self._maintain(writer)
-        self._thread = threading.Thread(
-            target=self._write_loop, args=(writer,), name="tandem-traffic-writer", daemon=True
-        )
-        self._thread.start()
+        self._writer.start(writer)
         logger.info(
             "recording routed traffic to %s (text %s, retention %g days, at most %g MB)",
             self.config.path,
@@ -108,16 +110,10 @@ class TrafficRecord:
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until everything queued so far is written."""
-        done = threading.Event()
-        self._queue.put(done)
-        if not done.wait(timeout_s):
-            raise TimeoutError("the traffic writer did not catch up")
+        self._writer.flush(timeout_s)
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join(timeout=60)
-            self._thread = None
+        self._writer.close(timeout_s=60)
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -189,40 +185,15 @@ class TrafficRecord:
         return (owner, tier, False) if found else None
 
     def _put(self, item) -> None:
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:  # the writer is behind: serving never waits for it
+        if not self._writer.offer(item):  # the writer is behind: serving never waits for it
             with self._dropped_lock:
                 self.num_dropped += 1
                 self._dropped_unsaved += 1
 
     # ---------------------------------------------------------------- the writer thread
 
-    def _write_loop(self, conn) -> None:
-        try:
-            while True:
-                items = [self._queue.get()]
-                while len(items) < 256:
-                    try:
-                        items.append(self._queue.get_nowait())
-                    except queue.Empty:
-                        break
-                stop = any(item is _STOP for item in items)
-                self._write(conn, [i for i in items if i is not _STOP and not isinstance(i, threading.Event)])
-                for item in items:
-                    if isinstance(item, threading.Event):
-                        item.set()
-                if time.monotonic() - self._last_maintenance > MAINTENANCE_EVERY_S:
-                    self._maintain(conn)
-                if stop:
-                    return
-        finally:
-            conn.close()
-
     def _write(self, conn, items: list) -> None:
         """One transaction for a batch, applied in arrival order: a label may follow its request in the same batch."""
-        if not items:
-            return
         # Embedding happens before the transaction: the file stays unlocked meanwhile.
         rows = {
             id(item): self._row(item) for item in items if isinstance(item, TrafficEntry) and not item.flagged_private
@@ -278,6 +249,10 @@ class TrafficRecord:
             logger.exception("traffic record: cannot embed prompts; rows are stored without embeddings")
             self._embed_failed = True
             return None, None
+
+    def _maintain_when_due(self, conn) -> None:
+        if time.monotonic() - self._last_maintenance > MAINTENANCE_EVERY_S:
+            self._maintain(conn)
 
     def _maintain(self, conn) -> None:
         self._last_maintenance = time.monotonic()

@@ -67,3 +67,11 @@ def test_non_gguf_files_are_refused(tmp_path, content):
     (tmp_path / "bad.gguf").write_bytes(content)
     with pytest.raises(GGUFFormatError):
         model_fingerprint_for_gguf(tmp_path / "bad.gguf")
+
+
+def test_a_header_cut_inside_the_vocabulary_is_refused_where_it_ends():
+    header = open(default_model_path(), "rb").read(1 << 20)  # ~49k tokenizer strings: the header is longer
+    for length in (100_000, 500_001, len(header)):  # cut inside a string's length or inside its bytes
+        with pytest.raises(GGUFFormatError, match=r"truncated GGUF header at byte (\d+)") as refused:
+            gguf_header_layout(header[:length])
+        assert 24 < int(refused.value.args[0].rpartition(" ")[2]) <= length

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from confidence import probe_runtime
+from confidence import onnx_file
 from confidence.probe import (
     ConfidenceProbe,
     ProbeConfig,
@@ -105,14 +105,16 @@ def test_a_file_that_is_not_onnx_is_refused(tmp_path):
 
 
 def test_cuda_is_preferred_when_onnxruntime_offers_it(monkeypatch):
+    import onnxruntime
+
     monkeypatch.setattr(
-        probe_runtime.onnxruntime,
+        onnxruntime,
         "get_available_providers",
         lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"],
     )
-    assert probe_runtime.default_providers() == ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    monkeypatch.setattr(probe_runtime.onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
-    assert probe_runtime.default_providers() == ["CPUExecutionProvider"]
+    assert onnx_file.default_providers() == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert onnx_file.default_providers() == ["CPUExecutionProvider"]
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ capabilities are fields the cascade reads, and their failures carry a transport-
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import pytest
@@ -36,6 +37,20 @@ def test_both_clients_are_cloud_backends_with_their_capabilities_declared():
         for client in (CloudClient, OpenAICloudClient):
             own = inspect.signature(getattr(client, method)).parameters
             assert set(declared) - {"self"} <= set(own), (client.__name__, method)  # callable as declared
+
+
+def test_leaving_async_with_closes_what_each_client_opened():
+    async def open_in_async_with(client, transport):
+        async with client as entered:
+            assert entered is client
+            opened = transport(client)  # opened on first use, as a call would
+        return opened
+
+    grpc_client, http_client = CloudClient("localhost:1"), OpenAICloudClient("http://localhost:1/v1")
+    assert asyncio.run(open_in_async_with(grpc_client, lambda client: client.channel)) is not None
+    assert grpc_client._channel is None  # closed, and opened again by the next call
+    http = asyncio.run(open_in_async_with(http_client, lambda client: client.http))
+    assert http.is_closed and http_client._http is None
 
 
 def test_a_backend_that_cannot_continue_is_refused_for_continue_handoff():

@@ -105,6 +105,11 @@ class ChatResponseMessage(_Response):
         return cls(content=content)
 
 
+def _answer_finish_reason(calls, finish_reason: str | None) -> str | None:
+    """An answer that calls tools finishes with "tool_calls", whatever stopped its generation."""
+    return "tool_calls" if calls else finish_reason
+
+
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
@@ -113,6 +118,25 @@ class ChatChoice(BaseModel):
     stop_reason: str | None = (
         None  # vLLM's field; tandem: "repetition" when a loop was stopped (finish_reason "length"), "closed_within_max_tokens" when a structured answer took its closing path ("stop")
     )
+
+    @classmethod
+    def answer(
+        cls,
+        index: int,
+        content: str,
+        calls,
+        finish_reason: str | None,
+        stop_reason: str | None = None,
+        logprobs: ChatLogprobs | None = None,
+    ) -> ChatChoice:
+        """The choice for an answer read by sdk.protocol.tool_calls.ToolAnswers (its content and calls)."""
+        return cls(
+            index=index,
+            message=ChatResponseMessage.answer(content, calls),
+            logprobs=logprobs,
+            finish_reason=_answer_finish_reason(calls, finish_reason),
+            stop_reason=stop_reason,
+        )
 
 
 class _WithTandem(_Response):
@@ -148,6 +172,27 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: str | None = None  # on the chunk with finish_reason, as ChatChoice's
+
+    @classmethod
+    def opening(cls, index: int) -> ChatChunkChoice:
+        """OpenAI opens every streamed choice with the assistant role and empty content."""
+        return cls(index=index, delta=DeltaMessage(role="assistant", content=""))
+
+    @classmethod
+    def ending(
+        cls, index: int, calls, finish_reason: str | None, stop_reason: str | None = None
+    ) -> list[ChatChunkChoice]:
+        """What ends a streamed choice after its content: the calls, each whole, then the finish in a
+        choice of its own (as OpenAI streams them); without calls, the finish alone."""
+        finish = cls(
+            index=index,
+            delta=DeltaMessage(),
+            finish_reason=_answer_finish_reason(calls, finish_reason),
+            stop_reason=stop_reason,
+        )
+        if not calls:
+            return [finish]
+        return [cls(index=index, delta=DeltaMessage(tool_calls=tool_call_deltas(calls))), finish]
 
 
 class ChatCompletionChunk(_WithTandem):
