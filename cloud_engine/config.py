@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from cloud_engine.spec_decode.config import SpeculativeConfig
 from sdk.protocol.config_fields import at_least, setting
-from sdk.protocol.sampling_defaults import check_sampling_config
+from sdk.engine_common.sampling_defaults import check_sampling_config
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")  # cloud_engine.kernels.BACKENDS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -71,7 +71,7 @@ class CloudEngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off unless asked for
     sampling: dict = field(
         default_factory=dict
-    )  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
+    )  # defaults for fields a request leaves out (sdk.engine_common.sampling_defaults)
     close_within_max_tokens: bool = setting(  # for requests that leave it unset (sdk.engine_common.grammar_closing)
         True,
         "The cloud engine's (tandem serve's embedded tier, tandem cloud serve): a structured answer about to reach "

@@ -40,7 +40,7 @@ from sdk.protocol.engine import (
 from sdk.engine_common.detokenize import detokenize
 from sdk.engine_common.grammar import GrammarMasks
 from sdk.protocol.request_status import RequestStatus
-from sdk.protocol.sampling_defaults import resolve_sampling_defaults
+from sdk.engine_common.sampling_defaults import resolve_sampling_defaults
 from sdk.engine_common.token_events import check_stop, make_token_event
 from sdk.protocol.vocabulary import vocabulary_fingerprint
 

@@ -7,7 +7,7 @@ data) and the last MiB of the file. The header alone pins architecture, tokenize
 quantization and shapes; the two data samples tell apart fine-tunes or requantizations
 that share a header. Cost: the header (a few MiB with a large vocabulary) plus 2 MiB of
 reads through mmap, milliseconds even for a multi-GB file. Hashing the whole file would
-be exact but takes seconds per GB on a phone. The header is parsed by sdk.protocol.gguf_header
+be exact but takes seconds per GB on a phone. The header is parsed by sdk.engine_common.gguf_header
 (stdlib only), so the on-device side needs no `gguf` package."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import mmap
 import os
 import struct
 
-from sdk.protocol.gguf_header import (
+from sdk.engine_common.gguf_header import (
     GGUF_MAGIC,
     UINT32_TYPE,
     GGUFFormatError,

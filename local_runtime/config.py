@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from local_runtime.prefill_weights import PREFILL_WEIGHTS
 from sdk.protocol.config_fields import at_least, one_of, setting
-from sdk.protocol.sampling_defaults import check_sampling_config
+from sdk.engine_common.sampling_defaults import check_sampling_config
 
 KV_LAYOUTS = ("auto", "streams", "unified")
 # The context limit when the model's own is larger: long enough for chat, and one such request
@@ -152,7 +152,7 @@ class LocalEngineConfig:
     )
     sampling: dict = field(
         default_factory=dict
-    )  # defaults for fields a request leaves out (sdk.protocol.sampling_defaults)
+    )  # defaults for fields a request leaves out (sdk.engine_common.sampling_defaults)
 
     def __post_init__(self) -> None:
         if self.cache_finished_prompts is None:

@@ -31,7 +31,7 @@ from sdk.protocol.engine import (
     validate_generation_request,
 )
 from sdk.engine_common.model_files import model_name_for, resolve_model_path
-from sdk.protocol.sampling_defaults import resolve_sampling_defaults
+from sdk.engine_common.sampling_defaults import resolve_sampling_defaults
 from sdk.engine_common.token_events import check_stop, make_token_event
 from sdk.engine_common.detokenize import detokenize
 from sdk.protocol.vocabulary import vocabulary_fingerprint

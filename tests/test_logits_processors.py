@@ -19,7 +19,7 @@ from cloud_engine.sampler import sample_batch as cloud_sample_batch
 from local_runtime import logits_processors as local
 from local_runtime.sampler import sample_batch as local_sample_batch
 from sdk.protocol.engine import SamplingParams
-from sdk.protocol.sampling_defaults import OPENAI_SAMPLING
+from sdk.engine_common.sampling_defaults import OPENAI_SAMPLING
 
 VOCAB = 64
 END_IDS = [2, 3]

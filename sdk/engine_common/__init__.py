@@ -5,7 +5,8 @@
   (stop strings, the text released so far, loops stopped by `repetition`);
 - `grammar`, `grammar_closing`, `json_scan`: constrained decoding (llguidance masks, the closing
   path within max_tokens, a JSON object's keys);
-- `chat_template`: chat messages rendered to a prompt; `model_files`: finding a model file.
+- `chat_template`: chat messages rendered to a prompt; `model_files`: finding a model file;
+  `gguf_header`: a GGUF file's metadata; `sampling_defaults`: the defaults a model file names.
 
 The engines (local_runtime, cloud_engine) and the routing packages (router, confidence) may import
 it; it imports only sdk.protocol (tests/test_layering.py).

@@ -25,7 +25,7 @@ from sdk.protocol.engine import (
     GenerationRequest,
     TokenEvent,
 )
-from sdk.protocol.sampling_defaults import SamplingDefaults
+from sdk.engine_common.sampling_defaults import SamplingDefaults
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from sdk.protocol.sampling_params import (  # noqa: F401
 )
 
 if TYPE_CHECKING:
-    from sdk.protocol.sampling_defaults import SamplingDefaults
+    from sdk.engine_common.sampling_defaults import SamplingDefaults
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A field a tier may default (temperature, top_p, ...) is declared once, on its Sa
 with `tunable(...)`: its range, the value that turns it off (OpenAI's default for OpenAI's own
 fields), where a model file declares its default, what it does. Everything else is derived from
 `TUNABLES`: the OpenAI request schema's field (sdk.protocol.openai_schema), the tier defaults and
-their last resort (sdk.protocol.sampling_defaults), the [local.sampling] / [cloud.sampling] settings
+their last resort (sdk.engine_common.sampling_defaults), the [local.sampling] / [cloud.sampling] settings
 and their flags (sdk.settings), the tandem.v1 conversion (sdk.protocol.wire, sdk.serving.grpc.convert)
 and the OpenAI-HTTP body (sdk.cloud.openai_wire). What stays hand-written is the .proto's field
 and what the two samplers do with the value (local_runtime/ and cloud_engine/ sampler and logits
@@ -104,7 +104,7 @@ class SamplingParams:
 
     max_tokens: int = 16  # upper bound on generated tokens
     # Tunables. None: unset, so the engine that runs the request fills in its tier's default for the
-    # model (sdk.protocol.sampling_defaults); engines sample only with resolved values.
+    # model (sdk.engine_common.sampling_defaults); engines sample only with resolved values.
     temperature: float | None = tunable(
         doc="Softmax temperature (0: greedy)",
         off=1.0,
@@ -225,7 +225,7 @@ class SamplingParams:
         if not self.is_resolved:
             raise ValueError(
                 "sampling with unset fields: the engine must fill in its defaults first "
-                "(sdk.protocol.sampling_defaults.SamplingDefaults.apply)"
+                "(sdk.engine_common.sampling_defaults.SamplingDefaults.apply)"
             )
         return self.temperature == 0.0 or self.top_k == 1
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from local_runtime.config import LocalEngineConfig
     from sdk.cascade.config import CascadeConfig
     from sdk.openai_server.app_config import AppConfig
-    from sdk.protocol.sampling_defaults import SamplingDefaults
+    from sdk.engine_common.sampling_defaults import SamplingDefaults
     from sdk.traffic.config import TrafficSettings
 
 __all__ = ["Settings", "load_settings", "settings_from_mapping"]
@@ -88,7 +88,7 @@ class Settings:
         """What the tier fills in for sampling fields a request leaves out, with each value's source
         (the model file's header is read; nothing is loaded). None for a remote cloud: it decides."""
         from sdk.engine_common.model_files import resolve_model_path
-        from sdk.protocol.sampling_defaults import resolve_sampling_defaults
+        from sdk.engine_common.sampling_defaults import resolve_sampling_defaults
 
         if tier == "local":
             model = resolve_model_path(self.get("local.model"))

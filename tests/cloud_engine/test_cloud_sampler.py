@@ -11,7 +11,7 @@ import torch
 from cloud_engine.sampler import make_generator, sample_batch
 from local_runtime.sampler import sample_batch as local_sample_batch
 from sdk.protocol.engine import SamplingParams
-from sdk.protocol.sampling_defaults import OPENAI_SAMPLING
+from sdk.engine_common.sampling_defaults import OPENAI_SAMPLING
 
 
 def resolved_params(**fields) -> SamplingParams:

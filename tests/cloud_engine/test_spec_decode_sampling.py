@@ -13,7 +13,7 @@ from cloud_engine.sampler import processed_probs
 from cloud_engine.spec_decode import SpeculativeConfig
 from cloud_engine.spec_decode.rejection import verify_draft
 from sdk.protocol.engine import SamplingParams
-from sdk.protocol.sampling_defaults import OPENAI_SAMPLING
+from sdk.engine_common.sampling_defaults import OPENAI_SAMPLING
 from tests.cloud_engine.test_spec_decode_greedy import build_varied_model, make_llm
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from local_runtime.sampler import _truncate, sample_batch
 from sdk.protocol.engine import SamplingParams
-from sdk.protocol.sampling_defaults import OPENAI_SAMPLING
+from sdk.engine_common.sampling_defaults import OPENAI_SAMPLING
 
 
 def resolved_params(**fields) -> SamplingParams:

@@ -1,4 +1,4 @@
-"""Per-model sampling defaults (sdk.protocol.sampling_defaults): the resolution order, what the
+"""Per-model sampling defaults (sdk.engine_common.sampling_defaults): the resolution order, what the
 model files declare, and unset fields surviving the wire to the tier that resolves them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sdk.protocol.engine import SamplingParams
 from sdk.protocol.wire.messages import request_message
 from sdk.engine_common.model_files import default_model_path
 from sdk.protocol.openai_schema import ChatCompletionRequest
-from sdk.protocol.sampling_defaults import (
+from sdk.engine_common.sampling_defaults import (
     OPENAI_SAMPLING,
     check_sampling_config,
     model_sampling_metadata,

@@ -12,7 +12,7 @@ from sdk.serving.grpc.convert import sampling_params as params_from_proto
 from sdk.cloud.openai_wire import request_body
 from sdk.protocol.engine import InvalidRequestError, SamplingParams
 from sdk.protocol.openai_schema import ChatCompletionRequest
-from sdk.protocol.sampling_defaults import GGUF_KEYS, LAST_RESORT_SOURCES, OPENAI_DEFAULTS, SAMPLING_FIELDS
+from sdk.engine_common.sampling_defaults import GGUF_KEYS, LAST_RESORT_SOURCES, OPENAI_DEFAULTS, SAMPLING_FIELDS
 from sdk.protocol.sampling_params import TUNABLES
 from sdk.protocol.wire import tandem_pb2 as pb
 from sdk.protocol.wire.messages import sampling_message

@@ -1,5 +1,5 @@
 """A GGUF file's header read directly, with the standard library only: the sampling defaults a
-model declares (sdk.protocol.sampling_defaults) and the model fingerprint a probe is tied to
+model declares (sdk.engine_common.sampling_defaults) and the model fingerprint a probe is tied to
 (confidence.gguf_fingerprint) both come from it, and neither the device tier nor the engines
 need the gguf package for them (its reader parses every array: a 49k-token vocabulary, ~2.5 s).
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdk.protocol.engine import InvalidRequestError, SamplingParams
-from sdk.protocol.gguf_header import gguf_metadata
+from sdk.engine_common.gguf_header import gguf_metadata
 from sdk.protocol.sampling_params import TUNABLES
 
 # The fields a tier may default, as SamplingParams declares them (logit_bias and min_tokens are the request's alone).
