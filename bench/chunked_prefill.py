@@ -92,8 +92,8 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="only checks that the bench works (4 steady requests of 12 tokens, one 96-token long prompt over a 64-token "
-        "budget, 1 repetition): figures meaningless",
+        help="only checks that the bench works (4 steady requests of 12 tokens, one 96-token long prompt over a "
+        "64-token budget, 1 repetition): figures meaningless",
     )
     parser.add_argument("--device", default="auto")
     parser.add_argument(

@@ -324,7 +324,8 @@ def format_table(result: dict) -> str:
     for name, row in sorted(result["signals"].items(), key=lambda kv: -kv[1]["heldout_auroc"]):
         lines.append(f"{name:<24}{row['orientation']:>11}{row['train_auroc']:>13.3f}{row['heldout_auroc']:>16.3f}")
     lines.append(
-        f"{'probe (ONNX, ' + result['probe']['kind'] + ')':<24}{'higher':>11}{'':>13}{result['probe']['heldout_auroc']:>16.3f}"
+        f"{'probe (ONNX, ' + result['probe']['kind'] + ')':<24}{'higher':>11}{'':>13}"
+        f"{result['probe']['heldout_auroc']:>16.3f}"
     )
     lines += [
         "",
@@ -374,7 +375,8 @@ def main() -> None:
         "model": "embedded SmolLM2-135M-Instruct (GGUF Q4_1), local_runtime.AsyncLocalEngine",
         "workload": f"{n} generated arithmetic questions (seed {args.seed}), {len(LEVELS)} difficulty levels in "
         f"equal shares; greedy, max_tokens {MAX_TOKENS}, {TOP_LOGPROBS} top logprobs; label = the reply's "
-        f"answer (number after its first '=', else its first integer) equals the true one; stratified split holding out {HOLDOUT_FRACTION:.0%}",
+        f"answer (number after its first '=', else its first integer) equals the true one; stratified split "
+        f"holding out {HOLDOUT_FRACTION:.0%}",
         "generation": {"seconds": answers.seconds, "output_tokens": answers.num_output_tokens},
         "prefill_weights": {"setting": args.prefill_weights, "in_effect": prefill_kind},
         **result,

@@ -83,7 +83,8 @@ def main() -> None:
     report = {
         **header,
         "quick": args.quick,
-        "baseline": "sentence-transformers encode(normalize_embeddings=True) on the same weights, CPU, same thread count, run in turn",
+        "baseline": "sentence-transformers encode(normalize_embeddings=True) on the same weights, CPU, same thread "
+        "count, run in turn",
         "threads": threads,
         "num_texts": len(texts),
         "tokens_mean": float(np.mean(ours.count_tokens(texts))),

@@ -181,7 +181,8 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="only checks that the bench works (4 requests, prompts 16-32 tokens, 8 output tokens, one run each): figures meaningless",
+        help="only checks that the bench works (4 requests, prompts 16-32 tokens, 8 output tokens, one run each): "
+        "figures meaningless",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument(
@@ -219,7 +220,8 @@ def main() -> None:
         lambda sampling, min_tokens, llm=llm: run_tandem(llm, batch, sampling, min_tokens)["output_tokens_per_s"]
     )
     print(
-        f"penalties on/off at B=32: {penalties['ratio_median']:.3f} (spread of off runs {penalties['off_run_spread']:.3f})",
+        f"penalties on/off at B=32: {penalties['ratio_median']:.3f} "
+        f"(spread of off runs {penalties['off_run_spread']:.3f})",
         flush=True,
     )
     config = {
@@ -255,9 +257,11 @@ def main() -> None:
         "machine": machine_info(),
         "model": describe_model(model_path),
         "config": config,
-        "workload": f"{num_requests} requests, seed 0, prompts 16-{max_prompt} tokens, outputs 8-{max_output} tokens, greedy, EOS ignored",
+        "workload": f"{num_requests} requests, seed 0, prompts 16-{max_prompt} tokens, outputs 8-{max_output} tokens, "
+        "greedy, EOS ignored",
         "baselines": {
-            "hf_static": f"transformers generate, left-padded static batches of {STATIC_BATCH} in arrival order, each batch runs to its longest output",
+            "hf_static": f"transformers generate, left-padded static batches of {STATIC_BATCH} in arrival order, "
+            "each batch runs to its longest output",
             "hf_sequential": "transformers generate, one request at a time",
         },
         "results": results,

@@ -246,7 +246,10 @@ def footprint(distribution: str, module: str) -> dict:
     import importlib.metadata
     import subprocess
 
-    probe = f"import sys, time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t, 'torch' in sys.modules)"
+    probe = (
+        f"import sys, time; t = time.perf_counter(); import {module}; "
+        "print(time.perf_counter() - t, 'torch' in sys.modules)"
+    )
     seconds, torch_loaded = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.split()

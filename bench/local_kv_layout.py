@@ -109,7 +109,8 @@ def measure(repeats: int, prompts_at: dict[int, int], clients: tuple[int, ...]) 
                 print(
                     f"repetition {rep + 1}/{repeats} c={c}: "
                     + ", ".join(
-                        f"{name} {r['output_tokens_per_s']:.1f} tok/s, decode step {r['decode_step_ms_p50'] or 0:.1f} ms"
+                        f"{name} {r['output_tokens_per_s']:.1f} tok/s, "
+                        f"decode step {r['decode_step_ms_p50'] or 0:.1f} ms"
                         for name, r in result.items()
                     ),
                     flush=True,

@@ -244,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"repetition {rep + 1}/{repeats}: "
                 + ", ".join(
-                    f"{n}: {samples[n]['engine'][-1]:.0f}/{samples[n]['engine_own_weights'][-1]:.0f}/{samples[n]['llama_server'][-1]:.0f} ms"
+                    f"{n}: {samples[n]['engine'][-1]:.0f}/{samples[n]['engine_own_weights'][-1]:.0f}/"
+                    f"{samples[n]['llama_server'][-1]:.0f} ms"
                     for n in lengths
                 )
             )

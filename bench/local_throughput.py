@@ -223,7 +223,8 @@ def main() -> None:
         repeats=1 if args.smoke else 3,
     )
     print(
-        f"penalties on/off at c=8: {penalties['ratio_median']:.3f} (spread of off runs {penalties['off_run_spread']:.3f})",
+        f"penalties on/off at c=8: {penalties['ratio_median']:.3f} "
+        f"(spread of off runs {penalties['off_run_spread']:.3f})",
         flush=True,
     )
     engine.shutdown()
@@ -247,8 +248,8 @@ def main() -> None:
             "flash_attn": config.flash_attn,
             "batch_invariant": config.batch_invariant,
         },
-        "workload": f"greedy, ignore_eos; prompts 16-64 tokens, outputs {output_range[0]}-{output_range[1]} tokens; c clients back to back, "
-        f"{requests_per_client} request(s) each (at least 4 requests per level)",
+        "workload": f"greedy, ignore_eos; prompts 16-64 tokens, outputs {output_range[0]}-{output_range[1]} tokens; "
+        f"c clients back to back, {requests_per_client} request(s) each (at least 4 requests per level)",
         "baselines": {
             "sequential": "llama-cpp-python high-level Llama.generate, one request after another",
             "ceiling": "the same prompts and output tokens through raw batched llama_decode + argmax, "

@@ -86,12 +86,14 @@ _CONTAINERS = (("bags", "bag"), ("boxes", "box"), ("jars", "jar"), ("baskets", "
 # Worked examples: (question, answer); their items are not in _ITEMS.
 _WORKED = (
     (
-        "Ben has 4 boxes with 3 blue buttons in each box. Ben finds 5 more blue buttons. How many blue buttons does Ben have now? Show your working.",
+        "Ben has 4 boxes with 3 blue buttons in each box. Ben finds 5 more blue buttons. "
+        "How many blue buttons does Ben have now? Show your working.",
         "Ben has 4 boxes with 3 blue buttons in each box, so he has 4 x 3 = 12 blue buttons in the boxes.\n"
         "He finds 5 more blue buttons, so he has 12 + 5 = 17 blue buttons now.\nThe answer is 17.",
     ),
     (
-        "Mia has 2 jars with 5 red beads in each jar. Mia gets 3 more red beads. How many red beads does Mia have now? Show your working.",
+        "Mia has 2 jars with 5 red beads in each jar. Mia gets 3 more red beads. "
+        "How many red beads does Mia have now? Show your working.",
         "Mia has 2 jars with 5 red beads in each jar, so she has 2 x 5 = 10 red beads in the jars.\n"
         "She gets 3 more red beads, so she has 10 + 3 = 13 red beads now.\nThe answer is 13.",
     ),

@@ -66,7 +66,8 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help=f"only checks that the bench works (2 requests, a {SMOKE_SYSTEM_TOKENS}-token system prompt): figures meaningless",
+        help=f"only checks that the bench works (2 requests, a {SMOKE_SYSTEM_TOKENS}-token system prompt): "
+        "figures meaningless",
     )
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()

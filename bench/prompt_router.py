@@ -69,7 +69,8 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help=f"only checks that the bench works ({SMOKE_EXAMPLES} table rows, {SMOKE_PROMPTS} prompts): figures meaningless",
+        help=f"only checks that the bench works ({SMOKE_EXAMPLES} table rows, {SMOKE_PROMPTS} prompts): "
+        "figures meaningless",
     )
     args = parser.parse_args()
 

@@ -256,7 +256,8 @@ def main() -> None:
     report = {
         **header,
         "quick": args.quick,
-        "baseline": "prompt length on the same rows (zero-shot, locked); the cold router on the same unseen rows (simulation)",
+        "baseline": "prompt length on the same rows (zero-shot, locked); "
+        "the cold router on the same unseen rows (simulation)",
         "locked_subjects": sorted({e.source for e in locked}),
         "design_subjects": sorted({e.source for e in design}),
         "defective_tables": DEFECTIVE_TABLES,

@@ -178,8 +178,10 @@ def unseen_mmlu(table: LoadedTable, folds: int = FOLDS, seeds=SEEDS, num_random_
         "num_random_seeds": num_random_seeds,
         "folds": folds,
         "seeds": list(seeds),
-        "recipe": "router.prompt_router.training.shape_heldout_scorer: ridge per tier on the prompt shape, score = predicted gain",
-        "curve": "mean over (seed, fold) of each fold's decile curve; APGR of the fold-mean curve per seed, averaged over seeds; AUC/CPT fold means",
+        "recipe": "router.prompt_router.training.shape_heldout_scorer: ridge per tier on the prompt shape, "
+        "score = predicted gain",
+        "curve": "mean over (seed, fold) of each fold's decile curve; APGR of the fold-mean curve per seed, "
+        "averaged over seeds; AUC/CPT fold means",
         "routers": routers,
     }
 
@@ -210,7 +212,8 @@ def arithmetic(
         "num_prompts": int(weak.size),
         "num_dropped_contaminated": 0,
         "sources": [
-            f"confidence.arithmetic_task.generate_items({len(answers.items)}, seed={seed}), held out {holdout_fraction:.0%}"
+            f"confidence.arithmetic_task.generate_items({len(answers.items)}, seed={seed}), "
+            f"held out {holdout_fraction:.0%}"
         ],
         "weak_acc": outcomes.weak_acc,
         "strong_acc": outcomes.strong_acc,
@@ -290,7 +293,8 @@ def build(
     report = {
         **report_header("routing", smoke=smoke),
         "quick": quick,
-        "baseline": "random router: APGR 0.5 in expectation (tandem eval's random router, measured under each section's routers.random)",
+        "baseline": "random router: APGR 0.5 in expectation "
+        "(tandem eval's random router, measured under each section's routers.random)",
         "random_apgr": 0.5,
         "prompt_router_apgr_unseen_mmlu": routers["prompt_router"]["apgr"],
         "prompt_router_cpt50_unseen_mmlu": routers["prompt_router"]["cpt"]["50%"],

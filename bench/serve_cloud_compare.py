@@ -197,7 +197,8 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
             }
             for s in pool
         },
-        # Each server's greedy answer to one question, before timing: a fast server that answers nonsense is no baseline.
+        # Each server's greedy answer to one question, before timing: a fast server that answers
+        # nonsense is no baseline.
         "sanity_question": SANITY_QUESTION,
         "sanity_answers": answers,
         "failed_requests": sum(m["failed"] for by_server in runs.values() for reps in by_server.values() for m in reps),

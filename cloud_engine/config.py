@@ -97,7 +97,8 @@ class CloudEngineConfig:
             (self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
             (
                 self.max_num_batched_tokens >= self.max_num_seqs,
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) so every running request can decode each step",
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every running request can decode each step",
             ),
             (
                 self.max_model_len is None or self.max_model_len >= 1,
@@ -122,7 +123,8 @@ class CloudEngineConfig:
             (
                 self.step_time_max_ms is None
                 or (self.step_time_target_ms is not None and self.step_time_max_ms >= self.step_time_target_ms),
-                f"step_time_max_ms ({self.step_time_max_ms}) needs step_time_target_ms set and must be >= it (got {self.step_time_target_ms})",
+                f"step_time_max_ms ({self.step_time_max_ms}) needs step_time_target_ms set and must be >= it "
+                f"(got {self.step_time_target_ms})",
             ),
             (0.0 <= self.slow_step_share <= 1.0, f"slow_step_share must be in [0, 1], got {self.slow_step_share}"),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),

@@ -46,7 +46,8 @@ FEATURE_NAMES: tuple[str, ...] = (
     "window_min_mean_prob",  # lowest mean probability over any window of `window` tokens
     "window_mean_prob",  # mean probability of the last `window` tokens
     "mean_topk_mass",  # mean top-k alternative mass over tokens that carry alternatives
-    "repeated_ngram_fraction",  # share of recent n-grams repeating another (sdk.engine_common.repetition); grows as it loops
+    # share of recent n-grams repeating another (sdk.engine_common.repetition); grows as it loops
+    "repeated_ngram_fraction",
 )
 QUANTILE_FEATURE_NAMES = ("quantile_0.05", "quantile_0.1", "quantile_0.25")  # one per QUANTILE_LEVELS entry
 

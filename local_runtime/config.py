@@ -166,7 +166,8 @@ class LocalEngineConfig:
             (self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}"),
             (
                 self.max_num_batched_tokens >= self.max_num_seqs,
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}) so every running sequence can decode each step",
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every running sequence can decode each step",
             ),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
             (self.max_cached_prompts >= 0, f"max_cached_prompts must be >= 0, got {self.max_cached_prompts}"),
@@ -183,7 +184,8 @@ class LocalEngineConfig:
             (
                 not (self.extra_buffer_types and self.batch_invariant),
                 "extra_buffer_types needs batch_invariant off: llama.cpp's repacked kernels give a sequence other "
-                "logits depending on what shares its batch; set batch_invariant = false to trade that guarantee for them",
+                "logits depending on what shares its batch; set batch_invariant = false to trade that guarantee "
+                "for them",
             ),
             (self.n_threads is None or self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}"),
             (
@@ -205,8 +207,8 @@ class LocalEngineConfig:
             ),
             (
                 self.kv_layout != "streams" or self.cells_per_slot >= self.longest_sequence,
-                f"kv_layout 'streams' gives each of the {self.max_num_seqs} sequences {self.cells_per_slot} KV cells, fewer "
-                f"than max_model_len ({self.longest_sequence}): raise kv_cache_tokens to "
+                f"kv_layout 'streams' gives each of the {self.max_num_seqs} sequences {self.cells_per_slot} KV cells, "
+                f"fewer than max_model_len ({self.longest_sequence}): raise kv_cache_tokens to "
                 f"{self.max_num_seqs * self.longest_sequence}, lower max_model_len or max_num_seqs, or use 'unified'",
             ),
         ]

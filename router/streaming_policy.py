@@ -149,7 +149,8 @@ class StreamingPolicy:
                 confidence=self.confidence(),
                 decided_at_token=self.running.num_seen,
                 decided_by=self.name,
-                detail=f"the structured answer was cut off by max_tokens after {self.running.num_seen} tokens: it cannot parse",
+                detail=f"the structured answer was cut off by max_tokens after {self.running.num_seen} tokens: "
+                "it cannot parse",
             )
             return self._decision
         if (

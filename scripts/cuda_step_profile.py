@@ -1,4 +1,5 @@
-"""Where a decode step's time goes (scripts/cuda-check.sh runs it on a GPU): wall time per engine phase, cProfile, torch profiler.
+"""Where a decode step's time goes (scripts/cuda-check.sh runs it on a GPU): wall time per engine phase, \
+cProfile, torch profiler.
 
 python scripts/cuda_step_profile.py MODEL_DIR BATCH OUT.txt
 """
@@ -55,8 +56,10 @@ wall = time.perf_counter() - t
 phases = dict(timing)  # the measured run's alone: the profiled runs below add to the wrappers' dict
 steps = calls["execute(forward)"]  # counted, not assumed: how many steps the prefill takes depends on the budget
 lines = [
-    f"device {eng.device} dtype {eng.dtype} backend {eng.attention_backend} threads {torch.get_num_threads()} batch {batch}",
-    f"64 tokens x {batch}: {wall:.3f} s, {64 * batch / wall:.1f} tok/s, {wall / steps * 1000:.1f} ms per step ({steps} steps)",
+    f"device {eng.device} dtype {eng.dtype} backend {eng.attention_backend} "
+    f"threads {torch.get_num_threads()} batch {batch}",
+    f"64 tokens x {batch}: {wall:.3f} s, {64 * batch / wall:.1f} tok/s, "
+    f"{wall / steps * 1000:.1f} ms per step ({steps} steps)",
 ]
 lines += [f"  {k:18s} {v * 1000 / steps:8.2f} ms/step" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])]
 # Profiles without the sync wrappers' distortion beyond what they add (noted).

@@ -32,8 +32,8 @@ LOCKED_ONE_IN = 4  # a subject is locked when its hash is 0 mod this
 # Tables whose labels are not what they claim, left out of training and scoring alike. Found by
 # reading the design tables' accuracies (before any locked figure was computed), not by a score.
 DEFECTIVE_TABLES = {
-    "mmlu_high_school_mathematics": "GPT-4 is right on 3% and Mixtral on 32%: the strong column failed to parse GPT-4's "
-    "answers, so training on it teaches 'math needs the weak tier' (its gap is -0.29)",
+    "mmlu_high_school_mathematics": "GPT-4 is right on 3% and Mixtral on 32%: the strong column failed to parse "
+    "GPT-4's answers, so training on it teaches 'math needs the weak tier' (its gap is -0.29)",
 }
 
 

@@ -40,9 +40,9 @@ class Breach:
     def describe(self) -> str:
         if self.wanted:
             return (
-                f"{self.scope} budget {self.limit.name} cannot hold this request's largest cloud cost ({self.wanted:.4f} USD: "
-                f"{self.spent:.4f} spent and {self.held:.4f} held by requests in flight, of {self.limit.value:g} this "
-                f"{self.limit.period}, UTC)"
+                f"{self.scope} budget {self.limit.name} cannot hold this request's largest cloud cost "
+                f"({self.wanted:.4f} USD: {self.spent:.4f} spent and {self.held:.4f} held by requests in flight, "
+                f"of {self.limit.value:g} this {self.limit.period}, UTC)"
             )
         what = (
             f"{self.spent:.4f} USD of {self.limit.value:g}"
@@ -80,7 +80,8 @@ class BudgetExhaustedError(QuotaExceededError):
         self.verdict = verdict
         super().__init__(
             "; ".join(breach.describe() for breach in verdict.hard) + ": the cloud tier takes no more requests "
-            "from this key until the period ends (GET /v1/budget says what is left); model auto still answers on the device"
+            "from this key until the period ends (GET /v1/budget says what is left); "
+            "model auto still answers on the device"
         )
 
 
@@ -254,8 +255,8 @@ def require_prices(config: BudgetConfig, prices_are_zero: bool) -> BudgetConfig:
     if config.uses_usd and prices_are_zero:
         raise BudgetConfigError(
             f"{config.source} sets USD budgets, but the cloud tier's prices are 0, so every request costs 0 USD and "
-            "no USD budget could ever be reached: set [cascade.prices] cloud (tandem serve) or --price-input-per-million / "
-            "--price-output-per-million (tandem cloud serve), or budget by cloud_share"
+            "no USD budget could ever be reached: set [cascade.prices] cloud (tandem serve) or "
+            "--price-input-per-million / --price-output-per-million (tandem cloud serve), or budget by cloud_share"
         )
     return config
 
@@ -269,8 +270,9 @@ def require_usd_only(config: BudgetConfig) -> BudgetConfig:
         shares = [limit.name for limit in limits.limits if limit.kind == "cloud_share"]
         if shares:
             raise BudgetConfigError(
-                f"{config.source} {where} sets {', '.join(shares)}: tandem cloud serve answers every request on the cloud, "
-                "so its cloud share is always 1; budget it in USD (cloud_share limits are for tandem serve's cascade)"
+                f"{config.source} {where} sets {', '.join(shares)}: tandem cloud serve answers every request "
+                "on the cloud, so its cloud share is always 1; budget it in USD "
+                "(cloud_share limits are for tandem serve's cascade)"
             )
     return config
 

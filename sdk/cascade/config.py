@@ -36,8 +36,8 @@ class CascadeConfig:
     )
     handoff: str = setting(
         "restart",
-        "restart (cloud answers anew) or continue (after the local prefix: a tandem gRPC cloud, or a vLLM cloud sharing "
-        "the local vocabulary; elsewhere the local answer stands).",
+        "restart (cloud answers anew) or continue (after the local prefix: a tandem gRPC cloud, or a vLLM cloud "
+        "sharing the local vocabulary; elsewhere the local answer stands).",
         check=one_of(*(m.value for m in HandoffMode)),
     )
     # Streamed answers, restart mode: local tokens held back before the answer is committed local and

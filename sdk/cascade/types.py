@@ -16,9 +16,8 @@ class RoutingInfo:
     decided_at_token: int | None = None  # local tokens generated when decided; None before generation
     handoff: str | None = None  # "restart" / "continue" for escalations after local tokens
     degraded: bool = False  # the cloud should have answered but could not: the local tier did
-    degraded_reason: str | None = (
-        None  # cloud_unavailable, cloud_first_token_timeout, cloud_stall_timeout, cloud_deadline, cloud_auth, circuit_open, ...
-    )
+    # cloud_unavailable, cloud_first_token_timeout, cloud_stall_timeout, cloud_deadline, cloud_auth, circuit_open, ...
+    degraded_reason: str | None = None
     privacy_reasons: tuple[str, ...] = ()  # rules (or "private_flag") that kept the request local
     num_redactions: int = 0  # spans replaced by placeholders before escalating
     decided_by: str = ""  # the policy that decided

@@ -164,7 +164,8 @@ def calibrate_command(
     from_traffic: str | None = typer.Option(
         None,
         "--from-traffic",
-        help="Calibrate on a traffic record of `tandem serve` ([traffic] record): its requests with both tiers judged; routers column:router_score (with --higher-means cloud) or column:confidence.",
+        help="Calibrate on a traffic record of `tandem serve` ([traffic] record): its requests with both tiers "
+        "judged; routers column:router_score (with --higher-means cloud) or column:confidence.",
     ),
     router: str = typer.Option(
         ..., "--router", help="column:NAME or scores:FILE.csv (random and oracle have no deployable threshold)."
@@ -195,7 +196,8 @@ def calibrate_command(
     setting: ThresholdSetting | None = typer.Option(
         None,
         "--setting",
-        help="The [cascade] key to write; default: prompt_router_threshold for scores that favour the cloud (the prompt router's: a scores file, or --higher-means cloud), else threshold.",
+        help="The [cascade] key to write; default: prompt_router_threshold for scores that favour the cloud "
+        "(the prompt router's: a scores file, or --higher-means cloud), else threshold.",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the threshold and what it gives; write nothing."),
     prompt_tokens: float | None = typer.Option(
@@ -257,7 +259,8 @@ def calibrate_command(
         raise _fail(exc) from exc
     strong = point.quality / point.quality_of_strong if point.quality_of_strong else float("nan")
     typer.echo(
-        f"threshold {point.threshold:.6g} on {len(table.examples)} prompts ({table.num_dropped_contaminated} contaminated dropped):"
+        f"threshold {point.threshold:.6g} on {len(table.examples)} prompts "
+        f"({table.num_dropped_contaminated} contaminated dropped):"
     )
     typer.echo(f"  cloud share {point.cloud_share:.1%}")
     typer.echo(f"  quality     {point.quality:.4f} ({point.quality_of_strong:.1%} of strong's {strong:.4f})")

@@ -65,7 +65,8 @@ def _topic_rows(examples: list):
 
 
 def _locked(data_dir: str) -> list | None:
-    """RouteLLM's locked test subjects, to score the new router on, when --data did not load them; None without the data."""
+    """RouteLLM's locked test subjects, to score the new router on, when --data did not load them; \
+None without the data."""
     from router.eval_tables import TableError, load_routellm
     from router.prompt_router.locked_split import locked_examples
 
@@ -81,17 +82,22 @@ def train(
     data: list[str] | None = typer.Option(
         None,
         "--data",
-        help="`routellm` (RouteLLM's GSM8K + MMLU tables, less the locked test subjects), a labelled table file (.csv/.jsonl) in RouteLLM's or tandem's format, or `none`; repeat to train on several. A table file's rows also teach the topic correction (the router then carries MiniLM). Default: routellm, or with --from-traffic the tables --base-router was trained on (their statistics travel in the file).",
+        help="`routellm` (RouteLLM's GSM8K + MMLU tables, less the locked test subjects), a labelled table file "
+        "(.csv/.jsonl) in RouteLLM's or tandem's format, or `none`; repeat to train on several. A table file's rows "
+        "also teach the topic correction (the router then carries MiniLM). Default: routellm, or with --from-traffic "
+        "the tables --base-router was trained on (their statistics travel in the file).",
     ),
     from_traffic: list[str] | None = typer.Option(
         None,
         "--from-traffic",
-        help="A traffic record written by `tandem serve` ([traffic] record = true); repeat for several. Its labels refit the head and give the topic correction (the router then carries MiniLM).",
+        help="A traffic record written by `tandem serve` ([traffic] record = true); repeat for several. "
+        "Its labels refit the head and give the topic correction (the router then carries MiniLM).",
     ),
     base_router: str | None = typer.Option(
         None,
         "--base-router",
-        help="With --from-traffic and no --data: the router whose table statistics to start from; default: the shipped one.",
+        help="With --from-traffic and no --data: the router whose table statistics to start from; "
+        "default: the shipped one.",
     ),
     data_dir: str | None = typer.Option(
         None, "--data-dir", help="RouteLLM data directory; default: ../shared/data/routellm."
@@ -183,7 +189,8 @@ def train(
             )
         )
     typer.echo(
-        f"wrote {out} (trained on {len(examples)} table rows{' and ' + str(report['num_base_rows']) + ' of the base router' if base else ''}) and {report_path}"
+        f"wrote {out} (trained on {len(examples)} table rows"
+        f"{' and ' + str(report['num_base_rows']) + ' of the base router' if base else ''}) and {report_path}"
     )
 
 

@@ -10,7 +10,10 @@ traffic_app = typer.Typer(
     help="The traffic record: what `tandem serve` keeps of routed requests to learn from.", no_args_is_help=True
 )
 
-_PATH_HELP = "The record (default: [traffic] path from the config, else $TANDEM_DATA_DIR/traffic.sqlite3 or ~/.local/share/tandem/traffic.sqlite3)."
+_PATH_HELP = (
+    "The record (default: [traffic] path from the config, else $TANDEM_DATA_DIR/traffic.sqlite3 or "
+    "~/.local/share/tandem/traffic.sqlite3)."
+)
 
 
 def _path(path: str | None, config: str | None) -> str:

@@ -73,8 +73,8 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
 
-# Replica targets (sdk.cloud.targets): calls spread over the replicas in turn (round_robin), each replica watched through
-# grpc.health.v1 (the servers implement it) so one that is NOT_SERVING (loading, draining on
+# Replica targets (sdk.cloud.targets): calls spread over the replicas in turn (round_robin), each replica watched
+# through grpc.health.v1 (the servers implement it) so one that is NOT_SERVING (loading, draining on
 # SIGTERM or an admin call) gets no new calls until it serves again; calls it already has go on.
 REPLICA_SERVICE_CONFIG = json.dumps(
     {

@@ -65,8 +65,8 @@ class EmbeddingModel:
             for index, count in enumerate(counts):
                 if count > WINDOW:
                     raise InvalidRequestError(
-                        f"input[{index}] is {count} tokens; {MODEL_ID} reads at most {WINDOW} (its window, [CLS] and [SEP] "
-                        'included): shorten it, or send "truncate": true to embed its first tokens',
+                        f"input[{index}] is {count} tokens; {MODEL_ID} reads at most {WINDOW} (its window, "
+                        '[CLS] and [SEP] included): shorten it, or send "truncate": true to embed its first tokens',
                         f"input[{index}]",
                     )
         counts = [min(count, WINDOW) for count in counts]

@@ -101,8 +101,8 @@ class GrammarMasks:
         )
         if consumed and not state.consume_tokens(list(consumed)):
             raise InvalidRequestError(
-                f"{structured.param}: the answer's first {len(consumed)} tokens (a continuation) do not fit its grammar: "
-                f"{matcher.get_error() or 'rejected'}",
+                f"{structured.param}: the answer's first {len(consumed)} tokens (a continuation) do not fit "
+                f"its grammar: {matcher.get_error() or 'rejected'}",
                 structured.param,
             )
         return state

@@ -119,9 +119,8 @@ class TokenEvent:
     top_logprobs: list[TopLogprob] = field(default_factory=list)
     token_bytes: bytes = b""  # raw bytes of the token (OpenAI's logprobs `bytes`)
     finish_reason: str | None = None  # set on the last event: "stop", "length" or "abort"
-    stop_reason: str | None = (
-        None  # on the last event, why beyond finish_reason: "repetition" (a loop was stopped), "closed_within_max_tokens"
-    )
+    # on the last event, why beyond finish_reason: "repetition" (a loop was stopped), "closed_within_max_tokens"
+    stop_reason: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_draft_tokens: int = 0  # speculative decoding, so far in this request: draft tokens verified

@@ -201,7 +201,8 @@ class HermesFormat(ToolFormat):
 
     def calls_text(self, calls: list[ParsedCall]) -> str:
         return "\n".join(
-            f"{self.opener}\n{json.dumps({'name': c.name, 'arguments': _load(c.arguments)}, ensure_ascii=False)}\n{self.closer}"
+            f"{self.opener}\n"
+            f"{json.dumps({'name': c.name, 'arguments': _load(c.arguments)}, ensure_ascii=False)}\n{self.closer}"
             for c in calls
         )
 

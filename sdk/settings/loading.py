@@ -25,7 +25,12 @@ from sdk.settings.fields import (
     SettingsError,
     parse_cloud_url,
 )
-from sdk.settings.reading import config_file, default_config_path, pairs_of, read_file  # noqa: F401  (default_config_path: re-exported)
+from sdk.settings.reading import (  # noqa: F401  (default_config_path: re-exported)
+    config_file,
+    default_config_path,
+    pairs_of,
+    read_file,
+)
 
 if TYPE_CHECKING:
     from cloud_engine.config import CloudEngineConfig

@@ -51,7 +51,8 @@ class ExactMatchJudge:
         return Judgment(float(final_answer(local_answer) == reference), None, self.name)
 
 
-JUDGE_PROMPT = """You grade two answers to the same request. Score each from 0 (wrong or useless) to 10 (fully correct and helpful).
+JUDGE_PROMPT = """You grade two answers to the same request. Score each from 0 (wrong or useless) to 10 \
+(fully correct and helpful).
 Reply with JSON only: {{"A": <score>, "B": <score>}}
 
 Request:

@@ -20,7 +20,8 @@ MIGRATIONS: list[str] = [
     CREATE TABLE requests (
         id TEXT PRIMARY KEY,                -- the response id the client got (chatcmpl-...)
         created_at REAL NOT NULL,           -- unix seconds
-        key_fingerprint TEXT,               -- sdk.serving.api_keys.key_fingerprint of the caller's key; NULL without keys
+        key_fingerprint TEXT,               -- sdk.serving.api_keys.key_fingerprint of the caller's key; \
+NULL without keys
         model TEXT NOT NULL,                -- what the request asked for: auto, auto:0.4, local, cloud
         tier TEXT NOT NULL,                 -- the tier that answered
         escalated INTEGER NOT NULL,

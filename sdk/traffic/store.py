@@ -107,7 +107,8 @@ def upsert_label(
     if conn.execute("SELECT 1 FROM requests WHERE id = ?", (response_id,)).fetchone() is None:
         return False
     conn.execute(
-        "INSERT OR REPLACE INTO labels (response_id, source, weak, strong, created_at, detail) VALUES (?, ?, ?, ?, ?, ?)",
+        "INSERT OR REPLACE INTO labels (response_id, source, weak, strong, created_at, detail) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
         (response_id, source, weak, strong, time.time() if created_at is None else created_at, detail),
     )
     return True
@@ -119,7 +120,8 @@ def today() -> str:
 
 def bump_counter(conn: sqlite3.Connection, name: str, amount: int = 1, day: str | None = None) -> None:
     conn.execute(
-        "INSERT INTO counters (day, name, value) VALUES (?, ?, ?) ON CONFLICT (day, name) DO UPDATE SET value = value + excluded.value",
+        "INSERT INTO counters (day, name, value) VALUES (?, ?, ?) "
+        "ON CONFLICT (day, name) DO UPDATE SET value = value + excluded.value",
         (day or today(), name, amount),
     )
 

@@ -115,9 +115,9 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    stop_reason: str | None = (
-        None  # vLLM's field; tandem: "repetition" when a loop was stopped (finish_reason "length"), "closed_within_max_tokens" when a structured answer took its closing path ("stop")
-    )
+    # vLLM's field; tandem: "repetition" when a loop was stopped (finish_reason "length"),
+    # "closed_within_max_tokens" when a structured answer took its closing path ("stop")
+    stop_reason: str | None = None
 
     @classmethod
     def answer(

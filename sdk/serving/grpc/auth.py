@@ -78,7 +78,10 @@ def rpc_refusal(refusal: Refusal) -> tuple[grpc.StatusCode, str, tuple[tuple[str
     retry = str(max(1, math.ceil(refusal.retry_after_s)))
     who = "this API key" if refusal.per_key else "this client address"
     if refusal.kind == AUTH_BACKOFF:
-        message = f"too many calls with a wrong or missing API key from this address: the key was not checked; retry in {retry}s"
+        message = (
+            "too many calls with a wrong or missing API key from this address: the key was not checked; "
+            f"retry in {retry}s"
+        )
     elif refusal.kind == RATE_LIMITED:
         message = f"rate limit reached for {who}: {refusal.limit:g} requests a minute; retry in {retry}s"
     else:
