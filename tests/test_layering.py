@@ -242,7 +242,8 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
             "sdk/serving/grpc/server.py": "from sdk.engine_common import grammar\nimport sdk.openai_server.app\n",
             "sdk/openai_server/app.py": "",
             "local_runtime/engine.py": (
-                "from typing import TYPE_CHECKING\nfrom sdk.protocol import engine\nfrom sdk.engine_common import grammar\n"
+                "from typing import TYPE_CHECKING\nfrom sdk.protocol import engine\n"
+                "from sdk.engine_common import grammar\n"
                 "if TYPE_CHECKING:\n    from sdk.cascade.runner import Runner\n"  # excluded: types only
                 "def later():\n    from sdk.cascade import runner\n"  # a deferred import still counts
             ),
@@ -259,13 +260,15 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
     assert found == [
         "cloud_engine.loader (line 1) imports local_runtime.engine: cloud_engine may not import local_runtime"
         " (of the engines and routing, only router -> confidence)",
-        "confidence.signals (line 2) imports bench.serve: bench sits at the top: only android_bridge and bench import it",
+        "confidence.signals (line 2) imports bench.serve: bench sits at the top: only android_bridge and bench"
+        " import it",
         "confidence.signals (line 1) imports router.policy: confidence may not import router"
         " (of the engines and routing, only router -> confidence)",
         "local_runtime.engine (line 7) imports sdk.cascade.runner: local_runtime imports only sdk.protocol and"
         " sdk.engine_common from sdk",
         "sdk.cloud.client (line 1) imports cloud_engine.loader: sdk reaches the cloud engine through sdk.protocol"
-        " (cloud_backend, wire); only the modules that configure or start one import it (SDK_MODULES_STARTING_CLOUD_ENGINE)",
+        " (cloud_backend, wire); only the modules that configure or start one import it"
+        " (SDK_MODULES_STARTING_CLOUD_ENGINE)",
         "sdk.engine_common.grammar (line 2) imports sdk.openai_server.app: sdk.engine_common imports only sdk.protocol"
         " and itself",
         "sdk.protocol.schema (line 2) imports sdk.cascade.runner: sdk.protocol imports only the standard library,"
@@ -273,7 +276,8 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
         "sdk.serving.grpc.server (line 2) imports sdk.openai_server.app: sdk.serving imports only sdk.protocol,"
         " sdk.engine_common and itself",
     ]
-    # sdk.protocol.schema -> sdk.cascade.runner -> local_runtime.engine -> sdk.cascade.runner; and a router <-> confidence pair.
+    # sdk.protocol.schema -> sdk.cascade.runner -> local_runtime.engine -> sdk.cascade.runner; and a
+    # router <-> confidence pair.
     assert import_cycles(graph) == [
         ["confidence.signals", "router.policy"],
         ["local_runtime.engine", "sdk.cascade.runner"],

@@ -58,9 +58,15 @@ def test_a_changed_figure_is_caught(monkeypatch):
 def test_the_checks_see_typed_figures_and_wrong_links():
     typed = "The engine ran at 181.3 tok/s, 3x faster, and used 12% more memory."
     assert len(readme_figures.unlinked_figures(typed + "\n" + readme_figures.START + "\n" + readme_figures.END)) == 3
-    settings = "Set `temperature 0.2` and `--step-target-ms 60`; a [3.05](bench/results/engine_throughput.json#ratio_vs_hf_static)."
+    settings = (
+        "Set `temperature 0.2` and `--step-target-ms 60`; "
+        "a [3.05](bench/results/engine_throughput.json#ratio_vs_hf_static)."
+    )
     assert readme_figures.unlinked_figures(settings + "\n" + readme_figures.START + "\n" + readme_figures.END) == []
-    wrong = "[9.99](bench/results/engine_throughput.json#ratio_vs_hf_static) [1](bench/results/engine_throughput.json#no_such_key)"
+    wrong = (
+        "[9.99](bench/results/engine_throughput.json#ratio_vs_hf_static) "
+        "[1](bench/results/engine_throughput.json#no_such_key)"
+    )
     assert len(readme_figures.link_mismatches(wrong)) == 2
     scaled = "[12.8](bench/results/engine_throughput.json#penalties_b32.off_run_spread*100)"
     assert readme_figures.link_mismatches(scaled) == []
@@ -92,7 +98,10 @@ def test_a_measured_figure_in_a_code_span_is_caught():
     ], found
     assert all("code span" in entry for entry in found)
     # Linked, the same figure is checked against its JSON instead.
-    linked = "The quick run measured [0.899](bench/results/serve_local_vs_llama_server_quick.json#ratio_output_tps_vs_llama_server_c8)."
+    linked = (
+        "The quick run measured "
+        "[0.899](bench/results/serve_local_vs_llama_server_quick.json#ratio_output_tps_vs_llama_server_c8)."
+    )
     assert _checked(linked) == [] and readme_figures.link_mismatches(linked) == []
 
 

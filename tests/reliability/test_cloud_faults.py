@@ -286,7 +286,10 @@ def sse(*chunks, done: bool = True) -> bytes:
 def http_response(
     body: bytes, content_type: str = "text/event-stream", status: str = "200 OK", extra: str = ""
 ) -> bytes:
-    head = f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n"
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: close\r\n{extra}\r\n"
+    )
     return head.encode() + body
 
 

@@ -319,7 +319,8 @@ def test_fuzz_generate(channel, fuzz_engine):
 
     run()
     print(
-        f"\nfuzzed gRPC Generate calls: {COUNTER.counts['grpc']}; status codes: { {c.name: n for c, n in seen.items()} }"
+        f"\nfuzzed gRPC Generate calls: {COUNTER.counts['grpc']}; "
+        f"status codes: { {c.name: n for c, n in seen.items()} }"
     )
     assert seen.get(grpc.StatusCode.OK, 0) >= 20 and seen.get(grpc.StatusCode.INVALID_ARGUMENT, 0) > N_GENERATE // 20
     assert COUNTER.counts["grpc"] >= N_GENERATE

@@ -157,7 +157,8 @@ def test_a_required_tool_call_closes_into_a_call_that_parses():
     text, ended, state = generate(
         grammar,
         100,
-        '<tool_call>[\n{"name": "get_weather", "arguments": {"city": "Paris is a city with a very long name that goes on and on and on',
+        '<tool_call>[\n{"name": "get_weather", "arguments": '
+        '{"city": "Paris is a city with a very long name that goes on and on and on',
     )
     assert ended and state.closed, text
     assert [c.name for c in LIST.parse(text)] == ["get_weather"]

@@ -197,7 +197,8 @@ async def test_continuation_and_token_ids_are_refused_by_a_server_that_is_not_vl
         ),
         (
             429,
-            b'{"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}',
+            b'{"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", '
+            b'"code": "insufficient_quota"}}',
             {},
             CloudQuotaExceededError,
             FailureKind.OVERLOADED,

@@ -72,7 +72,8 @@ def test_answers_are_recorded_with_their_key_and_no_text(served):
     reply = client(url, KEY_A).chat.completions.create(model="auto:0", messages=QUESTION, max_tokens=8, temperature=0)
     rows = wait_for(
         db,
-        "SELECT key_fingerprint, tier, model, router_score, prompt_text, shape IS NOT NULL, signals FROM requests WHERE id = ?",
+        "SELECT key_fingerprint, tier, model, router_score, prompt_text, shape IS NOT NULL, signals "
+        "FROM requests WHERE id = ?",
         (reply.id,),
     )
     assert rows, "the answer was never recorded"
