@@ -111,7 +111,12 @@ async def test_per_user_budgets_and_the_soft_warning(make_runner, tmp_path):  # 
     ledger.close()
 
 
-async def test_a_cascade_whose_cloud_key_is_out_of_budget_answers_locally(make_runner, recording, serve, tmp_path):  # noqa: F811
+async def test_a_cascade_whose_cloud_key_is_out_of_budget_answers_locally(
+    make_runner,  # noqa: F811
+    recording,  # noqa: F811
+    serve,  # noqa: F811
+    tmp_path,
+):
     """The hosted side's budget (tandem cloud serve with --budgets-file) seen from a cascade: its cloud
     key's 429-equivalent (gRPC RESOURCE_EXHAUSTED insufficient_quota) keeps the answer local with its
     own reason, and the breaker counts nothing (the tier is healthy; another key may still use it)."""

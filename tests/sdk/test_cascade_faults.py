@@ -75,7 +75,12 @@ async def test_cloud_killed_mid_stream_is_finished_by_the_local_tier(cloud_engin
         ({"cloud_first_token_timeout_s": 5.0, "cloud_stall_timeout_s": 0.1}, "cloud_stall_timeout"),
     ],
 )
-async def test_slow_cloud_times_out_and_the_local_tier_answers(cloud_engine, make_runner, timeouts, reason):  # noqa: F811
+async def test_slow_cloud_times_out_and_the_local_tier_answers(
+    cloud_engine,  # noqa: F811
+    make_runner,  # noqa: F811
+    timeouts,
+    reason,
+):
     server = await start_grpc_server(PacedCloudEngine(cloud_engine, 0.25), GrpcServerConfig(port=0))
     try:
         runner = await make_runner(f"127.0.0.1:{bound_port(server)}", **timeouts)
@@ -91,7 +96,12 @@ async def test_slow_cloud_times_out_and_the_local_tier_answers(cloud_engine, mak
     assert result.tiers[-1] == "local"
 
 
-async def test_rejected_key_turns_escalation_off_with_one_log_line(recording, serve, local_engine, caplog):  # noqa: F811
+async def test_rejected_key_turns_escalation_off_with_one_log_line(
+    recording,  # noqa: F811
+    serve,  # noqa: F811
+    local_engine,  # noqa: F811
+    caplog,
+):
     target = await serve(recording, api_keys={"sk-right"})
     runner = CascadeRunner(local_engine, CloudClient(target, api_key="sk-wrong"), CascadeConfig())
     params = SamplingParams(max_tokens=4, temperature=0.0)
@@ -111,7 +121,11 @@ async def test_request_the_cloud_calls_invalid_is_the_callers_error(make_runner)
     assert runner.breaker.num_consecutive_failures == 0 and runner.breaker.state.value == "closed"
 
 
-async def test_hold_window_commits_a_streamed_answer_before_a_late_escalation(make_runner, recording, local_engine):  # noqa: F811
+async def test_hold_window_commits_a_streamed_answer_before_a_late_escalation(
+    make_runner,  # noqa: F811
+    recording,  # noqa: F811
+    local_engine,  # noqa: F811
+):
     k = 4
     scores = await reference_scores(local_engine)
     threshold = between_threshold(scores, k)
@@ -127,7 +141,10 @@ async def test_hold_window_commits_a_streamed_answer_before_a_late_escalation(ma
     assert (routing.tier, routing.escalated, routing.decided_at_token) == ("cloud", True, late)
 
 
-async def test_a_confident_streamed_answer_reaches_the_client_while_it_is_generated(make_runner, local_engine):  # noqa: F811
+async def test_a_confident_streamed_answer_reaches_the_client_while_it_is_generated(
+    make_runner,  # noqa: F811
+    local_engine,  # noqa: F811
+):
     # Default settings (restart hand-off, decide_at every_token): the stream commits local after
     # the default hold window instead of holding a confident answer back to its end.
     runner = await make_runner()

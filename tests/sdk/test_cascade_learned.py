@@ -43,7 +43,12 @@ def probe_path(tmp_path_factory, local_engine):  # noqa: F811
     return train_probe(tmp_path_factory.mktemp("probe") / "probe.onnx", fingerprint)
 
 
-async def test_the_probe_decides_at_token_k_with_its_own_score(make_runner, local_engine, probe_path, recording):  # noqa: F811
+async def test_the_probe_decides_at_token_k_with_its_own_score(
+    make_runner,  # noqa: F811
+    local_engine,  # noqa: F811
+    probe_path,
+    recording,  # noqa: F811
+):
     k = 4
     events = [
         e

@@ -87,7 +87,10 @@ async def test_a_failed_hand_off_resumes_the_local_answer_under_its_grammar(loca
     assert fits(result.text)
 
 
-async def test_a_cloud_answer_cut_off_part_way_is_finished_locally_under_the_grammar(local_engine, byte_engine):  # noqa: F811
+async def test_a_cloud_answer_cut_off_part_way_is_finished_locally_under_the_grammar(
+    local_engine,  # noqa: F811
+    byte_engine,  # noqa: F811
+):
     server = await start_grpc_server(PacedByteCloud(byte_engine, 0.05), GrpcServerConfig(port=0))
     runner = CascadeRunner(local_engine, CloudClient(f"127.0.0.1:{bound_port(server)}"), CascadeConfig())
     events, killed = [], False

@@ -77,7 +77,12 @@ async def test_an_unreachable_server_stays_undiscovered():
 
 
 @pytest.mark.parametrize("shifted", [False, True])
-async def test_the_vocabulary_probe_compares_both_tokenizers(standin, shifted_standin, local_engine, shifted):  # noqa: F811
+async def test_the_vocabulary_probe_compares_both_tokenizers(
+    standin,
+    shifted_standin,
+    local_engine,  # noqa: F811
+    shifted,
+):
     url, _ = shifted_standin if shifted else standin
     runner = CascadeRunner(local_engine, OpenAICloudClient(f"{url}/v1"), CascadeConfig())
     assert await runner.vocabulary_verdict() is (not shifted)
