@@ -16,7 +16,7 @@ half sampled with a seed; models mostly `auto` (the cascade decides), some `auto
 `cloud` (escalations forced onto the cloud engine), `local`, the local model's own name
 (no routing), and `private: true` (must stay local); --cancel-fraction (10%) closed by
 the client after a random number of content chunks; --invalid-fraction (2%) invalid on
-purpose (counted as rejected_as_expected when the server answers 400/404). A warm-up request \
+purpose (counted as rejected_as_expected when the server answers 400/404). A warm-up request
 per tier runs first, unmeasured.
 
 Measured (bench/soak_client.py, bench/soak_probe.py): each request's outcome (completed,

@@ -14,7 +14,7 @@ Two workloads, chat-templated, greedy (temperature 0), EOS honoured:
 Proposers: off; ngram (prompt lookup); draft (the embedded SmolLM2 GGUF truncated to its
 first 8 of 30 layers: no smaller model shares SmolLM2's tokenizer). Both at the engine's
 defaults: k = 8 and the adaptive policy (no drafting above 4 decoding requests; a request
-whose drafts keep under 0.5 accepted tokens, smoothed, drafts one probe token every 8 steps). \
+whose drafts keep under 0.5 accepted tokens, smoothed, drafts one probe token every 8 steps).
 Every proposer has its own engine, all loaded
 at once, and each prompt runs through them in turn so that load on the machine hits them
 alike.

@@ -1,4 +1,4 @@
-"""Where a decode step's time goes (scripts/cuda-check.sh runs it on a GPU): wall time per engine phase, \
+"""Where a decode step's time goes (scripts/cuda-check.sh runs it on a GPU): wall time per engine phase,
 cProfile, torch profiler.
 
 python scripts/cuda_step_profile.py MODEL_DIR BATCH OUT.txt

@@ -139,8 +139,8 @@ class ModelConfig:
         tensor_names: Collection[str] = (),
         rope_freq_factors: Sequence[float] | None = None,
     ) -> ModelConfig:
-        """From GGUF key/values; `tensor_names` tells biases and tied embeddings, \
-`rope_freq_factors` is `rope_freqs`."""
+        """From GGUF key/values; `tensor_names` tells biases and tied embeddings,
+        `rope_freq_factors` is `rope_freqs`."""
         arch = metadata.get("general.architecture")
         if not arch:
             raise ModelConfigError("the GGUF file has no general.architecture; it is not a model file")

@@ -10,7 +10,7 @@ accepted tokens (smoothed) than `min_accepted_tokens` stops drafting and re-prob
 token every PROBE_INTERVAL steps, so a poor draft costs little and a request whose text turns
 predictable again is noticed. (A floor on the acceptance *rate* instead paused good copy
 runs at k = 8: 2 of 8 accepted is a low rate but still a gain.) k never exceeds what the
-request may still emit (max_tokens) or hold (max_model_len). With adaptive off every decoding \
+request may still emit (max_tokens) or hold (max_model_len). With adaptive off every decoding
 request drafts the full k."""
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ def _topic_rows(examples: list):
 
 
 def _locked(data_dir: str) -> list | None:
-    """RouteLLM's locked test subjects, to score the new router on, when --data did not load them; \
-None without the data."""
+    """RouteLLM's locked test subjects, to score the new router on, when --data did not load them;
+    None without the data."""
     from router.eval_tables import TableError, load_routellm
     from router.prompt_router.locked_split import locked_examples
 

@@ -64,8 +64,8 @@ def java_classes(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
-    """(base_url, process, log_path) of a `tandem serve --cloud none` that wants KEY \
-(and keeps a traffic record: feedback)."""
+    """(base_url, process, log_path) of a `tandem serve --cloud none` that wants KEY
+    (and keeps a traffic record: feedback)."""
     folder = tmp_path_factory.mktemp("java-serve")
     (folder / "keys").write_text(f"# the Java client test's key\n{KEY}\n")
     args = [

@@ -1,5 +1,5 @@
 """The one copy of the OpenAI request/response/error schema, for every tandem server: the request
-bodies and their refusals (`requests`, made of `request_parts`), the response shapes with tandem's \
+bodies and their refusals (`requests`, made of `request_parts`), the response shapes with tandem's
 extensions (`responses`)."""
 
 from sdk.protocol.openai_schema.request_parts import ChatMessage, ContentPart, StreamOptions  # noqa: F401
