@@ -130,16 +130,20 @@ def test_every_auroc_is_a_probability(small_run):
 def test_probe_is_not_worse_than_the_best_single_signal(small_run):
     _, result = small_run
     difference = result["probe_auroc_minus_best_signal"]
-    # Tolerance: one standard error of the paired AUROC difference (DeLong), computed on
-    # these held-out answers; with ~96 of them it is ~0.02-0.03. The best signal is the
-    # one with the highest *held-out* AUROC out of 14, which biases the baseline upward
-    # (winner's curse), so a probe that is truly as good as the best signal would lose by
-    # a little on most splits; a loss beyond one SE is evidence it is actually worse.
+    # Tolerance: two standard errors of the paired AUROC difference (DeLong), computed on
+    # these held-out answers; with ~96 of them one SE is ~0.02-0.03. The answers themselves
+    # vary from run to run (the engine batches them as they come, and llama.cpp rounds by
+    # batch shape): the same code gave -0.020 (SE 0.026) and +0.017 (SE 0.029) in two runs
+    # here. The best signal is the one with the highest *held-out* AUROC out of 14, which
+    # biases the baseline upward (winner's curse), so a probe truly as good as the best
+    # signal loses by a little on most splits: a one-SE bound fails it on more than one run
+    # in six (it did in a CI run: -0.027, SE 0.025). Beyond two SEs is evidence it is worse
+    # (the retrain guard's margin too, router.evaluation.paired_auc).
     # Measured: here probe 0.929 vs min_margin 0.908, +0.020 (SE 0.021); at the bench's
     # scale (600 answers, 240 held out) +0.057 (SE 0.022) over quantile_0.05.
-    tolerance = result["probe_auroc_minus_best_signal_se"]
-    assert 0.0 < tolerance < 0.1
+    tolerance = 2 * result["probe_auroc_minus_best_signal_se"]
+    assert 0.0 < tolerance < 0.2
     assert difference >= -tolerance, (
         f"probe {result['probe']['heldout_auroc']:.3f} vs {result['best_signal']} "
-        f"{result['best_signal_heldout_auroc']:.3f} (SE of the difference {tolerance:.3f})"
+        f"{result['best_signal_heldout_auroc']:.3f} (SE of the difference {tolerance / 2:.3f})"
     )
