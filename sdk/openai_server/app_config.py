@@ -1,8 +1,8 @@
 """What an OpenAI-compatible app is configured with: one object, built by sdk.settings for both servers.
 
-`tandem serve` builds it from [server] (Settings.app_config("local", keys)), `tandem cloud serve`
-from [cloud_server] (Settings.app_config("cloud", keys)); tests and embedders build it directly
-or pass its fields to create_app as keywords. Only settings live here: the objects an app serves
+sdk.settings.server_sections.app_config builds it from a listener's keys: ServeConfig's from [server]
+(`tandem serve`), CloudServeConfig's from [cloud_server] (`tandem cloud serve`); tests and embedders
+build it directly or pass its fields to create_app as keywords. Only settings live here: the objects an app serves
 with (engine, cascade, budgets, ...) are create_app's own arguments.
 """
 
