@@ -139,3 +139,43 @@ def server_url(tmp_path_factory) -> str:
     ]
     with running_server(args, log_path) as (_, base_url):
         yield base_url
+
+
+# --- The state database replicas share (sdk.state): a throwaway PostgreSQL server for the session.
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One throwaway PostgreSQL server (bench.postgres_server) for the whole run; skips where the
+    machine has none (a condition of the machine: tests/allowed_skips.py)."""
+    from bench.postgres_server import ThrowawayPostgres, postgres_unavailable
+
+    reason = postgres_unavailable()
+    if reason:
+        pytest.skip(reason)
+    server = ThrowawayPostgres().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def state_db_url(postgres_server) -> str:
+    """The URL of a fresh, empty database on the session's server (one per test: no test sees another's rows)."""
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return postgres_server.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture
+async def state_db(state_db_url):
+    """An open sdk.state.database.StateDatabase on a fresh database (a 3 s lease, so expiry tests are short)."""
+    from sdk.state.database import StateDatabase
+
+    db = await StateDatabase(state_db_url, lease_s=3.0).open()
+    yield db
+    await db.close()

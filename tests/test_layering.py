@@ -5,8 +5,9 @@ Engines and routing sit on the contracts and the machinery they share, the produ
 - `sdk.engine_common` (the machinery both engines share) imports only `sdk.protocol` and itself;
 - `local_runtime`, `cloud_engine`, `router`, `confidence` import only those two from `sdk`,
   and never each other, except `router` -> `confidence`; `cloud_engine` does not serve (no `grpc`);
+- `sdk.state` (the state database replicas share) imports only `sdk.protocol` and itself;
 - `sdk.serving` (the gRPC server for any engine, and what both servers share) imports only those
-  two and itself;
+  three and itself;
 - the rest of `sdk` may import anything below it, except that it reaches the cloud engine only
   through the contracts (`sdk.protocol.cloud_backend`, `sdk.protocol.wire`): only the modules
   that configure or start a cloud engine import `cloud_engine` (SDK_MODULES_STARTING_CLOUD_ENGINE);
@@ -127,8 +128,11 @@ def rule_broken(importer: str, imported: str) -> str | None:
         return "sdk.protocol imports only the standard library, third-party packages and itself"
     if _in(importer, "sdk.engine_common") and not _below_engines(imported):
         return "sdk.engine_common imports only sdk.protocol and itself"
-    if _in(importer, "sdk.serving") and not (_below_engines(imported) or _in(imported, "sdk.serving")):
-        return "sdk.serving imports only sdk.protocol, sdk.engine_common and itself"
+    if _in(importer, "sdk.state") and not (_is_protocol(imported) or _in(imported, "sdk.state")):
+        return "sdk.state imports only sdk.protocol and itself"
+    serving_may = _below_engines(imported) or _in(imported, "sdk.serving") or _in(imported, "sdk.state")
+    if _in(importer, "sdk.serving") and not serving_may:
+        return "sdk.serving imports only sdk.protocol, sdk.engine_common, sdk.state and itself"
     if source == "sdk" and target == "cloud_engine" and importer not in SDK_MODULES_STARTING_CLOUD_ENGINE:
         return (
             "sdk reaches the cloud engine through sdk.protocol (cloud_backend, wire); only the modules that "
@@ -274,7 +278,7 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
         "sdk.protocol.schema (line 2) imports sdk.cascade.runner: sdk.protocol imports only the standard library,"
         " third-party packages and itself",
         "sdk.serving.grpc.server (line 2) imports sdk.openai_server.app: sdk.serving imports only sdk.protocol,"
-        " sdk.engine_common and itself",
+        " sdk.engine_common, sdk.state and itself",
     ]
     # sdk.protocol.schema -> sdk.cascade.runner -> local_runtime.engine -> sdk.cascade.runner; and a
     # router <-> confidence pair.

@@ -1,12 +1,18 @@
-"""What each key (and each user within a key) has spent this UTC day and month: in memory for
-the decisions (updated on the event loop as each request ends, so they are exact under
-concurrency), and in SQLite so a restart keeps them (one writer thread; nothing is dropped).
+"""What each key (and each user within a key) has spent this UTC day and month, and what requests in
+flight hold against it (reservations): one process's ledger. Spend is kept in memory for the
+decisions (updated on the event loop as each request ends, so they are exact under concurrency),
+and in SQLite so a restart keeps it (one writer thread; nothing is dropped). Reservations live in
+memory only: a process that stops holds nothing.
+
+Replicas that share one budget use sdk.budgets.postgres_ledger instead, which answers the same
+calls from the state database.
 
     scope "key:<fingerprint>" or "user:<fingerprint>:<user>"; period "day:2026-11-25" or "month:2026-11"
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import sqlite3
@@ -26,6 +32,9 @@ CREATE TABLE IF NOT EXISTS spend (
 """
 
 
+Pair = tuple[str, str]  # (scope, period), e.g. ("key:3f2a9c1d0b7e5a41", "day:2026-11-25")
+
+
 @dataclass
 class Spend:
     usd: float = 0.0
@@ -36,6 +45,24 @@ class Spend:
     @property
     def cloud_share(self) -> float:
         return self.cloud_tokens / self.total_tokens if self.total_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """USD held against every (scope, period) of a request's hard USD limits until it ends."""
+
+    held: tuple[Pair, ...]
+    usd: float
+    id: int | None = None  # the state database's reservation (sdk.budgets.postgres_ledger)
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Why a reservation was refused: the check it failed (its index), what was spent and what others held."""
+
+    index: int
+    spent: float
+    held: float
 
 
 def periods(now: float) -> dict[str, str]:
@@ -55,7 +82,8 @@ class SpendLedger:
     def __init__(self, path: str | os.PathLike, clock: Callable[[], float] = time.time):
         self.path = Path(path)
         self.clock = clock
-        self._spend: dict[tuple[str, str], Spend] = {}
+        self._spend: dict[Pair, Spend] = {}
+        self._held: dict[Pair, float] = {}  # USD reserved by requests in flight
         self._writer = SQLiteWriter("spend", _add_spend)
 
     def start(self) -> SpendLedger:
@@ -72,7 +100,46 @@ class SpendLedger:
         return self
 
     def spend(self, scope: str, period: str) -> Spend:
+        """What `scope` has spent in the current `period` ("day" or "month")."""
         return self._spend.get((scope, periods(self.clock())[period]), Spend())
+
+    async def current(self, scope: str, period: str) -> Spend:
+        return self.spend(scope, period)
+
+    async def spends(self, pairs: list[Pair]) -> dict[Pair, Spend]:
+        return {pair: self._spend.get(pair, Spend()) for pair in pairs}
+
+    async def reserve(self, checks: list[tuple[Pair, float]], usd: float) -> Reservation | Shortfall:
+        """Hold `usd` against each (pair, limit) unless spent + held + usd passes one of the limits.
+        All on the event loop, with no await between the checks and the hold: exact under concurrency."""
+        for index, (pair, limit) in enumerate(checks):
+            spent, held = self._spend.get(pair, Spend()).usd, self._held.get(pair, 0.0)
+            if spent + held + usd > limit:
+                return Shortfall(index, spent, held)
+        pairs = tuple(pair for pair, _ in checks)
+        for pair in pairs:
+            self._held[pair] = self._held.get(pair, 0.0) + usd
+        return Reservation(pairs, usd)
+
+    def settle(
+        self, reservation: Reservation | None, scopes: list[str], usd: float, cloud_tokens: int, total_tokens: int
+    ) -> None:
+        """A request has ended: release what it held and add what it cost (never blocks)."""
+        if reservation is not None:
+            for pair in reservation.held:
+                left = self._held.get(pair, 0.0) - reservation.usd
+                if left > 1e-12:
+                    self._held[pair] = left
+                else:
+                    self._held.pop(pair, None)
+        self.record(scopes, usd, cloud_tokens, total_tokens)
+
+    async def held(self, pair: Pair) -> float:
+        return self._held.get(pair, 0.0)
+
+    async def held_anywhere(self) -> float:
+        """USD held by every request in flight, over all pairs (0 when nothing is held)."""
+        return sum(self._held.values())
 
     def record(self, scopes: list[str], usd: float, cloud_tokens: int, total_tokens: int) -> None:
         """Add one request to each scope's current day and month (event loop; never blocks)."""
@@ -86,10 +153,17 @@ class SpendLedger:
                 self._writer.put((scope, period, usd, cloud_tokens, total_tokens))
 
     def flush(self, timeout_s: float = 30.0) -> None:
+        """Everything recorded so far is in the file."""
         self._writer.flush(timeout_s)
+
+    async def settled(self) -> None:
+        """Every settle made so far shows in what the decisions read (here at once: they read memory)."""
 
     def close(self) -> None:
         self._writer.close(timeout_s=30)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
 
 
 def _add_spend(conn: sqlite3.Connection, rows: list[tuple]) -> None:

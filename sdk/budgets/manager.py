@@ -4,8 +4,9 @@ edit is logged and the previous budgets stay).
 
 The bound under concurrency: before a request calls the cloud, its largest possible cloud cost
 (the prompt, counted by the local tokenizer with a 25% margin for the cloud's, plus max_tokens,
-at the cloud's prices) is reserved against each hard USD limit of its key and user, on the event
-loop; the call is made only if spent + reserved + it fits. When the request ends, the
+at the cloud's prices) is reserved against each hard USD limit of its key and user, atomically
+(on the event loop in one process's ledger, in one transaction in the state database replicas
+share: sdk.budgets.postgres_ledger); the call is made only if spent + reserved + it fits. When the request ends, the
 reservation is released and the real cost added. So a period's spend stays within the limit,
 unless a cloud counts a prompt at more than 1.25x the local tokenizer's tokens (then by that
 excess). Cloud-share limits are checked when a call starts: concurrent calls may pass a share
@@ -19,10 +20,15 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sdk.budgets.config import BudgetConfig, BudgetConfigError, Limit, Limits, load_budgets
-from sdk.budgets.ledger import SpendLedger, key_scope, periods, user_scope
+from sdk.budgets.ledger import Reservation, Shortfall, Spend, SpendLedger, key_scope, periods, user_scope
 from sdk.protocol.engine import QuotaExceededError
+
+if TYPE_CHECKING:
+    from sdk.budgets.postgres_ledger import PostgresSpendLedger
+    from sdk.state.database import StateDatabase
 
 logger = logging.getLogger("tandem.budgets")
 
@@ -50,14 +56,6 @@ class Breach:
             else f"cloud share {self.spent:.3f} of {self.limit.value:g}"
         )
         return f"{self.scope} budget {self.limit.name} reached ({what} this {self.limit.period}, UTC)"
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """USD held against every (scope, period) of a request's budgets until it ends."""
-
-    held: tuple[tuple[str, str], ...]
-    usd: float
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,7 @@ class BudgetManager:
     def __init__(
         self,
         budgets_path: str,
-        ledger: SpendLedger,
+        ledger: SpendLedger | PostgresSpendLedger,
         prices_are_zero: bool,
         clock: Callable[[], float] = time.monotonic,
         cloud_only: bool = False,
@@ -111,7 +109,6 @@ class BudgetManager:
         self.clock = clock
         self.counts = BudgetCounts()
         self.config = self._checked(load_budgets(budgets_path))  # BudgetConfigError before serving starts
-        self._held: dict[tuple[str, str], float] = {}  # (scope, period) -> USD reserved by requests in flight
         self._mtime = os.stat(budgets_path).st_mtime_ns
         self._checked_at = clock()
 
@@ -141,21 +138,30 @@ class BudgetManager:
             scopes.append(("user", user_scope(key, user), self.config.per_user))
         return scopes
 
-    def verdict(self, key: str | None, user: str | None) -> Verdict:
+    async def _spends(self, key: str | None, user: str | None) -> dict[tuple[str, str], Spend]:
+        """What each scope of this key and user spent in each current period its limits name (one read)."""
+        current = periods(self.ledger.clock())
+        pairs = {
+            (scope, current[limit.period]) for _, scope, limits in self._limits(key, user) for limit in limits.limits
+        }
+        return await self.ledger.spends(sorted(pairs))
+
+    async def verdict(self, key: str | None, user: str | None) -> Verdict:
         self.maybe_reload()
+        spends, current = await self._spends(key, user), periods(self.ledger.clock())
         hard, soft = [], []
         for name, scope, limits in self._limits(key, user):
             for limit in limits.limits:
-                spend = self.ledger.spend(scope, limit.period)
+                spend = spends.get((scope, current[limit.period]), Spend())
                 spent = spend.usd if limit.kind == "usd" else spend.cloud_share
                 if spent >= limit.value and (limit.kind == "usd" or spend.total_tokens):
                     (hard if limit.hard else soft).append(Breach(name, limit, spent))
         return Verdict(tuple(hard), tuple(soft))
 
-    def soft_warning(self, key: str | None, user: str | None) -> str | None:
+    async def soft_warning(self, key: str | None, user: str | None) -> str | None:
         """What the `x-tandem-budget-warning` header says: each soft limit this key (or user) has
         reached, counted as warned; None when none is."""
-        soft = Verdict(soft=self.verdict(key, user).soft)
+        soft = Verdict(soft=(await self.verdict(key, user)).soft)
         if not soft.soft:
             return None
         self.count(soft, "warned")
@@ -174,28 +180,28 @@ class BudgetManager:
                 self.counts.by_limit.get(f"{breach.scope}:{breach.limit.name}", 0) + 1
             )
 
-    def reserve(self, key: str | None, user: str | None, usd: float) -> tuple[Reservation | None, Breach | None]:
+    async def reserve(self, key: str | None, user: str | None, usd: float) -> tuple[Reservation | None, Breach | None]:
         """Hold `usd` (a cloud call's largest cost) against every hard USD limit of the key and user:
         (the reservation, None), or (None, the limit it would break). A hard cloud-share limit already
         reached refuses too (shares are checked when a call starts, not reserved)."""
         self.maybe_reload()
         current = periods(self.ledger.clock())
-        held = []
-        for name, scope, limits in self._limits(key, user):
-            for limit in limits.limits:
-                if not limit.hard:
-                    continue
-                spend = self.ledger.spend(scope, limit.period)
-                pair = (scope, current[limit.period])
-                if limit.kind == "usd":
-                    if spend.usd + self._held.get(pair, 0.0) + usd > limit.value:
-                        return None, Breach(name, limit, spend.usd, self._held.get(pair, 0.0), usd)
-                    held.append(pair)
-                elif spend.total_tokens and spend.cloud_share >= limit.value:
+        hard = [(name, scope, limit) for name, scope, limits in self._limits(key, user) for limit in limits.limits]
+        hard = [(name, scope, limit) for name, scope, limit in hard if limit.hard]
+        shares = [(name, scope, limit) for name, scope, limit in hard if limit.kind == "cloud_share"]
+        if shares:
+            spends = await self.ledger.spends(sorted({(scope, current[limit.period]) for _, scope, limit in shares}))
+            for name, scope, limit in shares:
+                spend = spends[(scope, current[limit.period])]
+                if spend.total_tokens and spend.cloud_share >= limit.value:
                     return None, Breach(name, limit, spend.cloud_share)
-        for pair in held:
-            self._held[pair] = self._held.get(pair, 0.0) + usd
-        return Reservation(tuple(held), usd), None
+        usd_limits = [(name, scope, limit) for name, scope, limit in hard if limit.kind == "usd"]
+        checks = [((scope, current[limit.period]), limit.value) for _, scope, limit in usd_limits]
+        outcome = await self.ledger.reserve(checks, usd)
+        if isinstance(outcome, Shortfall):
+            name, _, limit = usd_limits[outcome.index]
+            return None, Breach(name, limit, outcome.spent, outcome.held, usd)
+        return outcome, None
 
     def settle(
         self,
@@ -206,28 +212,25 @@ class BudgetManager:
         cloud_tokens: int,
         total_tokens: int,
     ) -> None:
-        """A request has ended: release what it held and add what it cost."""
-        if reservation is not None:
-            for pair in reservation.held:
-                left = self._held.get(pair, 0.0) - reservation.usd
-                if left > 1e-12:
-                    self._held[pair] = left
-                else:
-                    self._held.pop(pair, None)
-        self.record(key, user, usd, cloud_tokens, total_tokens)
+        """A request has ended: release what it held and add what it cost (never waits)."""
+        self.ledger.settle(reservation, self._scopes(key, user), usd, cloud_tokens, total_tokens)
 
     def record(self, key: str | None, user: str | None, usd: float, cloud_tokens: int, total_tokens: int) -> None:
-        scopes = [key_scope(key)] + ([user_scope(key, user)] if user else [])
-        self.ledger.record(scopes, usd, cloud_tokens, total_tokens)
+        self.ledger.record(self._scopes(key, user), usd, cloud_tokens, total_tokens)
 
-    def status(self, key: str | None, user: str | None) -> dict:
+    @staticmethod
+    def _scopes(key: str | None, user: str | None) -> list[str]:
+        return [key_scope(key)] + ([user_scope(key, user)] if user else [])
+
+    async def status(self, key: str | None, user: str | None) -> dict:
         """GET /v1/budget: per scope and limit, the limit, what was spent and what is left."""
         self.maybe_reload()
+        spends, current = await self._spends(key, user), periods(self.ledger.clock())
         out = {"object": "budget", "key_fingerprint": key, "user": user, "scopes": []}
         for name, scope, limits in self._limits(key, user):
             entries = []
             for limit in limits.limits:
-                spend = self.ledger.spend(scope, limit.period)
+                spend = spends.get((scope, current[limit.period]), Spend())
                 spent = spend.usd if limit.kind == "usd" else spend.cloud_share
                 entries.append(
                     {
@@ -288,9 +291,19 @@ def check_budgets(budgets_file: str, prices_are_zero: bool, cloud_only: bool = F
 
 
 def open_budgets(
-    budgets_file: str, spend_path: str | None, prices_are_zero: bool, cloud_only: bool = False
+    budgets_file: str,
+    spend_path: str | None,
+    prices_are_zero: bool,
+    cloud_only: bool = False,
+    state: StateDatabase | None = None,
 ) -> BudgetManager:
-    """The manager of a server: the budgets file checked, the spend ledger opened (and its writer started)."""
+    """The manager of a server: the budgets file checked, the spend ledger opened: the state database
+    the replicas share when `state` is given (sdk.budgets.postgres_ledger), else this process's SQLite
+    file at `spend_path` (its writer started)."""
+    if state is not None:
+        from sdk.budgets.postgres_ledger import PostgresSpendLedger
+
+        return BudgetManager(budgets_file, PostgresSpendLedger(state), prices_are_zero, cloud_only=cloud_only)
     ledger = SpendLedger(spend_path or default_spend_path()).start()
     try:
         return BudgetManager(budgets_file, ledger, prices_are_zero, cloud_only=cloud_only)

@@ -35,15 +35,15 @@ class BudgetedEngine(EngineWrapper):
 
     bills_callers = True
 
-    def soft_warning(self, caller: Caller) -> str | None:
+    async def soft_warning(self, caller: Caller) -> str | None:
         """The soft-budget warning for this caller, if any (counted; sdk.budgets.manager)."""
-        return self.budgets.soft_warning(caller.key_fingerprint, caller.user)
+        return await self.budgets.soft_warning(caller.key_fingerprint, caller.user)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         caller = request.caller or Caller()
         num_prompt = len(request.prompt_token_ids) if caller.bills_prompt else 0
         largest = self.prices.cost(num_prompt, request.params.max_tokens)
-        reservation, breach = self.budgets.reserve(caller.key_fingerprint, caller.user, largest)
+        reservation, breach = await self.budgets.reserve(caller.key_fingerprint, caller.user, largest)
         if breach is not None:
             refused = Verdict(hard=(breach,))
             self.budgets.count(refused, "refused")

@@ -7,7 +7,6 @@ same parts in the same order, and `Cascade.close` stops them in reverse.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ class Cascade:
     cloud: CloudTier
     learning: Any  # sdk.traffic.learning.Learning
     budgets: Any = None  # sdk.budgets.manager.BudgetManager, with [server] budgets_file
+    state: Any = None  # sdk.state.database.StateDatabase, with [server] state_db: what the replicas share
 
     async def bring_up_cloud(self, config: ServeConfig) -> None:
         """Start an embedded tier left pending by start_cascade(cloud_later=True) (OSError if it cannot)."""
@@ -35,7 +35,9 @@ class Cascade:
     async def close(self) -> None:
         await self.learning.close()
         if self.budgets is not None:
-            await asyncio.to_thread(self.budgets.ledger.close)
+            await self.budgets.ledger.aclose()
+        if self.state is not None:  # last: what the parts above deferred is written first
+            await self.state.close()
         await self.cloud.close()
 
 
@@ -57,12 +59,21 @@ async def start_cascade(config: ServeConfig, engine, cloud_later: bool = False) 
         raise CascadeStartError(f"the cascade could not start: {exc}") from exc
     cascade = Cascade(runner, cloud, Learning())
     try:
+        from sdk.state.database import StateDatabaseError, open_state_database
+
+        try:
+            cascade.state = await open_state_database(config.listener)
+        except StateDatabaseError as exc:
+            raise CascadeStartError(str(exc)) from exc
         if config.listener.budgets_file:
             from sdk.budgets.manager import open_budgets
 
             try:
                 cascade.budgets = runner.budgets = open_budgets(
-                    config.listener.budgets_file, config.listener.spend_path, config.cloud_prices_are_zero
+                    config.listener.budgets_file,
+                    config.listener.spend_path,
+                    config.cloud_prices_are_zero,
+                    state=cascade.state,
                 )
             except (OSError, ValueError) as exc:
                 raise CascadeStartError(f"the budgets could not start: {exc}") from exc

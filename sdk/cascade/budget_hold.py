@@ -17,7 +17,6 @@ class BudgetHold:
 
     def __init__(self, budgets: BudgetManager | None, key_fingerprint: str | None, user: str | None):
         self.budgets, self.key_fingerprint, self.user = budgets, key_fingerprint, user
-        self.verdict = budgets.verdict(key_fingerprint, user) if budgets is not None else None
         self.reservation = None  # the cloud cost held against the budgets before the cloud is called
         self.refused: Verdict | None = None  # the Verdict that kept this request from the cloud
         self.settled = False
@@ -26,17 +25,17 @@ class BudgetHold:
         self, num_prompt_tokens: Callable[[], Awaitable[int]], cost: RequestCost, max_tokens: int, cloud_only: bool
     ) -> str | None:
         """Hold the cloud call's largest cost before it is made; "budget_exhausted" when it does not fit.
-        Exact under concurrency: every reservation is taken on the event loop, against what is spent
-        and what others hold. `cloud_only`: the request asked for the cloud (refused) rather than
+        Exact under concurrency: every reservation is taken atomically against what is spent and what
+        others hold (sdk.budgets.manager). StateUnavailableError while the replicas' state database is away. `cloud_only`: the request asked for the cloud (refused) rather than
         escalating to it (kept local), as the budgets' counters tell apart."""
         if self.budgets is None or self.reservation is not None:
             return None
-        self.refused = self.verdict
-        if not self.verdict.exhausted:
+        self.refused = verdict = await self.budgets.verdict(self.key_fingerprint, self.user)
+        if not verdict.exhausted:
             largest = cost.table.request_cost(
                 "cloud", math.ceil(await num_prompt_tokens() * CLOUD_PROMPT_MARGIN), max_tokens
             )
-            self.reservation, breach = self.budgets.reserve(self.key_fingerprint, self.user, largest)
+            self.reservation, breach = await self.budgets.reserve(self.key_fingerprint, self.user, largest)
             if self.reservation is not None:
                 return None
             self.refused = Verdict(hard=(breach,))

@@ -54,6 +54,8 @@ CLOUD_SERVE_SETTINGS = (
     "cloud_server.spend_path",
     "cloud_server.admin_key_file",
     "cloud_server.drain_grace_s",
+    "cloud_server.state_db",
+    "cloud_server.state_db_lease_s",
     "cloud_server.tls_cert",
     "cloud_server.tls_key",
     "cloud_server.log_level",
@@ -133,29 +135,41 @@ def grpc_server_config(config: CloudServeConfig):
 async def _serve_both(engine, config: CloudServeConfig) -> str | None:
     """Run uvicorn and the gRPC server until a signal or a failed load; returns why it failed, or None.
     With [cloud_server] budgets_file, both listeners serve the engine through one
-    sdk.budgets.metered_engine.BudgetedEngine, so a key has one budget whichever door it uses."""
-    import asyncio
+    sdk.budgets.metered_engine.BudgetedEngine, so a key has one budget whichever door it uses.
+    With [cloud_server] state_db, the budgets and the client limits are kept in the database every
+    replica shares (sdk.state); unreachable at start, the server does not start."""
+    from sdk.state.database import open_state_database
 
-    budgets = None
-    if config.listener.budgets_file:
-        from sdk.budgets.manager import open_budgets
-        from sdk.budgets.metered_engine import BudgetedEngine
-
-        try:
-            budgets = open_budgets(
-                config.listener.budgets_file, config.listener.spend_path, prices_are_zero=False, cloud_only=True
-            )
-        except (OSError, ValueError) as exc:
-            return f"the budgets could not start: {exc}"
-        engine = BudgetedEngine(engine, budgets, config.prices)
     try:
-        return await _serve_engine(engine, config, budgets)
+        state = await open_state_database(config.listener)
+    except RuntimeError as exc:
+        return str(exc)
+    budgets = None
+    try:
+        if config.listener.budgets_file:
+            from sdk.budgets.manager import open_budgets
+            from sdk.budgets.metered_engine import BudgetedEngine
+
+            try:
+                budgets = open_budgets(
+                    config.listener.budgets_file,
+                    config.listener.spend_path,
+                    prices_are_zero=False,
+                    cloud_only=True,
+                    state=state,
+                )
+            except (OSError, ValueError) as exc:
+                return f"the budgets could not start: {exc}"
+            engine = BudgetedEngine(engine, budgets, config.prices)
+        return await _serve_engine(engine, config, budgets, state)
     finally:
         if budgets is not None:
-            await asyncio.to_thread(budgets.ledger.close)
+            await budgets.ledger.aclose()
+        if state is not None:
+            await state.close()
 
 
-async def _serve_engine(engine, config: CloudServeConfig, budgets=None) -> str | None:
+async def _serve_engine(engine, config: CloudServeConfig, budgets=None, state=None) -> str | None:
     """Both listeners over one DrainableEngine (a replica of a replicated tier: sdk.openai_server.drain)."""
     import asyncio
     import logging
@@ -168,9 +182,9 @@ async def _serve_engine(engine, config: CloudServeConfig, budgets=None) -> str |
     logger = logging.getLogger("tandem.cloud.serve")
     listener, grpc_config = config.listener, grpc_server_config(config)
     # One budget per key for both listeners: a key cannot double its share by switching protocol.
-    client_limits = config.app.client_limits()
+    client_limits = config.app.client_limits(state=state)
     engine = DrainableEngine(engine)
-    app = create_app(engine, config.app, client_limits=client_limits, budgets=budgets)
+    app = create_app(engine, config.app, client_limits=client_limits, budgets=budgets, state_db=state)
     if config.admin_key:
         admin_routes(app, engine, config.admin_key)
     http = HttpServer(

@@ -41,6 +41,8 @@ SERVE_SETTINGS = (
     "server.auth_backoff_after",
     "server.strict_fields",
     "server.max_body_bytes",
+    "server.state_db",
+    "server.state_db_lease_s",
     "server.tls_cert",
     "server.tls_key",
     "local.kv_cache_tokens",
@@ -141,8 +143,10 @@ async def _serve(config: ServeConfig, engine, started: float) -> str | None:
         config.app,
         cascade=cascade.runner,
         also_ready=lambda: cascade.cloud.is_ready,
+        client_limits=config.app.client_limits(state=cascade.state),
         traffic=cascade.learning.record,
         budgets=cascade.budgets,
+        state_db=cascade.state,
         embeddings=EmbeddingService(threads=1),
     )  # loads on first use: MiniLM beside llama.cpp gets one core
     cascade.learning.attach_metrics(app)

@@ -60,7 +60,7 @@ class AccessControl:
             return
         # Behind a proxy, run uvicorn with --proxy-headers so this is the real client, not the proxy.
         address = (scope.get("client") or ("unknown", 0))[0]
-        admission = self.gate.admit(
+        admission = await self.gate.admit(
             bearer_token(_header(scope, b"authorization")),
             address,
             f"{scope['method']} {scope['path']}",

@@ -15,7 +15,7 @@ from sdk.serving.client_limits import ClientLimits, RequestRateLimiter
 from sdk.protocol.engine import EngineProtocol
 from sdk.openai_server.access import AccessControl, warn_if_exposed
 from sdk.openai_server.app_config import APP_CONFIG_FIELDS, CLIENT_LIMIT_FIELDS, AppConfig
-from sdk.openai_server.budget_metrics import BudgetCollector
+from sdk.openai_server.budget_metrics import BudgetCollector, StateDatabaseCollector
 from sdk.openai_server.cascade_metrics import CascadeCollector
 from sdk.openai_server.errors import install_error_handlers
 from sdk.openai_server.limits import BodySizeLimit
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sdk.budgets.manager import BudgetManager
     from sdk.cascade.runner import CascadeRunner
     from sdk.embeddings.service import EmbeddingService
+    from sdk.state.database import StateDatabase
     from sdk.traffic.record import TrafficRecord
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def create_app(
     traffic: TrafficRecord | None = None,
     embeddings: EmbeddingService | None = None,
     budgets: BudgetManager | None = None,
+    state_db: StateDatabase | None = None,
     clock: Callable[[], float] = time.monotonic,
     **settings: Any,
 ) -> FastAPI:
@@ -69,6 +71,8 @@ def create_app(
     - `embeddings`: an sdk.embeddings.service.EmbeddingService for POST /v1/embeddings (listed in /v1/models).
     - `budgets`: an sdk.budgets.manager.BudgetManager (with a cascade, the runner's own: cascade.budgets);
       GET /v1/budget reports it and /metrics counts what it did.
+    - `state_db`: the sdk.state.database.StateDatabase the replicas share (the budgets' ledger and the
+      client limits are kept there when it is given); /health and /metrics say whether it is reachable.
     """
     unknown = sorted(set(settings) - APP_CONFIG_FIELDS)
     if unknown:
@@ -109,6 +113,9 @@ def create_app(
     state.budgets = budgets
     if budgets is not None:
         state.metrics.registry.register(BudgetCollector(budgets))
+    state.state_db = state_db
+    if state_db is not None:
+        state.metrics.registry.register(StateDatabaseCollector(state_db))
     app.state.tandem = state
     if cloud_engine is not None:
         attach_cloud_engine(app, cloud_engine)

@@ -67,9 +67,21 @@ class AppConfig:
         if self.rate_limit_per_minute is None and self.rate_limit_burst is not None:
             raise ValueError("rate_limit_burst needs rate_limit_per_minute")
 
-    def client_limits(self, clock: Callable[[], float] = time.monotonic) -> ClientLimits:
+    def client_limits(self, clock: Callable[[], float] = time.monotonic, state=None) -> ClientLimits:
         """The per-client limits these settings name; build them once to share them with another
-        listener of the process (`tandem cloud serve`'s gRPC port): one budget per key."""
+        listener of the process (`tandem cloud serve`'s gRPC port): one budget per key. `state`: the
+        state database the replicas share (sdk.state.database.StateDatabase): the limits are kept there."""
+        if state is not None:
+            from sdk.serving.shared_limits import shared_client_limits
+
+            return shared_client_limits(
+                state,
+                self.rate_limit_per_minute,
+                self.rate_limit_burst,
+                self.max_concurrent_per_key,
+                self.auth_backoff_after,
+                self.auth_backoff_max_s,
+            )
         return ClientLimits.build(
             self.rate_limit_per_minute,
             self.rate_limit_burst,

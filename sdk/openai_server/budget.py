@@ -16,4 +16,4 @@ async def get_budget(request: Request) -> Response:
     if budgets is None:
         return OpenAIError(404, "this server has no budgets (set [server] budgets_file)", code="not_found").response()
     user = request.query_params.get("user") or None
-    return JSONResponse(budgets.status(getattr(request.state, "key_fingerprint", None), user))
+    return JSONResponse(await budgets.status(getattr(request.state, "key_fingerprint", None), user))

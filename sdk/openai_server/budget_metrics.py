@@ -1,8 +1,9 @@
-"""Budgets in /metrics: what they did to requests, and the file's reloads."""
+"""Budgets in /metrics: what they did to requests, and the file's reloads; and the state database
+the replicas share (sdk.state), whether it is reachable."""
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from sdk.openai_server.metrics import PREFIX
 
@@ -37,3 +38,27 @@ class BudgetCollector:
         reloads.add_metric(["ok"], counts.reloads)
         reloads.add_metric(["failed"], counts.failed_reloads)
         yield reloads
+
+
+class StateDatabaseCollector:
+    def __init__(self, db):
+        self.db = db  # sdk.state.database.StateDatabase
+
+    def collect(self):
+        up = GaugeMetricFamily(
+            PREFIX + "state_db_up",
+            "1 while the state database the replicas share is reachable; 0 while budgeted requests get 503.",
+        )
+        up.add_metric([], 1 if self.db.available else 0)
+        yield up
+        outages = CounterMetricFamily(
+            PREFIX + "state_db_outages", "Times the state database became unreachable while serving."
+        )
+        outages.add_metric([], self.db.outages)
+        yield outages
+        pending = GaugeMetricFamily(
+            PREFIX + "state_db_pending_writes",
+            "Writes (settled spend, returned in-flight slots) waiting for the state database.",
+        )
+        pending.add_metric([], self.db.pending_writes)
+        yield pending

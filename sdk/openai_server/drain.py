@@ -89,10 +89,10 @@ def admin_routes(app, engine: DrainableEngine, admin_key: str) -> None:
     metrics = app.state.tandem.metrics
     admin_keys = frozenset({admin_key})
 
-    def refused(request: Request) -> Response | None:
+    async def refused(request: Request) -> Response | None:
         """None for the admin key; else the answer (403, or 429 while the address backs off)."""
         address = request.client.host if request.client is not None else "unknown"  # as AccessControl sees it
-        _, refusal = gate.check_key(
+        _, refusal = await gate.check_key(
             bearer_token(request.headers.get("authorization")),
             admin_keys,
             address,
@@ -105,19 +105,19 @@ def admin_routes(app, engine: DrainableEngine, admin_key: str) -> None:
         return http_error(refusal).response() if refusal.kind == AUTH_BACKOFF else _forbidden()
 
     async def drain(request: Request) -> Response:
-        if (refusal := refused(request)) is not None:
+        if (refusal := await refused(request)) is not None:
             return refusal
         engine.drain()
         return JSONResponse(engine.status())
 
     async def resume(request: Request) -> Response:
-        if (refusal := refused(request)) is not None:
+        if (refusal := await refused(request)) is not None:
             return refusal
         engine.resume()
         return JSONResponse(engine.status())
 
     async def status(request: Request) -> Response:
-        if (refusal := refused(request)) is not None:
+        if (refusal := await refused(request)) is not None:
             return refusal
         return JSONResponse(engine.status())
 

@@ -21,6 +21,7 @@ from sdk.protocol.engine import (
     EngineNotReadyError,
     EngineOverloadedError,
     InvalidRequestError,
+    StateUnavailableError,
 )
 from sdk.protocol.openai_schema import ErrorInfo, ErrorResponse
 
@@ -118,6 +119,11 @@ def from_exception(exc: BaseException) -> OpenAIError:
         return OpenAIError(
             503, str(exc), type="service_unavailable", code="model_not_ready", headers={"Retry-After": "1"}
         )
+    if isinstance(exc, StateUnavailableError):
+        headers = {"Retry-After": retry_after_header(exc.retry_after_s)}
+        return OpenAIError(
+            503, str(exc), type="service_unavailable", code="state_database_unavailable", headers=headers
+        )
     if isinstance(exc, ValidationError):
         return from_validation_errors(exc.errors(include_url=False))
     if isinstance(exc, BudgetExhaustedError):
@@ -186,6 +192,12 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OpenAIError, on_openai_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
-    for engine_error in (InvalidRequestError, EngineOverloadedError, EngineNotReadyError, ValidationError):
+    for engine_error in (
+        InvalidRequestError,
+        EngineOverloadedError,
+        EngineNotReadyError,
+        StateUnavailableError,
+        ValidationError,
+    ):
         app.add_exception_handler(engine_error, on_any_error)
     app.add_exception_handler(Exception, on_any_error)

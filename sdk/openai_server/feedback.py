@@ -33,7 +33,7 @@ async def create_feedback(request: Request) -> Response:
             )
         key = getattr(request.state, "key_fingerprint", None)
         who = key or f"ip:{(request.client.host if request.client else 'unknown')}"
-        wait_s = state.feedback_limiter.acquire(who) if state.feedback_limiter is not None else 0.0
+        wait_s = state.feedback_limiter.take(who) if state.feedback_limiter is not None else 0.0
         if wait_s > 0:
             raise rate_limited(wait_s, state.feedback_limiter.per_minute)
         try:

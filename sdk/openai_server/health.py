@@ -18,15 +18,27 @@ async def health(request: Request) -> Response:
         return from_exception(EngineNotReadyError(DRAINING_MESSAGE)).response()
     if not engine.is_ready or (cascade is None and also_ready is not None and not also_ready()):
         return from_exception(EngineNotReadyError("the model is still loading; retry shortly")).response()
+    shared = _state_db(state)
     if cascade is None:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok"} | shared)
     # The local tier answers every request, so it alone makes the service ready; the cloud's
     # state only says whether escalations can go out ("loading": answered locally meanwhile).
     if also_ready is not None and not also_ready():
         cloud = "loading"
     else:
         cloud = "none" if cascade.cloud is None else cascade.breaker.state.value
-    return JSONResponse({"status": "ok", "local": "ready", "cloud": cloud})
+    return JSONResponse({"status": "ok", "local": "ready", "cloud": cloud} | shared)
+
+
+def _state_db(state: ServerState) -> dict:
+    """The replicas' state database, when there is one: "ok", or "unreachable" and why. The replica stays in
+    rotation (200): requests without a budget are served; those with one get 503 until it is back."""
+    db = state.state_db
+    if db is None:
+        return {}
+    if db.available:
+        return {"state_db": "ok"}
+    return {"state_db": "unreachable", "state_db_error": db.last_error}
 
 
 async def metrics(request: Request) -> Response:

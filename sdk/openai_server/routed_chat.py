@@ -34,7 +34,7 @@ async def create_routed_chat_completion(
         return from_exception(exc).response()
     response_id, created = new_id("chatcmpl"), int(time.time())
     key = getattr(request.state, "key_fingerprint", None)
-    headers = budget_headers(runner, key, body.user)
+    headers = await budget_headers(runner, key, body.user)
     call = routed_stream if body.stream else routed_completion
     answer = call(
         runner,
@@ -61,9 +61,9 @@ async def create_routed_chat_completion(
     return EventStreamResponse(_sse(result, body.include_usage, body.ignored_fields), headers=headers)
 
 
-def budget_headers(runner, key: str | None, user: str | None) -> dict[str, str]:
+async def budget_headers(runner, key: str | None, user: str | None) -> dict[str, str]:
     """`x-tandem-budget-warning` naming each soft budget this key (or user) has reached (counted in /metrics)."""
-    warning = runner.budgets.soft_warning(key, user) if runner.budgets is not None else None
+    warning = await runner.budgets.soft_warning(key, user) if runner.budgets is not None else None
     return {BUDGET_WARNING_HEADER: warning} if warning else {}
 
 

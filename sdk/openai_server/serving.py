@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -75,6 +75,7 @@ class ServerState:
     embeddings: EmbeddingService | None = None  # POST /v1/embeddings (tandem serve)
     budgets: BudgetManager | None = None  # of a server without a cascade (tandem cloud serve's hosted API)
     also_ready: Callable[[], bool] | None = None  # an embedded cloud engine's readiness (/health)
+    state_db: Any = None  # sdk.state.database.StateDatabase the replicas share (/health and /metrics report it)
 
     @property
     def bills_user(self) -> bool:
@@ -160,7 +161,7 @@ def ignored_extension(body) -> dict | None:
     return {"ignored_fields": body.ignored_fields} if body.ignored_fields else None
 
 
-def bill_to_caller(request: Request, state: ServerState, job: Job) -> dict[str, str]:
+async def bill_to_caller(request: Request, state: ServerState, job: Job) -> dict[str, str]:
     """Name the caller on each of the job's requests when the engine bills them (the prompt on the
     first choice only, as usage counts it); the soft-budget warning header, if any."""
     if not state.engine.bills_callers:  # sdk.budgets.metered_engine.BudgetedEngine does
@@ -168,7 +169,7 @@ def bill_to_caller(request: Request, state: ServerState, job: Job) -> dict[str, 
     key = getattr(request.state, "key_fingerprint", None)
     for index, generation_request in enumerate(job.generation_requests):
         generation_request.caller = Caller(key, job.user, bills_prompt=index == 0)
-    warning = state.engine.soft_warning(Caller(key, job.user))
+    warning = await state.engine.soft_warning(Caller(key, job.user))
     return {BUDGET_WARNING_HEADER: warning} if warning else {}
 
 
@@ -185,7 +186,7 @@ async def run_job(
     """Run a job and answer with a stream or a whole body, cancelling it if the client leaves.
     On a server whose engine is billed (sdk.budgets.metered_engine), the requests carry their
     caller, and a soft budget reached adds `x-tandem-budget-warning`."""
-    headers = bill_to_caller(request, state, job)
+    headers = await bill_to_caller(request, state, job)
     choices = merge_choices(state.engine, job.generation_requests, state.metrics, job.arrival_time)
     try:
         if stream:

@@ -19,6 +19,7 @@ from sdk.protocol.errors import (  # noqa: F401
     EngineOverloadedError,
     InvalidRequestError,
     QuotaExceededError,
+    StateUnavailableError,
 )
 from sdk.protocol.sampling_params import (  # noqa: F401
     MAX_LOGIT_BIAS,
@@ -215,7 +216,7 @@ class EngineProtocol(Protocol):
         """True when the engine bills each request to its `caller` (a server with budgets)."""
         return False
 
-    def soft_warning(self, caller: Caller) -> str | None:
+    async def soft_warning(self, caller: Caller) -> str | None:
         """The soft-budget warning for a caller about to be billed (engines that bill callers)."""
         return None
 

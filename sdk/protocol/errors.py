@@ -36,3 +36,13 @@ class QuotaExceededError(EngineError):
     """The caller has spent what its budget allows this period: retrying will not help until it
     ends (HTTP 429 insufficient_quota with x-should-retry: false, gRPC RESOURCE_EXHAUSTED with
     `tandem-error-type: insufficient_quota` and no retry-after)."""
+
+
+class StateUnavailableError(EngineError):
+    """The state database replicas share (spend, reservations, rate limits: sdk.state) cannot be
+    reached, so a request that must be billed or limited there is refused rather than served
+    unbilled (HTTP 503 `state_database_unavailable` + Retry-After, gRPC UNAVAILABLE)."""
+
+    def __init__(self, message: str, retry_after_s: float = 2.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -96,14 +96,14 @@ class AccessGate:
         """A loggable name for a client: a key's fingerprint, never the key."""
         return f"key {key_fingerprint(client)}" if self.api_keys else client
 
-    def admit(self, presented_key: str | None, address: str, what: str, *, limited: bool = True) -> Admission:
+    async def admit(self, presented_key: str | None, address: str, what: str, *, limited: bool = True) -> Admission:
         """Decide on one request from `address` (the peer's host) presenting `presented_key`.
 
         `what` names the call in log lines ("POST /v1/chat/completions", a gRPC method).
         `limited=False` checks the key only (paths that must not spend a budget: /metrics)."""
         client = f"ip:{address}"
         if self.api_keys:
-            key, refusal = self.check_key(presented_key, self.api_keys, address, what)
+            key, refusal = await self.check_key(presented_key, self.api_keys, address, what)
             if refusal is not None:
                 return Admission(client, refusal)
             client = key
@@ -112,7 +112,7 @@ class AccessGate:
             return Admission(client)
         per_key = bool(self.api_keys)
         rate = self.limits.rate
-        if rate is not None and (wait_s := rate.acquire(client)) > 0:
+        if rate is not None and (wait_s := await rate.acquire(client)) > 0:
             self.log.info(
                 (client, RATE_LIMITED),
                 "%s refused for %s: rate limit (%.1fs until its next request)",
@@ -126,7 +126,7 @@ class AccessGate:
         in_flight = self.limits.in_flight
         if in_flight is None:
             return Admission(client)
-        if not in_flight.try_acquire(client):
+        if not await in_flight.try_acquire(client):
             self.log.info(
                 (client, TOO_MANY_IN_FLIGHT),
                 "%s refused for %s: %d requests already in flight",
@@ -139,7 +139,7 @@ class AccessGate:
             )
         return Admission(client, holds_slot=True)
 
-    def check_key(
+    async def check_key(
         self, presented_key: str | None, keys: frozenset[str], address: str, what: str, name: str = "API key"
     ) -> tuple[str | None, Refusal | None]:
         """The key of `keys` that `presented_key` is, or why not: AUTH_BACKOFF while `address` backs
@@ -147,7 +147,7 @@ class AccessGate:
         `address`. Every secret a listener checks comes through here (the API keys in `admit`, the
         admin key of /admin/*), so a guess at any of them spends the one backoff of its address."""
         backoff = self.limits.auth_backoff
-        if backoff is not None and (wait_s := backoff.wait_s(address)) > 0:
+        if backoff is not None and (wait_s := await backoff.wait_s(address)) > 0:
             self.log.info(
                 (address, AUTH_BACKOFF),
                 "%s from %s refused unchecked: backing off after failed keys (%.1fs left)",
@@ -159,7 +159,7 @@ class AccessGate:
         key = matching_key(presented_key, keys)
         if key is not None:
             return key, None
-        waits = backoff.failed(address) if backoff is not None else 0.0
+        waits = await backoff.failed(address) if backoff is not None else 0.0
         seen = f"unknown {name} {key_fingerprint(presented_key)}" if presented_key else f"no {name}"
         then = f"; it now waits {waits:g}s before its next key is checked" if waits else ""
         self.log.info((address, UNAUTHENTICATED), "%s from %s refused: %s%s", what, address, seen, then)

@@ -9,6 +9,8 @@
 `ClientLimits` bundles one process's limiters, so a key's budget is one budget whichever
 listener its requests come through. The clock is injectable so tests need no sleeps.
 Everything here is used from the one event loop both servers run on, so it takes no lock.
+The decisions are coroutines because the replicas that share these limits through the state
+database (sdk.serving.shared_limits) answer the same calls with a round trip; here they never wait.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ class RequestRateLimiter:
         self.clock = clock
         self._buckets: dict[str, _Bucket] = {}
 
-    def acquire(self, client: str) -> float:
+    async def acquire(self, client: str) -> float:
+        return self.take(client)
+
+    def take(self, client: str) -> float:
         """Take a token for `client`: 0.0 when allowed, else the seconds until one is available."""
         now = self.clock()
         bucket = self._buckets.get(client)
@@ -87,7 +92,7 @@ class InFlightLimiter:
         self.max_in_flight = max_in_flight
         self._counts: dict[str, int] = {}
 
-    def try_acquire(self, client: str) -> bool:
+    async def try_acquire(self, client: str) -> bool:
         count = self._counts.get(client, 0)
         if count >= self.max_in_flight:
             return False
@@ -129,7 +134,8 @@ class ClientLimits:
         auth_backoff_max_s: float = DEFAULT_AUTH_BACKOFF_MAX_S,
     ) -> "ClientLimits":
         """The limits named by the servers' settings (rate_limit, its burst, max_concurrent_per_key,
-        auth_backoff_after (None or 0: off), auth_backoff_max_s)."""
+        auth_backoff_after (None or 0: off), auth_backoff_max_s). Replicas that share them build
+        sdk.serving.shared_limits.shared_client_limits instead."""
         if rate_limit_per_minute is None and rate_limit_burst is not None:
             raise ValueError("rate_limit_burst needs rate_limit_per_minute")
         rate = (
@@ -181,7 +187,7 @@ class AuthFailureBackoff:
         self.clock = clock
         self._failures: dict[str, tuple[int, float, float]] = {}  # address -> (count, last failure, blocked until)
 
-    def wait_s(self, address: str) -> float:
+    async def wait_s(self, address: str) -> float:
         """Seconds `address` must still wait before its next key is checked (0: check it now)."""
         entry = self._failures.get(address)
         if entry is None:
@@ -193,7 +199,7 @@ class AuthFailureBackoff:
             return 0.0
         return max(0.0, until - now)
 
-    def failed(self, address: str) -> float:
+    async def failed(self, address: str) -> float:
         """Record a failed key from `address`; returns the wait it now starts (0: none yet)."""
         now = self.clock()
         count, last, _ = self._failures.get(address, (0, now, now))

@@ -76,8 +76,8 @@ class EngineWrapper(EngineProtocol):
     def bills_callers(self) -> bool:
         return self.engine.bills_callers
 
-    def soft_warning(self, caller: Caller) -> str | None:
-        return self.engine.soft_warning(caller)
+    async def soft_warning(self, caller: Caller) -> str | None:
+        return await self.engine.soft_warning(caller)
 
     def __getattr__(self, name: str) -> Any:
         if name == "engine":  # not set yet (copy, pickle): no recursion

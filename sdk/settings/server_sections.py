@@ -24,6 +24,11 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvico
 _PORT = at_least(0, high=65535)
 
 
+def _postgresql_url(value: str) -> None:
+    if not value.startswith(("postgresql://", "postgres://")):
+        raise ValueError("must be a postgresql:// URL")
+
+
 @dataclass(frozen=True)
 class ListenerConfig:
     """A server's listener: [server] for `tandem serve`, [cloud_server] for `tandem cloud serve`."""
@@ -79,6 +84,21 @@ class ListenerConfig:
         None,
         "Where spend against the budgets is kept (SQLite; survives restarts).",
         unset="$TANDEM_DATA_DIR/spend.sqlite3, else ~/.local/share/tandem/spend.sqlite3",
+    )
+    state_db: str | None = setting(
+        None,
+        "PostgreSQL URL (postgresql://user:password@host/db) of the state database every replica of this server "
+        "shares: spend and budget reservations, rate limits, requests in flight, failed-key backoff "
+        "(docs/cloud-at-scale.md, More than one replica).",
+        unset="per process: spend_path's SQLite file and memory",
+        check=_postgresql_url,
+        secret=True,
+    )
+    state_db_lease_s: float = setting(
+        30.0,
+        "With state_db: seconds a replica that stopped answering (killed, host lost) keeps holding its budget "
+        "reservations and requests in flight before the other replicas delete them.",
+        check=at_least(1),
     )
     tls_cert: str | None = setting(
         None, "PEM certificate chain: the server speaks TLS (with tls_key).", unset="plaintext"

@@ -1,4 +1,5 @@
-"""The budgets file, the spend ledger and the decisions (sdk.budgets), without a server."""
+"""The budgets file, the spend ledger and the decisions (sdk.budgets), without a server: each decision
+against both ledgers, this process's (SQLite + memory) and the state database replicas share."""
 
 from __future__ import annotations
 
@@ -33,11 +34,11 @@ class Clock:
         return self.now
 
 
-def manager(tmp_path, text: str = BUDGETS, prices_are_zero: bool = False, clock=None):
+def manager(tmp_path, text: str = BUDGETS, prices_are_zero: bool = False, clock=None, ledger=None):
     path = tmp_path / "budgets.toml"
     path.write_text(text)
     clock = clock or Clock()
-    ledger = SpendLedger(tmp_path / "spend.sqlite3", clock=clock).start()
+    ledger = ledger or SpendLedger(tmp_path / "spend.sqlite3", clock=clock).start()
     return BudgetManager(str(path), ledger, prices_are_zero, clock=clock), ledger, path
 
 
@@ -70,38 +71,48 @@ def test_usd_budgets_refuse_to_start_with_zero_prices(tmp_path):
     ledger.close()
 
 
-def test_soft_then_hard_per_key_and_per_user(tmp_path):
-    budgets, ledger, _ = manager(
-        tmp_path
-    )  # default: 1 USD a day hard, 0.5 soft, cloud share 0.5 a month; users 0.2 a day
-    assert not budgets.verdict("k1", None).exhausted
+async def test_soft_then_hard_per_key_and_per_user(tmp_path, open_ledger):
+    clock = Clock()  # default: 1 USD a day hard, 0.5 soft, cloud share 0.5 a month; users 0.2 a day
+    budgets, ledger, _ = manager(tmp_path, clock=clock, ledger=open_ledger(clock))
+    assert not (await budgets.verdict("k1", None)).exhausted
     budgets.record("k1", "alice", usd=0.15, cloud_tokens=10, total_tokens=100)
-    assert budgets.verdict("k1", "alice") == budgets.verdict("k1", None) and not budgets.verdict("k1", "alice").hard
+    await ledger.settled()
+    assert (await budgets.verdict("k1", "alice")) == (await budgets.verdict("k1", None)) and not (
+        await budgets.verdict("k1", "alice")
+    ).hard
     budgets.record("k1", "alice", usd=0.1, cloud_tokens=10, total_tokens=100)  # alice: 0.25 of her 0.2
-    assert [(b.scope, b.limit.name) for b in budgets.verdict("k1", "alice").hard] == [("user", "usd_per_day")]
-    assert not budgets.verdict("k1", "bob").hard and not budgets.verdict("k1", None).hard  # the key itself: 0.25 of 1
+    await ledger.settled()
+    assert [(b.scope, b.limit.name) for b in (await budgets.verdict("k1", "alice")).hard] == [("user", "usd_per_day")]
+    assert (
+        not (await budgets.verdict("k1", "bob")).hard and not (await budgets.verdict("k1", None)).hard
+    )  # the key itself: 0.25 of 1
     budgets.record("k1", None, usd=0.3, cloud_tokens=0, total_tokens=1000)  # key: 0.55 -> soft
-    verdict = budgets.verdict("k1", None)
+    await ledger.settled()
+    verdict = await budgets.verdict("k1", None)
     assert [b.limit.name for b in verdict.soft] == ["soft_usd_per_day"] and not verdict.hard
     budgets.record("k1", None, usd=0.5, cloud_tokens=0, total_tokens=0)  # key: 1.05 -> hard
-    [breach] = budgets.verdict("k1", None).hard
+    await ledger.settled()
+    [breach] = (await budgets.verdict("k1", None)).hard
     assert breach.describe() == "key budget usd_per_day reached (1.0500 USD of 1 this day, UTC)"
     budgets.record("k1", None, usd=0.0, cloud_tokens=2000, total_tokens=2000)  # share 2020/3200 of the month
-    assert {b.limit.name for b in budgets.verdict("k1", None).hard} == {"usd_per_day", "cloud_share_per_month"}
+    await ledger.settled()
+    assert {b.limit.name for b in (await budgets.verdict("k1", None)).hard} == {"usd_per_day", "cloud_share_per_month"}
     budgets.record("abc123", None, usd=5.0, cloud_tokens=100, total_tokens=100)
-    assert not budgets.verdict("abc123", None).hard  # its own limits replace the default: 10 USD a month
-    ledger.close()
+    await ledger.settled()
+    assert not (await budgets.verdict("abc123", None)).hard  # its own limits replace the default: 10 USD a month
 
 
-def test_cloud_share_needs_tokens_and_periods_roll_over(tmp_path):
+async def test_cloud_share_needs_tokens_and_periods_roll_over(tmp_path, open_ledger):
     clock = Clock()
-    budgets, ledger, _ = manager(tmp_path, "[default]\ncloud_share_per_day = 0.5\n", clock=clock)
-    assert not budgets.verdict("k", None).hard  # no tokens yet: no share to be over
+    budgets, ledger, _ = manager(
+        tmp_path, "[default]\ncloud_share_per_day = 0.5\n", clock=clock, ledger=open_ledger(clock)
+    )
+    assert not (await budgets.verdict("k", None)).hard  # no tokens yet: no share to be over
     budgets.record("k", None, usd=0.0, cloud_tokens=60, total_tokens=100)
-    assert budgets.verdict("k", None).hard[0].spent == pytest.approx(0.6)
+    await ledger.settled()
+    assert (await budgets.verdict("k", None)).hard[0].spent == pytest.approx(0.6)
     clock.now += 86400  # a new UTC day
-    assert not budgets.verdict("k", None).hard
-    ledger.close()
+    assert not (await budgets.verdict("k", None)).hard
 
 
 def test_spend_survives_a_restart(tmp_path):
@@ -120,20 +131,21 @@ def test_spend_survives_a_restart(tmp_path):
     again.close()
 
 
-def test_the_file_is_reloaded_when_it_changes_and_a_bad_edit_keeps_the_old(tmp_path):
+async def test_the_file_is_reloaded_when_it_changes_and_a_bad_edit_keeps_the_old(tmp_path, open_ledger):
     clock = Clock()
-    budgets, ledger, path = manager(tmp_path, "[default]\nusd_per_day = 1.0\n", clock=clock)
+    budgets, ledger, path = manager(tmp_path, "[default]\nusd_per_day = 1.0\n", clock=clock, ledger=open_ledger(clock))
     budgets.record("k", None, usd=2.0, cloud_tokens=0, total_tokens=0)
-    assert budgets.verdict("k", None).hard
+    await ledger.settled()
+    assert (await budgets.verdict("k", None)).hard
     path.write_text("[default]\nusd_per_day = 5.0\n")
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
     clock.now += 3.0
-    assert not budgets.verdict("k", None).hard and budgets.counts.reloads == 1
+    assert not (await budgets.verdict("k", None)).hard and budgets.counts.reloads == 1
     path.write_text("[default]\nusd_per_day = -5.0\n")
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
     clock.now += 3.0
-    assert not budgets.verdict("k", None).hard and budgets.counts.failed_reloads == 1  # still 5 USD
-    assert budgets.status("k", None)["scopes"][0]["limits"][0] | {} == {
+    assert not (await budgets.verdict("k", None)).hard and budgets.counts.failed_reloads == 1  # still 5 USD
+    assert (await budgets.status("k", None))["scopes"][0]["limits"][0] | {} == {
         "limit": "usd_per_day",
         "period": "day",
         "value": 5.0,
@@ -142,7 +154,6 @@ def test_the_file_is_reloaded_when_it_changes_and_a_bad_edit_keeps_the_old(tmp_p
         "exhausted": False,
         "requests": 1,
     }
-    ledger.close()
 
 
 def test_tandem_serve_refuses_usd_budgets_without_prices_before_loading_anything(tmp_path):

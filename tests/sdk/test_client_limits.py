@@ -1,4 +1,6 @@
-"""The token-bucket request limiter on a fake clock: bursts, refill, per-client buckets, bounded memory."""
+"""The per-client limits on a fake clock: the token-bucket rate limit (bursts, refill, per-client
+buckets, bounded memory), requests in flight, the failed-key backoff. The decisions run against both
+books: this process's memory and the state database replicas share (sdk.serving.shared_limits)."""
 
 from __future__ import annotations
 
@@ -6,51 +8,85 @@ import pytest
 
 from sdk.serving import client_limits
 from sdk.openai_server.errors import retry_after_header
-from sdk.serving.client_limits import RequestRateLimiter
+from sdk.serving.client_limits import InFlightLimiter, RequestRateLimiter
 
 
 class FakeClock:
     def __init__(self) -> None:
-        self.now = 1000.0
+        # Wall-clock seconds ahead of now: the state database's housekeeping deletes buckets full by now.
+        self.now = 4_000_000_000.0
 
     def __call__(self) -> float:
         return self.now
 
 
-def test_burst_then_refill_at_the_per_minute_rate():
-    clock = FakeClock()
-    limiter = RequestRateLimiter(per_minute=60, burst=3, clock=clock)  # one token a second
-    assert [limiter.acquire("a") for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert limiter.acquire("a") == pytest.approx(1.0)
-    clock.now += 0.5
-    assert limiter.acquire("a") == pytest.approx(0.5)  # half a token back; a refusal takes nothing
-    clock.now += 0.5
-    assert limiter.acquire("a") == 0.0
-    assert limiter.acquire("a") == pytest.approx(1.0)
+class Books:
+    """The limiters of one kind of book: "local" (this process) or "postgres" (the state database)."""
+
+    def __init__(self, db=None):
+        self.db = db
+
+    def rate(self, per_minute, burst=None, clock=None):
+        if self.db is None:
+            return RequestRateLimiter(per_minute=per_minute, burst=burst, clock=clock)
+        from sdk.serving.shared_limits import SharedRateLimiter
+
+        return SharedRateLimiter(self.db, per_minute, burst, clock)
+
+    def backoff(self, **settings):
+        if self.db is None:
+            return client_limits.AuthFailureBackoff(**settings)
+        from sdk.serving.shared_limits import SharedAuthFailureBackoff
+
+        return SharedAuthFailureBackoff(self.db, **settings)
+
+    def in_flight(self, max_in_flight):
+        if self.db is None:
+            return InFlightLimiter(max_in_flight)
+        from sdk.serving.shared_limits import SharedInFlightLimiter
+
+        return SharedInFlightLimiter(self.db, max_in_flight)
 
 
-def test_burst_defaults_to_the_per_minute_figure_and_waits_scale_with_the_rate():
+@pytest.fixture(params=["local", "postgres"])
+def books(request):
+    return Books(request.getfixturevalue("state_db") if request.param == "postgres" else None)
+
+
+async def test_burst_then_refill_at_the_per_minute_rate(books):
     clock = FakeClock()
-    limiter = RequestRateLimiter(per_minute=2, clock=clock)  # one token every 30 s
-    assert limiter.acquire("a") == 0.0 and limiter.acquire("a") == 0.0
-    assert limiter.acquire("a") == pytest.approx(30.0)
+    limiter = books.rate(60, 3, clock)  # one token a second
+    assert [(await limiter.acquire("a")) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert (await limiter.acquire("a")) == pytest.approx(1.0)
+    clock.now += 0.5
+    assert (await limiter.acquire("a")) == pytest.approx(0.5)  # half a token back; a refusal takes nothing
+    clock.now += 0.5
+    assert (await limiter.acquire("a")) == 0.0
+    assert (await limiter.acquire("a")) == pytest.approx(1.0)
+
+
+async def test_burst_defaults_to_the_per_minute_figure_and_waits_scale_with_the_rate(books):
+    clock = FakeClock()
+    limiter = books.rate(2, clock=clock)  # one token every 30 s
+    assert (await limiter.acquire("a")) == 0.0 and (await limiter.acquire("a")) == 0.0
+    assert (await limiter.acquire("a")) == pytest.approx(30.0)
     clock.now += 3600  # a long pause refills only up to the burst
-    assert [limiter.acquire("a") for _ in range(3)][-1] == pytest.approx(30.0)
+    assert [(await limiter.acquire("a")) for _ in range(3)][-1] == pytest.approx(30.0)
 
 
-def test_clients_have_their_own_buckets():
-    limiter = RequestRateLimiter(per_minute=60, burst=1, clock=FakeClock())
-    assert limiter.acquire("a") == 0.0
-    assert limiter.acquire("a") > 0
-    assert limiter.acquire("b") == 0.0
+async def test_clients_have_their_own_buckets(books):
+    limiter = books.rate(60, 1, FakeClock())
+    assert (await limiter.acquire("a")) == 0.0
+    assert (await limiter.acquire("a")) > 0
+    assert (await limiter.acquire("b")) == 0.0
 
 
-def test_a_clock_stepping_back_does_not_drain_or_fill_a_bucket():
+async def test_a_clock_stepping_back_does_not_drain_or_fill_a_bucket(books):
     clock = FakeClock()
-    limiter = RequestRateLimiter(per_minute=60, burst=1, clock=clock)
-    limiter.acquire("a")
+    limiter = books.rate(60, 1, clock)
+    await limiter.acquire("a")
     clock.now -= 100
-    assert limiter.acquire("a") == pytest.approx(1.0)
+    assert (await limiter.acquire("a")) == pytest.approx(1.0)
 
 
 def test_idle_buckets_are_dropped_once_there_are_many(monkeypatch):
@@ -58,12 +94,12 @@ def test_idle_buckets_are_dropped_once_there_are_many(monkeypatch):
     clock = FakeClock()
     limiter = RequestRateLimiter(per_minute=60, burst=1, clock=clock)
     for client in ("a", "b", "c"):
-        limiter.acquire(client)
+        limiter.take(client)
     clock.now += 0.5
-    limiter.acquire("d")  # nobody has refilled yet: all kept
+    limiter.take("d")  # nobody has refilled yet: all kept
     assert len(limiter._buckets) == 4
     clock.now += 1.0
-    limiter.acquire("e")  # a, b, c, d are full again and forgotten
+    limiter.take("e")  # a, b, c, d are full again and forgotten
     assert set(limiter._buckets) == {"e"}
 
 
@@ -80,31 +116,42 @@ def test_retry_after_is_whole_seconds_rounded_up_and_at_least_one(wait_s, header
     assert retry_after_header(wait_s) == header
 
 
-def test_auth_backoff_starts_after_n_failures_and_doubles_to_the_cap():
+async def test_auth_backoff_starts_after_n_failures_and_doubles_to_the_cap(books):
     clock = FakeClock()
-    backoff = client_limits.AuthFailureBackoff(after=3, max_wait_s=8, clock=clock)
-    assert [backoff.failed("a") for _ in range(2)] == [0.0, 0.0] and backoff.wait_s("a") == 0.0
-    assert backoff.failed("a") == 1.0 and backoff.wait_s("a") == 1.0  # the 3rd failure starts the wait
-    assert backoff.wait_s("b") == 0.0  # per address
+    backoff = books.backoff(after=3, max_wait_s=8, clock=clock)
+    assert [(await backoff.failed("a")) for _ in range(2)] == [0.0, 0.0] and (await backoff.wait_s("a")) == 0.0
+    assert (await backoff.failed("a")) == 1.0 and (await backoff.wait_s("a")) == 1.0  # the 3rd failure starts the wait
+    assert (await backoff.wait_s("b")) == 0.0  # per address
     waits = []
     for _ in range(5):
-        clock.now += backoff.wait_s("a")
-        assert backoff.wait_s("a") == 0.0
-        waits.append(backoff.failed("a"))
+        clock.now += await backoff.wait_s("a")
+        assert (await backoff.wait_s("a")) == 0.0
+        waits.append((await backoff.failed("a")))
     assert waits == [2.0, 4.0, 8.0, 8.0, 8.0]
 
 
-def test_auth_backoff_forgets_a_quiet_address_but_not_on_success():
+async def test_auth_backoff_forgets_a_quiet_address_but_not_on_success(books):
     clock = FakeClock()
-    backoff = client_limits.AuthFailureBackoff(after=2, max_wait_s=4, forget_after_s=60, clock=clock)
-    backoff.failed("a"), backoff.failed("a")
+    backoff = books.backoff(after=2, max_wait_s=4, forget_after_s=60, clock=clock)
+    (await backoff.failed("a")), (await backoff.failed("a"))
     clock.now += 59  # still remembered (no success resets it: there is no such call)
-    assert backoff.failed("a") == 2.0
+    assert (await backoff.failed("a")) == 2.0
     clock.now += 61
-    assert backoff.wait_s("a") == 0.0 and backoff.failed("a") == 0.0  # a fresh count
+    assert (await backoff.wait_s("a")) == 0.0 and (await backoff.failed("a")) == 0.0  # a fresh count
 
 
 @pytest.mark.parametrize("after, max_wait_s", [(0, 10), (True, 10), (3, 0.5), (3, float("inf"))])
 def test_auth_backoff_refuses_bad_settings(after, max_wait_s):
     with pytest.raises(ValueError, match="auth_backoff"):
         client_limits.AuthFailureBackoff(after=after, max_wait_s=max_wait_s)
+
+
+async def test_requests_in_flight_per_client_up_to_the_limit(books):
+    limiter = books.in_flight(2)
+    assert [await limiter.try_acquire("a") for _ in range(3)] == [True, True, False]
+    assert await limiter.try_acquire("b")  # per client
+    limiter.release("a")
+    if books.db is not None:
+        await books.db.flush()  # a release is written after the response has ended
+    assert await limiter.try_acquire("a") and not await limiter.try_acquire("a")
+    assert limiter.in_flight("a") == 2 and limiter.total == 3

@@ -17,6 +17,7 @@ CONTEXT_LENGTH_TYPE = "context_length_exceeded"
 OVERLOADED_TYPE = "overloaded"
 NOT_READY_TYPE = "not_ready"
 MODEL_NOT_FOUND_TYPE = "model_not_found"
+STATE_UNAVAILABLE_TYPE = "state_database_unavailable"  # the replicas' state database is unreachable (sdk.state)
 INSUFFICIENT_QUOTA_TYPE = (
     "insufficient_quota"  # OpenAI's code: a budget reached; no retry-after (retrying will not help)
 )

@@ -110,7 +110,7 @@ def _gated(
     parse = None if handler.request_streaming else handler.request_deserializer
 
     async def admit(context: grpc.aio.ServicerContext):
-        admission = gate.admit(presented, peer_host(context.peer()), method)
+        admission = await gate.admit(presented, peer_host(context.peer()), method)
         if admission.refusal is not None:
             code, message, metadata = rpc_refusal(admission.refusal)
             await context.abort(code, message, trailing_metadata=metadata)  # raises

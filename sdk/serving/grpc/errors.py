@@ -18,6 +18,7 @@ from sdk.protocol.engine import (
     EngineOverloadedError,
     InvalidRequestError,
     QuotaExceededError,
+    StateUnavailableError,
 )
 from sdk.protocol.wire.status import (
     CONTEXT_LENGTH_TYPE,
@@ -29,6 +30,7 @@ from sdk.protocol.wire.status import (
     NOT_READY_TYPE,
     OVERLOADED_TYPE,
     RETRY_AFTER_KEY,
+    STATE_UNAVAILABLE_TYPE,
 )
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,11 @@ def status_for(exc: BaseException) -> RpcStatus:
         )
     if isinstance(exc, QuotaExceededError):
         return RpcStatus(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), _typed(INSUFFICIENT_QUOTA_TYPE))
+    if isinstance(exc, StateUnavailableError):
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        return RpcStatus(
+            grpc.StatusCode.UNAVAILABLE, str(exc), _typed(STATE_UNAVAILABLE_TYPE) + ((RETRY_AFTER_KEY, retry),)
+        )
     if isinstance(exc, EngineNotReadyError):
         return RpcStatus(grpc.StatusCode.UNAVAILABLE, str(exc), _typed(NOT_READY_TYPE) + ((RETRY_AFTER_KEY, "1"),))
     # The traceback may hold prompt text or paths: it goes to the log, the client gets a generic line.

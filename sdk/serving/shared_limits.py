@@ -1,0 +1,174 @@
+"""The per-client limits of sdk.serving.client_limits, kept in the state database so that the
+replicas of a server share them (`state_db`): one token bucket per key across all replicas, one
+count of requests in flight, one failed-key backoff per client address.
+
+Each decision is one statement or function call (sdk.state.schema: `tandem_take_token`,
+`tandem_enter`, `tandem_auth_failed`), atomic on its row. Returning an in-flight slot is deferred
+to the database's writer (a response's end never waits on it); a replica that dies with slots
+taken stops counting once its lease ends.
+
+Keys never reach the database: a client is stored as the SHA-256 of its identity (the key, or
+`ip:<host>`).
+
+While the database is unreachable, each replica falls back to its own in-memory limiter of the
+same settings (what it does without `state_db`): requests keep being limited, per replica, and
+nothing waits on the database. The fallback's counts start from zero and are dropped when it
+comes back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+
+from sdk.protocol.errors import StateUnavailableError
+from sdk.serving.client_limits import AuthFailureBackoff, ClientLimits, InFlightLimiter, RequestRateLimiter
+from sdk.state.database import StateDatabase
+
+
+def _digest(client: str) -> str:
+    return hashlib.sha256(client.encode("utf-8")).hexdigest()
+
+
+class SharedRateLimiter(RequestRateLimiter):
+    """RequestRateLimiter's bucket per client, in the state database."""
+
+    def __init__(
+        self, db: StateDatabase, per_minute: float, burst: float | None = None, clock: Callable[[], float] = time.time
+    ):
+        super().__init__(per_minute, burst, clock)  # the same checks; its buckets are the fallback
+        self.db = db
+
+    async def acquire(self, client: str) -> float:
+        try:
+            rows = await self.db.call(
+                "SELECT tandem_take_token(%s, %s, %s, %s)",
+                (_digest(client), self.burst, self.refill_per_s, self.clock()),
+            )
+        except StateUnavailableError:
+            return self.take(client)
+        return rows[0][0]
+
+
+class SharedInFlightLimiter(InFlightLimiter):
+    """InFlightLimiter's count per client, summed over the live replicas."""
+
+    def __init__(self, db: StateDatabase, max_in_flight: int):
+        super().__init__(max_in_flight)
+        self.db = db
+        self._shared: dict[str, int] = {}  # this replica's slots in the database, per client (for /metrics)
+
+    async def try_acquire(self, client: str) -> bool:
+        try:
+            rows = await self.db.call(
+                "SELECT tandem_enter(%s, %s, %s)", (_digest(client), self.db.replica_id, self.max_in_flight)
+            )
+        except StateUnavailableError:
+            return await super().try_acquire(client)  # released there: release() finds no shared slot
+        if rows[0][0]:
+            self._shared[client] = self._shared.get(client, 0) + 1
+        return rows[0][0]
+
+    def release(self, client: str) -> None:
+        if self._shared.get(client, 0) <= 0:  # a slot the fallback counted
+            super().release(client)
+            return
+        if self._shared[client] == 1:
+            del self._shared[client]
+        else:
+            self._shared[client] -= 1
+        params = (_digest(client), self.db.replica_id)
+
+        async def write() -> None:
+            async with self.db.transaction() as conn:
+                await conn.execute(
+                    "UPDATE tandem_in_flight SET count = count - 1 WHERE client = %s AND replica = %s", params
+                )
+                await conn.execute(
+                    "DELETE FROM tandem_in_flight WHERE client = %s AND replica = %s AND count <= 0", params
+                )
+
+        self.db.defer(write)
+
+    def in_flight(self, client: str) -> int:
+        """This replica's requests in flight for `client` (both books)."""
+        return self._shared.get(client, 0) + super().in_flight(client)
+
+    @property
+    def total(self) -> int:
+        return sum(self._shared.values()) + super().total
+
+    async def in_flight_everywhere(self, client: str) -> int:
+        """Requests in flight for `client` on every live replica (the tests look)."""
+        rows = await self.db.call(
+            "SELECT coalesce(sum(f.count), 0) FROM tandem_in_flight f JOIN tandem_replicas p ON p.id = f.replica "
+            "WHERE f.client = %s AND p.expires_at > now()",
+            (_digest(client),),
+        )
+        return rows[0][0]
+
+
+class SharedAuthFailureBackoff(AuthFailureBackoff):
+    """AuthFailureBackoff's failures per client address, in the state database."""
+
+    def __init__(
+        self,
+        db: StateDatabase,
+        after: int = 10,
+        max_wait_s: float = 300.0,
+        forget_after_s: float = 900.0,
+        clock: Callable[[], float] = time.time,
+    ):
+        super().__init__(after, max_wait_s, forget_after_s, clock)
+        self.db = db
+
+    async def wait_s(self, address: str) -> float:
+        try:
+            rows = await self.db.call(
+                "SELECT last_at, until_at FROM tandem_auth_failures WHERE address = %s", (address,)
+            )
+        except StateUnavailableError:
+            return await super().wait_s(address)
+        if not rows:
+            return 0.0
+        last, until = rows[0]
+        now = self.clock()
+        if now - last >= self.forget_after_s:
+            return 0.0
+        return max(0.0, until - now)
+
+    async def failed(self, address: str) -> float:
+        try:
+            rows = await self.db.call(
+                "SELECT tandem_auth_failed(%s, %s, %s, %s, %s)",
+                (address, self.clock(), self.after, self.max_wait_s, self.forget_after_s),
+            )
+        except StateUnavailableError:
+            return await super().failed(address)
+        return rows[0][0]
+
+
+def shared_client_limits(
+    db: StateDatabase,
+    rate_limit_per_minute: float | None = None,
+    rate_limit_burst: float | None = None,
+    max_concurrent_per_key: int | None = None,
+    auth_backoff_after: int | None = None,
+    auth_backoff_max_s: float = 300.0,
+    clock: Callable[[], float] = time.time,
+) -> ClientLimits:
+    """ClientLimits.build's limits, kept in the state database for every replica. On the wall clock:
+    replicas' monotonic clocks do not compare."""
+    if rate_limit_per_minute is None and rate_limit_burst is not None:
+        raise ValueError("rate_limit_burst needs rate_limit_per_minute")
+    rate = (
+        None if rate_limit_per_minute is None else SharedRateLimiter(db, rate_limit_per_minute, rate_limit_burst, clock)
+    )
+    in_flight = None if max_concurrent_per_key is None else SharedInFlightLimiter(db, max_concurrent_per_key)
+    backoff = (
+        SharedAuthFailureBackoff(db, auth_backoff_after, auth_backoff_max_s, clock=clock)
+        if auth_backoff_after
+        else None
+    )
+    return ClientLimits(rate, in_flight, backoff, clock)

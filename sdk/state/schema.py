@@ -1,0 +1,202 @@
+"""The state database's tables, as numbered migrations applied on start (sdk.state.database).
+
+A replica applies the ones the database has not seen, under a lock, so replicas starting together
+apply each once; a database migrated by a newer tandem (a version above the last here) is refused
+rather than written in a shape this code does not know. Append migrations; never edit one that
+has shipped.
+
+Leases: every replica has a row in tandem_replicas whose `expires_at` its heartbeat pushes forward.
+What a replica holds (budget reservations, requests in flight) counts only while its lease runs,
+and the heartbeat of any replica deletes what expired replicas still hold, so a replica that died
+(SIGKILL, a lost host) holds nothing past its lease.
+
+Spend reservations are decided in `tandem_reserve` under transaction-scoped advisory locks on each
+(scope, period), taken in a fixed order; `tandem_settle` takes the same locks. So no reservation
+reads a spend that a settle has updated and a reservation it has not yet deleted (or the other
+way round), and the bound of sdk.budgets.manager holds across replicas.
+"""
+
+from __future__ import annotations
+
+# The lock every replica takes to migrate: any constant, the same in every version.
+MIGRATION_LOCK = 7_301_154_911
+
+_V1 = """
+CREATE TABLE tandem_replicas (
+    id TEXT PRIMARY KEY,
+    started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    expires_at TIMESTAMPTZ NOT NULL
+);
+
+CREATE TABLE tandem_spend (
+    scope TEXT NOT NULL,
+    period TEXT NOT NULL,
+    usd DOUBLE PRECISION NOT NULL,
+    cloud_tokens BIGINT NOT NULL,
+    total_tokens BIGINT NOT NULL,
+    requests BIGINT NOT NULL,
+    PRIMARY KEY (scope, period)
+);
+
+CREATE SEQUENCE tandem_reservation_ids;
+
+CREATE TABLE tandem_reservations (
+    id BIGINT NOT NULL,
+    replica TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    period TEXT NOT NULL,
+    usd DOUBLE PRECISION NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (id, scope, period)
+);
+CREATE INDEX tandem_reservations_by_pair ON tandem_reservations (scope, period);
+CREATE INDEX tandem_reservations_by_replica ON tandem_reservations (replica);
+
+-- One token bucket per client (a key's digest, or its address); times are the replicas' wall clocks
+-- (seconds since the epoch). A bucket is deleted once it would be full again (`full_at`): a fresh one
+-- is the same.
+CREATE TABLE tandem_rate_buckets (
+    client TEXT PRIMARY KEY,
+    tokens DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    full_at DOUBLE PRECISION NOT NULL
+);
+
+CREATE TABLE tandem_in_flight (
+    client TEXT NOT NULL,
+    replica TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (client, replica)
+);
+CREATE INDEX tandem_in_flight_by_replica ON tandem_in_flight (replica);
+
+CREATE TABLE tandem_auth_failures (
+    address TEXT PRIMARY KEY,
+    count INTEGER NOT NULL,
+    last_at DOUBLE PRECISION NOT NULL,
+    until_at DOUBLE PRECISION NOT NULL,
+    forget_at DOUBLE PRECISION NOT NULL
+);
+
+-- Take a token from a client's bucket (refilled first): 0 when taken, else the seconds until one is there.
+CREATE FUNCTION tandem_take_token(
+    p_client TEXT, p_burst DOUBLE PRECISION, p_per_s DOUBLE PRECISION, p_now DOUBLE PRECISION
+) RETURNS DOUBLE PRECISION
+LANGUAGE plpgsql AS $$
+DECLARE
+    b tandem_rate_buckets%ROWTYPE;
+    level DOUBLE PRECISION;
+BEGIN
+    INSERT INTO tandem_rate_buckets VALUES (p_client, p_burst, p_now, p_now) ON CONFLICT (client) DO NOTHING;
+    SELECT * INTO b FROM tandem_rate_buckets WHERE client = p_client FOR UPDATE;
+    -- A clock that steps back (or a replica's that lags) must not drain a bucket.
+    level := least(p_burst, b.tokens + greatest(0, p_now - b.updated_at) * p_per_s);
+    IF level >= 1 THEN
+        UPDATE tandem_rate_buckets SET tokens = level - 1, updated_at = greatest(b.updated_at, p_now),
+            full_at = greatest(b.updated_at, p_now) + (p_burst - level + 1) / p_per_s WHERE client = p_client;
+        RETURN 0;
+    END IF;
+    UPDATE tandem_rate_buckets SET tokens = level, updated_at = greatest(b.updated_at, p_now) WHERE client = p_client;
+    RETURN (1 - level) / p_per_s;
+END $$;
+
+-- Count a request in flight for a client on a replica, unless live replicas already serve p_max of its.
+CREATE FUNCTION tandem_enter(p_client TEXT, p_replica TEXT, p_max INTEGER) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $$
+DECLARE
+    n BIGINT;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('in-flight|' || p_client, 0));
+    SELECT coalesce(sum(f.count), 0) INTO n FROM tandem_in_flight f JOIN tandem_replicas p ON p.id = f.replica
+        WHERE f.client = p_client AND p.expires_at > now();
+    IF n >= p_max THEN
+        RETURN FALSE;
+    END IF;
+    INSERT INTO tandem_in_flight AS f VALUES (p_client, p_replica, 1)
+        ON CONFLICT (client, replica) DO UPDATE SET count = f.count + 1;
+    RETURN TRUE;
+END $$;
+
+-- A failed key from an address: the wait it now starts (0 before p_after failures; then 1 s doubling to p_max_wait).
+CREATE FUNCTION tandem_auth_failed(
+    p_address TEXT, p_now DOUBLE PRECISION, p_after INTEGER, p_max_wait DOUBLE PRECISION, p_forget DOUBLE PRECISION
+) RETURNS DOUBLE PRECISION
+LANGUAGE plpgsql AS $$
+DECLARE
+    n INTEGER;
+    wait DOUBLE PRECISION;
+BEGIN
+    INSERT INTO tandem_auth_failures VALUES (p_address, 0, p_now, p_now, p_now + p_forget)
+        ON CONFLICT (address) DO NOTHING;
+    SELECT CASE WHEN p_now - last_at >= p_forget THEN 1 ELSE count + 1 END INTO n
+        FROM tandem_auth_failures WHERE address = p_address FOR UPDATE;
+    wait := CASE WHEN n < p_after THEN 0 ELSE least(p_max_wait, 2.0 ^ (n - p_after)) END;
+    UPDATE tandem_auth_failures SET count = n, last_at = p_now, until_at = p_now + wait, forget_at = p_now + p_forget
+        WHERE address = p_address;
+    RETURN wait;
+END $$;
+
+-- Hold p_usd against each (scope, period) with its limit, or say which one it would break:
+-- (reservation id, 0, 0, 0), or (NULL, its 1-based index, spent, held by live replicas).
+CREATE FUNCTION tandem_reserve(
+    p_replica TEXT, p_scopes TEXT[], p_periods TEXT[], p_limits DOUBLE PRECISION[], p_usd DOUBLE PRECISION
+) RETURNS TABLE (reservation BIGINT, failed INTEGER, spent DOUBLE PRECISION, held DOUBLE PRECISION)
+LANGUAGE plpgsql AS $$
+DECLARE
+    i INTEGER;
+    s DOUBLE PRECISION;
+    h DOUBLE PRECISION;
+    rid BIGINT;
+BEGIN
+    PERFORM tandem_lock_pairs(p_scopes, p_periods);
+    FOR i IN 1 .. coalesce(array_length(p_scopes, 1), 0) LOOP
+        SELECT coalesce(sum(sp.usd), 0) INTO s FROM tandem_spend sp
+            WHERE sp.scope = p_scopes[i] AND sp.period = p_periods[i];
+        SELECT coalesce(sum(r.usd), 0) INTO h FROM tandem_reservations r JOIN tandem_replicas p ON p.id = r.replica
+            WHERE r.scope = p_scopes[i] AND r.period = p_periods[i] AND p.expires_at > now();
+        IF s + h + p_usd > p_limits[i] THEN
+            RETURN QUERY SELECT NULL::BIGINT, i, s, h;
+            RETURN;
+        END IF;
+    END LOOP;
+    rid := nextval('tandem_reservation_ids');
+    INSERT INTO tandem_reservations (id, replica, scope, period, usd)
+        SELECT rid, p_replica, p_scopes[j], p_periods[j], p_usd FROM generate_subscripts(p_scopes, 1) AS j;
+    RETURN QUERY SELECT rid, 0, 0::DOUBLE PRECISION, 0::DOUBLE PRECISION;
+END $$;
+
+-- Release a reservation (NULL: none) and add one request's cost to each (scope, period) given.
+CREATE FUNCTION tandem_settle(
+    p_reservation BIGINT, p_held_scopes TEXT[], p_held_periods TEXT[], p_scopes TEXT[], p_periods TEXT[],
+    p_usd DOUBLE PRECISION, p_cloud_tokens BIGINT, p_total_tokens BIGINT
+) RETURNS VOID
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tandem_lock_pairs(p_held_scopes || p_scopes, p_held_periods || p_periods);
+    IF p_reservation IS NOT NULL THEN
+        DELETE FROM tandem_reservations WHERE id = p_reservation;
+    END IF;
+    INSERT INTO tandem_spend AS sp (scope, period, usd, cloud_tokens, total_tokens, requests)
+        SELECT p_scopes[j], p_periods[j], p_usd, p_cloud_tokens, p_total_tokens, 1
+        FROM generate_subscripts(p_scopes, 1) AS j
+        ON CONFLICT (scope, period) DO UPDATE SET
+            usd = sp.usd + excluded.usd,
+            cloud_tokens = sp.cloud_tokens + excluded.cloud_tokens,
+            total_tokens = sp.total_tokens + excluded.total_tokens,
+            requests = sp.requests + 1;
+END $$;
+
+-- Transaction-scoped locks on (scope, period) pairs, in one order for every caller (no deadlock).
+CREATE FUNCTION tandem_lock_pairs(p_scopes TEXT[], p_periods TEXT[]) RETURNS VOID
+LANGUAGE sql AS $$
+    SELECT count(pg_advisory_xact_lock(k)) FROM (
+        SELECT DISTINCT hashtextextended(p_scopes[j] || '|' || p_periods[j], 0) AS k
+        FROM generate_subscripts(p_scopes, 1) AS j ORDER BY 1
+    ) AS keys;
+$$;
+"""
+
+# (version, SQL): applied in order, each in the transaction that records it.
+MIGRATIONS: list[tuple[int, str]] = [(1, _V1)]
+
+LATEST = MIGRATIONS[-1][0]

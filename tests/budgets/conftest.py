@@ -1,0 +1,28 @@
+"""The two spend ledgers every budget test runs against: this process's (SQLite + memory) and the
+state database the replicas share (sdk.budgets.postgres_ledger, on a throwaway PostgreSQL)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdk.budgets.ledger import SpendLedger
+
+
+@pytest.fixture(params=["local", "postgres"])
+def open_ledger(request, tmp_path):
+    """A function (clock=time.time) -> a spend ledger; the SQLite ones are closed after the test."""
+    if request.param == "local":
+        opened = []
+
+        def local(clock=None):
+            opened.append(SpendLedger(tmp_path / "spend.sqlite3", **({"clock": clock} if clock else {})).start())
+            return opened[-1]
+
+        yield local
+        for ledger in opened:
+            ledger.close()
+        return
+    from sdk.budgets.postgres_ledger import PostgresSpendLedger
+
+    db = request.getfixturevalue("state_db")
+    yield lambda clock=None: PostgresSpendLedger(db, **({"clock": clock} if clock else {}))
