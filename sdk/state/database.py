@@ -170,24 +170,36 @@ class StateDatabase:
             logger.info("%s is reachable again", self.where)
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator:
-        """A connection in a transaction; StateUnavailableError when the database cannot be reached, or at
-        once while the heartbeat has not seen it back since it went away (no request waits on a dead pool)."""
+    async def connection(self) -> AsyncIterator:
+        """A pooled connection (autocommit: each statement is atomic on its own). StateUnavailableError when
+        the database cannot be reached, or at once while the heartbeat has not seen it back since it went
+        away (no request waits on a dead pool)."""
         import psycopg
         from psycopg_pool import PoolTimeout
 
         if not self.available:
             raise StateUnavailableError(f"{self.where} is unreachable: {self.last_error}")
         try:
-            async with self._pool.connection() as conn, conn.transaction():
+            async with self._pool.connection() as conn:
                 yield conn
-        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+        except PoolTimeout as exc:
+            # Every connection busy for CONNECT_TIMEOUT_S, or none can be made: this request is refused, but
+            # only the heartbeat, which asks the database itself, decides that it is away.
+            raise StateUnavailableError(f"{self.where} did not answer in time: {_reason(exc)}") from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             self._went_away(exc)
             raise StateUnavailableError(f"{self.where} is unreachable: {_reason(exc)}") from exc
 
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator:
+        """A connection in a transaction (several statements, all or none)."""
+        async with self.connection() as conn, conn.transaction():
+            yield conn
+
     async def call(self, sql: str, params: tuple = ()) -> list[tuple]:
-        """One statement in its own transaction: its rows."""
-        async with self.transaction() as conn:
+        """One statement (no BEGIN/COMMIT round trips): its rows. The decisions are single calls of the
+        schema's functions, so this is their path."""
+        async with self.connection() as conn:
             cursor = await conn.execute(sql, params)
             return await cursor.fetchall() if cursor.description else []
 

@@ -43,6 +43,7 @@ BENCHES: dict[str, list[str]] = {
     "serve": ["--compare-local"],
     "soak": [],
     "spec_decode": [],
+    "state_db": [],
     "stream_hold": [],
     "structured": [],
     "tokenize_stall": [],

@@ -125,6 +125,7 @@ def test_config_show_masks_the_cloud_key(tmp_path):
         f'[cloud]\nurl = "grpcs://cloud.example:443"\napi_key = "{KEY}"\n'
         f'[traffic]\nrecord = true\nshadow_fraction = 0.1\njudge = "https://judge.example/v1"\n'
         f'judge_model = "big"\njudge_api_key = "{KEY}-judge"\n'
+        f'[cloud_server]\nstate_db = "postgresql://tandem:{KEY}@db.example/tandem"\n'
     )
     for extra in ([], ["--json"]):
         out = subprocess.run(
@@ -147,8 +148,13 @@ def test_config_show_masks_the_cloud_key(tmp_path):
         timeout=60,
     )
     assert out.returncode == 0 and WRONG_KEY not in out.stdout + out.stderr
-    # the secret settings: the cloud's key and the shadow judge's
-    assert [f.dotted for f in FIELDS.values() if f.secret] == ["cloud.api_key", "traffic.judge_api_key"]
+    # the secret settings: the cloud's key, the shadow judge's, and the state database's URL (it may hold a password)
+    assert sorted(f.dotted for f in FIELDS.values() if f.secret) == [
+        "cloud.api_key",
+        "cloud_server.state_db",
+        "server.state_db",
+        "traffic.judge_api_key",
+    ]
 
 
 # -- binding ---------------------------------------------------------------------------------
