@@ -26,7 +26,8 @@ class BudgetHold:
     ) -> str | None:
         """Hold the cloud call's largest cost before it is made; "budget_exhausted" when it does not fit.
         Exact under concurrency: every reservation is taken atomically against what is spent and what
-        others hold (sdk.budgets.manager). StateUnavailableError while the replicas' state database is away. `cloud_only`: the request asked for the cloud (refused) rather than
+        others hold (sdk.budgets.manager). StateUnavailableError while the replicas' state database is away.
+        `cloud_only`: the request asked for the cloud (refused) rather than
         escalating to it (kept local), as the budgets' counters tell apart."""
         if self.budgets is None or self.reservation is not None:
             return None
