@@ -73,6 +73,17 @@ class ThrowawayPostgres:
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
+    def new_database(self) -> str:
+        """The URL of a new, empty database on this server (so no user of it sees another's rows)."""
+        import uuid
+
+        import psycopg
+
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url.rsplit("/", 1)[0] + f"/{name}"
+
     def _run(self, tool: str, *args: str) -> None:
         command = [str(self.bin / tool), *args]
         if self._as_root:

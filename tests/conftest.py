@@ -161,14 +161,7 @@ def postgres_server():
 @pytest.fixture
 def state_db_url(postgres_server) -> str:
     """The URL of a fresh, empty database on the session's server (one per test: no test sees another's rows)."""
-    import uuid
-
-    import psycopg
-
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return postgres_server.url.rsplit("/", 1)[0] + f"/{name}"
+    return postgres_server.new_database()
 
 
 @pytest.fixture

@@ -132,21 +132,19 @@ class ClientLimits:
         clock: Callable[[], float] = time.monotonic,
         auth_backoff_after: int | None = DEFAULT_AUTH_BACKOFF_AFTER,
         auth_backoff_max_s: float = DEFAULT_AUTH_BACKOFF_MAX_S,
+        *,
+        kinds: tuple[type, type, type] | None = None,
     ) -> "ClientLimits":
         """The limits named by the servers' settings (rate_limit, its burst, max_concurrent_per_key,
-        auth_backoff_after (None or 0: off), auth_backoff_max_s). Replicas that share them build
-        sdk.serving.shared_limits.shared_client_limits instead."""
+        auth_backoff_after (None or 0: off), auth_backoff_max_s). `kinds`: the (rate, in-flight, backoff)
+        limiter classes, or factories taking their arguments; this process's own by default
+        (sdk.serving.shared_limits.shared_client_limits passes the state database's)."""
         if rate_limit_per_minute is None and rate_limit_burst is not None:
             raise ValueError("rate_limit_burst needs rate_limit_per_minute")
-        rate = (
-            None
-            if rate_limit_per_minute is None
-            else RequestRateLimiter(rate_limit_per_minute, rate_limit_burst, clock)
-        )
-        in_flight = None if max_concurrent_per_key is None else InFlightLimiter(max_concurrent_per_key)
-        backoff = (
-            AuthFailureBackoff(auth_backoff_after, auth_backoff_max_s, clock=clock) if auth_backoff_after else None
-        )
+        make_rate, make_in_flight, make_backoff = kinds or (RequestRateLimiter, InFlightLimiter, AuthFailureBackoff)
+        rate = None if rate_limit_per_minute is None else make_rate(rate_limit_per_minute, rate_limit_burst, clock)
+        in_flight = None if max_concurrent_per_key is None else make_in_flight(max_concurrent_per_key)
+        backoff = make_backoff(auth_backoff_after, auth_backoff_max_s, clock=clock) if auth_backoff_after else None
         return cls(rate, in_flight, backoff, clock)
 
     @property

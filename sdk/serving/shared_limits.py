@@ -18,6 +18,7 @@ comes back.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -160,15 +161,17 @@ def shared_client_limits(
 ) -> ClientLimits:
     """ClientLimits.build's limits, kept in the state database for every replica. On the wall clock:
     replicas' monotonic clocks do not compare."""
-    if rate_limit_per_minute is None and rate_limit_burst is not None:
-        raise ValueError("rate_limit_burst needs rate_limit_per_minute")
-    rate = (
-        None if rate_limit_per_minute is None else SharedRateLimiter(db, rate_limit_per_minute, rate_limit_burst, clock)
+    kinds = (
+        functools.partial(SharedRateLimiter, db),
+        functools.partial(SharedInFlightLimiter, db),
+        functools.partial(SharedAuthFailureBackoff, db),
     )
-    in_flight = None if max_concurrent_per_key is None else SharedInFlightLimiter(db, max_concurrent_per_key)
-    backoff = (
-        SharedAuthFailureBackoff(db, auth_backoff_after, auth_backoff_max_s, clock=clock)
-        if auth_backoff_after
-        else None
+    return ClientLimits.build(
+        rate_limit_per_minute,
+        rate_limit_burst,
+        max_concurrent_per_key,
+        clock,
+        auth_backoff_after,
+        auth_backoff_max_s,
+        kinds=kinds,
     )
-    return ClientLimits(rate, in_flight, backoff, clock)

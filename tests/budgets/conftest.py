@@ -26,3 +26,17 @@ def open_ledger(request, tmp_path):
 
     db = request.getfixturevalue("state_db")
     yield lambda clock=None: PostgresSpendLedger(db, **({"clock": clock} if clock else {}))
+
+
+async def kept_spend(ledger, scope: str) -> float:
+    """What `ledger` kept for `scope` today where it persists it: a SQLite ledger's file read back by a
+    fresh ledger (what a restart would see), the state database as it is."""
+    await ledger.settled()
+    if not isinstance(ledger, SpendLedger):
+        return (await ledger.current(scope, "day")).usd
+    ledger.flush()
+    reopened = SpendLedger(ledger.path, clock=ledger.clock).start()
+    try:
+        return (await reopened.current(scope, "day")).usd
+    finally:
+        reopened.close()

@@ -16,6 +16,7 @@ from sdk.budgets.ledger import SpendLedger, key_scope
 from sdk.budgets.manager import BudgetManager
 from sdk.openai_server import create_app
 from sdk.serving.api_keys import key_fingerprint
+from tests.budgets.conftest import kept_spend
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, serve  # noqa: F401  (fixtures)
 from tests.sdk.test_cascade import cloud_engine, local_engine, make_runner, recording  # noqa: F401  (fixtures)
 
@@ -87,13 +88,8 @@ async def test_spend_stays_within_the_budget_under_200_concurrent_requests(
         [limit] = status["scopes"][0]["limits"]
         assert status["key_fingerprint"] == key_fingerprint(KEY) and limit["limit"] == "usd_per_day"
         assert limit["exhausted"] is False and limit["spent"] == pytest.approx(spent) and limit["remaining"] < wanted
-    if isinstance(ledger, SpendLedger):  # what the file kept
-        ledger.flush()
-        ledger = SpendLedger(tmp_path / "spend.sqlite3").start()
-    kept = (await ledger.current(key_scope(key_fingerprint(KEY)), "day")).usd
+    kept = await kept_spend(ledger, key_scope(key_fingerprint(KEY)))
     assert kept == pytest.approx(spent, abs=1e-9)  # no drift
-    if isinstance(ledger, SpendLedger):
-        ledger.close()
 
 
 async def test_per_user_budgets_and_the_soft_warning(make_runner, tmp_path):  # noqa: F811

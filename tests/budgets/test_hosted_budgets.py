@@ -19,13 +19,14 @@ import pytest
 
 from router.costs import TierPrices
 from sdk.budgets.config import BudgetConfigError
-from sdk.budgets.ledger import SpendLedger, key_scope, user_scope
+from sdk.budgets.ledger import key_scope, user_scope
 from sdk.budgets.manager import BudgetManager, check_budgets
 from sdk.budgets.metered_engine import BudgetedEngine
 from sdk.cloud.grpc_client import CloudClient, CloudQuotaExceededError
 from sdk.openai_server import create_app
 from sdk.serving.api_keys import key_fingerprint
 from sdk.protocol.engine import Caller, GenerationRequest, SamplingParams
+from tests.budgets.conftest import kept_spend
 from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir, serve, wait_drained  # noqa: F401  (fixtures)
 
 KEY, OTHER = "sk-hosted-key-0123456789", "sk-hosted-other-0123456789"
@@ -95,13 +96,8 @@ async def test_200_concurrent_requests_against_a_budget_for_50(engine, tmp_path,
             assert (await other.post("/v1/completions", json=ASK)).status_code == 200
     await ledger.settled()
     assert await ledger.held_anywhere() == 0  # every reservation released
-    if isinstance(ledger, SpendLedger):  # what the file kept
-        ledger.flush()
-        ledger = SpendLedger(tmp_path / "spend.sqlite3").start()
-    kept = (await ledger.current(key_scope(key_fingerprint(KEY)), "day")).usd
+    kept = await kept_spend(ledger, key_scope(key_fingerprint(KEY)))
     assert kept == pytest.approx(total, rel=1e-12)  # no drift
-    if isinstance(ledger, SpendLedger):
-        ledger.close()
 
 
 async def test_the_bill_follows_usage_for_n_choices_and_streams(engine, tmp_path, open_ledger):  # noqa: F811

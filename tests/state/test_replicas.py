@@ -118,18 +118,9 @@ def budgeted(folder, usd_per_day: float) -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def budgeted_replicas(long_tiny_dir, postgres_server, tmp_path_factory):  # noqa: F811
     folder = tmp_path_factory.mktemp("replicas")
-    url = fresh_database(postgres_server)
+    url = postgres_server.new_database()
     with replicas(long_tiny_dir, folder, url, extra=budgeted(folder, 50.5 * REQUEST_USD)) as started:
         yield started, url
-
-
-def fresh_database(postgres_server) -> str:
-    import uuid
-
-    name = f"r_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return postgres_server.url.rsplit("/", 1)[0] + f"/{name}"
 
 
 def usage_usd(answer: dict) -> float:
@@ -233,7 +224,7 @@ async def test_the_database_stopped_mid_run_then_back(budgeted_replicas, postgre
 
 async def test_one_rate_limit_across_three_replicas(long_tiny_dir, postgres_server, tmp_path):  # noqa: F811
     """30 a minute (burst 30): 90 requests in a few seconds, round robin, admit about 30, not 90."""
-    url = fresh_database(postgres_server)
+    url = postgres_server.new_database()
     with replicas(long_tiny_dir, tmp_path, url, extra=("--rate-limit", "30", "--auth-backoff-after", "3")) as started:
 
         async def ask(index: int, key: str = FREE_KEY) -> httpx.Response:
