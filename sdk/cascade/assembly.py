@@ -78,7 +78,7 @@ async def start_cascade(config: ServeConfig, engine, cloud_later: bool = False) 
             except (OSError, ValueError) as exc:
                 raise CascadeStartError(f"the budgets could not start: {exc}") from exc
         try:
-            cascade.learning = start_learning(runner, config.traffic)
+            cascade.learning = start_learning(runner, config.traffic, state=cascade.state)
         except Exception as exc:  # an unusable record file (another schema, no permission): say so before serving
             raise CascadeStartError(f"the traffic record could not start: {exc}") from exc
     except BaseException:

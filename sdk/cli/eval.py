@@ -47,11 +47,12 @@ def _load(
     from rich.console import Console
 
     from router.evaluation.inputs import load_examples, router_scores
+    from sdk.traffic.stores import described
 
     if (data is None) == (from_traffic is None):
         raise ValueError("give one of --data (a table) and --from-traffic (a traffic record)")
     with Console(stderr=True).status(
-        f"reading {data or from_traffic}"
+        f"reading {data or described(from_traffic)}"
     ):  # RouteLLM's tables hold whole responses: seconds
         if from_traffic is not None:
             from sdk.traffic.table import traffic_table
@@ -164,7 +165,8 @@ def calibrate_command(
     from_traffic: str | None = typer.Option(
         None,
         "--from-traffic",
-        help="Calibrate on a traffic record of `tandem serve` ([traffic] record): its requests with both tiers "
+        help="Calibrate on a traffic record of `tandem serve` ([traffic] record; a SQLite file or a state database's "
+        "postgresql:// URL): its requests with both tiers "
         "judged; routers column:router_score (with --higher-means cloud) or column:confidence.",
     ),
     router: str = typer.Option(

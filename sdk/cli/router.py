@@ -90,7 +90,8 @@ def train(
     from_traffic: list[str] | None = typer.Option(
         None,
         "--from-traffic",
-        help="A traffic record written by `tandem serve` ([traffic] record = true); repeat for several. "
+        help="A traffic record written by `tandem serve` ([traffic] record = true): its SQLite file, or the "
+        "postgresql:// URL of the state database its replicas share; repeat for several. "
         "Its labels refit the head and give the topic correction (the router then carries MiniLM).",
     ),
     base_router: str | None = typer.Option(

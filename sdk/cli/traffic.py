@@ -11,7 +11,8 @@ traffic_app = typer.Typer(
 )
 
 _PATH_HELP = (
-    "The record (default: [traffic] path from the config, else $TANDEM_DATA_DIR/traffic.sqlite3 or "
+    "The record: a SQLite file, or the postgresql:// URL of the state database replicas share (default: [server] "
+    "state_db from the config, else [traffic] path, else $TANDEM_DATA_DIR/traffic.sqlite3 or "
     "~/.local/share/tandem/traffic.sqlite3)."
 )
 
@@ -21,25 +22,29 @@ def _path(path: str | None, config: str | None) -> str:
         return path
     from sdk.settings import load_settings
 
-    return load_settings(config).traffic_settings().record_path
+    settings = load_settings(config)
+    return settings.get("server.state_db") or settings.traffic_settings().record_path
 
 
 @traffic_app.command("stats")
 def stats(
     path: Optional[str] = typer.Option(None, "--path", help=_PATH_HELP),
-    config: Optional[str] = typer.Option(None, "--config", help="TOML config file to read [traffic] path from."),
+    config: Optional[str] = typer.Option(
+        None, "--config", help="TOML config file to read [server] state_db and [traffic] path from."
+    ),
 ) -> None:
     """What the record holds: requests by tier, labels by source, counters, size."""
     import json
 
-    from sdk.traffic.store import connect, stats as read_stats
+    from sdk.traffic.stores import connect, store_for
 
+    target = _path(path, config)
     try:
-        conn = connect(_path(path, config), create=False)
+        conn = connect(target, create=False)
     except (OSError, RuntimeError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:
-        typer.echo(json.dumps(read_stats(conn), indent=2))
+        typer.echo(json.dumps(store_for(target).stats(conn), indent=2))
     finally:
         conn.close()
 
@@ -47,7 +52,9 @@ def stats(
 @traffic_app.command("purge")
 def purge(
     path: Optional[str] = typer.Option(None, "--path", help=_PATH_HELP),
-    config: Optional[str] = typer.Option(None, "--config", help="TOML config file to read [traffic] path from."),
+    config: Optional[str] = typer.Option(
+        None, "--config", help="TOML config file to read [server] state_db and [traffic] path from."
+    ),
     older_than_days: Optional[float] = typer.Option(
         None, "--older-than-days", min=0.0, help="Delete rows older than this."
     ),
@@ -57,16 +64,17 @@ def purge(
     everything: bool = typer.Option(False, "--all", help="Delete every row and counter."),
 ) -> None:
     """Delete rows (and their labels) from the record; a running server may keep writing new ones."""
-    from sdk.traffic.store import connect, purge as delete
+    from sdk.traffic.stores import connect, store_for
 
     if not everything and older_than_days is None and key_fingerprint is None:
         raise typer.BadParameter("say what to delete: --all, --older-than-days N and/or --key-fingerprint FP")
+    target = _path(path, config)
     try:
-        conn = connect(_path(path, config), create=False)
+        conn = connect(target, create=False)
     except (OSError, RuntimeError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:
-        deleted = delete(
+        deleted = store_for(target).purge(
             conn,
             older_than_s=None if older_than_days is None else older_than_days * 86400,
             key_fingerprint=key_fingerprint,

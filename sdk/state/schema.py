@@ -196,7 +196,73 @@ LANGUAGE sql AS $$
 $$;
 """
 
+# The traffic record of `tandem serve` (sdk.traffic.postgres_store): the tables and columns of the SQLite
+# record (sdk.traffic.schema), in a schema of their own so the queries that read a record (sdk.traffic.rows,
+# sdk.traffic.table) run unchanged on either. `routers` holds the routers a background retrain swapped in, as
+# ONNX bytes: the other replicas load the newest from there (sdk.traffic.shared_routers).
+_V2 = """
+CREATE SCHEMA tandem_traffic;
+
+CREATE TABLE tandem_traffic.requests (
+    id TEXT PRIMARY KEY,
+    created_at DOUBLE PRECISION NOT NULL,
+    key_fingerprint TEXT,
+    model TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    escalated INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    decided_by TEXT,
+    degraded_reason TEXT,
+    confidence DOUBLE PRECISION,
+    decided_at_token INTEGER,
+    finish_reason TEXT,
+    router_score DOUBLE PRECISION,
+    router TEXT,
+    latency_ms DOUBLE PRECISION,
+    local_prompt_tokens INTEGER,
+    local_completion_tokens INTEGER,
+    cloud_prompt_tokens INTEGER,
+    cloud_completion_tokens INTEGER,
+    cost_usd DOUBLE PRECISION,
+    signals TEXT,
+    shape BYTEA,
+    shape_version INTEGER,
+    embedding BYTEA,
+    embedder TEXT,
+    prompt_text TEXT,
+    answer_text TEXT
+);
+CREATE INDEX requests_by_time ON tandem_traffic.requests (created_at);
+CREATE INDEX requests_by_key ON tandem_traffic.requests (key_fingerprint);
+
+CREATE TABLE tandem_traffic.labels (
+    response_id TEXT NOT NULL REFERENCES tandem_traffic.requests (id) ON DELETE CASCADE,
+    source TEXT NOT NULL,
+    weak DOUBLE PRECISION,
+    strong DOUBLE PRECISION,
+    created_at DOUBLE PRECISION NOT NULL,
+    detail TEXT,
+    PRIMARY KEY (response_id, source)
+);
+
+CREATE TABLE tandem_traffic.counters (
+    day TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value BIGINT NOT NULL,
+    PRIMARY KEY (day, name)
+);
+
+CREATE TABLE tandem_traffic.routers (
+    id BIGSERIAL PRIMARY KEY,
+    name TEXT NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    replica TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    onnx BYTEA NOT NULL
+);
+"""
+
 # (version, SQL): applied in order, each in the transaction that records it.
-MIGRATIONS: list[tuple[int, str]] = [(1, _V1)]
+MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2)]
 
 LATEST = MIGRATIONS[-1][0]

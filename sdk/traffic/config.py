@@ -30,7 +30,8 @@ class TrafficSettings:
     )
     path: str | None = setting(  # None: default_path()
         None,
-        "The record's SQLite file.",
+        "The record's SQLite file. With state_db set ([server]), the record is kept in that database, shared by the "
+        "replicas, and path stays unset.",
         unset="$TANDEM_DATA_DIR/traffic.sqlite3, else ~/.local/share/tandem/traffic.sqlite3",
     )
     record_text: bool = setting(False, "Also keep prompt and answer text (privacy-flagged requests are never stored).")
@@ -70,6 +71,12 @@ class TrafficSettings:
         "newest labels.",
     )
     retrain_every_labels: int = setting(200, "New labels between two background retrains.", check=at_least(1))
+    retrain_check_s: float = setting(
+        60.0,
+        "Seconds between the background retrain's checks for new labels (and, with state_db, for a router another "
+        "replica swapped in).",
+        check=at_least(1),
+    )
     retrain_holdout_labels: int = setting(
         100, "The newest labels kept out of a retrain to compare the two routers.", check=at_least(10)
     )
@@ -104,5 +111,6 @@ class TrafficSettings:
     def routers_dir(self) -> str:
         return self.router_dir or str(Path(self.record_path).parent / "routers")
 
-    def record_config(self) -> TrafficConfig:
-        return TrafficConfig(self.record_path, self.record_text, self.retention_days, self.max_mb, self.embed)
+    def record_config(self, target: str | None = None) -> TrafficConfig:
+        """The record's settings; `target`: where it goes instead of record_path (the state database's URL)."""
+        return TrafficConfig(target or self.record_path, self.record_text, self.retention_days, self.max_mb, self.embed)

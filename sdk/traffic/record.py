@@ -1,4 +1,5 @@
-"""The traffic record of a `tandem serve`: routed requests into SQLite, off the request path.
+"""The traffic record of a `tandem serve`: routed requests into SQLite (or, with `state_db`, the
+state database the replicas share: sdk.traffic.stores), off the request path.
 
     record = TrafficRecord(TrafficConfig(path="traffic.sqlite3")).start()
     record.record(entry)                          # from the event loop: never blocks, never raises
@@ -28,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sdk.sqlite_writer import SQLiteWriter
-from sdk.traffic import store
 from sdk.traffic.entry import TrafficEntry, entry_row
+from sdk.traffic.stores import described, is_database, store_for
 
 logger = logging.getLogger("tandem.traffic")
 
@@ -40,7 +41,7 @@ MAX_BATCH = 256  # items per batch (one transaction, its prompts embedded first)
 
 @dataclass(frozen=True)
 class TrafficConfig:
-    path: str  # the SQLite file (created 0600)
+    path: str  # the SQLite file (created 0600), or the state database's postgresql:// URL (sdk.traffic.stores)
     record_text: bool = False  # also store prompt and answer text (off: features and signals only)
     retention_days: float = 30.0  # rows older than this are deleted
     max_mb: float = 512.0  # past this size the oldest rows are deleted
@@ -75,6 +76,7 @@ class TrafficRecord:
         self._embedder_factory = embedder_factory  # () -> Embedder-like; None: router.prompt_router.embeddings.Embedder
         self._embedder = None
         self._embed_failed = False
+        self._store = store_for(config.path)  # sdk.traffic.store or sdk.traffic.postgres_store: the same functions
         self._writer = SQLiteWriter(
             "traffic",
             self._write,
@@ -91,17 +93,22 @@ class TrafficRecord:
         self._dropped_unsaved = 0  # drops the file's counters do not have yet
         self._last_maintenance = 0.0
 
+    @property
+    def shared(self) -> bool:
+        """Whether other replicas write this record too (it is in the state database)."""
+        return is_database(self.config.path)
+
     # ---------------------------------------------------------------- life cycle
 
     def start(self) -> TrafficRecord:
         """Open (creating or migrating) the file and start the writer; raises if the file is unusable."""
-        writer = store.connect(self.config.path)
-        self._reader = store.connect(self.config.path)
+        writer = self._store.connect(self.config.path)
+        self._reader = self._store.connect(self.config.path)
         self._maintain(writer)
         self._writer.start(writer)
         logger.info(
             "recording routed traffic to %s (text %s, retention %g days, at most %g MB)",
-            self.config.path,
+            described(self.config.path),
             "kept" if self.config.record_text else "not kept",
             self.config.retention_days,
             self.config.max_mb,
@@ -162,10 +169,7 @@ class TrafficRecord:
         if self._reader is None:
             return 0
         with self._reader_lock:
-            row = self._reader.execute(
-                "SELECT value FROM counters WHERE day = ? AND name = ?", (store.today(), name)
-            ).fetchone()
-        return int(row[0]) if row else 0
+            return self._store.counter_today(self._reader, name)
 
     def num_label_rows(self) -> int:
         """Labels in the file (feedback and judgments; one per response and source)."""
@@ -181,7 +185,7 @@ class TrafficRecord:
         if self._reader is None:
             return None
         with self._reader_lock:
-            found, owner, tier = store.owner_of(self._reader, response_id)
+            found, owner, tier = self._store.owner_of(self._reader, response_id)
         return (owner, tier, False) if found else None
 
     def _put(self, item) -> None:
@@ -199,34 +203,32 @@ class TrafficRecord:
             id(item): self._row(item) for item in items if isinstance(item, TrafficEntry) and not item.flagged_private
         }
         stored = labelled = flagged = 0
+        store = self._store
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for item in items:
-                if isinstance(item, TrafficEntry):
-                    if item.flagged_private:
-                        store.bump_counter(conn, "privacy_flagged")
-                        flagged += 1
-                    else:
-                        store.insert_request(conn, rows[id(item)])
-                        stored += 1
-                elif isinstance(item, _Label):
-                    labelled += store.upsert_label(
-                        conn, item.response_id, item.source, item.weak, item.strong, item.detail
-                    )
-                elif isinstance(item, tuple) and item[0] == "counter":
-                    store.bump_counter(conn, item[1], item[2])
-            with self._dropped_lock:
-                dropped, self._dropped_unsaved = self._dropped_unsaved, 0
-            if dropped:
-                store.bump_counter(conn, "dropped", dropped)
-            conn.execute("COMMIT")
+            with store.transaction(conn):
+                for item in items:
+                    if isinstance(item, TrafficEntry):
+                        if item.flagged_private:
+                            store.bump_counter(conn, "privacy_flagged")
+                            flagged += 1
+                        else:
+                            store.insert_request(conn, rows[id(item)])
+                            stored += 1
+                    elif isinstance(item, _Label):
+                        labelled += store.upsert_label(
+                            conn, item.response_id, item.source, item.weak, item.strong, item.detail
+                        )
+                    elif isinstance(item, tuple) and item[0] == "counter":
+                        store.bump_counter(conn, item[1], item[2])
+                with self._dropped_lock:
+                    dropped, self._dropped_unsaved = self._dropped_unsaved, 0
+                if dropped:
+                    store.bump_counter(conn, "dropped", dropped)
             self.num_recorded += stored
             self.num_labels += labelled
             self.num_flagged += flagged
-        except Exception:  # a full disk, a locked file: serving goes on, the rows are lost (logged)
+        except Exception:  # a full disk, a locked file, a database away: serving goes on, the rows are lost (logged)
             logger.exception("the traffic record could not write %d rows", len(items))
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
 
     def _row(self, entry: TrafficEntry) -> dict:
         embedding, embedder = entry.embedding, entry.embedder
@@ -257,8 +259,8 @@ class TrafficRecord:
     def _maintain(self, conn) -> None:
         self._last_maintenance = time.monotonic()
         try:
-            expired = store.delete_older_than(conn, time.time() - self.config.retention_days * 86400)
-            trimmed = store.enforce_size(conn, int(self.config.max_mb * 1024 * 1024))
+            expired = self._store.delete_older_than(conn, time.time() - self.config.retention_days * 86400)
+            trimmed = self._store.enforce_size(conn, int(self.config.max_mb * 1024 * 1024))
             if expired or trimmed:
                 logger.info(
                     "traffic record: deleted %d rows past retention and %d over the size bound", expired, trimmed

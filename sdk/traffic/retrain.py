@@ -22,7 +22,10 @@ the caller loads it whole and then replaces `runner.prompt_scorer` in one assign
 request sees the old router or the new one, never a mixture. Each request reads the scorer once.
 
 `BackgroundRetrainer` runs that every CHECK_EVERY_S when `retrain_every_labels` new labels
-have come in; outcomes are logged and counted (/metrics: tandem:router_retrains_total).
+have come in; outcomes are logged and counted (/metrics: tandem:router_retrains_total). When the
+replicas of a server share the record (`state_db`), only the one holding the retrain lock
+retrains, and every replica adopts the routers it swaps in (sdk.traffic.shared_routers; counted
+as the outcome "adopted").
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from router.prompt_router.score_scale import ScoreScale
 from router.prompt_router.topic_correction import TopicCorrection
 from router.prompt_router.training import LabelledRows, RouterParameters, fit, write_router
 from sdk.traffic.rows import load_traffic_rows
+from sdk.traffic.stores import described
 
 logger = logging.getLogger("tandem.traffic")
 
@@ -163,7 +167,7 @@ def retrain_once(db_path: str, serving, router_dir: str, holdout_labels: int) ->
     os.makedirs(router_dir, mode=0o700, exist_ok=True)
     path = str(Path(router_dir) / f"router-{stamp}.onnx")
     metrics = {
-        "retrained_from": db_path,
+        "retrained_from": described(db_path),
         "holdout_labels": holdout_labels,
         "replaced": serving.path,
         **figures,
@@ -180,11 +184,12 @@ def retrain_once(db_path: str, serving, router_dir: str, holdout_labels: int) ->
 
 
 class BackgroundRetrainer:
-    def __init__(self, runner, record, settings, check_every_s: float = CHECK_EVERY_S):
+    def __init__(self, runner, record, settings, check_every_s: float = CHECK_EVERY_S, shared=None):
         self.runner = runner
         self.record = record  # sdk.traffic.record.TrafficRecord
         self.settings = settings  # sdk.traffic.config.TrafficSettings
         self.check_every_s = check_every_s
+        self.shared = shared  # sdk.traffic.shared_routers.SharedRouters when replicas share the record
         self.outcomes: Counter[str] = Counter()
         self.last: RetrainResult | None = None
         self._labels_at_last_attempt = 0
@@ -195,6 +200,14 @@ class BackgroundRetrainer:
             await self.maybe_retrain()
 
     async def maybe_retrain(self) -> RetrainResult | None:
+        if self.shared is not None:
+            await self.adopt_shared()
+            try:
+                if not await asyncio.to_thread(self.shared.leads):
+                    return None  # another replica retrains; this one adopts what it swaps in
+            except Exception as exc:  # the database is away: nobody can retrain from it now
+                logger.warning("router retrain: cannot reach the shared record (%s); trying again later", exc)
+                return None
         labels = await asyncio.to_thread(self.record.num_label_rows)
         if labels - self._labels_at_last_attempt < self.settings.retrain_every_labels:
             return None
@@ -209,7 +222,7 @@ class BackgroundRetrainer:
         try:
             result = await asyncio.to_thread(
                 retrain_once,
-                self.settings.record_path,
+                self.record.config.path,
                 serving,
                 self.settings.routers_dir,
                 self.settings.retrain_holdout_labels,
@@ -218,6 +231,8 @@ class BackgroundRetrainer:
                 fresh = await asyncio.to_thread(load_scorer, result.path)  # whole before anyone can see it
                 if self.runner.prompt_scorer is serving:  # nobody swapped meanwhile
                     self.runner.prompt_scorer = fresh
+                if self.shared is not None:
+                    await asyncio.to_thread(self.shared.publish, result.path, result.detail)
         except Exception as exc:  # a broken record, a full disk: the serving router stays
             logger.exception("router retrain failed")
             result = RetrainResult("failed", f"{type(exc).__name__}: {exc}")
@@ -231,3 +246,23 @@ class BackgroundRetrainer:
             f"; now serving {result.path}" if result.outcome == "swapped" else "",
         )
         return result
+
+    async def adopt_shared(self) -> bool:
+        """Serve the newest router another replica swapped in, if there is one this replica has not seen."""
+        from router.prompt_router.scorer import load_scorer
+
+        try:
+            newest = await asyncio.to_thread(self.shared.newest_unseen)
+            if newest is None:
+                return False
+            router_id, name, onnx = newest
+            path = await asyncio.to_thread(self.shared.save, name, onnx, self.settings.routers_dir)
+            fresh = await asyncio.to_thread(load_scorer, path)  # whole before anyone can see it
+        except Exception as exc:  # the database away, a full disk: the serving router stays, the next check retries
+            logger.warning("router retrain: cannot adopt the replicas' newest router (%s)", exc)
+            return False
+        self.shared.last_seen = router_id
+        self.runner.prompt_scorer = fresh
+        self.outcomes["adopted"] += 1
+        logger.info("router retrain: now serving %s, swapped in by a replica", path)
+        return True

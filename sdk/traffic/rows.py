@@ -17,7 +17,8 @@ import numpy as np
 
 from router.prompt_router.prompt_shape import NUM_SHAPE_FEATURES, SHAPE_VERSION
 from router.prompt_router.training import LabelledRows
-from sdk.traffic.store import connect, from_blob
+from sdk.traffic.store import from_blob
+from sdk.traffic.stores import connect
 
 
 @dataclass

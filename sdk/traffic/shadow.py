@@ -65,6 +65,12 @@ class DailyBudget:
         self.reserved -= reserved
         self.used += actual
 
+    def count_shared(self, used_everywhere: int) -> None:
+        """What every replica sharing the record has settled today (its counter): this replica's budget
+        counts at least that as used (its own settles that the record has not written yet stay counted)."""
+        self._roll()
+        self.used = max(self.used, used_everywhere)
+
     @property
     def remaining(self) -> int:
         self._roll()

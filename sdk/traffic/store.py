@@ -7,6 +7,7 @@ prompts. WAL journal, so readers (feedback lookups, training, the CLI) never blo
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -42,6 +43,19 @@ def connect(path: str | os.PathLike, *, create: bool = True) -> sqlite3.Connecti
         conn.close()
         raise
     return conn
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection):
+    """One write transaction (BEGIN IMMEDIATE: the writer takes the file's lock up front), committed when the
+    block ends, rolled back if it raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def to_blob(vector) -> bytes | None:
@@ -126,6 +140,11 @@ def bump_counter(conn: sqlite3.Connection, name: str, amount: int = 1, day: str 
     )
 
 
+def counter_today(conn: sqlite3.Connection, name: str) -> int:
+    row = conn.execute("SELECT value FROM counters WHERE day = ? AND name = ?", (today(), name)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def owner_of(conn: sqlite3.Connection, response_id: str) -> tuple[bool, str | None, str | None]:
     """(recorded, key fingerprint, tier that answered) of a response."""
     row = conn.execute("SELECT key_fingerprint, tier FROM requests WHERE id = ?", (response_id,)).fetchone()
@@ -140,7 +159,7 @@ def delete_older_than(conn: sqlite3.Connection, cutoff: float) -> int:
     return deleted
 
 
-def file_bytes(conn: sqlite3.Connection) -> int:
+def record_bytes(conn: sqlite3.Connection) -> int:
     """Pages in use times page size: the database's size, free pages not counted."""
     pages = conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]
     return pages * conn.execute("PRAGMA page_size").fetchone()[0]
@@ -150,7 +169,7 @@ def enforce_size(conn: sqlite3.Connection, max_bytes: int) -> int:
     """Over `max_bytes`: delete the oldest rows (a tenth at a time) until under SIZE_SLACK of it,
     then hand the freed pages back to the file system. Returns the rows deleted."""
     deleted = 0
-    while file_bytes(conn) > max_bytes * SIZE_SLACK:
+    while record_bytes(conn) > max_bytes * SIZE_SLACK:
         count = conn.execute("SELECT count(*) FROM requests").fetchone()[0]
         if count == 0:
             break
@@ -207,5 +226,5 @@ def stats(conn: sqlite3.Connection) -> dict:
         "counters": counters,
         "oldest": one("SELECT min(created_at) FROM requests"),
         "newest": one("SELECT max(created_at) FROM requests"),
-        "bytes": file_bytes(conn),
+        "bytes": record_bytes(conn),
     }

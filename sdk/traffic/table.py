@@ -11,7 +11,7 @@ import os
 
 from router.eval_tables import RoutingExample
 from router.evaluation.inputs import LoadedTable
-from sdk.traffic.store import connect
+from sdk.traffic.stores import connect, described
 
 QUERY = """
 SELECT r.id, avg(l.weak), avg(l.strong), r.router_score, r.confidence, r.local_prompt_tokens, r.local_completion_tokens,
@@ -48,7 +48,7 @@ def traffic_table(path: str | os.PathLike) -> LoadedTable:
     ]
     if not examples:
         raise ValueError(
-            f"{path}: no request there has both tiers judged (shadow samples); calibrating needs them "
+            f"{described(path)}: no request there has both tiers judged (shadow samples); calibrating needs them "
             "([traffic] shadow_fraction > 0, or a table from `tandem eval --live`)"
         )
-    return LoadedTable(examples, 0, [f"traffic:{path}"])
+    return LoadedTable(examples, 0, [f"traffic:{described(path)}"])

@@ -134,13 +134,13 @@ def test_retention_size_bound_and_purge(tmp_path):
     try:
         assert store.delete_older_than(conn, time.time() - 86400) == 1
         before = conn.execute("SELECT count(*) FROM requests").fetchone()[0]
-        assert store.file_bytes(conn) < 1024 * 1024  # texts are not stored: 400 rows are small
+        assert store.record_bytes(conn) < 1024 * 1024  # texts are not stored: 400 rows are small
         removed = store.enforce_size(conn, 64 * 1024)  # a tighter bound: the oldest rows go first
         remaining = [r[0] for r in conn.execute("SELECT id FROM requests ORDER BY created_at")]
         assert (
             removed > 0
             and len(remaining) == before - removed
-            and store.file_bytes(conn) <= 64 * 1024 * store.SIZE_SLACK
+            and store.record_bytes(conn) <= 64 * 1024 * store.SIZE_SLACK
         )
         assert remaining[-1] == "chatcmpl-0399" and "chatcmpl-0000" not in remaining
         deleted = store.purge(conn, key_fingerprint="fp-b")

@@ -22,6 +22,8 @@ from router.prompt_router.embedder_export import model_fingerprint
 from router.prompt_router.scorer import load_scorer
 from router.prompt_router.training import LabelledRows, RouterParameters, fit, table_rows, table_scale, write_router
 from sdk.traffic import store
+from sdk.traffic.shared_routers import SharedRouters
+from sdk.traffic.stores import store_for
 from sdk.traffic.retrain import BackgroundRetrainer, Candidate, RetrainResult, compare_rankings, retrain_once
 from sdk.traffic.config import TrafficSettings
 
@@ -44,10 +46,12 @@ def _router(path, alpha: float = 1.0, flip: bool = False) -> str:
 
 def _fill(path, rows: int, weak_rate_by_topic: tuple[float, float], seed: int = 0) -> None:
     """A record of `rows` requests in two topics (unit embeddings around two centres) whose local tier
-    is right at the given rates, every row judged on both tiers, labels arriving in order."""
+    is right at the given rates, every row judged on both tiers, labels arriving in order. `path`: a
+    SQLite file, or a state database's URL (sdk.traffic.stores)."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(2, 384))
-    conn = store.connect(path)
+    records = store_for(str(path))
+    conn = records.connect(str(path))
     embedder = f"{model_fingerprint()}|int8"
     from router.prompt_router.prompt_shape import shape_features
 
@@ -55,7 +59,7 @@ def _fill(path, rows: int, weak_rate_by_topic: tuple[float, float], seed: int = 
         topic = i % 2
         vector = centres[topic] + 0.3 * rng.normal(size=384)
         text = PROMPTS[i % len(PROMPTS)]
-        store.insert_request(
+        records.insert_request(
             conn,
             {
                 "id": f"r{i}",
@@ -71,7 +75,7 @@ def _fill(path, rows: int, weak_rate_by_topic: tuple[float, float], seed: int = 
             },
         )
         weak = float(rng.random() < weak_rate_by_topic[topic])
-        store.upsert_label(conn, f"r{i}", "shadow", weak, 1.0, "test", created_at=2000.0 + i)
+        records.upsert_label(conn, f"r{i}", "shadow", weak, 1.0, "test", created_at=2000.0 + i)
     conn.close()
 
 
@@ -140,7 +144,7 @@ def test_a_better_candidate_is_written_whole_and_swapped_in(tmp_path):
     _fill(db, 600, (0.1, 0.95))  # topic 0: the local tier is wrong far more than the prompt shape says
     runner = SimpleNamespace(prompt_scorer=load_scorer())
     settings = TrafficSettings(record=True, path=str(db), retrain=True, retrain_holdout_labels=100)
-    record = SimpleNamespace(num_label_rows=lambda: 600)
+    record = SimpleNamespace(num_label_rows=lambda: 600, config=SimpleNamespace(path=str(db)))
     retrainer = BackgroundRetrainer(runner, record, settings)
     result = asyncio.run(retrainer.maybe_retrain())
     assert result.outcome == "swapped", result
@@ -158,6 +162,43 @@ def test_a_better_candidate_is_written_whole_and_swapped_in(tmp_path):
     assert again.outcome == "kept" and again.candidate_auroc == pytest.approx(again.serving_auroc, abs=1e-9)
     assert "not better by more than 2 SE" in again.detail and fresh.path in again.detail
     assert runner.prompt_scorer is fresh and len(list((tmp_path / "routers").glob("router-*.onnx"))) == 1
+
+
+def test_replicas_sharing_a_record_retrain_once_and_serve_the_same_router(state_db_url, tmp_path):
+    """Two replicas on one state database: the one holding the retrain lock retrains and swaps, the
+    other adopts that router at its next check; when the first stops, the second takes the retrains over."""
+    from sdk.state.database import StateDatabase
+
+    async def migrate():
+        await (await StateDatabase(state_db_url).open()).close()
+
+    asyncio.run(migrate())
+    _fill(state_db_url, 600, (0.1, 0.95))
+    record = SimpleNamespace(num_label_rows=lambda: 600, config=SimpleNamespace(path=state_db_url))
+    replicas = []
+    for name in ("a", "b"):
+        settings = TrafficSettings(
+            record=True, retrain=True, retrain_holdout_labels=100, router_dir=str(tmp_path / name)
+        )
+        runner = SimpleNamespace(prompt_scorer=load_scorer())
+        replicas.append(BackgroundRetrainer(runner, record, settings, shared=SharedRouters(state_db_url, name)))
+    first, second = replicas
+    try:
+        swapped = asyncio.run(first.maybe_retrain())
+        assert swapped.outcome == "swapped" and swapped.path.startswith(str(tmp_path / "a"))
+        assert asyncio.run(second.maybe_retrain()) is None  # the lock is taken: it does not retrain
+        adopted = second.runner.prompt_scorer
+        assert second.outcomes == {"adopted": 1} and adopted.path == str(
+            tmp_path / "b" / os.path.basename(swapped.path)
+        )
+        np.testing.assert_allclose(adopted.score(PROMPTS), first.runner.prompt_scorer.score(PROMPTS))
+        assert asyncio.run(first.maybe_retrain()) is None and first.outcomes == {"swapped": 1}  # nothing new to adopt
+        first.shared.close()  # the first replica stops
+        took_over = asyncio.run(second.maybe_retrain())
+        assert took_over.outcome == "kept"  # the same labels: its candidate is the router it already serves
+    finally:
+        first.shared.close()
+        second.shared.close()
 
 
 def test_readers_see_one_router_or_the_other_whole(tmp_path):

@@ -1,0 +1,38 @@
+"""Where a traffic record lives: a SQLite file (sdk.traffic.store, one per process), or the state
+database replicas share (sdk.traffic.postgres_store, when `state_db` is set). Both answer the same
+functions on the connection their `connect` opens; this picks one by the target, a path or a
+postgresql:// URL, for the record, training, calibration and `tandem traffic`."""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from urllib.parse import urlsplit
+
+from sdk.traffic import store
+
+
+def is_database(target: str | os.PathLike) -> bool:
+    return urlsplit(str(target)).scheme in ("postgresql", "postgres")
+
+
+def store_for(target: str | os.PathLike) -> ModuleType:
+    if is_database(target):
+        from sdk.traffic import postgres_store
+
+        return postgres_store
+    return store
+
+
+def connect(target: str | os.PathLike, *, create: bool = True):
+    """A connection to the record at `target` (see the module docstring), its schema current."""
+    return store_for(target).connect(target, create=create)
+
+
+def described(target: str | os.PathLike) -> str:
+    """`target` for a log line or a message: a database URL without its password."""
+    if is_database(target):
+        from sdk.state.database import redacted
+
+        return redacted(str(target))
+    return str(target)
