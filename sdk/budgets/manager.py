@@ -146,22 +146,32 @@ class BudgetManager:
         }
         return await self.ledger.spends(sorted(pairs))
 
-    async def verdict(self, key: str | None, user: str | None) -> Verdict:
+    async def verdict(self, key: str | None, user: str | None, *, soft_only: bool = False) -> Verdict:
+        """The limits of this key (and user) already reached; `soft_only`: only the soft ones are
+        looked at (no read at all when it has none: the spend ledger may be a network away)."""
         self.maybe_reload()
-        spends, current = await self._spends(key, user), periods(self.ledger.clock())
+        current = periods(self.ledger.clock())
+        named = [
+            (name, scope, limit)
+            for name, scope, limits in self._limits(key, user)
+            for limit in limits.limits
+            if not (soft_only and limit.hard)
+        ]
+        if not named:
+            return Verdict()
+        spends = await self.ledger.spends(sorted({(scope, current[limit.period]) for _, scope, limit in named}))
         hard, soft = [], []
-        for name, scope, limits in self._limits(key, user):
-            for limit in limits.limits:
-                spend = spends.get((scope, current[limit.period]), Spend())
-                spent = spend.usd if limit.kind == "usd" else spend.cloud_share
-                if spent >= limit.value and (limit.kind == "usd" or spend.total_tokens):
-                    (hard if limit.hard else soft).append(Breach(name, limit, spent))
+        for name, scope, limit in named:
+            spend = spends.get((scope, current[limit.period]), Spend())
+            spent = spend.usd if limit.kind == "usd" else spend.cloud_share
+            if spent >= limit.value and (limit.kind == "usd" or spend.total_tokens):
+                (hard if limit.hard else soft).append(Breach(name, limit, spent))
         return Verdict(tuple(hard), tuple(soft))
 
     async def soft_warning(self, key: str | None, user: str | None) -> str | None:
         """What the `x-tandem-budget-warning` header says: each soft limit this key (or user) has
         reached, counted as warned; None when none is."""
-        soft = Verdict(soft=(await self.verdict(key, user)).soft)
+        soft = await self.verdict(key, user, soft_only=True)
         if not soft.soft:
             return None
         self.count(soft, "warned")

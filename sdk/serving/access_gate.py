@@ -3,8 +3,10 @@
 The HTTP servers (sdk.openai_server.access) and the gRPC service (sdk.serving.grpc.auth)
 ask one `AccessGate` per process, so a key's budget is one budget whichever door its
 requests come through. Per request, in order: whether the caller's address is backing off
-after failed keys (then its key is not even checked), the API key (when keys are
-configured), the rate limit, the limit on requests in flight (sdk.serving.client_limits).
+after failed keys (then it is refused whatever its key, and a wrong one is not counted), the
+API key (when keys are configured), the rate limit, the limit on requests in flight
+(sdk.serving.client_limits; a right key's three limits are one `ClientLimits.admit`, one round
+trip where replicas share them).
 A caller is identified by its key, or by its address (`ip:<host>`) when the process has
 no keys. Each listener turns a `Refusal` into its own protocol's answer (HTTP 401/429,
 gRPC UNAUTHENTICATED/RESOURCE_EXHAUSTED) and releases an admitted request's slot when
@@ -103,30 +105,38 @@ class AccessGate:
         `limited=False` checks the key only (paths that must not spend a budget: /metrics)."""
         client = f"ip:{address}"
         if self.api_keys:
-            key, refusal = await self.check_key(presented_key, self.api_keys, address, what)
-            if refusal is not None:
-                return Admission(client, refusal)
+            # A wrong key (or none) takes check_key's path: the backoff, then the failure counted. A right one
+            # is refused all the same while its address backs off, asked below with the other limits.
+            key = matching_key(presented_key, self.api_keys)
+            if key is None or not limited:
+                key, refusal = await self.check_key(presented_key, self.api_keys, address, what)
+                if refusal is not None:
+                    return Admission(client, refusal)
             client = key
             logger.debug("%s by key %s", what, key_fingerprint(key))
         if not limited:
             return Admission(client)
         per_key = bool(self.api_keys)
-        rate = self.limits.rate
-        if rate is not None and (wait_s := await rate.acquire(client)) > 0:
+        decision = await self.limits.admit(address if self.api_keys else None, client)
+        if decision.backoff_wait_s > 0:
+            return Admission(client, self._backing_off(address, what, decision.backoff_wait_s))
+        if decision.rate_wait_s > 0:
+            rate = self.limits.rate
             self.log.info(
                 (client, RATE_LIMITED),
                 "%s refused for %s: rate limit (%.1fs until its next request)",
                 what,
                 self.who(client),
-                wait_s,
+                decision.rate_wait_s,
             )
             return Admission(
-                client, Refusal(RATE_LIMITED, retry_after_s=wait_s, limit=rate.per_minute, per_key=per_key)
+                client,
+                Refusal(RATE_LIMITED, retry_after_s=decision.rate_wait_s, limit=rate.per_minute, per_key=per_key),
             )
-        in_flight = self.limits.in_flight
-        if in_flight is None:
+        if decision.entered is None:
             return Admission(client)
-        if not await in_flight.try_acquire(client):
+        if not decision.entered:
+            in_flight = self.limits.in_flight
             self.log.info(
                 (client, TOO_MANY_IN_FLIGHT),
                 "%s refused for %s: %d requests already in flight",
@@ -139,6 +149,16 @@ class AccessGate:
             )
         return Admission(client, holds_slot=True)
 
+    def _backing_off(self, address: str, what: str, wait_s: float) -> Refusal:
+        self.log.info(
+            (address, AUTH_BACKOFF),
+            "%s from %s refused unchecked: backing off after failed keys (%.1fs left)",
+            what,
+            address,
+            wait_s,
+        )
+        return Refusal(AUTH_BACKOFF, retry_after_s=wait_s, per_key=False)
+
     async def check_key(
         self, presented_key: str | None, keys: frozenset[str], address: str, what: str, name: str = "API key"
     ) -> tuple[str | None, Refusal | None]:
@@ -148,14 +168,7 @@ class AccessGate:
         admin key of /admin/*), so a guess at any of them spends the one backoff of its address."""
         backoff = self.limits.auth_backoff
         if backoff is not None and (wait_s := await backoff.wait_s(address)) > 0:
-            self.log.info(
-                (address, AUTH_BACKOFF),
-                "%s from %s refused unchecked: backing off after failed keys (%.1fs left)",
-                what,
-                address,
-                wait_s,
-            )
-            return None, Refusal(AUTH_BACKOFF, retry_after_s=wait_s, per_key=False)
+            return None, self._backing_off(address, what, wait_s)
         key = matching_key(presented_key, keys)
         if key is not None:
             return key, None

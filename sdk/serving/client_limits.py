@@ -151,6 +151,32 @@ class ClientLimits:
     def active(self) -> bool:
         return self.rate is not None or self.in_flight is not None
 
+    async def admit(self, address: str | None, client: str) -> Decision:
+        """The limits of one request whose key (if any) matched, in the gate's order: the failed-key
+        backoff of `address` (None: not asked, as without keys), then `client`'s token bucket, then
+        its slot in flight; each only when the one before let the request through."""
+        if address is not None and self.auth_backoff is not None:
+            wait_s = await self.auth_backoff.wait_s(address)
+            if wait_s > 0:
+                return Decision(backoff_wait_s=wait_s)
+        if self.rate is not None:
+            wait_s = await self.rate.acquire(client)
+            if wait_s > 0:
+                return Decision(rate_wait_s=wait_s)
+        if self.in_flight is None:
+            return Decision()
+        return Decision(entered=await self.in_flight.try_acquire(client))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ClientLimits.admit found: a backoff or rate-limit wait (seconds) that refuses the request, or
+    whether it took a slot in flight (None: no in-flight limit, or it was refused before asking)."""
+
+    backoff_wait_s: float = 0.0
+    rate_wait_s: float = 0.0
+    entered: bool | None = None
+
 
 class AuthFailureBackoff:
     """Exponential backoff per client address after repeated failed authentication.

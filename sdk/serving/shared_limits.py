@@ -3,9 +3,10 @@ replicas of a server share them (`state_db`): one token bucket per key across al
 count of requests in flight, one failed-key backoff per client address.
 
 Each decision is one statement or function call (sdk.state.schema: `tandem_take_token`,
-`tandem_enter`, `tandem_auth_failed`), atomic on its row. Returning an in-flight slot is deferred
-to the database's writer (a response's end never waits on it); a replica that dies with slots
-taken stops counting once its lease ends.
+`tandem_enter`, `tandem_auth_failed`), atomic on its row; an admitted request asks all three of
+its limits in one call (`tandem_admit`, SharedClientLimits.admit), so the gate costs one round
+trip. Returning an in-flight slot is deferred to the database's writer (a response's end never
+waits on it); a replica that dies with slots taken stops counting once its lease ends.
 
 Keys never reach the database: a client is stored as the SHA-256 of its identity (the key, or
 `ip:<host>`).
@@ -22,9 +23,10 @@ import functools
 import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sdk.protocol.errors import StateUnavailableError
-from sdk.serving.client_limits import AuthFailureBackoff, ClientLimits, InFlightLimiter, RequestRateLimiter
+from sdk.serving.client_limits import AuthFailureBackoff, ClientLimits, Decision, InFlightLimiter, RequestRateLimiter
 from sdk.state.database import StateDatabase
 
 
@@ -68,8 +70,12 @@ class SharedInFlightLimiter(InFlightLimiter):
         except StateUnavailableError:
             return await super().try_acquire(client)  # released there: release() finds no shared slot
         if rows[0][0]:
-            self._shared[client] = self._shared.get(client, 0) + 1
+            self.count_shared(client)
         return rows[0][0]
+
+    def count_shared(self, client: str) -> None:
+        """This replica took a slot for `client` in the database (release() gives it back there)."""
+        self._shared[client] = self._shared.get(client, 0) + 1
 
     def release(self, client: str) -> None:
         if self._shared.get(client, 0) <= 0:  # a slot the fallback counted
@@ -82,13 +88,7 @@ class SharedInFlightLimiter(InFlightLimiter):
         params = (_digest(client), self.db.replica_id)
 
         async def write() -> None:
-            async with self.db.transaction() as conn:
-                await conn.execute(
-                    "UPDATE tandem_in_flight SET count = count - 1 WHERE client = %s AND replica = %s", params
-                )
-                await conn.execute(
-                    "DELETE FROM tandem_in_flight WHERE client = %s AND replica = %s AND count <= 0", params
-                )
+            await self.db.call("SELECT tandem_leave(%s, %s)", params)
 
         self.db.defer(write)
 
@@ -150,6 +150,49 @@ class SharedAuthFailureBackoff(AuthFailureBackoff):
         return rows[0][0]
 
 
+@dataclass
+class SharedClientLimits(ClientLimits):
+    """ClientLimits of the Shared* limiters above: an admitted request's three limits in one call."""
+
+    db: StateDatabase | None = None
+
+    async def admit(self, address: str | None, client: str) -> Decision:
+        backoff = self.auth_backoff if address is not None else None
+        rate, in_flight = self.rate, self.in_flight
+        if self.db is None or (backoff is None and rate is None and in_flight is None):
+            return await super().admit(address, client)
+        try:
+            ((backoff_wait, rate_wait, entered),) = await self.db.call(
+                "SELECT * FROM tandem_admit(%s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    None if backoff is None else address,
+                    None if backoff is None else backoff.forget_after_s,
+                    _digest(client),
+                    None if rate is None else rate.burst,
+                    None if rate is None else rate.refill_per_s,
+                    self.clock(),
+                    self.db.replica_id,
+                    None if in_flight is None else in_flight.max_in_flight,
+                ),
+            )
+        except StateUnavailableError:
+            return await self._own_books(backoff, address, client)
+        if entered:
+            in_flight.count_shared(client)
+        return Decision(backoff_wait, rate_wait, entered)
+
+    async def _own_books(self, backoff, address: str | None, client: str) -> Decision:
+        """The same decision from this replica's own counts (the database is away): the limiters' in-memory
+        parents, as each Shared* limiter falls back to on its own."""
+        if backoff is not None and (wait_s := await AuthFailureBackoff.wait_s(backoff, address)) > 0:
+            return Decision(backoff_wait_s=wait_s)
+        if self.rate is not None and (wait_s := RequestRateLimiter.take(self.rate, client)) > 0:
+            return Decision(rate_wait_s=wait_s)
+        if self.in_flight is None:
+            return Decision()
+        return Decision(entered=await InFlightLimiter.try_acquire(self.in_flight, client))
+
+
 def shared_client_limits(
     db: StateDatabase,
     rate_limit_per_minute: float | None = None,
@@ -166,7 +209,7 @@ def shared_client_limits(
         functools.partial(SharedInFlightLimiter, db),
         functools.partial(SharedAuthFailureBackoff, db),
     )
-    return ClientLimits.build(
+    limits = SharedClientLimits.build(
         rate_limit_per_minute,
         rate_limit_burst,
         max_concurrent_per_key,
@@ -175,3 +218,5 @@ def shared_client_limits(
         auth_backoff_max_s,
         kinds=kinds,
     )
+    limits.db = db
+    return limits

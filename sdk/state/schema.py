@@ -262,7 +262,54 @@ CREATE TABLE tandem_traffic.routers (
 );
 """
 
+# One call per admitted request (sdk.serving.shared_limits.SharedClientLimits.admit): the address's failed-key
+# backoff, then the client's token bucket, then its slot in flight, each only when the one before let it through,
+# as the gate asks them one by one without a database. NULL arguments leave that limit out.
+_V3 = """
+CREATE FUNCTION tandem_admit(
+    p_address TEXT, p_forget DOUBLE PRECISION,
+    p_client TEXT, p_burst DOUBLE PRECISION, p_per_s DOUBLE PRECISION, p_now DOUBLE PRECISION,
+    p_replica TEXT, p_max INTEGER
+) RETURNS TABLE (backoff_wait DOUBLE PRECISION, rate_wait DOUBLE PRECISION, entered BOOLEAN)
+LANGUAGE plpgsql AS $$
+DECLARE
+    f tandem_auth_failures%ROWTYPE;
+    wait DOUBLE PRECISION := 0;
+BEGIN
+    IF p_address IS NOT NULL THEN
+        SELECT * INTO f FROM tandem_auth_failures WHERE address = p_address;
+        IF FOUND AND p_now - f.last_at < p_forget THEN
+            wait := greatest(0, f.until_at - p_now);
+        END IF;
+        IF wait > 0 THEN
+            RETURN QUERY SELECT wait, 0::DOUBLE PRECISION, NULL::BOOLEAN;
+            RETURN;
+        END IF;
+    END IF;
+    IF p_per_s IS NOT NULL THEN
+        wait := tandem_take_token(p_client, p_burst, p_per_s, p_now);
+        IF wait > 0 THEN
+            RETURN QUERY SELECT 0::DOUBLE PRECISION, wait, NULL::BOOLEAN;
+            RETURN;
+        END IF;
+    END IF;
+    IF p_max IS NULL THEN
+        RETURN QUERY SELECT 0::DOUBLE PRECISION, 0::DOUBLE PRECISION, NULL::BOOLEAN;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 0::DOUBLE PRECISION, 0::DOUBLE PRECISION, tandem_enter(p_client, p_replica, p_max);
+END $$;
+
+-- A request's slot in flight goes back (one statement: the row goes with its last slot).
+CREATE FUNCTION tandem_leave(p_client TEXT, p_replica TEXT) RETURNS VOID
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE tandem_in_flight SET count = count - 1 WHERE client = p_client AND replica = p_replica;
+    DELETE FROM tandem_in_flight WHERE client = p_client AND replica = p_replica AND count <= 0;
+END $$;
+"""
+
 # (version, SQL): applied in order, each in the transaction that records it.
-MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2)]
+MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2), (3, _V3)]
 
 LATEST = MIGRATIONS[-1][0]

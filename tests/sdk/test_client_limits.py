@@ -155,3 +155,34 @@ async def test_requests_in_flight_per_client_up_to_the_limit(books):
         await books.db.flush()  # a release is written after the response has ended
     assert await limiter.try_acquire("a") and not await limiter.try_acquire("a")
     assert limiter.in_flight("a") == 2 and limiter.total == 3
+
+
+async def test_one_admission_asks_the_backoff_then_the_bucket_then_the_slot(books):
+    """ClientLimits.admit (one round trip where the replicas share the books): each limit is asked only
+    when the one before let the request through, so a refused request spends nothing further."""
+    clock = FakeClock()
+    if books.db is None:
+        limits = client_limits.ClientLimits.build(60, 2, 1, clock, auth_backoff_after=1, auth_backoff_max_s=8)
+    else:
+        from sdk.serving.shared_limits import shared_client_limits
+
+        limits = shared_client_limits(books.db, 60, 2, 1, auth_backoff_after=1, auth_backoff_max_s=8, clock=clock)
+    first = await limits.admit("10.0.0.1", "key-a")
+    assert first == client_limits.Decision(entered=True) and limits.in_flight.in_flight("key-a") == 1
+    busy = await limits.admit("10.0.0.1", "key-a")  # a token taken (1 left), then no slot
+    assert busy.entered is False and busy.rate_wait_s == 0
+    assert await limits.auth_backoff.failed("10.0.0.1") == 1.0  # a wrong key from the same address
+    backing_off = await limits.admit("10.0.0.1", "key-a")
+    assert backing_off.backoff_wait_s == 1.0 and backing_off.entered is None
+    clock.now += 1.0  # the backoff is over, and the bucket has one more token (2 by now)
+    limits.in_flight.release("key-a")
+    if books.db is not None:
+        await books.db.flush()
+    assert (await limits.admit("10.0.0.1", "key-a")).entered is True  # the backoff took no token
+    limits.in_flight.release("key-a")
+    if books.db is not None:
+        await books.db.flush()
+    clock.now += 1.0  # one more token
+    assert (await limits.admit(None, "key-a")).entered is True  # no address: no backoff asked
+    empty = await limits.admit(None, "key-a")
+    assert empty.rate_wait_s == pytest.approx(1.0) and empty.entered is None
