@@ -69,6 +69,13 @@ class ThrowawayPostgres:
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
         self.running = False
 
+    def postmaster_pid(self) -> int | None:
+        """The server's main process (its backends are its children), while it runs."""
+        try:
+            return int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     @property
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"

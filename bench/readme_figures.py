@@ -190,6 +190,15 @@ FIGURES = (
         4,
         ">= 0.98",
     ),
+    Figure(
+        "cloud serve, books in PostgreSQL / in the process, tok/s at 32 clients (median of 3)",
+        "state_db",
+        "ratio_output_tps_state_db_vs_local",
+        2,
+        ">= 0.95",
+        "ratio_output_tps_state_db_vs_local_spread",
+    ),
+    Figure("  the same, PostgreSQL's CPU per request (ms)", "state_db", "cpu_ms_per_request.state_db.postgres.0", 2),
 )
 
 # A figure in a page's prose is a link to the JSON it came from, so a reader can open it and a

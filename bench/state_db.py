@@ -14,13 +14,17 @@ greedy) at --concurrency 32 over HTTP, the same prompts for both; the two server
 --repeats times (3; --quick 2; --smoke 1), the idle one SIGSTOPped (it takes no CPU). Per run:
 output tokens a second (completion tokens / wall time) and each request's latency.
 
+Also per run, the CPU seconds the server process (with its children) and the PostgreSQL server (the
+postmaster and its backends) used during it, per request (`cpu_ms_per_request`, read from /proc): what
+the books cost in CPU on these shared cores, besides the wall time, which moves with the machine.
+
 Reported: `ratio_output_tps_state_db_vs_local` (median over the repetitions, with the spread of the
 per-repetition ratios; target >= 0.95 beyond the spread); `added_latency_p50_ms` / `added_latency_p99_ms`:
 what a request pays end to end for the shared books, the state_db run's latency p50 (p99) less the
 local run's of the same repetition (median, with the spread); and, to say where that goes, what the
 books alone cost (`bookkeeping`): in this process, against the same database, the calls a request
-waits for (the backoff lookup, a token from the bucket, an in-flight slot, the budget verdict and
-the reservation), one request at a time (`c1`) and --concurrency released at once (`burst`: all on
+waits for (the gate's admission: backoff, bucket and slot; the soft-budget warning; the reservation),
+one request at a time (`c1`) and --concurrency released at once (`burst`: all on
 one key, so they queue on its rows), p50 and p99, on both books. The settle and the slot's return
 are deferred (the answer never waits for them) and not in it.
 """
@@ -71,6 +75,31 @@ def cloud_server(folder: Path, mode: str, state_db_url: str | None, threads: int
         env=env,
         log_path=str(folder / f"{mode}.log"),
     )
+
+
+def tree_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process `pid` and its live descendants (Linux /proc; 0 without one)."""
+    if pid is None or not os.path.isdir("/proc"):
+        return 0.0
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))  # fields[1]: the parent's pid
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        total += times.get(current, 0.0)
+        stack.extend(children.get(current, []))
+    return total
 
 
 async def load(base_url: str, num_requests: int, concurrency: int) -> dict:
@@ -195,7 +224,12 @@ def run(args: argparse.Namespace) -> dict:
                     server = servers[mode]
                     server.resume()
                     time.sleep(0.5)
-                    runs[mode].append(asyncio.run(load(server.base_url, num_requests, args.concurrency)))
+                    cpu_before = tree_cpu_s(server.process.pid), tree_cpu_s(postgres.postmaster_pid())
+                    result = asyncio.run(load(server.base_url, num_requests, args.concurrency))
+                    cpu_after = tree_cpu_s(server.process.pid), tree_cpu_s(postgres.postmaster_pid())
+                    result["server_cpu_ms_per_request"] = 1000 * (cpu_after[0] - cpu_before[0]) / num_requests
+                    result["postgres_cpu_ms_per_request"] = 1000 * (cpu_after[1] - cpu_before[1]) / num_requests
+                    runs[mode].append(result)
                     server.pause()
         finally:
             for server in servers.values():
@@ -234,6 +268,13 @@ def run(args: argparse.Namespace) -> dict:
             "latency_p50_ms": {mode: median_and_spread([r["latency_p50_ms"] for r in runs[mode]]) for mode in runs},
             "latency_p99_ms": {mode: median_and_spread([r["latency_p99_ms"] for r in runs[mode]]) for mode in runs},
             "bookkeeping": books,
+            "cpu_ms_per_request": {
+                mode: {
+                    part: median_and_spread([r[f"{part}_cpu_ms_per_request"] for r in runs[mode]])
+                    for part in ("server", "postgres")
+                }
+                for mode in runs
+            },
             "added_latency_p50_ms": added_p50,
             "added_latency_p50_ms_spread": added_p50_spread,
             "added_latency_p99_ms": added_p99,

@@ -43,8 +43,10 @@ class TrafficCollector:
             )
         if self.retrainer is not None:
             retrains = CounterMetricFamily(
-                PREFIX + "router_retrains", "Background router retrains, by outcome.", labels=["outcome"]
+                PREFIX + "router_retrains",
+                "Background router retrains, by outcome (adopted: a router another replica swapped in, with state_db).",
+                labels=["outcome"],
             )
-            for outcome in ("swapped", "kept", "skipped", "failed"):
+            for outcome in ("swapped", "kept", "skipped", "failed", "adopted"):
                 retrains.add_metric([outcome], self.retrainer.outcomes.get(outcome, 0))
             yield retrains

@@ -90,6 +90,8 @@ def test_two_serve_replicas_keep_one_record_and_serve_one_router(postgres_server
                 found = wait_for_rows(database, "SELECT router FROM requests WHERE id = %s", (response_id,))
                 served_by = found[0][0] if found else None
             assert served_by == expected, f"replica {name} still scores with {served_by}"
+            metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).text
+            assert 'tandem:router_retrains_total{outcome="adopted"} 1.0' in metrics
 
         stats = CliRunner().invoke(app, ["traffic", "stats", "--path", database])
         assert stats.exit_code == 0 and '"feedback": 2' in stats.output, stats.output
