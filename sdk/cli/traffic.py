@@ -36,7 +36,8 @@ def stats(
     """What the record holds: requests by tier, labels by source, counters, size."""
     import json
 
-    from sdk.traffic.stores import connect, store_for
+    from sdk.traffic.store import stats as read_stats
+    from sdk.traffic.stores import connect
 
     target = _path(path, config)
     try:
@@ -44,7 +45,7 @@ def stats(
     except (OSError, RuntimeError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:
-        typer.echo(json.dumps(store_for(target).stats(conn), indent=2))
+        typer.echo(json.dumps(read_stats(conn), indent=2))
     finally:
         conn.close()
 
@@ -64,7 +65,8 @@ def purge(
     everything: bool = typer.Option(False, "--all", help="Delete every row and counter."),
 ) -> None:
     """Delete rows (and their labels) from the record; a running server may keep writing new ones."""
-    from sdk.traffic.stores import connect, store_for
+    from sdk.traffic.store import purge as delete
+    from sdk.traffic.stores import connect
 
     if not everything and older_than_days is None and key_fingerprint is None:
         raise typer.BadParameter("say what to delete: --all, --older-than-days N and/or --key-fingerprint FP")
@@ -74,7 +76,7 @@ def purge(
     except (OSError, RuntimeError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:
-        deleted = store_for(target).purge(
+        deleted = delete(
             conn,
             older_than_s=None if older_than_days is None else older_than_days * 86400,
             key_fingerprint=key_fingerprint,

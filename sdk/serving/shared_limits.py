@@ -125,19 +125,14 @@ class SharedAuthFailureBackoff(AuthFailureBackoff):
         self.db = db
 
     async def wait_s(self, address: str) -> float:
-        try:
+        try:  # tandem_admit with only the address: the backoff rule written once, in the database
             rows = await self.db.call(
-                "SELECT last_at, until_at FROM tandem_auth_failures WHERE address = %s", (address,)
+                "SELECT backoff_wait FROM tandem_admit(%s, %s, NULL, NULL, NULL, %s, NULL, NULL)",
+                (address, self.forget_after_s, self.clock()),
             )
         except StateUnavailableError:
             return await super().wait_s(address)
-        if not rows:
-            return 0.0
-        last, until = rows[0]
-        now = self.clock()
-        if now - last >= self.forget_after_s:
-            return 0.0
-        return max(0.0, until - now)
+        return rows[0][0]
 
     async def failed(self, address: str) -> float:
         try:

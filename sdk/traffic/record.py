@@ -30,7 +30,8 @@ import numpy as np
 
 from sdk.sqlite_writer import SQLiteWriter
 from sdk.traffic.entry import TrafficEntry, entry_row
-from sdk.traffic.stores import described, is_database, store_for
+from sdk.traffic import store
+from sdk.traffic.stores import connect, described, is_database
 
 logger = logging.getLogger("tandem.traffic")
 
@@ -76,7 +77,6 @@ class TrafficRecord:
         self._embedder_factory = embedder_factory  # () -> Embedder-like; None: router.prompt_router.embeddings.Embedder
         self._embedder = None
         self._embed_failed = False
-        self._store = store_for(config.path)  # sdk.traffic.store or sdk.traffic.postgres_store: the same functions
         self._writer = SQLiteWriter(
             "traffic",
             self._write,
@@ -102,8 +102,8 @@ class TrafficRecord:
 
     def start(self) -> TrafficRecord:
         """Open (creating or migrating) the file and start the writer; raises if the file is unusable."""
-        writer = self._store.connect(self.config.path)
-        self._reader = self._store.connect(self.config.path)
+        writer = connect(self.config.path)
+        self._reader = connect(self.config.path)
         self._maintain(writer)
         self._writer.start(writer)
         logger.info(
@@ -169,7 +169,7 @@ class TrafficRecord:
         if self._reader is None:
             return 0
         with self._reader_lock:
-            return self._store.counter_today(self._reader, name)
+            return store.counter_today(self._reader, name)
 
     def num_label_rows(self) -> int:
         """Labels in the file (feedback and judgments; one per response and source)."""
@@ -185,7 +185,7 @@ class TrafficRecord:
         if self._reader is None:
             return None
         with self._reader_lock:
-            found, owner, tier = self._store.owner_of(self._reader, response_id)
+            found, owner, tier = store.owner_of(self._reader, response_id)
         return (owner, tier, False) if found else None
 
     def _put(self, item) -> None:
@@ -203,7 +203,6 @@ class TrafficRecord:
             id(item): self._row(item) for item in items if isinstance(item, TrafficEntry) and not item.flagged_private
         }
         stored = labelled = flagged = 0
-        store = self._store
         try:
             with store.transaction(conn):
                 for item in items:
@@ -259,8 +258,8 @@ class TrafficRecord:
     def _maintain(self, conn) -> None:
         self._last_maintenance = time.monotonic()
         try:
-            expired = self._store.delete_older_than(conn, time.time() - self.config.retention_days * 86400)
-            trimmed = self._store.enforce_size(conn, int(self.config.max_mb * 1024 * 1024))
+            expired = store.delete_older_than(conn, time.time() - self.config.retention_days * 86400)
+            trimmed = store.enforce_size(conn, int(self.config.max_mb * 1024 * 1024))
             if expired or trimmed:
                 logger.info(
                     "traffic record: deleted %d rows past retention and %d over the size bound", expired, trimmed

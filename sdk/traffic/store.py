@@ -1,5 +1,11 @@
-"""SQLite operations on a traffic record file, used by its one writer thread (sdk.traffic.record),
-by `tandem traffic`, and by training (`tandem router train --from-traffic`).
+"""Operations on a traffic record, used by its one writer thread (sdk.traffic.record), by `tandem
+traffic`, and by training (`tandem router train --from-traffic`).
+
+A record is a SQLite file (`connect` here), or the state database the replicas share
+(sdk.traffic.postgres_store's connection, which runs these statements as written). One statement
+serves both where their SQL agrees (the upserts are the form both accept); the three places they
+differ ask which one they hold: taking the write lock, measuring the record's size, and giving
+freed space back.
 
 The file is created 0600 in a directory created 0700: it holds features derived from users'
 prompts. WAL journal, so readers (feedback lookups, training, the CLI) never block the writer.
@@ -45,10 +51,19 @@ def connect(path: str | os.PathLike, *, create: bool = True) -> sqlite3.Connecti
     return conn
 
 
+def is_file(conn) -> bool:
+    """Whether `conn` is a SQLite file's (else the state database's, sdk.traffic.postgres_store)."""
+    return isinstance(conn, sqlite3.Connection)
+
+
 @contextlib.contextmanager
-def transaction(conn: sqlite3.Connection):
-    """One write transaction (BEGIN IMMEDIATE: the writer takes the file's lock up front), committed when the
-    block ends, rolled back if it raises."""
+def transaction(conn):
+    """One write transaction, committed when the block ends, rolled back if it raises (SQLite: BEGIN
+    IMMEDIATE, the writer takes the file's lock up front)."""
+    if not is_file(conn):
+        with conn.transaction():
+            yield conn
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
@@ -97,19 +112,23 @@ REQUEST_COLUMNS = (
 )
 
 
-def insert_request(conn: sqlite3.Connection, row: dict) -> None:
+def insert_request(conn, row: dict) -> None:
+    """One request's row (a repeated id replaces its columns; its labels stay)."""
     unknown = set(row) - set(REQUEST_COLUMNS)
     if unknown:
         raise ValueError(f"not request columns: {sorted(unknown)}")
     columns = [c for c in REQUEST_COLUMNS if c in row]
     values = [json.dumps(row[c]) if c == "signals" and row[c] is not None else row[c] for c in columns]
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c != "id")
     conn.execute(
-        f"INSERT OR REPLACE INTO requests ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", values
+        f"INSERT INTO requests ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+        f"ON CONFLICT (id) DO {f'UPDATE SET {updates}' if updates else 'NOTHING'}",
+        values,
     )
 
 
 def upsert_label(
-    conn: sqlite3.Connection,
+    conn,
     response_id: str,
     source: str,
     weak: float | None,
@@ -118,40 +137,40 @@ def upsert_label(
     created_at: float | None = None,
 ) -> bool:
     """One label per (response, source): a repeat replaces it. False when the response is not recorded."""
-    if conn.execute("SELECT 1 FROM requests WHERE id = ?", (response_id,)).fetchone() is None:
-        return False
-    conn.execute(
-        "INSERT OR REPLACE INTO labels (response_id, source, weak, strong, created_at, detail) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (response_id, source, weak, strong, time.time() if created_at is None else created_at, detail),
-    )
-    return True
+    written = conn.execute(
+        "INSERT INTO labels (response_id, source, weak, strong, created_at, detail) "
+        "SELECT id, ?, ?, ?, ?, ? FROM requests WHERE id = ? "
+        "ON CONFLICT (response_id, source) DO UPDATE SET weak = excluded.weak, strong = excluded.strong, "
+        "created_at = excluded.created_at, detail = excluded.detail",
+        (source, weak, strong, time.time() if created_at is None else created_at, detail, response_id),
+    ).rowcount
+    return written > 0
 
 
 def today() -> str:
     return datetime.datetime.now(datetime.timezone.utc).date().isoformat()
 
 
-def bump_counter(conn: sqlite3.Connection, name: str, amount: int = 1, day: str | None = None) -> None:
+def bump_counter(conn, name: str, amount: int = 1, day: str | None = None) -> None:
     conn.execute(
         "INSERT INTO counters (day, name, value) VALUES (?, ?, ?) "
-        "ON CONFLICT (day, name) DO UPDATE SET value = value + excluded.value",
+        "ON CONFLICT (day, name) DO UPDATE SET value = counters.value + excluded.value",
         (day or today(), name, amount),
     )
 
 
-def counter_today(conn: sqlite3.Connection, name: str) -> int:
+def counter_today(conn, name: str) -> int:
     row = conn.execute("SELECT value FROM counters WHERE day = ? AND name = ?", (today(), name)).fetchone()
     return int(row[0]) if row else 0
 
 
-def owner_of(conn: sqlite3.Connection, response_id: str) -> tuple[bool, str | None, str | None]:
+def owner_of(conn, response_id: str) -> tuple[bool, str | None, str | None]:
     """(recorded, key fingerprint, tier that answered) of a response."""
     row = conn.execute("SELECT key_fingerprint, tier FROM requests WHERE id = ?", (response_id,)).fetchone()
     return (False, None, None) if row is None else (True, row[0], row[1])
 
 
-def delete_older_than(conn: sqlite3.Connection, cutoff: float) -> int:
+def delete_older_than(conn, cutoff: float) -> int:
     """Rows created before `cutoff` (unix seconds) and their labels; counters of days before it."""
     deleted = conn.execute("DELETE FROM requests WHERE created_at < ?", (cutoff,)).rowcount
     cutoff_day = datetime.datetime.fromtimestamp(cutoff, datetime.timezone.utc).date().isoformat()
@@ -159,13 +178,16 @@ def delete_older_than(conn: sqlite3.Connection, cutoff: float) -> int:
     return deleted
 
 
-def record_bytes(conn: sqlite3.Connection) -> int:
-    """Pages in use times page size: the database's size, free pages not counted."""
+def record_bytes(conn) -> int:
+    """What the record takes: a file's pages in use times the page size (free pages not counted), or
+    what the state database's rows take (TrafficConnection.record_bytes)."""
+    if not is_file(conn):
+        return conn.record_bytes()
     pages = conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]
     return pages * conn.execute("PRAGMA page_size").fetchone()[0]
 
 
-def enforce_size(conn: sqlite3.Connection, max_bytes: int) -> int:
+def enforce_size(conn, max_bytes: int) -> int:
     """Over `max_bytes`: delete the oldest rows (a tenth at a time) until under SIZE_SLACK of it,
     then hand the freed pages back to the file system. Returns the rows deleted."""
     deleted = 0
@@ -178,12 +200,12 @@ def enforce_size(conn: sqlite3.Connection, max_bytes: int) -> int:
             (max(1, count // 10),),
         ).rowcount
     if deleted:
-        conn.execute("PRAGMA incremental_vacuum")
+        _give_space_back(conn)
     return deleted
 
 
 def purge(
-    conn: sqlite3.Connection,
+    conn,
     *,
     older_than_s: float | None = None,
     key_fingerprint: str | None = None,
@@ -205,12 +227,18 @@ def purge(
         if not clauses:
             raise ValueError("purge needs everything, older_than_s or key_fingerprint")
         deleted = conn.execute(f"DELETE FROM requests WHERE {' AND '.join(clauses)}", values).rowcount
-    conn.execute("PRAGMA incremental_vacuum")
+    _give_space_back(conn)
     return deleted
 
 
-def stats(conn: sqlite3.Connection) -> dict:
-    """What the file holds, for `tandem traffic stats`."""
+def _give_space_back(conn) -> None:
+    """A file hands its freed pages to the file system; PostgreSQL reuses a table's space on its own."""
+    if is_file(conn):
+        conn.execute("PRAGMA incremental_vacuum")
+
+
+def stats(conn) -> dict:
+    """What the record holds, for `tandem traffic stats`."""
     one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
     by_tier = dict(conn.execute("SELECT tier, count(*) FROM requests GROUP BY tier").fetchall())
     by_source = dict(conn.execute("SELECT source, count(*) FROM labels GROUP BY source").fetchall())

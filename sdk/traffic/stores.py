@@ -1,12 +1,11 @@
-"""Where a traffic record lives: a SQLite file (sdk.traffic.store, one per process), or the state
-database replicas share (sdk.traffic.postgres_store, when `state_db` is set). Both answer the same
-functions on the connection their `connect` opens; this picks one by the target, a path or a
-postgresql:// URL, for the record, training, calibration and `tandem traffic`."""
+"""Where a traffic record lives: a SQLite file (one per process), or the state database replicas
+share (sdk.traffic.postgres_store, when `state_db` is set). `connect` opens either by its target,
+a path or a postgresql:// URL, for the record, training, calibration and `tandem traffic`; the
+operations of sdk.traffic.store then run on what it opened."""
 
 from __future__ import annotations
 
 import os
-from types import ModuleType
 from urllib.parse import urlsplit
 
 from sdk.traffic import store
@@ -16,17 +15,13 @@ def is_database(target: str | os.PathLike) -> bool:
     return urlsplit(str(target)).scheme in ("postgresql", "postgres")
 
 
-def store_for(target: str | os.PathLike) -> ModuleType:
+def connect(target: str | os.PathLike, *, create: bool = True):
+    """A connection to the record at `target` (see the module docstring), its schema current."""
     if is_database(target):
         from sdk.traffic import postgres_store
 
-        return postgres_store
-    return store
-
-
-def connect(target: str | os.PathLike, *, create: bool = True):
-    """A connection to the record at `target` (see the module docstring), its schema current."""
-    return store_for(target).connect(target, create=create)
+        return postgres_store.connect(str(target), create=create)
+    return store.connect(target, create=create)
 
 
 def described(target: str | os.PathLike) -> str:

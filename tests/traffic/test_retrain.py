@@ -23,7 +23,7 @@ from router.prompt_router.scorer import load_scorer
 from router.prompt_router.training import LabelledRows, RouterParameters, fit, table_rows, table_scale, write_router
 from sdk.traffic import store
 from sdk.traffic.shared_routers import SharedRouters
-from sdk.traffic.stores import store_for
+from sdk.traffic.stores import connect
 from sdk.traffic.retrain import BackgroundRetrainer, Candidate, RetrainResult, compare_rankings, retrain_once
 from sdk.traffic.config import TrafficSettings
 
@@ -50,8 +50,7 @@ def _fill(path, rows: int, weak_rate_by_topic: tuple[float, float], seed: int = 
     SQLite file, or a state database's URL (sdk.traffic.stores)."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(2, 384))
-    records = store_for(str(path))
-    conn = records.connect(str(path))
+    conn = connect(str(path))
     embedder = f"{model_fingerprint()}|int8"
     from router.prompt_router.prompt_shape import shape_features
 
@@ -59,7 +58,7 @@ def _fill(path, rows: int, weak_rate_by_topic: tuple[float, float], seed: int = 
         topic = i % 2
         vector = centres[topic] + 0.3 * rng.normal(size=384)
         text = PROMPTS[i % len(PROMPTS)]
-        records.insert_request(
+        store.insert_request(
             conn,
             {
                 "id": f"r{i}",
@@ -75,7 +74,7 @@ def _fill(path, rows: int, weak_rate_by_topic: tuple[float, float], seed: int = 
             },
         )
         weak = float(rng.random() < weak_rate_by_topic[topic])
-        records.upsert_label(conn, f"r{i}", "shadow", weak, 1.0, "test", created_at=2000.0 + i)
+        store.upsert_label(conn, f"r{i}", "shadow", weak, 1.0, "test", created_at=2000.0 + i)
     conn.close()
 
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from sdk.cli.app import app
 from sdk.state.database import StateDatabase
-from sdk.traffic import postgres_store
+from sdk.traffic import postgres_store, store
 from sdk.traffic.config import TrafficSettings
 from sdk.traffic.learning import start_learning
 from sdk.traffic.record import FeedbackError
@@ -108,11 +108,11 @@ def test_retention_and_the_size_bound_delete_the_oldest_rows(record_url):
     try:
         for i in range(200):
             row = {"id": f"r{i}", "created_at": 1000.0 + i, "model": "auto", "tier": "local", "escalated": 0}
-            postgres_store.insert_request(conn, {**row, "reason": "confident", "embedding": bytes(1536)})
-        assert postgres_store.delete_older_than(conn, 1050.0) == 50
-        size = postgres_store.record_bytes(conn)
-        deleted = postgres_store.enforce_size(conn, size // 2)
-        assert 75 <= deleted < 150 and postgres_store.record_bytes(conn) <= size // 2 * postgres_store.SIZE_SLACK
+            store.insert_request(conn, {**row, "reason": "confident", "embedding": bytes(1536)})
+        assert store.delete_older_than(conn, 1050.0) == 50
+        size = store.record_bytes(conn)
+        deleted = store.enforce_size(conn, size // 2)
+        assert 75 <= deleted < 150 and store.record_bytes(conn) <= size // 2 * store.SIZE_SLACK
         oldest = conn.execute("SELECT min(created_at) FROM requests").fetchone()[0]
         assert oldest == 1050.0 + deleted  # the oldest went first
     finally:
