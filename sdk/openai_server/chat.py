@@ -41,22 +41,10 @@ async def create_chat_completion(request: Request) -> Response:
     if routed:
         return await create_routed_chat_completion(request, state, body, model)
     try:
-        tool_format = tool_format_of(state.engine)
-        prompt_token_ids = await chat_prompt_tokens(state.engine, body.message_dicts(tool_format))
-        max_model_len = state.engine.max_model_len
-        response_id = new_id("chatcmpl")
-        generation_requests = choice_requests(
-            response_id,
-            prompt_token_ids,
-            body.num_choices,
-            lambda i: body.sampling_params(len(prompt_token_ids), max_model_len, i, tool_format),
-        )
+        job, response_id, answers = await chat_job(state, body, model, arrival_time)
     except Exception as exc:
         return from_exception(exc).response()
-    job = Job(model, generation_requests, len(prompt_token_ids), arrival_time, user=body.user)
     created = int(time.time())
-    tools = body.tool_request()
-    answers = lambda: ToolAnswers(tool_format, tools)  # noqa: E731
     return await run_job(
         request,
         state,
@@ -66,11 +54,31 @@ async def create_chat_completion(request: Request) -> Response:
         stream_body=lambda first, choices: EventStreamResponse(
             _chunks(body, job, response_id, created, first, choices, answers())
         ),
-        complete_body=lambda states: _response(body, job, response_id, created, states, answers()),
+        complete_body=lambda states: chat_response(body, job, response_id, created, states, answers()),
     )
 
 
-def _response(
+async def chat_job(
+    state: ServerState, body: ChatCompletionRequest, model: str, arrival_time: float
+) -> tuple[Job, str, Callable[[], ToolAnswers]]:
+    """A chat request for the engine itself (no routing): its job, its response id, and a maker of the
+    ToolAnswers that reads each choice's text back as content or tool calls. /v1/responses runs the same."""
+    tool_format = tool_format_of(state.engine)
+    prompt_token_ids = await chat_prompt_tokens(state.engine, body.message_dicts(tool_format))
+    max_model_len = state.engine.max_model_len
+    response_id = new_id("chatcmpl")
+    generation_requests = choice_requests(
+        response_id,
+        prompt_token_ids,
+        body.num_choices,
+        lambda i: body.sampling_params(len(prompt_token_ids), max_model_len, i, tool_format),
+    )
+    job = Job(model, generation_requests, len(prompt_token_ids), arrival_time, user=body.user)
+    tools = body.tool_request()
+    return job, response_id, lambda: ToolAnswers(tool_format, tools)
+
+
+def chat_response(
     body: ChatCompletionRequest,
     job: Job,
     response_id: str,

@@ -55,10 +55,7 @@ def _document(operation: dict, route: Route, components: dict) -> None:
         ok["text/event-stream"] = {
             "schema": {
                 "type": "string",
-                "description": (
-                    "with stream: true, server-sent events: one chunk object per `data:` line "
-                    "(the response shape with deltas), then `data: [DONE]`"
-                ),
+                "description": route.stream_doc,
             }
         }
     operation["responses"] = {"200": {"description": "the answer", "content": ok}}

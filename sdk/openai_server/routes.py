@@ -22,6 +22,7 @@ from sdk.openai_server.embeddings import create_embeddings
 from sdk.openai_server.feedback import create_feedback
 from sdk.openai_server.health import health, metrics
 from sdk.openai_server.model_cards import get_model, list_models
+from sdk.openai_server.responses_api import create_response
 from sdk.openai_server.serving import ServerState
 from sdk.openai_server.tokenize import create_detokenize, create_tokenize
 from sdk.protocol.openai_schema import (
@@ -34,6 +35,8 @@ from sdk.protocol.openai_schema import (
 )
 from sdk.protocol.openai_schema.embeddings import EmbeddingRequest, EmbeddingResponse
 from sdk.protocol.openai_schema.feedback import FeedbackRequest, FeedbackResponse
+from sdk.protocol.openai_schema.response_objects import ResponseObject
+from sdk.protocol.openai_schema.responses_api import ResponseCreateRequest
 from sdk.protocol.openai_schema.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 Needs = Literal["cascade", "budgets", "embeddings"]
@@ -48,6 +51,10 @@ class Route:
     body: type[BaseModel] | None = None  # the JSON request body (documented; the handler validates it)
     answer: type[BaseModel] | None = None  # the 200's JSON (SSE too when the body has `stream`); with the error shapes
     needs: Needs | None = None  # mounted only on a server that has it
+    stream_doc: str = (  # what a 200 with `stream: true` is (the document says it)
+        "with stream: true, server-sent events: one chunk object per `data:` line (the response shape with deltas), "
+        "then `data: [DONE]`"
+    )
 
     def mounted(self, state: ServerState) -> bool:
         if self.needs == "cascade":
@@ -69,6 +76,17 @@ ROUTES: tuple[Route, ...] = (
         ChatCompletionResponse,
     ),
     Route("/v1/completions", "POST", create_completion, "Create a completion", CompletionRequest, CompletionResponse),
+    Route(
+        "/v1/responses",
+        "POST",
+        create_response,
+        "Create a model response (OpenAI's Responses API)",
+        ResponseCreateRequest,
+        ResponseObject,
+        stream_doc="with stream: true, the Responses API's semantic events, each an `event:` line and a `data:` object "
+        "with its sequence_number: response.created first, then each output item added, its deltas and done, and "
+        "response.completed (response.incomplete when max_output_tokens cut it)",
+    ),
     Route(
         "/tokenize",
         "POST",

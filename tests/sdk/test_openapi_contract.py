@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from sdk.openai_server import create_app
 from sdk.protocol.engine import EngineProtocol, EngineStats, InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest, CompletionRequest
+from sdk.protocol.openai_schema.responses_api import ResponseCreateRequest
 from tests.schema_strategies import from_schema
 
 
@@ -63,7 +64,12 @@ def test_the_document_lists_the_declared_routes_the_server_mounted():
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_whatever_the_document_allows_validates(data):
-    for path, model in (("/v1/chat/completions", ChatCompletionRequest), ("/v1/completions", CompletionRequest)):
+    bodies = (
+        ("/v1/chat/completions", ChatCompletionRequest),
+        ("/v1/completions", CompletionRequest),
+        ("/v1/responses", ResponseCreateRequest),
+    )
+    for path, model in bodies:
         body = data.draw(from_schema(body_schema(path)), label=path)
         try:
             model.model_validate_json(
@@ -89,6 +95,20 @@ def _bounded(body: dict, model: str) -> dict:
 @given(body=from_schema(body_schema("/v1/chat/completions")), model=st.sampled_from(["smollm2-135m-instruct", "auto"]))
 def test_the_document_driven_fuzzer_finds_no_5xx(server_url, body, model):
     reply = httpx.post(f"{server_url}/v1/chat/completions", json=_bounded(body, model), timeout=120)
+    assert reply.status_code < 500, reply.text[:1000]
+    if reply.status_code != 200:
+        error = reply.json()["error"]
+        assert error["message"] and error["type"], error
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(body=from_schema(body_schema("/v1/responses")), model=st.sampled_from(["smollm2-135m-instruct", "auto"]))
+def test_the_document_driven_fuzzer_finds_no_5xx_on_responses(server_url, body, model):
+    bounded = {**body, "model": model, "max_output_tokens": 2}
+    reply = httpx.post(f"{server_url}/v1/responses", json=bounded, timeout=120)
     assert reply.status_code < 500, reply.text[:1000]
     if reply.status_code != 200:
         error = reply.json()["error"]

@@ -1,0 +1,256 @@
+"""OpenAI's Responses API body (POST /v1/responses), read into the chat request tandem runs.
+
+A Responses request is a conversation (`input`: a string, or items: messages, function calls
+and their outputs), `instructions`, function tools, and `text.format`. tandem answers it with
+the chat machinery both tiers already have, so the body becomes a ChatCompletionRequest
+(`chat_payload`): the same validators, sampling parameters, tool grammar and structured output.
+
+What the API has that tandem cannot give is refused with a 400 naming it (other item kinds,
+content parts that are not text, hosted tools, reasoning, background runs, conversations);
+values that ask for nothing (`include: []`, `truncation: "disabled"`, `background: false`)
+are accepted. tandem's body extensions (`private`, `top_k`, `min_p`, ...) are passed on to
+the chat request, where they work as on chat.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import ConfigDict, Field
+
+from sdk.protocol.engine import InvalidRequestError
+from sdk.protocol.openai_schema.request_parts import _Request, _TopLevel
+
+# Message roles a client may send; `developer` is OpenAI's newer name for the system prompt.
+INPUT_ROLES = ("system", "developer", "user", "assistant")
+TEXT_PARTS = ("input_text", "output_text")  # a replayed assistant message carries output_text parts
+
+# Fields of the Responses API, with what tandem does with them (the others are chat's own).
+RESPONSES_REFUSED: dict[str, str] = {
+    "reasoning": "the served models do not reason; leave it out",
+    "conversation": "conversations are not supported; pass previous_response_id instead",
+    "prompt": "stored prompt templates are not supported; send input and instructions",
+    "max_tool_calls": "max_tool_calls is not supported; leave it out",
+    "top_logprobs": "logprobs are not supported on /v1/responses; use /v1/chat/completions",
+    "stream_options": "stream_options is not supported on /v1/responses; leave it out",
+}
+RESPONSES_NO_OP: dict[str, tuple[Any, ...]] = {
+    "include": ([],),
+    "truncation": ("disabled",),
+    "background": (False,),
+}
+# Chat's fields that the Responses API does not have: not passed on (a 400 names them).
+NOT_IN_RESPONSES = ("messages", "max_tokens", "max_completion_tokens", "response_format", "n", "logprobs", "stream")
+
+
+class InputPart(_Request):
+    type: str
+    text: str | None = None
+
+
+class InputItem(_TopLevel):
+    """One item of `input`: a message (`type` "message", or absent with a role), a function call an
+    earlier answer made, or that call's output."""
+
+    type: str | None = None
+    role: str | None = None
+    content: Union[str, list[InputPart], None] = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: Union[str, list[InputPart], None] = None
+
+
+class ResponseTextFormat(_Request):
+    """`text.format`: as chat's response_format, with the schema's fields on the format itself."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    def response_format(self) -> dict[str, Any]:
+        """Chat's response_format for this format."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        if not self.name:
+            raise InvalidRequestError("text.format of type json_schema needs a name", "text.format.name")
+        inner = {"name": self.name, "description": self.description, "schema": self.schema_, "strict": self.strict}
+        return {"type": "json_schema", "json_schema": {k: v for k, v in inner.items() if v is not None}}
+
+
+class ResponseText(_Request):
+    format: ResponseTextFormat | None = None
+
+
+class ResponseTool(_Request):
+    """A tool: function tools only (flat: name, description, parameters, strict)."""
+
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseNamedToolChoice(_Request):
+    type: str
+    name: str | None = None
+
+
+class ResponseCreateRequest(_TopLevel):
+    """POST /v1/responses. Fields beyond these are chat's (tandem's extensions pass on) or refused."""
+
+    model: str | None = None
+    input: Union[str, list[InputItem]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    stream: bool | None = False
+    store: bool | None = True
+    previous_response_id: str | None = None
+    tools: list[ResponseTool] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], ResponseNamedToolChoice, None] = None
+    parallel_tool_calls: bool | None = None
+    text: ResponseText | None = None
+    private: bool | None = None  # extension (tandem): routed models answer on the device only
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        """None here: the chat request it becomes says which of its fields were ignored."""
+        return []
+
+    def chat_payload(self, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The chat request body that answers this one: `history` (a stored response's conversation,
+        for previous_response_id) goes after the instructions and before this request's input."""
+        extra = dict(self.model_extra or {})
+        self._refuse_extra(extra)
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        messages += history or []
+        messages += input_messages(self.input)
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "user": self.user,
+            "private": self.private,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            **{name: value for name, value in extra.items() if name not in RESPONSES_NO_OP},
+        }
+        if self.tools:
+            payload["tools"] = [_chat_tool(i, tool) for i, tool in enumerate(self.tools)]
+        if self.tool_choice is not None:
+            payload["tool_choice"] = _chat_tool_choice(self.tool_choice)
+        if self.text is not None and self.text.format is not None:
+            payload["response_format"] = self.text.format.response_format()
+        return {name: value for name, value in payload.items() if value is not None}
+
+    def _refuse_extra(self, extra: dict[str, Any]) -> None:
+        for name, value in extra.items():
+            if value is None:
+                continue
+            if name in RESPONSES_REFUSED:
+                raise InvalidRequestError(f"{name}: {RESPONSES_REFUSED[name]}", name)
+            if name in RESPONSES_NO_OP and value not in RESPONSES_NO_OP[name]:
+                raise InvalidRequestError(
+                    f"{name} {value!r} is not supported; send {RESPONSES_NO_OP[name][0]!r} or leave it out", name
+                )
+            if name in NOT_IN_RESPONSES:
+                raise InvalidRequestError(f"{name} is a chat completions field; /v1/responses does not take it", name)
+
+
+def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
+    """Chat messages for `input`: consecutive function calls become one assistant turn's tool calls,
+    their outputs tool messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not items:
+        raise InvalidRequestError("input must contain at least one item", "input")
+    messages: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        where = f"input[{index}]"
+        kind = item.type or ("message" if item.role is not None else None)
+        if kind == "message":
+            messages.append(_message(item, where))
+        elif kind == "function_call":
+            if not item.call_id or not item.name or item.arguments is None:
+                raise InvalidRequestError(f"{where}: a function_call needs call_id, name and arguments", where)
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
+            previous = messages[-1] if messages else None
+            if previous is not None and previous["role"] == "assistant" and "tool_calls" in previous:
+                previous["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            if not item.call_id or item.output is None:
+                raise InvalidRequestError(f"{where}: a function_call_output needs call_id and output", where)
+            output = item.output if isinstance(item.output, str) else _text(item.output, f"{where}.output")
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+        else:
+            raise InvalidRequestError(
+                f"{where}.type {kind!r} is not supported; send messages, function_call and function_call_output items",
+                f"{where}.type",
+            )
+    return messages
+
+
+def _message(item: InputItem, where: str) -> dict[str, Any]:
+    if item.role not in INPUT_ROLES:
+        raise InvalidRequestError(f"{where}.role must be one of {', '.join(INPUT_ROLES)}, got {item.role!r}", where)
+    if item.content is None:
+        raise InvalidRequestError(f"{where}.content is required", f"{where}.content")
+    content = item.content if isinstance(item.content, str) else _text(item.content, f"{where}.content")
+    return {"role": "system" if item.role == "developer" else item.role, "content": content}
+
+
+def _text(parts: list[InputPart], where: str) -> str:
+    """The text of text parts; any other kind (images, files, audio) is refused, naming it."""
+    texts = []
+    for index, part in enumerate(parts):
+        if part.type not in TEXT_PARTS or part.text is None:
+            raise InvalidRequestError(
+                f"{where}[{index}].type {part.type!r} is not supported; only text parts ({', '.join(TEXT_PARTS)})",
+                f"{where}[{index}].type",
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def _chat_tool(index: int, tool: ResponseTool) -> dict[str, Any]:
+    if tool.type != "function":
+        raise InvalidRequestError(
+            f"tools[{index}].type {tool.type!r} is not supported; only function tools", f"tools[{index}].type"
+        )
+    if not tool.name:
+        raise InvalidRequestError(f"tools[{index}] needs a name", f"tools[{index}].name")
+    function = {
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": tool.parameters,
+        "strict": tool.strict,
+    }
+    return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
+
+
+def _chat_tool_choice(choice: str | ResponseNamedToolChoice) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        return choice
+    if choice.type != "function" or not choice.name:
+        raise InvalidRequestError(
+            f"tool_choice {{'type': {choice.type!r}}} is not supported; name a function tool", "tool_choice"
+        )
+    return {"type": "function", "function": {"name": choice.name}}
