@@ -78,6 +78,16 @@ def test_http_needs_the_key_and_answers_with_it(cloud_server):
     assert out.usage.completion_tokens == 4 and out.choices[0].finish_reason == "length"
 
 
+def test_the_responses_api_is_behind_the_same_key(cloud_server):
+    """/v1/responses is mounted and keyed; the tiny checkpoint has no chat template, so it is a clean 400."""
+    _, base_url, _, _ = cloud_server
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-wrong").responses.create(model="tiny", input="w1")
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEY).responses.create(model="tiny", input="w1")
+    assert "no chat template" in refused.value.body["message"]
+
+
 async def test_grpc_serves_the_same_engine_with_the_same_key(cloud_server):
     _, base_url, grpc_target, _ = cloud_server
     async with CloudClient(grpc_target, api_key=KEY) as client:

@@ -145,6 +145,8 @@ class ResponseCreateRequest(_TopLevel):
             "user": self.user,
             "private": self.private,
             "parallel_tool_calls": self.parallel_tool_calls,
+            # Not kept yet: a `store: true` the client sent is listed among the ignored fields, as on chat.
+            "store": True if "store" in self.model_fields_set and self.store else None,
             **{name: value for name, value in extra.items() if name not in RESPONSES_NO_OP},
         }
         if self.tools:
