@@ -16,20 +16,13 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk.cascade.openai import prepare_routed, routed_completion, routed_stream
 from sdk.openai_server.chat import chat_job, chat_response
 from sdk.openai_server.errors import from_exception
-from sdk.openai_server.generation import ClientDisconnected, cancel_on_disconnect
 from sdk.openai_server.responses_stream import ResponseEvents, chunk_events, token_events
-from sdk.openai_server.routed_chat import budget_headers
-from sdk.openai_server.serving import (
-    CLIENT_CLOSED_STATUS,
-    ServerState,
-    parse_body,
-    run_job,
-)
+from sdk.openai_server.routed_chat import run_routed
+from sdk.openai_server.serving import ServerState, parse_body, run_job
 from sdk.openai_server.streaming import EventStreamResponse
-from sdk.protocol.engine import EngineOverloadedError, InvalidRequestError
+from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest
 from sdk.protocol.openai_schema.response_objects import (
     ResponseObject,
@@ -66,7 +59,13 @@ async def create_response(request: Request) -> Response:
         return from_exception(exc).response()
     response = ResponseEvents(body, item_id("resp"), int(time.time()), model, chat.ignored_fields)
     if routed:
-        return await _routed(request, state, body, chat, model, response)
+        ran = await run_routed(request, state, chat, model, response.id, response.created_at)
+        if isinstance(ran, Response):
+            return ran
+        result, headers = ran
+        if body.stream:
+            return EventStreamResponse(chunk_events(response, result), headers=headers)
+        return Response(as_response(response, result).model_dump_json(), media_type="application/json", headers=headers)
     try:
         job, _, answers = await chat_job(state, chat, model, arrival_time)
     except Exception as exc:
@@ -84,40 +83,6 @@ async def create_response(request: Request) -> Response:
             response, chat_response(chat, job, response.id, response.created_at, states, answers())
         ),
     )
-
-
-async def _routed(
-    request: Request, state: ServerState, body: ResponseCreateRequest, chat, model: str, response: ResponseEvents
-) -> Response:
-    runner = state.cascade
-    try:
-        routed_chat = await prepare_routed(runner, chat, model)
-    except Exception as exc:
-        return from_exception(exc).response()
-    key = getattr(request.state, "key_fingerprint", None)
-    headers = await budget_headers(runner, key, chat.user)
-    call = routed_stream if body.stream else routed_completion
-    answer = call(
-        runner,
-        routed_chat,
-        model=model,
-        private=bool(chat.private),
-        response_id=response.id,
-        created=response.created_at,
-        key_fingerprint=key,
-        user=chat.user,
-    )
-    try:
-        result = await cancel_on_disconnect(request, answer)
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED_STATUS)
-    except Exception as exc:
-        if isinstance(exc, EngineOverloadedError):
-            state.metrics.count_rejection("overloaded")
-        return from_exception(exc).response()
-    if body.stream:
-        return EventStreamResponse(chunk_events(response, result), headers=headers)
-    return Response(as_response(response, result).model_dump_json(), media_type="application/json", headers=headers)
 
 
 def as_response(response: ResponseEvents, completion) -> ResponseObject:

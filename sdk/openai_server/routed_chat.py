@@ -11,6 +11,7 @@ model's own name serves both without routing.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,12 +28,28 @@ from sdk.protocol.openai_schema import ChatCompletionRequest
 async def create_routed_chat_completion(
     request: Request, state: ServerState, body: ChatCompletionRequest, model: str
 ) -> Response:
+    ran = await run_routed(request, state, body, model, new_id("chatcmpl"), int(time.time()))
+    if isinstance(ran, Response):
+        return ran
+    result, headers = ran
+    if not body.stream:
+        if body.ignored_fields:
+            result.tandem["ignored_fields"] = body.ignored_fields
+        return Response(result.model_dump_json(), media_type="application/json", headers=headers)
+    return EventStreamResponse(_sse(result, body.include_usage, body.ignored_fields), headers=headers)
+
+
+async def run_routed(
+    request: Request, state: ServerState, body: ChatCompletionRequest, model: str, response_id: str, created: int
+) -> tuple[Any, dict[str, str]] | Response:
+    """A routed chat request through the cascade, for every front door that speaks chat underneath
+    (/v1/chat/completions, /v1/responses): (the TandemChatCompletion, or its chunks when `body.stream`,
+    with the budget headers), or the error Response to send (a refusal, an overload, a client gone)."""
     runner = state.cascade
     try:
         chat = await prepare_routed(runner, body, model)
     except Exception as exc:
         return from_exception(exc).response()
-    response_id, created = new_id("chatcmpl"), int(time.time())
     key = getattr(request.state, "key_fingerprint", None)
     headers = await budget_headers(runner, key, body.user)
     call = routed_stream if body.stream else routed_completion
@@ -47,18 +64,13 @@ async def create_routed_chat_completion(
         user=body.user,
     )
     try:
-        result = await cancel_on_disconnect(request, answer)
+        return await cancel_on_disconnect(request, answer), headers
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED_STATUS)
     except Exception as exc:
         if isinstance(exc, EngineOverloadedError):
             state.metrics.count_rejection("overloaded")
         return from_exception(exc).response()
-    if not body.stream:
-        if body.ignored_fields:
-            result.tandem["ignored_fields"] = body.ignored_fields
-        return Response(result.model_dump_json(), media_type="application/json", headers=headers)
-    return EventStreamResponse(_sse(result, body.include_usage, body.ignored_fields), headers=headers)
 
 
 async def budget_headers(runner, key: str | None, user: str | None) -> dict[str, str]:

@@ -95,11 +95,6 @@ class ResponseObject(_Response):
     tandem: dict[str, Any] | None = None  # extension: how it was routed, the request fields ignored
     _omitted_when_none: ClassVar[tuple[str, ...]] = ("tandem",)
 
-    @property
-    def output_text(self) -> str:
-        """The text of the message items, as the openai client's `response.output_text` gives it."""
-        return "".join(part.text for item in self.output if item.type == "message" for part in item.content)
-
 
 def output_items(text: str, calls: list[ToolCall] | None, status: str) -> list[OutputMessage | FunctionCallItem]:
     """The output of one answer: its message (when it has text, or nothing at all) and its function calls."""

@@ -140,6 +140,7 @@ class ResponseCreateRequest(_TopLevel):
             "model": self.model,
             "messages": messages,
             "max_tokens": self.max_output_tokens,
+            "stream": self.stream or None,  # the chat request runs streamed when this one is
             "temperature": self.temperature,
             "top_p": self.top_p,
             "user": self.user,
