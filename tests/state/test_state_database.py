@@ -9,14 +9,20 @@ import time
 import psycopg
 import pytest
 
-from sdk.budgets.ledger import Reservation, Shortfall
+from sdk.budgets.ledger import Reservation, Shortfall, periods
 from sdk.budgets.postgres_ledger import PostgresSpendLedger
 from sdk.protocol.errors import StateUnavailableError
 from sdk.state import database as state_database
 from sdk.state.database import StateDatabase, StateDatabaseError, check_url, redacted
 from sdk.state.schema import LATEST, MIGRATIONS
 
-PAIR = ("key:k", "day:2026-11-29")
+# The ledgers run on a fixed clock: settle bills the periods of its clock's day, which must be PAIR's.
+NOW = 1_795_000_000.0  # 2026-11-18 UTC
+PAIR = ("key:k", periods(NOW)["day"])
+
+
+def ledger_of(db: StateDatabase) -> PostgresSpendLedger:
+    return PostgresSpendLedger(db, clock=lambda: NOW)
 
 
 def test_only_postgresql_urls_are_taken_and_passwords_never_shown():
@@ -61,10 +67,10 @@ async def test_a_dead_replicas_reservations_end_with_its_lease(state_db_url):
     then the next heartbeat deletes it (lease 2 s here; the default is 30)."""
     dying = await StateDatabase(state_db_url, lease_s=2.0).open()
     living = await StateDatabase(state_db_url, lease_s=2.0).open()
-    held = await PostgresSpendLedger(dying).reserve([(PAIR, 1.0)], 0.75)
+    held = await ledger_of(dying).reserve([(PAIR, 1.0)], 0.75)
     assert isinstance(held, Reservation)
     dying._heartbeat.cancel()  # what SIGKILL does to its heartbeat: the lease is no longer renewed
-    ledger = PostgresSpendLedger(living)
+    ledger = ledger_of(living)
     assert await ledger.held(PAIR) == 0.75
     assert isinstance(await ledger.reserve([(PAIR, 1.0)], 0.5), Shortfall)
 
@@ -90,7 +96,7 @@ async def test_reservations_across_replicas_never_pass_the_limit(state_db_url):
     """Three replicas, 150 concurrent reservations of 0.01 against a limit of 1.0, each settled at its
     full amount: exactly 100 fit, and the spend ends at the limit, not above."""
     replicas = [await StateDatabase(state_db_url).open() for _ in range(3)]
-    ledgers = [PostgresSpendLedger(db) for db in replicas]
+    ledgers = [ledger_of(db) for db in replicas]
 
     async def one(i: int) -> bool:
         ledger = ledgers[i % 3]
@@ -116,7 +122,7 @@ async def test_away_then_back_without_a_restart(postgres_server, state_db_url):
     """The server stops: decisions raise StateUnavailableError naming the database, settles wait;
     it starts again: the waiting settles are written and decisions resume, no restart."""
     db = await StateDatabase(state_db_url, lease_s=3.0).open()
-    ledger = PostgresSpendLedger(db)
+    ledger = ledger_of(db)
     held = await ledger.reserve([(PAIR, 1.0)], 0.2)
     postgres_server.stop()
     try:
