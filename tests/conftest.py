@@ -96,7 +96,8 @@ def running_server(
     /health says 200; terminates it (kill after 30 s) on the way out."""
     port = port or free_port()
     command = [sys.executable, "-m", "sdk.cli", *args, "--port", str(port)]
-    env = clean_env() | (extra_env or {})
+    # Its files (stored responses, spend, the traffic record) beside its log, never in the user's data directory.
+    env = clean_env() | {"TANDEM_DATA_DIR": str(log_path.parent / "data")} | (extra_env or {})
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
     base_url = f"http://127.0.0.1:{port}"

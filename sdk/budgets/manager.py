@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sdk.budgets.config import BudgetConfig, BudgetConfigError, Limit, Limits, load_budgets
+from sdk.data_dir import data_path
 from sdk.budgets.ledger import Reservation, Shortfall, Spend, SpendLedger, key_scope, periods, user_scope
 from sdk.protocol.engine import QuotaExceededError
 
@@ -259,8 +260,7 @@ class BudgetManager:
 
 def default_spend_path() -> str:
     """$TANDEM_DATA_DIR/spend.sqlite3, else ~/.local/share/tandem/spend.sqlite3."""
-    root = os.environ.get("TANDEM_DATA_DIR") or os.path.join(os.path.expanduser("~"), ".local", "share", "tandem")
-    return os.path.join(root, "spend.sqlite3")
+    return data_path("spend.sqlite3")
 
 
 def require_prices(config: BudgetConfig, prices_are_zero: bool) -> BudgetConfig:

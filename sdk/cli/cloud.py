@@ -10,6 +10,7 @@ A second signal stops at once.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import TYPE_CHECKING, Optional
 
 import typer
@@ -56,6 +57,7 @@ CLOUD_SERVE_SETTINGS = (
     "cloud_server.drain_grace_s",
     "cloud_server.state_db",
     "cloud_server.state_db_lease_s",
+    "cloud_server.store_responses",
     "cloud_server.tls_cert",
     "cloud_server.tls_key",
     "cloud_server.log_level",
@@ -177,6 +179,7 @@ async def _serve_engine(engine, config: CloudServeConfig, budgets=None, state=No
     from sdk.serving.grpc.server import start_grpc_server, stop_grpc_server
     from sdk.openai_server import create_app
     from sdk.openai_server.drain import DrainableEngine, admin_routes
+    from sdk.response_store import open_response_store
     from sdk.openai_server.serve_loop import HttpServer, drain_on_signals, http_config, watch_loading
 
     logger = logging.getLogger("tandem.cloud.serve")
@@ -184,7 +187,13 @@ async def _serve_engine(engine, config: CloudServeConfig, budgets=None, state=No
     # One budget per key for both listeners: a key cannot double its share by switching protocol.
     client_limits = config.app.client_limits(state=state)
     engine = DrainableEngine(engine)
-    app = create_app(engine, config.app, client_limits=client_limits, budgets=budgets, state_db=state)
+    try:
+        responses = open_response_store(listener, state)
+    except (OSError, sqlite3.Error, ValueError) as exc:
+        return f"the stored responses could not be opened: {exc}"
+    app = create_app(
+        engine, config.app, client_limits=client_limits, budgets=budgets, state_db=state, response_store=responses
+    )
     if config.admin_key:
         admin_routes(app, engine, config.admin_key)
     http = HttpServer(
@@ -195,6 +204,8 @@ async def _serve_engine(engine, config: CloudServeConfig, budgets=None, state=No
     try:
         grpc_server = await start_grpc_server(engine, grpc_config, client_limits)
     except OSError as exc:
+        if responses is not None:
+            await responses.close()
         return str(exc)
     failures: list[str] = []
     drain_on_signals(http, engine, config.hosted.drain_grace_s)
@@ -207,4 +218,6 @@ async def _serve_engine(engine, config: CloudServeConfig, budgets=None, state=No
     finally:
         watcher.cancel()
         await stop_grpc_server(grpc_server, grace_s=5.0)
+        if responses is not None:
+            await responses.close()
     return failures[0] if failures else None

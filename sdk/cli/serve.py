@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import sqlite3
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -43,6 +44,7 @@ SERVE_SETTINGS = (
     "server.max_body_bytes",
     "server.state_db",
     "server.state_db_lease_s",
+    "server.store_responses",
     "server.tls_cert",
     "server.tls_key",
     "local.kv_cache_tokens",
@@ -132,12 +134,18 @@ async def _serve(config: ServeConfig, engine, started: float) -> str | None:
     from sdk.embeddings.service import EmbeddingService
     from sdk.openai_server import attach_cloud_engine, create_app
     from sdk.openai_server.serve_loop import HttpServer, http_config, stop_on_signals, watch_loading
+    from sdk.response_store import open_response_store
 
     listener = config.listener
     try:  # an embedded cloud engine starts later, behind the local tier (bring_up_embedded below)
         cascade = await start_cascade(config, engine, cloud_later=True)
     except CascadeStartError as exc:
         return str(exc)
+    try:
+        responses = open_response_store(listener, cascade.state)
+    except (OSError, sqlite3.Error, ValueError) as exc:
+        await cascade.close()
+        return f"the stored responses could not be opened: {exc}"
     app = create_app(
         engine,
         config.app,
@@ -147,6 +155,7 @@ async def _serve(config: ServeConfig, engine, started: float) -> str | None:
         traffic=cascade.learning.record,
         budgets=cascade.budgets,
         state_db=cascade.state,
+        response_store=responses,
         embeddings=EmbeddingService(threads=1),
     )  # loads on first use: MiniLM beside llama.cpp gets one core
     cascade.learning.attach_metrics(app)
@@ -199,5 +208,7 @@ async def _serve(config: ServeConfig, engine, started: float) -> str | None:
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
+        if responses is not None:
+            await responses.close()
         await cascade.close()
     return failures[0] if failures else None

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sdk.budgets.manager import BudgetManager
     from sdk.cascade.runner import CascadeRunner
     from sdk.embeddings.service import EmbeddingService
+    from sdk.response_store import ResponseStore
     from sdk.state.database import StateDatabase
     from sdk.traffic.record import TrafficRecord
 
@@ -46,6 +47,7 @@ def create_app(
     embeddings: EmbeddingService | None = None,
     budgets: BudgetManager | None = None,
     state_db: StateDatabase | None = None,
+    response_store: ResponseStore | None = None,
     clock: Callable[[], float] = time.monotonic,
     **settings: Any,
 ) -> FastAPI:
@@ -73,6 +75,8 @@ def create_app(
       GET /v1/budget reports it and /metrics counts what it did.
     - `state_db`: the sdk.state.database.StateDatabase the replicas share (the budgets' ledger and the
       client limits are kept there when it is given); /health and /metrics say whether it is reachable.
+    - `response_store`: where POST /v1/responses keeps what it answers (sdk.response_store), which
+      previous_response_id and GET/DELETE /v1/responses/{id} read; None: responses are not stored.
     """
     unknown = sorted(set(settings) - APP_CONFIG_FIELDS)
     if unknown:
@@ -114,6 +118,7 @@ def create_app(
     if budgets is not None:
         state.metrics.registry.register(BudgetCollector(budgets))
     state.state_db = state_db
+    state.responses = response_store
     if state_db is not None:
         state.metrics.registry.register(StateDatabaseCollector(state_db))
     app.state.tandem = state

@@ -60,7 +60,8 @@ def _document(operation: dict, route: Route, components: dict) -> None:
         }
     operation["responses"] = {"200": {"description": "the answer", "content": ok}}
     error = {"application/json": {"schema": _component(components, ErrorResponse, "serialization")}}
-    operation["responses"].update({code: {"description": why, "content": error} for code, why in _ERRORS.items()})
+    errors = {**_ERRORS, "404": route.not_found}
+    operation["responses"].update({code: {"description": why, "content": error} for code, why in errors.items()})
 
 
 def _openapi_path(path: str) -> str:

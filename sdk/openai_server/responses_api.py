@@ -5,7 +5,8 @@ own (its refusals, sampling parameters, tool grammar, structured output). It run
 request with that model runs: the cascade for the routed models (auto, auto:<t>, local, cloud),
 the engine itself for the model's own name. The answer is rendered as a `response` object
 (sdk.protocol.openai_schema.response_objects) or, with `stream: true`, as the API's semantic
-events (sdk.openai_server.responses_stream).
+events (sdk.openai_server.responses_stream). With `previous_response_id`, the stored conversation it
+names comes before the input; the answer is stored once whole (sdk.openai_server.stored_responses).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sdk.openai_server.errors import from_exception
 from sdk.openai_server.responses_stream import ResponseEvents, chunk_events, token_events
 from sdk.openai_server.routed_chat import run_routed
 from sdk.openai_server.serving import ServerState, parse_body, run_job
+from sdk.openai_server.stored_responses import keeper_for, previous_conversation
 from sdk.openai_server.streaming import EventStreamResponse
 from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest
@@ -40,16 +42,12 @@ logger = logging.getLogger(__name__)
 async def create_response(request: Request) -> Response:
     arrival_time = time.monotonic()
     state: ServerState = request.app.state.tandem
+    key = getattr(request.state, "key_fingerprint", None)
     try:
         body = await parse_body(request, ResponseCreateRequest)
-        if body.previous_response_id is not None:
-            raise InvalidRequestError(
-                "previous_response_id: this server does not keep responses yet; send the whole conversation as "
-                "input items",
-                "previous_response_id",
-            )
+        history = await previous_conversation(state, body, key)
         context = {"strict_fields": state.strict_fields, "uses_user": state.bills_user}
-        chat = ChatCompletionRequest.model_validate(body.chat_payload(), context=context)
+        chat = ChatCompletionRequest.model_validate(body.chat_payload(history), context=context)
         unknown = unknown_fields(chat.ignored_fields)
         if unknown:
             logger.warning("the request's fields %s are not known to tandem and were ignored", ", ".join(unknown))
@@ -57,7 +55,8 @@ async def create_response(request: Request) -> Response:
         model = (chat.model or "auto") if routed else state.resolve_model(chat.model)
     except Exception as exc:
         return from_exception(exc).response()
-    response = ResponseEvents(body, item_id("resp"), int(time.time()), model, chat.ignored_fields)
+    keeper = keeper_for(state, body, key, history)
+    response = ResponseEvents(body, item_id("resp"), int(time.time()), model, chat.ignored_fields, keeper)
     if routed:
         ran = await run_routed(request, state, chat, model, response.id, response.created_at)
         if isinstance(ran, Response):
@@ -65,12 +64,22 @@ async def create_response(request: Request) -> Response:
         result, headers = ran
         if body.stream:
             return EventStreamResponse(chunk_events(response, result), headers=headers)
-        return Response(as_response(response, result).model_dump_json(), media_type="application/json", headers=headers)
+        whole = as_response(response, result)
+        await response.keep(whole)
+        return Response(whole.model_dump_json(), media_type="application/json", headers=headers)
     try:
         job, _, answers = await chat_job(state, chat, model, arrival_time)
     except Exception as exc:
-        return from_exception(exc).response()
-    return await run_job(
+        return from_exception(in_responses_terms(exc)).response()
+    answered: list[ResponseObject] = []  # the whole response, kept once run_job has it and before it goes out
+
+    def complete_body(states) -> ResponseObject:
+        answered.append(
+            as_response(response, chat_response(chat, job, response.id, response.created_at, states, answers()))
+        )
+        return answered[0]
+
+    sent = await run_job(
         request,
         state,
         job,
@@ -79,10 +88,21 @@ async def create_response(request: Request) -> Response:
         stream_body=lambda first, choices: EventStreamResponse(
             token_events(response, first, choices, answers(), job.num_prompt_tokens)
         ),
-        complete_body=lambda states: as_response(
-            response, chat_response(chat, job, response.id, response.created_at, states, answers())
-        ),
+        complete_body=complete_body,
     )
+    if answered and sent.status_code == 200:
+        await response.keep(answered[0])
+    return sent
+
+
+def in_responses_terms(exc: Exception) -> Exception:
+    """A refusal of the chat request that names chat's `messages` (a model without a chat template), in
+    this API's terms: the conversation is `input` here."""
+    if type(exc) is InvalidRequestError and exc.param == "messages" and "chat template" in str(exc):
+        return InvalidRequestError(
+            f"{exc} (this model has no chat template, so /v1/responses cannot turn input into its prompt)", "input"
+        )
+    return exc
 
 
 def as_response(response: ResponseEvents, completion) -> ResponseObject:

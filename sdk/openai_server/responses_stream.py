@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
@@ -31,14 +32,25 @@ from sdk.protocol.openai_schema.responses import ToolCall
 from sdk.protocol.openai_schema.responses_api import ResponseCreateRequest
 from sdk.protocol.tool_calls import ToolAnswers
 
+if TYPE_CHECKING:
+    from sdk.openai_server.stored_responses import Keeper
+
 
 class ResponseEvents:
     """One response being answered: its echo of the request, and its stream's events in order."""
 
     def __init__(
-        self, body: ResponseCreateRequest, response_id: str, created_at: int, model: str, ignored_fields: list[str]
+        self,
+        body: ResponseCreateRequest,
+        response_id: str,
+        created_at: int,
+        model: str,
+        ignored_fields: list[str],
+        keeper: Keeper | None = None,
     ):
         self.body = body
+        self.keeper = keeper  # keeps the whole response before its last event (or the answer) goes out
+        self.final: ResponseObject | None = None
         self.id = response_id
         self.created_at = created_at
         self.model = model
@@ -82,8 +94,15 @@ class ResponseEvents:
             tools=[tool.model_dump(exclude_none=True) for tool in body.tools or []],
             text={"format": text_format or {"type": "text"}},
             user=body.user,
+            store=self.keeper is not None,
+            previous_response_id=body.previous_response_id,
             tandem=extension or None,
         )
+
+    async def keep(self, response: ResponseObject) -> None:
+        """Store the whole response (when it is to be stored) before the answer naming it goes out."""
+        if self.keeper is not None:
+            await self.keeper.keep(response)
 
     # ------------------------------------------------------------------ events
 
@@ -137,7 +156,7 @@ class ResponseEvents:
             events.append(self._event("response.function_call_arguments.delta", **where, delta=arguments))
             events.append(self._event("response.function_call_arguments.done", **where, arguments=arguments))
             events.append(self._done(item.model_copy(update={"arguments": arguments, "status": "completed"})))
-        final = self.object(status, self._output, ResponseUsage.of(usage), incomplete, tandem)
+        final = self.final = self.object(status, self._output, ResponseUsage.of(usage), incomplete, tandem)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         events.append(self._event(kind, response=final.model_dump(mode="json")))
         return events
@@ -163,6 +182,14 @@ class ResponseEvents:
     def _where(self) -> dict:
         index = next(i for i, known in enumerate(self._output) if known.id == self._message.id)
         return {"item_id": self._message.id, "output_index": index, "content_index": 0}
+
+
+async def _closing(response: ResponseEvents, events: list[str]) -> AsyncIterator[str]:
+    """The closing events, the response kept before the last (response.completed names its id)."""
+    for event in events[:-1]:
+        yield event
+    await response.keep(response.final)
+    yield events[-1]
 
 
 def _part(text: str) -> dict:
@@ -192,7 +219,7 @@ async def token_events(
             if token.finish_reason is not None:
                 rest, calls = answers.finish(0)
                 usage = usage_of(num_prompt_tokens, [state])
-                for event in response.finish(rest, calls, token.finish_reason, usage, None):
+                async for event in _closing(response, response.finish(rest, calls, token.finish_reason, usage, None)):
                     yield event
             item = await anext(choices, None)
     except Exception as exc:  # the status line went out already
@@ -215,7 +242,8 @@ async def chunk_events(response: ResponseEvents, chunks: AsyncIterator) -> Async
                 yield event
             calls += [ToolCall(id=call.id, function=call.function) for call in choice.delta.tool_calls or []]
             if chunk.usage is not None:  # the final chunk: the finish, the usage and the routing
-                for event in response.finish("", calls, choice.finish_reason, chunk.usage, chunk.tandem):
+                closing = response.finish("", calls, choice.finish_reason, chunk.usage, chunk.tandem)
+                async for event in _closing(response, closing):
                     yield event
     except Exception as exc:
         yield response.error(exc)

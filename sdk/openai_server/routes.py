@@ -24,6 +24,7 @@ from sdk.openai_server.health import health, metrics
 from sdk.openai_server.model_cards import get_model, list_models
 from sdk.openai_server.responses_api import create_response
 from sdk.openai_server.serving import ServerState
+from sdk.openai_server.stored_responses import delete_response, get_response
 from sdk.openai_server.tokenize import create_detokenize, create_tokenize
 from sdk.protocol.openai_schema import (
     ChatCompletionRequest,
@@ -35,7 +36,7 @@ from sdk.protocol.openai_schema import (
 )
 from sdk.protocol.openai_schema.embeddings import EmbeddingRequest, EmbeddingResponse
 from sdk.protocol.openai_schema.feedback import FeedbackRequest, FeedbackResponse
-from sdk.protocol.openai_schema.response_objects import ResponseObject
+from sdk.protocol.openai_schema.response_objects import ResponseDeleted, ResponseObject
 from sdk.protocol.openai_schema.responses_api import ResponseCreateRequest
 from sdk.protocol.openai_schema.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
@@ -45,12 +46,13 @@ Needs = Literal["cascade", "budgets", "embeddings"]
 @dataclass(frozen=True)
 class Route:
     path: str
-    method: Literal["GET", "POST"]
+    method: Literal["GET", "POST", "DELETE"]
     handler: Callable
     summary: str
     body: type[BaseModel] | None = None  # the JSON request body (documented; the handler validates it)
     answer: type[BaseModel] | None = None  # the 200's JSON (SSE too when the body has `stream`); with the error shapes
     needs: Needs | None = None  # mounted only on a server that has it
+    not_found: str = "unknown model"  # what its 404 means (the document says it)
     stream_doc: str = (  # what a 200 with `stream: true` is (the document says it)
         "with stream: true, server-sent events: one chunk object per `data:` line (the response shape with deltas), "
         "then `data: [DONE]`"
@@ -83,9 +85,26 @@ ROUTES: tuple[Route, ...] = (
         "Create a model response (OpenAI's Responses API)",
         ResponseCreateRequest,
         ResponseObject,
+        not_found="unknown model, or no stored response with the previous_response_id for this API key",
         stream_doc="with stream: true, the Responses API's semantic events, each an `event:` line and a `data:` object "
         "with its sequence_number: response.created first, then each output item added, its deltas and done, and "
         "response.completed (response.incomplete when max_output_tokens cut it)",
+    ),
+    Route(
+        "/v1/responses/{response_id}",
+        "GET",
+        get_response,
+        "A stored response (store: true), as it was answered",
+        answer=ResponseObject,
+        not_found="no stored response with this id for this API key",
+    ),
+    Route(
+        "/v1/responses/{response_id}",
+        "DELETE",
+        delete_response,
+        "Delete a stored response",
+        answer=ResponseDeleted,
+        not_found="no stored response with this id for this API key",
     ),
     Route(
         "/tokenize",

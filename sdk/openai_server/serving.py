@@ -37,6 +37,7 @@ from sdk.protocol.request_fields import unknown_fields
 
 if TYPE_CHECKING:  # types only: the plain server (tandem cloud serve) never imports the cascade, traffic or embeddings
     from sdk.budgets.manager import BudgetManager
+    from sdk.response_store import ResponseStore
     from sdk.cascade.runner import CascadeRunner
     from sdk.embeddings.service import EmbeddingService
     from sdk.serving.client_limits import RequestRateLimiter
@@ -76,6 +77,7 @@ class ServerState:
     budgets: BudgetManager | None = None  # of a server without a cascade (tandem cloud serve's hosted API)
     also_ready: Callable[[], bool] | None = None  # an embedded cloud engine's readiness (/health)
     state_db: Any = None  # sdk.state.database.StateDatabase the replicas share (/health and /metrics report it)
+    responses: ResponseStore | None = None  # stored responses of POST /v1/responses (None: storing off)
 
     @property
     def bills_user(self) -> bool:

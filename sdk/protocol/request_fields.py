@@ -1,5 +1,6 @@
 """Every request field a client may send, and what tandem does with it: honoured, refused with a
-400 naming it, or accepted and listed as ignored. Nothing is dropped silently.
+400 naming it, or accepted and listed as ignored. Nothing is dropped silently. The tables are
+chat's and completions'; /v1/responses has a view of its own on top of them (RESPONSES_*).
 
 - Honoured fields are the schema's own (sdk.protocol.openai_schema); some are honoured only for
   some values or models, and refuse the rest there (e.g. `n > 1` on routed models).
@@ -96,6 +97,58 @@ IGNORED_FIELDS = frozenset(
         "kv_transfer_params",  # vLLM: bookkeeping and caching
     }
 )
+
+# /v1/responses: its body's fields beyond its own schema go on to the chat request it becomes (sdk.protocol.
+# openai_schema.responses_api), so the tables above apply to them too; this view adds what the Responses API
+# has and tandem cannot give, the values of those that ask for nothing, and chat's names the API does not have.
+RESPONSES_REFUSED_FIELDS: dict[str, str] = {
+    "reasoning": "the served models do not reason; leave it out",
+    "background": "background runs are not supported; send false or leave it out",
+    "conversation": "conversations are not supported; pass previous_response_id instead",
+    "prompt": "stored prompt templates are not supported; send input and instructions",
+    "include": "this server has no extra output data to include (no reasoning, search or file results, logprobs); "
+    "send [] or leave it out",
+    "truncation": 'truncation "auto" is not supported (a prompt past the context is a 400); send "disabled"',
+    "max_tool_calls": "max_tool_calls is not supported; leave it out",
+    "top_logprobs": "logprobs are not supported on /v1/responses; use /v1/chat/completions",
+    "stream_options": "stream obfuscation is not supported; send include_obfuscation: false or leave it out",
+    "context_management": "context management (compaction) is not supported; leave it out",
+}
+RESPONSES_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "include": ([],),  # the Agents SDK always sends it
+    "truncation": ("disabled",),
+    "background": (False,),
+    "stream_options": ({}, {"include_obfuscation": False}),  # no padding is added to the events anyway
+}
+# Chat's fields the Responses API spells otherwise or does not have: refused, naming the endpoint they belong to.
+CHAT_ONLY_FIELDS: dict[str, str] = {
+    "messages": "send input (and instructions)",
+    "max_tokens": "send max_output_tokens",
+    "max_completion_tokens": "send max_output_tokens",
+    "response_format": "send text.format",
+    "n": "one answer per response",
+    "logprobs": "use /v1/chat/completions for logprobs",
+}
+
+
+def refuse_responses_fields(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """/v1/responses' view: InvalidRequestError naming a field its endpoint refuses; the rest (for the chat
+    request, where chat's tables apply), with the accepted no-op values taken out."""
+    passed = {}
+    for name, value in extra.items():
+        known = name in RESPONSES_REFUSED_FIELDS or name in CHAT_ONLY_FIELDS
+        if known and (value is None or value in RESPONSES_NO_OP_VALUES.get(name, ())):
+            continue  # asks for nothing
+        if name in RESPONSES_REFUSED_FIELDS:
+            raise InvalidRequestError(f"{name}: {RESPONSES_REFUSED_FIELDS[name]}", name)
+        elif name in CHAT_ONLY_FIELDS:
+            raise InvalidRequestError(
+                f"{name} is a chat completions field; /v1/responses does not take it: {CHAT_ONLY_FIELDS[name]}", name
+            )
+        else:
+            passed[name] = value
+    return passed
+
 
 # Message fields: the chat template reads role, content and name; these would change the conversation.
 REFUSED_MESSAGE_FIELDS: dict[str, str] = {

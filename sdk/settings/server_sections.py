@@ -100,6 +100,23 @@ class ListenerConfig:
         "reservations and requests in flight before the other replicas delete them.",
         check=at_least(1),
     )
+    store_responses: bool = setting(
+        True,
+        "Keep what POST /v1/responses answers (store: true, OpenAI's default) so previous_response_id continues it "
+        "and GET/DELETE /v1/responses/{id} reach it, for the key that made it; privacy-flagged requests are never kept.",
+    )
+    responses_path: str | None = setting(
+        None,
+        "Where stored responses are kept (SQLite, created 0600). With state_db they are kept in that database, "
+        "shared by the replicas, and this stays unset.",
+        unset="$TANDEM_DATA_DIR/responses.sqlite3, else ~/.local/share/tandem/responses.sqlite3",
+    )
+    responses_retention_days: float = setting(
+        30.0, "Stored responses older than this are deleted.", check=at_least(0, inclusive=False)
+    )
+    responses_max_mb: float = setting(
+        256.0, "Largest size of the stored responses; past it the oldest are deleted.", check=at_least(1)
+    )
     tls_cert: str | None = setting(
         None, "PEM certificate chain: the server speaks TLS (with tls_key).", unset="plaintext"
     )

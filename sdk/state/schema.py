@@ -309,7 +309,21 @@ BEGIN
 END $$;
 """
 
+# Stored responses of POST /v1/responses (sdk.response_store.postgres_store): the columns of the SQLite store,
+# so a conversation continues (previous_response_id) on whichever replica its next request reaches.
+_V4 = """
+CREATE TABLE tandem_responses (
+    id TEXT PRIMARY KEY,
+    key_fingerprint TEXT,
+    created_at DOUBLE PRECISION NOT NULL,
+    bytes INTEGER NOT NULL,
+    conversation TEXT NOT NULL,
+    response TEXT NOT NULL
+);
+CREATE INDEX tandem_responses_by_time ON tandem_responses (created_at);
+"""
+
 # (version, SQL): applied in order, each in the transaction that records it.
-MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2), (3, _V3)]
+MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2), (3, _V3), (4, _V4)]
 
 LATEST = MIGRATIONS[-1][0]

@@ -4,11 +4,11 @@ background retrain, one validated dataclass whose fields declare the [traffic] s
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sdk.data_dir import data_path
 from sdk.protocol.config_fields import at_least, setting
 from sdk.traffic.record import TrafficConfig
 
@@ -17,8 +17,7 @@ JUDGES = ("exact_match",)  # or an http(s) base URL of an OpenAI-compatible judg
 
 def default_path() -> str:
     """$TANDEM_DATA_DIR/traffic.sqlite3, else ~/.local/share/tandem/traffic.sqlite3."""
-    root = os.environ.get("TANDEM_DATA_DIR") or os.path.join(os.path.expanduser("~"), ".local", "share", "tandem")
-    return str(Path(root) / "traffic.sqlite3")
+    return data_path("traffic.sqlite3")
 
 
 @dataclass(frozen=True)

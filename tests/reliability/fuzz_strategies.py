@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
 from sdk.protocol.openai_schema import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
+from sdk.protocol.openai_schema.response_objects import ResponseObject
 
 REQUEST_TIMEOUT_S = 30.0  # a request without its whole answer after this long is a hang
 
@@ -291,6 +292,124 @@ def completion_bodies(draw, models: list[str], max_model_len: int, small_vocab: 
     return _scramble(draw, body)
 
 
+@st.composite
+def response_items(draw) -> object:
+    """One item of a Responses `input`: mostly messages, sometimes function calls and outputs, and odd ones."""
+    kind = draw(st.integers(0, 9))
+    if kind < 6:
+        message = draw(messages())
+        if draw(st.integers(0, 3)) == 0:
+            message["type"] = "message"
+        if isinstance(message.get("content"), list):  # the Responses part kinds, and chat's
+            message["content"] = [
+                {**part, "type": draw(st.sampled_from(["input_text", "output_text", "text", "input_image"]))}
+                if isinstance(part, dict)
+                else part
+                for part in message["content"]
+            ]
+        return message
+    if kind == 6:
+        return {
+            "type": "function_call",
+            "call_id": draw(st.one_of(odd_text, st.none())),
+            "name": draw(st.sampled_from(["get_weather", "", None, 5])),
+            "arguments": draw(st.sampled_from(['{"city": "Paris"}', "{", "", None, 3])),
+        }
+    if kind == 7:
+        return {
+            "type": "function_call_output",
+            "call_id": draw(st.one_of(odd_text, st.none())),
+            "output": draw(st.one_of(odd_text, st.sampled_from([None, [], [{"type": "input_text", "text": "x"}], 5]))),
+        }
+    return draw(
+        st.one_of(
+            st.sampled_from(
+                [{"type": "reasoning", "summary": []}, {"type": "item_reference", "id": "x"}, {}, None, "hi", []]
+            ),
+            json_values,
+        )
+    )
+
+
+@st.composite
+def responses_bodies(draw, models: list[str], max_model_len: int) -> dict:
+    """POST /v1/responses bodies: its own fields, chat's names it refuses, and tandem's extensions."""
+    body = {"model": weighted(draw, (8, st.sampled_from(models)), (1, st.sampled_from(["nope", "", "auto:2", None])))}
+    body["input"] = weighted(
+        draw,
+        (4, odd_text),
+        (5, st.lists(response_items(), min_size=1, max_size=4)),
+        (1, st.one_of(st.sampled_from([[], None, {}, "x" * 100_000]), json_values)),
+    )
+    body["instructions"] = _maybe(draw, st.one_of(odd_text, st.sampled_from([None, 5, []])), 30)
+    body["max_output_tokens"] = weighted(
+        draw,
+        (70, st.integers(1, 3)),
+        (10, st.sampled_from([max_model_len - 8, max_model_len + 1])),
+        (20, st.sampled_from([0, -1, 10**30, 1.5, "16", None, True])),
+    )
+    body["temperature"] = _maybe(draw, st.one_of(st.floats(0, 2), st.sampled_from(ODD_FLOATS + [-0.1, "1"])), 40)
+    body["top_p"] = _maybe(draw, st.sampled_from([0.5, 1.0, 1.1, math.nan, "0.5"]), 20)
+    body["stream"] = _maybe(draw, st.one_of(st.booleans(), st.sampled_from([None, 1, "true"])), 50)
+    body["store"] = _maybe(draw, st.one_of(st.booleans(), st.sampled_from([None, "no", 0])), 30)
+    body["previous_response_id"] = _maybe(draw, st.one_of(odd_text, st.sampled_from(["resp_0", None, 5])), 15)
+    body["metadata"] = _maybe(draw, st.sampled_from([{}, {"k": "v"}, {"k": 5}, [], None, {"x" * 100: "y"}]), 10)
+    body["tools"] = _maybe(
+        draw,
+        st.sampled_from(
+            [
+                [],
+                [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+                [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}],
+                [{"type": "function"}],
+                [{"type": "web_search"}],
+                [{"type": "function", "function": {"name": "f"}}],  # chat's nesting
+                None,
+                "x",
+            ]
+        ),
+        20,
+    )
+    body["tool_choice"] = _maybe(
+        draw,
+        st.sampled_from(
+            ["auto", "none", "required", {"type": "function", "name": "get_weather"}, {"type": "file_search"}, 5]
+        ),
+        15,
+    )
+    body["text"] = _maybe(
+        draw,
+        st.sampled_from(
+            [
+                {"format": {"type": "text"}},
+                {"format": {"type": "json_object"}},
+                {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}, "strict": True}},
+                {"format": {"type": "json_schema", "schema": {"type": "object"}}},  # no name
+                {"format": {"type": "json_schema", "name": "a", "schema": {"type": "bogus"}}},
+                {"format": {"type": "grammar"}},
+                {"verbosity": "low"},
+                {},
+                None,
+            ]
+        ),
+        15,
+    )
+    for name, values in (
+        ("include", [[], ["reasoning.encrypted_content"], None, "x"]),
+        ("truncation", ["disabled", "auto", None, 5]),
+        ("background", [False, True, None]),
+        ("reasoning", [{"effort": "low"}, None, {}]),
+        ("parallel_tool_calls", [True, False, None, "x"]),
+        ("messages", [[{"role": "user", "content": "x"}], None]),
+        ("max_tokens", [4, None]),
+        ("private", [True, False, "yes"]),
+        ("top_k", [5, -2, "4"]),
+    ):
+        body[name] = _maybe(draw, st.sampled_from(values), 8)
+    body = {k: v for k, v in body.items() if v is not _OMIT}
+    return _scramble(draw, body)
+
+
 def _scramble(draw, body: dict) -> dict:
     """A quarter of the bodies get one field replaced by a random JSON value (any type) or dropped."""
     roll = draw(st.integers(0, 99))
@@ -392,7 +511,12 @@ def check_http_response(response, path: str, method: str = "POST") -> None:
         return
     if response.status_code == 499:
         raise AssertionError("499 with the client still connected")
-    if path.endswith("/chat/completions"):
+    if path.endswith("/v1/responses") and method == "POST":
+        if content_type.startswith("text/event-stream"):
+            check_response_events(response.text)
+        else:
+            _check_response_object(ResponseObject.model_validate_json(response.content))
+    elif path.endswith("/chat/completions"):
         if content_type.startswith("text/event-stream"):
             check_stream(response.text, ChatCompletionChunk)
         else:
@@ -436,6 +560,31 @@ def check_stream(text: str, chunk_model: type[BaseModel]) -> None:
                 assert choice.finish_reason in ("stop", "length"), payload
                 finished.add(choice.index)
     assert errored or started == finished, (started, finished)
+
+
+def _check_response_object(parsed) -> None:
+    assert parsed.object == "response" and parsed.status in ("completed", "incomplete"), parsed
+    assert parsed.usage is not None and parsed.output, parsed
+    assert (parsed.status == "incomplete") == (parsed.incomplete_details is not None), parsed
+
+
+def check_response_events(text: str) -> None:
+    """The Responses API's stream: `event:` and `data:` lines, sequence numbers 0, 1, 2...; it opens with
+    response.created and ends with response.completed / response.incomplete, or an error event."""
+    assert text.endswith("\n\n"), text[-500:]
+    kinds = []
+    for number, event in enumerate(text[:-2].split("\n\n")):
+        head, _, data = event.partition("\n")
+        assert head.startswith("event: ") and data.startswith("data: ") and "\n" not in data, event[:500]
+        payload = json.loads(data[len("data: ") :])
+        assert payload["type"] == head[len("event: ") :] and payload["sequence_number"] == number, event[:500]
+        kinds.append(payload["type"])
+        if payload["type"] == "error":
+            assert isinstance(payload.get("message"), str) and payload["message"], payload
+        elif payload["type"] in ("response.completed", "response.incomplete"):
+            _check_response_object(ResponseObject.model_validate(payload["response"]))
+    assert kinds[0] == "response.created", kinds[:3]
+    assert kinds[-1] in ("response.completed", "response.incomplete", "error"), kinds[-3:]
 
 
 def timed(call):

@@ -37,6 +37,7 @@ from tests.reliability.fuzz_strategies import (
     fuzz_settings,
     malformed_bodies,
     odd_text,
+    responses_bodies,
     timed,
 )
 
@@ -44,7 +45,7 @@ pytestmark = pytest.mark.slow
 
 MAX_MODEL_LEN = 128
 API_KEY = "fuzz-key-0123456789"
-N_CHAT, N_COMPLETIONS, N_MALFORMED = 900, 900, 450  # per target; + the fixed huge-body cases
+N_CHAT, N_COMPLETIONS, N_RESPONSES, N_MALFORMED = 900, 900, 300, 450  # per target; + the fixed huge-body cases
 MIN_REQUESTS_PER_TARGET = 2000
 SMOL_WORDS = [
     "Hello",
@@ -122,6 +123,7 @@ def hosted_target(tmp_path_factory):
     from cloud_engine.async_engine import AsyncCloudEngine
     from cloud_engine.config import CloudEngineConfig
     from sdk.openai_server import create_app
+    from sdk.response_store.sqlite_store import SQLiteResponseStore
     from tests.cloud_engine.tiny_models import VOCAB_SIZE, llama_config, save_tiny_tokenizer
 
     torch.manual_seed(0)
@@ -144,7 +146,8 @@ def hosted_target(tmp_path_factory):
     engine.wait_ready(120)
     # The fuzzer sends wrong and missing keys from this one address on purpose; the auth backoff
     # (tests/sdk/test_openai_auth.py) would then refuse its valid requests unchecked.
-    app = create_app(engine, api_keys=frozenset({API_KEY}), auth_backoff_after=0)
+    store = SQLiteResponseStore(Path(path) / "responses.sqlite3")  # previous_response_id and storing fuzzed too
+    app = create_app(engine, api_keys=frozenset({API_KEY}), auth_backoff_after=0, response_store=store)
     try:
         with served_in_thread(app, "fuzz-uvicorn") as url:
             yield Target(
@@ -247,11 +250,27 @@ def test_fuzz_completions(target):
     COUNTER.completed.add(f"completions-{target.name}")
 
 
+def test_fuzz_responses(target):
+    with target.client() as client:
+
+        @fuzz_settings(N_RESPONSES)
+        @given(body=responses_bodies(target.models, MAX_MODEL_LEN), ensure_ascii=st.booleans())
+        def run(body, ensure_ascii):
+            post_json(client, target, "/v1/responses", body, ensure_ascii)
+
+        run()
+    assert_idle(target)
+    COUNTER.completed.add(f"responses-{target.name}")
+
+
 PATHS = [
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/responses",
     "/v1/models",
     "/health",
+    "/v1/responses/resp_0",
+    "/v1/responses/" + "x" * 3000,
     "/metrics",
     "/v1/models/tiny",
     "/v1/models/auto",
@@ -284,10 +303,11 @@ def raw_requests(draw, target: Target):
             [
                 {"model": models[-1], "prompt": "Hello", "max_tokens": 2},
                 {"model": models[-1], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True},
+                {"model": models[-1], "input": "hi", "max_output_tokens": 2, "stream": True},
             ]
         )
     )
-    path = draw(st.sampled_from(PATHS[:2] * 4 + PATHS))
+    path = draw(st.sampled_from(PATHS[:3] * 4 + PATHS))
     method = draw(st.sampled_from(["POST"] * 8 + ["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]))
     headers = {}
     content_type = draw(st.sampled_from(CONTENT_TYPES))
@@ -443,7 +463,7 @@ def test_counts(target):
     """Prints the requests sent; with every fuzz test of this target run, at least MIN_REQUESTS_PER_TARGET."""
     sent = COUNTER.counts.get(target.name, 0)
     print(f"\nfuzzed HTTP requests to {target.name}: {sent}")
-    if {f"{kind}-{target.name}" for kind in ("chat", "completions", "malformed")} <= COUNTER.completed:
+    if {f"{kind}-{target.name}" for kind in ("chat", "completions", "responses", "malformed")} <= COUNTER.completed:
         assert sent >= MIN_REQUESTS_PER_TARGET, sent
     with target.client() as client:  # still serving
         assert client.get("/health").status_code == 200

@@ -30,6 +30,7 @@ def cloud_server(tiny_dir, tmp_path_factory):  # noqa: F811
     (folder / "keys").write_text(f"# test key\n{KEY}\n")
     http_port, grpc_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    env["TANDEM_DATA_DIR"] = str(folder / "data")  # its stored responses, never in the user's data directory
     command = [
         sys.executable,
         "-m",
@@ -85,7 +86,7 @@ def test_the_responses_api_is_behind_the_same_key(cloud_server):
         openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-wrong").responses.create(model="tiny", input="w1")
     with pytest.raises(openai.BadRequestError) as refused:
         openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEY).responses.create(model="tiny", input="w1")
-    assert "no chat template" in refused.value.body["message"]
+    assert "no chat template" in refused.value.body["message"] and refused.value.body["param"] == "input"
 
 
 async def test_grpc_serves_the_same_engine_with_the_same_key(cloud_server):

@@ -12,10 +12,17 @@ import pytest
 from openai.types import completion_create_params
 from openai.types import chat as chat_types
 from openai.types.chat import completion_create_params as chat_create_params
+from openai.types.responses import response_create_params as responses_create_params
 
 from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest, CompletionRequest
-from sdk.protocol.request_fields import IGNORED_FIELDS, REFUSED_FIELDS, REFUSED_MESSAGE_FIELDS
+from sdk.protocol.request_fields import (
+    CHAT_ONLY_FIELDS,
+    IGNORED_FIELDS,
+    REFUSED_FIELDS,
+    REFUSED_MESSAGE_FIELDS,
+    RESPONSES_REFUSED_FIELDS,
+)
 
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
 # A value for every field of the openai package's request types that asks for something.
@@ -223,3 +230,87 @@ def test_popular_clients_plain_chat_calls_are_not_refused(server_url):
 def test_a_stray_messages_field_on_completions_is_just_an_unknown_field():
     request = CompletionRequest.model_validate_json(json.dumps({"model": "m", "prompt": "x", "messages": 1.5}))
     assert request.check_fields() == ["messages"]
+
+
+# /v1/responses: its own view (sdk.protocol.request_fields.RESPONSES_*) over the same tables.
+RESPONSES_SAMPLES: dict[str, object] = {
+    "background": True,
+    "context_management": [{"type": "compaction"}],
+    "conversation": "conv_1",
+    "include": ["message.output_text.logprobs"],
+    "input": "What is 2+2?",
+    "instructions": "Be brief.",
+    "max_output_tokens": 8,
+    "max_tool_calls": 2,
+    "metadata": {"k": "v"},
+    "model": "m",
+    "moderation": {"input": True},
+    "parallel_tool_calls": False,
+    "previous_response_id": "resp_1",
+    "prompt": {"id": "pmpt_1"},
+    "prompt_cache_key": "k",
+    "prompt_cache_options": {},
+    "prompt_cache_retention": "24h",
+    "reasoning": {"effort": "low"},
+    "safety_identifier": "s",
+    "service_tier": "auto",
+    "store": False,
+    "stream": True,
+    "stream_options": {"include_obfuscation": True},
+    "temperature": 0.5,
+    "text": {"format": {"type": "json_object"}},
+    "tool_choice": "auto",
+    "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+    "top_logprobs": 2,
+    "top_p": 0.9,
+    "truncation": "auto",
+    "user": "u",
+}
+# Honoured by the Responses body itself (its own schema), not by the chat request it becomes.
+RESPONSES_OWN = {"input", "instructions", "max_output_tokens", "metadata", "previous_response_id", "store", "text"}
+
+
+def responses_outcome(fields: dict) -> tuple[str, str | None]:
+    """As `outcome`, for a /v1/responses body: it becomes the chat request, which then runs as chat's."""
+    from sdk.protocol.openai_schema.responses_api import ResponseCreateRequest
+
+    body = ResponseCreateRequest.model_validate_json(json.dumps({"model": "m", "input": "2+2?", **fields}))
+    return outcome(lambda: ChatCompletionRequest.model_validate(body.chat_payload()))
+
+
+@pytest.mark.parametrize("name", openai_fields(responses_create_params.ResponseCreateParamsBase))
+def test_every_responses_field_is_honoured_refused_or_ignored(name):
+    assert name in RESPONSES_SAMPLES, (
+        f"the openai package has a new Responses field {name!r}: classify it in sdk.protocol.request_fields"
+    )
+    got = responses_outcome({name: RESPONSES_SAMPLES[name]})
+    if name in RESPONSES_OWN:
+        assert got == ("honoured", None)
+    elif name in RESPONSES_REFUSED_FIELDS:  # this endpoint's refusals, then chat's rules
+        assert got == ("refused", name)
+    elif name in IGNORED_FIELDS:
+        assert got == ("ignored", name)
+    elif name in ChatCompletionRequest.model_fields:
+        assert got == ("honoured", None)
+    else:
+        assert name in REFUSED_FIELDS, f"{name} is neither honoured, refused nor ignored on /v1/responses"
+        assert got == ("refused", name)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("include", []),
+        ("truncation", "disabled"),
+        ("background", False),
+        ("stream_options", {"include_obfuscation": False}),
+    ],
+)
+def test_responses_values_that_ask_for_nothing_are_accepted(name, value):
+    assert responses_outcome({name: value}) == ("honoured", None)  # the Agents SDK sends include: [] every time
+
+
+@pytest.mark.parametrize("name", sorted(CHAT_ONLY_FIELDS))
+def test_chats_own_names_are_refused_on_responses_naming_what_to_send(name):
+    got = responses_outcome({name: SAMPLES[name]})
+    assert got == ("refused", name)

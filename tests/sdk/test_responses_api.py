@@ -194,3 +194,70 @@ def test_a_real_function_tool_round_trip(client):
         max_output_tokens=32,
     )
     assert answered.output_text.strip() or any(item.type == "function_call" for item in answered.output)
+
+
+@pytest.mark.slow
+def test_a_real_conversation_continues_by_previous_response_id(client):
+    """Two turns by previous_response_id on the real model, the stored response read and deleted, and a
+    cut at max_output_tokens stored as incomplete."""
+    first = client.responses.create(
+        model="smollm2-135m-instruct", input="My name is Ada. Say hello to me.", max_output_tokens=24
+    )
+    second = client.responses.create(
+        model="auto", input="What is my name?", previous_response_id=first.id, max_output_tokens=24
+    )
+    assert second.previous_response_id == first.id and second.output_text.strip()
+    assert second.usage.input_tokens > first.usage.input_tokens  # the first turn is in the second's prompt
+    cut = client.responses.create(model="smollm2-135m-instruct", input="Count to fifty.", max_output_tokens=3)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert client.responses.retrieve(cut.id).status == "incomplete"
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+
+
+@pytest.mark.slow
+async def test_an_agents_sdk_agent_runs_to_its_final_output(server_url):
+    """The Agents SDK's default model (the Responses API) given a tandem model name, tracing off: an agent with
+    one function tool calls it through tandem and finishes, and an agent without tools answers in text.
+
+    The tool agent stops on its first tool call (`stop_on_first_tool`, its output the final one): given the
+    tool's result, SmolLM2-135M calls the tool again rather than answer (seen: three turns of the same call),
+    which is the model's choice, not the protocol's; the second agent covers a final answer in text."""
+    from agents import Agent, ModelSettings, RunConfig, Runner, function_tool
+    from agents.models.openai_provider import OpenAIProvider
+
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        asked.append(city)
+        return f"It is sunny and 24 C in {city}."
+
+    client = openai.AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    run_config = RunConfig(
+        model_provider=OpenAIProvider(openai_client=client, use_responses=True), tracing_disabled=True
+    )
+    weather = Agent(
+        name="weather",
+        instructions="You answer questions about the weather with the get_weather tool.",
+        tools=[get_weather],
+        model="smollm2-135m-instruct",
+        model_settings=ModelSettings(tool_choice="get_weather", max_tokens=64),
+        tool_use_behavior="stop_on_first_tool",
+    )
+    result = await Runner.run(weather, "What is the weather in Paris?", max_turns=2, run_config=run_config)
+    assert asked and result.final_output == f"It is sunny and 24 C in {asked[0]}."
+    assert result.raw_responses[0].response_id.startswith("resp_")  # tandem's response, read by the SDK
+    # Greedy, with room to finish: the SDK refuses an answer cut at max_output_tokens (status incomplete).
+    settings = ModelSettings(max_tokens=160, temperature=0.0)
+    plain = Agent(
+        name="plain",
+        instructions="Answer in one short sentence.",
+        model="smollm2-135m-instruct",
+        model_settings=settings,
+    )
+    answered = await Runner.run(plain, "What colour is the sky on a clear day?", max_turns=1, run_config=run_config)
+    assert isinstance(answered.final_output, str) and answered.final_output.strip()

@@ -169,6 +169,22 @@ def test_the_sdk_client_sends_feedback_over_http(served):
         assert unknown.value.status == 404
 
 
+def test_a_responses_answer_is_recorded_takes_feedback_and_is_its_keys_alone(served):
+    """POST /v1/responses on a routed model: the record keeps it under its resp_ id, feedback takes that id,
+    and its stored response is a 404 for another key."""
+    url, db = served
+    reply = client(url, KEY_C).responses.create(model="auto:0", input="What is 2+2?", max_output_tokens=8)
+    assert reply.id.startswith("resp_") and reply.store and reply.model_extra["tandem"]["tier"] == "local"
+    assert wait_for(db, "SELECT tier FROM requests WHERE id = ?", (reply.id,)) == [("local",)]
+    ok = feedback(url, KEY_C, {"id": reply.id, "score": 1})
+    assert ok.status_code == 200 and ok.json()["recorded"], ok.text
+    with pytest.raises(openai.NotFoundError):
+        client(url, KEY_A).responses.retrieve(reply.id)
+    with pytest.raises(openai.NotFoundError):
+        client(url, KEY_A).responses.create(model="auto", input="And?", previous_response_id=reply.id)
+    assert client(url, KEY_C).responses.retrieve(reply.id).output_text == reply.output_text
+
+
 def test_router_train_reads_the_record_the_server_wrote(served, tmp_path):
     """`tandem router train --from-traffic` on this server's own file (written live, still open)."""
     from typer.testing import CliRunner

@@ -115,3 +115,11 @@ def finish_status(finish_reason: str | None) -> tuple[str, IncompleteDetails | N
     if finish_reason == "length":
         return "incomplete", IncompleteDetails(reason="max_output_tokens")
     return "completed", None
+
+
+class ResponseDeleted(BaseModel):
+    """DELETE /v1/responses/{id}'s answer."""
+
+    id: str
+    object: Literal["response.deleted"] = "response.deleted"
+    deleted: bool = True

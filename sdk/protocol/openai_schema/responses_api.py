@@ -20,27 +20,11 @@ from pydantic import ConfigDict, Field
 
 from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema.request_parts import _Request, _TopLevel
+from sdk.protocol.request_fields import refuse_responses_fields
 
 # Message roles a client may send; `developer` is OpenAI's newer name for the system prompt.
 INPUT_ROLES = ("system", "developer", "user", "assistant")
 TEXT_PARTS = ("input_text", "output_text")  # a replayed assistant message carries output_text parts
-
-# Fields of the Responses API, with what tandem does with them (the others are chat's own).
-RESPONSES_REFUSED: dict[str, str] = {
-    "reasoning": "the served models do not reason; leave it out",
-    "conversation": "conversations are not supported; pass previous_response_id instead",
-    "prompt": "stored prompt templates are not supported; send input and instructions",
-    "max_tool_calls": "max_tool_calls is not supported; leave it out",
-    "top_logprobs": "logprobs are not supported on /v1/responses; use /v1/chat/completions",
-    "stream_options": "stream_options is not supported on /v1/responses; leave it out",
-}
-RESPONSES_NO_OP: dict[str, tuple[Any, ...]] = {
-    "include": ([],),
-    "truncation": ("disabled",),
-    "background": (False,),
-}
-# Chat's fields that the Responses API does not have: not passed on (a 400 names them).
-NOT_IN_RESPONSES = ("messages", "max_tokens", "max_completion_tokens", "response_format", "n", "logprobs", "stream")
 
 
 class InputPart(_Request):
@@ -113,7 +97,7 @@ class ResponseCreateRequest(_TopLevel):
     user: str | None = None
     metadata: dict[str, str] | None = None
     stream: bool | None = False
-    store: bool | None = True
+    store: bool | None = True  # keep the response (sdk.openai_server.stored_responses); None reads as true
     previous_response_id: str | None = None
     tools: list[ResponseTool] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], ResponseNamedToolChoice, None] = None
@@ -129,14 +113,13 @@ class ResponseCreateRequest(_TopLevel):
     def chat_payload(self, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The chat request body that answers this one: `history` (a stored response's conversation,
         for previous_response_id) goes after the instructions and before this request's input."""
-        extra = dict(self.model_extra or {})
-        self._refuse_extra(extra)
+        extra = refuse_responses_fields(self.model_extra or {})  # the rest go on to chat, whose tables apply
         messages: list[dict[str, Any]] = []
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
-        messages += history or []
-        messages += input_messages(self.input)
+        messages += self.conversation(history)
         payload: dict[str, Any] = {
+            **extra,
             "model": self.model,
             "messages": messages,
             "max_tokens": self.max_output_tokens,
@@ -146,9 +129,6 @@ class ResponseCreateRequest(_TopLevel):
             "user": self.user,
             "private": self.private,
             "parallel_tool_calls": self.parallel_tool_calls,
-            # Not kept yet: a `store: true` the client sent is listed among the ignored fields, as on chat.
-            "store": True if "store" in self.model_fields_set and self.store else None,
-            **{name: value for name, value in extra.items() if name not in RESPONSES_NO_OP},
         }
         if self.tools:
             payload["tools"] = [_chat_tool(i, tool) for i, tool in enumerate(self.tools)]
@@ -156,20 +136,13 @@ class ResponseCreateRequest(_TopLevel):
             payload["tool_choice"] = _chat_tool_choice(self.tool_choice)
         if self.text is not None and self.text.format is not None:
             payload["response_format"] = self.text.format.response_format()
-        return {name: value for name, value in payload.items() if value is not None}
+        # Unset fields are left out; an extra sent as null stays (chat lists an unknown one as ignored).
+        return {name: value for name, value in payload.items() if value is not None or name in extra}
 
-    def _refuse_extra(self, extra: dict[str, Any]) -> None:
-        for name, value in extra.items():
-            if value is None:
-                continue
-            if name in RESPONSES_REFUSED:
-                raise InvalidRequestError(f"{name}: {RESPONSES_REFUSED[name]}", name)
-            if name in RESPONSES_NO_OP and value not in RESPONSES_NO_OP[name]:
-                raise InvalidRequestError(
-                    f"{name} {value!r} is not supported; send {RESPONSES_NO_OP[name][0]!r} or leave it out", name
-                )
-            if name in NOT_IN_RESPONSES:
-                raise InvalidRequestError(f"{name} is a chat completions field; /v1/responses does not take it", name)
+    def conversation(self, history: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The chat messages this request continues and adds, without its instructions (a stored
+        response keeps these; OpenAI does not carry instructions over to the next response)."""
+        return [*(history or []), *input_messages(self.input)]
 
 
 def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
