@@ -332,16 +332,49 @@ def response_items(draw) -> object:
 
 
 @st.composite
+def valid_responses_bodies(draw, models: list[str]) -> dict:
+    """Bodies the server should answer (200): what reaches the engine, the stream and the store."""
+    plain = st.text(st.characters(codec="utf-8"), min_size=1, max_size=30)
+    message = st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "developer", "assistant"]), "content": plain}
+    )
+    body = {
+        "model": draw(st.sampled_from(models)),
+        "input": draw(st.one_of(plain, st.lists(message, min_size=1, max_size=3))),
+        "max_output_tokens": draw(st.integers(1, 4)),
+    }
+    optional = {
+        "instructions": plain,
+        "stream": st.booleans(),
+        "store": st.booleans(),
+        "temperature": st.sampled_from([0.0, 0.7, 1.5]),
+        "top_p": st.sampled_from([0.5, 1.0]),
+        "metadata": st.just({"k": "v"}),
+        "text": st.sampled_from([{"format": {"type": "text"}}, {"format": {"type": "json_object"}}]),
+        "include": st.just([]),
+        "truncation": st.just("disabled"),
+        "user": plain,
+    }
+    for name, strategy in optional.items():
+        body[name] = _maybe(draw, strategy, 30)
+    return {k: v for k, v in body.items() if v is not _OMIT}
+
+
+@st.composite
 def responses_bodies(draw, models: list[str], max_model_len: int) -> dict:
-    """POST /v1/responses bodies: its own fields, chat's names it refuses, and tandem's extensions."""
+    """POST /v1/responses bodies: a third answerable ones, the rest its own fields at odd values, chat's
+    names it refuses, and tandem's extensions."""
+    if draw(st.integers(0, 2)) == 0:
+        return draw(valid_responses_bodies(models))
     body = {"model": weighted(draw, (8, st.sampled_from(models)), (1, st.sampled_from(["nope", "", "auto:2", None])))}
     body["input"] = weighted(
         draw,
-        (4, odd_text),
+        (4, st.text(st.characters(codec="utf-8"), min_size=1, max_size=40)),  # mostly valid: the engine path runs
+        (1, odd_text),
         (5, st.lists(response_items(), min_size=1, max_size=4)),
         (1, st.one_of(st.sampled_from([[], None, {}, "x" * 100_000]), json_values)),
     )
-    body["instructions"] = _maybe(draw, st.one_of(odd_text, st.sampled_from([None, 5, []])), 30)
+    body["instructions"] = _maybe(draw, st.one_of(st.text(max_size=20), odd_text, st.sampled_from([None, 5, []])), 30)
     body["max_output_tokens"] = weighted(
         draw,
         (70, st.integers(1, 3)),
