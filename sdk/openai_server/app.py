@@ -119,6 +119,7 @@ def create_app(
         state.metrics.registry.register(BudgetCollector(budgets))
     state.state_db = state_db
     state.responses = response_store
+    state.privacy_rules = cascade.privacy_rules if cascade is not None else None
     if state_db is not None:
         state.metrics.registry.register(StateDatabaseCollector(state_db))
     app.state.tandem = state

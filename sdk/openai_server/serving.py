@@ -78,6 +78,7 @@ class ServerState:
     also_ready: Callable[[], bool] | None = None  # an embedded cloud engine's readiness (/health)
     state_db: Any = None  # sdk.state.database.StateDatabase the replicas share (/health and /metrics report it)
     responses: ResponseStore | None = None  # stored responses of POST /v1/responses (None: storing off)
+    privacy_rules: Any = None  # router.privacy.PrivacyRules (the cascade's): a match keeps a response unstored
 
     @property
     def bills_user(self) -> bool:

@@ -61,7 +61,7 @@ def privacy_flagged(state: ServerState, messages: list[dict[str, Any]], private:
     """Whether a request must not be stored: its own flag, or a privacy rule matching its messages."""
     if private:
         return True
-    return state.cascade is not None and state.cascade.privacy_rules.check_messages(messages).private
+    return state.privacy_rules is not None and state.privacy_rules.check_messages(messages).private
 
 
 @dataclass

@@ -173,6 +173,24 @@ def test_a_real_answer_stream_and_parse(client, model):
 
 
 @pytest.mark.slow
+def test_a_streamed_escalation_says_the_cloud_answered(client):
+    """auto:1 escalates every request: the cascade's stream, rendered as the Responses events, ends with the
+    whole response, whose `tandem` names the tier that answered; a private one stays on the device, unstored."""
+    with client.responses.stream(model="auto:1", input="Name a colour.", max_output_tokens=8) as stream:
+        events = list(stream)
+    final = events[-1].response
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert final.model_extra["tandem"]["tier"] == "cloud" and final.model_extra["tandem"]["escalated"]
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == final.output_text
+    kept = client.responses.create(
+        model="auto:1", input="Name a colour.", max_output_tokens=8, extra_body={"private": True}
+    )
+    assert kept.model_extra["tandem"]["tier"] == "local" and not kept.store
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(kept.id)
+
+
+@pytest.mark.slow
 def test_a_real_function_tool_round_trip(client):
     asked = client.responses.create(
         model="smollm2-135m-instruct",

@@ -125,6 +125,23 @@ async def test_store_false_and_private_requests_keep_nothing(store):
     assert await store.stored_bytes() == 0
 
 
+async def test_a_privacy_rule_keeps_a_request_unstored_on_every_model(store):
+    """The cascade's rules decide storage on the model's own name too, not only on the routed models."""
+    from router.privacy import PrivacyRules
+
+    app = create_app(FakeEngine(), response_store=store)
+    app.state.tandem.privacy_rules = PrivacyRules.from_config(None)  # the cascade's, with its default detectors
+    client = client_for(app)
+    flagged = await client.responses.create(model="fake", input="Mail me at ada@example.com")
+    plain = await client.responses.create(model="fake", input="Hello")
+    assert (flagged.store, plain.store) == (False, True)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(flagged.id)
+    # A rule matching in the earlier turns counts too: continuing a clean response with a flagged input.
+    continued = await client.responses.create(model="fake", input="ada@example.com", previous_response_id=plain.id)
+    assert continued.store is False
+
+
 async def test_a_server_that_stores_nothing_says_so():
     client = client_for(create_app(FakeEngine()))
     answered = await client.responses.create(model="fake", input="Hi")
@@ -188,3 +205,33 @@ async def test_replicas_continue_each_others_conversations(state_db):
     first = await one.responses.create(model="fake", input="Hi")
     await other.responses.create(model="fake", input="More", previous_response_id=first.id)
     assert engine.conversations[-1] == [("user", "Hi"), ("assistant", "Hello"), ("user", "More")]
+
+
+async def test_the_shared_store_while_its_database_is_away(postgres_server, state_db_url):
+    """The state database's failure policy: an answer to keep is written once the database is back; reading a
+    stored one meanwhile is a 503 with Retry-After, never a 500 or a silent 404."""
+    import asyncio
+
+    from sdk.response_store.postgres_store import PostgresResponseStore
+    from sdk.state.database import StateDatabase
+
+    db = await StateDatabase(state_db_url, lease_s=3.0).open()
+    client = client_for(create_app(FakeEngine(), response_store=PostgresResponseStore(db)))
+    before = await client.responses.create(model="fake", input="Hi")
+    postgres_server.stop()
+    try:
+        during = await client.responses.create(model="fake", input="Hi again")  # answered; its store deferred
+        assert during.store
+        with pytest.raises(openai.InternalServerError) as away:
+            await client.responses.retrieve(before.id)
+        assert away.value.status_code == 503 and away.value.response.headers.get("retry-after")
+        assert away.value.body["code"] == "state_database_unavailable"
+    finally:
+        postgres_server.start()
+    deadline = time.monotonic() + 15
+    while not db.available:
+        assert time.monotonic() < deadline, "the database was not seen back"
+        await asyncio.sleep(0.1)
+    await db.flush()
+    assert (await client.responses.retrieve(during.id)).id == during.id
+    await db.close()
