@@ -34,7 +34,7 @@ from sdk.protocol.openai_schema.response_objects import (
     output_items,
 )
 from sdk.protocol.openai_schema.responses_api import ResponseCreateRequest
-from sdk.protocol.request_fields import unknown_fields
+from sdk.protocol.request_fields import refuse_unknown_fields, unknown_fields
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,9 @@ async def create_response(request: Request) -> Response:
         history = await previous_conversation(state, body, key)
         context = {"strict_fields": state.strict_fields, "uses_user": state.bills_user}
         chat = ChatCompletionRequest.model_validate(body.chat_payload(history), context=context)
-        unknown = unknown_fields(chat.ignored_fields)
+        ignored = body.ignored_fields + chat.ignored_fields
+        refuse_unknown_fields(body.ignored_fields, state.strict_fields)
+        unknown = unknown_fields(ignored)
         if unknown:
             logger.warning("the request's fields %s are not known to tandem and were ignored", ", ".join(unknown))
         routed = state.routed_mode(chat.model) is not None
@@ -56,7 +58,7 @@ async def create_response(request: Request) -> Response:
     except Exception as exc:
         return from_exception(exc).response()
     keeper = keeper_for(state, body, key, history)
-    response = ResponseEvents(body, item_id("resp"), int(time.time()), model, chat.ignored_fields, keeper)
+    response = ResponseEvents(body, item_id("resp"), int(time.time()), model, ignored, keeper)
     if routed:
         ran = await run_routed(request, state, chat, model, response.id, response.created_at)
         if isinstance(ran, Response):

@@ -279,3 +279,22 @@ async def test_an_agents_sdk_agent_runs_to_its_final_output(server_url):
     )
     answered = await Runner.run(plain, "What colour is the sky on a clear day?", max_turns=1, run_config=run_config)
     assert isinstance(answered.final_output, str) and answered.final_output.strip()
+
+
+async def test_item_fields_are_listed_when_ignored_and_refused_under_strict_fields():
+    """Replayed output items carry their id and status (the Agents SDK sends them): they ask for nothing. Any
+    other item field is listed in tandem.ignored_fields, or refused under --strict-fields."""
+    items = [
+        {"type": "message", "role": "user", "content": "Hi", "id": "msg_1", "status": "completed"},
+        {"role": "user", "content": "Hello", "colour": "red"},
+    ]
+    _, http = fake_client(FakeEngine())
+    answered = await http.post("/v1/responses", json={"model": "fake", "input": items})
+    assert answered.status_code == 200 and answered.json()["tandem"]["ignored_fields"] == ["input[1].colour"]
+    strict = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(FakeEngine(), strict_fields=True)), base_url="http://test"
+    )
+    refused = await strict.post("/v1/responses", json={"model": "fake", "input": items})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input[1].colour"
+    replayed = await strict.post("/v1/responses", json={"model": "fake", "input": items[:1]})
+    assert replayed.status_code == 200

@@ -24,7 +24,8 @@ from sdk.protocol.request_fields import refuse_responses_fields
 
 # Message roles a client may send; `developer` is OpenAI's newer name for the system prompt.
 INPUT_ROLES = ("system", "developer", "user", "assistant")
-TEXT_PARTS = ("input_text", "output_text")  # a replayed assistant message carries output_text parts
+TEXT_PARTS = ("input_text", "output_text")
+ITEM_BOOKKEEPING = frozenset({"id", "status"})  # an output item's own id and state, replayed as input  # a replayed assistant message carries output_text parts
 
 
 class InputPart(_Request):
@@ -107,8 +108,17 @@ class ResponseCreateRequest(_TopLevel):
 
     @property
     def ignored_fields(self) -> list[str]:
-        """None here: the chat request it becomes says which of its fields were ignored."""
-        return []
+        """The input items' fields that change nothing (`input[i].name`); the body's own extra fields go on
+        to the chat request it becomes, which says which of those were ignored. An item's `id` and `status`
+        (what a client replaying earlier output items sends) are the API's bookkeeping and ask for nothing."""
+        if isinstance(self.input, str):
+            return []
+        return [
+            f"input[{index}].{name}"
+            for index, item in enumerate(self.input)
+            for name in (item.model_extra or {})
+            if name not in ITEM_BOOKKEEPING
+        ]
 
     def chat_payload(self, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The chat request body that answers this one: `history` (a stored response's conversation,
