@@ -27,6 +27,7 @@ from cloud_engine.model_runner import ModelRunner
 from cloud_engine.request import Request
 from cloud_engine.sampler import make_generator, sample_batch
 from cloud_engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from cloud_engine.spec_decode.outside_drafts import OutsideDraft
 from cloud_engine.spec_decode.speculator import Speculator
 from cloud_engine.prefill_pacing import PrefillPacer, step_shape
 from cloud_engine.token_bytes import build_token_bytes
@@ -197,6 +198,15 @@ class CloudEngine:
                 request.request_id, list(request.prompt_token_ids), params, priority=request.priority, matcher=matcher
             )
         )
+
+    def offer_draft(self, draft: OutsideDraft) -> str | None:
+        """A draft another model made for a running request (cloud_engine.spec_decode.outside_drafts),
+        verified in the next step; None when taken, else why not. ValueError for a malformed one."""
+        draft.check(self.vocab_size)
+        request = self.scheduler.requests.get(draft.request_id)
+        if request is None:
+            return "unknown_request"
+        return self.speculator.offer(request, draft, self.vocab_size, self.device)
 
     def abort_request(self, request_id: str) -> bool:
         """Free the request's blocks now; False if it was not here."""

@@ -25,4 +25,5 @@ class Request(EngineRequest):
     # Speculative decoding: the proposer's draft for the next step (the scheduler moves it
     # into SchedulerOutput.scheduled_spec_token_ids); the running totals are EngineRequest's.
     spec_token_ids: list[int] = field(default_factory=list)
+    outside_drafts: bool = False  # another model drafts for it (spec_decode.outside_drafts): no own proposals
     forced: list[bool] = field(default_factory=list)  # per token emitted this step: the grammar allowed that one only

@@ -18,6 +18,7 @@ import torch
 from cloud_engine.request import Request
 from cloud_engine.sampler import token_signals
 from cloud_engine.spec_decode.config import SpeculativeConfig
+from cloud_engine.spec_decode.outside_drafts import OutsideDraft, dense_draft_probs
 from cloud_engine.spec_decode.policy import SpeculationPolicy
 from cloud_engine.spec_decode.rejection import verify_draft
 from cloud_engine.spec_decode.stats import SpecDecodeStats
@@ -45,6 +46,43 @@ class Speculator:
         self.proposer = _build_proposer(engine, config) if config.enabled else None
         self.draft_probs: dict[str, torch.Tensor] = {}  # request id -> q [k, vocab] of its pending draft
 
+    # -- drafts made outside (cloud_engine.spec_decode.outside_drafts) ----------------------
+
+    def offer(self, request: Request, draft: OutsideDraft, vocab_size: int, device) -> str | None:
+        """Take a draft another model made for `request`, to verify in the next step; None when taken,
+        else why not (the request keeps decoding on its own either way). From the first draft on, the
+        engine's own proposer leaves the request alone."""
+        request.outside_drafts = True
+        self.draft_probs.pop(request.request_id, None)  # a pending draft is replaced by the newer one
+        request.spec_token_ids = []
+        params = request.params
+        if params.uses_token_history or params.logit_bias:
+            return "sampling_uses_token_history"  # penalties and bias make the rule inexact, as for own drafts
+        if request.num_computed_tokens != request.num_tokens - 1:
+            return "not_decoding"  # still prefilling (or preempted): the next draft may land
+        emitted = request.output_token_ids
+        overlap = len(emitted) - draft.start
+        if overlap < 0:
+            return "ahead_of_the_output"
+        tokens, support = list(draft.token_ids), draft.support
+        if overlap >= len(tokens):
+            return "stale"
+        if tokens[:overlap] != list(emitted[draft.start :]):
+            return "disagrees_with_the_output"
+        tokens = tokens[overlap:][: max(0, request.tokens_left(self.max_model_len) - 1)]
+        support = support[overlap : overlap + len(tokens)] if support is not None else None
+        if request.matcher is not None:  # only the prefix the grammar accepts can be verified
+            if request.matcher.near_budget(request.tokens_left(self.max_model_len)):
+                return "grammar_must_close"
+            tokens = tokens[: request.matcher.validate_tokens(tokens)]
+            support = support[: len(tokens)] if support is not None else None
+        if not tokens:
+            return "no_room" if request.matcher is None else "grammar_refused_the_draft"
+        request.spec_token_ids = tokens
+        if support is not None and not params.is_greedy:
+            self.draft_probs[request.request_id] = dense_draft_probs(support, vocab_size, device)
+        return None
+
     def free(self, request_id: str) -> None:
         """Drop a finished request's drafts, policy state and proposer state."""
         self.draft_probs.pop(request_id, None)
@@ -58,7 +96,7 @@ class Speculator:
         """Drafts for the next step, for requests about to decode (their last token not yet computed)."""
         if self.proposer is None:
             return
-        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
+        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1 and not r.outside_drafts]
         plan = self.policy.num_draft_tokens(decoding)
         if not plan:
             return

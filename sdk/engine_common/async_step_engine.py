@@ -193,6 +193,12 @@ class AsyncStepEngine(EngineProtocol):
                 # The consumer went away (client disconnect, cancel): free its blocks now.
                 self._post(("abort", request.request_id))
 
+    def offer_draft(self, draft) -> None:
+        """Hand a draft another model made to the engine (engines that verify outside drafts: the cloud
+        engine's cloud_engine.spec_decode.outside_drafts), taken between two steps. Never waits; a
+        draft the engine cannot use is dropped and the request decodes on its own."""
+        self._post(("draft", draft))
+
     async def abort(self, request_id: str) -> None:
         self._post(("abort", request_id))
         stream = self._streams.get(request_id)
@@ -236,6 +242,8 @@ class AsyncStepEngine(EngineProtocol):
             for kind, payload in inbox:
                 if kind == "add":
                     self._add(engine, payload)
+                elif kind == "draft":
+                    self._offer(engine, payload)
                 elif engine.abort_request(payload):
                     self._num_aborted += 1  # it was still unfinished: its KV blocks are free now
             if not engine.has_unfinished_requests():
@@ -256,6 +264,15 @@ class AsyncStepEngine(EngineProtocol):
             engine.add_request(request)
         except Exception as exc:
             self._deliver_many([(request.request_id, exc)])
+
+    def _offer(self, engine: StepEngine, draft) -> None:
+        offer = getattr(engine, "offer_draft", None)  # the local engine verifies no drafts
+        try:
+            refused = offer(draft) if offer is not None else "the engine verifies no outside drafts"
+        except ValueError as exc:
+            refused = f"malformed: {exc}"
+        if refused is not None:
+            logger.debug("draft for %s not taken: %s", draft.request_id, refused)
 
     def _deliver_many(self, items: list[tuple[str, object]]) -> None:
         """Hand (request id, event or error) pairs to their streams with one wake-up per event loop.

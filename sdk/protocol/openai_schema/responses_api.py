@@ -25,7 +25,9 @@ from sdk.protocol.request_fields import refuse_responses_fields
 # Message roles a client may send; `developer` is OpenAI's newer name for the system prompt.
 INPUT_ROLES = ("system", "developer", "user", "assistant")
 TEXT_PARTS = ("input_text", "output_text")
-ITEM_BOOKKEEPING = frozenset({"id", "status"})  # an output item's own id and state, replayed as input  # a replayed assistant message carries output_text parts
+ITEM_BOOKKEEPING = frozenset(
+    {"id", "status"}
+)  # an output item's own id and state, replayed as input  # a replayed assistant message carries output_text parts
 
 
 class InputPart(_Request):
