@@ -21,6 +21,15 @@ _backend_lock = threading.Lock()
 _backend_initialised = False
 
 
+def cpu_reports_amx() -> bool:
+    """Whether /proc/cpuinfo lists AMX tiles (Sapphire Rapids and later; some VMs report it too)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            return any(line.startswith("flags") and " amx_tile" in line for line in cpuinfo)
+    except OSError:
+        return False
+
+
 class LlamaLoadError(RuntimeError):
     """The GGUF could not be loaded or a context could not be made."""
 
@@ -122,6 +131,12 @@ class LlamaBackend(LlamaVocabulary):
         # on the embedded SmolLM2 this changes nothing). Off by default because their kernels make
         # a row's logits depend on its batch (docs/local-engine.md: "Extra buffer types"), not for the crash that
         # once kept them off and no longer reproduces.
+        if config.extra_buffer_types and cpu_reports_amx():
+            raise LlamaLoadError(
+                "extra_buffer_types: this CPU reports AMX, whose repacked layout llama.cpp then uses, and that "
+                "layout crashed the process here on any prompt of 8 tokens or more (an Intel Xeon VM, llama.cpp "
+                "of llama-cpp-python 0.3.36; docs/local-engine.md, Extra buffer types); leave it off"
+            )
         model_params.use_extra_bufts = config.extra_buffer_types
         model_params.n_gpu_layers = config.n_gpu_layers
         self.model = llama_cpp.llama_model_load_from_file(config.model_path.encode(), model_params)
