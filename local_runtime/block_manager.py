@@ -173,6 +173,35 @@ class BlockManager:
         if num_full > start:
             self._num_published[seq] = num_full
 
+    def rewind(self, seq: SeqKey, num_tokens: int) -> int:
+        """`seq` keeps the cells of its first `num_tokens` positions only (a drafting request rewound to
+        what was accepted): the blocks past them are no longer findable by hash, and a block another
+        sequence shares is let go rather than overwritten; when the block holding position `num_tokens`
+        is such a block, `seq` keeps less (down to that block's start, recomputed later). Returns the
+        positions kept."""
+        table = self._tables.get(seq, [])
+        size = self.block_size
+        first = num_tokens // size  # the first block not wholly kept
+        shared = next((i for i in range(first, len(table)) if len(self.blocks[table[i]].holders) > 1), None)
+        if shared is not None:
+            if shared == first:
+                num_tokens = first * size
+            for block_id in table[shared:]:
+                self.blocks[block_id].holders.discard(seq)  # others hold it: it stays theirs, unchanged
+            del table[shared:]
+        for block_id in table[first:]:
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                twins = self._hashed.get(block.block_hash)
+                if twins is not None:
+                    twins.pop(block_id, None)
+                    if not twins:
+                        del self._hashed[block.block_hash]
+                block.block_hash, block.token_ids = None, ()
+        if seq in self._num_published:
+            self._num_published[seq] = min(self._num_published[seq], num_tokens // size)
+        return num_tokens
+
     def rename(self, seq: SeqKey, new_key: SeqKey) -> None:
         """Hand `seq`'s blocks to `new_key` unchanged (a finished sequence's blocks kept by the prompt cache)."""
         if new_key in self._tables:

@@ -32,7 +32,8 @@ from sdk.protocol.engine import (
 )
 from sdk.engine_common.model_files import model_name_for, resolve_model_path
 from sdk.engine_common.sampling_defaults import resolve_sampling_defaults
-from sdk.engine_common.token_events import check_stop, make_token_event
+from sdk.engine_common.text_stream import TextStream
+from sdk.engine_common.token_events import check_stop, make_token_event, new_repetition_tracker
 from sdk.engine_common.detokenize import detokenize
 from sdk.protocol.vocabulary import vocabulary_fingerprint
 
@@ -153,7 +154,7 @@ class LocalEngine:
         """Raise InvalidRequestError/ContextLengthError for a request that can never run."""
         validate_generation_request(request, self.backend.n_vocab, self.max_model_len)
 
-    def add_request(self, request: GenerationRequest) -> None:
+    def add_request(self, request: GenerationRequest, hold_at: int | None = None) -> None:
         self.validate(request)
         params = self.sampling_defaults.apply(request.params)  # the fields the request left out
         if params.repetition_stop is None:
@@ -165,9 +166,41 @@ class LocalEngine:
             if params.structured is not None
             else None
         )  # 400 before scheduling
-        engine_request = Request(request.request_id, list(request.prompt_token_ids), params)
+        engine_request = Request(request.request_id, list(request.prompt_token_ids), params, hold_at=hold_at)
         engine_request.matcher = matcher
         self.scheduler.add_request(engine_request)
+
+    def rewind(self, request_id: str, keep: int, append: list[int], hold_at: int | None = None) -> bool:
+        """A drafting request (added with `hold_at`) told what the verifier made of its draft: its output
+        becomes its first `keep` tokens and then `append` (the verifier's own tokens), and it is held again
+        once its output reaches `hold_at`. Its cells past the kept positions are dropped, its grammar
+        state and stop trackers follow the new output, and the next steps compute what was appended and
+        draft on from there. False when the request is not here (finished or aborted)."""
+        request = self.scheduler.requests.get(request_id)
+        if request is None:
+            return False
+        if not 0 <= keep <= request.num_output_tokens:
+            raise ValueError(f"keep must be within the {request.num_output_tokens} output tokens, got {keep}")
+        dropped = request.num_output_tokens - keep
+        slot, kept = self.scheduler.rewind(request_id, keep, list(append), hold_at)
+        if slot is not None:
+            self.backend.drop_positions(slot, kept)
+        if request.matcher is not None:
+            request.matcher.rollback(dropped)
+            for token_id in append:
+                if not request.matcher.consume_token(token_id):
+                    raise ValueError(f"token {token_id} breaks the request's grammar")
+        self._replay_stop_trackers(request)
+        return True
+
+    def _replay_stop_trackers(self, request: Request) -> None:
+        """Stop strings' text buffer and the loop tracker as if the output had always been what it is now."""
+        request.text_stream = TextStream(request.params.stop)
+        request.repetition = new_repetition_tracker(request.params)
+        for token_id in request.output_token_ids:
+            request.text_stream.push(self.backend.token_bytes(token_id))
+            if request.repetition is not None:
+                request.repetition.push(token_id)
 
     def abort_request(self, request_id: str) -> bool:
         """Free the request's slot and blocks now; False if it was not here."""
@@ -183,7 +216,8 @@ class LocalEngine:
             self.abort_request(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        """Whether a step has work: drafting requests held for their verdict do not count (a rewind wakes them)."""
+        return self.scheduler.num_schedulable > 0
 
     # -- the step --------------------------------------------------------------------------
 

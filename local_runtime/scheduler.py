@@ -81,6 +81,11 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    @property
+    def num_schedulable(self) -> int:
+        """Unfinished requests a step would run: all but the drafting requests held for their verdict."""
+        return self.num_unfinished - sum(1 for request in self.running if request.is_held)
+
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
@@ -126,8 +131,8 @@ class Scheduler:
         preempted_this_step = False
 
         for request in list(self.running):
-            if request.status != RequestStatus.RUNNING or budget == 0:
-                continue  # preempted earlier in this loop, or no budget left
+            if request.status != RequestStatus.RUNNING or budget == 0 or request.is_held:
+                continue  # preempted earlier in this loop, no budget left, or a draft waiting for its verdict
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             while self.block_manager.allocate(request.request_id, request.num_computed_tokens + num_new) is None:
                 if self._evict_one():
@@ -165,6 +170,23 @@ class Scheduler:
                 continue  # aborted while the step ran, or sent back to be recomputed
             request.num_computed_tokens += num_new
             self.block_manager.publish_full_blocks(request_id, request.all_token_ids, request.num_computed_tokens)
+
+    def rewind(self, request_id: str, keep: int, append: list[int], hold_at: int | None) -> tuple[int | None, int]:
+        """A drafting request's output cut to its first `keep` tokens, then `append` (what the verifier
+        emitted instead); its books keep the cells of the positions still valid. Returns (its slot, the
+        positions it keeps) for the engine to drop the rest of the slot's cells; (None, 0) while it waits."""
+        request = self.requests[request_id]
+        request.truncate_output(keep)
+        for token_id in append:
+            request.append_output_token(token_id)
+        request.hold_at = hold_at
+        if request.status != RequestStatus.RUNNING:
+            return None, 0  # waiting (not admitted, or preempted): recomputed from its tokens when admitted
+        # The last token is never computed before it is scheduled: the step that computes it samples the next.
+        kept = min(request.num_computed_tokens, request.num_prompt_tokens + keep, request.num_tokens - 1)
+        kept = self.block_manager.rewind(request_id, kept)
+        request.num_computed_tokens = kept
+        return request.slot, kept
 
     def preempt(self, request_id: str) -> None:
         """Send a running request back to the front of the queue to be recomputed from scratch (the

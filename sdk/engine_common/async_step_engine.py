@@ -162,8 +162,10 @@ class AsyncStepEngine(EngineProtocol):
         # Read without a lock: a snapshot that may be one step stale is fine for metrics.
         return dataclasses.replace(self.engine.stats(), num_requests_aborted_total=self._num_aborted)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        """Validate now (raising before any event), then stream the request's tokens."""
+    async def generate(self, request: GenerationRequest, hold_at: int | None = None) -> AsyncIterator[TokenEvent]:
+        """Validate now (raising before any event), then stream the request's tokens. `hold_at` (engines that
+        draft for another: the local engine) makes it a drafting request, held once its output has that many
+        tokens until `rewind` moves it on."""
         engine = self.engine
         engine.validate(request)
         if len(self._streams) >= self._max_in_flight:
@@ -174,7 +176,7 @@ class AsyncStepEngine(EngineProtocol):
             raise ValueError(f"request id {request.request_id!r} is already in flight")
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request.request_id] = (asyncio.get_running_loop(), queue)
-        self._post(("add", request))
+        self._post(("add", (request, hold_at)))
         finished = False
         try:
             while True:
@@ -192,6 +194,11 @@ class AsyncStepEngine(EngineProtocol):
             if not finished:
                 # The consumer went away (client disconnect, cancel): free its blocks now.
                 self._post(("abort", request.request_id))
+
+    def rewind(self, request_id: str, keep: int, append: Sequence[int], hold_at: int | None) -> None:
+        """A drafting request's output becomes its first `keep` tokens and then `append`, held again at
+        `hold_at` (LocalEngine.rewind), between two steps. Never waits; a request already gone is left alone."""
+        self._post(("rewind", (request_id, keep, list(append), hold_at)))
 
     def offer_draft(self, draft) -> None:
         """Hand a draft another model made to the engine (engines that verify outside drafts: the cloud
@@ -244,6 +251,8 @@ class AsyncStepEngine(EngineProtocol):
                     self._add(engine, payload)
                 elif kind == "draft":
                     self._offer(engine, payload)
+                elif kind == "rewind":
+                    self._rewind(engine, *payload)
                 elif engine.abort_request(payload):
                     self._num_aborted += 1  # it was still unfinished: its KV blocks are free now
             if not engine.has_unfinished_requests():
@@ -257,13 +266,25 @@ class AsyncStepEngine(EngineProtocol):
                 continue
             self._deliver_many([(event.request_id, event) for event in events])
 
-    def _add(self, engine: StepEngine, request: GenerationRequest) -> None:
+    def _add(self, engine: StepEngine, payload: tuple[GenerationRequest, int | None]) -> None:
+        request, hold_at = payload
         if request.request_id not in self._streams:
             return  # cancelled before the engine saw it
         try:
-            engine.add_request(request)
+            if hold_at is None:
+                engine.add_request(request)
+            else:
+                engine.add_request(request, hold_at=hold_at)
         except Exception as exc:
             self._deliver_many([(request.request_id, exc)])
+
+    def _rewind(self, engine: StepEngine, request_id: str, keep: int, append: list[int], hold_at: int | None) -> None:
+        try:
+            engine.rewind(request_id, keep, append, hold_at)
+        except Exception as exc:  # a rewind the request cannot take ends it, with the reason
+            logger.warning("rewinding %s failed: %s", request_id, exc)
+            engine.abort_request(request_id)
+            self._deliver_many([(request_id, exc)])
 
     def _offer(self, engine: StepEngine, draft) -> None:
         offer = getattr(engine, "offer_draft", None)  # the local engine verifies no drafts
