@@ -27,7 +27,7 @@ from cloud_engine.model_runner import ModelRunner
 from cloud_engine.request import Request
 from cloud_engine.sampler import make_generator, sample_batch
 from cloud_engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
-from cloud_engine.spec_decode.outside_drafts import OutsideDraft
+from sdk.protocol.drafts import OutsideDraft
 from cloud_engine.spec_decode.speculator import Speculator
 from cloud_engine.prefill_pacing import PrefillPacer, step_shape
 from cloud_engine.token_bytes import build_token_bytes

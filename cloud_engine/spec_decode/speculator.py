@@ -18,7 +18,8 @@ import torch
 from cloud_engine.request import Request
 from cloud_engine.sampler import token_signals
 from cloud_engine.spec_decode.config import SpeculativeConfig
-from cloud_engine.spec_decode.outside_drafts import OutsideDraft, dense_draft_probs
+from cloud_engine.spec_decode.outside_drafts import dense_draft_probs
+from sdk.protocol.drafts import OutsideDraft
 from cloud_engine.spec_decode.policy import SpeculationPolicy
 from cloud_engine.spec_decode.rejection import verify_draft
 from cloud_engine.spec_decode.stats import SpecDecodeStats

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sdk.cloud.grpc_drafts import DraftedGeneration
 from sdk.cloud.targets import is_replica_target
 from sdk.protocol.cloud_backend import (
     CloudBackend,
@@ -171,6 +172,29 @@ class CloudClient(CloudBackend):
             raise cloud_error(error, self.target) from None
         finally:
             call.cancel()  # a no-op once the stream ended; otherwise the server frees the request
+
+    def generate_with_drafts(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        model: str = "",
+        request_id: str = "",
+        continuation_token_ids: Sequence[int] = (),
+        timeout_s: float | None = None,
+    ) -> DraftedGeneration:
+        """As `generate`, with the caller drafting (sdk.cloud.grpc_drafts): iterate the returned call for
+        the cloud's tokens, and `offer` it drafts of the next ones meanwhile."""
+        message = request_message(
+            prompt, params, request_id=request_id, model=model, continuation_token_ids=continuation_token_ids
+        )
+        return DraftedGeneration(
+            self.channel,
+            message,
+            self._timeout(timeout_s),
+            self._metadata,
+            lambda error: cloud_error(error, self.target),
+        )
 
     async def list_models(self, timeout_s: float | None = None) -> list[CloudModel]:
         try:

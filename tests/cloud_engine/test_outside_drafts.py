@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from cloud_engine.sampler import processed_probs
-from cloud_engine.spec_decode.outside_drafts import OutsideDraft, dense_draft_probs
+from cloud_engine.spec_decode.outside_drafts import dense_draft_probs
+from sdk.protocol.drafts import OutsideDraft
 from cloud_engine.spec_decode.rejection import verify_draft
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 from tests.cloud_engine.test_spec_decode_greedy import build_varied_model, greedy, make_llm

@@ -103,6 +103,32 @@ class GenerateRequest(_message.Message):
     priority: int
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., continuation_token_ids: _Optional[_Iterable[int]] = ..., priority: _Optional[int] = ...) -> None: ...
 
+class DraftSupport(_message.Message):
+    __slots__ = ("token_ids", "probs")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Draft(_message.Message):
+    __slots__ = ("start", "token_ids", "support")
+    START_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SUPPORT_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    support: _containers.RepeatedCompositeFieldContainer[DraftSupport]
+    def __init__(self, start: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., support: _Optional[_Iterable[_Union[DraftSupport, _Mapping]]] = ...) -> None: ...
+
+class DraftedGenerateRequest(_message.Message):
+    __slots__ = ("open", "draft")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    open: GenerateRequest
+    draft: Draft
+    def __init__(self, open: _Optional[_Union[GenerateRequest, _Mapping]] = ..., draft: _Optional[_Union[Draft, _Mapping]] = ...) -> None: ...
+
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "text", "logprob", "token_bytes")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]

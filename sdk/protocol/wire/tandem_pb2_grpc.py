@@ -40,6 +40,11 @@ class TandemStub:
                 request_serializer=tandem_dot_v1_dot_tandem__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_tandem__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateWithDrafts = channel.stream_stream(
+                '/tandem.v1.Tandem/GenerateWithDrafts',
+                request_serializer=tandem_dot_v1_dot_tandem__pb2.DraftedGenerateRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_tandem__pb2.GenerateResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/tandem.v1.Tandem/ListModels',
                 request_serializer=tandem_dot_v1_dot_tandem__pb2.ListModelsRequest.SerializeToString,
@@ -60,6 +65,20 @@ class TandemServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateWithDrafts(self, request_iterator, context):
+        """Generate, with the caller drafting: the first message opens the request
+        (a GenerateRequest), each later one offers a draft of the tokens that come
+        next (the device's model drafting for the cloud's). The server verifies a
+        draft in its next step, so the answer is its own (greedy: token for token;
+        sampled: in distribution), and streams the tokens it emits as Generate
+        does, each response with the draft tokens verified and accepted so far.
+        It never waits for a draft: without one it decodes a token a step. Closing
+        the request stream stops the drafts only; cancelling the call stops all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListModels(self, request, context):
         """The models this server serves.
         """
@@ -73,6 +92,11 @@ def add_TandemServicer_to_server(servicer, server):
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
                     request_deserializer=tandem_dot_v1_dot_tandem__pb2.GenerateRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_tandem__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateWithDrafts': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateWithDrafts,
+                    request_deserializer=tandem_dot_v1_dot_tandem__pb2.DraftedGenerateRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_tandem__pb2.GenerateResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
@@ -108,6 +132,33 @@ class Tandem:
             target,
             '/tandem.v1.Tandem/Generate',
             tandem_dot_v1_dot_tandem__pb2.GenerateRequest.SerializeToString,
+            tandem_dot_v1_dot_tandem__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateWithDrafts(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.v1.Tandem/GenerateWithDrafts',
+            tandem_dot_v1_dot_tandem__pb2.DraftedGenerateRequest.SerializeToString,
             tandem_dot_v1_dot_tandem__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,

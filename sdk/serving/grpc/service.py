@@ -21,6 +21,7 @@ from sdk.serving.grpc.auth import CALLER_KEY_FINGERPRINT
 from sdk.protocol.wire import tandem_pb2 as pb
 from sdk.protocol.wire import tandem_pb2_grpc as pb_grpc
 from sdk.serving.grpc.errors import status_for
+from sdk.protocol.drafts import OutsideDraft
 from sdk.protocol.engine import Caller, EngineProtocol
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,64 @@ class TandemServicer(pb_grpc.TandemServicer):
             # The engine ended the stream without a last event (it aborted the request itself).
             await context.abort(grpc.StatusCode.ABORTED, "the server stopped this request before it finished")
 
+    async def GenerateWithDrafts(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        """Generate, the caller offering drafts as the answer streams (tandem.proto): the first message opens
+        the request, later ones are drafts, handed to the engine between its steps (AsyncStepEngine.offer_draft)
+        and verified there; each response carries the draft tokens verified and accepted so far."""
+        offer = getattr(self.engine, "offer_draft", None)
+        if offer is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "this server's engine verifies no drafts; call Generate"
+            )
+            return
+        incoming = requests.__aiter__()
+        first = await _next_message(incoming, context)
+        if first is None or first.WhichOneof("kind") != "open":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "GenerateWithDrafts: the first message must open the request (open)"
+            )
+            return
+        request = first.open
+        request_id = request.request_id or f"tandem-{uuid.uuid4().hex}"
+        engine_request_id = f"{request_id}#{uuid.uuid4().hex[:12]}"
+        engine = self.engine
+        try:
+            generation_request = await convert.generation_request(request, engine, engine_request_id)
+            generation_request.caller = Caller(CALLER_KEY_FINGERPRINT.get())
+            events = engine.generate(generation_request)
+        except Exception as exc:
+            await _abort_with(context, exc)
+            return
+        refusal: list[str] = []  # a malformed draft ends the call with its reason
+        drafts = asyncio.create_task(_offer_drafts(incoming, context, offer, engine_request_id, refusal))
+        finished = False
+        error: Exception | None = None
+        try:
+            async for event in events:
+                if refusal:
+                    break
+                response = convert.response_from_event(event, request_id)
+                response.speculative.draft_tokens = event.num_draft_tokens
+                response.speculative.accepted_tokens = event.num_accepted_tokens
+                await context.write(response)
+                if event.finish_reason is not None:
+                    finished = True
+                    break
+        except Exception as exc:
+            error = exc
+        finally:
+            drafts.cancel()
+            await asyncio.gather(drafts, return_exceptions=True)
+            await _close(engine, events, engine_request_id, abort=not finished)
+        if context.done():
+            return
+        if refusal:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal[0])
+        if error is not None:
+            await _abort_with(context, error)
+        if not finished:
+            await context.abort(grpc.StatusCode.ABORTED, "the server stopped this request before it finished")
+
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
@@ -106,6 +165,44 @@ async def _close_and_abort(engine: EngineProtocol, events: AsyncIterator, engine
         logger.debug("request %s ended before its last token; aborted in the engine", engine_request_id)
 
 
+async def _next_message(incoming: AsyncIterator[bytes], context: grpc.aio.ServicerContext):
+    """The next DraftedGenerateRequest of a stream; None at its end. Bytes that are not one: INVALID_ARGUMENT."""
+    try:
+        raw = await anext(incoming)
+    except StopAsyncIteration:
+        return None
+    try:
+        return pb.DraftedGenerateRequest.FromString(raw)
+    except DecodeError as exc:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid tandem.v1.DraftedGenerateRequest: {exc}"
+        )
+
+
+async def _offer_drafts(incoming, context, offer, engine_request_id: str, refusal: list[str]) -> None:
+    """Read the caller's drafts until it closes its side; each goes to the engine (never awaited there)."""
+    while (message := await _next_message(incoming, context)) is not None:
+        if message.WhichOneof("kind") != "draft":
+            refusal.append("GenerateWithDrafts: only the first message opens the request; later ones are drafts")
+            return
+        try:
+            offer(draft_of(message.draft, engine_request_id))
+        except ValueError as exc:
+            refusal.append(f"GenerateWithDrafts: draft: {exc}")
+            return
+
+
+def draft_of(message: pb.Draft, engine_request_id: str) -> OutsideDraft:
+    """The wire's Draft as the engine takes it; ValueError naming what is malformed (the engine checks the
+    token ids against its vocabulary)."""
+    support = None
+    if message.support:
+        support = tuple((tuple(s.token_ids), tuple(s.probs)) for s in message.support)
+    draft = OutsideDraft(engine_request_id, message.start, tuple(message.token_ids), support)
+    draft.check(vocab_size=2**32)  # the structure here; the vocabulary is the engine's to check
+    return draft
+
+
 async def _abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     status = status_for(exc)
     await context.abort(status.code, status.message, trailing_metadata=status.metadata)
@@ -135,6 +232,9 @@ def add_tandem_servicer(engine: EngineProtocol, server: grpc.aio.Server) -> Tand
     handlers = {
         "Generate": grpc.unary_stream_rpc_method_handler(
             _parsed(servicer.Generate, pb.GenerateRequest), response_serializer=pb.GenerateResponse.SerializeToString
+        ),
+        "GenerateWithDrafts": grpc.stream_stream_rpc_method_handler(
+            servicer.GenerateWithDrafts, response_serializer=pb.GenerateResponse.SerializeToString
         ),
         "ListModels": grpc.unary_unary_rpc_method_handler(
             _parsed(servicer.ListModels, pb.ListModelsRequest),
