@@ -1,0 +1,59 @@
+"""The device drafts, the cloud verifies (issue 56), on the embedded SmolLM2 at both ends: the local
+engine drafts, the cloud engine (float32) verifies over GenerateWithDrafts on loopback gRPC. A greedy
+answer drafted for is token for token the cloud's own; the drafts are accepted often (the same
+weights, quantized on the device); the device holds nothing afterwards; a request whose sampling
+reads the token history is refused for drafting, naming why."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdk.cascade.device_drafts import DeviceDrafter, DraftRounds, draft_refusal
+from sdk.cloud.grpc_client import CloudClient
+from sdk.protocol.engine import SamplingParams
+from tests.cloud_engine.grpc_helpers import serve, wait_drained  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from cloud_engine.async_engine import AsyncCloudEngine
+    from cloud_engine.config import CloudEngineConfig
+    from local_runtime.async_engine import AsyncLocalEngine
+    from local_runtime.config import LocalEngineConfig
+
+    local = AsyncLocalEngine(LocalEngineConfig(max_model_len=512, kv_cache_tokens=4096, n_threads=1)).start()
+    cloud = AsyncCloudEngine(CloudEngineConfig(dtype="float32", max_model_len=512, kv_cache_gb=0.05)).start()
+    local.wait_ready(120)
+    cloud.wait_ready(300)
+    yield local, cloud
+    local.shutdown()
+    cloud.shutdown()
+
+
+async def test_a_greedy_answer_drafted_on_the_device_is_the_clouds_own(engines, serve):  # noqa: F811
+    local, cloud = engines
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    drafter = DeviceDrafter(local, k=4)
+    async with CloudClient(await serve(cloud)) as client:
+        for question in QUESTIONS:
+            messages = [{"role": "user", "content": question}]
+            prompt_ids = local.apply_chat_template(messages)
+            alone = [event.token_id async for event in client.generate(prompt_ids, params)]
+            rounds = DraftRounds()
+            drafted = [event.token_id async for event in drafter.stream(client, messages, params, rounds)]
+            assert drafted == alone, question
+            assert rounds.rounds > 0 and rounds.accepted_tokens > 0 and rounds.stopped is None, rounds
+            assert rounds.accepted_tokens <= rounds.verified_tokens <= rounds.drafted_tokens
+    assert await wait_drained(cloud)
+    assert await wait_drained(local)  # each answer's drafting request ended with it (its abort is asynchronous)
+
+
+def test_sampling_that_reads_the_token_history_is_not_drafted_for():
+    assert draft_refusal(SamplingParams(presence_penalty=0.5)) == "sampling_uses_token_history"
+    assert draft_refusal(SamplingParams(logit_bias={5: 1.0})) == "sampling_uses_token_history"
+    assert draft_refusal(SamplingParams(min_tokens=3)) == "sampling_uses_token_history"
+    assert draft_refusal(SamplingParams(temperature=0.7, top_p=0.9)) is None
