@@ -8,6 +8,7 @@ an invalid argument is the caller's error and propagates as the InvalidRequestEr
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -155,6 +156,7 @@ async def stream_from_cloud(
     continuation_token_ids: Sequence[int],
     timeouts: CloudTimeouts,
     retry_backoff_s: float = RETRY_BACKOFF_S,
+    drafted=None,
 ) -> AsyncIterator[CloudTokenEvent]:
     """The cloud's tokens as they come; call only after refusal_reason() returned None.
 
@@ -164,13 +166,15 @@ async def stream_from_cloud(
     A call the cloud could not even take (UNAVAILABLE before its first token: a dropped
     connection, a server restarting) is retried once after `retry_backoff_s`: nothing has
     reached the client, so it is idempotent. Timeouts are not retried (the wait would
-    double), nor is anything after the first token."""
+    double), nor is anything after the first token. `drafted` (DeviceDrafter.stream with its rounds): the
+    answer comes through it, the device drafting for the cloud (sdk.cascade.device_drafts)."""
     reported = False
     try:
         for attempt in range(2):
             started = False
             try:
-                stream = client.generate(
+                open_stream = client.generate if drafted is None else functools.partial(drafted, client)
+                stream = open_stream(
                     prompt,
                     params,
                     model=model,

@@ -58,6 +58,13 @@ class CascadeConfig:
     redact_before_escalation: bool = setting(  # placeholders instead of keeping rule-matching requests local
         False, "Escalate privacy-matching requests redacted instead of keeping them local."
     )
+    draft_on_device: bool = setting(
+        False,
+        "The device drafts, the cloud verifies: cloud answers (model cloud, and auto once it escalates) are drafted "
+        "by the local model and verified by a tandem gRPC cloud with the same vocabulary; the answer is the cloud's "
+        "own, for fewer cloud steps per token (docs/cascade-and-routing.md).",
+    )
+    draft_tokens: int = setting(4, "With draft_on_device: tokens the device drafts a round.", check=at_least(1))
     cloud_first_token_timeout_s: float = setting(
         15.0,
         "Longest wait for the cloud's first token, seconds; then the answer is local (degraded: "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -40,6 +41,7 @@ from sdk.cascade.cloud import (
     refusal_reason,
     stream_from_cloud,
 )
+from sdk.cascade.device_drafts import DraftRounds, draft_refusal
 from sdk.cascade.local import LocalRun
 from sdk.cascade.traffic import after_request
 from sdk.cascade.types import CascadeEvent, RoutingInfo
@@ -125,6 +127,8 @@ class CascadeRequest:
         self.local = LocalRun(runner.local, self.messages, params, request_id)
         self.degraded_reason: str | None = None
         self.refused_as_committed = False
+        self.draft_rounds: DraftRounds | None = None  # draft_on_device: how the device drafted the cloud answer
+        self.draft_refused: str | None = None  # draft_on_device: why it did not
         self.handoff: HandoffMode | None = None
         self.answered_by = Tier.LOCAL
         self.finish_reason: str | None = None
@@ -250,6 +254,7 @@ class CascadeRequest:
             params = dataclasses.replace(self.params, max_tokens=max(1, self.params.max_tokens - len(prefix)))
             usage = CloudUsage()
             counted = False
+            drafted = await self._drafting(params)
             try:
                 async for event in stream_from_cloud(
                     self.runner.cloud,
@@ -265,6 +270,7 @@ class CascadeRequest:
                         self.config.cloud_stall_timeout_s,
                         self.config.cloud_deadline_s,
                     ),
+                    drafted=drafted,
                 ):
                     num_cloud_tokens += 1
                     cloud_text.append(event.text)
@@ -287,6 +293,23 @@ class CascadeRequest:
                 return
         async for event in self._resume_local(plan):
             yield event
+
+    async def _drafting(self, params: SamplingParams):
+        """With draft_on_device, the DeviceDrafter stream this cloud answer goes through (its rounds kept for
+        the `tandem` extension), or None with the reason noted: the answer is then the cloud's alone."""
+        drafter = self.runner.drafter
+        if drafter is None:
+            return None
+        refused = draft_refusal(params)
+        if refused is None and not hasattr(self.runner.cloud, "generate_with_drafts"):
+            refused = "cloud_not_tandem"
+        if refused is None and await self.runner.vocabulary_verdict() is not True:
+            refused = "cloud_vocabulary_differs"
+        if refused is not None:
+            self.draft_refused = refused
+            return None
+        self.draft_rounds = DraftRounds()
+        return functools.partial(drafter.stream, rounds=self.draft_rounds)
 
     async def _take_over(
         self, plan: HandoffPlan | None, cloud_text: str, num_cloud_tokens: int
@@ -336,6 +359,8 @@ class CascadeRequest:
             decided_by=decision.decided_by,
             detail=decision.detail,
             cost=self.cost.as_dict(),
+            drafts=self.draft_rounds.as_dict() if self.draft_rounds is not None else None,
+            draft_refused=self.draft_refused,
         )
         if self.local.prompt_token_ids is not None:  # the local tier ran (resumed tokens included)
             self.cost.add("local", self.local.num_prompt_tokens, self.local.num_generated)

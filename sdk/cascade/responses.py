@@ -23,8 +23,9 @@ class TandemChatCompletionChunk(ChatCompletionChunk):
 
 
 def tandem_field(routing: RoutingInfo) -> dict[str, Any]:
-    """The `tandem` extension: the routing decision, and tokens and USD per tier."""
-    return {
+    """The `tandem` extension: the routing decision, and tokens and USD per tier (and, with draft_on_device,
+    the device's drafting of the cloud answer, or why there was none)."""
+    field = {
         "tier": routing.tier,
         "escalated": routing.escalated,
         "reason": routing.reason,
@@ -37,6 +38,11 @@ def tandem_field(routing: RoutingInfo) -> dict[str, Any]:
         "num_redactions": routing.num_redactions,
         "cost": dict(routing.cost),
     }
+    if routing.drafts is not None:
+        field["drafts"] = dict(routing.drafts)
+    if routing.draft_refused is not None:
+        field["draft_refused"] = routing.draft_refused
+    return field
 
 
 def usage_of(routing: RoutingInfo, tiers: Sequence[str]) -> Usage:

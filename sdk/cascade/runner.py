@@ -19,6 +19,7 @@ from router.circuit_breaker import CircuitBreaker
 from router.costs import CostLedger, CostTable
 from router.decision import parse_model_choice
 from router.privacy import PrivacyRules
+from sdk.cascade.device_drafts import DeviceDrafter
 from router.privacy_counters import PrivacyCounters
 from sdk.cascade.config import CascadeConfig
 from sdk.cascade.counts import RouteCounter
@@ -65,6 +66,8 @@ class CascadeRunner:
         self.probe = load_local_probe(self.config.probe, local) if self.config.probe else None
         # Replaced whole by a background retrain (sdk.traffic.retrain); each request reads it once.
         self.prompt_scorer = load_prompt_scorer(self.config.prompt_router) if self.config.prompt_router else None
+        # The device drafting cloud answers (sdk.cascade.device_drafts), with draft_on_device.
+        self.drafter = DeviceDrafter(local, self.config.draft_tokens) if self.config.draft_on_device else None
         self.traffic = None  # sdk.traffic.record.TrafficRecord: set by `tandem serve` when [traffic] record is on
         self.shadow = None  # sdk.traffic.shadow.ShadowSampler, likewise with shadow_fraction > 0
         self.budgets = None  # sdk.budgets.manager.BudgetManager: spend limits per key and user (server.budgets_file)

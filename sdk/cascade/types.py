@@ -23,6 +23,8 @@ class RoutingInfo:
     decided_by: str = ""  # the policy that decided
     detail: str = ""
     cost: dict = field(default_factory=dict)  # router.costs.RequestCost.as_dict(): tokens and USD per tier
+    drafts: dict | None = None  # draft_on_device: sdk.cascade.device_drafts.DraftRounds.as_dict() of the cloud answer
+    draft_refused: str | None = None  # draft_on_device: why the cloud answered without the device's drafts
 
 
 @dataclass

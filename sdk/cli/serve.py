@@ -32,6 +32,7 @@ logger = logging.getLogger("tandem.serve")
 SERVE_SETTINGS = (
     "cloud.url",
     "cascade.threshold",
+    "cascade.draft_on_device",
     "local.model",
     "local.model_name",
     "server.host",

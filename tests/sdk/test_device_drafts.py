@@ -44,7 +44,7 @@ async def test_a_greedy_answer_drafted_on_the_device_is_the_clouds_own(engines, 
             prompt_ids = local.apply_chat_template(messages)
             alone = [event.token_id async for event in client.generate(prompt_ids, params)]
             rounds = DraftRounds()
-            drafted = [event.token_id async for event in drafter.stream(client, messages, params, rounds)]
+            drafted = [event.token_id async for event in drafter.stream(client, messages, params, rounds=rounds)]
             assert drafted == alone, question
             assert rounds.rounds > 0 and rounds.accepted_tokens > 0 and rounds.stopped is None, rounds
             assert rounds.accepted_tokens <= rounds.verified_tokens <= rounds.drafted_tokens
@@ -57,3 +57,25 @@ def test_sampling_that_reads_the_token_history_is_not_drafted_for():
     assert draft_refusal(SamplingParams(logit_bias={5: 1.0})) == "sampling_uses_token_history"
     assert draft_refusal(SamplingParams(min_tokens=3)) == "sampling_uses_token_history"
     assert draft_refusal(SamplingParams(temperature=0.7, top_p=0.9)) is None
+
+
+async def test_the_cascade_drafts_cloud_answers_with_draft_on_device(engines, serve):  # noqa: F811
+    """CascadeRunner with draft_on_device: model `cloud` answers as without it (greedy, the cloud in float32),
+    and its routing says how the device drafted; a penalised request is answered without drafts, saying why."""
+    from sdk.cascade.config import CascadeConfig
+    from sdk.cascade.runner import CascadeRunner
+
+    local, cloud = engines
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    async with CloudClient(await serve(cloud)) as client:
+        plain = await CascadeRunner(local, client, CascadeConfig()).complete(messages, params, model="cloud")
+        runner = CascadeRunner(local, client, CascadeConfig(draft_on_device=True, draft_tokens=4))
+        drafted = await runner.complete(messages, params, model="cloud")
+        assert drafted.token_ids == plain.token_ids and drafted.routing.tier == "cloud"
+        assert drafted.routing.drafts["rounds"] > 0 and drafted.routing.drafts["accepted_tokens"] > 0
+        assert plain.routing.drafts is None and plain.routing.draft_refused is None
+        penalised = SamplingParams(max_tokens=8, temperature=0.0, presence_penalty=0.5)
+        refused = await runner.complete(messages, penalised, model="cloud")
+        assert refused.routing.draft_refused == "sampling_uses_token_history" and refused.routing.drafts is None
+    assert await wait_drained(local)
