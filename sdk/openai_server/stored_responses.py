@@ -128,19 +128,22 @@ async def delete_response(request: Request) -> Response:
     state: ServerState = request.app.state.tandem
     response_id = request.path_params["response_id"]
     try:
-        if state.responses is None:
-            raise OpenAIError(404, f"{STORE_OFF}: no response {response_id!r}", code="response_not_found")
-        if not await state.responses.delete(response_id, getattr(request.state, "key_fingerprint", None)):
+        if not await _store(state, response_id).delete(response_id, getattr(request.state, "key_fingerprint", None)):
             raise not_found(response_id)
     except Exception as exc:
         return from_exception(exc).response()
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
-async def _stored(state: ServerState, response_id: str, key: str | None) -> StoredResponse:
+def _store(state: ServerState, response_id: str) -> ResponseStore:
+    """The server's store; a 404 saying storing is off when it has none."""
     if state.responses is None:
         raise OpenAIError(404, f"{STORE_OFF}: no response {response_id!r}", code="response_not_found")
-    stored = await state.responses.get(response_id, key)
+    return state.responses
+
+
+async def _stored(state: ServerState, response_id: str, key: str | None) -> StoredResponse:
+    stored = await _store(state, response_id).get(response_id, key)
     if stored is None:
         raise not_found(response_id)
     return stored

@@ -9,7 +9,6 @@ Retry-After. Retention and size are checked by whichever replica's puts come due
 from __future__ import annotations
 
 import logging
-import time
 
 from sdk.protocol.errors import StateUnavailableError
 from sdk.response_store.stored import SIZE_SLACK, MaintenanceClock, StoredResponse, StoreSettings
@@ -53,7 +52,7 @@ class PostgresResponseStore:
         rows = await self.state.call(
             "SELECT id, key_fingerprint, created_at, conversation, response FROM tandem_responses "
             "WHERE id = %s AND key_fingerprint IS NOT DISTINCT FROM %s AND created_at >= %s",
-            (response_id, key, self._oldest_kept()),
+            (response_id, key, self.settings.oldest_kept()),
         )
         return StoredResponse.of_row(rows[0]) if rows else None
 
@@ -68,13 +67,10 @@ class PostgresResponseStore:
     async def close(self) -> None:
         """The state database is the server's to close."""
 
-    def _oldest_kept(self) -> float:
-        return time.time() - self.settings.retention_days * 86400
-
     async def _maintain(self) -> None:
         try:
             async with self.state.transaction() as conn:
-                await conn.execute("DELETE FROM tandem_responses WHERE created_at < %s", (self._oldest_kept(),))
+                await conn.execute("DELETE FROM tandem_responses WHERE created_at < %s", (self.settings.oldest_kept(),))
                 cursor = await conn.execute("SELECT coalesce(sum(bytes), 0) FROM tandem_responses")
                 total = (await cursor.fetchone())[0]
                 if total > self.settings.max_bytes:

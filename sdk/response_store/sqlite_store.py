@@ -10,7 +10,6 @@ import asyncio
 import os
 import sqlite3
 import threading
-import time
 from pathlib import Path
 
 from sdk.response_store.stored import SIZE_SLACK, MaintenanceClock, StoredResponse, StoreSettings
@@ -78,7 +77,7 @@ class SQLiteResponseStore:
             row = self._conn.execute(
                 "SELECT id, key_fingerprint, created_at, conversation, response FROM responses "
                 "WHERE id = ? AND key_fingerprint IS ? AND created_at >= ?",
-                (response_id, key, self._oldest_kept()),
+                (response_id, key, self.settings.oldest_kept()),
             ).fetchone()
         return StoredResponse.of_row(row) if row else None
 
@@ -89,12 +88,9 @@ class SQLiteResponseStore:
             )
         return cursor.rowcount > 0
 
-    def _oldest_kept(self) -> float:
-        return time.time() - self.settings.retention_days * 86400
-
     def _maintain(self) -> None:
         """Retention, then size (under the lock)."""
-        self._conn.execute("DELETE FROM responses WHERE created_at < ?", (self._oldest_kept(),))
+        self._conn.execute("DELETE FROM responses WHERE created_at < ?", (self.settings.oldest_kept(),))
         total = self._conn.execute("SELECT coalesce(sum(bytes), 0) FROM responses").fetchone()[0]
         if total > self.settings.max_bytes:
             self._conn.execute(_TRIM, (int(self.settings.max_bytes * SIZE_SLACK),))

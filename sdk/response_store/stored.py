@@ -25,6 +25,10 @@ class StoreSettings:
     def max_bytes(self) -> int:
         return int(self.max_mb * 1024 * 1024)
 
+    def oldest_kept(self) -> float:
+        """The creation time (seconds since the epoch) before which a response is past its retention."""
+        return time.time() - self.retention_days * 86400
+
 
 @dataclass(frozen=True)
 class StoredResponse:

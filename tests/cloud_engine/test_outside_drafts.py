@@ -63,13 +63,22 @@ def test_greedy_output_is_the_engines_own_whatever_the_drafts_say(llm):
     # Right drafts: the engine's own next tokens. Fewer steps, the same answer.
     right, right_steps = run(llm, prompt, greedy(N), lambda out: (len(out), reference[len(out) : len(out) + K]))
     assert right == reference and right_steps < plain_steps / 2
+
     # Wrong from the first token: only the engine's own token is emitted, one a step.
-    wrong_first = lambda out: (len(out), [(t + 1) % VOCAB_SIZE for t in reference[len(out) : len(out) + K]])  # noqa: E731
+    def wrong_first(out):
+        return len(out), [(t + 1) % VOCAB_SIZE for t in reference[len(out) : len(out) + K]]
+
     wrong, wrong_steps = run(llm, prompt, greedy(N), wrong_first)
     assert wrong == reference and wrong_steps == plain_steps
+
     # Right for two tokens, then wrong: two accepted and the engine's own third, each round.
-    half = lambda out: (len(out), reference[len(out) : len(out) + 2] + [(reference[len(out) + 2] + 1) % VOCAB_SIZE])  # noqa: E731
-    halves, _ = run(llm, prompt, greedy(N), lambda out: half(out) if len(out) + 3 <= N else None)
+    def half(out):
+        if len(out) + 3 > N:
+            return None
+        right = reference[len(out) : len(out) + 2]
+        return len(out), [*right, (reference[len(out) + 2] + 1) % VOCAB_SIZE]
+
+    halves, _ = run(llm, prompt, greedy(N), half)
     assert halves == reference
 
 

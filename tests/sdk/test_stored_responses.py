@@ -210,10 +210,9 @@ async def test_replicas_continue_each_others_conversations(state_db):
 async def test_the_shared_store_while_its_database_is_away(postgres_server, state_db_url):
     """The state database's failure policy: an answer to keep is written once the database is back; reading a
     stored one meanwhile is a 503 with Retry-After, never a 500 or a silent 404."""
-    import asyncio
-
     from sdk.response_store.postgres_store import PostgresResponseStore
     from sdk.state.database import StateDatabase
+    from tests.cloud_engine.grpc_helpers import wait_until
 
     db = await StateDatabase(state_db_url, lease_s=3.0).open()
     client = client_for(create_app(FakeEngine(), response_store=PostgresResponseStore(db)))
@@ -228,10 +227,7 @@ async def test_the_shared_store_while_its_database_is_away(postgres_server, stat
         assert away.value.body["code"] == "state_database_unavailable"
     finally:
         postgres_server.start()
-    deadline = time.monotonic() + 15
-    while not db.available:
-        assert time.monotonic() < deadline, "the database was not seen back"
-        await asyncio.sleep(0.1)
+    assert await wait_until(lambda: db.available, timeout_s=15), "the database was not seen back"
     await db.flush()
     assert (await client.responses.retrieve(during.id)).id == during.id
     await db.close()

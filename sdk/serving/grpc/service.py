@@ -36,40 +36,7 @@ class TandemServicer(pb_grpc.TandemServicer):
         self.engine = engine
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
-        # Written with context.write rather than as an async generator, so a cancellation always
-        # lands inside this coroutine (at the engine's queue or at a write) and the finally runs now.
-        request_id = request.request_id or f"tandem-{uuid.uuid4().hex}"
-        # The engine's id is always unique: clients choose theirs independently and may reuse them.
-        engine_request_id = f"{request_id}#{uuid.uuid4().hex[:12]}"
-        engine = self.engine
-        try:
-            generation_request = await convert.generation_request(request, engine, engine_request_id)
-            generation_request.caller = Caller(
-                CALLER_KEY_FINGERPRINT.get()
-            )  # budgets bill per key (gRPC has no `user`)
-            events = engine.generate(generation_request)
-        except Exception as exc:
-            await _abort_with(context, exc)  # raises: the call ends here
-            return
-        finished = False
-        error: Exception | None = None
-        try:
-            async for event in events:
-                await context.write(convert.response_from_event(event, request_id))
-                if event.finish_reason is not None:
-                    finished = True
-                    break
-        except Exception as exc:  # raised by the engine (its validation runs at the first event)
-            error = exc
-        finally:
-            await _close(engine, events, engine_request_id, abort=not finished)
-        if context.done():
-            return  # the caller is gone: nobody to tell
-        if error is not None:
-            await _abort_with(context, error)
-        if not finished:
-            # The engine ended the stream without a last event (it aborted the request itself).
-            await context.abort(grpc.StatusCode.ABORTED, "the server stopped this request before it finished")
+        await self._serve(request, context)
 
     async def GenerateWithDrafts(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         """Generate, the caller offering drafts as the answer streams (tandem.proto): the first message opens
@@ -88,19 +55,28 @@ class TandemServicer(pb_grpc.TandemServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "GenerateWithDrafts: the first message must open the request (open)"
             )
             return
-        request = first.open
+        await self._serve(first.open, context, drafts=(incoming, offer))
+
+    async def _serve(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext, drafts=None) -> None:
+        """One generation streamed to the caller; with `drafts` (the call's remaining messages and the engine's
+        offer_draft), the caller's drafts are read beside it and every response carries the totals so far."""
+        # Written with context.write rather than as an async generator, so a cancellation always
+        # lands inside this coroutine (at the engine's queue or at a write) and the finally runs now.
         request_id = request.request_id or f"tandem-{uuid.uuid4().hex}"
+        # The engine's id is always unique: clients choose theirs independently and may reuse them.
         engine_request_id = f"{request_id}#{uuid.uuid4().hex[:12]}"
         engine = self.engine
         try:
             generation_request = await convert.generation_request(request, engine, engine_request_id)
-            generation_request.caller = Caller(CALLER_KEY_FINGERPRINT.get())
+            generation_request.caller = Caller(
+                CALLER_KEY_FINGERPRINT.get()
+            )  # budgets bill per key (gRPC has no `user`)
             events = engine.generate(generation_request)
         except Exception as exc:
-            await _abort_with(context, exc)
+            await _abort_with(context, exc)  # raises: the call ends here
             return
         refusal: list[str] = []  # a malformed draft ends the call with its reason
-        drafts = asyncio.create_task(_offer_drafts(incoming, context, offer, engine_request_id, refusal))
+        reader = asyncio.create_task(_offer_drafts(*drafts, context, engine_request_id, refusal)) if drafts else None
         finished = False
         error: Exception | None = None
         try:
@@ -108,25 +84,28 @@ class TandemServicer(pb_grpc.TandemServicer):
                 if refusal:
                     break
                 response = convert.response_from_event(event, request_id)
-                response.speculative.draft_tokens = event.num_draft_tokens
-                response.speculative.accepted_tokens = event.num_accepted_tokens
+                if reader is not None:
+                    response.speculative.draft_tokens = event.num_draft_tokens
+                    response.speculative.accepted_tokens = event.num_accepted_tokens
                 await context.write(response)
                 if event.finish_reason is not None:
                     finished = True
                     break
-        except Exception as exc:
+        except Exception as exc:  # raised by the engine (its validation runs at the first event)
             error = exc
         finally:
-            drafts.cancel()
-            await asyncio.gather(drafts, return_exceptions=True)
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
             await _close(engine, events, engine_request_id, abort=not finished)
         if context.done():
-            return
+            return  # the caller is gone: nobody to tell
         if refusal:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal[0])
         if error is not None:
             await _abort_with(context, error)
         if not finished:
+            # The engine ended the stream without a last event (it aborted the request itself).
             await context.abort(grpc.StatusCode.ABORTED, "the server stopped this request before it finished")
 
     async def ListModels(
@@ -179,7 +158,7 @@ async def _next_message(incoming: AsyncIterator[bytes], context: grpc.aio.Servic
         )
 
 
-async def _offer_drafts(incoming, context, offer, engine_request_id: str, refusal: list[str]) -> None:
+async def _offer_drafts(incoming, offer, context, engine_request_id: str, refusal: list[str]) -> None:
     """Read the caller's drafts until it closes its side; each goes to the engine (never awaited there)."""
     while (message := await _next_message(incoming, context)) is not None:
         if message.WhichOneof("kind") != "draft":
