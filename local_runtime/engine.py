@@ -354,8 +354,9 @@ class LocalEngine:
             self.grammar.allowed(r.matcher, r.tokens_left(self.max_model_len)) if r.matcher is not None else None
             for r in requests
         ]
+        drafting = [r.hold_at is not None for r in requests]  # a drafting request reports each token's q
         sampled = sample_batch(
-            logits, [r.params for r in requests], [r.rng for r in requests], histories, self._end_ids, allowed
+            logits, [r.params for r in requests], [r.rng for r in requests], histories, self._end_ids, allowed, drafting
         )
         events = []
         backend = self.backend

@@ -27,13 +27,16 @@ def sample_batch(
     histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
     end_ids: np.ndarray | None = None,
     allowed: Sequence[np.ndarray | None] | None = None,
+    supports: Sequence[bool] | None = None,
 ) -> list[SampledToken]:
     """Pick one token per row of `logits` ([n_rows, vocab] float32) and measure its row's signals.
 
     `histories`: each row's (prompt ids, output ids) and `end_ids`: the end-of-generation ids,
     read only for rows whose params change the logits (penalties, logit_bias, min_tokens).
     `allowed`: per row, None or the boolean mask of a structured request's grammar (the pick
-    only: the signals and logprobs stay the model's own)."""
+    only: the signals and logprobs stay the model's own).
+    `supports`: per row, whether to report the distribution a sampled (not greedy) token was drawn from
+    (SampledToken.support: a drafting request's, which the verifying tier reads as q)."""
     rows = np.arange(logits.shape[0])
     top1_ids = np.argmax(logits, axis=1)
     shifted, exp = _scratch(logits.shape)
@@ -48,20 +51,27 @@ def sample_batch(
     results = []
     for row, (p, rng) in enumerate(zip(params, rngs)):
         greedy = p.is_greedy  # raises for params the engine did not resolve
+        row_logits = logits[row]
+        allowed_ids = None  # a structured row: the ids its grammar allows now
         if p.changes_logits:
             prompt_ids, output_ids = histories[row]
-            changed = apply_logit_changes(logits[row], p, prompt_ids, output_ids, end_ids)
+            row_logits = apply_logit_changes(row_logits, p, prompt_ids, output_ids, end_ids)
             if allowed is not None and allowed[row] is not None:
-                # Sample among the allowed ids only: the same distribution as masking the rest to
+                # Pick among the allowed ids only: the same distribution as masking the rest to
                 # -inf, without selecting over tens of thousands of tied -inf (argpartition
                 # degraded to ~6 ms a row on them: bench.structured).
                 allowed_ids = np.flatnonzero(allowed[row])
-                kept = changed[allowed_ids]
-                token_id = int(allowed_ids[np.argmax(kept) if greedy else _sample(kept, p, rng)])
-            else:
-                token_id = int(np.argmax(changed)) if greedy else _sample(changed, p, rng)
+                row_logits = row_logits[allowed_ids]
+        support = None
+        if greedy:
+            pick = int(np.argmax(row_logits)) if p.changes_logits else int(top1_ids[row])
         else:
-            token_id = int(top1_ids[row]) if greedy else _sample(logits[row], p, rng)
+            candidates, probs = _distribution(row_logits, p)
+            pick = _draw(candidates, probs, rng)
+            if supports is not None and supports[row]:
+                support_ids = candidates if allowed_ids is None else allowed_ids[candidates]
+                support = (tuple(int(i) for i in support_ids), tuple(float(q) for q in probs))
+        token_id = pick if allowed_ids is None else int(allowed_ids[pick])
         row_logprobs = None
         top_ids: list[int] = []
         if p.logprobs:
@@ -75,6 +85,7 @@ def sample_batch(
                 margin=float(margins[row]),
                 top_ids=top_ids,
                 top_logprobs=[float(row_logprobs[i]) for i in top_ids] if top_ids else [],
+                support=support,
             )
         )
     return results
@@ -102,14 +113,20 @@ def _top_ids(row_logprobs: np.ndarray, k: int) -> list[int]:
     return [int(i) for i in ids[np.argsort(-row_logprobs[ids], kind="stable")]]
 
 
-def _sample(row_logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
+def _distribution(row_logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The ids a sampled token may be (indices into `row_logits`) and their probabilities (float64,
+    summing to 1): temperature, then min-p, top-k and top-p."""
     scaled = row_logits.astype(np.float64) / p.temperature
     if p.min_p > 0.0:  # then top-k and top-p over the survivors, renormalised
         candidate_ids = _truncate_sorted(scaled, min_p_candidates(scaled, p.min_p), p.top_k, p.top_p)
     else:
         candidate_ids = _truncate(scaled, p.top_k, p.top_p)
     weights = np.exp(scaled[candidate_ids] - scaled[candidate_ids].max())
-    cdf = np.cumsum(weights)
+    return candidate_ids, weights / weights.sum()
+
+
+def _draw(candidate_ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
+    cdf = np.cumsum(probs)
     choice = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     return int(candidate_ids[min(choice, len(candidate_ids) - 1)])
 

@@ -16,9 +16,17 @@ arrives late is verified past what it already emitted. The prompt goes to the cl
 own token ids (the tiers share one vocabulary: CascadeRunner.vocabulary_verdict), so both continue
 the same sequence.
 
-Drafts are sent without their distributions: the cloud reads each token as one-hot, which keeps a
-sampled answer in the cloud's distribution (cloud_engine.spec_decode.outside_drafts) and costs only
-acceptance; greedy answers are unaffected.
+A sampled answer's drafts carry the distribution each token was drawn from (the local sampler's
+support, TokenEvent.draft_support), which the cloud's rejection rule reads as q: the answer stays in
+the cloud's distribution and is accepted as often as the two models agree. The drafter samples with at
+most DRAFT_SUPPORT_TOKENS candidates (its own top-k: any q is exact, so long as it is the one the token
+was drawn from), so a draft stays a few hundred bytes. Greedy drafts go one-hot.
+
+How many tokens a round (DraftLength): the draft grows while the cloud accepts all of it and shrinks
+when it does not, plus the tokens the cloud emits on its own while a draft is in flight (the round
+trip), which the draft must cover to reach anything the cloud has not yet decided. Drafting stops, and
+the cloud streams on alone, when it does not pay: too few tokens accepted, or local requests waiting
+for the device (drafting takes a slot of the local engine like any request; local answers come first).
 """
 
 from __future__ import annotations
@@ -37,6 +45,12 @@ from sdk.protocol.engine import GenerationRequest, SamplingParams
 logger = logging.getLogger(__name__)
 
 DEFAULT_DRAFT_TOKENS = 4
+MAX_DRAFT_TOKENS = 16  # the cloud verifies at most this many a round (its step grows with every row)
+DRAFT_SUPPORT_TOKENS = 64  # the drafter's own top-k for sampled answers: each token's q has this many entries
+# Drafting stops once this many draft tokens were verified with fewer than MIN_ACCEPTANCE of them accepted:
+# a verification step of k + 1 rows then costs the cloud more than the tokens it saves.
+JUDGED_AFTER_TOKENS = 24
+MIN_ACCEPTANCE = 0.25
 
 
 @dataclass
@@ -48,6 +62,7 @@ class DraftRounds:
     accepted_tokens: int = 0  # the cloud's count, from its last response
     verified_tokens: int = 0  # draft tokens the cloud verified (a late or dropped draft is never verified)
     stopped: str | None = None  # why drafting stopped before the answer ended, if it did
+    draft_length: int = 0  # the last round's (DraftLength)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -61,19 +76,41 @@ def draft_refusal(params: SamplingParams) -> str | None:
 
 
 def drafter_params(params: SamplingParams, room: int) -> SamplingParams:
-    """The drafting request's sampling: the answer's own distribution (temperature, top-p, top-k, min-p and
-    its grammar), never stopping on its own (the cloud decides where the answer ends), `room` tokens."""
+    """The drafting request's sampling: the answer's own distribution (temperature, top-p, min-p and its
+    grammar) with at most DRAFT_SUPPORT_TOKENS candidates, never stopping on its own (the cloud decides where
+    the answer ends), `room` tokens."""
+    top_k = DRAFT_SUPPORT_TOKENS if not params.top_k else min(params.top_k, DRAFT_SUPPORT_TOKENS)
     return SamplingParams(
         max_tokens=room,
         temperature=params.temperature,
         top_p=params.top_p,
-        top_k=params.top_k,
+        top_k=top_k,
         min_p=params.min_p,
         seed=params.seed,
         ignore_eos=True,
         repetition_stop=False,
         structured=params.structured,
     )
+
+
+class DraftLength:
+    """Tokens to draft next round: `accept` (what the cloud is expected to take: +2 after a round it took
+    whole, -1 after one it cut short, as Hugging Face's assisted generation adapts) plus `lag` (a running
+    mean of the tokens the cloud emitted on its own between sending a draft and verifying it)."""
+
+    def __init__(self, k: int):
+        self.accept = k
+        self.lag = 0.0
+
+    def next(self) -> int:
+        return max(1, min(self.accept + round(self.lag), MAX_DRAFT_TOKENS))
+
+    def verified(self, num_verified: int, num_accepted: int, lag: int) -> None:
+        if num_accepted >= num_verified:
+            self.accept = min(self.accept + 2, MAX_DRAFT_TOKENS)
+        else:
+            self.accept = max(1, self.accept - 1)
+        self.lag = 0.7 * self.lag + 0.3 * lag
 
 
 @dataclass
@@ -83,6 +120,7 @@ class _Shared:
     tokens: list[int] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     finished: bool = False
+    offered_at: int = 0  # the cloud's token count when the last draft was offered
 
 
 class DeviceDrafter:
@@ -118,12 +156,19 @@ class DeviceDrafter:
             timeout_s=timeout_s,
         )
         shared = _Shared()
+        length = DraftLength(self.k)
         room = (self.local.max_model_len or 0) - len(prompt_ids) - len(continuation) - 1
         drafting = asyncio.create_task(
-            self._draft(call, shared, prompt_ids + continuation, len(continuation), params, room, rounds)
+            self._draft(call, shared, length, prompt_ids + continuation, len(continuation), params, room, rounds)
         )
         try:
             async for event in call:
+                if event.num_draft_tokens > rounds.verified_tokens:  # a draft was verified in this step
+                    length.verified(
+                        event.num_draft_tokens - rounds.verified_tokens,
+                        event.num_accepted_tokens - rounds.accepted_tokens,
+                        len(shared.tokens) - shared.offered_at,
+                    )
                 shared.tokens.append(event.token_id)
                 shared.changed.set()
                 rounds.accepted_tokens = event.num_accepted_tokens
@@ -137,12 +182,17 @@ class DeviceDrafter:
                 await drafting
             call.cancel()
 
-    async def _draft(self, call, shared: _Shared, prompt_ids, num_continuation, params, room, rounds) -> None:
-        """Rounds of drafting until the answer ends (or drafting cannot go on: `rounds.stopped` says why)."""
-        if room < 2:
-            rounds.stopped = "no_room_on_the_device"
+    async def _draft(
+        self, call, shared: _Shared, length: DraftLength, prompt_ids, num_continuation, params, room, rounds
+    ):
+        """Rounds of drafting until the answer ends (or drafting stops: `rounds.stopped` says why)."""
+
+        def stop(reason: str) -> None:
+            rounds.stopped = reason
             call.close_drafts()
-            return
+
+        if room < 2:
+            return stop("no_room_on_the_device")
         request = GenerationRequest(
             f"draft-{uuid.uuid4().hex[:12]}",
             prompt_ids,
@@ -150,33 +200,40 @@ class DeviceDrafter:
             num_continuation_tokens=num_continuation,
         )
         device: list[int] = []  # the drafter's output, mirrored
-        hold = min(self.k, room - 1)
+        supports: list = []  # per device token: the distribution it was drawn from (None: greedy)
+        hold = min(length.next(), room - 1)
+        rounds.draft_length = hold
         events = self.local.generate(request, hold_at=hold)
         try:
             while not shared.finished:
                 while len(device) < hold:  # 1. the drafter decodes up to its hold
                     event = await anext(events, None)
                     if event is None:
-                        rounds.stopped = "the drafter ended"
-                        call.close_drafts()
-                        return
+                        return stop("the drafter ended")
                     device.append(event.token_id)
+                    supports.append(event.draft_support)
                 offered = False
                 while not shared.finished:
                     cloud = shared.tokens
                     agreed = _common_prefix(device, cloud)
                     if agreed < len(cloud):  # 3. the cloud went past or away from the draft: rewind
-                        hold = min(len(cloud) + self.k, room - 1)  # at `room` the drafter would end instead
+                        reason = self._not_paying(rounds)
+                        if reason is not None:
+                            return stop(reason)
+                        rounds.draft_length = length.next()
+                        hold = min(len(cloud) + rounds.draft_length, room - 1)  # at `room` the drafter would end
                         if hold <= len(cloud):
-                            rounds.stopped = "no_room_on_the_device"
-                            call.close_drafts()
-                            return
+                            return stop("no_room_on_the_device")
                         self.local.rewind(request.request_id, agreed, cloud[agreed:], hold)
                         device = list(cloud)
+                        supports = supports[:agreed] + [None] * (len(cloud) - agreed)
                         break
                     if not offered:  # 2. the draft past the cloud's tokens
-                        draft = device[len(cloud) :]
-                        call.offer(len(cloud), draft)
+                        start = len(cloud)
+                        draft = device[start:]
+                        support = supports[start:]
+                        call.offer(start, draft, None if None in support else support)
+                        shared.offered_at = start
                         rounds.rounds += 1
                         rounds.drafted_tokens += len(draft)
                         offered = True
@@ -184,10 +241,19 @@ class DeviceDrafter:
                     await shared.changed.wait()
         except Exception as exc:  # the device failing to draft never fails the answer: the cloud goes on alone
             logger.warning("drafting for %s stopped: %s", request.request_id, exc)
-            rounds.stopped = f"the device failed: {type(exc).__name__}"
-            call.close_drafts()
+            stop(f"the device failed: {type(exc).__name__}")
         finally:
             await events.aclose()  # the drafting request ends: its slot and blocks go back
+
+    def _not_paying(self, rounds: DraftRounds) -> str | None:
+        """Why drafting should stop before the next round, if it should."""
+        if rounds.verified_tokens >= JUDGED_AFTER_TOKENS and rounds.accepted_tokens < MIN_ACCEPTANCE * (
+            rounds.verified_tokens
+        ):
+            return "low_acceptance"
+        if self.local.stats().num_waiting > 0:
+            return "device_busy"
+        return None
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

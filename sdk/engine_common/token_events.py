@@ -46,6 +46,8 @@ class SampledToken:
     margin: float
     top_ids: list[int]  # alternatives, most likely first
     top_logprobs: list[float]
+    # A sampled token's distribution, when asked for (a drafting request's): (token ids, probabilities).
+    support: tuple[tuple[int, ...], tuple[float, ...]] | None = None
 
 
 def check_stop(
@@ -110,4 +112,5 @@ def make_token_event(
         num_draft_tokens=request.num_draft_tokens,  # speculative totals (zero without speculation)
         num_accepted_tokens=request.num_accepted_tokens,
         forced=forced,
+        draft_support=token.support,
     )

@@ -129,6 +129,9 @@ class TokenEvent:
     # A structured request's grammar allowed this token only: its logprob (the model's own) says
     # nothing about the model's confidence, so the cascade's confidence aggregate skips it.
     forced: bool = False
+    # A drafting request's sampled token (LocalEngine.add_request with hold_at): the distribution it was
+    # drawn from, (token ids, probabilities), which the verifying tier reads as the draft's q.
+    draft_support: tuple[tuple[int, ...], tuple[float, ...]] | None = None
 
 
 def output_tokens_after(event: TokenEvent, counted: int) -> int:

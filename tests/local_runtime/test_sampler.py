@@ -64,7 +64,7 @@ def test_seeded_sampling_reproduces_and_follows_the_distribution():
 def test_a_grammar_mask_samples_exactly_as_masking_the_rest_to_minus_infinity():
     """The sampler picks among the allowed ids only (fast); the pick must be the one the same
     random draw gives over the full row with every disallowed logit at -inf."""
-    from local_runtime.sampler import _sample
+    from local_runtime.sampler import _distribution, _draw
 
     rng = np.random.default_rng(7)
     for trial in range(200):
@@ -81,5 +81,35 @@ def test_a_grammar_mask_samples_exactly_as_masking_the_rest_to_minus_infinity():
             row[None].copy(), [params], [np.random.default_rng(trial)], [([], [])], np.array([0]), [allowed]
         )[0]
         masked = np.where(allowed, row, -np.inf)
-        assert got.token_id == _sample(masked, params, np.random.default_rng(trial)), trial
+        assert got.token_id == _draw(*_distribution(masked, params), np.random.default_rng(trial)), trial
         assert allowed[got.token_id]
+
+
+def test_a_drafting_row_reports_the_distribution_its_token_was_drawn_from():
+    """A drafting request's q (issue 56): the support is exactly the truncated set, renormalised, and the
+    token is drawn from it (a wrong q would make the cloud's verification inexact)."""
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], dtype=np.float32))
+    params = resolved_params(temperature=1.0, top_p=0.7)  # the nucleus: the first two tokens
+    plain, drafting = (
+        sample_batch(logits.copy(), [params], [np.random.default_rng(3)], supports=[flag])[0] for flag in (False, True)
+    )
+    assert plain.support is None and plain.token_id == drafting.token_id  # asking for q draws the same token
+    ids, probs = drafting.support
+    assert sorted(ids) == [0, 1] and drafting.token_id in ids
+    assert dict(zip(ids, probs)) == pytest.approx({0: 0.625, 1: 0.375})
+    greedy = sample_batch(
+        logits.copy(), [resolved_params(temperature=0.0)], [np.random.default_rng(3)], supports=[True]
+    )
+    assert greedy[0].support is None  # greedy drafts are verified one-hot
+
+
+def test_a_structured_drafting_row_reports_its_support_within_the_grammar():
+    rng = np.random.default_rng(5)
+    row = (rng.standard_normal(300) * 2).astype(np.float32)
+    allowed = np.zeros(300, dtype=bool)
+    allowed[[3, 50, 120, 299]] = True
+    params = resolved_params(temperature=0.8, presence_penalty=0.1)
+    got = sample_batch(row[None].copy(), [params], [rng], [([], [])], np.array([0]), [allowed], [True])[0]
+    ids, probs = got.support
+    assert set(ids) == {3, 50, 120, 299} and got.token_id in ids
+    assert sum(probs) == pytest.approx(1.0)

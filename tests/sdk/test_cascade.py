@@ -254,6 +254,16 @@ async def test_continuing_into_another_vocabulary_is_refused(make_runner, record
     assert runner.breaker.state.value == "closed"
 
 
+async def test_draft_on_device_into_another_vocabulary_answers_as_without_it(make_runner, recording):
+    """The tiny cloud model's vocabulary is not the device's: its tokens cannot be drafted, so model `cloud`
+    answers as it does without draft_on_device, and the `tandem` extension says why."""
+    plain = await (await make_runner()).complete(QUESTION, GREEDY, model="cloud")
+    drafted = await (await make_runner(draft_on_device=True)).complete(QUESTION, GREEDY, model="cloud")
+    assert drafted.routing.tier == "cloud" and drafted.token_ids == plain.token_ids
+    assert drafted.routing.draft_refused == "cloud_vocabulary_differs" and drafted.routing.drafts is None
+    assert plain.routing.draft_refused is None
+
+
 async def test_in_between_threshold_matches_recorded_signals(make_runner, recording, local_engine):
     k = 4
     scores = await reference_scores(local_engine)

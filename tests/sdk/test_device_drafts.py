@@ -135,3 +135,41 @@ async def test_a_structured_answer_drafted_on_the_device_is_the_clouds_own(engin
     assert drafted == alone and rounds.stopped is None, rounds
     assert "city" in json.loads(local.detokenize(drafted))
     assert await wait_drained(cloud) and await wait_drained(local)
+
+
+async def test_a_sampled_answer_drafts_with_the_distributions_its_tokens_came_from(engines, serve):  # noqa: F811
+    """At temperature 0.7 every draft carries each token's q (the drafter's support: at most its own top-k),
+    the cloud takes some of them, and the answer ends as the cloud's does, holding nothing after."""
+    from sdk.cascade.device_drafts import DRAFT_SUPPORT_TOKENS
+
+    local, cloud = engines
+    offers = []
+
+    class Recorded:  # the client, recording each draft offered on its calls
+        def __init__(self, client):
+            self.client = client
+
+        def generate_with_drafts(self, *args, **kwargs):
+            call = self.client.generate_with_drafts(*args, **kwargs)
+            offer = call.offer
+
+            def recorded(start, token_ids, support=None):
+                offers.append((list(token_ids), support))
+                offer(start, token_ids, support)
+
+            call.offer = recorded
+            return call
+
+    params = SamplingParams(max_tokens=48, temperature=0.7, seed=3)
+    async with CloudClient(await serve(cloud)) as client:
+        rounds = DraftRounds()
+        messages = [{"role": "user", "content": QUESTIONS[1]}]
+        tokens = [
+            e.token_id async for e in DeviceDrafter(local, 4).stream(Recorded(client), messages, params, rounds=rounds)
+        ]
+    assert tokens and offers and rounds.accepted_tokens > 0, rounds
+    for token_ids, support in offers:
+        assert support is not None and len(support) == len(token_ids)
+        for token, (ids, probs) in zip(token_ids, support):
+            assert token in ids and len(ids) <= DRAFT_SUPPORT_TOKENS and abs(sum(probs) - 1.0) < 1e-6
+    assert await wait_drained(cloud) and await wait_drained(local)

@@ -165,3 +165,18 @@ async def test_a_server_that_is_not_vllm_keeps_the_local_answer_in_continue_mode
     routing = result.routing
     assert (routing.tier, routing.degraded, routing.degraded_reason) == ("local", True, "cloud_cannot_continue")
     assert runner.cloud.traits.kind == "openai" and runner.breaker.state.value == "closed"  # not the cloud's failure
+
+
+async def test_draft_on_device_with_a_vllm_cloud_answers_as_without_it(standin, local_engine):  # noqa: F811
+    """Only a tandem gRPC tier verifies drafts: a vLLM cloud's answer is the one it gives without
+    draft_on_device, and the `tandem` extension says why the device did not draft."""
+    url, _app = standin
+    answers = {}
+    for drafting in (False, True):
+        cloud = OpenAICloudClient(f"{url}/v1")
+        runner = CascadeRunner(local_engine, cloud, CascadeConfig(draft_on_device=drafting))
+        answers[drafting] = await runner.complete(QUESTION, GREEDY, model="cloud")
+        await cloud.close()
+    drafted = answers[True]
+    assert drafted.token_ids == answers[False].token_ids and drafted.routing.tier == "cloud"
+    assert drafted.routing.draft_refused == "cloud_not_tandem" and drafted.routing.drafts is None
