@@ -396,6 +396,7 @@ class LocalEngine:
             num_preemptions_total=self.scheduler.num_preemptions_total,
             num_prefix_cache_hit_tokens_total=self.scheduler.num_prefix_cache_hit_tokens_total,
             num_prefix_cache_query_tokens_total=self.scheduler.num_prefix_cache_query_tokens_total,
+            num_waiting_drafts=sum(1 for request in self.scheduler.waiting if request.hold_at is not None),
         )
 
     def close(self) -> None:

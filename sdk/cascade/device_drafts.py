@@ -3,11 +3,12 @@ drafting the next tokens, so the cloud pays one step for several of its tokens w
 stays exactly its own (the cloud verifies each draft: cloud_engine.spec_decode.outside_drafts).
 
 One call per answer: the cloud's GenerateWithDrafts (sdk.cloud.grpc_drafts) streams the cloud's
-tokens; beside it a drafting request runs on the local engine (LocalEngine.rewind), in rounds:
+tokens; beside it a drafting request runs on the local engine (LocalEngine.rewind):
 
-1. the drafter decodes k tokens past what the cloud has emitted and is held there;
-2. they are offered to the cloud as a draft (its start: the cloud's tokens so far);
-3. when the cloud's tokens go past or away from the draft, the drafter is rewound to the tokens the
+1. the drafter decodes up to k tokens past what the cloud has emitted, then is held there; each token
+   it adds goes out at once as the draft from the cloud's tokens on (its start), replacing the one
+   before, so every cloud step verifies all the device has drafted by then (the two overlap);
+2. when the cloud's tokens go past or away from the draft, the drafter is rewound to the tokens the
    two agree on plus the cloud's own, and drafts the next k from there.
 
 The drafter is rewound only while it is held, so every token it reports afterwards is fresh. The
@@ -57,8 +58,9 @@ MIN_ACCEPTANCE = 0.25
 class DraftRounds:
     """What drafting did for one answer (the `tandem` extension reports it)."""
 
-    rounds: int = 0  # drafts offered
-    drafted_tokens: int = 0
+    rounds: int = 0  # cloud steps that verified a draft (each emits its accepted tokens and one of its own)
+    offers: int = 0  # drafts sent (each replaces the one before it, if the cloud has not yet taken that)
+    drafted_tokens: int = 0  # tokens the device decoded to draft
     accepted_tokens: int = 0  # the cloud's count, from its last response
     verified_tokens: int = 0  # draft tokens the cloud verified (a late or dropped draft is never verified)
     stopped: str | None = None  # why drafting stopped before the answer ended, if it did
@@ -164,6 +166,7 @@ class DeviceDrafter:
         try:
             async for event in call:
                 if event.num_draft_tokens > rounds.verified_tokens:  # a draft was verified in this step
+                    rounds.rounds += 1
                     length.verified(
                         event.num_draft_tokens - rounds.verified_tokens,
                         event.num_accepted_tokens - rounds.accepted_tokens,
@@ -201,22 +204,27 @@ class DeviceDrafter:
         )
         device: list[int] = []  # the drafter's output, mirrored
         supports: list = []  # per device token: the distribution it was drawn from (None: greedy)
+        offered = (0, 0)  # (start, length) of the last draft sent
         hold = min(length.next(), room - 1)
         rounds.draft_length = hold
         events = self.local.generate(request, hold_at=hold)
         try:
             while not shared.finished:
-                while len(device) < hold:  # 1. the drafter decodes up to its hold
+                # 1. The drafter decodes up to its hold; every token it adds past the cloud's goes out at once
+                # as the draft from there (the cloud verifies, at its next step, the latest draft it holds).
+                while len(device) < hold and not shared.finished:
                     event = await anext(events, None)
                     if event is None:
                         return stop("the drafter ended")
                     device.append(event.token_id)
                     supports.append(event.draft_support)
-                offered = False
+                    rounds.drafted_tokens += 1
+                    offered = self._offer(call, device, supports, shared, rounds, offered)
+                # 2. Held: wait for the cloud's tokens to go past or away from the draft.
                 while not shared.finished:
                     cloud = shared.tokens
                     agreed = _common_prefix(device, cloud)
-                    if agreed < len(cloud):  # 3. the cloud went past or away from the draft: rewind
+                    if agreed < len(cloud):  # 3. rewind to what the two agree on plus the cloud's own tokens
                         reason = self._not_paying(rounds)
                         if reason is not None:
                             return stop(reason)
@@ -228,15 +236,7 @@ class DeviceDrafter:
                         device = list(cloud)
                         supports = supports[:agreed] + [None] * (len(cloud) - agreed)
                         break
-                    if not offered:  # 2. the draft past the cloud's tokens
-                        start = len(cloud)
-                        draft = device[start:]
-                        support = supports[start:]
-                        call.offer(start, draft, None if None in support else support)
-                        shared.offered_at = start
-                        rounds.rounds += 1
-                        rounds.drafted_tokens += len(draft)
-                        offered = True
+                    offered = self._offer(call, device, supports, shared, rounds, offered)
                     shared.changed.clear()
                     await shared.changed.wait()
         except Exception as exc:  # the device failing to draft never fails the answer: the cloud goes on alone
@@ -245,13 +245,28 @@ class DeviceDrafter:
         finally:
             await events.aclose()  # the drafting request ends: its slot and blocks go back
 
+    @staticmethod
+    def _offer(call, device, supports, shared: _Shared, rounds: DraftRounds, offered: tuple[int, int]):
+        """Send the device's tokens past the cloud's as a draft, when they agree with the cloud's so far and
+        are not the draft last sent; the (start, length) last sent."""
+        cloud = shared.tokens
+        start = len(cloud)
+        if len(device) <= start or device[:start] != cloud or (start, len(device) - start) == offered:
+            return offered
+        draft, support = device[start:], supports[start:]
+        call.offer(start, draft, None if None in support else support)
+        shared.offered_at = start
+        rounds.offers += 1
+        return (start, len(draft))
+
     def _not_paying(self, rounds: DraftRounds) -> str | None:
         """Why drafting should stop before the next round, if it should."""
         if rounds.verified_tokens >= JUDGED_AFTER_TOKENS and rounds.accepted_tokens < MIN_ACCEPTANCE * (
             rounds.verified_tokens
         ):
             return "low_acceptance"
-        if self.local.stats().num_waiting > 0:
+        stats = self.local.stats()
+        if stats.num_waiting > stats.num_waiting_drafts:  # local answers waiting for a slot: they come first
             return "device_busy"
         return None
 

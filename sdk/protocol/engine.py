@@ -160,6 +160,8 @@ class EngineStats:
     spec_accepted_tokens_per_position: tuple[int, ...] = ()
     # requests stopped before their last token (client gone, cancelled, timed out): the engine noticed
     num_requests_aborted_total: int = 0
+    # of num_waiting, requests drafting for the other tier (the local engine's: sdk.cascade.device_drafts)
+    num_waiting_drafts: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -66,14 +66,15 @@ async def test_the_cascade_drafts_cloud_answers_with_draft_on_device(engines, se
     from sdk.cascade.runner import CascadeRunner
 
     local, cloud = engines
-    messages = [{"role": "user", "content": QUESTIONS[0]}]
-    params = SamplingParams(max_tokens=32, temperature=0.0)
+    # A longer answer than the capital's: a short one may be done before the device's first draft lands.
+    messages = [{"role": "user", "content": QUESTIONS[1]}]
+    params = SamplingParams(max_tokens=48, temperature=0.0)
     async with CloudClient(await serve(cloud)) as client:
         plain = await CascadeRunner(local, client, CascadeConfig()).complete(messages, params, model="cloud")
         runner = CascadeRunner(local, client, CascadeConfig(draft_on_device=True, draft_tokens=4))
         drafted = await runner.complete(messages, params, model="cloud")
         assert drafted.token_ids == plain.token_ids and drafted.routing.tier == "cloud"
-        assert drafted.routing.drafts["rounds"] > 0 and drafted.routing.drafts["accepted_tokens"] > 0
+        assert drafted.routing.drafts["rounds"] > 0 and drafted.routing.drafts["accepted_tokens"] > 0, drafted.routing
         assert plain.routing.drafts is None and plain.routing.draft_refused is None
         penalised = SamplingParams(max_tokens=8, temperature=0.0, presence_penalty=0.5)
         refused = await runner.complete(messages, penalised, model="cloud")
