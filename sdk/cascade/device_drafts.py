@@ -5,7 +5,8 @@ stays exactly its own (the cloud verifies each draft: cloud_engine.spec_decode.o
 One call per answer: the cloud's GenerateWithDrafts (sdk.cloud.grpc_drafts) streams the cloud's
 tokens; beside it a drafting request runs on the local engine (LocalEngine.rewind):
 
-1. the drafter decodes up to k tokens past what the cloud has emitted, then is held there; each token
+1. the drafter decodes up to k tokens past what the cloud has emitted (HOLD_CHUNK at a time, looking
+   at the cloud's tokens between chunks), then is held there; each token
    it adds goes out at once as the draft from the cloud's tokens on (its start), replacing the one
    before, so every cloud step verifies all the device has drafted by then (the two overlap);
 2. when the cloud's tokens go past or away from the draft, the drafter is rewound to the tokens the
@@ -47,6 +48,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_DRAFT_TOKENS = 4
 MAX_DRAFT_TOKENS = 16  # the cloud verifies at most this many a round (its step grows with every row)
+# The drafter is held every this many tokens to look at the cloud's: a draft the cloud has gone away from
+# is given up within this many tokens (a rewind waits for the hold, so that every token reported after it
+# is fresh), at the cost of one round through the event loop per chunk.
+HOLD_CHUNK = 2
 DRAFT_SUPPORT_TOKENS = 64  # the drafter's own top-k for sampled answers: each token's q has this many entries
 # Drafting stops once this many draft tokens were verified with fewer than MIN_ACCEPTANCE of them accepted:
 # a verification step of k + 1 rows then costs the cloud more than the tokens it saves.
@@ -205,8 +210,8 @@ class DeviceDrafter:
         device: list[int] = []  # the drafter's output, mirrored
         supports: list = []  # per device token: the distribution it was drawn from (None: greedy)
         offered = (0, 0)  # (start, length) of the last draft sent
-        hold = min(length.next(), room - 1)
-        rounds.draft_length = hold
+        rounds.draft_length = length.next()
+        hold = min(HOLD_CHUNK, rounds.draft_length, room - 1)
         events = self.local.generate(request, hold_at=hold)
         try:
             while not shared.finished:
@@ -220,7 +225,7 @@ class DeviceDrafter:
                     supports.append(event.draft_support)
                     rounds.drafted_tokens += 1
                     offered = self._offer(call, device, supports, shared, rounds, offered)
-                # 2. Held: wait for the cloud's tokens to go past or away from the draft.
+                # 2. Held: wait for the cloud's tokens to go past or away from the draft, or draft further.
                 while not shared.finished:
                     cloud = shared.tokens
                     agreed = _common_prefix(device, cloud)
@@ -229,12 +234,17 @@ class DeviceDrafter:
                         if reason is not None:
                             return stop(reason)
                         rounds.draft_length = length.next()
-                        hold = min(len(cloud) + rounds.draft_length, room - 1)  # at `room` the drafter would end
-                        if hold <= len(cloud):
+                        hold = min(len(cloud) + HOLD_CHUNK, len(cloud) + rounds.draft_length, room - 1)
+                        if hold <= len(cloud):  # at `room` the drafter would end instead of holding
                             return stop("no_room_on_the_device")
                         self.local.rewind(request.request_id, agreed, cloud[agreed:], hold)
                         device = list(cloud)
                         supports = supports[:agreed] + [None] * (len(cloud) - agreed)
+                        break
+                    reach = min(len(cloud) + rounds.draft_length, room - 1)  # how far past the cloud to draft
+                    if len(device) < reach:  # the cloud still agrees: draft the next chunk
+                        hold = min(len(device) + HOLD_CHUNK, reach)
+                        self.local.rewind(request.request_id, len(device), [], hold)
                         break
                     offered = self._offer(call, device, supports, shared, rounds, offered)
                     shared.changed.clear()

@@ -42,6 +42,7 @@ BENCHES: dict[str, list[str]] = {
     "routing": [],
     "serve": ["--compare-local"],
     "soak": [],
+    "spec_cascade": [],
     "spec_decode": [],
     "state_db": [],
     "stream_hold": [],

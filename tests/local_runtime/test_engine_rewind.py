@@ -82,6 +82,12 @@ def test_rewound_blocks_are_never_found_by_another_request(engine, chat_prompts)
 
 def test_a_held_draft_leaves_the_device_to_other_requests(engine, chat_prompts):
     engine.add_request(greedy("drafter", chat_prompts[2], 200, ignore_eos=True), hold_at=2)
+    engine.add_request(greedy("waiting-answer", chat_prompts[1], 2))
+    # Until a step admits them, both wait; the device counts which of them draft for the cloud (a drafter stops
+    # when local answers wait: sdk.cascade.device_drafts).
+    stats = engine.stats()
+    assert (stats.num_waiting, stats.num_waiting_drafts) == (2, 1)
+    run_to_completion(engine, [])
     alone = reference(engine, chat_prompts[3], 6, "local-answer")  # runs to the end beside the held draft
     assert len(alone) == 6
     assert len(engine.scheduler.requests["drafter"].output_token_ids) == 2

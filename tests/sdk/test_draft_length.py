@@ -37,11 +37,11 @@ def test_the_draft_covers_what_the_cloud_emits_while_it_is_in_flight():
 
 
 class Local:
-    def __init__(self, waiting: int):
-        self.waiting = waiting
+    def __init__(self, waiting: int, waiting_drafts: int = 0):
+        self.waiting, self.waiting_drafts = waiting, waiting_drafts
 
     def stats(self):
-        return SimpleNamespace(num_waiting=self.waiting)
+        return SimpleNamespace(num_waiting=self.waiting, num_waiting_drafts=self.waiting_drafts)
 
 
 def test_drafting_stops_when_too_little_is_accepted_or_local_requests_wait():
@@ -52,3 +52,5 @@ def test_drafting_stops_when_too_little_is_accepted_or_local_requests_wait():
     assert drafter._not_paying(early) is None
     assert drafter._not_paying(DraftRounds(verified_tokens=40, accepted_tokens=30)) is None
     assert DeviceDrafter(Local(waiting=1))._not_paying(DraftRounds()) == "device_busy"
+    # Other answers' drafting requests waiting for a slot are not local answers: they do not stop this one.
+    assert DeviceDrafter(Local(waiting=2, waiting_drafts=2))._not_paying(DraftRounds()) is None
