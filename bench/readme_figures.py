@@ -199,6 +199,45 @@ FIGURES = (
         "ratio_output_tps_state_db_vs_local_spread",
     ),
     Figure("  the same, PostgreSQL's CPU per request (ms)", "state_db", "cpu_ms_per_request.state_db.postgres.0", 2),
+    Figure(
+        "device drafts, cloud verifies: cloud CPU per token, drafted / alone, 1 client (median of 5)",
+        "spec_cascade",
+        "cloud_cpu_s_per_token_ratio_c1",
+        2,
+        "<= 0.6",
+        "cloud_cpu_s_per_token_ratio_c1_spread",
+    ),
+    Figure(
+        "  the same, 4 clients (their drafts on one device core here)",
+        "spec_cascade",
+        "cloud_cpu_s_per_token_ratio_c4",
+        2,
+        "<= 0.6",
+        "cloud_cpu_s_per_token_ratio_c4_spread",
+    ),
+    Figure(
+        "  time per output token, drafted / alone, 1 client, no added round trip",
+        "spec_cascade",
+        "tpot_ratio_vs_cloud_rtt0_c1",
+        2,
+        "<= 1.0",
+        "tpot_ratio_vs_cloud_rtt0_c1_spread",
+    ),
+    Figure(
+        "  the same, 20 ms round trip",
+        "spec_cascade",
+        "tpot_ratio_vs_cloud_rtt20_c1",
+        2,
+        "<= 1.0",
+        "tpot_ratio_vs_cloud_rtt20_c1_spread",
+    ),
+    Figure(
+        "  greedy answers identical to the cloud's own (cloud in float32)",
+        "spec_cascade",
+        "greedy_identical_fraction",
+        2,
+        ">= 1.0",
+    ),
 )
 
 # A figure in a page's prose is a link to the JSON it came from, so a reader can open it and a

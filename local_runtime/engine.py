@@ -193,6 +193,16 @@ class LocalEngine:
         self._replay_stop_trackers(request)
         return True
 
+    def hold_further(self, request_id: str, hold_at: int) -> bool:
+        """A drafting request's hold raised to `hold_at` (the verifier still agrees with its draft): it drafts on
+        without stopping. Never lowers it (tokens up to the old hold may be decoded already), so it is safe while
+        the request decodes. False when the request is not here."""
+        request = self.scheduler.requests.get(request_id)
+        if request is None or request.hold_at is None:
+            return False
+        request.hold_at = max(request.hold_at, hold_at)
+        return True
+
     def _replay_stop_trackers(self, request: Request) -> None:
         """Stop strings' text buffer and the loop tracker as if the output had always been what it is now."""
         request.text_stream = TextStream(request.params.stop)

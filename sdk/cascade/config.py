@@ -64,7 +64,12 @@ class CascadeConfig:
         "by the local model and verified by a tandem gRPC cloud with the same vocabulary; the answer is the cloud's "
         "own, for fewer cloud steps per token (docs/cascade-and-routing.md).",
     )
-    draft_tokens: int = setting(4, "With draft_on_device: tokens the device drafts a round.", check=at_least(1))
+    draft_tokens: int = setting(
+        4,
+        "With draft_on_device: tokens the device drafts past the cloud's at first; each answer then adapts it "
+        "(longer while the cloud takes whole drafts, shorter when it cuts them, up to 16).",
+        check=at_least(1),
+    )
     cloud_first_token_timeout_s: float = setting(
         15.0,
         "Longest wait for the cloud's first token, seconds; then the answer is local (degraded: "

@@ -5,8 +5,9 @@ stays exactly its own (the cloud verifies each draft: cloud_engine.spec_decode.o
 One call per answer: the cloud's GenerateWithDrafts (sdk.cloud.grpc_drafts) streams the cloud's
 tokens; beside it a drafting request runs on the local engine (LocalEngine.rewind):
 
-1. the drafter decodes up to k tokens past what the cloud has emitted (HOLD_CHUNK at a time, looking
-   at the cloud's tokens between chunks), then is held there; each token
+1. the drafter decodes up to k tokens past what the cloud has emitted, then is held there (its hold
+   moves HOLD_CHUNK tokens at a time while the cloud agrees with it, so it stops within that many
+   tokens once the cloud goes another way); each token
    it adds goes out at once as the draft from the cloud's tokens on (its start), replacing the one
    before, so every cloud step verifies all the device has drafted by then (the two overlap);
 2. when the cloud's tokens go past or away from the draft, the drafter is rewound to the tokens the
@@ -48,9 +49,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_DRAFT_TOKENS = 4
 MAX_DRAFT_TOKENS = 16  # the cloud verifies at most this many a round (its step grows with every row)
-# The drafter is held every this many tokens to look at the cloud's: a draft the cloud has gone away from
-# is given up within this many tokens (a rewind waits for the hold, so that every token reported after it
-# is fresh), at the cost of one round through the event loop per chunk.
+# The drafter's hold moves this many tokens at a time, raised before it is reached while the device's tokens
+# start with all of the cloud's: a draft the cloud went away from is given up within this many tokens (a
+# rewind waits for the hold, so that every token reported after it is fresh).
 HOLD_CHUNK = 2
 DRAFT_SUPPORT_TOKENS = 64  # the drafter's own top-k for sampled answers: each token's q has this many entries
 # Drafting stops once this many draft tokens were verified with fewer than MIN_ACCEPTANCE of them accepted:
@@ -225,6 +226,13 @@ class DeviceDrafter:
                     supports.append(event.draft_support)
                     rounds.drafted_tokens += 1
                     offered = self._offer(call, device, supports, shared, rounds, offered)
+                    # Raise the hold before the drafter reaches it while the cloud agrees: a drafter that stops at
+                    # every chunk would step alone, splitting the device's batch (each step costs the same for one
+                    # row as for several).
+                    reach = min(len(shared.tokens) + rounds.draft_length, room - 1)
+                    if hold - len(device) <= 1 and hold < reach and _ahead_and_agreeing(device, shared.tokens):
+                        hold = min(hold + HOLD_CHUNK, reach)
+                        self.local.hold_further(request.request_id, hold)
                 # 2. Held: wait for the cloud's tokens to go past or away from the draft, or draft further.
                 while not shared.finished:
                     cloud = shared.tokens
@@ -244,7 +252,7 @@ class DeviceDrafter:
                     reach = min(len(cloud) + rounds.draft_length, room - 1)  # how far past the cloud to draft
                     if len(device) < reach:  # the cloud still agrees: draft the next chunk
                         hold = min(len(device) + HOLD_CHUNK, reach)
-                        self.local.rewind(request.request_id, len(device), [], hold)
+                        self.local.hold_further(request.request_id, hold)
                         break
                     offered = self._offer(call, device, supports, shared, rounds, offered)
                     shared.changed.clear()
@@ -279,6 +287,11 @@ class DeviceDrafter:
         if stats.num_waiting > stats.num_waiting_drafts:  # local answers waiting for a slot: they come first
             return "device_busy"
         return None
+
+
+def _ahead_and_agreeing(device: Sequence[int], cloud: Sequence[int]) -> bool:
+    """The device's tokens start with all of the cloud's: what it drafts next is still ahead of the cloud."""
+    return len(device) >= len(cloud) and _common_prefix(device, cloud) == len(cloud)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -200,6 +200,10 @@ class AsyncStepEngine(EngineProtocol):
         `hold_at` (LocalEngine.rewind), between two steps. Never waits; a request already gone is left alone."""
         self._post(("rewind", (request_id, keep, list(append), hold_at)))
 
+    def hold_further(self, request_id: str, hold_at: int) -> None:
+        """A drafting request's hold raised to `hold_at` (LocalEngine.hold_further), between two steps."""
+        self._post(("hold", (request_id, hold_at)))
+
     def offer_draft(self, draft) -> None:
         """Hand a draft another model made to the engine (engines that verify outside drafts: the cloud
         engine's cloud_engine.spec_decode.outside_drafts), taken between two steps. Never waits; a
@@ -253,6 +257,8 @@ class AsyncStepEngine(EngineProtocol):
                     self._offer(engine, payload)
                 elif kind == "rewind":
                     self._rewind(engine, *payload)
+                elif kind == "hold":
+                    engine.hold_further(*payload)
                 elif engine.abort_request(payload):
                     self._num_aborted += 1  # it was still unfinished: its KV blocks are free now
             if not engine.has_unfinished_requests():

@@ -95,6 +95,16 @@ def test_a_held_draft_leaves_the_device_to_other_requests(engine, chat_prompts):
     assert_no_blocks_held(engine)
 
 
+def test_a_raised_hold_lets_a_draft_go_on_and_is_never_lowered(engine, chat_prompts):
+    engine.add_request(greedy("raised", chat_prompts[2], 200, ignore_eos=True), hold_at=2)
+    assert len(drive_until_held(engine, "raised")) == 2
+    assert engine.hold_further("raised", 5) and len(drive_until_held(engine, "raised")) == 5
+    assert engine.hold_further("raised", 3) and len(drive_until_held(engine, "raised")) == 5  # never lowered
+    assert not engine.hold_further("gone", 9)
+    engine.abort_request("raised")
+    assert_no_blocks_held(engine)
+
+
 def test_a_structured_draft_rewinds_its_grammar(engine):
     """The grammar state follows the rewind: after it the draft goes on from the new output and, let run to
     its end, closes valid JSON."""
