@@ -90,8 +90,9 @@ SIZES = {  # repetitions, free-form prompts, sampled answers per prompt and mode
     "quick": (1, 4, 150),
     "smoke": (1, 1, 12),
 }
-# Answers that failed with a gRPC error and were asked again (seen once through the delay proxy: INTERNAL
-# "Internal error from Core", the server logging nothing): the report lists them.
+# Answers that failed with a gRPC error and were asked again, listed in the report. (At c66e708 one drafted
+# answer ended INTERNAL "Internal error from Core": a draft written as the server ended the call; fixed since,
+# see sdk.cloud.grpc_drafts.)
 RETRIED: list[dict] = []
 HEADLINE = (
     "greedy_identical_fraction",

@@ -69,11 +69,20 @@ class DraftedGeneration:
 
     async def __aiter__(self) -> AsyncIterator[CloudTokenEvent]:
         num_output_tokens = 0
+        answered = False
         try:
             async for response in self._call:
                 num_output_tokens += 1
-                yield event_from_response(response, num_output_tokens)
+                event = event_from_response(response, num_output_tokens)
+                if event.finish_reason is not None:
+                    # The answer is whole: close the drafts' side now, so that no draft is being written when
+                    # the server ends the call (it waits for this: sdk.serving.grpc.service).
+                    answered = True
+                    self.close_drafts()
+                yield event
         except grpc.aio.AioRpcError as error:
+            if answered and error.code() == grpc.StatusCode.INTERNAL:
+                return  # a draft written as the call ended, reported by grpc in place of the OK: the answer is whole
             raise self._on_error(error) from None
         finally:
             self.cancel()  # a no-op once the stream ended

@@ -98,3 +98,30 @@ async def test_a_caller_that_leaves_mid_answer_frees_the_request(engine, serve):
         tokens = [event.token_id async for event in stopped]
         assert len(tokens) == N
     assert await wait_drained(engine)
+
+
+async def test_drafts_written_as_the_answer_ends_never_fail_it(engine, serve):  # noqa: F811
+    """A caller still writing drafts when the answer ends: grpc used to report the call as INTERNAL ("Internal
+    error from Core", seen through bench.spec_cascade's delay proxy) in place of its OK. The caller closes its
+    side at the last token and the server waits for that, so every answer here ends whole and without error."""
+    import asyncio
+
+    short = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    async with CloudClient(await serve(engine)) as client:
+        prompt = random_tokens(10, seed=5)
+        reference = [event.token_id async for event in client.generate(prompt, short)]
+        for attempt in range(150):
+            call = client.generate_with_drafts(prompt, short)
+
+            async def keep_drafting(call=call):
+                while True:  # a draft every millisecond, until the call is cancelled at its end
+                    call.offer(0, [attempt % VOCAB_SIZE] * 2)
+                    await asyncio.sleep(0.001)
+
+            drafting = asyncio.create_task(keep_drafting())
+            try:
+                tokens = [event.token_id async for event in call]
+            finally:
+                drafting.cancel()
+            assert tokens == reference, attempt
+    assert await wait_drained(engine)

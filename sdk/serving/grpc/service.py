@@ -25,6 +25,9 @@ from sdk.protocol.drafts import OutsideDraft
 from sdk.protocol.engine import Caller, EngineProtocol
 
 logger = logging.getLogger(__name__)
+# After a drafted answer's last token: how long the call waits for the caller to close its side (it does as
+# soon as it reads that token) before ending anyway.
+DRAFTS_CLOSE_GRACE_S = 2.0
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Tandem"].full_name  # "tandem.v1.Tandem"
 
@@ -94,10 +97,15 @@ class TandemServicer(pb_grpc.TandemServicer):
         except Exception as exc:  # raised by the engine (its validation runs at the first event)
             error = exc
         finally:
+            await _close(engine, events, engine_request_id, abort=not finished)
             if reader is not None:
+                if finished:
+                    # The caller closes its side once it reads the last token (sdk.cloud.grpc_drafts). Ending the
+                    # call before that fails a draft it is still writing, which its grpc reports as INTERNAL
+                    # ("Internal error from Core") in place of this call's OK: seen through bench.spec_cascade.
+                    await asyncio.wait([reader], timeout=DRAFTS_CLOSE_GRACE_S)
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
-            await _close(engine, events, engine_request_id, abort=not finished)
         if context.done():
             return  # the caller is gone: nobody to tell
         if refusal:
