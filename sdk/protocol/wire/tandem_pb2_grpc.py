@@ -74,6 +74,9 @@ class TandemServicer:
         does, each response with the draft tokens verified and accepted so far.
         It never waits for a draft: without one it decodes a token a step. Closing
         the request stream stops the drafts only; cancelling the call stops all.
+        After the last token the server ends the call once the caller has closed
+        the request stream (at most 2 s later): a caller closes it as soon as it
+        reads a finish_reason, so that no draft is in flight as the call ends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
