@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -61,13 +60,12 @@ from bench.delay_proxy import DelayProxy
 from bench.machine import report_header, write_report
 from bench.repetitions import median_and_spread
 from bench.serve_servers import ManagedServer, free_port
+from bench.spec_decode import open_conversations  # MT-Bench first turns, spread over its categories
 from sdk.cascade.device_drafts import DEFAULT_DRAFT_TOKENS, DeviceDrafter, DraftRounds
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.cloud_backend import CloudError
 from sdk.protocol.engine import SamplingParams
 
-MT_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
-MT_BENCH = os.path.join(MT_BENCH, "routellm", "mt_bench_questions.jsonl")
 
 CHAT_PROMPTS = [
     "What is the capital of France?",
@@ -108,14 +106,6 @@ HEADLINE = (
     "tpot_ratio_vs_cloud_rtt50_c1",
     "sampled_chi2_p",
 )
-
-
-def free_form_prompts(count: int) -> list[str]:
-    """MT-Bench first turns, spread over its categories."""
-    with open(MT_BENCH) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    stride = max(1, len(rows) // max(count, 1))
-    return [row["turns"][0] for row in rows[::stride][:count]]
 
 
 def placement() -> tuple[list[str], set[int] | None, str]:
@@ -353,8 +343,8 @@ async def run_bench(size: str) -> dict:
     ).start()
     local.wait_ready(300)
     chat = CHAT_PROMPTS[:2] if size == "smoke" else CHAT_PROMPTS
-    texts = chat + free_form_prompts(num_free)
-    prompts = [local.apply_chat_template([{"role": "user", "content": text}]) for text in texts]
+    conversations = [[{"role": "user", "content": text}] for text in chat] + open_conversations(num_free)
+    prompts = [local.apply_chat_template(conversation) for conversation in conversations]
     drafter = DeviceDrafter(local, DEFAULT_DRAFT_TOKENS)
     sampled_prompts = [local.apply_chat_template([{"role": "user", "content": t}]) for t in SAMPLED_PROMPTS]
     try:

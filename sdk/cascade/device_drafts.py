@@ -269,7 +269,7 @@ class DeviceDrafter:
         are not the draft last sent; the (start, length) last sent."""
         cloud = shared.tokens
         start = len(cloud)
-        if len(device) <= start or device[:start] != cloud or (start, len(device) - start) == offered:
+        if len(device) == start or not _ahead_and_agreeing(device, cloud) or (start, len(device) - start) == offered:
             return offered
         draft, support = device[start:], supports[start:]
         call.offer(start, draft, None if None in support else support)
@@ -290,8 +290,9 @@ class DeviceDrafter:
 
 
 def _ahead_and_agreeing(device: Sequence[int], cloud: Sequence[int]) -> bool:
-    """The device's tokens start with all of the cloud's: what it drafts next is still ahead of the cloud."""
-    return len(device) >= len(cloud) and _common_prefix(device, cloud) == len(cloud)
+    """The device's tokens start with all of the cloud's: what it drafts next is still ahead of the cloud. Checked
+    at every device token, so one slice comparison rather than a loop over the answer so far."""
+    return len(device) >= len(cloud) and device[: len(cloud)] == cloud
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
