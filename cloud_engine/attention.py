@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cloud_engine.attention_metadata import AttentionMetadata
+from cloud_engine.attention_metadata import AttentionMetadata, DecodeMetadata
 
 _PLAN_KEY = "paged_attention_plan"
 
@@ -115,6 +115,19 @@ def paged_attention(
     query [num_tokens, num_heads, head_dim]; key, value [num_tokens, num_kv_heads, head_dim];
     returns [num_tokens, num_heads, head_dim]. Query head h reads K/V head h // (num_heads // num_kv_heads).
     """
+    if isinstance(metadata, DecodeMetadata):  # a compiled decode step: one op (cloud_engine.custom_ops)
+        op = torch.ops.tandem_cpu.write_and_attend if metadata.native else torch.ops.tandem.paged_decode_attention
+        return op(
+            query,
+            key,
+            value,
+            key_cache,
+            value_cache,
+            metadata.slot_mapping,
+            metadata.block_tables,
+            metadata.seq_lens,
+            scale,
+        )
     write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
     plan = plan_paged_attention(metadata)
     outputs = []
@@ -131,6 +144,25 @@ def paged_attention(
     for chunk in plan.prefills:
         outputs.append(_prefill_attention(query, key, value, key_cache, value_cache, chunk, scale))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
+
+
+def decode_attention_portable(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The portable decode path from block tables and lengths alone (no plan): gathers as many
+    blocks per sequence as the longest needs, so the tables may be wider than that."""
+    block_size = key_cache.shape[1]
+    num_blocks = -(-int(seq_lens.max()) // block_size)
+    tables = block_tables[:, :num_blocks].contiguous()
+    key_positions = torch.arange(num_blocks * block_size, device=query.device)
+    mask = (key_positions[None, :] < seq_lens[:, None])[:, None, None, :]
+    plan = PagedAttentionPlan(len(seq_lens), tables.reshape(-1), num_blocks, mask, tables, seq_lens, [])
+    return _decode_attention(query, key_cache, value_cache, plan, scale)
 
 
 def _decode_attention(

@@ -38,3 +38,17 @@ class AttentionMetadata:
     @property
     def num_decode_tokens(self) -> int:
         return self.num_decodes
+
+
+@dataclass
+class DecodeMetadata:
+    """A decode-only step laid out in preallocated buffers (cloud_engine.compiled_decode).
+
+    Tensors only, one row per sequence, so a compiled graph has no Python values to guard on or
+    to specialize to: attention runs as one `tandem::paged_decode_attention` op per layer.
+    """
+
+    slot_mapping: torch.Tensor  # [rows] int64: where each row's new K/V goes
+    block_tables: torch.Tensor  # [rows, max_blocks_per_seq] int64; a row reads only its first blocks
+    seq_lens: torch.Tensor  # [rows] int64: context length after this step
+    native: bool  # the CPU decode kernel (cloud_engine.kernels), else the portable path

@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cloud_engine.spec_decode.config import SpeculativeConfig
-from sdk.protocol.config_fields import at_least, setting
+from sdk.protocol.config_fields import at_least, one_of, setting
 from sdk.engine_common.sampling_defaults import check_sampling_config
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")  # cloud_engine.kernels.BACKENDS
+COMPILE_MODES = ("auto", "on", "off")  # cloud_engine.compiled_decode.resolve_compile
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 POLICIES = ("fcfs", "priority")
@@ -68,6 +69,12 @@ class CloudEngineConfig:
         **_ENGINE_DEFAULT,
     )
     attention_backend: str = "auto"  # decode attention: auto (CPU kernel where it builds), torch (portable), cpu-kernel
+    compile: str = setting(
+        "auto",
+        "Cloud engine: run decode-only steps as one compiled graph (torch.compile): auto (where it measured "
+        "faster; the reason is logged), on, off.",
+        check=one_of(*COMPILE_MODES),
+    )
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off unless asked for
     sampling: dict = field(
         default_factory=dict
@@ -127,6 +134,10 @@ class CloudEngineConfig:
                 f"(got {self.step_time_target_ms})",
             ),
             (0.0 <= self.slow_step_share <= 1.0, f"slow_step_share must be in [0, 1], got {self.slow_step_share}"),
+            (
+                self.compile in COMPILE_MODES,
+                f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}",
+            ),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
         ]
         for ok, message in checks:

@@ -15,6 +15,7 @@ import time
 import torch
 
 from cloud_engine.block_manager import KVCacheManager
+from cloud_engine.compiled_decode import CompiledDecode, resolve_compile
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.host_memory import keep_freed_memory_in_heap
 from cloud_engine.host_threads import limit_host_threads_for_gpu
@@ -88,16 +89,6 @@ class CloudEngine:
         )
         self.num_blocks = num_blocks_for_budget(kv_budget_bytes(config, self.device), block_bytes)
         self.max_model_len = resolve_max_model_len(config, mc, self.num_blocks)
-        caches = allocate_kv_caches(
-            mc.num_hidden_layers,
-            self.num_blocks,
-            config.block_size,
-            mc.num_key_value_heads,
-            mc.head_dim,
-            self.dtype,
-            self.device,
-        )
-        loaded.model.bind_kv_caches(caches)
         decode_kernel = select_decode_kernel(
             config.attention_backend,
             self.device,
@@ -107,7 +98,33 @@ class CloudEngine:
             mc.head_dim,
         )
         self.attention_backend = "cpu-kernel" if decode_kernel is not None else "torch"
-        self.runner = ModelRunner(loaded.model, config.block_size, self.device, decode_kernel)
+        self.compiled, compile_reason = resolve_compile(config.compile, self.device, num_packed > 0, decode_kernel)
+        caches = allocate_kv_caches(
+            mc.num_hidden_layers,
+            self.num_blocks + (1 if self.compiled else 0),  # compiled decode's pad rows write the extra block
+            config.block_size,
+            mc.num_key_value_heads,
+            mc.head_dim,
+            self.dtype,
+            self.device,
+        )
+        loaded.model.bind_kv_caches(caches)
+        compiled_decode = None
+        if self.compiled:
+            compiled_decode = CompiledDecode(
+                loaded.model,
+                config.max_num_seqs,
+                max_blocks_per_seq=-(-self.max_model_len // config.block_size),
+                pad_block=self.num_blocks,
+                block_size=config.block_size,
+                native_attention=decode_kernel is not None,
+                packed_linears=num_packed > 0,
+                device=self.device,
+            )
+            started = time.perf_counter()
+            compiled_decode.warm_up()
+            compile_reason += f"; compiled in {time.perf_counter() - started:.1f} s"
+        self.runner = ModelRunner(loaded.model, config.block_size, self.device, decode_kernel, compiled_decode)
         self.kv_manager = KVCacheManager(
             self.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -134,12 +151,14 @@ class CloudEngine:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         logger.info(
-            "cloud engine: %s on %s (%s, %s attention, %d packed linears), %d KV blocks of %d",
+            "cloud engine: %s on %s (%s, %s attention, %d packed linears, decode steps %s: %s), %d KV blocks of %d",
             self.model_name,
             self.device,
             self.dtype,
             self.attention_backend,
             num_packed,
+            "compiled" if self.compiled else "eager",
+            compile_reason,
             self.num_blocks,
             config.block_size,
         )

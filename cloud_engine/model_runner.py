@@ -1,5 +1,9 @@
 """Turns a SchedulerOutput into one forward pass: flattened tokens, positions and attention metadata.
 
+A decode-only step (each request adds one token and samples it, no drafts) goes to the compiled
+decode graph where [cloud] compile turned it on (cloud_engine.compiled_decode): the same arrays,
+written into its preallocated buffers instead of fresh tensors.
+
 Decode requests (one new token) go first, then prefill chunks, which is the order the
 attention layer expects (it batches the decode group in one call). Only the last token
 of a request that catches up with its tokens gets logits: that is the row it samples from.
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cloud_engine.attention_metadata import AttentionMetadata
+from cloud_engine.attention_metadata import AttentionMetadata, DecodeMetadata
 from cloud_engine.request import Request
 
 
@@ -24,20 +28,22 @@ class BatchInputs:
 
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
-    attn_metadata: AttentionMetadata
+    attn_metadata: AttentionMetadata | DecodeMetadata
     logits_rows: torch.Tensor  # [num_logits] int64: batch rows whose logits are computed
     sampled_request_ids: list[str]  # requests that sample, in the order of their logits rows
     num_logits: list[int]  # rows per sampled request (1, or draft length + 1)
+    compiled_bucket: int = 0  # > 0: a compiled decode step staged in that many rows (live ones first)
 
 
 class ModelRunner:
     """Owns the model and its bound KV caches; one `execute` per engine step."""
 
-    def __init__(self, model, block_size: int, device: torch.device, decode_kernel=None):
+    def __init__(self, model, block_size: int, device: torch.device, decode_kernel=None, compiled_decode=None):
         self.model = model
         self.block_size = block_size
         self.device = device
         self.decode_kernel = decode_kernel  # native decode attention, or None for the portable path
+        self.compiled_decode = compiled_decode  # a CompiledDecode, or None: every step eager
 
     def prepare(
         self,
@@ -74,6 +80,33 @@ class ModelRunner:
                 logits_rows.extend(range(query_start_loc[-1] - 1 - len(spec), query_start_loc[-1]))
                 sampled_ids.append(rid)
                 num_logits.append(len(spec) + 1)
+        compiled = self.compiled_decode
+        if (
+            compiled is not None
+            and num_decodes == len(order) == len(sampled_ids) <= compiled.max_rows
+            and not any(spec_token_ids.values())
+        ):
+            bucket = compiled.stage(
+                np.fromiter((chunk[0] for chunk in token_chunks), dtype=np.int64, count=len(order)),
+                np.concatenate(position_chunks),
+                np.concatenate(slot_chunks),
+                tables,
+                np.asarray(seq_lens, dtype=np.int64),
+            )
+            return BatchInputs(
+                input_ids=compiled.input_ids[:bucket],
+                positions=compiled.positions[:bucket],
+                attn_metadata=DecodeMetadata(
+                    compiled.slot_mapping[:bucket],
+                    compiled.block_tables[:bucket],
+                    compiled.seq_lens[:bucket],
+                    compiled.native_attention,
+                ),
+                logits_rows=compiled.positions[:0],  # every live row samples: the first len(order) of the bucket
+                sampled_request_ids=sampled_ids,
+                num_logits=num_logits,
+                compiled_bucket=bucket,
+            )
         max_blocks = max(len(t) for t in tables)
         block_tables = np.zeros((len(tables), max_blocks), dtype=np.int64)
         for row, table in enumerate(tables):
@@ -101,6 +134,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: BatchInputs) -> torch.Tensor:
         """Run the model; float32 logits [num_sampled, vocab] for the sampled rows (maybe zero rows)."""
+        if batch.compiled_bucket:
+            return self.compiled_decode.forward(batch.compiled_bucket)[: len(batch.sampled_request_ids)]
         hidden = self.model(batch.input_ids, batch.positions, batch.attn_metadata)
         if not batch.sampled_request_ids:
             return hidden.new_empty((0, 0), dtype=torch.float32)

@@ -215,6 +215,46 @@ torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Te
   return out.to(query.scalar_type());
 }
 
+// The compiled decode step's ops (cloud_engine.custom_ops registers their fake implementations).
+// Registered in C++ so a compiled graph calls them through the dispatcher alone: a Python custom
+// op costs ~15 us a call, and a 30-layer step makes 150 of them.
+
+// Write each row's K/V into its slot, then decode attention as above; mutates the caches.
+torch::Tensor write_and_attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                               torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
+                               const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale) {
+  const int64_t kv_heads = key_cache.size(2), head_dim = key_cache.size(3);
+  key_cache.view({-1, kv_heads, head_dim}).index_copy_(0, slot_mapping, key);
+  value_cache.view({-1, kv_heads, head_dim}).index_copy_(0, slot_mapping, value);
+  return paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale);
+}
+
+// x times a weight oneDNN packed (cloud_engine/model/packed_linear.py): the same mkldnn op eager steps call.
+torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed_weight,
+                            const std::optional<torch::Tensor>& bias, int64_t out_features) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                             .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
+                                                  const std::optional<torch::Tensor>&, c10::string_view,
+                                                  c10::List<std::optional<c10::Scalar>>,
+                                                  std::optional<c10::string_view>)>();
+  auto out = op.call(x, packed_weight, bias, "none", c10::List<std::optional<c10::Scalar>>(), "");
+  TORCH_CHECK(out.size(-1) == out_features, "packed_linear: the weight has ", out.size(-1), " outputs, not ", out_features);
+  return out;
+}
+
+TORCH_LIBRARY(tandem_cpu, m) {
+  m.def("write_and_attend(Tensor query, Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, float scale) -> Tensor");
+  m.def("packed_linear(Tensor x, Tensor packed_weight, Tensor? bias, int out_features) -> Tensor");
+}
+
+// Any dispatch key: a packed weight is an MKLDNN tensor, which would dispatch past a CPU-only kernel.
+TORCH_LIBRARY_IMPL(tandem_cpu, CompositeExplicitAutograd, m) {
+  m.impl("write_and_attend", &write_and_attend);
+  m.impl("packed_linear", &packed_linear);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "decode attention over a paged KV cache (query [seqs, heads, dim]) -> [seqs, heads, dim]");

@@ -3,7 +3,12 @@
 `Driver` plays the engine's part of a step (schedule -> "run" -> update -> stop
 checks) with a fake runner whose sampled token depends only on the output
 position, so a request recomputed after a preemption produces the same tokens.
-It also keeps a model of the paged KV cache's cells: every scheduled chunk must
+Compile on and off: with TANDEM_CLOUD_COMPILE set (on, off or auto; the [cloud] compile setting's
+own variable), every engine these tests build in-process runs under that mode instead of its
+config's, and every server they start reads it as a setting. CI runs this folder once more with it
+on and once with it off (scripts/run-tests.sh).
+
+The driver also keeps a model of the paged KV cache's cells: every scheduled chunk must
 find exactly the request's earlier tokens in the blocks of its table, and may
 write only into blocks nobody shares, so a prefix hit on the wrong block, a block
 reused while still held, or a cached block overwritten all fail loudly.
@@ -11,14 +16,33 @@ reused while still held, or a cached block overwritten all fail loudly.
 
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import dataclass
 
+import pytest
+
+import cloud_engine.engine
 from cloud_engine.block_manager import KVCacheManager
 from cloud_engine.request import Request
 from cloud_engine.scheduler import ModelRunnerOutput, PrefillAllowance, Scheduler, SchedulerOutput
 from sdk.protocol.engine import SamplingParams
 from sdk.protocol.request_status import RequestStatus
+
+
+@pytest.fixture(autouse=True)
+def cloud_compile_mode(monkeypatch):
+    """Engines built in-process with compile = auto (the default) compile their decode steps as
+    TANDEM_CLOUD_COMPILE says, where it is set; a test that asks for on or off gets it."""
+    forced = os.environ.get("TANDEM_CLOUD_COMPILE")
+    if forced:
+        resolve = cloud_engine.engine.resolve_compile
+        monkeypatch.setattr(
+            cloud_engine.engine,
+            "resolve_compile",
+            lambda mode, *rest: resolve(forced if mode == "auto" else mode, *rest),
+        )
+
 
 BS = 4  # block size of the factories
 FAKE_TOKEN_BASE = 100_000

@@ -1,0 +1,173 @@
+"""Decode-only steps as one compiled graph ([cloud] compile), over static buckets and preallocated buffers.
+
+Why: an eager decode step issues thousands of small ops (about 4,000 at 32 sequences for the
+135M model), each paying Python and dispatch overhead, and runs the elementwise work between the
+matmuls (norms, rotary, SwiGLU, residual adds) as separate passes over memory. torch.compile
+turns the step into one graph: inductor fuses that work into a few C++ loops (Triton on CUDA),
+and the matmuls and attention stay single opaque calls (cloud_engine.custom_ops).
+
+A step qualifies when every scheduled request adds exactly one token and none carries a draft.
+Its rows are padded up to a bucket (1, 2, 4, then multiples of 8) and written into buffers
+allocated once, so the graph sees a handful of shapes and never a Python value that changes
+between steps (no host synchronization inside it). Mixed and prefill steps stay eager.
+
+Pad rows decode token 0 at position 0 and write their K/V into the pad block, one block past
+the pool the block manager hands out; each attends to that one slot only. So a pad row never
+writes a live slot, and since rows never read each other, a live row's output is what it
+would be without them (tests/cloud_engine/test_compiled_decode.py pins both).
+
+One graph serves every bucket of two rows or more (the row dimension is dynamic), plus one for a
+single row, so warming up compiles twice; inductor keeps the compiled code on disk
+(`compile_cache_dir`), so a second start traces but does not recompile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import types
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cloud_engine.attention_metadata import DecodeMetadata
+from cloud_engine.custom_ops import load_cpu_ops
+from cloud_engine.kernels import kernel_cache_dir
+from cloud_engine.model.packed_linear import row_bucket
+
+logger = logging.getLogger("tandem.cloud")
+
+SMALL_BUCKETS = (1, 2, 4)
+BUCKET_STEP = 8  # above SMALL_BUCKETS: multiples of this many rows
+
+
+def decode_buckets(max_num_seqs: int) -> list[int]:
+    """Row counts decode steps are padded to, enough for `max_num_seqs`. Each is also its own
+    packed-linear row bucket, so oneDNN's warmed-up primitives serve it without more padding."""
+    sizes = [*SMALL_BUCKETS, *range(BUCKET_STEP, max_num_seqs + BUCKET_STEP, BUCKET_STEP)]
+    buckets = sorted({row_bucket(size) for size in sizes})
+    return [b for b in buckets if b < max_num_seqs] + [next(b for b in buckets if b >= max_num_seqs)]
+
+
+def resolve_compile(mode: str, device: torch.device, packed_linears: bool, decode_kernel) -> tuple[bool, str]:
+    """Whether decode steps compile under [cloud] compile = `mode`, and why (the engine logs it).
+
+    auto turns it on where it measured faster (bench.serve --compare-cloud's compiled_step_ratio_c32):
+    on CPU with oneDNN-packed bf16 linears and the CPU decode kernel. Elsewhere it stays off until
+    measured: CUDA (no device was lent to measure it), float32 and the portable attention path."""
+    if mode in ("on", "off"):
+        return mode == "on", f"compile = {mode}"
+    if device.type != "cpu":
+        return False, f"auto: compiled decode steps are not measured on {device.type} yet (compile = on to try them)"
+    if not packed_linears:
+        return False, "auto: compiled decode steps measured faster with packed bf16 linears only"
+    if decode_kernel is None:
+        return False, "auto: compiled decode steps measured faster with the CPU decode kernel only"
+    return True, "auto: measured faster on CPU with packed bf16 linears and the CPU decode kernel"
+
+
+def _own_code(method):
+    """`method` bound to a copy of its code object. Dynamo keeps compiled graphs per code object,
+    at most 8 (recompile_limit): engines sharing one `_forward` would pile their graphs onto
+    it until a process's ninth engine failed to compile, and an engine's graphs would outlive it.
+    With its own code, each engine's graphs live and die with the engine."""
+    function = method.__func__
+    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__)
+    return types.MethodType(copy, method.__self__)
+
+
+def compile_cache_dir() -> Path:
+    """Inductor's on-disk cache: $TORCHINDUCTOR_CACHE_DIR where set, else beside tandem's kernels."""
+    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return Path(configured) if configured else kernel_cache_dir().parent / "inductor"
+
+
+class CompiledDecode:
+    """The buffers and the compiled forward (ids, positions, decode layout -> float32 logits) of decode steps."""
+
+    def __init__(
+        self,
+        model,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        pad_block: int,
+        block_size: int,
+        native_attention: bool,
+        packed_linears: bool,
+        device: torch.device,
+    ):
+        if (native_attention or packed_linears) and not load_cpu_ops():
+            raise RuntimeError("compiled decode steps need the CPU kernels' ops, which could not be built here")
+        self.model = model
+        self.buckets = decode_buckets(max_num_seqs)
+        self.max_rows = self.buckets[-1]
+        self.native_attention = native_attention
+        self.pad_block, self.pad_slot = pad_block, pad_block * block_size
+        rows = self.max_rows
+        self.input_ids = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((rows,), self.pad_slot, dtype=torch.int64, device=device)
+        self.block_tables = torch.full((rows, max_blocks_per_seq), pad_block, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(rows, dtype=torch.int64, device=device)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
+        self._compiled = torch.compile(_own_code(self._forward), fullgraph=True, dynamic=False)
+
+    def _forward(self, input_ids, positions, slot_mapping, block_tables, seq_lens) -> torch.Tensor:
+        metadata = DecodeMetadata(slot_mapping, block_tables, seq_lens, self.native_attention)
+        return self.model.compute_logits(self.model(input_ids, positions, metadata))
+
+    def bucket(self, rows: int) -> int:
+        return next(b for b in self.buckets if b >= rows)
+
+    def stage(
+        self,
+        token_ids: np.ndarray,
+        positions: np.ndarray,
+        slots: np.ndarray,
+        tables: Sequence[np.ndarray],
+        seq_lens: np.ndarray,
+    ) -> int:
+        """Write one decode step (one row per sequence) into the buffers, pad rows after it up to its
+        bucket; returns the bucket. Rows past the previous step's are reset to pad rows."""
+        rows, bucket = len(token_ids), self.bucket(len(token_ids))
+        width = max(len(table) for table in tables)
+        packed = np.zeros((rows, width), dtype=np.int64)
+        for row, table in enumerate(tables):
+            packed[row, : len(table)] = table
+        for buffer, values in (
+            (self.input_ids, token_ids),
+            (self.positions, positions),
+            (self.slot_mapping, slots),
+            (self.seq_lens, seq_lens),
+        ):
+            buffer[:rows].copy_(torch.from_numpy(np.asarray(values, dtype=np.int64)))
+        self.block_tables[:rows, :width].copy_(torch.from_numpy(packed))
+        self._pad(rows, bucket)
+        return bucket
+
+    def _pad(self, start: int, end: int) -> None:
+        if start == end:
+            return
+        self.input_ids[start:end] = 0
+        self.positions[start:end] = 0
+        self.slot_mapping[start:end] = self.pad_slot
+        self.block_tables[start:end, 0] = self.pad_block  # later columns: never read at length 1
+        self.seq_lens[start:end] = 1
+
+    def forward(self, bucket: int) -> torch.Tensor:
+        """float32 logits [bucket, vocab] for the staged step (pad rows' included)."""
+        args = [self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.seq_lens]
+        args = [buffer[:bucket] for buffer in args]
+        if bucket > 1 and self.max_rows > 2:  # one graph for every bucket of 2 rows or more
+            for arg in args:
+                torch._dynamo.mark_dynamic(arg, 0)  # no range: cached graphs are shared by engines of any size
+        return self._compiled(*args)
+
+    def warm_up(self) -> None:
+        """Compile now, on pad rows only (they write the pad block alone), rather than at the first decode steps."""
+        with torch.inference_mode():
+            for bucket in sorted({self.bucket(rows) for rows in (1, 2) if rows <= self.max_rows}):
+                self._pad(0, self.max_rows)
+                self.forward(bucket)
