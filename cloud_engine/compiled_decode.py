@@ -7,7 +7,7 @@ turns the step into one graph: inductor fuses that work into a few C++ loops (Tr
 and the matmuls and attention stay single opaque calls (cloud_engine.custom_ops).
 
 A step qualifies when every scheduled request adds exactly one token and none carries a draft.
-Its rows are padded up to a bucket (1, 2, 4, then multiples of 8) and written into buffers
+Its rows are padded up to a bucket (2, 4, then multiples of 8) and written into buffers
 allocated once, so the graph sees a handful of shapes and never a Python value that changes
 between steps (no host synchronization inside it). Mixed and prefill steps stay eager.
 
@@ -16,9 +16,9 @@ the pool the block manager hands out; each attends to that one slot only. So a p
 writes a live slot, and since rows never read each other, a live row's output is what it
 would be without them (tests/cloud_engine/test_compiled_decode.py pins both).
 
-One graph serves every bucket of two rows or more (the row dimension is dynamic), plus one for a
-single row, so warming up compiles twice; inductor keeps the compiled code on disk
-(`compile_cache_dir`), so a second start traces but does not recompile.
+One graph serves every bucket (the row dimension is dynamic), so warming up compiles once;
+inductor keeps the compiled code on disk (`compile_cache_dir`), so a second start traces but
+does not recompile.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ from cloud_engine.model.packed_linear import row_bucket
 
 logger = logging.getLogger("tandem.cloud")
 
-SMALL_BUCKETS = (1, 2, 4)
+# No bucket of 1: a lone sequence decodes with one pad row, so a single graph (its row dimension
+# dynamic; dynamo specializes a size of 1) serves every step. The second row costs little (the
+# step streams the weights once either way) and halves the trace on every start.
+SMALL_BUCKETS = (2, 4)
 BUCKET_STEP = 8  # above SMALL_BUCKETS: multiples of this many rows
 
 
@@ -54,18 +57,22 @@ def decode_buckets(max_num_seqs: int) -> list[int]:
 def resolve_compile(mode: str, device: torch.device, packed_linears: bool, decode_kernel) -> tuple[bool, str]:
     """Whether decode steps compile under [cloud] compile = `mode`, and why (the engine logs it).
 
-    auto turns it on where it measured faster (bench.serve --compare-cloud's compiled_step_ratio_c32):
-    on CPU with oneDNN-packed bf16 linears and the CPU decode kernel. Elsewhere it stays off until
-    measured: CUDA (no device was lent to measure it), float32 and the portable attention path."""
+    auto leaves them eager for now. On CPU they measured faster (bench.compiled_step, 2-core Xeon,
+    bf16 with packed linears and the CPU kernel: 0.78 of the eager step at 1 sequence, 0.89 at 32),
+    but compiling adds about 28 s to a machine's first start and 6 s to every later one (tracing,
+    with inductor's code cached on disk), which would push the cloud tier past its 15 s
+    ready-on-second-start target; long-running servers set compile = on. On CUDA they are not
+    measured yet (no device was lent)."""
     if mode in ("on", "off"):
         return mode == "on", f"compile = {mode}"
     if device.type != "cpu":
         return False, f"auto: compiled decode steps are not measured on {device.type} yet (compile = on to try them)"
-    if not packed_linears:
-        return False, "auto: compiled decode steps measured faster with packed bf16 linears only"
-    if decode_kernel is None:
-        return False, "auto: compiled decode steps measured faster with the CPU decode kernel only"
-    return True, "auto: measured faster on CPU with packed bf16 linears and the CPU decode kernel"
+    if packed_linears and decode_kernel is not None:
+        return False, (
+            "auto: compiled decode steps measured faster here (0.78-0.89 of eager) but cost ~6 s of every start "
+            "(~28 s the first time); compile = on for long-running servers"
+        )
+    return False, "auto: compiled decode steps are measured with packed bf16 linears and the CPU kernel only"
 
 
 def _own_code(method):
@@ -160,7 +167,7 @@ class CompiledDecode:
         """float32 logits [bucket, vocab] for the staged step (pad rows' included)."""
         args = [self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.seq_lens]
         args = [buffer[:bucket] for buffer in args]
-        if bucket > 1 and self.max_rows > 2:  # one graph for every bucket of 2 rows or more
+        if self.max_rows > 2:  # one graph for every bucket
             for arg in args:
                 torch._dynamo.mark_dynamic(arg, 0)  # no range: cached graphs are shared by engines of any size
         return self._compiled(*args)
@@ -168,6 +175,5 @@ class CompiledDecode:
     def warm_up(self) -> None:
         """Compile now, on pad rows only (they write the pad block alone), rather than at the first decode steps."""
         with torch.inference_mode():
-            for bucket in sorted({self.bucket(rows) for rows in (1, 2) if rows <= self.max_rows}):
-                self._pad(0, self.max_rows)
-                self.forward(bucket)
+            self._pad(0, self.max_rows)
+            self.forward(self.buckets[0])

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 # servers (it builds llama-server first when no build is cached: CI's llama-server tests need it too).
 BENCHES: dict[str, list[str]] = {
     "chunked_prefill": [],
+    "compiled_step": [],
     "confidence_auroc": [],
     "embeddings": [],
     "engine_throughput": [],

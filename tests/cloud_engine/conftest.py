@@ -6,7 +6,7 @@ position, so a request recomputed after a preemption produces the same tokens.
 Compile on and off: with TANDEM_CLOUD_COMPILE set (on, off or auto; the [cloud] compile setting's
 own variable), every engine these tests build in-process runs under that mode instead of its
 config's, and every server they start reads it as a setting. CI runs this folder once more with it
-on and once with it off (scripts/run-tests.sh).
+on (scripts/run-tests.sh); the main run has compile = auto, which is off.
 
 The driver also keeps a model of the paged KV cache's cells: every scheduled chunk must
 find exactly the request's earlier tokens in the blocks of its table, and may
