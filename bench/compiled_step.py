@@ -1,6 +1,7 @@
 """Compiled vs eager decode steps of the cloud engine ([cloud] compile), timed in-process.
 
-    python -m bench.compiled_step [--quick|--smoke] [--dtype auto|float32|bfloat16] --json bench/results/compiled_step.json
+    python -m bench.compiled_step [--quick|--smoke] [--dtype auto|float32|bfloat16] \
+        --json bench/results/compiled_step.json
 
 One engine with compile = on serves both modes: each repetition times `steps` decode steps of the
 same running batch through the compiled graph, then as many eager (the runner's compiled path

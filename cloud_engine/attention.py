@@ -48,6 +48,22 @@ class PagedAttentionPlan:
     prefills: list[PrefillChunk]
 
 
+def decode_plan(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int, gather: bool
+) -> PagedAttentionPlan:
+    """The decode group's plan (no prefills): one row of `block_tables` and `seq_lens` per decoding
+    sequence, as many blocks each as `max_len` needs; gather indices and the mask only when `gather`
+    (the portable path; a native kernel reads the tables in place)."""
+    num_blocks = -(-max_len // block_size)
+    tables = block_tables[:, :num_blocks].contiguous()
+    block_ids = mask = None
+    if gather:
+        block_ids = tables.reshape(-1)
+        key_positions = torch.arange(num_blocks * block_size, device=block_tables.device)
+        mask = (key_positions[None, :] < seq_lens[:, None])[:, None, None, :]
+    return PagedAttentionPlan(len(tables), block_ids, num_blocks, mask, tables, seq_lens, [])
+
+
 def plan_paged_attention(metadata: AttentionMetadata) -> PagedAttentionPlan:
     """Build (or fetch the cached) gather plan for this step's batch; no device sync."""
     cached = metadata.derived.get(_PLAN_KEY)
@@ -55,17 +71,16 @@ def plan_paged_attention(metadata: AttentionMetadata) -> PagedAttentionPlan:
         return cached
     block_size, num_decodes = metadata.block_size, metadata.num_decodes
     block_tables, device = metadata.block_tables, metadata.block_tables.device
-    decode_block_ids = decode_mask = decode_tables = decode_lens = None
-    num_decode_blocks = 0
     if num_decodes:
-        max_len = max(metadata.seq_lens_list[:num_decodes])
-        num_decode_blocks = -(-max_len // block_size)
-        decode_tables = block_tables[:num_decodes, :num_decode_blocks].contiguous()
-        decode_lens = metadata.seq_lens[:num_decodes]
-        if metadata.decode_kernel is None:  # only the portable path gathers and masks
-            decode_block_ids = decode_tables.reshape(-1)
-            key_positions = torch.arange(num_decode_blocks * block_size, device=device)
-            decode_mask = (key_positions[None, :] < decode_lens[:, None])[:, None, None, :]
+        plan = decode_plan(
+            block_tables[:num_decodes],
+            metadata.seq_lens[:num_decodes],
+            max(metadata.seq_lens_list[:num_decodes]),
+            block_size,
+            gather=metadata.decode_kernel is None,  # only the portable path gathers and masks
+        )
+    else:
+        plan = PagedAttentionPlan(0, None, 0, None, None, None, [])
     prefills = []
     qsl = metadata.query_start_loc
     for seq in range(num_decodes, metadata.num_seqs):
@@ -81,9 +96,7 @@ def plan_paged_attention(metadata: AttentionMetadata) -> PagedAttentionPlan:
         query_positions = torch.arange(context_len - query_len, context_len, device=device)
         mask = torch.arange(context_len, device=device)[None, :] <= query_positions[:, None]
         prefills.append(PrefillChunk(start, end, context_len, block_ids, mask))
-    plan = PagedAttentionPlan(
-        num_decodes, decode_block_ids, num_decode_blocks, decode_mask, decode_tables, decode_lens, prefills
-    )
+    plan.prefills = prefills
     metadata.derived[_PLAN_KEY] = plan
     return plan
 
@@ -156,12 +169,7 @@ def decode_attention_portable(
 ) -> torch.Tensor:
     """The portable decode path from block tables and lengths alone (no plan): gathers as many
     blocks per sequence as the longest needs, so the tables may be wider than that."""
-    block_size = key_cache.shape[1]
-    num_blocks = -(-int(seq_lens.max()) // block_size)
-    tables = block_tables[:, :num_blocks].contiguous()
-    key_positions = torch.arange(num_blocks * block_size, device=query.device)
-    mask = (key_positions[None, :] < seq_lens[:, None])[:, None, None, :]
-    plan = PagedAttentionPlan(len(seq_lens), tables.reshape(-1), num_blocks, mask, tables, seq_lens, [])
+    plan = decode_plan(block_tables, seq_lens, int(seq_lens.max()), key_cache.shape[1], gather=True)
     return _decode_attention(query, key_cache, value_cache, plan, scale)
 
 

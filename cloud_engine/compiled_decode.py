@@ -23,10 +23,8 @@ does not recompile.
 
 from __future__ import annotations
 
-import logging
 import os
 import types
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +34,6 @@ from cloud_engine.attention_metadata import DecodeMetadata
 from cloud_engine.custom_ops import load_cpu_ops
 from cloud_engine.kernels import kernel_cache_dir
 from cloud_engine.model.packed_linear import row_bucket
-
-logger = logging.getLogger("tandem.cloud")
 
 # No bucket of 1: a lone sequence decodes with one pad row, so a single graph (its row dimension
 # dynamic; dynamo specializes a size of 1) serves every step. The second row costs little (the
@@ -58,7 +54,7 @@ def resolve_compile(mode: str, device: torch.device, packed_linears: bool, decod
     """Whether decode steps compile under [cloud] compile = `mode`, and why (the engine logs it).
 
     auto leaves them eager for now. On CPU they measured faster (bench.compiled_step, 2-core Xeon,
-    bf16 with packed linears and the CPU kernel: 0.78 of the eager step at 1 sequence, 0.89 at 32),
+    bf16 with packed linears and the CPU kernel: 0.78 of the eager step at 1 sequence, 0.87 at 32),
     but compiling adds about 28 s to a machine's first start and 6 s to every later one (tracing,
     with inductor's code cached on disk), which would push the cloud tier past its 15 s
     ready-on-second-start target; long-running servers set compile = on. On CUDA they are not
@@ -69,7 +65,7 @@ def resolve_compile(mode: str, device: torch.device, packed_linears: bool, decod
         return False, f"auto: compiled decode steps are not measured on {device.type} yet (compile = on to try them)"
     if packed_linears and decode_kernel is not None:
         return False, (
-            "auto: compiled decode steps measured faster here (0.78-0.89 of eager) but cost ~6 s of every start "
+            "auto: compiled decode steps measured faster here (0.78-0.87 of eager) but cost ~6 s of every start "
             "(~28 s the first time); compile = on for long-running servers"
         )
     return False, "auto: compiled decode steps are measured with packed bf16 linears and the CPU kernel only"
@@ -133,16 +129,12 @@ class CompiledDecode:
         token_ids: np.ndarray,
         positions: np.ndarray,
         slots: np.ndarray,
-        tables: Sequence[np.ndarray],
+        block_tables: np.ndarray,
         seq_lens: np.ndarray,
     ) -> int:
-        """Write one decode step (one row per sequence) into the buffers, pad rows after it up to its
-        bucket; returns the bucket. Rows past the previous step's are reset to pad rows."""
+        """Write one decode step (one row per sequence; block tables [rows, width]) into the buffers, pad
+        rows after it up to its bucket; returns the bucket. Rows past the previous step's become pad rows."""
         rows, bucket = len(token_ids), self.bucket(len(token_ids))
-        width = max(len(table) for table in tables)
-        packed = np.zeros((rows, width), dtype=np.int64)
-        for row, table in enumerate(tables):
-            packed[row, : len(table)] = table
         for buffer, values in (
             (self.input_ids, token_ids),
             (self.positions, positions),
@@ -150,7 +142,7 @@ class CompiledDecode:
             (self.seq_lens, seq_lens),
         ):
             buffer[:rows].copy_(torch.from_numpy(np.asarray(values, dtype=np.int64)))
-        self.block_tables[:rows, :width].copy_(torch.from_numpy(packed))
+        self.block_tables[:rows, : block_tables.shape[1]].copy_(torch.from_numpy(block_tables))
         self._pad(rows, bucket)
         return bucket
 
@@ -163,10 +155,14 @@ class CompiledDecode:
         self.block_tables[start:end, 0] = self.pad_block  # later columns: never read at length 1
         self.seq_lens[start:end] = 1
 
+    def views(self, bucket: int) -> tuple[torch.Tensor, ...]:
+        """The staged step's first `bucket` rows: input ids, positions, slot mapping, block tables, lengths."""
+        buffers = (self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.seq_lens)
+        return tuple(buffer[:bucket] for buffer in buffers)
+
     def forward(self, bucket: int) -> torch.Tensor:
         """float32 logits [bucket, vocab] for the staged step (pad rows' included)."""
-        args = [self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.seq_lens]
-        args = [buffer[:bucket] for buffer in args]
+        args = self.views(bucket)
         if self.max_rows > 2:  # one graph for every bucket
             for arg in args:
                 torch._dynamo.mark_dynamic(arg, 0)  # no range: cached graphs are shared by engines of any size

@@ -80,6 +80,7 @@ class ModelRunner:
                 logits_rows.extend(range(query_start_loc[-1] - 1 - len(spec), query_start_loc[-1]))
                 sampled_ids.append(rid)
                 num_logits.append(len(spec) + 1)
+        block_tables = _padded_tables(tables)
         compiled = self.compiled_decode
         if (
             compiled is not None
@@ -90,27 +91,19 @@ class ModelRunner:
                 np.fromiter((chunk[0] for chunk in token_chunks), dtype=np.int64, count=len(order)),
                 np.concatenate(position_chunks),
                 np.concatenate(slot_chunks),
-                tables,
+                block_tables,
                 np.asarray(seq_lens, dtype=np.int64),
             )
+            input_ids, positions, slot_mapping, staged_tables, staged_lens = compiled.views(bucket)
             return BatchInputs(
-                input_ids=compiled.input_ids[:bucket],
-                positions=compiled.positions[:bucket],
-                attn_metadata=DecodeMetadata(
-                    compiled.slot_mapping[:bucket],
-                    compiled.block_tables[:bucket],
-                    compiled.seq_lens[:bucket],
-                    compiled.native_attention,
-                ),
-                logits_rows=compiled.positions[:0],  # every live row samples: the first len(order) of the bucket
+                input_ids=input_ids,
+                positions=positions,
+                attn_metadata=DecodeMetadata(slot_mapping, staged_tables, staged_lens, compiled.native_attention),
+                logits_rows=positions[:0],  # every live row samples: the first len(order) of the bucket
                 sampled_request_ids=sampled_ids,
                 num_logits=num_logits,
                 compiled_bucket=bucket,
             )
-        max_blocks = max(len(t) for t in tables)
-        block_tables = np.zeros((len(tables), max_blocks), dtype=np.int64)
-        for row, table in enumerate(tables):
-            block_tables[row, : len(table)] = table
         to_device = lambda array: torch.from_numpy(array).to(self.device, non_blocking=True)  # noqa: E731
         metadata = AttentionMetadata(
             slot_mapping=to_device(np.concatenate(slot_chunks)),
@@ -140,3 +133,11 @@ class ModelRunner:
         if not batch.sampled_request_ids:
             return hidden.new_empty((0, 0), dtype=torch.float32)
         return self.model.compute_logits(hidden[batch.logits_rows]).float()
+
+
+def _padded_tables(tables: list[np.ndarray]) -> np.ndarray:
+    """Block tables as one int64 array [num_seqs, longest], shorter rows padded with block 0."""
+    padded = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
+    for row, table in enumerate(tables):
+        padded[row, : len(table)] = table
+    return padded

@@ -239,7 +239,8 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed_
                                                   c10::List<std::optional<c10::Scalar>>,
                                                   std::optional<c10::string_view>)>();
   auto out = op.call(x, packed_weight, bias, "none", c10::List<std::optional<c10::Scalar>>(), "");
-  TORCH_CHECK(out.size(-1) == out_features, "packed_linear: the weight has ", out.size(-1), " outputs, not ", out_features);
+  TORCH_CHECK(out.size(-1) == out_features, "packed_linear: the weight has ", out.size(-1), " outputs, not ",
+              out_features);
   return out;
 }
 

@@ -59,8 +59,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            # A compiled decode step (cloud_engine.compiled_decode): its row count is a bucket already,
-            # and inductor cannot lower the packed weight itself, so the call is one opaque op (cloud_engine.custom_ops).
+            # A compiled decode step (cloud_engine.compiled_decode): its row count is a bucket already, and
+            # inductor cannot lower the packed weight itself, so the call is one opaque op (cloud_engine.custom_ops).
             return torch.ops.tandem_cpu.packed_linear(x, self.packed_weight, self.bias, self.out_features)
         rows = x.shape[0]
         padding = row_bucket(rows) - rows if x.dim() == 2 else 0

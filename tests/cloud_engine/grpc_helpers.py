@@ -11,12 +11,11 @@ import asyncio
 import time
 
 import pytest
-import torch
 
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
 from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
-from tests.cloud_engine.tiny_models import llama_config, save_byte_tokenizer, save_tiny_tokenizer
+from tests.cloud_engine.tiny_models import llama_config, save_byte_tokenizer, save_tiny_llama
 
 MAX_MODEL_LEN = 1024
 LONG = 1000  # max_tokens of a generation that is cancelled before it ends (~1 s on the tiny model)
@@ -24,15 +23,9 @@ LONG = 1000  # max_tokens of a generation that is cancelled before it ends (~1 s
 
 @pytest.fixture(scope="module")
 def long_tiny_dir(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
     config = llama_config()
     config.max_position_embeddings = MAX_MODEL_LEN
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama-long")
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    save_tiny_tokenizer(path)
-    return str(path)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-long"), config)
 
 
 def make_engine(model_dir: str, start: bool = True, **overrides) -> AsyncCloudEngine:
@@ -62,13 +55,8 @@ def engine(long_tiny_dir):
 @pytest.fixture(scope="module")
 def byte_engine(tmp_path_factory):
     """The tiny random-weight Llama with a byte-level vocabulary (it can spell JSON: structured tests)."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama-bytes")
-    AutoModelForCausalLM.from_config(llama_config()).save_pretrained(path)
-    save_byte_tokenizer(path)
-    engine = make_engine(str(path), max_model_len=256)
+    path = save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-bytes"), save_tokenizer=save_byte_tokenizer)
+    engine = make_engine(path, max_model_len=256)
     yield engine
     engine.shutdown()
 

@@ -5,27 +5,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.llm import LLM
 from sdk.protocol.engine import ContextLengthError, GenerationRequest, InvalidRequestError, SamplingParams
-from tests.cloud_engine.tiny_models import llama_config, random_tokens, save_tiny_tokenizer
+from tests.cloud_engine.tiny_models import random_tokens, save_tiny_llama
 
 BLOCK = 4
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(llama_config())
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    save_tiny_tokenizer(path)
-    return str(path)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def make_llm(tiny_dir, **overrides) -> LLM:

@@ -15,7 +15,7 @@ from cloud_engine.config import CloudEngineConfig
 from cloud_engine.llm import LLM
 from cloud_engine.model.packed_linear import row_bucket
 from sdk.protocol.engine import GenerationRequest, SamplingParams
-from tests.cloud_engine.tiny_models import llama_config, random_tokens, save_tiny_tokenizer
+from tests.cloud_engine.tiny_models import random_tokens, save_tiny_llama
 
 BLOCK = 4
 BACKENDS = ["auto", "torch"]  # the CPU kernel's op (tandem_cpu::write_and_attend), the portable op
@@ -23,13 +23,7 @@ BACKENDS = ["auto", "torch"]  # the CPU kernel's op (tandem_cpu::write_and_atten
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama-compiled")
-    AutoModelForCausalLM.from_config(llama_config()).save_pretrained(path)
-    save_tiny_tokenizer(path)
-    return str(path)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-compiled"))
 
 
 def make_llm(tiny_dir, compile: str, attention_backend: str = "auto") -> LLM:

@@ -56,6 +56,17 @@ def save_tiny_tokenizer(path) -> None:
     ).save_pretrained(path)
 
 
+def save_tiny_llama(path, config=None, save_tokenizer=None) -> str:
+    """The tiny random-weight Llama (`config`, else llama_config(); weights from seed 0) saved at `path`
+    with a tokenizer (`save_tokenizer`, else the word-level one); returns `path` as a str."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config or llama_config()).save_pretrained(path)
+    (save_tokenizer or save_tiny_tokenizer)(path)
+    return str(path)
+
+
 def random_tokens(n: int, seed: int) -> list[int]:
     return torch.randint(3, VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 

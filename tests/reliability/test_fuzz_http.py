@@ -117,19 +117,13 @@ def local_target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hosted_target(tmp_path_factory):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from cloud_engine.async_engine import AsyncCloudEngine
     from cloud_engine.config import CloudEngineConfig
     from sdk.openai_server import create_app
     from sdk.response_store.sqlite_store import SQLiteResponseStore
-    from tests.cloud_engine.tiny_models import VOCAB_SIZE, llama_config, save_tiny_tokenizer
+    from tests.cloud_engine.tiny_models import VOCAB_SIZE, save_tiny_llama
 
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("fuzz-tiny-llama")
-    AutoModelForCausalLM.from_config(llama_config()).save_pretrained(path)
-    save_tiny_tokenizer(path)
+    path = save_tiny_llama(tmp_path_factory.mktemp("fuzz-tiny-llama"))
     config_path = Path(path) / "tokenizer_config.json"
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "chat_template": TINY_TEMPLATE}))
 
