@@ -52,13 +52,16 @@ def _time_steps(runner, engine, ids: list[str], steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def measure(dtype: str, batches: tuple[int, ...], steps: int, repetitions: int, prompt_len: int) -> dict:
+def measure(
+    dtype: str, batches: tuple[int, ...], steps: int, repetitions: int, prompt_len: int, model: str | None = None
+) -> dict:
+    """`model`: a GGUF or HF directory (None: the embedded default)."""
     from cloud_engine.compiled_decode import compile_cache_dir
     from cloud_engine.llm import LLM
 
     cache_was_there = compile_cache_dir().exists()
     started = time.perf_counter()
-    llm = LLM(None, dtype=dtype, compile="on", max_num_seqs=max(batches), max_num_batched_tokens=512, kv_cache_gb=0.5)
+    llm = LLM(model, dtype=dtype, compile="on", max_num_seqs=max(batches), max_num_batched_tokens=512, kv_cache_gb=0.5)
     out: dict = {
         "engine_start_s": round(time.perf_counter() - started, 2),
         "compile_cache": "warm" if cache_was_there else "cold",

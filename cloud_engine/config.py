@@ -71,8 +71,8 @@ class CloudEngineConfig:
     attention_backend: str = "auto"  # decode attention: auto (CPU kernel where it builds), torch (portable), cpu-kernel
     compile: str = setting(
         "auto",
-        "Cloud engine: run decode-only steps as one compiled graph (torch.compile): auto (where it measured "
-        "faster; the reason is logged), on, off.",
+        "Cloud engine: run decode-only steps as one compiled graph (torch.compile): auto (eager for now: compiling "
+        "costs more at start, or beside serving, than it saves on the CPUs measured; the reason is logged), on, off.",
         check=one_of(*COMPILE_MODES),
     )
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off unless asked for

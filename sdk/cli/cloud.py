@@ -41,6 +41,7 @@ CLOUD_SERVE_SETTINGS = (
     "cloud.max_waiting",
     "cloud.speculative",
     "cloud.num_speculative_tokens",
+    "cloud.compile",
     "cloud.close_within_max_tokens",
     "cloud_server.api_key_file",
     "cloud_server.rate_limit",

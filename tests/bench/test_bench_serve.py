@@ -350,6 +350,30 @@ def test_compare_ratios_pair_repetitions_and_report_their_spread():
     assert summary["llama_server_no_repack"]["ttft_p99_ms"] == 2000
 
 
+def test_cloud_compare_never_takes_a_wrong_answering_vllm_as_its_baseline():
+    from bench.serve_cloud_compare import answered_right, headline_ratios
+
+    runs = {
+        32: {
+            "tandem_compiled_t2": [_metrics(120, 900), _metrics(100, 1000)],
+            "tandem_eager_t2": [_metrics(100, 900), _metrics(80, 1000)],
+            "vllm_t1": [_metrics(400, 100)] * 2,  # fastest, but answered nonsense
+            "vllm_compiled_t1": [_metrics(100, 1000)] * 2,
+            "vllm_compiled_t2": [_metrics(50, 1000)] * 2,
+        }
+    }
+    answers = {"vllm_t1": "L'Etoile, la Marseillaise", "vllm_compiled_t1": "The capital of France is Paris."}
+    excluded = {name: answer for name, answer in answers.items() if not answered_right(answer)}
+    ratios = headline_ratios(runs, excluded)
+    assert ratios["vllm_best_at"] == {"c32": "vllm_compiled_t1"}
+    assert ratios["ratio_output_tps_vs_vllm_c32"] == pytest.approx(1.1)  # tandem_compiled: 1.2, 1.0
+    assert ratios["tandem_eager_ratio_output_tps_vs_vllm_c32"] == pytest.approx(0.9)
+    assert ratios["ratio_output_tps_vs_vllm_compiled_t2_c32"] == pytest.approx(2.2)
+    assert not any("vllm_t1" in key for key in ratios)
+    with pytest.raises(Exception, match="no vLLM setting answered"):
+        headline_ratios(runs, {name: "no" for name in runs[32] if name.startswith("vllm")})
+
+
 def test_compare_servers_are_configured_alike():
     from bench.serve_compare import CTX_PER_SLOT, NUM_SLOTS, STEP_TOKENS, servers_at
 

@@ -110,7 +110,10 @@ def test_serve_compare_cloud_smoke_run(tmp_path: Path):
         "ratio_output_tps_vs_vllm_c32",
         "ratio_output_tps_vs_vllm_c1",
         "ratio_tpot_p50_vs_vllm_c32",
+        "compiled_step_ratio_c32",
     }
+    modes = {name.rsplit("_t", 1)[0] for name in report["sanity_answers"]}  # less the thread count
+    assert modes == {"tandem_compiled", "tandem_eager", "vllm", "vllm_compiled"}
 
 
 def test_serve_compare_checkouts_smoke_run(tmp_path: Path):
