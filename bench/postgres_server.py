@@ -18,6 +18,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -44,6 +45,26 @@ def postgres_unavailable() -> str | None:
         except KeyError:
             return "PostgreSQL is not installed for root to use (running as root and no `postgres` user)"
     return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under `pid` (read from /proc: a server's backends and workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state, past the command's parentheses
+        children.setdefault(parent, []).append(int(entry))
+    found, queue = [], list(children.get(pid, []))
+    while queue:
+        child = queue.pop()
+        found.append(child)
+        queue.extend(children.get(child, []))
+    return found
 
 
 def _free_port() -> int:
@@ -112,6 +133,21 @@ class ThrowawayPostgres:
         if self.running:
             self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
             self.running = False
+
+    def pause(self) -> None:
+        """SIGSTOP the server and its backends: connections stay open and the kernel still takes bytes, but
+        nothing answers (a frozen host). `resume()` undoes it."""
+        self._signal_all(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_all(signal.SIGCONT)
+
+    def _signal_all(self, signum: int) -> None:
+        main = self.postmaster_pid()
+        if main is None:
+            raise RuntimeError("the server is not running")
+        for pid in [main, *_descendants(main)]:
+            os.kill(pid, signum)
 
     def close(self) -> None:
         try:

@@ -59,6 +59,12 @@ class KVCacheManager:
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= self.pool.num_free_blocks
 
+    def num_free_slots(self, request: Request) -> int:
+        """Tokens past its computed ones a running request can be given without taking anyone's blocks:
+        the rest of its own blocks and the free ones."""
+        held = len(self._tables.get(request.request_id, ()))
+        return (held + self.pool.num_free_blocks) * self.block_size - request.num_computed_tokens
+
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size)

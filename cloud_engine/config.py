@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from cloud_engine.spec_decode.config import SpeculativeConfig
 from sdk.protocol.config_fields import at_least, one_of, setting
+from sdk.protocol.drafts import MAX_DRAFT_TOKENS
 from sdk.engine_common.sampling_defaults import check_sampling_config
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")  # cloud_engine.kernels.BACKENDS
@@ -76,6 +77,13 @@ class CloudEngineConfig:
         check=one_of(*COMPILE_MODES),
     )
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off unless asked for
+    max_draft_tokens: int = setting(
+        MAX_DRAFT_TOKENS,
+        "Cloud engine: the most tokens of one draft it verifies in a step. A longer draft from a GenerateWithDrafts "
+        "caller is INVALID_ARGUMENT; its own proposer's (num_speculative_tokens) must fit too.",
+        check=at_least(1, high=64),
+        **_ENGINE_DEFAULT,
+    )
     sampling: dict = field(
         default_factory=dict
     )  # defaults for fields a request leaves out (sdk.engine_common.sampling_defaults)
@@ -139,6 +147,12 @@ class CloudEngineConfig:
                 f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}",
             ),
             (self.max_waiting >= 0, f"max_waiting must be >= 0, got {self.max_waiting}"),
+            (1 <= self.max_draft_tokens <= 64, f"max_draft_tokens must be in [1, 64], got {self.max_draft_tokens}"),
+            (
+                not self.speculative.enabled or self.speculative.num_speculative_tokens <= self.max_draft_tokens,
+                f"num_speculative_tokens ({self.speculative.num_speculative_tokens}) must be <= max_draft_tokens "
+                f"({self.max_draft_tokens}): raise max_draft_tokens or draft fewer",
+            ),
         ]
         for ok, message in checks:
             if not ok:

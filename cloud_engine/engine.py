@@ -71,6 +71,7 @@ class CloudEngine:
         num_packed = loaded.model.pack_for_cpu()  # 0 where packing does not apply (not bf16 on CPU)
         loaded.model.warm_up_packed(config.max_num_batched_tokens, config.max_logit_rows)  # memory flat from here
         self.vocab_size = self.model_config.vocab_size
+        self.max_draft_tokens = config.max_draft_tokens  # of one draft, verified in a step (an outside one: its door)
         self._token_bytes = build_token_bytes(self.tokenizer)
         # The longest text one token stands for, special tokens' names included (sdk.serving.prompt_tokens).
         added = [len(text.encode("utf-8")) for text in self.tokenizer.get_added_vocab()]
@@ -136,6 +137,7 @@ class CloudEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             policy=config.scheduling_policy,
+            max_draft_tokens=config.max_draft_tokens,
         )
         target_ms = config.step_time_target_ms if config.enable_chunked_prefill else None
         max_ms = config.step_time_max_ms
@@ -214,18 +216,24 @@ class CloudEngine:
         self._generators[request.request_id] = make_generator(params.seed, self.device)
         self.scheduler.add_request(
             Request(
-                request.request_id, list(request.prompt_token_ids), params, priority=request.priority, matcher=matcher
+                request.request_id,
+                list(request.prompt_token_ids),
+                params,
+                priority=request.priority,
+                matcher=matcher,
+                outside_drafts=request.drafted,  # its caller drafts: the verified drafts are the caller's alone
             )
         )
 
     def offer_draft(self, draft: OutsideDraft) -> str | None:
         """A draft another model made for a running request (cloud_engine.spec_decode.outside_drafts),
-        verified in the next step; None when taken, else why not. ValueError for a malformed one."""
-        draft.check(self.vocab_size)
+        verified in the next step; None when taken, else why not. ValueError for a malformed one, or one
+        longer than max_draft_tokens (the gRPC door refuses those first, naming the setting)."""
+        draft.check(self.vocab_size, max_tokens=self.max_draft_tokens)
         request = self.scheduler.requests.get(draft.request_id)
         if request is None:
             return "unknown_request"
-        return self.speculator.offer(request, draft, self.vocab_size, self.device)
+        return self.speculator.offer(request, draft)
 
     def abort_request(self, request_id: str) -> bool:
         """Free the request's blocks now; False if it was not here."""

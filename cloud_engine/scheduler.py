@@ -9,8 +9,12 @@ A decoding request that carries a speculative draft (Request.spec_token_ids) is 
 its draft tokens too, inside the same budget: num_computed_tokens catches up with
 num_tokens + the draft, and tokens the target rejects are rolled back in
 `update_from_output` (computed count lowered, blocks taken for them freed).
-When a running request cannot get blocks, the least deserving running request is
-preempted: its blocks are freed and it is recomputed later from its tokens.
+A draft is a guess, and may come from a caller (spec_decode.outside_drafts), so it takes
+what the running requests' own tokens left over, before new requests are admitted: at most
+its request's fair share of the step (max(max_draft_tokens + 1, budget / running requests)
+tokens, the request's own token included), and only KV blocks that are free: a draft never
+preempts. When a running request cannot get blocks for its own tokens, the least deserving
+running request is preempted: its blocks are freed and it is recomputed later from its tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Protocol
 from cloud_engine.block_manager import KVCacheManager
 from cloud_engine.request import Request
 from cloud_engine.waiting_queue import WaitingQueue
+from sdk.protocol.drafts import MAX_DRAFT_TOKENS
 from sdk.protocol.request_status import RequestStatus
 
 POLICIES = ("fcfs", "priority")
@@ -93,6 +98,7 @@ class Scheduler:
         enable_chunked_prefill: bool = True,
         long_prefill_token_threshold: int = 0,
         policy: str = "fcfs",
+        max_draft_tokens: int = MAX_DRAFT_TOKENS,
     ):
         pool_tokens = kv_cache_manager.num_blocks * kv_cache_manager.block_size
         checks = [
@@ -104,6 +110,7 @@ class Scheduler:
                 f"long_prefill_token_threshold must be >= 0, got {long_prefill_token_threshold}",
             ),
             (policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {policy!r}"),
+            (max_draft_tokens >= 0, f"max_draft_tokens must be >= 0, got {max_draft_tokens}"),
             (
                 enable_chunked_prefill or max_num_batched_tokens >= max_model_len,
                 f"without chunked prefill a whole prompt must fit one step: raise max_num_batched_tokens "
@@ -125,6 +132,7 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.policy = policy
+        self.max_draft_tokens = max_draft_tokens  # sizes a request's fair share of a step (_schedule_drafts)
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting = WaitingQueue(policy)
         self.running: list[Request] = []
@@ -190,23 +198,19 @@ class Scheduler:
                 num_new = prefill.grant(request.num_computed_tokens, num_new)
             if num_new == 0:
                 continue
-            spec = self._schedulable_spec(request, num_new, budget)
-            num_new += len(spec)
             while (new_block_ids := self.kv_cache_manager.allocate_slots(request, num_new)) is None:
                 victim = self._pick_victim()
                 budget += out.num_scheduled_tokens.pop(victim.request_id, 0)
                 out.new_block_ids.pop(victim.request_id, None)
-                out.scheduled_spec_token_ids.pop(victim.request_id, None)
                 self._preempt(victim, out)
                 if victim is request:
                     break
             if new_block_ids is None:
                 continue
-            if spec:
-                out.scheduled_spec_token_ids[request.request_id] = spec
             out.num_scheduled_tokens[request.request_id] = num_new
             out.new_block_ids[request.request_id] = new_block_ids
             budget -= num_new
+        budget -= self._schedule_drafts(out, budget)
 
         # Admitting right after a preemption would only take the blocks back and thrash the pool.
         while not out.preempted_ids and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -278,14 +282,37 @@ class Scheduler:
             num_new = min(num_new, self.long_prefill_token_threshold)
         return min(num_new, budget)
 
-    def _schedulable_spec(self, request: Request, num_new: int, budget: int) -> list[int]:
-        """The part of the request's draft that fits this step (its draft is consumed either way):
-        only after all its real tokens, within the budget and max_model_len."""
-        spec, request.spec_token_ids = request.spec_token_ids, []
-        if not spec or request.num_computed_tokens + num_new != request.num_tokens:
-            return []
-        room = min(budget - num_new, self.max_model_len - request.num_tokens)
-        return spec[: max(0, room)]
+    def _schedule_drafts(self, out: SchedulerOutput, budget: int) -> int:
+        """Add to each scheduled running request the part of its draft that fits (its draft is consumed
+        either way), once every running request has its own tokens and their blocks: only after all its
+        real tokens, within max_model_len, its fair share of the step, what is left of the budget and the
+        free KV blocks (taking no one's: a draft never preempts). Returns the draft tokens scheduled."""
+        fair_share = max(self.max_draft_tokens + 1, self.max_num_batched_tokens // max(1, len(self.running)))
+        used = 0
+        for request in self.running:
+            num_new = out.num_scheduled_tokens.get(request.request_id)
+            if num_new is None:
+                continue  # not scheduled this step: its draft waits with it
+            spec, request.spec_token_ids = request.spec_token_ids, []
+            if not spec or request.num_computed_tokens + num_new != request.num_tokens:
+                continue
+            room = min(
+                self.max_model_len - request.num_tokens,
+                fair_share - num_new,
+                budget - used,
+                self.kv_cache_manager.num_free_slots(request) - num_new,
+            )
+            spec = spec[: max(0, room)]
+            if not spec:
+                continue
+            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new + len(spec))  # free blocks only
+            if new_block_ids is None:
+                continue
+            out.new_block_ids[request.request_id] += new_block_ids
+            out.num_scheduled_tokens[request.request_id] = num_new + len(spec)
+            out.scheduled_spec_token_ids[request.request_id] = spec
+            used += len(spec)
+        return used
 
     def _pick_victim(self) -> Request:
         """fcfs: the most recently arrived running request; priority: the least important, then most recent."""

@@ -50,6 +50,8 @@ MIN_COPY_TOKENS = 16
 class LocalEngine:
     """A GGUF model served with tandem's scheduler, block manager and sampler."""
 
+    max_draft_tokens = 0  # verifies no drafts made outside (it drafts for the cloud: sdk.cascade.device_drafts)
+
     def __init__(self, config: LocalEngineConfig):
         self.config = config
         path = resolve_model_path(config.model_path)
@@ -147,6 +149,10 @@ class LocalEngine:
     def vocabulary_fingerprint(self) -> str:
         """sdk.protocol.vocabulary's fingerprint (computed on first use: ~0.1 s for 49k tokens)."""
         return vocabulary_fingerprint(self.backend.vocabulary())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.n_vocab
 
     # -- requests --------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import torch
 from cloud_engine.request import Request
 from cloud_engine.sampler import token_signals
 from cloud_engine.spec_decode.config import SpeculativeConfig
-from cloud_engine.spec_decode.outside_drafts import dense_draft_probs
+from cloud_engine.spec_decode.outside_drafts import SparseDraftProbs
 from sdk.protocol.drafts import OutsideDraft
 from cloud_engine.spec_decode.policy import SpeculationPolicy
 from cloud_engine.spec_decode.rejection import verify_draft
@@ -45,14 +45,15 @@ class Speculator:
         self.stats = SpecDecodeStats()
         self.policy = SpeculationPolicy(config, max_model_len)
         self.proposer = _build_proposer(engine, config) if config.enabled else None
-        self.draft_probs: dict[str, torch.Tensor] = {}  # request id -> q [k, vocab] of its pending draft
+        # request id -> q of its pending draft: [k, vocab] from the own draft model, sparse from a caller's
+        self.draft_probs: dict[str, torch.Tensor | SparseDraftProbs] = {}
 
     # -- drafts made outside (cloud_engine.spec_decode.outside_drafts) ----------------------
 
-    def offer(self, request: Request, draft: OutsideDraft, vocab_size: int, device) -> str | None:
+    def offer(self, request: Request, draft: OutsideDraft) -> str | None:
         """Take a draft another model made for `request`, to verify in the next step; None when taken,
-        else why not (the request keeps decoding on its own either way). From the first draft on, the
-        engine's own proposer leaves the request alone."""
+        else why not (the request keeps decoding on its own either way). From the first draft on (a drafted
+        request's, GenerationRequest.drafted: from its start), the engine's own proposer leaves it alone."""
         request.outside_drafts = True
         self.draft_probs.pop(request.request_id, None)  # a pending draft is replaced by the newer one
         request.spec_token_ids = []
@@ -81,7 +82,7 @@ class Speculator:
             return "no_room" if request.matcher is None else "grammar_refused_the_draft"
         request.spec_token_ids = tokens
         if support is not None and not params.is_greedy:
-            self.draft_probs[request.request_id] = dense_draft_probs(support, vocab_size, device)
+            self.draft_probs[request.request_id] = SparseDraftProbs(support)  # its support only: never vocab-wide
         return None
 
     def free(self, request_id: str) -> None:

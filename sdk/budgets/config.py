@@ -8,17 +8,25 @@
     [per_user]                # every `user` value within a key (the request's OpenAI `user` field)
     usd_per_day = 0.5
 
-    [keys.3f2a9c1d0b7e5a41]   # one key, by the fingerprint the server logs: replaces [default] for it
+    [keys.3f2a9c1d0b7e5a41]   # one key, by its id as the server logs it: replaces [default] for it
     usd_per_month = 100.0
 
 Limits: usd_per_day, usd_per_month, cloud_share_per_day, cloud_share_per_month, each also
 as soft_<name>. Unknown names, negative values and shares outside [0, 1] are refused naming
 the key. Periods are UTC days and months.
+
+A key's id is the SHA-256 of the key (sdk.serving.api_keys.key_fingerprint, 64 hex digits);
+`[keys.<id>]` takes the whole id or any prefix of at least MIN_ID_DIGITS digits (the server logs
+16). A shorter one (such as the 8-digit fingerprints of earlier versions) and two entries that
+could name one key (one a prefix of the other) are refused naming them: either would let a
+table meant for one key reach another.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +34,9 @@ from pathlib import Path
 PERIODS = ("day", "month")
 KINDS = ("usd", "cloud_share")
 LIMIT_NAMES = tuple(f"{kind}_per_{period}" for kind in KINDS for period in PERIODS)
+MIN_ID_DIGITS = 16  # of a key id's prefix in [keys.<id>]: 64 bits, so configured keys never share one
+ID_DIGITS = 64
+_HEX = re.compile(r"[0-9a-f]+")
 
 
 class BudgetConfigError(ValueError):
@@ -60,11 +71,21 @@ class Limits:
 class BudgetConfig:
     default: Limits = field(default_factory=Limits)
     per_user: Limits = field(default_factory=Limits)
-    keys: dict[str, Limits] = field(default_factory=dict)  # key fingerprint -> its limits
+    keys: dict[str, Limits] = field(default_factory=dict)  # a key's id, or a prefix of it -> its limits
     source: str = ""
+    # The entries of `keys` by their first MIN_ID_DIGITS digits: one dict look-up per request.
+    _by_head: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for entry in self.keys:
+            self._by_head.setdefault(entry[:MIN_ID_DIGITS], []).append(entry)
 
     def for_key(self, fingerprint: str | None) -> Limits:
-        return self.keys.get(fingerprint or "", self.default)
+        """The limits of the key with this id: its [keys.<id>] table (the entry its id starts with), else [default]."""
+        for entry in self._by_head.get((fingerprint or "")[:MIN_ID_DIGITS], ()):
+            if fingerprint.startswith(entry):
+                return self.keys[entry]
+        return self.default
 
     @property
     def uses_usd(self) -> bool:
@@ -99,13 +120,37 @@ def parse_budgets(document: dict, source: str = "budgets") -> BudgetConfig:
         raise BudgetConfigError(f"{source}: unknown section(s) {unknown}; known: default, per_user, keys")
     keys = document.get("keys", {})
     if not isinstance(keys, dict):
-        raise BudgetConfigError(f"{source}: [keys] must hold one table per key fingerprint")
+        raise BudgetConfigError(f"{source}: [keys] must hold one table per key id")
+    _check_key_ids(list(keys), source)
     return BudgetConfig(
         default=_limits(document.get("default", {}), f"{source}: default"),
         per_user=_limits(document.get("per_user", {}), f"{source}: per_user"),
-        keys={fingerprint: _limits(table, f"{source}: keys.{fingerprint}") for fingerprint, table in keys.items()},
+        keys={entry.lower(): _limits(table, f"{source}: keys.{entry}") for entry, table in keys.items()},
         source=source,
     )
+
+
+def _check_key_ids(entries: list[str], source: str) -> None:
+    """Each [keys.<id>] names one key: hex, between MIN_ID_DIGITS and ID_DIGITS digits, and no entry a
+    prefix of another (both would match that key's id)."""
+    for entry in entries:
+        if not _HEX.fullmatch(entry.lower()) or len(entry) > ID_DIGITS:
+            raise BudgetConfigError(
+                f"{source}: keys.{entry}: a key's id is hex digits (the SHA-256 of the key, {ID_DIGITS} digits, as "
+                "the server logs its start)"
+            )
+        if len(entry) < MIN_ID_DIGITS:
+            raise BudgetConfigError(
+                f"{source}: keys.{entry}: {len(entry)} hex digits could name more than one key; give the key's whole "
+                f"id ({ID_DIGITS} digits) or at least its first {MIN_ID_DIGITS}, as the server logs them"
+            )
+    ordered = sorted(entry.lower() for entry in entries)
+    for shorter, longer in itertools.pairwise(ordered):  # sorted: a prefix comes right before what it prefixes
+        if longer.startswith(shorter):
+            raise BudgetConfigError(
+                f"{source}: keys.{shorter} and keys.{longer} would both be the budget of a key whose id starts with "
+                f"{longer}; keep one"
+            )
 
 
 def load_budgets(path: str | Path) -> BudgetConfig:

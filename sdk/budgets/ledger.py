@@ -134,6 +134,15 @@ class SpendLedger:
                     self._held.pop(pair, None)
         self.record(scopes, usd, cloud_tokens, total_tokens)
 
+    # Settles change what the decisions read at once (the file is written behind): none pending, none replayed.
+    pending_settles = 0
+    num_batches_replayed = 0
+
+    def holds(self, reservation: Reservation | None) -> bool:
+        """Whether a stream may go on spending against `reservation`: always, in one process's memory (the
+        shared ledger says no once its replica is fenced: sdk.budgets.postgres_ledger)."""
+        return True
+
     async def held(self, pair: Pair) -> float:
         return self._held.get(pair, 0.0)
 

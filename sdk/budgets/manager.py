@@ -226,6 +226,11 @@ class BudgetManager:
         """A request has ended: release what it held and add what it cost (never waits)."""
         self.ledger.settle(reservation, self._scopes(key, user), usd, cloud_tokens, total_tokens)
 
+    def holds(self, reservation: Reservation | None) -> bool:
+        """Whether the stream a reservation was taken for may go on spending (checked at each of its tokens):
+        False once the shared books fence this replica, so it stops before its reservations can be swept."""
+        return self.ledger.holds(reservation)
+
     def record(self, key: str | None, user: str | None, usd: float, cloud_tokens: int, total_tokens: int) -> None:
         self.ledger.record(self._scopes(key, user), usd, cloud_tokens, total_tokens)
 

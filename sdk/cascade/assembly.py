@@ -65,6 +65,10 @@ async def start_cascade(config: ServeConfig, engine, cloud_later: bool = False) 
             cascade.state = await open_state_database(config.listener)
         except StateDatabaseError as exc:
             raise CascadeStartError(str(exc)) from exc
+        from sdk.owner_migration import migrate_owners_at_start
+
+        # Before any store opens (the SQLite spend ledger reads its rows at start).
+        await migrate_owners_at_start(config.listener, config.api_keys, cascade.state, config.traffic)
         if config.listener.budgets_file:
             from sdk.budgets.manager import open_budgets
 

@@ -26,7 +26,8 @@ class BudgetHold:
     ) -> str | None:
         """Hold the cloud call's largest cost before it is made; "budget_exhausted" when it does not fit.
         Exact under concurrency: every reservation is taken atomically against what is spent and what
-        others hold (sdk.budgets.manager). StateUnavailableError while the replicas' state database is away.
+        others hold (sdk.budgets.manager). StateUnavailableError while the replicas' state database is away
+        (or this replica is fenced from it): the caller decides between a 503 and the local answer.
         `cloud_only`: the request asked for the cloud (refused) rather than
         escalating to it (kept local), as the budgets' counters tell apart."""
         if self.budgets is None or self.reservation is not None:
@@ -42,6 +43,11 @@ class BudgetHold:
             self.refused = Verdict(hard=(breach,))
         self.budgets.count(self.refused, "refused" if cloud_only else "kept_local")
         return "budget_exhausted"
+
+    @property
+    def holds(self) -> bool:
+        """Whether the cloud call may go on spending against the reservation (sdk.budgets.manager.holds)."""
+        return self.budgets is None or self.budgets.holds(self.reservation)
 
     def settle(self, cost: RequestCost) -> None:
         """Release the reservation for what the request cost (once; also when the client left part-way)."""

@@ -30,6 +30,11 @@ when it does not, plus the tokens the cloud emits on its own while a draft is in
 trip), which the draft must cover to reach anything the cloud has not yet decided. Drafting stops, and
 the cloud streams on alone, when it does not pay: too few tokens accepted, or local requests waiting
 for the device (drafting takes a slot of the local engine like any request; local answers come first).
+
+The cloud bounds what it takes of a request's drafts (sdk.protocol.drafts: tokens a draft, support
+entries a token, drafts a second, drafts it has not taken yet) and ends a call past them; the drafter
+stays within its defaults: at most MAX_DRAFT_TOKENS a draft, DRAFT_SUPPORT_TOKENS a support, and half
+the cloud's drafts a second (a draft held back goes out at the next chance, with all drafted by then).
 """
 
 from __future__ import annotations
@@ -38,22 +43,28 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from sdk.protocol.cloud_backend import CloudTokenEvent
+from sdk.protocol.drafts import DRAFTS_PER_SECOND, MAX_DRAFT_TOKENS, MAX_SUPPORT_TOKENS
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DRAFT_TOKENS = 4
-MAX_DRAFT_TOKENS = 16  # the cloud verifies at most this many a round (its step grows with every row)
+# MAX_DRAFT_TOKENS (sdk.protocol.drafts): the cloud verifies at most this many a round (its step grows with every row)
 # The drafter's hold moves this many tokens at a time, raised before it is reached while the device's tokens
 # start with all of the cloud's: a draft the cloud went away from is given up within this many tokens (a
 # rewind waits for the hold, so that every token reported after it is fresh).
 HOLD_CHUNK = 2
-DRAFT_SUPPORT_TOKENS = 64  # the drafter's own top-k for sampled answers: each token's q has this many entries
+DRAFT_SUPPORT_TOKENS = MAX_SUPPORT_TOKENS  # the drafter's own top-k for sampled answers: each q has this many entries
+# Drafts sent a second, in bursts of OFFER_BURST: half of what a cloud at its defaults takes, so that it never
+# refuses them (a cloud step takes the latest draft only: more a second would not be verified anyway).
+OFFERS_PER_SECOND = DRAFTS_PER_SECOND / 2
+OFFER_BURST = OFFERS_PER_SECOND / 2
 # Drafting stops once this many draft tokens were verified with fewer than MIN_ACCEPTANCE of them accepted:
 # a verification step of k + 1 rows then costs the cloud more than the tokens it saves.
 JUDGED_AFTER_TOKENS = 24
@@ -119,6 +130,29 @@ class DraftLength:
         else:
             self.accept = max(1, self.accept - 1)
         self.lag = 0.7 * self.lag + 0.3 * lag
+
+
+class _OfferPace:
+    """A token bucket of OFFERS_PER_SECOND drafts a second, holding up to OFFER_BURST."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.tokens = OFFER_BURST
+        self.updated = clock()
+        self.held_back = False  # the last draft was not sent: send it once the bucket has a token
+
+    def may_send(self) -> bool:
+        now = self.clock()
+        self.tokens = min(OFFER_BURST, self.tokens + (now - self.updated) * OFFERS_PER_SECOND)
+        self.updated = now
+        self.held_back = self.tokens < 1.0
+        if not self.held_back:
+            self.tokens -= 1.0
+        return not self.held_back
+
+    def wait_s(self) -> float | None:
+        """How long until a held-back draft may go (None: none is held back)."""
+        return (1.0 - self.tokens) / OFFERS_PER_SECOND if self.held_back else None
 
 
 @dataclass
@@ -211,6 +245,7 @@ class DeviceDrafter:
         device: list[int] = []  # the drafter's output, mirrored
         supports: list = []  # per device token: the distribution it was drawn from (None: greedy)
         offered = (0, 0)  # (start, length) of the last draft sent
+        pace = _OfferPace()
         rounds.draft_length = length.next()
         hold = min(HOLD_CHUNK, rounds.draft_length, room - 1)
         events = self.local.generate(request, hold_at=hold)
@@ -225,7 +260,7 @@ class DeviceDrafter:
                     device.append(event.token_id)
                     supports.append(event.draft_support)
                     rounds.drafted_tokens += 1
-                    offered = self._offer(call, device, supports, shared, rounds, offered)
+                    offered = self._offer(call, device, supports, shared, rounds, offered, pace)
                     # Raise the hold before the drafter reaches it while the cloud agrees: a drafter that stops at
                     # every chunk would step alone, splitting the device's batch (each step costs the same for one
                     # row as for several).
@@ -254,9 +289,10 @@ class DeviceDrafter:
                         hold = min(len(device) + HOLD_CHUNK, reach)
                         self.local.hold_further(request.request_id, hold)
                         break
-                    offered = self._offer(call, device, supports, shared, rounds, offered)
+                    offered = self._offer(call, device, supports, shared, rounds, offered, pace)
                     shared.changed.clear()
-                    await shared.changed.wait()
+                    with contextlib.suppress(asyncio.TimeoutError):  # a held-back draft goes out then
+                        await asyncio.wait_for(shared.changed.wait(), pace.wait_s())
         except Exception as exc:  # the device failing to draft never fails the answer: the cloud goes on alone
             logger.warning("drafting for %s stopped: %s", request.request_id, exc)
             stop(f"the device failed: {type(exc).__name__}")
@@ -264,12 +300,14 @@ class DeviceDrafter:
             await events.aclose()  # the drafting request ends: its slot and blocks go back
 
     @staticmethod
-    def _offer(call, device, supports, shared: _Shared, rounds: DraftRounds, offered: tuple[int, int]):
-        """Send the device's tokens past the cloud's as a draft, when they agree with the cloud's so far and
-        are not the draft last sent; the (start, length) last sent."""
+    def _offer(call, device, supports, shared: _Shared, rounds: DraftRounds, offered: tuple[int, int], pace):
+        """Send the device's tokens past the cloud's as a draft, when they agree with the cloud's so far, are not
+        the draft last sent and the pace allows; the (start, length) last sent."""
         cloud = shared.tokens
         start = len(cloud)
         if len(device) == start or not _ahead_and_agreeing(device, cloud) or (start, len(device) - start) == offered:
+            return offered
+        if not pace.may_send():
             return offered
         draft, support = device[start:], supports[start:]
         call.offer(start, draft, None if None in support else support)

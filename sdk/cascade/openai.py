@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
+from router.privacy import PrivacyVerdict
 from sdk.cascade.runner import CascadeRunner
 from sdk.cascade.types import CascadeEvent, collect
 from sdk.cascade.responses import TandemChatCompletion, TandemChatCompletionChunk, tandem_field, usage_of
@@ -63,14 +64,20 @@ class RoutedChat(NamedTuple):
     params: SamplingParams  # with tools: the format's grammar as params.structured
     answers: ToolAnswers  # reads the answer back as content or tool calls
     tool_choice: str | None = None  # "auto" / "required" when tools are offered (the cascade's tool-call policy)
+    # The request's one privacy verdict (prepare_routed), over every text the model sees: the cascade routes
+    # by it and a front door that stores the answer (/v1/responses) stores by it, so the two cannot disagree.
+    verdict: PrivacyVerdict | None = None
 
 
 async def prepare_routed(runner: CascadeRunner, request: ChatCompletionRequest, model: str) -> RoutedChat:
     """check_routable, asking the runner whether the tiers share a vocabulary only when logit_bias
-    needs it, then prepare: what every front door of the cascade runs on a validated request."""
+    needs it, then prepare, and the privacy verdict on the prepared messages (instructions, history,
+    input, tool definitions, calls and outputs, as rendered) and the request's `private` flag: what
+    every front door of the cascade runs on a validated request."""
     shared = await runner.shares_vocabulary() if request.logit_bias else False
     check_routable(request, model, runner.local.model_name, shares_vocabulary=shared)
-    return await prepare(runner.local, request)
+    chat = await prepare(runner.local, request)
+    return chat._replace(verdict=runner.privacy_rules.check_messages(chat.messages, private=bool(request.private)))
 
 
 async def prepare(engine: EngineProtocol, request: ChatCompletionRequest) -> RoutedChat:
@@ -113,6 +120,7 @@ async def routed_completion(
         streamed=False,
         key_fingerprint=key_fingerprint,
         user=user,
+        verdict=chat.verdict,
     )
     result = await collect(events)
     content, calls = chat.answers.read(result.text)
@@ -150,6 +158,7 @@ async def routed_stream(
         tool_choice=chat.tool_choice,
         key_fingerprint=key_fingerprint,
         user=user,
+        verdict=chat.verdict,
     )
     try:
         first = await anext(events, None)

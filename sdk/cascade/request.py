@@ -13,6 +13,7 @@ app still gets a whole answer, marked degraded, and nothing it saw is taken back
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import time
@@ -45,11 +46,13 @@ from sdk.cascade.device_drafts import DraftRounds, draft_refusal
 from sdk.cascade.local import LocalRun
 from sdk.cascade.traffic import after_request
 from sdk.cascade.types import CascadeEvent, RoutingInfo
-from sdk.protocol.engine import ContextLengthError, SamplingParams, TokenEvent
+from sdk.protocol.engine import ContextLengthError, SamplingParams, StateUnavailableError, TokenEvent
 from sdk.serving.prompt_tokens import chat_prompt_tokens
 from sdk.engine_common.repetition import ESCALATE_LOOP
 
 COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
+# The budgets' shared books could not be asked (or this replica is fenced from them): no cloud spend now.
+STATE_DATABASE_UNAVAILABLE = "state_database_unavailable"
 
 
 def escalates_loops(params: SamplingParams) -> bool:
@@ -75,6 +78,7 @@ class CascadeRequest:
         key_fingerprint: str | None = None,
         model: str = "auto",
         user: str | None = None,
+        verdict=None,  # router.privacy.PrivacyVerdict: the front door's one verdict (CascadeRunner.generate)
     ):
         self.runner, self.config, self.params, self.request_id = runner, runner.config, params, request_id
         self.started = time.monotonic()
@@ -88,7 +92,12 @@ class CascadeRequest:
         # non-streamed one is held until decided (its client waits for the end either way).
         self.hold_window = self.config.stream_hold_window() if streamed else None
         self.messages = [message_as_dict(message) for message in messages]
-        self.verdict = runner.privacy_rules.check_messages(self.messages, private=private)
+        if verdict is None:
+            verdict = runner.privacy_rules.check_messages(self.messages, private=private)
+        elif private and not verdict.flagged_private:  # a caller's private flag is never dropped
+            verdict = dataclasses.replace(verdict, private=True, flagged_private=True)
+        self.verdict = verdict
+        private = verdict.flagged_private  # one verdict: its flag is the request's
         # With redaction allowed, matching rules no longer keep the request local; the flag still does.
         may_redact = runner.redact_before_escalation and not self.verdict.flagged_private
         self.cloud_messages, self.redactions = (
@@ -158,9 +167,13 @@ class CascadeRequest:
         async def num_prompt_tokens() -> int:
             return self.local.num_prompt_tokens or len(await chat_prompt_tokens(self.runner.local, self.cloud_messages))
 
-        return await self.budget.refusal(
-            num_prompt_tokens, self.cost, self.params.max_tokens, self.mode is RoutingMode.CLOUD
-        )
+        cloud_only = self.mode is RoutingMode.CLOUD
+        try:
+            return await self.budget.refusal(num_prompt_tokens, self.cost, self.params.max_tokens, cloud_only)
+        except StateUnavailableError:
+            if cloud_only:
+                raise  # model cloud: 503, nothing was answered yet
+            return STATE_DATABASE_UNAVAILABLE  # auto: the local answer stands (or is given), degraded
 
     def _settle_budget(self) -> None:
         self.budget.settle(self.cost)
@@ -256,7 +269,7 @@ class CascadeRequest:
             counted = False
             drafted = await self._drafting(params)
             try:
-                async for event in stream_from_cloud(
+                cloud_stream = stream_from_cloud(
                     self.runner.cloud,
                     self.runner.breaker,
                     self.cloud_messages,
@@ -271,7 +284,8 @@ class CascadeRequest:
                         self.config.cloud_deadline_s,
                     ),
                     drafted=drafted,
-                ):
+                )
+                async for event in self._while_budget_holds(cloud_stream):
                     num_cloud_tokens += 1
                     cloud_text.append(event.text)
                     self.answered_by = Tier.CLOUD
@@ -293,6 +307,16 @@ class CascadeRequest:
                 return
         async for event in self._resume_local(plan):
             yield event
+
+    async def _while_budget_holds(self, events: AsyncIterator) -> AsyncIterator:
+        """The cloud's events until this replica is fenced from the shared books (sdk.budgets.postgres_ledger):
+        then the call is closed at its next token (CloudFailed), before the reservation it spends against can be
+        deleted by the other replicas, and the local model finishes the answer."""
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if not self.budget.holds:
+                    raise CloudFailed(STATE_DATABASE_UNAVAILABLE)
+                yield event
 
     async def _drafting(self, params: SamplingParams):
         """With draft_on_device, the DeviceDrafter stream this cloud answer goes through (its rounds kept for

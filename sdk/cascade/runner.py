@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from router.circuit_breaker import CircuitBreaker
 from router.costs import CostLedger, CostTable
 from router.decision import parse_model_choice
-from router.privacy import PrivacyRules
+from router.privacy import PrivacyRules, PrivacyVerdict
 from sdk.cascade.device_drafts import DeviceDrafter
 from router.privacy_counters import PrivacyCounters
 from sdk.cascade.config import CascadeConfig
@@ -121,6 +121,7 @@ class CascadeRunner:
         streamed: bool = True,
         key_fingerprint: str | None = None,
         user: str | None = None,
+        verdict: PrivacyVerdict | None = None,
     ) -> AsyncIterator[CascadeEvent]:
         """Stream the answer (module docstring). Raises InvalidRequestError (400) for a bad
         model name or a request the cloud calls invalid; cloud outages never raise.
@@ -128,7 +129,9 @@ class CascadeRunner:
         until the router has decided, instead of committing after CascadeConfig.hold_tokens.
         `key_fingerprint`: whose request it is, for the traffic record (feedback must come from the same key)
         and the budgets; `user`: the request's OpenAI `user` (per-user budgets). Over a hard budget, model
-        `cloud` raises BudgetExhaustedError (429) and `auto` answers locally (degraded `budget_exhausted`)."""
+        `cloud` raises BudgetExhaustedError (429) and `auto` answers locally (degraded `budget_exhausted`).
+        `verdict`: the request's privacy verdict when its front door made it (sdk.cascade.openai.prepare_routed),
+        so what it decides elsewhere (storing) is what routes it; else it is made here, on `messages`."""
         mode, threshold = parse_model_choice(model)  # ModelChoiceError is an InvalidRequestError (400)
         if threshold is None:
             threshold = self.config.default_threshold
@@ -145,6 +148,7 @@ class CascadeRunner:
             key_fingerprint,
             model,
             user,
+            verdict,
         )
         async for event in request.run():
             yield event

@@ -41,6 +41,7 @@ CLOUD_SERVE_SETTINGS = (
     "cloud.max_waiting",
     "cloud.speculative",
     "cloud.num_speculative_tokens",
+    "cloud.max_draft_tokens",
     "cloud.compile",
     "cloud.close_within_max_tokens",
     "cloud_server.api_key_file",
@@ -56,8 +57,12 @@ CLOUD_SERVE_SETTINGS = (
     "cloud_server.spend_path",
     "cloud_server.admin_key_file",
     "cloud_server.drain_grace_s",
+    "cloud_server.draft_max_support",
+    "cloud_server.drafts_per_second",
+    "cloud_server.drafts_max_outstanding",
     "cloud_server.state_db",
     "cloud_server.state_db_lease_s",
+    "cloud_server.state_db_timeout_s",
     "cloud_server.store_responses",
     "cloud_server.tls_cert",
     "cloud_server.tls_key",
@@ -122,16 +127,18 @@ cloud_app.command("serve")(serve)
 
 
 def grpc_server_config(config: CloudServeConfig):
-    """The gRPC listener's config: [cloud_server]'s host, grpc_port, keys and TLS."""
+    """The gRPC listener's config: [cloud_server]'s host, grpc_port, keys, TLS and what it takes of drafts."""
+    from sdk.protocol.drafts import DraftLimits
     from sdk.serving.grpc.server import GrpcServerConfig
 
-    listener = config.listener
+    listener, hosted = config.listener, config.hosted
     return GrpcServerConfig(
         host=listener.host,
-        port=config.hosted.grpc_port,
+        port=hosted.grpc_port,
         api_keys=config.api_keys,
         tls_cert_path=listener.tls_cert,
         tls_key_path=listener.tls_key,
+        draft_limits=DraftLimits(hosted.draft_max_support, hosted.drafts_per_second, hosted.drafts_max_outstanding),
     )
 
 
@@ -147,8 +154,11 @@ async def _serve_both(engine, config: CloudServeConfig) -> str | None:
         state = await open_state_database(config.listener)
     except RuntimeError as exc:
         return str(exc)
+    from sdk.owner_migration import migrate_owners_at_start
+
     budgets = None
     try:
+        await migrate_owners_at_start(config.listener, config.api_keys, state)  # before the stores open
         if config.listener.budgets_file:
             from sdk.budgets.manager import open_budgets
             from sdk.budgets.metered_engine import BudgetedEngine

@@ -45,6 +45,7 @@ SERVE_SETTINGS = (
     "server.max_body_bytes",
     "server.state_db",
     "server.state_db_lease_s",
+    "server.state_db_timeout_s",
     "server.store_responses",
     "server.tls_cert",
     "server.tls_key",

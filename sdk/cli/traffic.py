@@ -60,7 +60,9 @@ def purge(
         None, "--older-than-days", min=0.0, help="Delete rows older than this."
     ),
     key_fingerprint: Optional[str] = typer.Option(
-        None, "--key-fingerprint", help="Delete the rows of one API key (its fingerprint, as the server logs it)."
+        None,
+        "--key-fingerprint",
+        help="Delete the rows of one API key: its id (the key's SHA-256), or the 16-digit prefix the server logs.",
     ),
     everything: bool = typer.Option(False, "--all", help="Delete every row and counter."),
 ) -> None:

@@ -6,6 +6,10 @@ runs such a core on its own thread (llama_decode and torch kernels release the G
 so the event loop keeps serving while a step computes). Requests and aborts reach
 the loop through an inbox it drains between steps; events go back to each request's
 asyncio queue with `call_soon_threadsafe`, one wake-up per event loop per step.
+
+Drafts another model makes for a request (`offer_draft`) wait in the inbox one per request: a newer
+one replaces the one waiting (the engine would replace it too), so a caller that drafts faster than
+the engine steps costs one draft's memory and one offer a step, however fast it sends.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ class StepEngine(Protocol):
     chat_template: str | None  # the model's Jinja template (its text tells the tool format)
     max_token_bytes: int  # the longest text one token stands for
     vocabulary_fingerprint: str  # sdk.protocol.vocabulary (computed on first read)
+    vocab_size: int  # token ids are 0..vocab_size - 1
+    # The most tokens of one outside draft it verifies; 0: none. Engines above 0 also have
+    # `offer_draft(draft) -> str | None` (None when taken, else why not; ValueError for a malformed one).
+    max_draft_tokens: int
 
     def stats(self) -> EngineStats: ...
     def close(self) -> None: ...
@@ -77,6 +85,10 @@ class AsyncStepEngine(EngineProtocol):
         self._load_error: BaseException | None = None
         self._wakeup = threading.Condition()
         self._inbox: deque[tuple[str, object]] = deque()
+        # request id -> (its latest draft not yet taken, drafts offered since the engine last took one)
+        self._drafts: dict[str, tuple[object, int]] = {}
+        # key fingerprint ("" without keys) -> [draft tokens verified, accepted] of its drafted requests
+        self._caller_drafts: dict[str, list[int]] = {}
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
@@ -144,6 +156,14 @@ class AsyncStepEngine(EngineProtocol):
         return self._engine.chat_template if self._engine is not None else None
 
     @property
+    def vocab_size(self) -> int | None:
+        return self._engine.vocab_size if self._engine is not None else None
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self._engine.max_draft_tokens if self._engine is not None else 0
+
+    @property
     def num_in_flight(self) -> int:
         return len(self._streams)
 
@@ -160,7 +180,12 @@ class AsyncStepEngine(EngineProtocol):
 
     def stats(self) -> EngineStats:
         # Read without a lock: a snapshot that may be one step stale is fine for metrics.
-        return dataclasses.replace(self.engine.stats(), num_requests_aborted_total=self._num_aborted)
+        return dataclasses.replace(
+            self.engine.stats(),
+            num_requests_aborted_total=self._num_aborted,
+            caller_draft_tokens_by_key={key: n[0] for key, n in self._caller_drafts.items()},
+            caller_accepted_tokens_by_key={key: n[1] for key, n in self._caller_drafts.items()},
+        )
 
     async def generate(self, request: GenerationRequest, hold_at: int | None = None) -> AsyncIterator[TokenEvent]:
         """Validate now (raising before any event), then stream the request's tokens. `hold_at` (engines that
@@ -178,6 +203,9 @@ class AsyncStepEngine(EngineProtocol):
         self._streams[request.request_id] = (asyncio.get_running_loop(), queue)
         self._post(("add", (request, hold_at)))
         finished = False
+        # A drafted request's verified draft tokens are its caller's: counted per key (stats, /metrics).
+        counted = self._caller_drafts.setdefault(_key_of(request), [0, 0]) if request.drafted else None
+        verified = accepted = 0
         try:
             while True:
                 event = await queue.get()
@@ -186,6 +214,10 @@ class AsyncStepEngine(EngineProtocol):
                 if isinstance(event, BaseException):
                     raise event
                 finished = event.finish_reason is not None
+                if counted is not None and event.num_draft_tokens > verified:
+                    counted[0] += event.num_draft_tokens - verified
+                    counted[1] += event.num_accepted_tokens - accepted
+                    verified, accepted = event.num_draft_tokens, event.num_accepted_tokens
                 yield event
                 if finished:
                     return
@@ -207,8 +239,20 @@ class AsyncStepEngine(EngineProtocol):
     def offer_draft(self, draft) -> None:
         """Hand a draft another model made to the engine (engines that verify outside drafts: the cloud
         engine's cloud_engine.spec_decode.outside_drafts), taken between two steps. Never waits; a
-        draft the engine cannot use is dropped and the request decodes on its own."""
-        self._post(("draft", draft))
+        draft the engine cannot use is dropped and the request decodes on its own, and one that waits
+        for the engine is replaced by this one."""
+        with self._wakeup:
+            waiting = self._drafts.get(draft.request_id)
+            self._drafts[draft.request_id] = (draft, 1 + (waiting[1] if waiting else 0))
+            if waiting is None:
+                self._inbox.append(("draft", draft.request_id))
+                self._wakeup.notify_all()
+
+    def num_drafts_waiting(self, request_id: str) -> int:
+        """Drafts offered for the request since the engine last took one (it keeps only the latest)."""
+        with self._wakeup:
+            waiting = self._drafts.get(request_id)
+        return waiting[1] if waiting else 0
 
     async def abort(self, request_id: str) -> None:
         self._post(("abort", request_id))
@@ -292,14 +336,18 @@ class AsyncStepEngine(EngineProtocol):
             engine.abort_request(request_id)
             self._deliver_many([(request_id, exc)])
 
-    def _offer(self, engine: StepEngine, draft) -> None:
-        offer = getattr(engine, "offer_draft", None)  # the local engine verifies no drafts
+    def _offer(self, engine: StepEngine, request_id: str) -> None:
+        with self._wakeup:
+            draft, _ = self._drafts.pop(request_id, (None, 0))
+        if draft is None:
+            return
         try:
-            refused = offer(draft) if offer is not None else "the engine verifies no outside drafts"
+            # The door (sdk.serving.grpc.draft_door) refused malformed drafts already: one here came another way.
+            refused = engine.offer_draft(draft) if engine.max_draft_tokens else "the engine verifies no drafts"
         except ValueError as exc:
             refused = f"malformed: {exc}"
         if refused is not None:
-            logger.debug("draft for %s not taken: %s", draft.request_id, refused)
+            logger.debug("draft for %s not taken: %s", request_id, refused)
 
     def _deliver_many(self, items: list[tuple[str, object]]) -> None:
         """Hand (request id, event or error) pairs to their streams with one wake-up per event loop.
@@ -319,6 +367,11 @@ class AsyncStepEngine(EngineProtocol):
 
     def _fail_all(self, exc: BaseException) -> None:
         self._deliver_many([(request_id, exc) for request_id in list(self._streams)])
+
+
+def _key_of(request: GenerationRequest) -> str:
+    """The key a request is counted under: its caller's key fingerprint ("" without keys)."""
+    return (request.caller.key_fingerprint if request.caller is not None else None) or ""
 
 
 def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:

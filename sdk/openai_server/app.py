@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from fastapi import FastAPI
 
 from sdk.serving.access_gate import AccessGate
-from sdk.serving.api_keys import key_fingerprint
+from sdk.serving.api_keys import LOGGED_DIGITS, key_fingerprint, loggable_id
 from sdk.serving.client_limits import ClientLimits, RequestRateLimiter
 from sdk.protocol.engine import EngineProtocol
 from sdk.openai_server.access import AccessControl, warn_if_exposed
@@ -91,9 +91,10 @@ def create_app(
         warn_if_exposed(config.bind_host, config.api_keys)
     if config.api_keys:
         logger.info(
-            "API keys required: %d configured (fingerprints %s)",
+            "API keys required: %d configured (ids, first %d digits: %s)",
             len(config.api_keys),
-            ", ".join(sorted(key_fingerprint(key) for key in config.api_keys)),
+            LOGGED_DIGITS,
+            ", ".join(sorted(loggable_id(key_fingerprint(key)) for key in config.api_keys)),
         )
 
     app = FastAPI(title="tandem OpenAI-compatible API", version="1")

@@ -38,6 +38,20 @@ class BudgetCollector:
         reloads.add_metric(["ok"], counts.reloads)
         reloads.add_metric(["failed"], counts.failed_reloads)
         yield reloads
+        ledger = self.budgets.ledger
+        pending = GaugeMetricFamily(
+            PREFIX + "budget_settles_pending",
+            "Requests whose spend is settled here but not yet in the books the decisions read (with state_db: "
+            "not yet written to it; their reservations keep holding meanwhile).",
+        )
+        pending.add_metric([], ledger.pending_settles)
+        yield pending
+        replayed = CounterMetricFamily(
+            PREFIX + "budget_settle_batches_replayed",
+            "Settle batches sent again after they had landed (a lost reply): recognised, not counted twice.",
+        )
+        replayed.add_metric([], ledger.num_batches_replayed)
+        yield replayed
 
 
 class StateDatabaseCollector:
@@ -58,7 +72,31 @@ class StateDatabaseCollector:
         yield outages
         pending = GaugeMetricFamily(
             PREFIX + "state_db_pending_writes",
-            "Writes (settled spend, returned in-flight slots) waiting for the state database.",
+            "Writes (settle batches, returned in-flight slots, stored responses) waiting for the state database.",
         )
         pending.add_metric([], self.db.pending_writes)
         yield pending
+        oldest = GaugeMetricFamily(
+            PREFIX + "state_db_oldest_pending_write_seconds",
+            "How long the oldest write still waiting for the state database has waited (0: none waits).",
+        )
+        oldest.add_metric([], self.db.writes.oldest_age_s)
+        yield oldest
+        retries = CounterMetricFamily(
+            PREFIX + "state_db_write_retries", "Failed tries of deferred writes, each tried again after a pause."
+        )
+        retries.add_metric([], self.db.writes.num_retries)
+        yield retries
+        dropped = CounterMetricFamily(
+            PREFIX + "state_db_dropped_writes",
+            "Droppable writes (stored responses) not made because state_db_max_pending_writes were waiting.",
+        )
+        dropped.add_metric([], self.db.writes.num_dropped)
+        yield dropped
+        fenced = GaugeMetricFamily(
+            PREFIX + "state_db_fenced",
+            "1 while this replica could not renew its lease in time: it takes no budgeted work and ends its "
+            "budgeted streams.",
+        )
+        fenced.add_metric([], 1 if self.db.fenced else 0)
+        yield fenced

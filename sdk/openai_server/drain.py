@@ -119,7 +119,8 @@ def admin_routes(app, engine: DrainableEngine, admin_key: str) -> None:
     async def status(request: Request) -> Response:
         if (refusal := await refused(request)) is not None:
             return refusal
-        return JSONResponse(engine.status())
+        state_db = app.state.tandem.state_db  # its address and last error: for the admin, never in /health
+        return JSONResponse(engine.status() | ({"state_db": state_db.status()} if state_db is not None else {}))
 
     app.add_api_route(
         "/admin/drain", drain, methods=["POST"], summary="Take this replica out of rotation (needs the admin key)"

@@ -31,14 +31,16 @@ async def health(request: Request) -> Response:
 
 
 def _state_db(state: ServerState) -> dict:
-    """The replicas' state database, when there is one: "ok", or "unreachable" and why. The replica stays in
-    rotation (200): requests without a budget are served; those with one get 503 until it is back."""
+    """The replicas' state database, when there is one: "ok", "fenced" (reachable again, lease not yet renewed)
+    or "unreachable". The replica stays in rotation (200): requests without a budget are served; those with one
+    get 503 until it is back. /health takes no key, so why it is away (the database's address, the driver's
+    error) is only in the log and in /admin/status."""
     db = state.state_db
     if db is None:
         return {}
-    if db.available:
-        return {"state_db": "ok"}
-    return {"state_db": "unreachable", "state_db_error": db.last_error}
+    if not db.available:
+        return {"state_db": "unreachable"}
+    return {"state_db": "fenced" if db.fenced else "ok"}
 
 
 async def metrics(request: Request) -> Response:

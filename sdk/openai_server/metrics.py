@@ -67,6 +67,7 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 # Why a request was refused: no or a wrong API key (401), over its rate limit (429),
 # engine queue full (503).
 REJECTION_REASONS = ("unauthenticated", "rate_limited", "overloaded")
+KEY_LABEL_DIGITS = 16  # of a key's id in a per-key metric's `key` label (budgets.toml takes such a prefix)
 
 
 class EngineStatsCollector:
@@ -140,6 +141,33 @@ class EngineStatsCollector:
         for position, count in enumerate(stats.spec_accepted_tokens_per_position):
             per_position.add_metric([str(position)], count)
         yield per_position
+        yield from _caller_draft_counters(self.prefix, stats)
+
+
+def _caller_draft_counters(prefix: str, stats):
+    """Callers' drafts (GenerateWithDrafts) per API key, beside the engine-wide spec_decode counters (which
+    count the engine's own drafts too). `key`: the first KEY_LABEL_DIGITS hex digits of the key's id ("none"
+    without keys): enough to tell the configured keys apart, and nothing of the key itself."""
+    for name, doc, by_key in (
+        (
+            "spec_decode_caller_draft_tokens",
+            "Draft tokens a key's GenerateWithDrafts drafts had verified (billed at the input price).",
+            stats.caller_draft_tokens_by_key,
+        ),
+        (
+            "spec_decode_caller_accepted_tokens",
+            "Of those, draft tokens the target accepted.",
+            stats.caller_accepted_tokens_by_key,
+        ),
+    ):
+        by_label: dict[str, int] = {}
+        for key, count in by_key.items():  # summed: two ids sharing a prefix must not make a sample twice
+            label = key[:KEY_LABEL_DIGITS] or "none"
+            by_label[label] = by_label.get(label, 0) + count
+        family = CounterMetricFamily(prefix + name, doc, labels=["key"])
+        for label, count in sorted(by_label.items()):
+            family.add_metric([label], count)
+        yield family
 
 
 class ServerMetrics:

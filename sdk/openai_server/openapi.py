@@ -36,8 +36,10 @@ def install_openapi(app: FastAPI, routes: Sequence[Route]) -> None:
             schema = generate()
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for route in routes:
+                operation = schema["paths"][_openapi_path(route.path)][route.method.lower()]
+                _declare_path_parameters(operation, route.path)
                 if route.answer is not None:
-                    _document(schema["paths"][_openapi_path(route.path)][route.method.lower()], route, components)
+                    _document(operation, route, components)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -62,6 +64,20 @@ def _document(operation: dict, route: Route, components: dict) -> None:
     error = {"application/json": {"schema": _component(components, ErrorResponse, "serialization")}}
     errors = {**_ERRORS, "404": route.not_found}
     operation["responses"].update({code: {"description": why, "content": error} for code, why in errors.items()})
+
+
+def _declare_path_parameters(operation: dict, path: str) -> None:
+    """Each `{name}` of the path as a required string parameter: the handlers read them from the request,
+    so FastAPI, which only sees typed arguments, declares none (and a path with an undeclared one is invalid)."""
+    names = re.findall(r"\{(\w+)(?::\w+)?\}", path)
+    declared = {parameter["name"] for parameter in operation.get("parameters", []) if parameter.get("in") == "path"}
+    operation.setdefault("parameters", []).extend(
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in names
+        if name not in declared
+    )
+    if not operation["parameters"]:
+        del operation["parameters"]
 
 
 def _openapi_path(path: str) -> str:

@@ -17,12 +17,13 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
+from sdk.cascade.openai import prepare_routed
 from sdk.openai_server.chat import chat_job, chat_response
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.responses_stream import ResponseEvents, chunk_events, token_events
 from sdk.openai_server.routed_chat import run_routed
 from sdk.openai_server.serving import ServerState, parse_body, run_job
-from sdk.openai_server.stored_responses import keeper_for, previous_conversation
+from sdk.openai_server.stored_responses import keeper_for, previous_conversation, privacy_flagged
 from sdk.openai_server.streaming import EventStreamResponse
 from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest
@@ -55,19 +56,22 @@ async def create_response(request: Request) -> Response:
             logger.warning("the request's fields %s are not known to tandem and were ignored", ", ".join(unknown))
         routed = state.routed_mode(chat.model) is not None
         model = (chat.model or "auto") if routed else state.resolve_model(chat.model)
+        # Routed: prepared here, so that the privacy verdict the cascade routes by is the one storing obeys.
+        prepared = await prepare_routed(state.cascade, chat, model) if routed else None
+        keeper = keeper_for(state, body, key, history, privacy_flagged(state, chat, prepared))
+        response = ResponseEvents(body, item_id("resp"), int(time.time()), model, ignored, keeper)
+        if keeper is not None:
+            keeper.refuse_oversized(response.object("in_progress", []))
     except Exception as exc:
         return from_exception(exc).response()
-    keeper = keeper_for(state, body, key, history)
-    response = ResponseEvents(body, item_id("resp"), int(time.time()), model, ignored, keeper)
     if routed:
-        ran = await run_routed(request, state, chat, model, response.id, response.created_at)
+        ran = await run_routed(request, state, chat, model, response.id, response.created_at, prepared)
         if isinstance(ran, Response):
             return ran
         result, headers = ran
         if body.stream:
             return EventStreamResponse(chunk_events(response, result), headers=headers)
-        whole = as_response(response, result)
-        await response.keep(whole)
+        whole = await response.keep(as_response(response, result))
         return Response(whole.model_dump_json(), media_type="application/json", headers=headers)
     try:
         job, _, answers = await chat_job(state, chat, model, arrival_time)
@@ -93,7 +97,10 @@ async def create_response(request: Request) -> Response:
         complete_body=complete_body,
     )
     if answered and sent.status_code == 200:
-        await response.keep(answered[0])
+        kept = await response.keep(answered[0])
+        if kept is not answered[0]:  # not kept after all: the body rendered by run_job says store: false instead
+            sent.body = kept.model_dump_json().encode()
+            sent.headers["content-length"] = str(len(sent.body))
     return sent
 
 

@@ -99,10 +99,13 @@ class ResponseEvents:
             tandem=extension or None,
         )
 
-    async def keep(self, response: ResponseObject) -> None:
-        """Store the whole response (when it is to be stored) before the answer naming it goes out."""
-        if self.keeper is not None:
-            await self.keeper.keep(response)
+    async def keep(self, response: ResponseObject) -> ResponseObject:
+        """Store the whole response (when it is to be stored) before the answer naming it goes out: the
+        response to send, saying `store: false` when it was not kept after all (Keeper.keep)."""
+        if self.keeper is not None and not await self.keeper.keep(response):
+            self.keeper = None
+            response = response.model_copy(update={"store": False})
+        return response
 
     # ------------------------------------------------------------------ events
 
@@ -134,7 +137,8 @@ class ResponseEvents:
     def finish(
         self, rest: str, calls: list[ToolCall] | None, finish_reason: str | None, usage: Usage, tandem: dict | None
     ) -> list[str]:
-        """The closing events: the rest of the text, the message done, each call, the response done."""
+        """The closing events but the last: the rest of the text, the message done, each call (then `final`
+        is the whole response; `completion` is its event)."""
         status, incomplete = finish_status(finish_reason)
         events = self.text(rest)
         if self._message is None and not calls:
@@ -156,10 +160,13 @@ class ResponseEvents:
             events.append(self._event("response.function_call_arguments.delta", **where, delta=arguments))
             events.append(self._event("response.function_call_arguments.done", **where, arguments=arguments))
             events.append(self._done(item.model_copy(update={"arguments": arguments, "status": "completed"})))
-        final = self.final = self.object(status, self._output, ResponseUsage.of(usage), incomplete, tandem)
-        kind = "response.completed" if status == "completed" else "response.incomplete"
-        events.append(self._event(kind, response=final.model_dump(mode="json")))
-        return events
+        self.final = self.object(status, self._output, ResponseUsage.of(usage), incomplete, tandem)
+        return events  # the last (the whole response) once it is kept: _closing
+
+    def completion(self) -> str:
+        """The last event: the whole response, response.completed (response.incomplete when cut)."""
+        kind = "response.completed" if self.final.status == "completed" else "response.incomplete"
+        return self._event(kind, response=self.final.model_dump(mode="json"))
 
     def text_item_for_nothing(self) -> list[str]:
         """An answer with neither text nor calls still has its (empty) message, as OpenAI's does."""
@@ -185,11 +192,11 @@ class ResponseEvents:
 
 
 async def _closing(response: ResponseEvents, events: list[str]) -> AsyncIterator[str]:
-    """The closing events, the response kept before the last (response.completed names its id)."""
-    for event in events[:-1]:
+    """The closing events, then the response kept and the last event (response.completed names its id)."""
+    for event in events:
         yield event
-    await response.keep(response.final)
-    yield events[-1]
+    response.final = await response.keep(response.final)
+    yield response.completion()
 
 
 def _part(text: str) -> dict:

@@ -16,7 +16,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk.cascade.openai import prepare_routed, routed_completion, routed_stream
+from sdk.cascade.openai import RoutedChat, prepare_routed, routed_completion, routed_stream
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ClientDisconnected, cancel_on_disconnect
 from sdk.openai_server.serving import BUDGET_WARNING_HEADER, CLIENT_CLOSED_STATUS, ServerState, new_id
@@ -40,14 +40,21 @@ async def create_routed_chat_completion(
 
 
 async def run_routed(
-    request: Request, state: ServerState, body: ChatCompletionRequest, model: str, response_id: str, created: int
+    request: Request,
+    state: ServerState,
+    body: ChatCompletionRequest,
+    model: str,
+    response_id: str,
+    created: int,
+    prepared: RoutedChat | None = None,
 ) -> tuple[Any, dict[str, str]] | Response:
     """A routed chat request through the cascade, for every front door that speaks chat underneath
     (/v1/chat/completions, /v1/responses): (the TandemChatCompletion, or its chunks when `body.stream`,
-    with the budget headers), or the error Response to send (a refusal, an overload, a client gone)."""
+    with the budget headers), or the error Response to send (a refusal, an overload, a client gone).
+    `prepared`: `body` already through prepare_routed (a front door that needed its privacy verdict first)."""
     runner = state.cascade
     try:
-        chat = await prepare_routed(runner, body, model)
+        chat = prepared if prepared is not None else await prepare_routed(runner, body, model)
     except Exception as exc:
         return from_exception(exc).response()
     key = getattr(request.state, "key_fingerprint", None)

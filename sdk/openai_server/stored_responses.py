@@ -4,8 +4,16 @@
 
 A response is kept when the request says `store` (true by default, as OpenAI's), the server keeps
 responses (`store_responses`), and the request is not privacy-flagged: its `private` flag, or a
-privacy rule of the cascade matching its messages, whatever model it named. A flagged response
-is answered as usual, with `store: false`, so naming it later is a 404, as it is for another key's.
+privacy rule of the cascade matching any text the model sees (instructions, the replayed history,
+the input, tool definitions, calls and outputs), whatever model it named. On the routed models that
+is the very verdict the cascade routes by (sdk.cascade.openai.prepare_routed), made once per request.
+A flagged response is answered as usual, with `store: false`, so naming it later is a 404, as it is
+for another key's.
+
+Size: a request whose stored response would be larger than `responses_max_row_mb` before its answer
+is even added is refused (400, param `store`) before it runs: the client asked for a conversation it
+could continue, and a 400 now beats a 404 on its next turn. An answer that pushes it over, or a store
+whose key's older responses free too little room, is answered with `store: false` (not kept).
 """
 
 from __future__ import annotations
@@ -19,11 +27,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sdk.cascade.openai import RoutedChat
 from sdk.openai_server.errors import OpenAIError, from_exception
 from sdk.openai_server.serving import ServerState
+from sdk.protocol.openai_schema import ChatCompletionRequest
 from sdk.protocol.openai_schema.response_objects import FunctionCallItem, OutputMessage, ResponseObject
 from sdk.protocol.openai_schema.responses_api import ResponseCreateRequest
+from sdk.protocol.tool_formats import tool_format_of
 from sdk.response_store import ResponseStore, StoredResponse
+from sdk.response_store.stored import size_of
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +69,16 @@ async def previous_conversation(state: ServerState, body: ResponseCreateRequest,
     return stored.conversation
 
 
-def privacy_flagged(state: ServerState, messages: list[dict[str, Any]], private: bool) -> bool:
-    """Whether a request must not be stored: its own flag, or a privacy rule matching its messages."""
-    if private:
+def privacy_flagged(state: ServerState, chat: ChatCompletionRequest, prepared: RoutedChat | None) -> bool:
+    """Whether a request must not be stored. A routed one: the verdict its cascade routes by (`prepared`).
+    Else its own flag, or a rule of the cascade's matching the messages the engine templates (tools
+    rendered in its format), the same texts a routed request's verdict reads."""
+    if prepared is not None:
+        return prepared.verdict.private
+    if chat.private:
         return True
-    return state.privacy_rules is not None and state.privacy_rules.check_messages(messages).private
+    rules = state.privacy_rules
+    return rules is not None and rules.check_messages(chat.message_dicts(tool_format_of(state.engine))).private
 
 
 @dataclass
@@ -72,7 +89,23 @@ class Keeper:
     key: str | None
     conversation: list[dict[str, Any]]  # the history and this request's input, as chat messages
 
-    async def keep(self, response: ResponseObject) -> None:
+    def refuse_oversized(self, echo: ResponseObject) -> None:
+        """A 400 (param `store`) when the stored response would pass the row bound before its answer is added:
+        `echo` is the response object with no output yet (the request's settings it repeats)."""
+        size = size_of(self.conversation, json.loads(echo.model_dump_json()))
+        bound = self.store.settings.max_row_bytes
+        if size > bound:
+            raise OpenAIError(
+                400,
+                f"This response would be stored as {size} bytes before its answer, over the {bound} bytes this "
+                "server keeps for one response (responses_max_row_mb). Send store: false (and the whole "
+                "conversation as input next time), or less (input, instructions, tools, text.format, metadata).",
+                param="store",
+                code="stored_response_too_large",
+            )
+
+    async def keep(self, response: ResponseObject) -> bool:
+        """Store it; False when it was not kept (too large, no room left for its key, or the store failed)."""
         stored = StoredResponse(
             response.id,
             self.key,
@@ -81,19 +114,27 @@ class Keeper:
             json.loads(response.model_dump_json()),
         )
         try:
-            await self.store.put(stored)
-        except Exception:  # the answer still goes out; a later previous_response_id gets the 404
+            kept = await self.store.put(stored)
+        except Exception:  # the answer still goes out, saying store: false
             logger.exception("response %s could not be stored in %s", response.id, self.store.where)
+            return False
+        if not kept:
+            logger.warning(
+                "response %s not stored: larger than responses_max_row_mb, or its key's older responses free too "
+                "little of a full store (responses_max_mb)",
+                response.id,
+            )
+        return kept
 
 
-def keeper_for(state: ServerState, body: ResponseCreateRequest, key: str | None, history: list[dict]) -> Keeper | None:
-    """The Keeper of a request that is to be stored, else None."""
-    if state.responses is None or body.store is False:
+def keeper_for(
+    state: ServerState, body: ResponseCreateRequest, key: str | None, history: list[dict], flagged: bool
+) -> Keeper | None:
+    """The Keeper of a request that is to be stored, else None. `flagged`: its one privacy verdict
+    (privacy_flagged)."""
+    if state.responses is None or body.store is False or flagged:
         return None
-    conversation = body.conversation(history)
-    if privacy_flagged(state, conversation, bool(body.private)):
-        return None
-    return Keeper(state.responses, key, conversation)
+    return Keeper(state.responses, key, body.conversation(history))
 
 
 def answer_message(response: ResponseObject) -> dict[str, Any]:

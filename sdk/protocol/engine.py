@@ -32,13 +32,14 @@ from sdk.protocol.sampling_params import (  # noqa: F401
 
 if TYPE_CHECKING:
     from sdk.engine_common.sampling_defaults import SamplingDefaults
+    from sdk.protocol.drafts import OutsideDraft
 
 
 @dataclass(frozen=True)
 class Caller:
     """Whose request this is, for a server that bills it (sdk.budgets.metered_engine); engines ignore it.
 
-    `key_fingerprint`: the API key's fingerprint (None on a server without keys); `user`: the
+    `key_fingerprint`: the API key's id, its whole SHA-256 (None on a server without keys); `user`: the
     OpenAI `user` field. `bills_prompt`: False for the 2nd..nth choice of one request, whose
     prompt OpenAI's usage (and so the bill) counts once."""
 
@@ -60,6 +61,9 @@ class GenerationRequest:
     # grammar consumes them before it masks the first new token.
     num_continuation_tokens: int = 0
     caller: Caller | None = None  # who is billed for it (servers with budgets); not sent over gRPC
+    # The caller drafts for it (GenerateWithDrafts): the engine's own proposer leaves it alone, so every draft
+    # token verified for it is the caller's (metered and billed to its key: sdk.budgets.metered_engine).
+    drafted: bool = False
 
     @property
     def continuation_token_ids(self) -> list[int]:
@@ -162,6 +166,10 @@ class EngineStats:
     num_requests_aborted_total: int = 0
     # of num_waiting, requests drafting for the other tier (the local engine's: sdk.cascade.device_drafts)
     num_waiting_drafts: int = 0
+    # Callers' drafts (GenerationRequest.drafted) per key fingerprint ("" without keys): draft tokens verified,
+    # and accepted. Beside the engine-wide spec counters above, which count the engine's own drafts too.
+    caller_draft_tokens_by_key: dict[str, int] = field(default_factory=dict)
+    caller_accepted_tokens_by_key: dict[str, int] = field(default_factory=dict)
 
     @property
     def kv_usage(self) -> float:
@@ -208,6 +216,27 @@ class EngineProtocol(Protocol):
     def model_path(self) -> str | None:
         """The GGUF file the engine runs, when it runs one (a confidence probe checks its fingerprint)."""
         return None
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The model's token ids are 0..vocab_size - 1 (None while loading, or not known)."""
+        return None
+
+    # -- drafts another model makes for a request (GenerateWithDrafts; sdk.protocol.drafts) ----------
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """The most tokens of one outside draft the engine verifies; 0: it verifies none (the default)."""
+        return 0
+
+    def offer_draft(self, draft: OutsideDraft) -> None:
+        """Hand a draft to the engine, to verify in a step of its request; never waits (engines whose
+        max_draft_tokens is above 0). A draft the engine cannot use is dropped: the request decodes alone."""
+        raise NotImplementedError("this engine verifies no drafts")
+
+    def num_drafts_waiting(self, request_id: str) -> int:
+        """Drafts offered for a request that the engine has not taken yet (the door bounds them)."""
+        return 0
 
     # -- serving state (sdk.openai_server.drain, sdk.budgets.metered_engine) --------------------
 

@@ -41,8 +41,12 @@ class QuotaExceededError(EngineError):
 class StateUnavailableError(EngineError):
     """The state database replicas share (spend, reservations, rate limits: sdk.state) cannot be
     reached, so a request that must be billed or limited there is refused rather than served
-    unbilled (HTTP 503 `state_database_unavailable` + Retry-After, gRPC UNAVAILABLE)."""
+    unbilled (HTTP 503 `state_database_unavailable` + Retry-After, gRPC UNAVAILABLE).
 
-    def __init__(self, message: str, retry_after_s: float = 2.0):
+    Its message is what a caller may read (plain words and a reference); `detail` (the database's
+    address, the driver's error) is for logs only and never goes into a response."""
+
+    def __init__(self, message: str, retry_after_s: float = 2.0, detail: str | None = None):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.detail = detail

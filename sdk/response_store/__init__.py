@@ -9,8 +9,9 @@ requests (the `private` flag, or a privacy rule that matched) are never stored.
 Where: a SQLite file of the process (`responses_path`, default $TANDEM_DATA_DIR/responses.sqlite3:
 sdk.response_store.sqlite_store), or the state database the replicas share when `state_db` is set
 (sdk.response_store.postgres_store), so a conversation can continue on any replica. Both keep a
-retention and a size bound: rows past `responses_retention_days` go, and past `responses_max_mb`
-the oldest go first.
+retention and size bounds, checked on every put: rows past `responses_retention_days` go; past
+`responses_max_mb_per_key` (a key's share) or `responses_max_mb` (the whole store) the storing key's
+oldest go, never another key's; a response larger than `responses_max_row_mb` is not kept.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ def open_response_store(listener, state=None) -> ResponseStore | None:
     else the SQLite file."""
     if not listener.store_responses:
         return None
-    settings = StoreSettings(listener.responses_retention_days, listener.responses_max_mb)
+    settings = StoreSettings(
+        listener.responses_retention_days,
+        listener.responses_max_mb,
+        listener.responses_max_mb_per_key,
+        listener.responses_max_row_mb,
+    )
     if state is not None:
         if listener.responses_path:
             raise ValueError(

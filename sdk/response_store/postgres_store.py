@@ -4,24 +4,22 @@ a conversation continues on whichever replica its next request reaches.
 Under the state database's failure policy (docs/cloud-at-scale.md): while it is away, a response
 to store is deferred (written, in order, once it is back; lost only if the process ends first),
 and reading one (`previous_response_id`, GET, DELETE) is a 503 `state_database_unavailable` with
-Retry-After. Retention and size are checked by whichever replica's puts come due, over all rows."""
+Retry-After. Each put is one call of the schema's `tandem_keep_response` (sdk.state.schema, v5):
+it trims its own key's oldest rows to the key's share and to what the other keys leave of the
+whole store. Retention is applied by whichever replica's puts come due, over all rows."""
 
 from __future__ import annotations
 
 import logging
 
 from sdk.protocol.errors import StateUnavailableError
-from sdk.response_store.stored import SIZE_SLACK, MaintenanceClock, StoredResponse, StoreSettings
+from sdk.response_store.stored import MaintenanceClock, StoredResponse, StoreSettings
 
 logger = logging.getLogger("tandem.responses")
 
-_TRIM = """
-DELETE FROM tandem_responses WHERE id IN (
-    SELECT id FROM (
-        SELECT id, sum(bytes) OVER (ORDER BY created_at DESC, id) AS kept FROM tandem_responses
-    ) AS running WHERE kept > %s
-)
-"""
+# The advisory lock of the statements that touch many keys' rows at once (retention, owner migrations): one
+# at a time, so their row-by-row updates of the per-key counts never deadlock each other.
+RESPONSES_LOCK = 7_301_154_912
 
 
 class PostgresResponseStore:
@@ -31,22 +29,34 @@ class PostgresResponseStore:
         self.settings = settings
         self.maintenance = clock or MaintenanceClock()
 
-    async def put(self, stored: StoredResponse) -> None:
+    async def put(self, stored: StoredResponse) -> bool:
         columns = stored.columns()
+        if columns[3] > self.settings.max_row_bytes:
+            return False
+        params = (*columns, self.settings.max_bytes_per_key, self.settings.max_bytes)
 
-        async def write() -> None:
-            await self.state.call(
-                "INSERT INTO tandem_responses VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING", columns
+        async def write() -> bool:
+            rows = await self.state.call(
+                "SELECT tandem_keep_response(%s, %s, %s, %s::integer, %s, %s, %s::bigint, %s::bigint)", params
             )
+            return bool(rows[0][0])
+
+        async def write_later() -> None:
+            if not await write():
+                logger.warning(
+                    "response %s was not kept after all: its key's older responses free too little", stored.id
+                )
 
         try:
-            await write()
+            kept = await write()
         except StateUnavailableError as exc:
+            # Kept once the database is back (its bounds checked then): the answer says store: true meanwhile.
             logger.warning("response %s is kept once %s is back: %s", stored.id, self.where, exc)
-            self.state.defer(write)
-            return
+            # A stored response is the one write that may be dropped, when the deferred writes are full.
+            return self.state.defer(write_later, droppable=True)
         if self.maintenance.due():
-            await self._maintain()
+            await self._expire()
+        return kept
 
     async def get(self, response_id: str, key: str | None) -> StoredResponse | None:
         rows = await self.state.call(
@@ -57,27 +67,36 @@ class PostgresResponseStore:
         return StoredResponse.of_row(rows[0]) if rows else None
 
     async def delete(self, response_id: str, key: str | None) -> bool:
-        async with self.state.connection() as conn:
+        async def delete(conn) -> bool:
             cursor = await conn.execute(
                 "DELETE FROM tandem_responses WHERE id = %s AND key_fingerprint IS NOT DISTINCT FROM %s",
                 (response_id, key),
             )
             return cursor.rowcount > 0
 
+        return await self.state.run(delete)
+
     async def close(self) -> None:
         """The state database is the server's to close."""
 
-    async def _maintain(self) -> None:
-        try:
-            async with self.state.transaction() as conn:
+    async def _expire(self) -> None:
+        async def expire(conn) -> None:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (RESPONSES_LOCK,))
                 await conn.execute("DELETE FROM tandem_responses WHERE created_at < %s", (self.settings.oldest_kept(),))
-                cursor = await conn.execute("SELECT coalesce(sum(bytes), 0) FROM tandem_responses")
-                total = (await cursor.fetchone())[0]
-                if total > self.settings.max_bytes:
-                    await conn.execute(_TRIM, (int(self.settings.max_bytes * SIZE_SLACK),))
-        except StateUnavailableError as exc:  # the next put that comes due tries again
-            logger.warning("stored responses not trimmed: %s", exc)
+                await conn.execute("DELETE FROM tandem_response_owners WHERE bytes <= 0")
 
-    async def stored_bytes(self) -> int:
-        rows = await self.state.call("SELECT coalesce(sum(bytes), 0) FROM tandem_responses")
+        try:
+            await self.state.run(expire)
+        except StateUnavailableError as exc:  # the next put that comes due tries again
+            logger.warning("expired stored responses not deleted: %s", exc)
+
+    async def stored_bytes(self, key: str | None = None, *, every_key: bool = True) -> int:
+        """The bytes all rows hold; with `every_key=False`, the bytes of `key`'s rows."""
+        if every_key:
+            rows = await self.state.call("SELECT coalesce(sum(bytes), 0) FROM tandem_response_owners")
+        else:
+            rows = await self.state.call(
+                "SELECT coalesce(max(bytes), 0) FROM tandem_response_owners WHERE owner = %s", (key or "",)
+            )
         return int(rows[0][0])

@@ -7,23 +7,40 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-MAINTENANCE_EVERY_S = 60.0  # retention and size are checked at most this often (and every MAINTENANCE_EVERY_PUTS)
+MAINTENANCE_EVERY_S = 60.0  # retention is applied at most this often (and every MAINTENANCE_EVERY_PUTS)
 MAINTENANCE_EVERY_PUTS = 200
-SIZE_SLACK = 0.9  # past the size bound, the oldest rows go until the rest is under this share of it
+MB = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class StoreSettings:
+    """The bounds of a store. Sizes are checked on every put, per key: a put past its key's share deletes
+    that key's oldest rows; a put past the whole store's bound deletes that key's oldest too, and is not
+    kept when they are not enough. So one key's puts never delete another key's responses."""
+
     retention_days: float = 30.0  # rows older than this are deleted
-    max_mb: float = 256.0  # past this, the oldest rows are deleted
+    max_mb: float = 256.0  # the whole store
+    max_mb_per_key: float = 32.0  # one key's share (at most max_mb)
+    max_row_mb: float = 2.0  # one stored response (at most one key's share): a larger one is not kept
 
     def __post_init__(self) -> None:
-        if not self.retention_days > 0 or not self.max_mb > 0:
-            raise ValueError("responses_retention_days and responses_max_mb must be > 0")
+        if min(self.retention_days, self.max_mb, self.max_mb_per_key, self.max_row_mb) <= 0:
+            raise ValueError(
+                "responses_retention_days, responses_max_mb, responses_max_mb_per_key and responses_max_row_mb "
+                "must be > 0"
+            )
 
     @property
     def max_bytes(self) -> int:
-        return int(self.max_mb * 1024 * 1024)
+        return int(self.max_mb * MB)
+
+    @property
+    def max_bytes_per_key(self) -> int:
+        return min(int(self.max_mb_per_key * MB), self.max_bytes)
+
+    @property
+    def max_row_bytes(self) -> int:
+        return min(int(self.max_row_mb * MB), self.max_bytes_per_key)
 
     def oldest_kept(self) -> float:
         """The creation time (seconds since the epoch) before which a response is past its retention."""
@@ -33,17 +50,22 @@ class StoreSettings:
 @dataclass(frozen=True)
 class StoredResponse:
     id: str
-    key_fingerprint: str | None  # the API key's fingerprint (None on a server without keys)
+    key_fingerprint: str | None  # the API key's id, its whole SHA-256 (None on a server without keys)
     created_at: float
     conversation: list[dict[str, Any]]  # chat messages: the history, this input, the answer
     response: dict[str, Any]  # the response object as answered (GET returns it)
 
     def columns(self) -> tuple:
         """(id, key_fingerprint, created_at, bytes, conversation, response): a row of either store."""
-        conversation = json.dumps(self.conversation, ensure_ascii=False, separators=(",", ":"))
-        response = json.dumps(self.response, ensure_ascii=False, separators=(",", ":"))
-        size = len(conversation.encode()) + len(response.encode()) + len(self.id)
-        return self.id, self.key_fingerprint, self.created_at, size, conversation, response
+        conversation, response = _json(self.conversation), _json(self.response)
+        return (
+            self.id,
+            self.key_fingerprint,
+            self.created_at,
+            row_bytes(self.id, conversation, response),
+            conversation,
+            response,
+        )
 
     @classmethod
     def of_row(cls, row: tuple) -> StoredResponse:
@@ -51,13 +73,31 @@ class StoredResponse:
         return cls(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]))
 
 
+def _json(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def row_bytes(response_id: str, conversation: str, response: str) -> int:
+    """What a row counts against the bounds: its texts' UTF-8 bytes."""
+    return len(response_id) + len(conversation.encode()) + len(response.encode())
+
+
+def size_of(conversation: list[dict[str, Any]], response: dict[str, Any]) -> int:
+    """The bytes a response with this conversation and object would count (before it is answered: its echo)."""
+    return row_bytes("", _json(conversation), _json(response))
+
+
 class ResponseStore(Protocol):
-    """The operations of a store. `key` is the caller's key fingerprint: another key's response is not
-    found (get: None; delete: False)."""
+    """The operations of a store. `key` is the caller's key id: another key's response is not found
+    (get: None; delete: False)."""
 
     where: str  # for log lines and messages
+    settings: StoreSettings
 
-    async def put(self, stored: StoredResponse) -> None: ...
+    async def put(self, stored: StoredResponse) -> bool:
+        """Keep it (before the answer naming it goes out); False when it is not kept: larger than one
+        response may be, or its key's older responses free too little of a full store."""
+        ...
 
     async def get(self, response_id: str, key: str | None) -> StoredResponse | None: ...
 
@@ -67,8 +107,8 @@ class ResponseStore(Protocol):
 
 
 class MaintenanceClock:
-    """When a store should next check its retention and size: every MAINTENANCE_EVERY_S seconds or
-    MAINTENANCE_EVERY_PUTS puts, whichever comes first (so the size bound is overrun by at most that)."""
+    """When a store should next delete what is past its retention: every MAINTENANCE_EVERY_S seconds or
+    MAINTENANCE_EVERY_PUTS puts, whichever comes first (expired rows are never answered meanwhile)."""
 
     def __init__(self, every_s: float = MAINTENANCE_EVERY_S, every_puts: int = MAINTENANCE_EVERY_PUTS):
         self.every_s = every_s

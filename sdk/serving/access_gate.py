@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sdk.serving.api_keys import key_fingerprint, matching_key
+from sdk.serving.api_keys import key_fingerprint, loggable_id, matching_key
 from sdk.serving.client_limits import ClientLimits
 
 logger = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ class AccessGate:
         return bool(self.api_keys) or self.limits.active
 
     def who(self, client: str) -> str:
-        """A loggable name for a client: a key's fingerprint, never the key."""
-        return f"key {key_fingerprint(client)}" if self.api_keys else client
+        """A loggable name for a client: its key's id (the logged prefix), never the key."""
+        return f"key {loggable_id(key_fingerprint(client))}" if self.api_keys else client
 
     async def admit(self, presented_key: str | None, address: str, what: str, *, limited: bool = True) -> Admission:
         """Decide on one request from `address` (the peer's host) presenting `presented_key`.
@@ -113,7 +113,7 @@ class AccessGate:
                 if refusal is not None:
                     return Admission(client, refusal)
             client = key
-            logger.debug("%s by key %s", what, key_fingerprint(key))
+            logger.debug("%s by key %s", what, loggable_id(key_fingerprint(key)))
         if not limited:
             return Admission(client)
         per_key = bool(self.api_keys)
@@ -173,7 +173,7 @@ class AccessGate:
         if key is not None:
             return key, None
         waits = await backoff.failed(address) if backoff is not None else 0.0
-        seen = f"unknown {name} {key_fingerprint(presented_key)}" if presented_key else f"no {name}"
+        seen = f"unknown {name} {loggable_id(key_fingerprint(presented_key))}" if presented_key else f"no {name}"
         then = f"; it now waits {waits:g}s before its next key is checked" if waits else ""
         self.log.info((address, UNAUTHENTICATED), "%s from %s refused: %s%s", what, address, seen, then)
         return None, Refusal(UNAUTHENTICATED, key_presented=presented_key is not None)

@@ -2,7 +2,12 @@
 
 Keys come from a file (one per line; blank lines and `#` comments ignored) and/or an
 environment variable (comma-separated). Presented keys are compared in constant time
-against every configured key, and keys are never logged: only a short fingerprint is.
+against every configured key, and keys are never logged.
+
+A key's id (`key_fingerprint`) is the whole SHA-256 of the key, 64 hex digits: what owns stored
+responses, budgets and traffic rows. Keys are high-entropy secrets, so the bare hash is enough (no salt
+to keep); a short id would let two of many keys collide and share what each owns. Logs show the id's
+first LOGGED_DIGITS digits (`loggable_id`), which budgets.toml's `[keys.<id>]` also accepts.
 """
 
 from __future__ import annotations
@@ -63,9 +68,17 @@ def matching_key(presented: str | None, keys: Iterable[str]) -> str | None:
     return found
 
 
+LOGGED_DIGITS = 16  # of a key's id in log lines: enough to tell keys apart, and what budgets.toml accepts
+
+
 def key_fingerprint(key: str) -> str:
-    """A short, non-reversible id for logs and per-key metrics (never the key itself)."""
-    return hashlib.sha256(key.encode()).hexdigest()[:8]
+    """A key's id: the whole SHA-256 of it (64 hex digits), non-reversible, never the key itself."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def loggable_id(fingerprint: str) -> str:
+    """The prefix of a key's id that log lines show."""
+    return fingerprint[:LOGGED_DIGITS]
 
 
 LOOPBACK_NAMES = frozenset({"localhost"})

@@ -12,6 +12,7 @@ from sdk.protocol.engine import Caller, EngineProtocol, EngineStats, GenerationR
 
 if TYPE_CHECKING:
     from sdk.engine_common.sampling_defaults import SamplingDefaults
+    from sdk.protocol.drafts import OutsideDraft
 
 
 class EngineWrapper(EngineProtocol):
@@ -67,6 +68,20 @@ class EngineWrapper(EngineProtocol):
     @property
     def model_path(self) -> str | None:
         return self.engine.model_path
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.engine.vocab_size
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.engine.max_draft_tokens
+
+    def offer_draft(self, draft: OutsideDraft) -> None:
+        self.engine.offer_draft(draft)
+
+    def num_drafts_waiting(self, request_id: str) -> int:
+        return self.engine.num_drafts_waiting(request_id)
 
     @property
     def draining(self) -> bool:

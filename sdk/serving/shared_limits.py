@@ -3,10 +3,12 @@ replicas of a server share them (`state_db`): one token bucket per key across al
 count of requests in flight, one failed-key backoff per client address.
 
 Each decision is one statement or function call (sdk.state.schema: `tandem_take_token`,
-`tandem_enter`, `tandem_auth_failed`), atomic on its row; an admitted request asks all three of
-its limits in one call (`tandem_admit`, SharedClientLimits.admit), so the gate costs one round
-trip. Returning an in-flight slot is deferred to the database's writer (a response's end never
-waits on it); a replica that dies with slots taken stops counting once its lease ends.
+`tandem_enter_slot`, `tandem_auth_failed`), atomic on its row; an admitted request asks all three of
+its limits in one call (`tandem_admit_slot`, SharedClientLimits.admit), so the gate costs one round
+trip, bounded by the database's deadline (`state_db_timeout_s`). Returning an in-flight slot is
+deferred to the database's writer (a response's end never waits on it), gathered with the others
+waiting into one idempotent DELETE; a replica that dies with slots taken stops counting once its
+lease ends.
 
 Keys never reach the database: a client is stored as the SHA-256 of its identity (the key, or
 `ip:<host>`).
@@ -22,12 +24,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sdk.protocol.errors import StateUnavailableError
 from sdk.serving.client_limits import AuthFailureBackoff, ClientLimits, Decision, InFlightLimiter, RequestRateLimiter
 from sdk.state.database import StateDatabase
+from sdk.state.writes import Coalesced
 
 
 def _digest(client: str) -> str:
@@ -55,59 +59,65 @@ class SharedRateLimiter(RequestRateLimiter):
 
 
 class SharedInFlightLimiter(InFlightLimiter):
-    """InFlightLimiter's count per client, summed over the live replicas."""
+    """InFlightLimiter's count per client, summed over the live replicas: one row per request's slot
+    (sdk.state.schema v5), so returning it is a DELETE that a retry repeats harmlessly."""
 
     def __init__(self, db: StateDatabase, max_in_flight: int):
         super().__init__(max_in_flight)
         self.db = db
-        self._shared: dict[str, int] = {}  # this replica's slots in the database, per client (for /metrics)
+        self._slots: dict[str, list[str]] = {}  # this replica's slots in the database, per client
+        self._leaves = Coalesced(db.writes, list, self._send_leaves)  # slots to return, in one statement
 
     async def try_acquire(self, client: str) -> bool:
+        slot = new_slot()
         try:
             rows = await self.db.call(
-                "SELECT tandem_enter(%s, %s, %s)", (_digest(client), self.db.replica_id, self.max_in_flight)
+                "SELECT tandem_enter_slot(%s, %s, %s, %s)",
+                (_digest(client), self.db.replica_id, slot, self.max_in_flight),
             )
         except StateUnavailableError:
             return await super().try_acquire(client)  # released there: release() finds no shared slot
         if rows[0][0]:
-            self.count_shared(client)
+            self.count_shared(client, slot)
         return rows[0][0]
 
-    def count_shared(self, client: str) -> None:
-        """This replica took a slot for `client` in the database (release() gives it back there)."""
-        self._shared[client] = self._shared.get(client, 0) + 1
+    def count_shared(self, client: str, slot: str) -> None:
+        """This replica took `slot` for `client` in the database (release() gives one back there)."""
+        self._slots.setdefault(client, []).append(slot)
 
     def release(self, client: str) -> None:
-        if self._shared.get(client, 0) <= 0:  # a slot the fallback counted
+        slots = self._slots.get(client)
+        if not slots:  # a slot the fallback counted
             super().release(client)
             return
-        if self._shared[client] == 1:
-            del self._shared[client]
-        else:
-            self._shared[client] -= 1
-        params = (_digest(client), self.db.replica_id)
+        slot = slots.pop()  # a client's slots are alike: any one goes back
+        if not slots:
+            del self._slots[client]
+        self._leaves.add(lambda batch: batch.append(slot))
 
-        async def write() -> None:
-            await self.db.call("SELECT tandem_leave(%s, %s)", params)
-
-        self.db.defer(write)
+    async def _send_leaves(self, slots: list[str]) -> None:
+        await self.db.call("DELETE FROM tandem_in_flight_requests WHERE slot = ANY(%s)", (slots,))
 
     def in_flight(self, client: str) -> int:
         """This replica's requests in flight for `client` (both books)."""
-        return self._shared.get(client, 0) + super().in_flight(client)
+        return len(self._slots.get(client, ())) + super().in_flight(client)
 
     @property
     def total(self) -> int:
-        return sum(self._shared.values()) + super().total
+        return sum(len(slots) for slots in self._slots.values()) + super().total
 
     async def in_flight_everywhere(self, client: str) -> int:
         """Requests in flight for `client` on every live replica (the tests look)."""
         rows = await self.db.call(
-            "SELECT coalesce(sum(f.count), 0) FROM tandem_in_flight f JOIN tandem_replicas p ON p.id = f.replica "
+            "SELECT count(*) FROM tandem_in_flight_requests f JOIN tandem_replicas p ON p.id = f.replica "
             "WHERE f.client = %s AND p.expires_at > now()",
             (_digest(client),),
         )
         return rows[0][0]
+
+
+def new_slot() -> str:
+    return uuid.uuid4().hex
 
 
 class SharedAuthFailureBackoff(AuthFailureBackoff):
@@ -156,9 +166,10 @@ class SharedClientLimits(ClientLimits):
         rate, in_flight = self.rate, self.in_flight
         if self.db is None or (backoff is None and rate is None and in_flight is None):
             return await super().admit(address, client)
+        slot = new_slot()
         try:
             ((backoff_wait, rate_wait, entered),) = await self.db.call(
-                "SELECT * FROM tandem_admit(%s, %s, %s, %s, %s, %s, %s, %s)",
+                "SELECT * FROM tandem_admit_slot(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (
                     None if backoff is None else address,
                     None if backoff is None else backoff.forget_after_s,
@@ -168,12 +179,13 @@ class SharedClientLimits(ClientLimits):
                     self.clock(),
                     self.db.replica_id,
                     None if in_flight is None else in_flight.max_in_flight,
+                    slot,
                 ),
             )
         except StateUnavailableError:
             return await self._own_books(backoff, address, client)
         if entered:
-            in_flight.count_shared(client)
+            in_flight.count_shared(client, slot)
         return Decision(backoff_wait, rate_wait, entered)
 
     async def _own_books(self, backoff, address: str | None, client: str) -> Decision:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from sdk.serving.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S
 from sdk.protocol.config_fields import at_least, one_of, setting
+from sdk.protocol.drafts import DRAFTS_PER_SECOND, MAX_DRAFTS_OUTSTANDING, MAX_SUPPORT_TOKENS
 from sdk.settings.setting_field import fields_of
 
 if TYPE_CHECKING:
@@ -100,10 +101,24 @@ class ListenerConfig:
         "reservations and requests in flight before the other replicas delete them.",
         check=at_least(1),
     )
+    state_db_timeout_s: float = setting(
+        1.5,
+        "With state_db: the client-side deadline of every call to it, seconds (a frozen server answers nothing, "
+        "so no server-side timeout can fire). Past it a budgeted request gets 503 state_database_unavailable and "
+        "one without a budget is served on this replica's own limits.",
+        check=at_least(0.05),
+    )
+    state_db_max_pending_writes: int = setting(
+        10_000,
+        "With state_db: writes that may wait for it (settles, returned slots, stored responses) before budgeted "
+        "requests get 503 until they drain; settles are never dropped, a stored response past it is.",
+        check=at_least(1),
+    )
     store_responses: bool = setting(
         True,
         "Keep what POST /v1/responses answers (store: true, OpenAI's default) so previous_response_id continues it "
-        "and GET/DELETE /v1/responses/{id} reach it, for the key that made it; privacy-flagged requests are never kept.",
+        "and GET/DELETE /v1/responses/{id} reach it, for the key that made it; privacy-flagged requests are never "
+        "kept.",
     )
     responses_path: str | None = setting(
         None,
@@ -115,7 +130,23 @@ class ListenerConfig:
         30.0, "Stored responses older than this are deleted.", check=at_least(0, inclusive=False)
     )
     responses_max_mb: float = setting(
-        256.0, "Largest size of the stored responses; past it the oldest are deleted.", check=at_least(1)
+        256.0,
+        "Largest size of all stored responses; a store past it deletes the storing key's oldest (never another "
+        "key's), and keeps nothing of that key when they free too little.",
+        check=at_least(1),
+    )
+    responses_max_mb_per_key: float = setting(
+        32.0,
+        "Largest size of one API key's stored responses (at most responses_max_mb); a store past it deletes that "
+        "key's oldest.",
+        check=at_least(0, inclusive=False),
+    )
+    responses_max_row_mb: float = setting(
+        2.0,
+        "Largest stored response (its conversation and response object; at most responses_max_mb_per_key): a "
+        "request whose stored response would be larger is refused (400, param store) before it runs, and an "
+        "answer that makes it larger is sent with store: false.",
+        check=at_least(0, inclusive=False),
     )
     tls_cert: str | None = setting(
         None, "PEM certificate chain: the server speaks TLS (with tls_key).", unset="plaintext"
@@ -149,6 +180,26 @@ class HostedCloudConfig:
         "On SIGTERM: seconds the requests in flight get to finish while health says NOT_SERVING and new ones are "
         "refused.",
         check=at_least(0),
+    )
+    # What GenerateWithDrafts takes of one request's drafts (sdk.serving.grpc.draft_door); the tokens of one draft
+    # are the engine's ([cloud] max_draft_tokens).
+    draft_max_support: int = setting(
+        MAX_SUPPORT_TOKENS,
+        "GenerateWithDrafts: the most token ids in one draft token's support (the distribution it was drawn from); "
+        "more is INVALID_ARGUMENT.",
+        check=at_least(1, high=4096),
+    )
+    drafts_per_second: float = setting(
+        DRAFTS_PER_SECOND,
+        "GenerateWithDrafts: draft messages one request may send a second (in bursts of as many); faster is "
+        "RESOURCE_EXHAUSTED.",
+        check=at_least(1),
+    )
+    drafts_max_outstanding: int = setting(
+        MAX_DRAFTS_OUTSTANDING,
+        "GenerateWithDrafts: draft messages of one request the engine has not taken yet; one more is "
+        "RESOURCE_EXHAUSTED (the engine keeps only the latest of them).",
+        check=at_least(1),
     )
 
 

@@ -1,19 +1,27 @@
 """The connection to the state database the replicas of a server share (`state_db`).
 
     state = await StateDatabase(url, lease_s=30).open()   # StateDatabaseError: unreachable, or a newer schema
-    async with state.transaction() as conn: ...           # StateUnavailableError while it is unreachable
-    state.defer(write)                                    # a write that must happen, in order, when it can
+    rows = await state.call("SELECT ...", params)         # StateUnavailableError: away, or no answer in time
+    await state.run(fn)                                   # fn(conn): several statements, one transaction
+    state.defer(write)                                    # a write that must land, in order, when it can
     await state.close()
 
 One asyncio pool (psycopg 3) per process, opened in the serving event loop. On open the schema is
-migrated (sdk.state.schema) and this replica registered with a lease; a heartbeat task renews it
-every lease/3 and deletes what expired replicas hold. The heartbeat is also how the process learns
-that the database went away and came back: `available` and `last_error` say it (/health,
-/metrics), and nothing needs a restart.
+migrated (sdk.state.schema) and this replica registered with a lease (sdk.state.lease); a heartbeat task
+renews it every lease/3 and deletes what expired replicas hold. The heartbeat is also how the process
+learns that the database went away and came back: `available` says it (/health, /metrics), and nothing
+needs a restart.
 
-Deferred writes are what ends a request (settling its spend, returning its in-flight slot): they
-run on one task in the order they were made, and one that fails because the database is away is
-retried until it is back, so an outage delays them but loses none while the process lives.
+**A deadline on every call, kept by the client.** A server-side `statement_timeout` cannot fire while the
+server is frozen (SIGSTOP, a hung host), and a pooled connection waits on its socket for ever. So every
+call runs as a task this process abandons at its deadline (`timeout_s`, `state_db_timeout_s`, 2 s by
+default): the caller gets StateUnavailableError then, the database is marked away (later calls fail at
+once until the heartbeat sees it back, so no request waits twice), and the abandoned task ends its
+connection in the background (psycopg cancels the query; the pool drops the connection).
+
+**What callers see of a failure**: StateUnavailableError's plain message with a reference; the database's
+address and the driver's error only in this module's log lines (the URL's password redacted) and in
+/admin/status.
 """
 
 from __future__ import annotations
@@ -21,35 +29,55 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from sdk.protocol.errors import StateUnavailableError
+from sdk.state.lease import RENEW, SWEEP, Lease
 from sdk.state.schema import LATEST, MIGRATION_LOCK, MIGRATIONS
+from sdk.state.writes import DEFAULT_MAX_PENDING, DeferredWrites, Write
 
 logger = logging.getLogger("tandem.state")
 
 DEFAULT_LEASE_S = 30.0
-CONNECT_TIMEOUT_S = 5.0
+DEFAULT_TIMEOUT_S = 2.0  # a call's client-side deadline (admission waits at most this on the database)
+CONNECT_TIMEOUT_S = 5.0  # opening a connection (at start, and the traffic record's own connections)
 POOL_SIZE = 8
-RETRY_WRITE_S = 1.0  # a deferred write that failed waits this long before it is tried again
+PROBE_EVERY_S = 1.0  # while the database is away the heartbeat asks for it this often
+SECRET_PARAMS = ("password", "sslpassword")
+
+T = TypeVar("T")
 
 
 class StateDatabaseError(RuntimeError):
     """The state database cannot be used at start (the server refuses to start and says why)."""
 
 
+_DSN_SECRET = re.compile(r"\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
 def redacted(url: str) -> str:
-    """`url` without its password, for messages and logs."""
+    """`url` (a postgresql:// URL or a `key=value` connection string) with every password shown as ***."""
+    if "://" not in url:
+        return _DSN_SECRET.sub(r"\1***", url)
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    netloc = parts.netloc
+    if parts.password is not None:
+        host = parts.hostname or ""
+        netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode(
+            [(name, "***" if name.lower() in SECRET_PARAMS else value) for name, value in pairs], safe="*"
+        )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def check_url(url: str) -> str:
@@ -60,22 +88,42 @@ def check_url(url: str) -> str:
 
 
 class StateDatabase:
-    def __init__(self, url: str, lease_s: float = DEFAULT_LEASE_S, pool_size: int = POOL_SIZE):
+    def __init__(
+        self,
+        url: str,
+        lease_s: float = DEFAULT_LEASE_S,
+        pool_size: int = POOL_SIZE,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_pending_writes: int = DEFAULT_MAX_PENDING,
+    ):
+        if not timeout_s > 0:
+            raise ValueError(f"state_db_timeout_s must be > 0, got {timeout_s}")
         self.url = check_url(url)
-        self.lease_s = float(lease_s)
+        self.lease = Lease(lease_s)
+        self.lease_s = self.lease.lease_s
         self.pool_size = pool_size
+        self.timeout_s = float(timeout_s)
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.available = False
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # the driver's words, redacted: logs and /admin/status only
         self.outages = 0  # times the database went from reachable to unreachable while serving
+        self.writes = DeferredWrites(max_pending_writes)
         self._pool = None
         self._heartbeat: asyncio.Task | None = None
-        self._writes: asyncio.Queue | None = None
-        self._writer: asyncio.Task | None = None
+        self._abandoned: set[asyncio.Task] = set()  # calls past their deadline, ending in the background
+        self._went_away_event = asyncio.Event()
 
     @property
     def where(self) -> str:
+        """The database, for log lines (never for callers)."""
         return f"the state database {redacted(self.url)}"
+
+    @property
+    def fenced(self) -> bool:
+        """This replica's lease may lapse before it can renew it: no budgeted work now (sdk.state.lease)."""
+        return self.lease.fenced
+
+    # -- life cycle ---------------------------------------------------------------------------
 
     async def open(self) -> StateDatabase:
         try:
@@ -90,13 +138,15 @@ class StateDatabase:
             max_size=self.pool_size,
             open=False,
             timeout=CONNECT_TIMEOUT_S,
-            kwargs={"autocommit": True, "connect_timeout": int(CONNECT_TIMEOUT_S)},
+            kwargs=self._connection_options(),
             name="tandem-state",
         )
         try:
             await self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
             await self._migrate()
-            await self._renew_lease()
+            sent = self.lease.clock()
+            await self._renew()
+            self.lease.renewed(sent)
         except StateDatabaseError:
             await self._pool.close()
             raise
@@ -104,14 +154,30 @@ class StateDatabase:
             await self._pool.close()
             raise StateDatabaseError(f"{self.where} cannot be reached: {_reason(exc)}") from exc
         self.available = True
-        self._writes = asyncio.Queue()
-        self._writer = asyncio.create_task(self._write_loop(), name="tandem-state-writes")
+        self.writes.start()
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="tandem-state-heartbeat")
         logger.info("state shared through %s (replica %s, lease %gs)", self.where, self.replica_id, self.lease_s)
         return self
 
+    def _connection_options(self) -> dict[str, Any]:
+        """Autocommit, and the server's own limits as a second line behind the client's deadline: a statement
+        or lock wait past it is ended by the server (when the server still runs), and TCP keepalives find a
+        peer that went away without a word."""
+        server_ms = math.ceil(self.timeout_s * 1000) + 1000
+        return {
+            "autocommit": True,
+            "connect_timeout": int(CONNECT_TIMEOUT_S),
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "options": f"-c statement_timeout={server_ms} -c lock_timeout={server_ms} "
+            f"-c idle_in_transaction_session_timeout={server_ms * 5}",
+        }
+
     async def _migrate(self) -> None:
         async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SET LOCAL statement_timeout = 0")  # the one unbounded statement: DDL at start
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             await conn.execute("CREATE TABLE IF NOT EXISTS tandem_schema (version INTEGER NOT NULL)")
             row = await (await conn.execute("SELECT max(version) FROM tandem_schema")).fetchone()
@@ -127,114 +193,8 @@ class StateDatabase:
                     await conn.execute("INSERT INTO tandem_schema (version) VALUES (%s)", (number,))
                     logger.info("state database migrated to schema version %d", number)
 
-    async def _renew_lease(self) -> None:
-        """Push this replica's lease forward, and delete what replicas whose lease ran out still hold."""
-        async with self._pool.connection() as conn, conn.transaction():
-            await conn.execute(
-                "INSERT INTO tandem_replicas (id, expires_at) VALUES (%s, now() + make_interval(secs => %s)) "
-                "ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at",
-                (self.replica_id, self.lease_s),
-            )
-            expired = "SELECT id FROM tandem_replicas WHERE expires_at <= now()"
-            await conn.execute(f"DELETE FROM tandem_reservations WHERE replica IN ({expired})")
-            await conn.execute(f"DELETE FROM tandem_in_flight WHERE replica IN ({expired})")
-            await conn.execute("DELETE FROM tandem_replicas WHERE expires_at <= now()")
-            # Buckets that have refilled and failures forgotten: a fresh row would be the same.
-            await conn.execute("DELETE FROM tandem_rate_buckets WHERE full_at < extract(epoch FROM now())")
-            await conn.execute("DELETE FROM tandem_auth_failures WHERE forget_at < extract(epoch FROM now())")
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            # While the database is away it is asked every second, so serving resumes soon after it is back.
-            await asyncio.sleep(self.lease_s / 3 if self.available else min(1.0, self.lease_s / 3))
-            try:
-                if not self.available:
-                    await self._pool.check()  # the connections the outage broke go; fresh ones replace them
-                await self._renew_lease()
-            except Exception as exc:
-                self._went_away(exc)
-            else:
-                self._came_back()
-
-    def _went_away(self, exc: BaseException) -> None:
-        self.last_error = _reason(exc)
-        if self.available:
-            self.available = False
-            self.outages += 1
-            logger.error("%s is unreachable: %s (budgeted requests get 503 until it is back)", self.where, exc)
-
-    def _came_back(self) -> None:
-        """The heartbeat reached the database (requests only ever find it gone)."""
-        if not self.available:
-            self.available = True
-            logger.info("%s is reachable again", self.where)
-
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator:
-        """A pooled connection (autocommit: each statement is atomic on its own). StateUnavailableError when
-        the database cannot be reached, or at once while the heartbeat has not seen it back since it went
-        away (no request waits on a dead pool)."""
-        import psycopg
-        from psycopg_pool import PoolTimeout
-
-        if not self.available:
-            raise StateUnavailableError(f"{self.where} is unreachable: {self.last_error}")
-        try:
-            async with self._pool.connection() as conn:
-                yield conn
-        except PoolTimeout as exc:
-            # Every connection busy for CONNECT_TIMEOUT_S, or none can be made: this request is refused, but
-            # only the heartbeat, which asks the database itself, decides that it is away.
-            raise StateUnavailableError(f"{self.where} did not answer in time: {_reason(exc)}") from exc
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self._went_away(exc)
-            raise StateUnavailableError(f"{self.where} is unreachable: {_reason(exc)}") from exc
-
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator:
-        """A connection in a transaction (several statements, all or none)."""
-        async with self.connection() as conn, conn.transaction():
-            yield conn
-
-    async def call(self, sql: str, params: tuple = ()) -> list[tuple]:
-        """One statement (no BEGIN/COMMIT round trips): its rows. The decisions are single calls of the
-        schema's functions, so this is their path."""
-        async with self.connection() as conn:
-            cursor = await conn.execute(sql, params)
-            return await cursor.fetchall() if cursor.description else []
-
-    def defer(self, write: Callable[[], Awaitable[None]]) -> None:
-        """Run `write()` on the writer task, after every write deferred before it; retried while the
-        database is away. Never waits (an event-loop callback or a `finally` may call it)."""
-        self._writes.put_nowait(write)
-
-    async def _write_loop(self) -> None:
-        while True:
-            write = await self._writes.get()
-            try:
-                while True:
-                    try:
-                        await write()
-                        break
-                    except StateUnavailableError:
-                        await asyncio.sleep(RETRY_WRITE_S)
-                    except Exception:
-                        logger.exception("a state database write failed and is dropped")
-                        break
-            finally:
-                self._writes.task_done()
-
-    @property
-    def pending_writes(self) -> int:
-        return self._writes.qsize() if self._writes is not None else 0
-
-    async def flush(self, timeout_s: float = 30.0) -> None:
-        """Wait until every write deferred so far has run."""
-        if self._writes is not None:
-            await asyncio.wait_for(self._writes.join(), timeout_s)
-
     async def close(self, timeout_s: float = 10.0) -> None:
-        """Run what is deferred (while the database answers), give up this replica's lease, close the pool."""
+        """Land what is deferred (while the database answers), give up this replica's lease, close the pool."""
         if self._pool is None:
             return
         if self._heartbeat is not None:
@@ -242,25 +202,252 @@ class StateDatabase:
         try:
             await self.flush(timeout_s)
         except TimeoutError:
-            logger.error("%d state database writes not made before shutdown", self.pending_writes)
-        if self._writer is not None:
-            self._writer.cancel()
-        with contextlib.suppress(Exception):  # what it still holds goes with its row; else the lease ends it
-            await self.call("DELETE FROM tandem_reservations WHERE replica = %s", (self.replica_id,))
-            await self.call("DELETE FROM tandem_in_flight WHERE replica = %s", (self.replica_id,))
-            await self.call("DELETE FROM tandem_replicas WHERE id = %s", (self.replica_id,))
+            logger.error("%d state database writes not made before shutdown", self.writes.pending)
+        await self.writes.close()
+        for sql in (
+            "DELETE FROM tandem_reservations WHERE replica = %s",
+            "DELETE FROM tandem_in_flight WHERE replica = %s",
+            "DELETE FROM tandem_in_flight_requests WHERE replica = %s",
+            "DELETE FROM tandem_replicas WHERE id = %s",
+        ):
+            try:  # what it still holds goes with its row; else the lease ends it
+                await self._bounded(_statement(sql, (self.replica_id,)), self.timeout_s, probing=True)
+            except StateUnavailableError:
+                break
+        for task in list(self._abandoned):
+            task.cancel()
         await self._pool.close()
         self._pool = None
 
+    # -- the heartbeat ------------------------------------------------------------------------
+
+    async def _renew(self, conn=None) -> None:
+        """Push this replica's lease forward and sweep what expired (one transaction)."""
+
+        async def renew(conn) -> None:
+            async with conn.transaction():
+                await conn.execute(RENEW, (self.replica_id, self.lease_s))
+                for sql in SWEEP:
+                    await conn.execute(sql)
+
+        if conn is not None:
+            await renew(conn)
+            return
+        async with self._pool.connection() as fresh:
+            await renew(fresh)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            # A call that finds the database away wakes the heartbeat at once: it probes every second from then.
+            interval = self.lease.heartbeat_s if self.available else min(PROBE_EVERY_S, self.lease.heartbeat_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._went_away_event.wait(), interval)
+            self._went_away_event.clear()
+            if not self.available:
+                await asyncio.sleep(min(PROBE_EVERY_S, self.lease.heartbeat_s) / 4)  # not on the failed call's heels
+            await self.heartbeat()
+
+    async def heartbeat(self) -> bool:
+        """Renew the lease once (bounded by lease/6); whether it was renewed. Also how the database is seen back."""
+        sent = self.lease.clock()
+
+        async def probe(conn) -> None:
+            await self._renew(conn)
+
+        try:
+            if not self.available:
+                # The connections the outage broke go; fresh ones replace them.
+                await asyncio.wait_for(self._pool.check(), self.lease.renew_timeout_s)
+            await self._bounded(probe, self.lease.renew_timeout_s, probing=True)
+        except StateUnavailableError:
+            return False  # _bounded noted why
+        except Exception as exc:  # noqa: BLE001 - the pool's check timing out, or failing: not renewed
+            self._went_away(_reason(exc) if not isinstance(exc, TimeoutError) else "the pool's check did not end")
+            return False
+        self.lease.renewed(sent)
+        self._came_back()
+        return True
+
+    def _went_away(self, reason: str) -> None:
+        self.last_error = reason
+        if self.available:
+            self.available = False
+            self._went_away_event.set()
+            self.outages += 1
+            logger.error(
+                "%s is unavailable (outage %s): %s; budgeted requests get 503 until it is back",
+                self.where,
+                self.reference,
+                reason,
+            )
+
+    def _came_back(self) -> None:
+        if not self.available:
+            self.available = True
+            self.writes.nudge()  # the writes waiting out a pause go now
+            logger.info("%s is reachable again (outage %s over)", self.where, self.reference)
+
+    @property
+    def reference(self) -> str:
+        """What callers are told to quote: this replica and its outage number (the log says the rest)."""
+        return f"{self.replica_id.rsplit(':', 1)[-1]}-{self.outages}"
+
+    # -- calls --------------------------------------------------------------------------------
+
+    async def call(self, sql: str, params: tuple = (), timeout_s: float | None = None) -> list[tuple]:
+        """One statement: its rows. StateUnavailableError when the database is away or has not answered
+        within `timeout_s` (default: this database's deadline)."""
+        return await self.run(_statement(sql, params), timeout_s)
+
+    async def run(self, fn: Callable[[Any], Awaitable[T]], timeout_s: float | None = None) -> T:
+        """`fn(conn)` on a pooled connection, under the same deadline (open `conn.transaction()` inside it for
+        several statements that must land together)."""
+        if not self.available:
+            raise self.unavailable()
+        return await self._bounded(fn, self.timeout_s if timeout_s is None else timeout_s)
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator:
+        """A pooled connection for a block of statements, under this database's deadline (prefer `run`, whose
+        deadline holds even when the driver's own cancellation waits on a frozen server)."""
+        if not self.available:
+            raise self.unavailable()
+        import psycopg
+
+        try:
+            async with asyncio.timeout(self.timeout_s), self._pool.connection(timeout=self.timeout_s) as conn:
+                yield conn
+        except TimeoutError as exc:
+            self._went_away(f"no answer within {self.timeout_s:g} s")
+            raise self.unavailable() from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            self._went_away(_reason(exc))
+            raise self.unavailable() from exc
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator:
+        """A connection in a transaction (several statements, all or none), as `connection`."""
+        async with self.connection() as conn, conn.transaction():
+            yield conn
+
+    def unavailable(self) -> StateUnavailableError:
+        """The error callers get while the database is away (its details are in the log line of the outage)."""
+        return StateUnavailableError(
+            f"the state database is unavailable; retry shortly (reference {self.reference})", detail=self.last_error
+        )
+
+    async def _bounded(self, fn: Callable[[Any], Awaitable[T]], timeout_s: float, probing: bool = False) -> T:
+        """`fn` on a connection as a task abandoned at `timeout_s` (module docstring). `probing`: the heartbeat's
+        own calls, made while the database is marked away."""
+        task = asyncio.create_task(self._on_connection(fn))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            self._abandon(task)
+            raise
+        if not done:
+            task.cancel()  # psycopg cancels the query; the pool drops the connection (in the background)
+            self._abandon(task)
+            self._went_away(f"no answer within {timeout_s:g} s")
+            raise self.unavailable()
+        return task.result()
+
+    def _abandon(self, task: asyncio.Task) -> None:
+        self._abandoned.add(task)
+        task.add_done_callback(_forget_from(self._abandoned))
+
+    async def _on_connection(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        try:
+            async with self._pool.connection(timeout=self.timeout_s) as conn:
+                return await fn(conn)
+        except PoolTimeout as exc:
+            # Every connection busy, or none can be made: this call is refused; the heartbeat decides whether the
+            # database is away.
+            raise StateUnavailableError(
+                f"the state database is busy; retry shortly (reference {self.reference})", detail=_reason(exc)
+            ) from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            self._went_away(_reason(exc))
+            raise self.unavailable() from exc
+        except psycopg.Error as exc:
+            # Anything else the database answered (a read-only node after a failover, a statement it refused):
+            # the call failed and the caller treats it as the database being unavailable, logged here.
+            logger.warning("a call to %s failed (reference %s): %s", self.where, self.reference, _reason(exc))
+            raise StateUnavailableError(
+                f"the state database refused the call; retry shortly (reference {self.reference})",
+                detail=_reason(exc),
+            ) from exc
+
+    # -- deferred writes ----------------------------------------------------------------------
+
+    def defer(self, write: Write, droppable: bool = False) -> bool:
+        """Make `write()` on the writer task after every write deferred before it, retried until it lands
+        (sdk.state.writes); False when a droppable one was dropped because the queue is full. Never waits."""
+        return self.writes.defer(write, droppable)
+
+    @property
+    def pending_writes(self) -> int:
+        return self.writes.pending
+
+    @property
+    def backed_up(self) -> bool:
+        """Deferred writes have reached their bound: budgeted work is refused until they drain."""
+        return self.writes.backed_up
+
+    async def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until every write deferred so far has landed."""
+        await self.writes.flush(timeout_s)
+
+    def status(self) -> dict:
+        """What /admin/status shows of the database (the redacted address and the last error included)."""
+        return {
+            "where": redacted(self.url),
+            "available": self.available,
+            "fenced": self.fenced,
+            "lease_age_s": self.lease.age_s,
+            "outages": self.outages,
+            "reference": self.reference,
+            "last_error": self.last_error,
+            "pending_writes": self.writes.pending,
+            "oldest_pending_write_s": round(self.writes.oldest_age_s, 3),
+        }
+
+
+def _statement(sql: str, params: tuple) -> Callable[[Any], Awaitable[list[tuple]]]:
+    async def run(conn) -> list[tuple]:
+        cursor = await conn.execute(sql, params)
+        return await cursor.fetchall() if cursor.description else []
+
+    return run
+
+
+def _forget_from(tasks: set[asyncio.Task]) -> Callable[[asyncio.Task], None]:
+    def forget(task: asyncio.Task) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: an abandoned call's error was already answered for
+
+    return forget
+
 
 async def open_state_database(listener) -> StateDatabase | None:
-    """The state database a server's listener settings name (`state_db`, `state_db_lease_s`: [server] or
-    [cloud_server]), open; None when they name none. StateDatabaseError when it cannot be used."""
+    """The state database a server's listener settings name ([server] or [cloud_server]: `state_db`,
+    `state_db_lease_s`, `state_db_timeout_s`, `state_db_max_pending_writes`), open; None when they name none.
+    StateDatabaseError when it cannot be used."""
     if not listener.state_db:
         return None
-    return await StateDatabase(listener.state_db, listener.state_db_lease_s).open()
+    return await StateDatabase(
+        listener.state_db,
+        listener.state_db_lease_s,
+        timeout_s=listener.state_db_timeout_s,
+        max_pending_writes=listener.state_db_max_pending_writes,
+    ).open()
 
 
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    return redacted(text[0]) if text else type(exc).__name__

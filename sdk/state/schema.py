@@ -323,7 +323,162 @@ CREATE TABLE tandem_responses (
 CREATE INDEX tandem_responses_by_time ON tandem_responses (created_at);
 """
 
+# Schema v5 (issue 66): the shared books under faults (_V5_BOOKS) and stored responses per key (_V5_RESPONSES).
+#
+# Settles land once (issue 66): a replica settles requests in batches (sdk.budgets.postgres_ledger), each
+# one call of `tandem_settle_batch` keyed by the batch's id; a retry of a batch that already landed (its
+# reply lost on the way back) finds the id in tandem_settled and changes nothing. The ids are kept a day
+# (sdk.state.lease.SETTLED_KEEP).
+# Slots in flight are rows per request (`slot`), so returning one is a DELETE that a retry repeats
+# harmlessly; tandem_in_flight and tandem_enter/tandem_leave stay for replicas of schema 4 while a fleet
+# upgrades (their counts are not added to these).
+_V5_BOOKS = """
+CREATE TABLE tandem_settled (
+    batch TEXT PRIMARY KEY,
+    replica TEXT NOT NULL,
+    landed_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE INDEX tandem_settled_by_time ON tandem_settled (landed_at);
+
+-- Release the batch's reservations and add, per (scope, period), what its requests cost: TRUE when applied
+-- now, FALSE when this batch had landed before.
+CREATE FUNCTION tandem_settle_batch(
+    p_batch TEXT, p_replica TEXT, p_reservations BIGINT[], p_held_scopes TEXT[], p_held_periods TEXT[],
+    p_scopes TEXT[], p_periods TEXT[], p_usd DOUBLE PRECISION[], p_cloud_tokens BIGINT[],
+    p_total_tokens BIGINT[], p_requests BIGINT[]
+) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tandem_lock_pairs(p_held_scopes || p_scopes, p_held_periods || p_periods);
+    INSERT INTO tandem_settled (batch, replica) VALUES (p_batch, p_replica) ON CONFLICT (batch) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    DELETE FROM tandem_reservations WHERE id = ANY(p_reservations);
+    INSERT INTO tandem_spend AS sp (scope, period, usd, cloud_tokens, total_tokens, requests)
+        SELECT p_scopes[j], p_periods[j], p_usd[j], p_cloud_tokens[j], p_total_tokens[j], p_requests[j]
+        FROM generate_subscripts(p_scopes, 1) AS j
+        ON CONFLICT (scope, period) DO UPDATE SET
+            usd = sp.usd + excluded.usd,
+            cloud_tokens = sp.cloud_tokens + excluded.cloud_tokens,
+            total_tokens = sp.total_tokens + excluded.total_tokens,
+            requests = sp.requests + excluded.requests;
+    RETURN TRUE;
+END $$;
+
+CREATE TABLE tandem_in_flight_requests (
+    slot TEXT PRIMARY KEY,
+    client TEXT NOT NULL,
+    replica TEXT NOT NULL
+);
+CREATE INDEX tandem_in_flight_requests_by_client ON tandem_in_flight_requests (client);
+CREATE INDEX tandem_in_flight_requests_by_replica ON tandem_in_flight_requests (replica);
+
+-- Take slot p_slot for a client on a replica, unless live replicas already hold p_max of its (a slot taken
+-- before, by a retried call, is TRUE again).
+CREATE FUNCTION tandem_enter_slot(p_client TEXT, p_replica TEXT, p_slot TEXT, p_max INTEGER) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $$
+DECLARE
+    n BIGINT;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('in-flight|' || p_client, 0));
+    IF EXISTS (SELECT 1 FROM tandem_in_flight_requests WHERE slot = p_slot) THEN
+        RETURN TRUE;
+    END IF;
+    SELECT count(*) INTO n FROM tandem_in_flight_requests f JOIN tandem_replicas p ON p.id = f.replica
+        WHERE f.client = p_client AND p.expires_at > now();
+    IF n >= p_max THEN
+        RETURN FALSE;
+    END IF;
+    INSERT INTO tandem_in_flight_requests VALUES (p_slot, p_client, p_replica);
+    RETURN TRUE;
+END $$;
+
+-- tandem_admit's backoff and rate limit, then a slot of its own for the request (tandem_enter_slot).
+CREATE FUNCTION tandem_admit_slot(
+    p_address TEXT, p_forget DOUBLE PRECISION,
+    p_client TEXT, p_burst DOUBLE PRECISION, p_per_s DOUBLE PRECISION, p_now DOUBLE PRECISION,
+    p_replica TEXT, p_max INTEGER, p_slot TEXT
+) RETURNS TABLE (backoff_wait DOUBLE PRECISION, rate_wait DOUBLE PRECISION, entered BOOLEAN)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r RECORD;
+BEGIN
+    SELECT * INTO r FROM tandem_admit(p_address, p_forget, p_client, p_burst, p_per_s, p_now, p_replica, NULL);
+    IF r.backoff_wait > 0 OR r.rate_wait > 0 OR p_max IS NULL THEN
+        RETURN QUERY SELECT r.backoff_wait, r.rate_wait, NULL::BOOLEAN;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 0::DOUBLE PRECISION, 0::DOUBLE PRECISION, tandem_enter_slot(p_client, p_replica, p_slot, p_max);
+END $$;
+"""
+
+_V5_RESPONSES = """
+-- Stored responses per key (sdk.response_store.postgres_store): the bytes each key's rows hold, kept by a
+-- trigger (so every delete counts), and tandem_keep_response, which stores one and trims only its own key's
+-- oldest rows, to its share and to what the others leave of the whole store: a key's puts never delete
+-- another key's rows. Retention and owner migrations take the store's advisory lock (RESPONSES_LOCK there),
+-- one at a time, so their many-row deletes and updates never deadlock each other on the counts.
+CREATE INDEX tandem_responses_by_owner ON tandem_responses ((coalesce(key_fingerprint, '')), created_at);
+
+CREATE TABLE tandem_response_owners (
+    owner TEXT PRIMARY KEY,  -- a key's id; '' for a server without keys
+    bytes BIGINT NOT NULL
+);
+INSERT INTO tandem_response_owners SELECT coalesce(key_fingerprint, ''), sum(bytes) FROM tandem_responses GROUP BY 1;
+
+CREATE FUNCTION tandem_count_response() RETURNS TRIGGER
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP IN ('DELETE', 'UPDATE') THEN
+        UPDATE tandem_response_owners SET bytes = bytes - OLD.bytes WHERE owner = coalesce(OLD.key_fingerprint, '');
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        INSERT INTO tandem_response_owners VALUES (coalesce(NEW.key_fingerprint, ''), NEW.bytes)
+            ON CONFLICT (owner) DO UPDATE SET bytes = tandem_response_owners.bytes + excluded.bytes;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER tandem_responses_counted AFTER INSERT OR DELETE OR UPDATE OF key_fingerprint, bytes
+    ON tandem_responses FOR EACH ROW EXECUTE FUNCTION tandem_count_response();
+
+-- Store a response and trim its key's oldest rows to its share and to what the others leave of the whole store:
+-- TRUE when it is kept, FALSE (nothing deleted) when its key's older rows free too little of a full store.
+-- One key's puts run one at a time, on any replica.
+CREATE FUNCTION tandem_keep_response(
+    p_id TEXT, p_owner TEXT, p_created_at DOUBLE PRECISION, p_bytes INTEGER, p_conversation TEXT, p_response TEXT,
+    p_max_per_key BIGINT, p_max_bytes BIGINT
+) RETURNS BOOLEAN
+LANGUAGE plpgsql AS $$
+DECLARE
+    own BIGINT;
+    total BIGINT;
+    excess BIGINT;
+    room BIGINT;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('responses|' || coalesce(p_owner, ''), 0));
+    SELECT coalesce(max(bytes), 0) INTO own FROM tandem_response_owners WHERE owner = coalesce(p_owner, '');
+    SELECT coalesce(sum(bytes), 0) INTO total FROM tandem_response_owners;
+    excess := total + p_bytes - p_max_bytes;  -- what must go for it to fit the whole store
+    IF excess > own THEN  -- this key's older rows free too little: nothing goes, and it is not kept
+        RETURN FALSE;
+    END IF;
+    INSERT INTO tandem_responses VALUES (p_id, p_owner, p_created_at, p_bytes, p_conversation, p_response)
+        ON CONFLICT (id) DO NOTHING;
+    room := least(p_max_per_key, own + p_bytes - greatest(0, excess));
+    IF own + p_bytes > room THEN
+        DELETE FROM tandem_responses WHERE id IN (
+            SELECT id FROM (
+                SELECT id, sum(bytes) OVER (ORDER BY id = p_id DESC, created_at DESC, id DESC) AS kept
+                FROM tandem_responses WHERE coalesce(key_fingerprint, '') = coalesce(p_owner, '')
+            ) AS running WHERE kept > room
+        );
+    END IF;
+    RETURN TRUE;
+END $$;
+"""
+
 # (version, SQL): applied in order, each in the transaction that records it.
-MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2), (3, _V3), (4, _V4)]
+MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5_BOOKS + _V5_RESPONSES)]
 
 LATEST = MIGRATIONS[-1][0]

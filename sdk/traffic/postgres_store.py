@@ -48,11 +48,17 @@ class TrafficConnection:
     def _reopen(self) -> None:
         import psycopg
 
+        # The record's connections are synchronous (its writer thread, the CLI): no client-side deadline can cut a
+        # call short here, so the server's own limits and TCP keepalives bound what a slow or vanished server costs.
         self._conn = psycopg.connect(
             self.url,
             autocommit=True,
             connect_timeout=int(CONNECT_TIMEOUT_S),
-            options="-c search_path=tandem_traffic,public",
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+            options="-c search_path=tandem_traffic,public -c statement_timeout=30000 -c lock_timeout=10000",
         )
 
     def _live(self):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sdk.serving.api_keys import LOGGED_DIGITS
 from sdk.traffic.schema import migrate
 
 SIZE_SLACK = 0.9  # over the size bound, the oldest rows go until the file is below this share of it
@@ -212,7 +213,8 @@ def purge(
     everything: bool = False,
 ) -> int:
     """Delete rows (and their labels): all of them, those older than `older_than_s` seconds,
-    and/or those of one key. Returns the requests deleted."""
+    and/or those of one key: its id (the SHA-256 of the key), or the prefix of it the server logs
+    (16 digits or more), or the exact owner of an earlier version's row. Returns the requests deleted."""
     if everything:
         deleted = conn.execute("DELETE FROM requests").rowcount
         conn.execute("DELETE FROM counters")
@@ -222,8 +224,12 @@ def purge(
             clauses.append("created_at < ?")
             values.append(time.time() - older_than_s)
         if key_fingerprint is not None:
-            clauses.append("key_fingerprint = ?")
-            values.append(key_fingerprint)
+            if len(key_fingerprint) >= LOGGED_DIGITS:  # what log lines show of a key's id
+                clauses.append("substr(key_fingerprint, 1, ?) = ?")
+                values += [len(key_fingerprint), key_fingerprint]
+            else:
+                clauses.append("key_fingerprint = ?")
+                values.append(key_fingerprint)
         if not clauses:
             raise ValueError("purge needs everything, older_than_s or key_fingerprint")
         deleted = conn.execute(f"DELETE FROM requests WHERE {' AND '.join(clauses)}", values).rowcount

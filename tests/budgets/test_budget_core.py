@@ -11,8 +11,11 @@ import pytest
 from sdk.budgets.config import BudgetConfigError, load_budgets, parse_budgets
 from sdk.budgets.ledger import SpendLedger, key_scope, periods, user_scope
 from sdk.budgets.manager import BudgetManager
+from sdk.serving.api_keys import key_fingerprint
 
-BUDGETS = """
+ABC = key_fingerprint("sk-budget-abc")  # a key's id: [keys.<id>] below names it by its first 16 digits
+
+BUDGETS = f"""
 [default]
 usd_per_day = 1.0
 soft_usd_per_day = 0.5
@@ -21,7 +24,7 @@ cloud_share_per_month = 0.5
 [per_user]
 usd_per_day = 0.2
 
-[keys.abc123]
+[keys.{ABC[:16]}]
 usd_per_month = 10.0
 """
 
@@ -97,9 +100,9 @@ async def test_soft_then_hard_per_key_and_per_user(tmp_path, open_ledger):
     budgets.record("k1", None, usd=0.0, cloud_tokens=2000, total_tokens=2000)  # share 2020/3200 of the month
     await ledger.settled()
     assert {b.limit.name for b in (await budgets.verdict("k1", None)).hard} == {"usd_per_day", "cloud_share_per_month"}
-    budgets.record("abc123", None, usd=5.0, cloud_tokens=100, total_tokens=100)
+    budgets.record(ABC, None, usd=5.0, cloud_tokens=100, total_tokens=100)
     await ledger.settled()
-    assert not (await budgets.verdict("abc123", None)).hard  # its own limits replace the default: 10 USD a month
+    assert not (await budgets.verdict(ABC, None)).hard  # its own limits replace the default: 10 USD a month
 
 
 async def test_cloud_share_needs_tokens_and_periods_roll_over(tmp_path, open_ledger):

@@ -10,6 +10,7 @@ import pytest
 
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.cloud_backend import CloudError, CloudInvalidArgumentError
+from sdk.protocol.drafts import MAX_DRAFT_TOKENS, DraftLimits
 from sdk.protocol.engine import SamplingParams
 from sdk.protocol.wire import tandem_pb2 as pb
 from sdk.protocol.wire import tandem_pb2_grpc as pb_grpc
@@ -42,8 +43,8 @@ async def answer(call, drafter=None) -> tuple[list[int], object]:
 
 async def test_the_answer_is_the_clouds_own_and_counts_what_drafts_gave(engine, serve):  # noqa: F811
     """How many drafts land before the cloud has gone past them depends on the machine's timing, so the
-    right draft is the whole rest of the answer, offered once at its first token (48 steps of room); the
-    wrong drafts may land late and be dropped: only the answer is checked for them."""
+    right draft is the longest the server takes (MAX_DRAFT_TOKENS), offered once at the answer's first token
+    (48 steps of room); the wrong drafts may land late and be dropped: only the answer is checked for them."""
     long = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     async with CloudClient(await serve(engine)) as client:
         prompt = random_tokens(10, seed=7)
@@ -54,7 +55,7 @@ async def test_the_answer_is_the_clouds_own_and_counts_what_drafts_gave(engine, 
             right.append(event.token_id)
             last = event
             if len(right) == 1:
-                call.offer(1, reference[1:])
+                call.offer(1, reference[1 : 1 + MAX_DRAFT_TOKENS])
         assert right == reference and last.num_accepted_tokens > 0
         assert last.num_accepted_tokens == last.num_draft_tokens  # every verified draft token was right
         wrong, last = await answer(
@@ -107,7 +108,8 @@ async def test_drafts_written_as_the_answer_ends_never_fail_it(engine, serve):  
     import asyncio
 
     short = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-    async with CloudClient(await serve(engine)) as client:
+    unbounded = DraftLimits(per_second=1e6, max_outstanding=10**6)  # a draft a millisecond is this test's point
+    async with CloudClient(await serve(engine, draft_limits=unbounded)) as client:
         prompt = random_tokens(10, seed=5)
         reference = [event.token_id async for event in client.generate(prompt, short)]
         for attempt in range(150):

@@ -19,7 +19,7 @@ from sdk.serving.grpc.server import (
     start_grpc_server,
     stop_grpc_server,
 )
-from sdk.serving.api_keys import key_fingerprint
+from sdk.serving.api_keys import key_fingerprint, loggable_id
 from sdk.cloud.grpc_client import CloudClient, CloudUnauthenticatedError, CloudUnavailableError
 from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir, serve, wait_until_serving  # noqa: F401
@@ -41,7 +41,7 @@ async def test_api_keys_guard_the_service_but_not_health_or_reflection(engine, s
                 with pytest.raises(CloudUnauthenticatedError):
                     await client.list_models()
             assert await wait_until_serving(anonymous)  # health is public
-        assert "wrong-key-123" not in caplog.text and key_fingerprint("wrong-key-123") in caplog.text
+        assert "wrong-key-123" not in caplog.text and loggable_id(key_fingerprint("wrong-key-123")) in caplog.text
 
     async with CloudClient(target, api_key="key-two") as client:
         events = [e async for e in client.generate([5, 6], GREEDY)]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cloud_engine.sampler import processed_probs
-from cloud_engine.spec_decode.outside_drafts import dense_draft_probs
+from cloud_engine.spec_decode.outside_drafts import SparseDraftProbs
 from sdk.protocol.drafts import OutsideDraft
 from cloud_engine.spec_decode.rejection import verify_draft
 from sdk.protocol.engine import GenerationRequest, SamplingParams
@@ -154,7 +154,7 @@ def test_a_sampled_draft_keeps_the_targets_distribution(with_support):
     assert int((q > 0).sum()) < V  # the support is truncated
     generator = torch.Generator().manual_seed(0)
     drafts = torch.multinomial(q, TRIALS, replacement=True, generator=generator).tolist()
-    rows = dense_draft_probs((sparse_support(q),), V, "cpu") if with_support else None
+    rows = SparseDraftProbs((sparse_support(q),)) if with_support else None
     counts = torch.zeros(V, dtype=torch.long)
     accepted = 0
     for token in drafts:

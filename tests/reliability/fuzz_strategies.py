@@ -360,6 +360,25 @@ def valid_responses_bodies(draw, models: list[str]) -> dict:
     return {k: v for k, v in body.items() if v is not _OMIT}
 
 
+# metadata at and past OpenAI's bounds (16 pairs, keys of 64 characters, values of 512): past them, a 400
+# naming the field (tests/reliability/test_fuzz_http.py checks each once; the fuzz mixes them with the rest).
+BOUNDED_METADATA = [
+    {f"{i:02d}".ljust(64, "k"): "v" * 512 for i in range(16)},
+    {f"k{i}": "v" for i in range(17)},
+    {"x" * 65: "y"},
+    {"k": "v" * 513},
+]
+# (a field of a valid body past its bound, the param its 400 names)
+OVER_BOUNDS = [
+    ({"metadata": BOUNDED_METADATA[1]}, "metadata"),
+    ({"metadata": BOUNDED_METADATA[2]}, "metadata"),
+    ({"metadata": BOUNDED_METADATA[3]}, "metadata.k"),
+    ({"user": "u" * 65}, "user"),
+    ({"text": {"format": {"type": "json_schema", "name": "n" * 65, "schema": {"type": "object"}}}}, "text.format.name"),
+    ({"instructions": "x" * (2 * 1024 * 1024 + 1)}, "store"),  # one stored response past responses_max_row_mb
+]
+
+
 @st.composite
 def responses_bodies(draw, models: list[str], max_model_len: int) -> dict:
     """POST /v1/responses bodies: a third answerable ones, the rest its own fields at odd values, chat's
@@ -386,7 +405,8 @@ def responses_bodies(draw, models: list[str], max_model_len: int) -> dict:
     body["stream"] = _maybe(draw, st.one_of(st.booleans(), st.sampled_from([None, 1, "true"])), 50)
     body["store"] = _maybe(draw, st.one_of(st.booleans(), st.sampled_from([None, "no", 0])), 30)
     body["previous_response_id"] = _maybe(draw, st.one_of(odd_text, st.sampled_from(["resp_0", None, 5])), 15)
-    body["metadata"] = _maybe(draw, st.sampled_from([{}, {"k": "v"}, {"k": 5}, [], None, {"x" * 100: "y"}]), 10)
+    body["metadata"] = _maybe(draw, st.sampled_from([{}, {"k": "v"}, {"k": 5}, [], None, *BOUNDED_METADATA]), 10)
+    body["user"] = _maybe(draw, st.sampled_from(["u", "u" * 64, "u" * 65, "", None, 5]), 10)
     body["tools"] = _maybe(
         draw,
         st.sampled_from(
@@ -418,6 +438,7 @@ def responses_bodies(draw, models: list[str], max_model_len: int) -> dict:
                 {"format": {"type": "json_object"}},
                 {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}, "strict": True}},
                 {"format": {"type": "json_schema", "schema": {"type": "object"}}},  # no name
+                {"format": {"type": "json_schema", "name": "n" * 65, "schema": {"type": "object"}}},  # name too long
                 {"format": {"type": "json_schema", "name": "a", "schema": {"type": "bogus"}}},
                 {"format": {"type": "grammar"}},
                 {"verbosity": "low"},

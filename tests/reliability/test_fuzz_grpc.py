@@ -1,4 +1,5 @@
-"""Fuzzing the tandem.v1 gRPC service (Generate) with generated wire bytes, over real loopback gRPC.
+"""Fuzzing the tandem.v1 gRPC service (Generate, GenerateWithDrafts) with generated wire bytes, over real
+loopback gRPC.
 
 Requests are encoded by hand (a small protobuf wire writer below), so they can hold what the
 generated classes refuse to build: negative or 64-bit values in uint32 fields, NaN/inf floats,
@@ -9,6 +10,13 @@ finish reason) or a non-OK code with a non-empty message: INVALID_ARGUMENT / NOT
 requests that parse, INVALID_ARGUMENT also for bytes that do not parse,
 RESOURCE_EXHAUSTED for oversized messages; never UNKNOWN, never the servicer's own INTERNAL.
 Afterwards the server still serves and the engine holds no request and no KV block.
+
+GenerateWithDrafts streams open a valid request and then send generated draft messages: tokens past the
+vocabulary and past max_draft_tokens, supports wider than draft_max_support, NaN and negative
+probabilities, messages too big to be a draft, an `open` where a draft belongs, bytes that do not parse.
+A stream whose drafts are all within the bounds answers whole (OK); otherwise the first draft past a bound
+ends it with INVALID_ARGUMENT naming that bound, and a flood of drafts with RESOURCE_EXHAUSTED naming the
+setting it passed (sdk.serving.grpc.draft_door).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sdk.protocol.drafts import MAX_DRAFT_TOKENS, MAX_SUPPORT_TOKENS, DraftLimits, OutsideDraft
 from sdk.protocol.wire import tandem_pb2 as pb
 from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, make_engine  # noqa: F401  (fixture)
@@ -36,7 +45,10 @@ MAX_MODEL_LEN = 128
 MAX_MESSAGE_BYTES = 64 * 1024
 VOCAB = 300
 N_GENERATE = 1500
+N_DRAFTED = 150
 GENERATE = "/tandem.v1.Tandem/Generate"
+DRAFTED = "/tandem.v1.Tandem/GenerateWithDrafts"
+MAX_DRAFT_BYTES = DraftLimits().max_message_bytes(MAX_DRAFT_TOKENS)
 
 COUNTER = RequestCounter()
 
@@ -176,6 +188,68 @@ def generate_requests(draw) -> bytes:
             )
         )
     return body
+
+
+probability = st.one_of(st.floats(0, 1, width=32), float_values)
+
+
+@st.composite
+def support_bytes(draw, token: int) -> bytes:
+    """One DraftSupport: usually a small distribution holding `token`, sometimes past a bound."""
+    width = draw(st.sampled_from([1, 1, 2, 5, MAX_SUPPORT_TOKENS, MAX_SUPPORT_TOKENS + 1]))
+    ids = [token, *(draw(small_uint) for _ in range(width - 1))] if width <= 5 else list(range(3, 3 + width))
+    if draw(st.integers(0, 3)):
+        probs = [1.0 / len(ids)] * len(ids)
+    else:
+        probs = draw(st.lists(probability, min_size=len(ids), max_size=len(ids) + 1))
+    return f_packed(1, ids) + f_bytes(2, b"".join(struct.pack("<f", p) for p in probs))
+
+
+@st.composite
+def draft_bytes(draw) -> bytes:
+    """One later message of a GenerateWithDrafts stream: mostly a Draft, within the bounds or past one."""
+    kind = draw(st.integers(0, 19))
+    if kind == 0:
+        return f_bytes(1, f_bytes(5, b"w5"))  # an `open` where a draft belongs
+    if kind == 1:
+        return draw(st.binary(min_size=1, max_size=12))  # bytes, most of which do not parse
+    if kind == 2:
+        return f_bytes(2, f_packed(2, [5] * (MAX_DRAFT_BYTES // 2)))  # too big to be a draft
+    num_tokens = draw(st.sampled_from([0, 1, 2, 4, MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS + 1, 40]))
+    tokens = [pick(draw, 5, small_uint, extreme_int) for _ in range(min(num_tokens, MAX_DRAFT_TOKENS + 1))]
+    tokens += tokens[-1:] * (num_tokens - len(tokens))
+    body = f_varint(1, pick(draw, 10, st.integers(0, 3), extreme_int)) + f_packed(2, tokens)
+    if tokens and draw(st.booleans()):  # sampled: a support per token (or one too few or too many)
+        num_supports = max(0, len(tokens) + draw(st.sampled_from([0, 0, 0, -1, 1])))
+        for index in range(num_supports):
+            body += f_bytes(3, draw(support_bytes(tokens[min(index, len(tokens) - 1)])))
+    return f_bytes(2, body)
+
+
+def draft_refusal(raw: bytes) -> str | None:
+    """What the door must name refusing `raw` (a part of its message), or None for a draft it takes."""
+    if len(raw) > MAX_DRAFT_BYTES:
+        return "bytes"
+    try:
+        message = pb.DraftedGenerateRequest.FromString(raw)
+    except Exception:
+        return "not a valid tandem.v1.DraftedGenerateRequest"
+    if message.WhichOneof("kind") != "draft":
+        return "later ones are drafts"
+    draft = message.draft
+    if len(draft.token_ids) > MAX_DRAFT_TOKENS:
+        return "cloud.max_draft_tokens"
+    if any(max(len(s.token_ids), len(s.probs)) > MAX_SUPPORT_TOKENS for s in draft.support):
+        return "cloud_server.draft_max_support"
+    support = tuple((tuple(s.token_ids), tuple(s.probs)) for s in draft.support) or None
+    try:
+        OutsideDraft("r", draft.start, tuple(draft.token_ids), support).check(VOCAB)
+    except ValueError:
+        return "GenerateWithDrafts: draft: "
+    return None
+
+
+DRAFTED_OPEN = f_bytes(1, f_bytes(5, b"w5 w6") + f_bytes(6, f_varint(1, 60) + f_float(2, 0.0) + f_varint(8, 1)))
 
 
 # -- the server ----------------------------------------------------------------------------------------
@@ -394,3 +468,73 @@ def test_tiny_temperature_is_greedy_over_grpc(channel, fuzz_engine):
 
     assert tokens(1e-45) == tokens(1e-30) == tokens(0.0)
     wait_idle(fuzz_engine)
+
+
+# -- GenerateWithDrafts ---------------------------------------------------------------------------------
+
+
+def drafted_call(channel, messages: list[bytes]) -> tuple[grpc.StatusCode, str, list[pb.GenerateResponse]]:
+    """One GenerateWithDrafts call with raw messages, all written at once: (code, details, responses)."""
+    COUNTER.add("grpc-drafts")
+    stub = channel.stream_stream(DRAFTED, request_serializer=None, response_deserializer=pb.GenerateResponse.FromString)
+    responses = []
+    try:
+        for response in stub(iter(messages), timeout=REQUEST_TIMEOUT_S):
+            responses.append(response)
+        code, details = grpc.StatusCode.OK, ""
+    except grpc.RpcError as error:
+        code, details = error.code(), error.details() or ""
+    assert code != grpc.StatusCode.DEADLINE_EXCEEDED, "hang: a drafted call did not end"
+    return code, details, responses
+
+
+def check_drafted_call(channel, drafts: list[bytes]) -> grpc.StatusCode:
+    """A stream of drafts all within the bounds answers whole; otherwise the first one past a bound ends it with
+    INVALID_ARGUMENT naming that bound (the answer's 60 tokens outlast the door's reading of every draft)."""
+    code, details, responses = drafted_call(channel, [DRAFTED_OPEN, *drafts])
+    expected = next((refusal for refusal in map(draft_refusal, drafts) if refusal is not None), None)
+    if expected is None:
+        assert code == grpc.StatusCode.OK and responses[-1].finish_reason == "length", (code, details)
+    else:
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and expected in details, (code, details, expected)
+    return code
+
+
+def test_fuzz_generate_with_drafts(channel, fuzz_engine):
+    seen: dict[grpc.StatusCode, int] = {}
+
+    @fuzz_settings(N_DRAFTED)
+    @given(drafts=st.lists(draft_bytes(), min_size=1, max_size=4))
+    def run(drafts):
+        code = check_drafted_call(channel, drafts)
+        seen[code] = seen.get(code, 0) + 1
+
+    run()
+    print(f"\nfuzzed gRPC GenerateWithDrafts calls: {COUNTER.counts['grpc-drafts']}; status codes: {seen}")
+    assert seen.get(grpc.StatusCode.OK, 0) >= 10 and seen.get(grpc.StatusCode.INVALID_ARGUMENT, 0) >= N_DRAFTED // 4
+    wait_idle(fuzz_engine)
+    assert_still_serving(channel)
+
+
+@pytest.mark.parametrize(
+    ("drafts", "code", "named"),
+    [
+        ([f_bytes(2, f_packed(2, [5] * (MAX_DRAFT_TOKENS + 1)))], grpc.StatusCode.INVALID_ARGUMENT, "max_draft_tokens"),
+        (
+            [f_bytes(2, f_packed(2, [5]) + f_bytes(3, f_packed(1, range(3, 3 + MAX_SUPPORT_TOKENS + 1))))],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "draft_max_support",
+        ),
+        ([f_bytes(2, f_packed(2, [VOCAB + 1]))], grpc.StatusCode.INVALID_ARGUMENT, "outside the vocabulary"),
+        # Under gRPC's own limit (MAX_MESSAGE_BYTES) but past a draft's: refused before it is parsed.
+        ([f_bytes(2, f_packed(2, [5] * (MAX_MESSAGE_BYTES // 2)))], grpc.StatusCode.INVALID_ARGUMENT, "bytes"),
+        # A flood: past the drafts a second, or the drafts the engine has not taken yet, whichever comes first.
+        ([f_bytes(2, f_packed(2, [5, 6]))] * 400, grpc.StatusCode.RESOURCE_EXHAUSTED, "cloud_server.drafts_"),
+    ],
+    ids=["too-long", "too-wide", "outside-vocabulary", "too-big", "flood"],
+)
+def test_drafts_past_the_bounds(channel, fuzz_engine, drafts, code, named):
+    got, details, _ = drafted_call(channel, [DRAFTED_OPEN, *drafts])
+    assert got == code and named in details, (got, details)
+    wait_idle(fuzz_engine)
+    assert_still_serving(channel)

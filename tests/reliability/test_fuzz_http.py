@@ -28,6 +28,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import running_server, served_in_thread
 from tests.reliability.fuzz_strategies import (
+    BOUNDED_METADATA,
+    OVER_BOUNDS,
     REQUEST_TIMEOUT_S,
     RequestCounter,
     chat_bodies,
@@ -255,6 +257,22 @@ def test_fuzz_responses(target):
         run()
     assert_idle(target)
     COUNTER.completed.add(f"responses-{target.name}")
+
+
+def test_responses_bounds_are_400s_naming_the_field(target):
+    """Each bound of POST /v1/responses once, on both deployments: past it, a 400 naming the field before
+    anything runs; at it (metadata of 16 pairs at full length, a 64-character user), answered and stored."""
+    with target.client() as client:
+        base = {"model": target.models[-1], "input": "Hello", "max_output_tokens": 2}
+        for fields, param in OVER_BOUNDS:
+            response = post_json(client, target, "/v1/responses", {**base, **fields})
+            assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text[:500]
+        at_bounds = {**base, "metadata": BOUNDED_METADATA[0], "user": "u" * 64}
+        answered = post_json(client, target, "/v1/responses", at_bounds)
+        assert answered.status_code == 200 and answered.json()["store"] is True, answered.text[:500]
+        stored = send(client, target, "GET", f"/v1/responses/{answered.json()['id']}")
+        assert stored.status_code == 200 and stored.json()["metadata"] == BOUNDED_METADATA[0]
+    assert_idle(target)
 
 
 PATHS = [

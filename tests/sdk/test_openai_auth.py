@@ -12,7 +12,7 @@ import pytest
 
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
-from sdk.serving.api_keys import key_fingerprint
+from sdk.serving.api_keys import key_fingerprint, loggable_id
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 from sdk.openai_server import AppConfig, create_app, warn_if_exposed
 from sdk.settings import load_settings
@@ -99,7 +99,9 @@ async def test_keys_guard_the_api_and_metrics_but_not_health(engine, caplog):
         assert metrics.status_code == 200 and rejections(metrics.text, "unauthenticated") == 4
         assert rejections(metrics.text, "rate_limited") == 0 and rejections(metrics.text, "overloaded") == 0
     logged = caplog.text
-    assert key_fingerprint(WRONG_KEY) in logged and key_fingerprint(KEY) in logged  # creation lists fingerprints
+    # Creation lists the keys' ids, a refusal the wrong key's: by their 16-digit prefix, never the whole id.
+    assert loggable_id(key_fingerprint(WRONG_KEY)) in logged and loggable_id(key_fingerprint(KEY)) in logged
+    assert len(loggable_id(key_fingerprint(KEY))) == 16 and key_fingerprint(KEY) not in logged
     assert all(secret not in logged for secret in (KEY, OTHER_KEY, WRONG_KEY))
 
 

@@ -113,3 +113,48 @@ def test_the_document_driven_fuzzer_finds_no_5xx_on_responses(server_url, body, 
     if reply.status_code != 200:
         error = reply.json()["error"]
         assert error["message"] and error["type"], error
+
+
+def test_every_path_parameter_is_declared():
+    """An undeclared `{name}` makes the document invalid (an outside fuzzer stops at it): GET and DELETE
+    /v1/responses/{response_id} and /v1/models/{model} each declare theirs, required, a string."""
+    import re
+
+    for path, operations in SPEC["paths"].items():
+        names = re.findall(r"\{(\w+)\}", path)
+        for method, operation in operations.items():
+            declared = {p["name"]: p for p in operation.get("parameters", []) if p["in"] == "path"}
+            assert set(declared) == set(names), (method, path, declared)
+            assert all(p["required"] and p["schema"]["type"] == "string" for p in declared.values())
+    assert [p["name"] for p in SPEC["paths"]["/v1/responses/{response_id}"]["delete"]["parameters"]] == ["response_id"]
+
+
+def test_the_documented_bounds_of_a_stored_response():
+    """metadata, user and text.format.name state OpenAI's bounds in the document (what the validator refuses)."""
+    body = SPEC["components"]["schemas"]["ResponseCreateRequest"]["properties"]
+    metadata = body["metadata"]
+    assert (metadata["maxProperties"], metadata["propertyNames"]["maxLength"]) == (16, 64)
+    assert metadata["additionalProperties"]["maxLength"] == 512 and body["user"]["maxLength"] == 64
+
+
+def test_schemathesis_finds_no_schema_error_in_the_document(tmp_path):
+    """schemathesis (an outside fuzzer) over /openapi.json of a server with stored responses: no schema
+    error (it reads every operation's parameters and bodies) and no 5xx on a few examples each."""
+    import os
+    import subprocess
+    import sys
+
+    from sdk.response_store.sqlite_store import SQLiteResponseStore
+    from tests.conftest import served_in_thread
+    from tests.sdk.test_openai_server import FakeEngine
+
+    app = create_app(FakeEngine(), response_store=SQLiteResponseStore(tmp_path / "responses.sqlite3"))
+    with served_in_thread(app) as url:
+        command = [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json", "--checks"]
+        command += ["not_a_server_error", "--max-examples", "5", "--seed", "1", "--suppress-health-check", "all"]
+        env = os.environ | {"NO_COLOR": "1"}
+        # Run where its files (.schemathesis/) land in the test's directory, not the checkout.
+        ran = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    report = ran.stdout + ran.stderr
+    assert "Schema Error" not in report and "Tested: 11" in report, report[-4000:]
+    assert ran.returncode == 0, report[-4000:]

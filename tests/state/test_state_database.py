@@ -32,6 +32,15 @@ def test_only_postgresql_urls_are_taken_and_passwords_never_shown():
         redacted("postgresql://tandem:s3cret@db.example:5433/state") == "postgresql://tandem:***@db.example:5433/state"
     )
     assert redacted("postgresql://db/state") == "postgresql://db/state"
+    # The password in the query string, and a key=value connection string (check_url's refusal prints it).
+    assert redacted("postgresql://db/state?user=t&password=s3cret&sslmode=require") == (
+        "postgresql://db/state?user=t&password=***&sslmode=require"
+    )
+    assert redacted("host=db user=t password=s3cret dbname=state") == "host=db user=t password=*** dbname=state"
+    assert redacted("host=db password='s3 cret' port=5") == "host=db password=*** port=5"
+    with pytest.raises(ValueError) as refused:
+        check_url("host=db.example user=t password=s3cret dbname=state")
+    assert "s3cret" not in str(refused.value)
 
 
 async def test_an_unreachable_database_refuses_to_start_naming_it(monkeypatch):
@@ -126,8 +135,9 @@ async def test_away_then_back_without_a_restart(postgres_server, state_db_url):
     held = await ledger.reserve([(PAIR, 1.0)], 0.2)
     postgres_server.stop()
     try:
-        with pytest.raises(StateUnavailableError, match="the state database postgresql://"):
+        with pytest.raises(StateUnavailableError, match="the state database is unavailable") as refused:
             await ledger.reserve([(PAIR, 1.0)], 0.2)
+        assert "127.0.0.1" not in str(refused.value) and "postgresql://" not in str(refused.value)
         assert not db.available and db.outages == 1 and db.last_error
         ledger.settle(held, [PAIR[0]], 0.1, 1, 1)  # a request that ends during the outage
         assert db.pending_writes >= 0

@@ -10,17 +10,29 @@ content parts that are not text, hosted tools, reasoning, background runs, conve
 values that ask for nothing (`include: []`, `truncation: "disabled"`, `background: false`)
 are accepted. tandem's body extensions (`private`, `top_k`, `min_p`, ...) are passed on to
 the chat request, where they work as on chat.
+
+What a stored response echoes but no prompt bounds is held to OpenAI's own limits, refused with
+OpenAI's wording and a 400 naming the field: `metadata` (16 pairs, keys up to 64 characters,
+values up to 512), `user` (64) and `text.format.name` (64). The rest it echoes is in the prompt
+(bounded by the context) or falls under the server's bound on one stored response.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema.request_parts import _Request, _TopLevel
 from sdk.protocol.request_fields import refuse_responses_fields
+
+# OpenAI's bounds on what a response echoes (and a stored one keeps) outside the prompt.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+MAX_USER_CHARS = 64
+MAX_FORMAT_NAME_CHARS = 64
 
 # Message roles a client may send; `developer` is OpenAI's newer name for the system prompt.
 INPUT_ROLES = ("system", "developer", "user", "assistant")
@@ -52,7 +64,7 @@ class ResponseTextFormat(_Request):
     """`text.format`: as chat's response_format, with the schema's fields on the format itself."""
 
     type: Literal["text", "json_object", "json_schema"]
-    name: str | None = None
+    name: str | None = Field(default=None, json_schema_extra={"maxLength": MAX_FORMAT_NAME_CHARS})
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
@@ -97,8 +109,16 @@ class ResponseCreateRequest(_TopLevel):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
-    user: str | None = None
-    metadata: dict[str, str] | None = None
+    # OpenAI's bounds, stated in the document too (the validator below refuses past them, in OpenAI's words).
+    user: str | None = Field(default=None, json_schema_extra={"maxLength": MAX_USER_CHARS})
+    metadata: dict[str, str] | None = Field(
+        default=None,
+        json_schema_extra={
+            "maxProperties": MAX_METADATA_PAIRS,
+            "propertyNames": {"maxLength": MAX_METADATA_KEY_CHARS},
+            "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_CHARS},
+        },
+    )
     stream: bool | None = False
     store: bool | None = True  # keep the response (sdk.openai_server.stored_responses); None reads as true
     previous_response_id: str | None = None
@@ -107,6 +127,30 @@ class ResponseCreateRequest(_TopLevel):
     parallel_tool_calls: bool | None = None
     text: ResponseText | None = None
     private: bool | None = None  # extension (tandem): routed models answer on the device only
+
+    @model_validator(mode="after")
+    def _within_openai_bounds(self) -> ResponseCreateRequest:
+        """OpenAI's limits on the fields echoed outside the prompt (module docstring), in its words."""
+        metadata = self.metadata or {}
+        if len(metadata) > MAX_METADATA_PAIRS:
+            raise InvalidRequestError(
+                f"Invalid 'metadata': too many properties. Expected an object with at most {MAX_METADATA_PAIRS} "
+                f"properties, but got an object with {len(metadata)} properties instead.",
+                "metadata",
+            )
+        for key, value in metadata.items():
+            if len(key) > MAX_METADATA_KEY_CHARS:
+                raise InvalidRequestError(
+                    f"Invalid 'metadata': key {key[:MAX_METADATA_KEY_CHARS]!r}... is too long. Expected keys with "
+                    f"maximum length {MAX_METADATA_KEY_CHARS}, but got a key with length {len(key)} instead.",
+                    "metadata",
+                )
+            _at_most(value, MAX_METADATA_VALUE_CHARS, f"metadata.{key}")
+        if self.user is not None:
+            _at_most(self.user, MAX_USER_CHARS, "user")
+        if self.text is not None and self.text.format is not None and self.text.format.name is not None:
+            _at_most(self.text.format.name, MAX_FORMAT_NAME_CHARS, "text.format.name")
+        return self
 
     @property
     def ignored_fields(self) -> list[str]:
@@ -155,6 +199,15 @@ class ResponseCreateRequest(_TopLevel):
         """The chat messages this request continues and adds, without its instructions (a stored
         response keeps these; OpenAI does not carry instructions over to the next response)."""
         return [*(history or []), *input_messages(self.input)]
+
+
+def _at_most(value: str, limit: int, param: str) -> None:
+    if len(value) > limit:
+        raise InvalidRequestError(
+            f"Invalid '{param}': string too long. Expected a string with maximum length {limit}, but got a string "
+            f"with length {len(value)} instead.",
+            param,
+        )
 
 
 def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:

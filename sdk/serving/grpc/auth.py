@@ -26,7 +26,7 @@ from sdk.serving.api_keys import bearer_token, key_fingerprint
 AUTHORIZATION_KEY = "authorization"
 PUBLIC_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
-# The admitted call's key fingerprint (None without keys), for the servicer to bill the request
+# The admitted call's key id, the key's whole SHA-256 (None without keys), for the servicer to bill the request
 # to (GenerationRequest.caller): set in the call's own task, before its handler runs.
 CALLER_KEY_FINGERPRINT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tandem_grpc_caller_key", default=None

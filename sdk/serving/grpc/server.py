@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -24,6 +24,7 @@ from sdk.serving.grpc.service import SERVICE_NAME, add_tandem_servicer
 from sdk.serving.access_gate import AccessGate
 from sdk.serving.api_keys import is_loopback
 from sdk.serving.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits
+from sdk.protocol.drafts import DraftLimits
 from sdk.protocol.engine import EngineProtocol
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ class GrpcServerConfig:
         DEFAULT_AUTH_BACKOFF_AFTER  # failed keys per address before it backs off; 0/None: off
     )
     auth_backoff_max_s: float = DEFAULT_AUTH_BACKOFF_MAX_S
+    # What GenerateWithDrafts takes of a request's drafts (sdk.serving.grpc.draft_door; [cloud_server] settings).
+    draft_limits: DraftLimits = field(default_factory=DraftLimits)
 
     def __post_init__(self) -> None:
         self.api_keys = frozenset(self.api_keys)
@@ -117,7 +120,7 @@ async def start_grpc_server(
     interceptors = [AccessInterceptor(gate)] if gate.active else []
     server = grpc.aio.server(interceptors=interceptors, options=options)
 
-    add_tandem_servicer(engine, server)
+    add_tandem_servicer(engine, server, config.draft_limits)
     health_servicer = health.aio.HealthServicer()
     for name in HEALTH_SERVICES:  # the servicer starts out SERVING; nothing is served before the engine loads
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

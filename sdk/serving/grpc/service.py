@@ -20,8 +20,9 @@ from sdk.serving.grpc import convert
 from sdk.serving.grpc.auth import CALLER_KEY_FINGERPRINT
 from sdk.protocol.wire import tandem_pb2 as pb
 from sdk.protocol.wire import tandem_pb2_grpc as pb_grpc
+from sdk.serving.grpc.draft_door import DraftDoor, DraftRefused
 from sdk.serving.grpc.errors import status_for
-from sdk.protocol.drafts import OutsideDraft
+from sdk.protocol.drafts import DraftLimits
 from sdk.protocol.engine import Caller, EngineProtocol
 
 logger = logging.getLogger(__name__)
@@ -35,8 +36,9 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Tandem"].full_name  # "tandem.v1.
 class TandemServicer(pb_grpc.TandemServicer):
     """Generate and ListModels on one engine."""
 
-    def __init__(self, engine: EngineProtocol):
+    def __init__(self, engine: EngineProtocol, draft_limits: DraftLimits | None = None):
         self.engine = engine
+        self.draft_limits = draft_limits or DraftLimits()  # what GenerateWithDrafts takes (draft_door)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         await self._serve(request, context)
@@ -44,9 +46,9 @@ class TandemServicer(pb_grpc.TandemServicer):
     async def GenerateWithDrafts(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         """Generate, the caller offering drafts as the answer streams (tandem.proto): the first message opens
         the request, later ones are drafts, handed to the engine between its steps (AsyncStepEngine.offer_draft)
-        and verified there; each response carries the draft tokens verified and accepted so far."""
-        offer = getattr(self.engine, "offer_draft", None)
-        if offer is None:
+        and verified there; each response carries the draft tokens verified and accepted so far. Each draft
+        is bounded where it arrives (sdk.serving.grpc.draft_door)."""
+        if self.engine.is_ready and self.engine.max_draft_tokens <= 0:  # still loading: Generate's UNAVAILABLE
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, "this server's engine verifies no drafts; call Generate"
             )
@@ -58,11 +60,11 @@ class TandemServicer(pb_grpc.TandemServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "GenerateWithDrafts: the first message must open the request (open)"
             )
             return
-        await self._serve(first.open, context, drafts=(incoming, offer))
+        await self._serve(first.open, context, drafts=incoming)
 
     async def _serve(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext, drafts=None) -> None:
-        """One generation streamed to the caller; with `drafts` (the call's remaining messages and the engine's
-        offer_draft), the caller's drafts are read beside it and every response carries the totals so far."""
+        """One generation streamed to the caller; with `drafts` (the call's remaining messages), the caller's
+        drafts are read beside it and every response carries the totals so far."""
         # Written with context.write rather than as an async generator, so a cancellation always
         # lands inside this coroutine (at the engine's queue or at a write) and the finally runs now.
         request_id = request.request_id or f"tandem-{uuid.uuid4().hex}"
@@ -74,12 +76,16 @@ class TandemServicer(pb_grpc.TandemServicer):
             generation_request.caller = Caller(
                 CALLER_KEY_FINGERPRINT.get()
             )  # budgets bill per key (gRPC has no `user`)
+            generation_request.drafted = drafts is not None  # its verified drafts are metered to the caller
             events = engine.generate(generation_request)
         except Exception as exc:
             await _abort_with(context, exc)  # raises: the call ends here
             return
-        refusal: list[str] = []  # a malformed draft ends the call with its reason
-        reader = asyncio.create_task(_offer_drafts(*drafts, context, engine_request_id, refusal)) if drafts else None
+        refusal: list[DraftRefused] = []  # a draft the door refuses ends the call with its reason
+        reader = None
+        if drafts is not None:
+            door = DraftDoor(engine, self.draft_limits, engine_request_id)
+            reader = asyncio.create_task(_offer_drafts(drafts, door, refusal))
         finished = False
         error: Exception | None = None
         try:
@@ -108,10 +114,10 @@ class TandemServicer(pb_grpc.TandemServicer):
                 await asyncio.gather(reader, return_exceptions=True)
         if context.done():
             return  # the caller is gone: nobody to tell
-        if refusal:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal[0])
-        if error is not None:
+        if error is not None:  # the engine's refusal of the request itself (loading, invalid) comes first
             await _abort_with(context, error)
+        if refusal:
+            await context.abort(refusal[0].code, refusal[0].message)
         if not finished:
             # The engine ended the stream without a last event (it aborted the request itself).
             await context.abort(grpc.StatusCode.ABORTED, "the server stopped this request before it finished")
@@ -166,28 +172,17 @@ async def _next_message(incoming: AsyncIterator[bytes], context: grpc.aio.Servic
         )
 
 
-async def _offer_drafts(incoming, offer, context, engine_request_id: str, refusal: list[str]) -> None:
-    """Read the caller's drafts until it closes its side; each goes to the engine (never awaited there)."""
-    while (message := await _next_message(incoming, context)) is not None:
-        if message.WhichOneof("kind") != "draft":
-            refusal.append("GenerateWithDrafts: only the first message opens the request; later ones are drafts")
-            return
+async def _offer_drafts(incoming: AsyncIterator[bytes], door: DraftDoor, refusal: list[DraftRefused]) -> None:
+    """Read the caller's drafts until it closes its side; each goes to the engine (never awaited there) once
+    the door has checked it, before it is parsed and before anything is made of it."""
+    async for raw in incoming:
         try:
-            offer(draft_of(message.draft, engine_request_id))
-        except ValueError as exc:
-            refusal.append(f"GenerateWithDrafts: draft: {exc}")
+            draft = door.admit(raw)
+        except DraftRefused as refused:
+            refusal.append(refused)
+            await door.engine.abort(door.request_id)  # ends the answer's stream now: the call ends with the refusal
             return
-
-
-def draft_of(message: pb.Draft, engine_request_id: str) -> OutsideDraft:
-    """The wire's Draft as the engine takes it; ValueError naming what is malformed (the engine checks the
-    token ids against its vocabulary)."""
-    support = None
-    if message.support:
-        support = tuple((tuple(s.token_ids), tuple(s.probs)) for s in message.support)
-    draft = OutsideDraft(engine_request_id, message.start, tuple(message.token_ids), support)
-    draft.check(vocab_size=2**32)  # the structure here; the vocabulary is the engine's to check
-    return draft
+        door.engine.offer_draft(draft)
 
 
 async def _abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -213,9 +208,11 @@ def _parsed(method, message_cls):
     return handler
 
 
-def add_tandem_servicer(engine: EngineProtocol, server: grpc.aio.Server) -> TandemServicer:
+def add_tandem_servicer(
+    engine: EngineProtocol, server: grpc.aio.Server, draft_limits: DraftLimits | None = None
+) -> TandemServicer:
     """The servicer's methods, registered as tandem_pb2_grpc registers them, but parsing requests themselves."""
-    servicer = TandemServicer(engine)
+    servicer = TandemServicer(engine, draft_limits)
     handlers = {
         "Generate": grpc.unary_stream_rpc_method_handler(
             _parsed(servicer.Generate, pb.GenerateRequest), response_serializer=pb.GenerateResponse.SerializeToString
