@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
 import pytest
 
 from bench.postgres_server import ThrowawayPostgres, postgres_unavailable
@@ -28,6 +27,7 @@ from sdk.serving.api_keys import key_fingerprint
 from sdk.serving.grpc.errors import status_for
 from sdk.serving.shared_limits import shared_client_limits
 from sdk.state.database import StateDatabase
+from tests.budgets.test_hosted_budgets import client
 from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir  # noqa: F401  (fixtures)
 
 KEY, FREE, ADMIN = "sk-frozen-budgeted-0123456789", "sk-frozen-free-0123456789", "sk-frozen-admin-0123456789"
@@ -49,15 +49,6 @@ def own_postgres():
         if server.running:
             server.resume()
         server.close()
-
-
-def client(app, key: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app),
-        base_url="http://test",
-        timeout=60,
-        headers={"Authorization": f"Bearer {key}"},
-    )
 
 
 async def test_a_frozen_database_fails_budgeted_requests_closed_and_serves_the_rest(
