@@ -31,6 +31,7 @@ from sdk.serving.api_keys import key_fingerprint
 logger = logging.getLogger("tandem.owners")
 
 OLD_DIGITS = 8  # what earlier versions kept of the key's SHA-256
+MIGRATION_TIMEOUT_S = 120.0  # the state database's rows moved at start (one transaction)
 
 
 def old_owner_ids(api_keys: Iterable[str]) -> dict[str, str]:
@@ -129,27 +130,33 @@ async def migrate_state_database(state, ids: dict[str, str]) -> dict[str, int]:
     olds, news = list(ids), [ids[old] for old in ids]
     pairs = "SELECT * FROM unnest(%s::text[], %s::text[]) AS m(old, new)"
     moved: dict[str, int] = {}
-    async with state.transaction() as conn:
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (RESPONSES_LOCK,))
-        # coalesce: what tandem_responses_by_owner indexes.
-        for table, owner in (
-            ("tandem_responses", "coalesce(t.key_fingerprint, '')"),
-            ("tandem_traffic.requests", "t.key_fingerprint"),
-        ):
-            cursor = await conn.execute(
-                f"UPDATE {table} AS t SET key_fingerprint = m.new FROM ({pairs}) AS m WHERE {owner} = m.old",
-                (olds, news),
-            )
-            moved[table] = cursor.rowcount
-        for new_scope, old_scope in _scope_moves("%s"):
-            reservations = 0
-            for old, new in ids.items():
+
+    async def move(conn) -> None:
+        async with conn.transaction():
+            # A start-up step over every row: not under the per-call statement limit the pool's sessions set.
+            await conn.execute("SET LOCAL statement_timeout = 0")
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (RESPONSES_LOCK,))
+            # coalesce: what tandem_responses_by_owner indexes.
+            for table, owner in (
+                ("tandem_responses", "coalesce(t.key_fingerprint, '')"),
+                ("tandem_traffic.requests", "t.key_fingerprint"),
+            ):
                 cursor = await conn.execute(
-                    f"UPDATE tandem_reservations SET scope = {new_scope} WHERE {old_scope}", (new, old)
+                    f"UPDATE {table} AS t SET key_fingerprint = m.new FROM ({pairs}) AS m WHERE {owner} = m.old",
+                    (olds, news),
                 )
-                reservations += cursor.rowcount
-            moved["tandem_reservations"] = moved.get("tandem_reservations", 0) + reservations
-        moved["tandem_spend"] = await _move_state_spend(conn, ids)
+                moved[table] = cursor.rowcount
+            for new_scope, old_scope in _scope_moves("%s"):
+                reservations = 0
+                for old, new in ids.items():
+                    cursor = await conn.execute(
+                        f"UPDATE tandem_reservations SET scope = {new_scope} WHERE {old_scope}", (new, old)
+                    )
+                    reservations += cursor.rowcount
+                moved["tandem_reservations"] = moved.get("tandem_reservations", 0) + reservations
+            moved["tandem_spend"] = await _move_state_spend(conn, ids)
+
+    await state.run(move, timeout_s=MIGRATION_TIMEOUT_S)
     return {table: n for table, n in moved.items() if n}
 
 

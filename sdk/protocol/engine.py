@@ -232,7 +232,7 @@ class EngineProtocol(Protocol):
     def offer_draft(self, draft: OutsideDraft) -> None:
         """Hand a draft to the engine, to verify in a step of its request; never waits (engines whose
         max_draft_tokens is above 0). A draft the engine cannot use is dropped: the request decodes alone."""
-        raise NotImplementedError("this engine verifies no drafts")
+        raise InvalidRequestError("this engine verifies no drafts (its max_draft_tokens is 0): call Generate")
 
     def num_drafts_waiting(self, request_id: str) -> int:
         """Drafts offered for a request that the engine has not taken yet (the door bounds them)."""

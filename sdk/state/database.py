@@ -31,15 +31,14 @@ import contextlib
 import logging
 import math
 import os
-import re
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from sdk.protocol.errors import StateUnavailableError
 from sdk.state.lease import RENEW, SWEEP, Lease
+from sdk.state.redaction import check_url, reason as _reason, redacted
 from sdk.state.schema import LATEST, MIGRATION_LOCK, MIGRATIONS
 from sdk.state.writes import DEFAULT_MAX_PENDING, DeferredWrites, Write
 
@@ -50,41 +49,12 @@ DEFAULT_TIMEOUT_S = 2.0  # a call's client-side deadline (admission waits at mos
 CONNECT_TIMEOUT_S = 5.0  # opening a connection (at start, and the traffic record's own connections)
 POOL_SIZE = 8
 PROBE_EVERY_S = 1.0  # while the database is away the heartbeat asks for it this often
-SECRET_PARAMS = ("password", "sslpassword")
 
 T = TypeVar("T")
 
 
 class StateDatabaseError(RuntimeError):
     """The state database cannot be used at start (the server refuses to start and says why)."""
-
-
-_DSN_SECRET = re.compile(r"\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
-def redacted(url: str) -> str:
-    """`url` (a postgresql:// URL or a `key=value` connection string) with every password shown as ***."""
-    if "://" not in url:
-        return _DSN_SECRET.sub(r"\1***", url)
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        host = parts.hostname or ""
-        netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode(
-            [(name, "***" if name.lower() in SECRET_PARAMS else value) for name, value in pairs], safe="*"
-        )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def check_url(url: str) -> str:
-    """`url`, if it names a PostgreSQL database (ValueError naming the setting otherwise)."""
-    if urlsplit(url).scheme not in ("postgresql", "postgres"):
-        raise ValueError(f"state_db must be a postgresql:// URL, got {redacted(url)!r}")
-    return url
 
 
 class StateDatabase:
@@ -306,30 +276,6 @@ class StateDatabase:
             raise self.unavailable()
         return await self._bounded(fn, self.timeout_s if timeout_s is None else timeout_s)
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator:
-        """A pooled connection for a block of statements, under this database's deadline (prefer `run`, whose
-        deadline holds even when the driver's own cancellation waits on a frozen server)."""
-        if not self.available:
-            raise self.unavailable()
-        import psycopg
-
-        try:
-            async with asyncio.timeout(self.timeout_s), self._pool.connection(timeout=self.timeout_s) as conn:
-                yield conn
-        except TimeoutError as exc:
-            self._went_away(f"no answer within {self.timeout_s:g} s")
-            raise self.unavailable() from exc
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self._went_away(_reason(exc))
-            raise self.unavailable() from exc
-
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator:
-        """A connection in a transaction (several statements, all or none), as `connection`."""
-        async with self.connection() as conn, conn.transaction():
-            yield conn
-
     def unavailable(self) -> StateUnavailableError:
         """The error callers get while the database is away (its details are in the log line of the outage)."""
         return StateUnavailableError(
@@ -446,8 +392,3 @@ async def open_state_database(listener) -> StateDatabase | None:
         timeout_s=listener.state_db_timeout_s,
         max_pending_writes=listener.state_db_max_pending_writes,
     ).open()
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return redacted(text[0]) if text else type(exc).__name__

@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from sdk.protocol.errors import StateUnavailableError
+
 logger = logging.getLogger("tandem.state")
 
 RETRY_FIRST_S = 0.25  # the pause after a write's first failure; doubled each time, up to RETRY_MAX_S
@@ -142,7 +144,7 @@ class DeferredWrites:
             "%d state database writes wait (the oldest for %.1f s); retrying: %s",
             len(self._queue),
             self.oldest_age_s,
-            getattr(exc, "detail", None) or type(exc).__name__,
+            exc.detail if isinstance(exc, StateUnavailableError) and exc.detail else type(exc).__name__,
         )
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 
-from sdk.state.database import CONNECT_TIMEOUT_S, redacted
+from sdk.state.database import CONNECT_TIMEOUT_S
+from sdk.state.redaction import redacted
 from sdk.state.schema import MIGRATIONS
 from sdk.traffic.schema import TrafficSchemaError
 

@@ -19,7 +19,8 @@ import logging
 import os
 from pathlib import Path
 
-from sdk.state.database import CONNECT_TIMEOUT_S, redacted
+from sdk.state.database import CONNECT_TIMEOUT_S
+from sdk.state.redaction import redacted
 
 logger = logging.getLogger("tandem.traffic")
 

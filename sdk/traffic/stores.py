@@ -27,7 +27,7 @@ def connect(target: str | os.PathLike, *, create: bool = True):
 def described(target: str | os.PathLike) -> str:
     """`target` for a log line or a message: a database URL without its password."""
     if is_database(target):
-        from sdk.state.database import redacted
+        from sdk.state.redaction import redacted
 
         return redacted(str(target))
     return str(target)

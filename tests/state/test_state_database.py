@@ -13,7 +13,8 @@ from sdk.budgets.ledger import Reservation, Shortfall, periods
 from sdk.budgets.postgres_ledger import PostgresSpendLedger
 from sdk.protocol.errors import StateUnavailableError
 from sdk.state import database as state_database
-from sdk.state.database import StateDatabase, StateDatabaseError, check_url, redacted
+from sdk.state.database import StateDatabase, StateDatabaseError
+from sdk.state.redaction import check_url, redacted
 from sdk.state.schema import LATEST, MIGRATIONS
 
 # The ledgers run on a fixed clock: settle bills the periods of its clock's day, which must be PAIR's.
