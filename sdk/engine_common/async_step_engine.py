@@ -29,7 +29,7 @@ from sdk.protocol.engine import (
     GenerationRequest,
     TokenEvent,
 )
-from sdk.engine_common.sampling_defaults import SamplingDefaults
+from sdk.protocol.sampling_params import SamplingDefaults
 
 logger = logging.getLogger(__name__)
 

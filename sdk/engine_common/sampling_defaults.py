@@ -16,18 +16,16 @@ resolves it, first match wins:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from sdk.protocol.engine import InvalidRequestError, SamplingParams
 from sdk.engine_common.gguf_header import gguf_metadata
-from sdk.protocol.sampling_params import TUNABLES
+from sdk.protocol.sampling_params import TUNABLES, SamplingDefaults
 
 # The fields a tier may default, as SamplingParams declares them (logit_bias and min_tokens are the request's alone).
 SAMPLING_FIELDS = tuple(TUNABLES)
@@ -48,23 +46,6 @@ BUILTIN_DEFAULTS: tuple[tuple[re.Pattern, dict[str, float | int], str], ...] = (
 
 GGUF_KEYS = {knob.gguf_key: name for name, knob in TUNABLES.items() if knob.gguf_key}
 GENERATION_CONFIG = "generation_config.json"
-
-
-@dataclass(frozen=True)
-class SamplingDefaults:
-    """One tier's resolved default for every sampling field, and where each came from."""
-
-    values: dict[str, float | int]
-    sources: dict[str, str]  # field -> "config:...", "model:...", "built-in: ...", "OpenAI's default"
-
-    def apply(self, params: SamplingParams) -> SamplingParams:
-        """`params` with every unset field filled in (the same object when nothing was unset)."""
-        unset = {name: self.values[name] for name in SAMPLING_FIELDS if getattr(params, name) is None}
-        return dataclasses.replace(params, **unset) if unset else params
-
-    def as_dict(self) -> dict[str, dict[str, Any]]:
-        """{field: {"value": ..., "source": ...}}: what /v1/models and `tandem config show` report."""
-        return {name: {"value": self.values[name], "source": self.sources[name]} for name in SAMPLING_FIELDS}
 
 
 # OpenAI's defaults and nothing else: for code that samples outside an engine (tests, offline tools).

@@ -9,7 +9,7 @@ every layer can import it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Protocol, Sequence
+from typing import AsyncIterator, Protocol, Sequence
 
 # The errors and the sampling declaration live in their own modules; importing them from here still works.
 from sdk.protocol.errors import (  # noqa: F401
@@ -27,12 +27,10 @@ from sdk.protocol.sampling_params import (  # noqa: F401
     MAX_TOP_LOGPROBS,
     MIN_SAMPLING_TEMPERATURE,
     SamplingParams,
+    SamplingDefaults,
     StructuredOutput,
 )
-
-if TYPE_CHECKING:
-    from sdk.engine_common.sampling_defaults import SamplingDefaults
-    from sdk.protocol.drafts import OutsideDraft
+from sdk.protocol.drafts import OutsideDraft
 
 
 @dataclass(frozen=True)

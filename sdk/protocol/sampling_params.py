@@ -267,3 +267,21 @@ TUNABLES: dict[str, Tunable] = {
     for f in fields(SamplingParams)
     if "tunable" in f.metadata
 }
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """One tier's resolved default for every tunable sampling field, and where each came from (the engine
+    contract names it; sdk.engine_common.sampling_defaults resolves it for a model)."""
+
+    values: dict[str, float | int]
+    sources: dict[str, str]  # field -> "config:...", "model:...", "built-in: ...", "OpenAI's default"
+
+    def apply(self, params: SamplingParams) -> SamplingParams:
+        """`params` with every unset field filled in (the same object when nothing was unset)."""
+        unset = {name: self.values[name] for name in TUNABLES if getattr(params, name) is None}
+        return replace(params, **unset) if unset else params
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """{field: {"value": ..., "source": ...}}: what /v1/models and `tandem config show` report."""
+        return {name: {"value": self.values[name], "source": self.sources[name]} for name in TUNABLES}

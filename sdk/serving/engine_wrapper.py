@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sdk.protocol.engine import Caller, EngineProtocol, EngineStats, GenerationRequest, TokenEvent
 
 if TYPE_CHECKING:
-    from sdk.engine_common.sampling_defaults import SamplingDefaults
+    from sdk.protocol.sampling_params import SamplingDefaults
     from sdk.protocol.drafts import OutsideDraft
 
 

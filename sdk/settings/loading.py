@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from local_runtime.config import LocalEngineConfig
     from sdk.cascade.config import CascadeConfig
     from sdk.openai_server.app_config import AppConfig
-    from sdk.engine_common.sampling_defaults import SamplingDefaults
+    from sdk.protocol.sampling_params import SamplingDefaults
     from sdk.traffic.config import TrafficSettings
 
 __all__ = ["Settings", "load_settings", "settings_from_mapping"]
