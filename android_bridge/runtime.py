@@ -39,7 +39,7 @@ class BridgeRuntime:
     def __init__(self, settings):
         self.settings = settings
         self.engine = None
-        self.cascade = None  # sdk.cascade.assembly.Cascade
+        self.cascade = None  # sdk.assembly.cascade.Cascade
         self.cloud = None
         self.runner = None
         self.learning = None  # sdk.traffic.learning.Learning
@@ -80,13 +80,13 @@ class BridgeRuntime:
             ) from None
 
     async def _start_cascade(self, config) -> None:
-        """What `tandem serve` starts (sdk.cascade.assembly), minus HTTP; the cloud tier starts at once."""
-        from sdk.cascade.assembly import start_cascade
+        """What `tandem serve` starts (sdk.assembly.cascade), minus HTTP; the cloud tier starts at once."""
+        from sdk.assembly.cascade import start_cascade
         from sdk.client.async_client import InProcessBackend
 
         self.cascade = await start_cascade(config, self.engine)  # clients bind to the loop they are made in
         self.cloud, self.runner, self.learning = self.cascade.cloud, self.cascade.runner, self.cascade.learning
-        self.learning.start_background()  # [traffic] record: feedback() needs it
+        self.learning.start_background(self.runner)  # the retrain swaps routers into the runner
         self.backend = InProcessBackend(
             self.runner
         )  # feedback() and embeddings() (the embedding model loads on first use)

@@ -8,9 +8,11 @@ Engines and routing sit on the contracts and the machinery they share, the produ
 - `sdk.state` (the state database replicas share) imports only `sdk.protocol` and itself;
 - `sdk.serving` (the gRPC server for any engine, and what both servers share) imports only those
   three and itself;
-- the rest of `sdk` may import anything below it, except that it reaches the cloud engine only
-  through the contracts (`sdk.protocol.cloud_backend`, `sdk.protocol.wire`): only the modules
-  that configure or start a cloud engine import `cloud_engine` (SDK_MODULES_STARTING_CLOUD_ENGINE);
+- the rest of `sdk` stands in PRODUCT_LAYERS, bottom to top: a package imports from its own layer only
+  itself, and otherwise only what stands below it (the stores and tiers, the cascade, the HTTP server,
+  the in-process client, the settings, what puts a server together, the CLI);
+- it reaches the cloud engine only through the contracts (`sdk.protocol.cloud_backend`, `sdk.protocol.wire`):
+  only the modules that configure or start a cloud engine import `cloud_engine` (SDK_MODULES_STARTING_CLOUD_ENGINE);
 - `android_bridge` and `bench` may import anything, and nothing below them imports them;
 - no import cycle anywhere (strongly connected components of the module graph).
 
@@ -27,6 +29,19 @@ PACKAGES = ("sdk", "local_runtime", "cloud_engine", "router", "confidence", "and
 ENGINES = ("local_runtime", "cloud_engine", "router", "confidence")
 ALLOWED_BETWEEN_ENGINES = {("router", "confidence")}
 TOP = ("android_bridge", "bench")
+# The product above sdk.serving, bottom to top (sdk.protocol, sdk.engine_common, sdk.state and sdk.serving have
+# their own rules below them); packages in one layer do not import each other.
+PRODUCT_LAYERS = (
+    ("sdk.data_dir", "sdk.sqlite_writer", "sdk.lazy_exports"),
+    ("sdk.response_store", "sdk.budgets", "sdk.traffic", "sdk.embeddings", "sdk.cloud"),
+    ("sdk.owner_migration",),  # moves the stores' rows at a server's start
+    ("sdk.cascade",),
+    ("sdk.openai_server",),
+    ("sdk.client",),
+    ("sdk.settings",),
+    ("sdk.assembly", "sdk.evaluation"),
+    ("sdk.cli",),
+)
 # The product's modules that configure or start a cloud engine in this process; the rest of sdk talks
 # to a cloud tier (embedded or remote) through sdk.protocol.cloud_backend and sdk.protocol.wire.
 SDK_MODULES_STARTING_CLOUD_ENGINE = {
@@ -133,6 +148,9 @@ def rule_broken(importer: str, imported: str) -> str | None:
     serving_may = _below_engines(imported) or _in(imported, "sdk.serving") or _in(imported, "sdk.state")
     if _in(importer, "sdk.serving") and not serving_may:
         return "sdk.serving imports only sdk.protocol, sdk.engine_common, sdk.state and itself"
+    below = _product_layer_broken(importer, imported)
+    if below:
+        return below
     if source == "sdk" and target == "cloud_engine" and importer not in SDK_MODULES_STARTING_CLOUD_ENGINE:
         return (
             "sdk reaches the cloud engine through sdk.protocol (cloud_backend, wire); only the modules that "
@@ -143,6 +161,24 @@ def rule_broken(importer: str, imported: str) -> str | None:
     if source in ENGINES and target in ENGINES and source != target and (source, target) not in ALLOWED_BETWEEN_ENGINES:
         return f"{source} may not import {target} (of the engines and routing, only router -> confidence)"
     return None
+
+
+def _product_package(module: str) -> tuple[int, str] | None:
+    """(layer, package) of a module of the product's PRODUCT_LAYERS, or None."""
+    for layer, packages in enumerate(PRODUCT_LAYERS):
+        for package in packages:
+            if _in(module, package):
+                return layer, package
+    return None
+
+
+def _product_layer_broken(importer: str, imported: str) -> str | None:
+    """Why the product's `importer` may not import `imported`: it stands above it, or beside it."""
+    source, target = _product_package(importer), _product_package(imported)
+    if source is None or target is None or source[1] == target[1] or target[0] < source[0]:
+        return None
+    where = "above" if target[0] > source[0] else "beside"
+    return f"{target[1]} stands {where} {source[1]} (PRODUCT_LAYERS): imports point down"
 
 
 def violations(graph: dict[str, set[str]], lines: dict[tuple[str, str], int]) -> list[str]:
@@ -245,6 +281,14 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
             "sdk/engine_common/grammar.py": "from sdk.protocol import engine\nfrom sdk.openai_server import app\n",
             "sdk/serving/grpc/server.py": "from sdk.engine_common import grammar\nimport sdk.openai_server.app\n",
             "sdk/openai_server/app.py": "",
+            "sdk/state/database.py": "from sdk.serving import limits\n",  # below the serving layer
+            "sdk/serving/limits.py": "",
+            "sdk/traffic/learning.py": "from sdk.openai_server import app\n",  # the record reaching into the server
+            "sdk/cascade/assembly.py": "from sdk.settings import serve_config\n",  # the cascade reading settings
+            "sdk/settings/serve_config.py": "from sdk.cli import serve\n",  # settings reaching up to the CLI
+            "sdk/assembly/cascade.py": "from sdk.settings import serve_config\nfrom sdk.cli import serve\n",
+            "sdk/cli/serve.py": "",
+            "sdk/budgets/ledger.py": "from sdk.traffic import learning\n",  # one store beside another
             "local_runtime/engine.py": (
                 "from typing import TYPE_CHECKING\nfrom sdk.protocol import engine\n"
                 "from sdk.engine_common import grammar\n"
@@ -270,6 +314,12 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
         " (of the engines and routing, only router -> confidence)",
         "local_runtime.engine (line 7) imports sdk.cascade.runner: local_runtime imports only sdk.protocol and"
         " sdk.engine_common from sdk",
+        "sdk.assembly.cascade (line 2) imports sdk.cli.serve: sdk.cli stands above sdk.assembly (PRODUCT_LAYERS):"
+        " imports point down",
+        "sdk.budgets.ledger (line 1) imports sdk.traffic.learning: sdk.traffic stands beside sdk.budgets"
+        " (PRODUCT_LAYERS): imports point down",
+        "sdk.cascade.assembly (line 1) imports sdk.settings.serve_config: sdk.settings stands above sdk.cascade"
+        " (PRODUCT_LAYERS): imports point down",
         "sdk.cloud.client (line 1) imports cloud_engine.loader: sdk reaches the cloud engine through sdk.protocol"
         " (cloud_backend, wire); only the modules that configure or start one import it"
         " (SDK_MODULES_STARTING_CLOUD_ENGINE)",
@@ -279,6 +329,11 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
         " third-party packages and itself",
         "sdk.serving.grpc.server (line 2) imports sdk.openai_server.app: sdk.serving imports only sdk.protocol,"
         " sdk.engine_common, sdk.state and itself",
+        "sdk.settings.serve_config (line 1) imports sdk.cli.serve: sdk.cli stands above sdk.settings"
+        " (PRODUCT_LAYERS): imports point down",
+        "sdk.state.database (line 1) imports sdk.serving.limits: sdk.state imports only sdk.protocol and itself",
+        "sdk.traffic.learning (line 1) imports sdk.openai_server.app: sdk.openai_server stands above sdk.traffic"
+        " (PRODUCT_LAYERS): imports point down",
     ]
     # sdk.protocol.schema -> sdk.cascade.runner -> local_runtime.engine -> sdk.cascade.runner; and a
     # router <-> confidence pair.
@@ -286,6 +341,24 @@ def test_the_checks_catch_planted_violations_and_cycles(tmp_path):
         ["confidence.signals", "router.policy"],
         ["local_runtime.engine", "sdk.cascade.runner"],
     ]
+
+
+def test_the_contracts_name_no_machinery_even_for_types():
+    """sdk.protocol imports nothing of the project's outside itself, not even under `if TYPE_CHECKING` (which
+    the walk above leaves out): a type a contract names lives in the contracts."""
+    found = []
+    for path in sorted((REPO / "sdk" / "protocol").rglob("*.py")):
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            module = node.module if isinstance(node, ast.ImportFrom) and not node.level else None
+            names = [module] if module else [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            found += [
+                f"{path.relative_to(REPO)} imports {name}"
+                for name in names
+                if name and _top(name) in PACKAGES and not _is_protocol(name)
+            ]
+    assert found == []
 
 
 def test_cycles_longer_than_a_pair_are_found():

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from router.circuit_breaker import CircuitBreaker
+from sdk.budgets.manager import BudgetManager
 from router.costs import CostLedger, CostTable
 from router.decision import parse_model_choice
 from router.privacy import PrivacyRules, PrivacyVerdict
@@ -25,6 +26,7 @@ from sdk.cascade.config import CascadeConfig
 from sdk.cascade.counts import RouteCounter
 from sdk.cascade.models import load_local_probe, load_prompt_scorer
 from sdk.cascade.request import CascadeRequest
+from sdk.cascade.traffic import ShadowSampling, TrafficRecorder
 from sdk.cascade.types import CascadeEvent, CascadeResult, RoutingInfo, collect
 from sdk.protocol.cloud_backend import CloudBackend
 from sdk.protocol.engine import EngineProtocol, SamplingParams
@@ -45,33 +47,53 @@ class CascadeRunner:
         local: EngineProtocol,
         cloud: CloudBackend | None,
         config: CascadeConfig | None = None,
+        *,
         clock: Callable[[], float] = time.monotonic,  # the breaker's clock; injectable for tests
         cloud_ready: Callable[[], bool] = lambda: True,  # False while an embedded cloud engine loads
+        breaker: CircuitBreaker | None = None,  # shared with whatever else calls the tier (shadow sampling)
+        budgets: BudgetManager | None = None,  # spend limits per key and user ([server] budgets_file)
+        traffic: TrafficRecorder | None = None,  # the traffic record ([traffic] record)
+        shadow: ShadowSampling | None = None,  # shadow calls on local answers ([traffic] shadow_fraction)
     ):
         self.local = local
-        self.cloud = cloud  # None: a device-only deployment; escalations degrade to local
-        self.cloud_ready = cloud_ready
         self.config = config or CascadeConfig()
-        if self.config.handoff == "continue" and cloud is not None and not cloud.supports_continuation:
-            # Continuing needs the cloud to take the local token ids (a tandem.v1 server does).
-            raise ValueError(f"{type(cloud).__name__} cannot continue a local answer; use handoff='restart'")
+        self.cloud: CloudBackend | None = None  # None: a device-only deployment; escalations degrade to local
+        self.attach_cloud(cloud)
+        self.cloud_ready = cloud_ready
         rules_config = {**self.config.privacy}
         rules_config.setdefault("redact_before_escalation", self.config.redact_before_escalation)
         self.privacy_rules = PrivacyRules.from_config(rules_config)
         self.privacy_counters = PrivacyCounters()
-        self.breaker = CircuitBreaker(self.config.breaker_failure_threshold, self.config.breaker_cool_down_s, clock)
+        self.breaker = breaker or breaker_for(self.config, clock)
         self.ledger = CostLedger(CostTable.from_config(self.config.prices))
         self.routes = RouteCounter()
         # The learned parts (sdk.cascade.models), loaded once: ONNX sessions shared by all requests.
         self.probe = load_local_probe(self.config.probe, local) if self.config.probe else None
-        # Replaced whole by a background retrain (sdk.traffic.retrain); each request reads it once.
+        # Swapped whole by a background retrain (swap_prompt_scorer); each request reads it once.
         self.prompt_scorer = load_prompt_scorer(self.config.prompt_router) if self.config.prompt_router else None
         # The device drafting cloud answers (sdk.cascade.device_drafts), with draft_on_device.
         self.drafter = DeviceDrafter(local, self.config.draft_tokens) if self.config.draft_on_device else None
-        self.traffic = None  # sdk.traffic.record.TrafficRecord: set by `tandem serve` when [traffic] record is on
-        self.shadow = None  # sdk.traffic.shadow.ShadowSampler, likewise with shadow_fraction > 0
-        self.budgets = None  # sdk.budgets.manager.BudgetManager: spend limits per key and user (server.budgets_file)
+        self.budgets = budgets
+        self.traffic = traffic
+        self.shadow = shadow
         self._shared_vocabulary: bool | None = None  # settled by shares_vocabulary once the cloud has said
+
+    def attach_cloud(self, cloud: CloudBackend | None) -> None:
+        """The cloud tier requests escalate to from now on: given at construction, or later once an embedded
+        cloud engine has loaded (sdk.assembly.cascade). ValueError for a tier this configuration cannot use."""
+        if self.config.handoff == "continue" and cloud is not None and not cloud.supports_continuation:
+            # Continuing needs the cloud to take the local token ids (a tandem.v1 server does).
+            raise ValueError(f"{type(cloud).__name__} cannot continue a local answer; use handoff='restart'")
+        self.cloud = cloud
+        self._shared_vocabulary = None  # another tier: its vocabulary is asked again
+
+    def swap_prompt_scorer(self, fresh, replacing=None) -> bool:
+        """Serve the prompt router `fresh` from the next request on (a retrained or adopted one, loaded whole:
+        sdk.traffic.retrain); with `replacing`, only if that one is still serving. Whether it was swapped."""
+        if replacing is not None and self.prompt_scorer is not replacing:
+            return False
+        self.prompt_scorer = fresh
+        return True
 
     async def shares_vocabulary(self) -> bool:
         """Whether token ids mean the same on both tiers, so logit_bias may go to either and a
@@ -156,3 +178,9 @@ class CascadeRunner:
     async def complete(self, messages: Sequence, params: SamplingParams, **kwargs) -> CascadeResult:
         """The whole answer at once (see generate for the arguments)."""
         return await collect(self.generate(messages, params, streamed=False, **kwargs))
+
+
+def breaker_for(config: CascadeConfig, clock: Callable[[], float] = time.monotonic) -> CircuitBreaker:
+    """The circuit breaker of a cascade's cloud tier, as `config` sets it (one per tier: whatever calls it shares
+    it, so a failing tier is spared every caller's calls)."""
+    return CircuitBreaker(config.breaker_failure_threshold, config.breaker_cool_down_s, clock)

@@ -7,10 +7,33 @@ from __future__ import annotations
 import logging
 import time
 
+from typing import Protocol
+
 from sdk.cascade.types import CascadeEvent
+from sdk.protocol.engine import SamplingParams
 from sdk.traffic.entry import TrafficEntry
 
 logger = logging.getLogger("tandem.cascade")
+
+
+class TrafficRecorder(Protocol):
+    """What the runner writes a finished request to (sdk.traffic.record.TrafficRecord)."""
+
+    def record(self, entry: TrafficEntry) -> None: ...
+
+
+class ShadowSampling(Protocol):
+    """What may shadow a local answer with a cloud call to label it (sdk.traffic.shadow.ShadowSampler)."""
+
+    def consider(
+        self,
+        response_id: str,
+        messages: list[dict],
+        params: SamplingParams,
+        prompt_text: str,
+        local_answer: str,
+        num_prompt_tokens: int,
+    ) -> bool: ...
 
 
 def after_request(request, final: CascadeEvent) -> None:

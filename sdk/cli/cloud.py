@@ -188,7 +188,7 @@ async def _serve_engine(engine, config: CloudServeConfig, budgets=None, state=No
     import logging
 
     from sdk.serving.grpc.server import start_grpc_server, stop_grpc_server
-    from sdk.openai_server import create_app
+    from sdk.openai_server import AppServices, create_app
     from sdk.openai_server.drain import DrainableEngine, admin_routes
     from sdk.response_store import open_response_store
     from sdk.openai_server.serve_loop import HttpServer, drain_on_signals, http_config, watch_loading
@@ -202,9 +202,10 @@ async def _serve_engine(engine, config: CloudServeConfig, budgets=None, state=No
         responses = open_response_store(listener, state)
     except (OSError, sqlite3.Error, ValueError) as exc:
         return f"the stored responses could not be opened: {exc}"
-    app = create_app(
-        engine, config.app, client_limits=client_limits, budgets=budgets, state_db=state, response_store=responses
+    services = AppServices(
+        engine, client_limits=client_limits, budgets=budgets, state_db=state, response_store=responses
     )
+    app = create_app(config.app, services)
     if config.admin_key:
         admin_routes(app, engine, config.admin_key)
     http = HttpServer(

@@ -132,9 +132,9 @@ def run_serve(config: ServeConfig) -> str | None:
 
 
 async def _serve(config: ServeConfig, engine, started: float) -> str | None:
-    from sdk.cascade.assembly import CascadeStartError, start_cascade
+    from sdk.assembly.cascade import CascadeStartError, start_cascade
     from sdk.embeddings.service import EmbeddingService
-    from sdk.openai_server import attach_cloud_engine, create_app
+    from sdk.openai_server import AppServices, attach_cloud_engine, create_app
     from sdk.openai_server.serve_loop import HttpServer, http_config, stop_on_signals, watch_loading
     from sdk.response_store import open_response_store
 
@@ -148,19 +148,18 @@ async def _serve(config: ServeConfig, engine, started: float) -> str | None:
     except (OSError, sqlite3.Error, ValueError) as exc:
         await cascade.close()
         return f"the stored responses could not be opened: {exc}"
-    app = create_app(
+    services = AppServices(
         engine,
-        config.app,
         cascade=cascade.runner,
         also_ready=lambda: cascade.cloud.is_ready,
         client_limits=config.app.client_limits(state=cascade.state),
-        traffic=cascade.learning.record,
+        learning=cascade.learning,
         budgets=cascade.budgets,
         state_db=cascade.state,
         response_store=responses,
-        embeddings=EmbeddingService(threads=1),
-    )  # loads on first use: MiniLM beside llama.cpp gets one core
-    cascade.learning.attach_metrics(app)
+        embeddings=EmbeddingService(threads=1),  # loads on first use: MiniLM beside llama.cpp gets one core
+    )
+    app = create_app(config.app, services)
     http = HttpServer(
         http_config(
             app, listener.host, listener.port, listener.log_level, config.api_keys, listener.tls_cert, listener.tls_key
@@ -202,7 +201,7 @@ async def _serve(config: ServeConfig, engine, started: float) -> str | None:
         cascade.cloud.description,
         cascade.runner.config.default_threshold,
     )
-    cascade.learning.start_background()
+    cascade.learning.start_background(cascade.runner)
     try:
         await http.serve()
         if not http.started and not failures:

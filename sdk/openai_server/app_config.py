@@ -2,8 +2,8 @@
 
 sdk.settings.server_sections.app_config builds it from a listener's keys: ServeConfig's from [server]
 (`tandem serve`), CloudServeConfig's from [cloud_server] (`tandem cloud serve`); tests and embedders
-build it directly or pass its fields to create_app as keywords. Only settings live here: the objects an app serves
-with (engine, cascade, budgets, ...) are create_app's own arguments.
+build it directly. Only settings live here: the objects an app serves with (engine, cascade, budgets, ...)
+are its AppServices (sdk.openai_server.app).
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from typing import Callable
 
 from sdk.serving.client_limits import DEFAULT_AUTH_BACKOFF_AFTER, DEFAULT_AUTH_BACKOFF_MAX_S, ClientLimits
 from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES
-
-# The fields ClientLimits is built from: create_app refuses them beside limits already built.
-CLIENT_LIMIT_FIELDS = ("rate_limit_per_minute", "rate_limit_burst", "max_concurrent_per_key")
 
 
 @dataclass(frozen=True)

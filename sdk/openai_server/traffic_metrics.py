@@ -8,11 +8,11 @@ from sdk.openai_server.metrics import PREFIX
 
 
 class TrafficCollector:
-    def __init__(self, record, shadow=None, retrainer=None, runner=None):
-        self.record, self.shadow, self.retrainer, self.runner = record, shadow, retrainer, runner
+    def __init__(self, learning):
+        self.learning = learning  # sdk.traffic.learning.Learning: read at scrape time (the retrain starts later)
 
     def collect(self):
-        record = self.record
+        record, shadow, retrainer = self.learning.record, self.learning.shadow, self.learning.retrainer
         rows = CounterMetricFamily(
             PREFIX + "traffic_rows",
             "Routed requests the traffic record handled, by what happened to them.",
@@ -28,25 +28,25 @@ class TrafficCollector:
         yield CounterMetricFamily(
             PREFIX + "traffic_labels", "Labels written (feedback and shadow judgments).", value=record.num_labels
         )
-        if self.shadow is not None:
-            counts = self.shadow.counts
-            shadow = CounterMetricFamily(
+        if shadow is not None:
+            counts = shadow.counts
+            samples = CounterMetricFamily(
                 PREFIX + "shadow_samples", "Shadow calls to the cloud tier, by outcome.", labels=["outcome"]
             )
             for outcome in ("started", "judged", "skipped_budget", "skipped_busy", "failed"):
-                shadow.add_metric([outcome], getattr(counts, outcome))
-            yield shadow
+                samples.add_metric([outcome], getattr(counts, outcome))
+            yield samples
             yield GaugeMetricFamily(
                 PREFIX + "shadow_budget_remaining_tokens",
                 "Cloud tokens shadow calls may still use today.",
-                value=self.shadow.budget.remaining,
+                value=shadow.budget.remaining,
             )
-        if self.retrainer is not None:
+        if retrainer is not None:
             retrains = CounterMetricFamily(
                 PREFIX + "router_retrains",
                 "Background router retrains, by outcome (adopted: a router another replica swapped in, with state_db).",
                 labels=["outcome"],
             )
             for outcome in ("swapped", "kept", "skipped", "failed", "adopted"):
-                retrains.add_metric([outcome], self.retrainer.outcomes.get(outcome, 0))
+                retrains.add_metric([outcome], retrainer.outcomes.get(outcome, 0))
             yield retrains

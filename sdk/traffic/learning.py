@@ -1,5 +1,7 @@
-"""The learning loop of one `tandem serve`, put together from its [traffic] settings: the
-record, shadow sampling and the background retrain, attached to the cascade runner.
+"""The learning loop of one `tandem serve`, put together from its [traffic] settings: the record,
+shadow sampling and the background retrain. The cascade runner is given the record and the sampler
+when it is made (sdk.assembly.cascade); the retrain, which swaps routers into the runner, starts
+with the background tasks, once the runner exists.
 
 With `state_db` the record is kept in the state database the replicas share
 (sdk.traffic.postgres_store): one record for all of them, one replica retraining and every one
@@ -12,10 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sdk.protocol.cloud_backend import CloudBackend
 from sdk.traffic.config import TrafficSettings
 from sdk.traffic.record import TrafficRecord
+from sdk.traffic.retrain import BackgroundRetrainer, ScorerSlot
+from sdk.traffic.shadow import ShadowSampler
+from sdk.traffic.shared_routers import SharedRouters
 
 logger = logging.getLogger("tandem.traffic")
 
@@ -24,24 +31,24 @@ SHARED_BUDGET_REFRESH_S = 10.0
 
 @dataclass
 class Learning:
+    """The learning parts a server runs (all None when [traffic] record is off)."""
+
+    settings: TrafficSettings | None = None
     record: TrafficRecord | None = None
-    shadow: object = None  # sdk.traffic.shadow.ShadowSampler
-    retrainer: object = None  # sdk.traffic.retrain.BackgroundRetrainer
-    shared_routers: object = None  # sdk.traffic.shared_routers.SharedRouters, with state_db and retrain
-    runner: object = None
-    tasks: list = field(default_factory=list)
+    shadow: ShadowSampler | None = None
+    shared_routers: SharedRouters | None = None  # with state_db and retrain: the replicas' routers
+    retrainer: BackgroundRetrainer | None = None  # made by start_background, over the runner it swaps into
+    tasks: list[asyncio.Task] = field(default_factory=list)
 
-    def attach_metrics(self, app) -> None:
-        if self.record is not None:
-            from sdk.openai_server.traffic_metrics import TrafficCollector
-
-            app.state.tandem.metrics.registry.register(
-                TrafficCollector(self.record, self.shadow, self.retrainer, self.runner)
-            )
-
-    def start_background(self) -> None:
+    def start_background(self, scorers: ScorerSlot) -> None:
+        """Start the retrain (when on) over `scorers` (the cascade runner), and the shared shadow budget's
+        refresh; in the serving event loop."""
         loop = asyncio.get_running_loop()
-        if self.retrainer is not None:
+        settings = self.settings
+        if self.record is not None and settings.retrain and self.retrainer is None:
+            self.retrainer = BackgroundRetrainer(
+                scorers, self.record, settings, check_every_s=settings.retrain_check_s, shared=self.shared_routers
+            )
             self.tasks.append(loop.create_task(self.retrainer.run()))
         if self.shadow is not None and self.record.shared:
             self.tasks.append(loop.create_task(self._refresh_shadow_budget()))
@@ -66,44 +73,39 @@ class Learning:
             await asyncio.to_thread(self.shared_routers.close)
         if self.record is not None:
             await asyncio.to_thread(self.record.close)
-        if self.runner is not None:
-            self.runner.traffic = self.runner.shadow = None
 
 
-def start_learning(runner, settings: TrafficSettings, state=None) -> Learning:
-    """Open the record (when on) and hang it, the shadow sampler and the retrainer on `runner`;
-    `state` (sdk.state.database.StateDatabase, with state_db): the record goes there."""
+def start_learning(
+    settings: TrafficSettings,
+    cloud_now: Callable[[], CloudBackend | None],
+    cloud_model: str = "",
+    state=None,
+) -> Learning:
+    """Open the record (when on) and make the shadow sampler; `cloud_now`: the cloud tier when it may take
+    a shadow call now (sdk.traffic.shadow), `cloud_model` the name to ask it for; `state`
+    (sdk.state.database.StateDatabase, with state_db): the record goes there."""
     if not settings.record:
-        return Learning()
+        return Learning(settings)
     if state is not None and settings.path:
         raise ValueError(
             "[traffic] path and state_db both say where the traffic record goes: with state_db the replicas share "
             "it in that database; unset [traffic] path"
         )
     record = TrafficRecord(settings.record_config(None if state is None else state.url)).start()
-    learning = Learning(record=record, runner=runner)
-    runner.traffic = record
+    learning = Learning(settings, record)
     if settings.shadow_fraction > 0:
         from sdk.traffic.judges import make_judge
-        from sdk.traffic.shadow import COUNTER, DailyBudget, ShadowSampler
+        from sdk.traffic.shadow import COUNTER, DailyBudget
 
         budget = DailyBudget(settings.shadow_daily_cloud_tokens, used_today=record.counter_today(COUNTER))
         judge = make_judge(settings.judge, settings.judge_model, settings.judge_api_key)
-        learning.shadow = runner.shadow = ShadowSampler(settings.shadow_fraction, budget, record, judge, runner)
+        learning.shadow = ShadowSampler(settings.shadow_fraction, budget, record, judge, cloud_now, cloud_model)
         logger.info(
             "shadow sampling %.1f%% of local answers (judge %s), at most %d cloud tokens a day",
             100 * settings.shadow_fraction,
             judge.name,
             settings.shadow_daily_cloud_tokens,
         )
-    if settings.retrain:
-        from sdk.traffic.retrain import BackgroundRetrainer
-
-        if state is not None:
-            from sdk.traffic.shared_routers import SharedRouters
-
-            learning.shared_routers = SharedRouters(state.url, state.replica_id)
-        learning.retrainer = BackgroundRetrainer(
-            runner, record, settings, check_every_s=settings.retrain_check_s, shared=learning.shared_routers
-        )
+    if settings.retrain and state is not None:
+        learning.shared_routers = SharedRouters(state.url, state.replica_id)
     return learning

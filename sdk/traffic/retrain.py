@@ -18,7 +18,7 @@ routers that routed worse than the cold one (bench.router_learning). The held-ou
 newest because the serving router may have been trained on older ones. A swapped-in router is
 written under a new name and copied to latest.onnx (written aside, then renamed), on the serving
 router's score scale (score_scale: a prompt's score moves only as far as its predicted gain);
-the caller loads it whole and then replaces `runner.prompt_scorer` in one assignment, so a
+the caller loads it whole and then swaps it in (the runner's `swap_prompt_scorer`, one assignment), so a
 request sees the old router or the new one, never a mixture. Each request reads the scorer once.
 
 `BackgroundRetrainer` runs that every CHECK_EVERY_S when `retrain_every_labels` new labels
@@ -39,6 +39,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -183,9 +184,20 @@ def retrain_once(db_path: str, serving, router_dir: str, holdout_labels: int) ->
     return RetrainResult("swapped", candidate.verdict(holdout_labels), path, **figures)
 
 
+class ScorerSlot(Protocol):
+    """Where the serving prompt router is (the cascade runner): read it, and swap a fresh one in whole."""
+
+    @property
+    def prompt_scorer(self): ...
+
+    def swap_prompt_scorer(self, fresh, replacing=None) -> bool:
+        """Serve `fresh` from the next request on; with `replacing`, only if that one is still serving."""
+        ...
+
+
 class BackgroundRetrainer:
-    def __init__(self, runner, record, settings, check_every_s: float = CHECK_EVERY_S, shared=None):
-        self.runner = runner
+    def __init__(self, scorers: ScorerSlot, record, settings, check_every_s: float = CHECK_EVERY_S, shared=None):
+        self.scorers = scorers
         self.record = record  # sdk.traffic.record.TrafficRecord
         self.settings = settings  # sdk.traffic.config.TrafficSettings
         self.check_every_s = check_every_s
@@ -217,7 +229,7 @@ class BackgroundRetrainer:
     async def retrain(self) -> RetrainResult:
         from router.prompt_router.scorer import load_scorer
 
-        serving = self.runner.prompt_scorer
+        serving = self.scorers.prompt_scorer
         started = time.monotonic()
         try:
             result = await asyncio.to_thread(
@@ -229,8 +241,7 @@ class BackgroundRetrainer:
             )
             if result.outcome == "swapped":
                 fresh = await asyncio.to_thread(load_scorer, result.path)  # whole before anyone can see it
-                if self.runner.prompt_scorer is serving:  # nobody swapped meanwhile
-                    self.runner.prompt_scorer = fresh
+                self.scorers.swap_prompt_scorer(fresh, replacing=serving)  # unless another swap came first
                 if self.shared is not None:
                     await asyncio.to_thread(self.shared.publish, result.path, result.detail)
         except Exception as exc:  # a broken record, a full disk: the serving router stays
@@ -262,7 +273,7 @@ class BackgroundRetrainer:
             logger.warning("router retrain: cannot adopt the replicas' newest router (%s)", exc)
             return False
         self.shared.last_seen = router_id
-        self.runner.prompt_scorer = fresh
+        self.scorers.swap_prompt_scorer(fresh)
         self.outcomes["adopted"] += 1
         logger.info("router retrain: now serving %s, swapped in by a replica", path)
         return True

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sdk.protocol.cloud_backend import CloudBackend
 from sdk.protocol.engine import SamplingParams
 
 logger = logging.getLogger("tandem.traffic")
@@ -93,7 +94,8 @@ class ShadowSampler:
         budget: DailyBudget,
         record,
         judge,
-        runner,
+        cloud_now: Callable[[], CloudBackend | None],
+        cloud_model: str = "",
         max_in_flight: int = 4,
         rng: random.Random | None = None,
     ):
@@ -101,7 +103,10 @@ class ShadowSampler:
         self.budget = budget
         self.record = record  # sdk.traffic.record.TrafficRecord
         self.judge = judge  # sdk.traffic.judges
-        self.runner = runner  # the CascadeRunner: its cloud client, breaker and model name, read at call time
+        # The cloud tier if it may take a call now (there, ready, its breaker closed), asked at each answer: a
+        # shadow call never goes where the cascade would not send an escalation.
+        self.cloud_now = cloud_now
+        self.cloud_model = cloud_model  # the model name the calls ask for ("": the tier's own)
         self.max_in_flight = max_in_flight
         self.rng = rng or random.Random()
         self.counts = ShadowCounts()
@@ -119,8 +124,8 @@ class ShadowSampler:
         """Maybe start a shadow call for a local answer (event loop; returns whether one started)."""
         if self.fraction <= 0 or self.rng.random() >= self.fraction:
             return False
-        cloud = self.runner.cloud
-        if cloud is None or not self.runner.cloud_ready() or self.runner.breaker.state.value != "closed":
+        cloud = self.cloud_now()
+        if cloud is None:
             return False
         if len(self._tasks) >= self.max_in_flight:
             self.counts.skipped_busy += 1
@@ -156,7 +161,7 @@ class ShadowSampler:
             stream = cloud.generate(
                 messages,
                 params,
-                model=self.runner.config.cloud_model or "",
+                model=self.cloud_model,
                 request_id=f"shadow-{response_id}",
                 timeout_s=SHADOW_DEADLINE_S,
             )

@@ -14,7 +14,7 @@ import pytest
 
 from sdk.budgets.ledger import SpendLedger, key_scope
 from sdk.budgets.manager import BudgetManager
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.serving.api_keys import key_fingerprint
 from tests.budgets.conftest import kept_spend
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, serve  # noqa: F401  (fixtures)
@@ -28,11 +28,11 @@ ASK = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "te
 
 
 async def app_with_budgets(make_runner, tmp_path, budgets_text: str, ledger=None):  # noqa: F811
-    runner = await make_runner(prices=PRICES)
     (tmp_path / "budgets.toml").write_text(budgets_text)
     ledger = ledger or SpendLedger(tmp_path / "spend.sqlite3").start()
-    runner.budgets = BudgetManager(str(tmp_path / "budgets.toml"), ledger, prices_are_zero=False)
-    app = create_app(runner.local, cascade=runner, budgets=runner.budgets, api_keys={KEY, OTHER})
+    budgets = BudgetManager(str(tmp_path / "budgets.toml"), ledger, prices_are_zero=False)
+    runner = await make_runner(prices=PRICES, budgets=budgets)
+    app = make_app(runner.local, cascade=runner, budgets=budgets, api_keys={KEY, OTHER})
     return runner, ledger, app
 
 

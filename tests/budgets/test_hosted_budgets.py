@@ -23,7 +23,7 @@ from sdk.budgets.ledger import key_scope, user_scope
 from sdk.budgets.manager import BudgetManager, check_budgets
 from sdk.budgets.metered_engine import BudgetedEngine
 from sdk.cloud.grpc_client import CloudClient, CloudQuotaExceededError
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.serving.api_keys import key_fingerprint
 from sdk.protocol.engine import Caller, GenerationRequest, SamplingParams
 from tests.budgets.conftest import kept_spend
@@ -45,7 +45,7 @@ def hosted(engine, tmp_path, budgets_text: str, ledger):  # noqa: F811
     (tmp_path / "budgets.toml").write_text(budgets_text)
     budgets = BudgetManager(str(tmp_path / "budgets.toml"), ledger, prices_are_zero=False, cloud_only=True)
     billed = BudgetedEngine(engine, budgets, PRICES)
-    return billed, create_app(billed, budgets=budgets, api_keys={KEY, OTHER}), ledger
+    return billed, make_app(billed, budgets=budgets, api_keys={KEY, OTHER}), ledger
 
 
 def client(app, key: str = KEY) -> httpx.AsyncClient:

@@ -9,7 +9,7 @@ import pytest
 
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
 
 
@@ -19,7 +19,7 @@ async def client(tiny_dir):  # noqa: F811
         CloudEngineConfig(model=tiny_dir, model_name="tiny", block_size=4, kv_cache_gb=0.001, max_model_len=64)
     ).start()
     await asyncio.to_thread(engine.wait_ready, 60)
-    transport = httpx.ASGITransport(app=create_app(engine))
+    transport = httpx.ASGITransport(app=make_app(engine))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
         yield c
     engine.shutdown()

@@ -15,7 +15,7 @@ import pytest
 from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from sdk.cloud.grpc_client import CloudClient, CloudUnavailableError
 from sdk.cloud.targets import is_replica_target
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.openai_server.drain import DrainableEngine, admin_routes
 from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir, wait_until  # noqa: F401  (fixtures)
@@ -78,7 +78,7 @@ async def test_a_draining_replica_finishes_its_streams_and_refuses_new_ones(engi
     replica = DrainableEngine(engine)
     server = await start_grpc_server(replica, GrpcServerConfig(port=0, api_keys=frozenset({KEY})))
     client = CloudClient(f"127.0.0.1:{bound_port(server)}", api_key=KEY)
-    app = create_app(replica, api_keys={KEY})
+    app = make_app(replica, api_keys={KEY})
     admin_routes(app, replica, ADMIN)
     try:
         assert await wait_until(lambda: replica.is_ready, 30)

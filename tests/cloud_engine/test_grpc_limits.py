@@ -12,7 +12,7 @@ from sdk.protocol.cloud_backend import CloudStatus
 from sdk.serving.grpc.auth import peer_host
 from sdk.serving.grpc.server import GrpcServerConfig, bound_port, start_grpc_server, stop_grpc_server
 from sdk.cloud.grpc_client import CloudClient, CloudOverloadedError, CloudUnauthenticatedError
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.serving.client_limits import ClientLimits
 from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.grpc_helpers import engine, long_tiny_dir, serve, wait_until  # noqa: F401
@@ -70,7 +70,7 @@ async def test_without_keys_the_client_address_is_the_budget(engine, serve):  # 
 
 async def test_one_budget_per_key_across_grpc_and_http(engine):  # noqa: F811
     limits = ClientLimits.build(rate_limit_per_minute=3, max_concurrent_per_key=1)
-    app = create_app(engine, api_keys=KEYS, client_limits=limits)
+    app = make_app(engine, api_keys=KEYS, client_limits=limits)
     server = await start_grpc_server(engine, GrpcServerConfig(port=0, api_keys=KEYS), limits)
     transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
     try:

@@ -10,7 +10,7 @@ import pytest
 from cloud_engine.spec_decode import SpeculativeConfig, parse_speculative
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.engine import GenerationRequest, SamplingParams
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from tests.cloud_engine.grpc_helpers import long_tiny_dir, make_engine, serve, wait_drained  # noqa: F401
 from tests.cloud_engine.tiny_models import random_tokens
 
@@ -42,7 +42,7 @@ async def test_grpc_final_response_carries_the_requests_acceptance(spec_engine, 
 
 
 async def test_openai_usage_and_metrics_report_speculation(spec_engine):
-    transport = httpx.ASGITransport(app=create_app(spec_engine))
+    transport = httpx.ASGITransport(app=make_app(spec_engine))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         body = {"model": "tiny", "prompt": "w5 w6 w7 w5 w6 w7", "max_tokens": 20, "temperature": 0, "ignore_eos": True}
         r = await client.post("/v1/completions", json=body)

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from sdk.protocol.openai_schema import MAX_CHOICES, MAX_STOP_STRINGS
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.openai_server.limits import DEFAULT_MAX_BODY_BYTES
 from sdk.serving.client_limits import InFlightLimiter
 from tests.conftest import running_server
@@ -244,7 +244,7 @@ def test_in_flight_slots_survive_errors_and_are_per_client_address_without_keys(
     import asyncio
 
     async def run():
-        app = create_app(FakeEngine(), max_concurrent_per_key=1)
+        app = make_app(FakeEngine(), max_concurrent_per_key=1)
         limiter: InFlightLimiter = app.state.in_flight
         for ip in ("10.0.0.1", "10.0.0.2"):
             transport = httpx.ASGITransport(app=app, client=(ip, 1234))
@@ -457,9 +457,9 @@ def test_the_limits_are_settings_flags_and_env_vars(tmp_path):
         with pytest.raises(SettingsError, match=key):
             load_settings(str(config), env=env)
     with pytest.raises(ValueError, match="max_body_bytes"):
-        create_app(FakeEngine(), max_body_bytes=0)
+        make_app(FakeEngine(), max_body_bytes=0)
     with pytest.raises(ValueError, match="max_concurrent_per_key"):
-        create_app(FakeEngine(), max_concurrent_per_key=0)
+        make_app(FakeEngine(), max_concurrent_per_key=0)
     from typer.testing import CliRunner
 
     from sdk.cli.app import app

@@ -121,7 +121,7 @@ def local_target(tmp_path_factory):
 def hosted_target(tmp_path_factory):
     from cloud_engine.async_engine import AsyncCloudEngine
     from cloud_engine.config import CloudEngineConfig
-    from sdk.openai_server import create_app
+    from tests.app_helpers import make_app
     from sdk.response_store.sqlite_store import SQLiteResponseStore
     from tests.cloud_engine.tiny_models import VOCAB_SIZE, save_tiny_llama
 
@@ -143,7 +143,7 @@ def hosted_target(tmp_path_factory):
     # The fuzzer sends wrong and missing keys from this one address on purpose; the auth backoff
     # (tests/sdk/test_openai_auth.py) would then refuse its valid requests unchecked.
     store = SQLiteResponseStore(Path(path) / "responses.sqlite3")  # previous_response_id and storing fuzzed too
-    app = create_app(engine, api_keys=frozenset({API_KEY}), auth_backoff_after=0, response_store=store)
+    app = make_app(engine, api_keys=frozenset({API_KEY}), auth_backoff_after=0, response_store=store)
     try:
         with served_in_thread(app, "fuzz-uvicorn") as url:
             yield Target(

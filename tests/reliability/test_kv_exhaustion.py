@@ -19,7 +19,7 @@ import pytest
 from bench.served_models import own_chat_model_id
 from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
 from tests.conftest import running_server
 from tests.sdk.test_openai_server import metric
@@ -142,11 +142,11 @@ async def test_cloud_engine_with_a_tiny_kv_pool_gives_every_stream_its_greedy_an
             return {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
 
         async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=create_app(roomy)), base_url="http://roomy"
+            transport=httpx.ASGITransport(app=make_app(roomy)), base_url="http://roomy"
         ) as http:
             alone = [await stream_one(http, "/v1/completions", body(p)) for p in prompts]  # one at a time
         async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=create_app(tight)), base_url="http://tight"
+            transport=httpx.ASGITransport(app=make_app(tight)), base_url="http://tight"
         ) as http:
             total = metric((await http.get("/metrics")).text, "tandem:kv_blocks_total")
             assert total * 4 < NUM_CLIENTS * MAX_TOKENS, "the pool must be too small for all of them at once"

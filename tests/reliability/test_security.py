@@ -32,7 +32,7 @@ from sdk.cascade.runner import CascadeConfig, CascadeRunner
 from sdk.cloud.grpc_client import CloudClient, CloudUnauthenticatedError
 from sdk.protocol.engine import SamplingParams
 from sdk.cloud.openai_client import OpenAICloudClient
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.settings.fields import FIELDS
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
 from tests.conftest import REPO_ROOT, clean_env, free_port, running_server
@@ -189,7 +189,7 @@ def test_default_bind_is_loopback():
 )
 def test_a_wide_bind_without_keys_warns(host, keys, warns, caplog):
     caplog.set_level(logging.WARNING, logger="sdk.openai_server")
-    create_app(FakeEngine(), api_keys=keys, bind_host=host)
+    make_app(FakeEngine(), api_keys=keys, bind_host=host)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "without API keys" in r.getMessage()]
     assert bool(warnings) is warns
     assert all(KEY not in r.getMessage() for r in caplog.records)
@@ -394,7 +394,7 @@ def test_private_flag_reaches_the_cascade_over_http():
         engine = FakeEngine(words=["x", "y"])
         client = OpenAICloudClient("http://cloud.test/v1")
         client._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=cloud), base_url="http://cloud.test")
-        app = create_app(engine, cascade=CascadeRunner(engine, client, CascadeConfig(default_threshold=1.0)))
+        app = make_app(engine, cascade=CascadeRunner(engine, client, CascadeConfig(default_threshold=1.0)))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
             chat = {"model": "auto:1", "messages": [{"role": "user", "content": "secret plans"}], "max_tokens": 2}
             private = await http.post("/v1/chat/completions", json={**chat, "private": True})

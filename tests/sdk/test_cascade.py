@@ -89,13 +89,14 @@ async def make_runner(recording, serve, local_engine):  # noqa: F811
     clients = []
 
     async def make(target: str | None = "serve", **config) -> CascadeRunner:
+        """A runner over the session's local engine and a cloud at `target`; `config`: CascadeConfig's fields,
+        and any of the runner's own collaborators (clock, budgets, traffic, shadow)."""
         if target == "serve":
             target = await serve(recording)
         client = CloudClient(target) if target else None
         clients.append(client)
-        clock = config.pop("clock", None)
-        extra = {"clock": clock} if clock else {}
-        return CascadeRunner(local_engine, client, CascadeConfig(**config), **extra)
+        parts = {name: config.pop(name) for name in ("clock", "budgets", "traffic", "shadow") if name in config}
+        return CascadeRunner(local_engine, client, CascadeConfig(**config), **parts)
 
     yield make
     for client in clients:
@@ -196,7 +197,7 @@ async def test_breaker_opens_after_failures_and_closes_after_cool_down(make_runn
     params = SamplingParams(max_tokens=4, temperature=0.0)
     reasons = [(await runner.complete(QUESTION, params, model="cloud")).routing.degraded_reason for _ in range(3)]
     assert reasons == ["cloud_unavailable", "cloud_unavailable", "circuit_open"]
-    runner.cloud = CloudClient(await serve(recording))  # the cloud is back
+    runner.attach_cloud(CloudClient(await serve(recording)))  # the cloud is back
     assert (await runner.complete(QUESTION, params, model="cloud")).routing.degraded_reason == "circuit_open"
     assert recording.received == []
     now[0] = 10.0

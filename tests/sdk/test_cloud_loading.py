@@ -9,7 +9,7 @@ import pytest
 
 from sdk.cascade.runner import CascadeConfig, CascadeRunner
 from sdk.cloud.grpc_client import CloudClient
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.protocol.engine import SamplingParams
 from tests.conftest import free_port
 from tests.sdk.test_cascade import local_engine  # noqa: F401  (fixture)
@@ -34,7 +34,7 @@ async def test_cloud_loading_is_answered_locally_and_health_is_green(local_engin
         assert (confident.routing.tier, confident.routing.degraded) == ("local", False)
         assert runner.breaker.num_consecutive_failures == 0  # nothing was sent, nothing counted
 
-        app = create_app(local_engine, cascade=runner, also_ready=lambda: loaded[0])
+        app = make_app(local_engine, cascade=runner, also_ready=lambda: loaded[0])
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
             health = await http.get("/health")
             assert health.status_code == 200 and health.json() == {"status": "ok", "local": "ready", "cloud": "loading"}

@@ -14,7 +14,7 @@ import time
 import pytest
 import uvicorn
 
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from tests.conftest import free_port
 from tests.sdk.test_openai_server import FakeEngine
 
@@ -43,7 +43,7 @@ def served():
     engine.max_model_len = 10_000
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        uvicorn.Config(make_app(engine), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

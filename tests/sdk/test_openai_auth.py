@@ -14,10 +14,13 @@ from cloud_engine.async_engine import AsyncCloudEngine
 from cloud_engine.config import CloudEngineConfig
 from sdk.serving.api_keys import key_fingerprint, loggable_id
 from sdk.protocol.engine import GenerationRequest, SamplingParams
-from sdk.openai_server import AppConfig, create_app, warn_if_exposed
+from sdk.cascade.runner import CascadeRunner
+from sdk.openai_server import AppConfig, AppServices, warn_if_exposed
+from tests.app_helpers import make_app
 from sdk.settings import load_settings
 from sdk.openai_server.drain import DrainableEngine, admin_routes
 from tests.cloud_engine.test_cloud_engine_edges import tiny_dir  # noqa: F401  (fixture)
+from tests.sdk.test_openai_server import FakeEngine
 
 KEY, OTHER_KEY, WRONG_KEY = "sk-tandem-good-0123456789", "sk-tandem-other-0123456789", "sk-tandem-wrong-0123456789"
 ADMIN_KEY = "admin-key-0123456789abcdef"
@@ -73,7 +76,7 @@ def assert_openai_error(response: httpx.Response, status: int, type_: str, code:
 
 async def test_keys_guard_the_api_and_metrics_but_not_health(engine, caplog):
     caplog.set_level(logging.INFO, logger="sdk")
-    app = create_app(engine, api_keys=frozenset({KEY, OTHER_KEY}))
+    app = make_app(engine, api_keys=frozenset({KEY, OTHER_KEY}))
     async with http(app) as anonymous, http(app, WRONG_KEY, client_ip="127.0.0.2") as wrong, http(app, KEY) as good:
         missing = await anonymous.get("/v1/models")
         assert (
@@ -106,7 +109,7 @@ async def test_keys_guard_the_api_and_metrics_but_not_health(engine, caplog):
 
 
 async def test_without_keys_or_limits_everything_stays_open(engine):
-    async with http(create_app(engine)) as anonymous:
+    async with http(make_app(engine)) as anonymous:
         assert (await anonymous.post("/v1/completions", json=COMPLETION)).status_code == 200
         metrics = await anonymous.get("/metrics")
         assert metrics.status_code == 200 and rejections(metrics.text, "unauthenticated") == 0
@@ -114,7 +117,7 @@ async def test_without_keys_or_limits_everything_stays_open(engine):
 
 async def test_rate_limit_is_per_key_with_retry_after_and_recovers(engine):
     clock = FakeClock()
-    app = create_app(
+    app = make_app(
         engine, api_keys=frozenset({KEY, OTHER_KEY}), rate_limit_per_minute=30, rate_limit_burst=2, clock=clock
     )
     async with http(app, KEY) as first, http(app, OTHER_KEY) as second, http(app, WRONG_KEY) as wrong:
@@ -137,7 +140,7 @@ async def test_a_brute_force_loop_is_slowed_to_the_backoff_rate(engine, caplog):
     # backoff all 2,000 guesses would be checked; with it, 5 free ones, then one per doubling wait.
     caplog.set_level(logging.INFO, logger="sdk")
     clock = FakeClock()
-    app = create_app(engine, api_keys=frozenset({KEY}), clock=clock, auth_backoff_after=5, auth_backoff_max_s=8)
+    app = make_app(engine, api_keys=frozenset({KEY}), clock=clock, auth_backoff_after=5, auth_backoff_max_s=8)
     checked, backed_off = 0, 0
     async with http(app, client_ip="10.0.0.9") as guesser, http(app, KEY, client_ip="10.0.0.10") as neighbour:
         for guess in range(2000):  # 20 s of guessing
@@ -162,7 +165,7 @@ async def test_a_brute_force_loop_is_slowed_to_the_backoff_rate(engine, caplog):
 
 
 async def test_without_keys_the_limit_is_per_client_address(engine):
-    app = create_app(engine, rate_limit_per_minute=1, clock=FakeClock())
+    app = make_app(engine, rate_limit_per_minute=1, clock=FakeClock())
     async with http(app, client_ip="10.0.0.1") as one, http(app, client_ip="10.0.0.2") as two:
         assert (await one.get("/v1/models")).status_code == 200
         throttled = await one.get("/v1/models")
@@ -172,7 +175,7 @@ async def test_without_keys_the_limit_is_per_client_address(engine):
 
 
 async def test_official_client_raises_authentication_and_rate_limit_errors(engine):
-    app = create_app(engine, api_keys=frozenset({KEY}), rate_limit_per_minute=60, rate_limit_burst=1, clock=FakeClock())
+    app = make_app(engine, api_keys=frozenset({KEY}), rate_limit_per_minute=60, rate_limit_burst=1, clock=FakeClock())
 
     def client(key: str) -> openai.AsyncOpenAI:
         transport = httpx.ASGITransport(app=app)
@@ -191,7 +194,7 @@ async def test_official_client_raises_authentication_and_rate_limit_errors(engin
 
 
 async def test_a_full_engine_queue_is_503_with_retry_after(engine):
-    app = create_app(engine, api_keys=frozenset({KEY}))
+    app = make_app(engine, api_keys=frozenset({KEY}))
     held = engine.generate(
         GenerationRequest("hold-the-only-slot", engine.tokenize("w1 w2"), SamplingParams(max_tokens=8))
     )
@@ -223,23 +226,25 @@ def test_exposed_hosts_warn_unless_keys_are_set(host, caplog):
 
 
 def test_create_app_warns_about_an_exposed_bind_and_rejects_bad_settings(engine, caplog):
-    create_app(engine, bind_host="0.0.0.0")
+    make_app(engine, bind_host="0.0.0.0")
     assert "without API keys" in caplog.text
     with pytest.raises(TypeError):
-        create_app(engine, api_keys=KEY)  # a string, not a set of keys
+        make_app(engine, api_keys=KEY)  # a string, not a set of keys
     with pytest.raises(ValueError):
-        create_app(engine, api_keys=frozenset({" "}))
+        make_app(engine, api_keys=frozenset({" "}))
     with pytest.raises(ValueError):
-        create_app(engine, rate_limit_burst=5)
+        make_app(engine, rate_limit_burst=5)
     with pytest.raises(ValueError):
-        create_app(engine, rate_limit_per_minute=0)
+        make_app(engine, rate_limit_per_minute=0)
 
 
-def test_create_app_refuses_unknown_settings_and_limits_given_twice(engine):
+def test_create_app_refuses_unknown_settings(engine):
     with pytest.raises(TypeError, match="rate_limit"):
-        create_app(engine, rate_limit=5)  # the setting's name, not AppConfig's field
-    with pytest.raises(ValueError, match="not both"):
-        create_app(engine, client_limits=AppConfig(rate_limit_per_minute=5).client_limits(), rate_limit_per_minute=5)
+        AppConfig(rate_limit=5)  # the setting's name, not AppConfig's field
+    with pytest.raises(TypeError, match="rate_limit"):
+        AppServices(engine, rate_limit=5)  # nor a part the app serves with
+    with pytest.raises(ValueError, match="the engine this app serves"):
+        AppServices(engine, cascade=CascadeRunner(FakeEngine(), None))  # a runner over another engine
     with pytest.raises(TypeError):
         AppConfig(served_model_names="tiny")  # a string, not a list of names
     with pytest.raises(ValueError, match="at least one model"):
@@ -262,7 +267,7 @@ async def test_each_servers_settings_make_its_app_config(engine, tier):
     assert (config.rate_limit_per_minute, config.max_body_bytes, config.strict_fields) == (3.0, 2048, True)
     assert config.feedback_per_minute == (7.0 if tier == "local" else None)  # feedback is the cascade's
     assert settings.values[section]["max_body_bytes"] == 2048
-    async with http(create_app(engine, config), KEY) as client:
+    async with http(make_app(engine, config), KEY) as client:
         assert [m["id"] for m in (await client.get("/v1/models")).json()["data"]] == ["tiny-alias"]
         unknown = await client.post("/v1/completions", json={**COMPLETION, "model": "tiny-alias", "frobnicate": 1})
         assert unknown.status_code == 400 and "frobnicate" in unknown.json()["error"]["message"]
@@ -270,7 +275,7 @@ async def test_each_servers_settings_make_its_app_config(engine, tier):
         assert (
             await client.post("/v1/completions", json={**COMPLETION, "model": "tiny-alias"})
         ).status_code == 429  # 4th
-    async with http(create_app(engine, config)) as anonymous:
+    async with http(make_app(engine, config)) as anonymous:
         assert (await anonymous.get("/v1/models")).status_code == 401
 
 
@@ -285,7 +290,7 @@ async def test_wrong_admin_keys_back_off_like_wrong_api_keys(engine, caplog):
     caplog.set_level(logging.INFO, logger="sdk")
     clock = FakeClock()
     replica = DrainableEngine(engine)
-    app = create_app(replica, api_keys=frozenset({KEY}), clock=clock, auth_backoff_after=3, auth_backoff_max_s=8)
+    app = make_app(replica, api_keys=frozenset({KEY}), clock=clock, auth_backoff_after=3, auth_backoff_max_s=8)
     admin_routes(app, replica, ADMIN_KEY)
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     async with http(app, client_ip="10.0.0.9") as guesser, http(app, client_ip="10.0.0.10") as neighbour:

@@ -25,7 +25,7 @@ from sdk.cloud.grpc_client import (
 from sdk.protocol.engine import SamplingParams
 from sdk.cloud.openai_client import UNKNOWN_TOKEN_ID, OpenAICloudClient
 from sdk.cloud.openai_wire import ChunkStream, error_from_response, request_body
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from tests.cloud_engine.grpc_helpers import LONG, MAX_MODEL_LEN, long_tiny_dir, make_engine, wait_drained  # noqa: F401
 from tests.conftest import free_port, served_in_thread
 from tests.sdk.test_cascade import local_engine  # noqa: F401  (fixture: the embedded GGUF engine)
@@ -61,7 +61,7 @@ def engine(long_tiny_dir):  # noqa: F811
 def base_url(engine):
     """http://127.0.0.1:PORT/v1 of the OpenAI app (key required) served in a thread."""
     with served_in_thread(
-        create_app(TemplatedEngine(engine), api_keys=frozenset({KEY})), "openai-cloud-test-server"
+        make_app(TemplatedEngine(engine), api_keys=frozenset({KEY})), "openai-cloud-test-server"
     ) as url:
         yield f"{url}/v1"
 

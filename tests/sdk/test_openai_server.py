@@ -22,7 +22,7 @@ from sdk.protocol.engine import (
     TokenEvent,
     TopLogprob,
 )
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 
 MODEL = "smollm2-135m-instruct"
 CHAT = [{"role": "user", "content": "Name three colours."}]
@@ -436,7 +436,7 @@ async def _post(app, path: str, body: dict) -> httpx.Response:
 async def test_health_is_503_while_loading_then_200():
     engine = FakeEngine()
     engine.ready = False
-    app = create_app(engine)
+    app = make_app(engine)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
         loading = await http.get("/health")
         assert loading.status_code == 503 and loading.json()["error"]["code"] == "model_not_ready"
@@ -456,7 +456,7 @@ async def test_health_is_503_while_loading_then_200():
     ],
 )
 async def test_engine_errors_become_openai_errors(error, status, code):
-    response = await _post(create_app(FakeEngine(error=error)), "/v1/chat/completions", {"messages": CHAT})
+    response = await _post(make_app(FakeEngine(error=error)), "/v1/chat/completions", {"messages": CHAT})
     assert response.status_code == status
     body = response.json()["error"]
     assert body["code"] == code and body["message"]
@@ -467,7 +467,7 @@ async def test_engine_errors_become_openai_errors(error, status, code):
 
 
 async def test_fake_engine_answers_in_both_formats_with_aliases():
-    app = create_app(FakeEngine(), served_model_names=["alias-a", "alias-b"])
+    app = make_app(FakeEngine(), served_model_names=["alias-a", "alias-b"])
     chat = (await _post(app, "/v1/chat/completions", {"model": "alias-b", "messages": CHAT, "logprobs": True})).json()
     assert chat["model"] == "alias-b" and chat["choices"][0]["message"]["content"] == "abc"
     assert [e["token"] for e in chat["choices"][0]["logprobs"]["content"]] == ["a", "b", "c"]
@@ -480,7 +480,7 @@ async def test_fake_engine_answers_in_both_formats_with_aliases():
 async def test_disconnected_stream_closes_the_engine_stream():
     """An ASGI-level client that reads one chunk and hangs up: the engine stream must be closed."""
     engine = FakeEngine(words=["w"] * 1000, delay_s=0.01)
-    app = create_app(engine)
+    app = make_app(engine)
     hung_up = asyncio.Event()
     body = json.dumps({"messages": CHAT, "stream": True}).encode()
     messages = [{"type": "http.request", "body": body, "more_body": False}]
@@ -514,8 +514,8 @@ async def test_disconnected_stream_closes_the_engine_stream():
 
 
 async def test_chat_default_budget_is_what_the_context_leaves():
-    full = await _post(create_app(FakeEngine(prompt_len=64)), "/v1/chat/completions", {"messages": CHAT})
+    full = await _post(make_app(FakeEngine(prompt_len=64)), "/v1/chat/completions", {"messages": CHAT})
     assert full.status_code == 400 and full.json()["error"]["code"] == "context_length_exceeded"
     assert "64" in full.json()["error"]["message"]
-    fits = await _post(create_app(FakeEngine(prompt_len=63)), "/v1/chat/completions", {"messages": CHAT})
+    fits = await _post(make_app(FakeEngine(prompt_len=63)), "/v1/chat/completions", {"messages": CHAT})
     assert fits.status_code == 200

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.protocol.engine import EngineProtocol, EngineStats, InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest, CompletionRequest
 from sdk.protocol.openai_schema.responses_api import ResponseCreateRequest
@@ -25,7 +25,7 @@ class _IdleEngine(EngineProtocol):
         return EngineStats(*([0] * 8))
 
 
-SPEC = create_app(_IdleEngine()).openapi()
+SPEC = make_app(_IdleEngine()).openapi()
 
 
 def body_schema(path: str) -> dict:
@@ -148,7 +148,7 @@ def test_schemathesis_finds_no_schema_error_in_the_document(tmp_path):
     from tests.conftest import served_in_thread
     from tests.sdk.test_openai_server import FakeEngine
 
-    app = create_app(FakeEngine(), response_store=SQLiteResponseStore(tmp_path / "responses.sqlite3"))
+    app = make_app(FakeEngine(), response_store=SQLiteResponseStore(tmp_path / "responses.sqlite3"))
     with served_in_thread(app) as url:
         command = [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json", "--checks"]
         command += ["not_a_server_error", "--max-examples", "5", "--seed", "1", "--suppress-health-check", "all"]

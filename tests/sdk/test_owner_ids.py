@@ -18,7 +18,7 @@ import pytest
 from sdk.budgets.config import BudgetConfigError, parse_budgets
 from sdk.budgets.ledger import SpendLedger, key_scope, user_scope
 from sdk.budgets.manager import BudgetManager
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.response_store.sqlite_store import SQLiteResponseStore
 from sdk.serving.api_keys import key_fingerprint
 from tests.sdk.test_openai_server import FakeEngine
@@ -49,7 +49,7 @@ async def test_keys_that_share_eight_digits_share_no_response_and_no_budget(tmp_
     (tmp_path / "budgets.toml").write_text("[default]\nusd_per_day = 1.0\n")
     ledger = SpendLedger(tmp_path / "spend.sqlite3").start()
     budgets = BudgetManager(str(tmp_path / "budgets.toml"), ledger, prices_are_zero=False)
-    app = create_app(FakeEngine(), api_keys={one, two}, response_store=store, budgets=budgets)
+    app = make_app(FakeEngine(), api_keys={one, two}, response_store=store, budgets=budgets)
     mine, theirs = client_for(app, one), client_for(app, two)
     made = await mine.responses.create(model="fake", input="Hi")
     with pytest.raises(openai.NotFoundError):
@@ -201,7 +201,7 @@ async def test_rows_of_earlier_versions_move_to_the_full_id_of_their_key(tmp_pat
     ledger.close()
     # The moved response answers its key over HTTP; the ambiguous one answers neither of the two.
     store = SQLiteResponseStore(tmp_path / "responses.sqlite3")
-    app = create_app(FakeEngine(), api_keys=set(configured), response_store=store)
+    app = make_app(FakeEngine(), api_keys=set(configured), response_store=store)
     assert (await client_for(app, keys["mine"]).responses.retrieve("resp_mine")).id == "resp_mine"
     for key in (keys["one"], keys["two"]):
         with pytest.raises(openai.NotFoundError):
@@ -278,9 +278,9 @@ def test_the_traffic_record_is_purged_by_the_id_prefix_the_server_logs(tmp_path)
 
 
 async def test_the_server_moves_them_at_start_before_its_stores_open(tmp_path, monkeypatch):
-    """`tandem serve`'s start (sdk.cascade.assembly.start_cascade), with the keys of its key file: the spend
+    """`tandem serve`'s start (sdk.assembly.cascade.start_cascade), with the keys of its key file: the spend
     ledger it opens already reads the moved spend under the full id."""
-    from sdk.cascade.assembly import start_cascade
+    from sdk.assembly.cascade import start_cascade
     from sdk.settings.loading import load_settings
     from sdk.settings.serve_config import ServeConfig
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema import ChatCompletionRequest
 from sdk.protocol.openai_schema.responses_api import ResponseCreateRequest
@@ -95,7 +95,7 @@ def test_what_tandem_cannot_give_is_refused_naming_it(body, param):
 
 
 def fake_client(engine: FakeEngine) -> tuple[openai.AsyncOpenAI, httpx.AsyncClient]:
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://test")
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=make_app(engine)), base_url="http://test")
     return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0), http
 
 
@@ -292,7 +292,7 @@ async def test_item_fields_are_listed_when_ignored_and_refused_under_strict_fiel
     answered = await http.post("/v1/responses", json={"model": "fake", "input": items})
     assert answered.status_code == 200 and answered.json()["tandem"]["ignored_fields"] == ["input[1].colour"]
     strict = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(FakeEngine(), strict_fields=True)), base_url="http://test"
+        transport=httpx.ASGITransport(app=make_app(FakeEngine(), strict_fields=True)), base_url="http://test"
     )
     refused = await strict.post("/v1/responses", json={"model": "fake", "input": items})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "input[1].colour"

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.openai_server.stored_responses import answer_message
 from sdk.protocol.openai_schema import ChatCompletionRequest
 from sdk.protocol.openai_schema.response_objects import FunctionCallItem, ResponseObject
@@ -51,7 +51,7 @@ def store(tmp_path):
 
 async def test_previous_response_id_continues_and_get_delete_reach_it(store):
     engine = RecordingEngine(words=("Hello", " there"))
-    client = client_for(create_app(engine, response_store=store))
+    client = client_for(make_app(engine, response_store=store))
     first = await client.responses.create(model="fake", input="Hi", instructions="Be brief.")
     assert first.store is True
     second = await client.responses.create(model="fake", input="And then?", previous_response_id=first.id)
@@ -74,7 +74,7 @@ async def test_previous_response_id_continues_and_get_delete_reach_it(store):
 
 
 async def test_a_streamed_response_is_stored_before_its_last_event(store):
-    client = client_for(create_app(RecordingEngine(words=("a", "b")), response_store=store))
+    client = client_for(make_app(RecordingEngine(words=("a", "b")), response_store=store))
     async with client.responses.stream(model="fake", input="Hi") as stream:
         async for event in stream:
             if event.type in ("response.completed", "response.incomplete"):
@@ -102,7 +102,7 @@ def test_function_calls_are_carried_into_the_next_turn():
 
 
 async def test_another_keys_response_is_not_found(store):
-    app = create_app(FakeEngine(), api_keys={"sk-a", "sk-b"}, response_store=store)
+    app = make_app(FakeEngine(), api_keys={"sk-a", "sk-b"}, response_store=store)
     mine, theirs = client_for(app, "sk-a"), client_for(app, "sk-b")
     made = await mine.responses.create(model="fake", input="Hi")
     with pytest.raises(openai.NotFoundError):
@@ -115,7 +115,7 @@ async def test_another_keys_response_is_not_found(store):
 
 
 async def test_store_false_and_private_requests_keep_nothing(store):
-    client = client_for(create_app(FakeEngine(), response_store=store))
+    client = client_for(make_app(FakeEngine(), response_store=store))
     unstored = await client.responses.create(model="fake", input="Hi", store=False)
     private = await client.responses.create(model="fake", input="Hi", extra_body={"private": True})
     for response in (unstored, private):
@@ -129,7 +129,7 @@ async def test_a_privacy_rule_keeps_a_request_unstored_on_every_model(store):
     """The cascade's rules decide storage on the model's own name too, not only on the routed models."""
     from router.privacy import PrivacyRules
 
-    app = create_app(FakeEngine(), response_store=store)
+    app = make_app(FakeEngine(), response_store=store)
     app.state.tandem.privacy_rules = PrivacyRules.from_config(None)  # the cascade's, with its default detectors
     client = client_for(app)
     flagged = await client.responses.create(model="fake", input="Mail me at ada@example.com")
@@ -143,7 +143,7 @@ async def test_a_privacy_rule_keeps_a_request_unstored_on_every_model(store):
 
 
 async def test_a_server_that_stores_nothing_says_so():
-    client = client_for(create_app(FakeEngine()))
+    client = client_for(make_app(FakeEngine()))
     answered = await client.responses.create(model="fake", input="Hi")
     assert answered.store is False
     with pytest.raises(openai.BadRequestError) as refused:
@@ -200,8 +200,8 @@ async def test_replicas_continue_each_others_conversations(state_db):
     from sdk.response_store.postgres_store import PostgresResponseStore
 
     engine = RecordingEngine(words=("Yes",))
-    one = client_for(create_app(FakeEngine(words=("Hello",)), response_store=PostgresResponseStore(state_db)))
-    other = client_for(create_app(engine, response_store=PostgresResponseStore(state_db)))
+    one = client_for(make_app(FakeEngine(words=("Hello",)), response_store=PostgresResponseStore(state_db)))
+    other = client_for(make_app(engine, response_store=PostgresResponseStore(state_db)))
     first = await one.responses.create(model="fake", input="Hi")
     await other.responses.create(model="fake", input="More", previous_response_id=first.id)
     assert engine.conversations[-1] == [("user", "Hi"), ("assistant", "Hello"), ("user", "More")]
@@ -215,7 +215,7 @@ async def test_the_shared_store_while_its_database_is_away(postgres_server, stat
     from tests.cloud_engine.grpc_helpers import wait_until
 
     db = await StateDatabase(state_db_url, lease_s=3.0).open()
-    client = client_for(create_app(FakeEngine(), response_store=PostgresResponseStore(db)))
+    client = client_for(make_app(FakeEngine(), response_store=PostgresResponseStore(db)))
     before = await client.responses.create(model="fake", input="Hi")
     postgres_server.stop()
     try:

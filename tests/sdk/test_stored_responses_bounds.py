@@ -13,7 +13,7 @@ import time
 import openai
 import pytest
 
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.response_store import StoredResponse, StoreSettings
 from sdk.response_store.sqlite_store import SQLiteResponseStore
 from tests.reliability.test_security import RecordingCloud, _cascade
@@ -46,7 +46,7 @@ async def test_instructions_under_a_privacy_rule_are_answered_on_the_device_and_
     whole, streamed, and on the model's own name; a request without one is escalated and stored."""
     cloud = RecordingCloud()
     runner = _cascade(cloud)
-    client = client_for(create_app(runner.local, cascade=runner, response_store=store))
+    client = client_for(make_app(runner.local, cascade=runner, response_store=store))
     try:
         whole = await client.responses.create(
             model="auto:1", input="Plan my week.", instructions=SECRET_INSTRUCTIONS, max_output_tokens=2
@@ -77,7 +77,7 @@ async def test_a_continuation_with_flagged_instructions_is_not_stored(store):
     clean and stored, the second brings an address in its instructions and stays local and unstored."""
     cloud = RecordingCloud()
     runner = _cascade(cloud)
-    client = client_for(create_app(runner.local, cascade=runner, response_store=store))
+    client = client_for(make_app(runner.local, cascade=runner, response_store=store))
     try:
         first = await client.responses.create(model="auto:1", input="Hello.", max_output_tokens=2)
         second = await client.responses.create(
@@ -112,7 +112,7 @@ async def test_a_continuation_with_flagged_instructions_is_not_stored(store):
     ],
 )
 async def test_what_openai_bounds_is_refused_naming_the_field(store, fields, param):
-    client = client_for(create_app(FakeEngine(), response_store=store))
+    client = client_for(make_app(FakeEngine(), response_store=store))
     with pytest.raises(openai.BadRequestError) as refused:
         await client.responses.create(model="fake", input="Hi", **fields)
     assert refused.value.body["param"] == param and "Invalid" in refused.value.body["message"]
@@ -120,7 +120,7 @@ async def test_what_openai_bounds_is_refused_naming_the_field(store, fields, par
 
 
 async def test_metadata_at_openai_bounds_is_stored_and_echoed(store):
-    client = client_for(create_app(FakeEngine(), response_store=store))
+    client = client_for(make_app(FakeEngine(), response_store=store))
     metadata = {f"{i:02d}".ljust(64, "k"): "v" * 512 for i in range(16)}
     answered = await client.responses.create(model="fake", input="Hi", metadata=metadata, user="u" * 64)
     assert answered.store is True and (await client.responses.retrieve(answered.id)).metadata == metadata
@@ -132,7 +132,7 @@ async def test_one_stored_response_is_bounded(tmp_path):
     is answered). An answer that takes the row over it: answered, whole or streamed, with store: false."""
     store = SQLiteResponseStore(tmp_path / "r.sqlite3", StoreSettings(max_row_mb=16 * 1024 / MB))
     engine = FakeEngine(words=["w" * 5000] * 4)  # a 20 KB answer
-    client = client_for(create_app(engine, response_store=store))
+    client = client_for(make_app(engine, response_store=store))
     with pytest.raises(openai.BadRequestError) as refused:
         await client.responses.create(model="fake", input="Hi", instructions="x" * 20_000)
     assert refused.value.body["param"] == "store" and "responses_max_row_mb" in refused.value.body["message"]

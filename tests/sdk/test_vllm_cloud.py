@@ -151,9 +151,9 @@ async def test_a_grammar_goes_to_the_cloud_as_structured_outputs(standin, local_
 
 async def test_a_server_that_is_not_vllm_keeps_the_local_answer_in_continue_mode(local_engine):  # noqa: F811
     """tandem's own HTTP app as the cloud: OpenAI's API without /version, so no token-id prompts."""
-    from sdk.openai_server import create_app
+    from tests.app_helpers import make_app
 
-    with served_in_thread(create_app(local_engine), "plain-openai") as url:
+    with served_in_thread(make_app(local_engine), "plain-openai") as url:
         k = 4
         scores = await reference_scores(local_engine)
         threshold = min(0.9999, max(scores[k - 1 :]) + 1e-6)

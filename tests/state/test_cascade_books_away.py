@@ -34,12 +34,12 @@ async def test_auto_keeps_its_local_answer_when_the_books_cannot_be_asked(
 ):
     # continue: the local tokens stream out as they come, and the escalation at the first judgement (k = 2,
     # a threshold no answer reaches) comes after some were sent.
-    runner = await make_runner(prices=PRICES, handoff="continue", min_tokens_k=2)
     (tmp_path / "budgets.toml").write_text("[default]\nusd_per_day = 100.0\n")
     with DatabaseProxy(postgres_server.port) as proxy:
         db = await StateDatabase(proxy.url_for(state_db_url), lease_s=30.0, timeout_s=0.5).open()
         try:
-            runner.budgets = BudgetManager(str(tmp_path / "budgets.toml"), PostgresSpendLedger(db), False)
+            budgets = BudgetManager(str(tmp_path / "budgets.toml"), PostgresSpendLedger(db), False)
+            runner = await make_runner(prices=PRICES, handoff="continue", min_tokens_k=2, budgets=budgets)
             proxy.freeze()
             answer = await collect(
                 runner.generate(QUESTION, GREEDY, model="auto:0.999", key_fingerprint=KEY_ID, streamed=streamed)

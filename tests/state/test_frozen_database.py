@@ -21,7 +21,7 @@ from router.costs import TierPrices
 from sdk.budgets.manager import BudgetManager
 from sdk.budgets.metered_engine import BudgetedEngine
 from sdk.budgets.postgres_ledger import PostgresSpendLedger
-from sdk.openai_server import create_app
+from tests.app_helpers import make_app
 from sdk.openai_server.drain import DrainableEngine, admin_routes
 from sdk.serving.api_keys import key_fingerprint
 from sdk.serving.grpc.errors import status_for
@@ -62,7 +62,7 @@ async def test_a_frozen_database_fails_budgeted_requests_closed_and_serves_the_r
         budgets = BudgetManager(str(tmp_path / "budgets.toml"), PostgresSpendLedger(db), False, cloud_only=True)
         served = DrainableEngine(BudgetedEngine(engine, budgets, PRICES))
         limits = shared_client_limits(db, rate_limit_per_minute=600, max_concurrent_per_key=8, auth_backoff_after=10)
-        app = create_app(served, budgets=budgets, client_limits=limits, state_db=db, api_keys={KEY, FREE})
+        app = make_app(served, budgets=budgets, client_limits=limits, state_db=db, api_keys={KEY, FREE})
         admin_routes(app, served, ADMIN)
         async with client(app, KEY) as budgeted, client(app, FREE) as free, client(app, ADMIN) as admin:
             assert (await budgeted.post("/v1/completions", json=ASK)).status_code == 200

@@ -37,7 +37,9 @@ async def test_in_process_feedback(tmp_path, local_engine):
     with pytest.raises(FeedbackError) as off:
         await client.feedback(reply.id, score=1.0)
     assert off.value.status == 404 and "traffic record" in str(off.value)
-    runner.traffic = record = open_record(tmp_path / "t.sqlite3")
+    record = open_record(tmp_path / "t.sqlite3")
+    runner = CascadeRunner(local_engine, None, CascadeConfig(), traffic=record)  # the same engine, now recording
+    client = AsyncClient(runner)
     reply = await client.chat.completions.create(model="auto", messages=QUESTION, max_tokens=6, temperature=0)
     answer = await client.feedback(reply.id, thumbs="up")
     assert (answer.recorded, answer.tier, answer.score) == (True, "local", 1.0)

@@ -34,6 +34,19 @@ PROMPTS = [
 ]
 
 
+class ScorerHolder:
+    """The serving router's slot as the retrainer sees the cascade runner (sdk.traffic.retrain.ScorerSlot)."""
+
+    def __init__(self, scorer):
+        self.prompt_scorer = scorer
+
+    def swap_prompt_scorer(self, fresh, replacing=None) -> bool:
+        if replacing is not None and self.prompt_scorer is not replacing:
+            return False
+        self.prompt_scorer = fresh
+        return True
+
+
 def _router(path, alpha: float = 1.0, flip: bool = False) -> str:
     """A cold router without table statistics; `flip` swaps which prompts the tables call hard,
     so its scores differ."""
@@ -141,7 +154,7 @@ def test_a_candidate_better_by_less_than_the_spread_stays_out():
 def test_a_better_candidate_is_written_whole_and_swapped_in(tmp_path):
     db = tmp_path / "traffic.sqlite3"
     _fill(db, 600, (0.1, 0.95))  # topic 0: the local tier is wrong far more than the prompt shape says
-    runner = SimpleNamespace(prompt_scorer=load_scorer())
+    runner = ScorerHolder(load_scorer())
     settings = TrafficSettings(record=True, path=str(db), retrain=True, retrain_holdout_labels=100)
     record = SimpleNamespace(num_label_rows=lambda: 600, config=SimpleNamespace(path=str(db)))
     retrainer = BackgroundRetrainer(runner, record, settings)
@@ -179,18 +192,18 @@ def test_replicas_sharing_a_record_retrain_once_and_serve_the_same_router(state_
         settings = TrafficSettings(
             record=True, retrain=True, retrain_holdout_labels=100, router_dir=str(tmp_path / name)
         )
-        runner = SimpleNamespace(prompt_scorer=load_scorer())
+        runner = ScorerHolder(load_scorer())
         replicas.append(BackgroundRetrainer(runner, record, settings, shared=SharedRouters(state_db_url, name)))
     first, second = replicas
     try:
         swapped = asyncio.run(first.maybe_retrain())
         assert swapped.outcome == "swapped" and swapped.path.startswith(str(tmp_path / "a"))
         assert asyncio.run(second.maybe_retrain()) is None  # the lock is taken: it does not retrain
-        adopted = second.runner.prompt_scorer
+        adopted = second.scorers.prompt_scorer
         assert second.outcomes == {"adopted": 1} and adopted.path == str(
             tmp_path / "b" / os.path.basename(swapped.path)
         )
-        np.testing.assert_allclose(adopted.score(PROMPTS), first.runner.prompt_scorer.score(PROMPTS))
+        np.testing.assert_allclose(adopted.score(PROMPTS), first.scorers.prompt_scorer.score(PROMPTS))
         assert asyncio.run(first.maybe_retrain()) is None and first.outcomes == {"swapped": 1}  # nothing new to adopt
         first.shared.close()  # the first replica stops
         took_over = asyncio.run(second.maybe_retrain())
@@ -240,7 +253,7 @@ async def test_a_swap_mid_traffic_changes_the_router_between_requests(tmp_path):
     """Requests read runner.prompt_scorer once; a swap during traffic gives each request one router."""
     routers = [load_scorer(_router(tmp_path / "a.onnx")), load_scorer(_router(tmp_path / "b.onnx", flip=True))]
     expected = [r.score(PROMPTS) for r in routers]
-    runner = SimpleNamespace(prompt_scorer=routers[0])
+    runner = ScorerHolder(routers[0])
     seen = []
 
     async def request(i: int):
@@ -250,7 +263,7 @@ async def test_a_swap_mid_traffic_changes_the_router_between_requests(tmp_path):
 
     async def swap():
         await asyncio.sleep(0)
-        runner.prompt_scorer = routers[1]
+        runner.swap_prompt_scorer(routers[1])
 
     await asyncio.gather(*(request(i) for i in range(50)), swap(), *(request(i) for i in range(50, 100)))
     assert all(seen) and runner.prompt_scorer is routers[1]

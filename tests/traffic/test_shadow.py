@@ -12,6 +12,10 @@ import random
 import httpx
 import pytest
 
+from router.circuit_breaker import BreakerState, CircuitBreaker
+from router.failure_kinds import FailureKind
+from sdk.assembly.cascade import cloud_if_closed
+from sdk.cloud.tier import CloudTier
 from sdk.protocol.engine import SamplingParams
 from sdk.traffic.judges import ExactMatchJudge, OpenAIJudge, final_answer
 from sdk.traffic.shadow import PROMPT_MARGIN, DailyBudget, ShadowSampler
@@ -37,18 +41,10 @@ class SlowCloud:
             yield Event(word, n, self.prompt_tokens)
 
 
-class Breaker:
-    class state:  # noqa: N801  (mirrors BreakerState's .value)
-        value = "closed"
-
-
-class Runner:
-    def __init__(self, cloud):
-        self.cloud, self.breaker = cloud, Breaker()
-        self.config = type("Config", (), {"cloud_model": None})()
-
-    def cloud_ready(self) -> bool:
-        return True
+def cloud_now(cloud, breaker: CircuitBreaker | None = None):
+    """What `tandem serve` gives the sampler (sdk.assembly.cascade.cloud_if_closed): the tier while its breaker,
+    shared with the cascade's escalations, is closed."""
+    return cloud_if_closed(CloudTier(client=cloud, description="stand-in"), breaker or CircuitBreaker())
 
 
 async def test_budget_holds_under_concurrency(tmp_path):
@@ -56,7 +52,7 @@ async def test_budget_holds_under_concurrency(tmp_path):
     cloud = SlowCloud(prompt_tokens=30)
     budget = DailyBudget(limit=1000)
     sampler = ShadowSampler(
-        1.0, budget, record, ExactMatchJudge(), Runner(cloud), max_in_flight=100, rng=random.Random(0)
+        1.0, budget, record, ExactMatchJudge(), cloud_now(cloud), max_in_flight=100, rng=random.Random(0)
     )
     params = SamplingParams(max_tokens=64)
     started = 0
@@ -84,9 +80,15 @@ async def test_budget_holds_under_concurrency(tmp_path):
 
 async def test_fraction_breaker_and_in_flight_cap(tmp_path):
     record = open_record(tmp_path / "t.sqlite3", embed=False)
-    runner = Runner(SlowCloud(delay_s=0.05))
+    cloud, breaker = SlowCloud(delay_s=0.05), CircuitBreaker(failure_threshold=1)
     sampler = ShadowSampler(
-        0.25, DailyBudget(10**9), record, ExactMatchJudge(), runner, max_in_flight=3, rng=random.Random(1)
+        0.25,
+        DailyBudget(10**9),
+        record,
+        ExactMatchJudge(),
+        cloud_now(cloud, breaker),
+        max_in_flight=3,
+        rng=random.Random(1),
     )
     taken = [sampler.consider(f"r{i}", [], SamplingParams(max_tokens=8), "q", "a", 10) for i in range(400)]
     assert sampler.counts.started == 3 and sampler.counts.skipped_busy > 0  # the cap, reached at once
@@ -94,16 +96,14 @@ async def test_fraction_breaker_and_in_flight_cap(tmp_path):
     draws = [sampler.consider(f"s{i}", [], SamplingParams(max_tokens=8), "q", "a", 10) for i in range(3)]
     assert sum(taken) == 3 and sum(draws) <= 3
     await asyncio.gather(*list(sampler._tasks))
-    Breaker.state.value = "open"
-    try:
-        assert not any(
-            ShadowSampler(1.0, DailyBudget(10**9), record, ExactMatchJudge(), runner).consider(
-                "x", [], SamplingParams(), "q", "a", 1
-            )
-            for _ in range(5)
+    breaker.record_failure(FailureKind.UNAVAILABLE)  # the tier failing: escalations and shadow calls both stop
+    assert breaker.state is BreakerState.OPEN
+    assert not any(
+        ShadowSampler(1.0, DailyBudget(10**9), record, ExactMatchJudge(), cloud_now(cloud, breaker)).consider(
+            "x", [], SamplingParams(), "q", "a", 1
         )
-    finally:
-        Breaker.state.value = "closed"
+        for _ in range(5)
+    )
     record.close()
 
 

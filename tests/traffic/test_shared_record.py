@@ -146,7 +146,7 @@ def test_a_record_needs_the_state_database_migrated_and_one_place_to_go(state_db
         postgres_store.connect(state_db_url)
     settings = TrafficSettings(record=True, path=str(tmp_path / "traffic.sqlite3"))
     with pytest.raises(ValueError, match=r"\[traffic\] path and state_db"):
-        start_learning(object(), settings, state=type("State", (), {"url": state_db_url})())
+        start_learning(settings, lambda: None, state=type("State", (), {"url": state_db_url})())
 
 
 def test_the_shadow_budget_counts_what_every_replica_spent():
