@@ -92,20 +92,23 @@ def start_learning(
             "it in that database; unset [traffic] path"
         )
     record = TrafficRecord(settings.record_config(None if state is None else state.url)).start()
-    learning = Learning(settings, record)
-    if settings.shadow_fraction > 0:
-        from sdk.traffic.judges import make_judge
-        from sdk.traffic.shadow import COUNTER, DailyBudget
+    shadow = _shadow_sampler(settings, record, cloud_now, cloud_model) if settings.shadow_fraction > 0 else None
+    shared_routers = SharedRouters(state.url, state.replica_id) if settings.retrain and state is not None else None
+    return Learning(settings, record, shadow, shared_routers)
 
-        budget = DailyBudget(settings.shadow_daily_cloud_tokens, used_today=record.counter_today(COUNTER))
-        judge = make_judge(settings.judge, settings.judge_model, settings.judge_api_key)
-        learning.shadow = ShadowSampler(settings.shadow_fraction, budget, record, judge, cloud_now, cloud_model)
-        logger.info(
-            "shadow sampling %.1f%% of local answers (judge %s), at most %d cloud tokens a day",
-            100 * settings.shadow_fraction,
-            judge.name,
-            settings.shadow_daily_cloud_tokens,
-        )
-    if settings.retrain and state is not None:
-        learning.shared_routers = SharedRouters(state.url, state.replica_id)
-    return learning
+
+def _shadow_sampler(
+    settings: TrafficSettings, record: TrafficRecord, cloud_now: Callable[[], CloudBackend | None], cloud_model: str
+) -> ShadowSampler:
+    from sdk.traffic.judges import make_judge
+    from sdk.traffic.shadow import COUNTER, DailyBudget
+
+    budget = DailyBudget(settings.shadow_daily_cloud_tokens, used_today=record.counter_today(COUNTER))
+    judge = make_judge(settings.judge, settings.judge_model, settings.judge_api_key)
+    logger.info(
+        "shadow sampling %.1f%% of local answers (judge %s), at most %d cloud tokens a day",
+        100 * settings.shadow_fraction,
+        judge.name,
+        settings.shadow_daily_cloud_tokens,
+    )
+    return ShadowSampler(settings.shadow_fraction, budget, record, judge, cloud_now, cloud_model)
