@@ -59,17 +59,13 @@ async def run_routed(
         return from_exception(exc).response()
     key = getattr(request.state, "key_fingerprint", None)
     headers = await budget_headers(runner, key, body.user)
-    call = routed_stream if body.stream else routed_completion
-    answer = call(
-        runner,
-        chat,
-        model=model,
-        private=bool(body.private),
-        response_id=response_id,
-        created=created,
-        key_fingerprint=key,
-        user=body.user,
+    args = dict(
+        private=bool(body.private), response_id=response_id, created=created, key_fingerprint=key, user=body.user
     )
+    if body.stream:  # its first chunk is pulled before the 200 goes out: a refusal is still an error status
+        answer = routed_stream(runner, chat, model=model, **args)
+    else:
+        answer = routed_completion(runner, chat, model=model, **args)
     try:
         return await cancel_on_disconnect(request, answer), headers
     except ClientDisconnected:
