@@ -15,6 +15,7 @@ import numpy as np
 
 from local_runtime.block_manager import BlockManager
 from local_runtime.config import LocalEngineConfig
+from local_runtime.drafting import Drafting
 from local_runtime.llama_backend import LlamaBackend, LlamaBackendConfig
 from local_runtime.prefill_choice import open_prefill_context
 from local_runtime.prefill_context import PrefillContext, PromptChunk
@@ -32,8 +33,7 @@ from sdk.protocol.engine import (
 )
 from sdk.engine_common.model_files import model_name_for, resolve_model_path
 from sdk.engine_common.sampling_defaults import resolve_sampling_defaults
-from sdk.engine_common.text_stream import TextStream
-from sdk.engine_common.token_events import check_stop, make_token_event, new_repetition_tracker
+from sdk.engine_common.token_events import check_stop, make_token_event
 from sdk.engine_common.detokenize import detokenize
 from sdk.protocol.vocabulary import vocabulary_fingerprint
 
@@ -103,6 +103,7 @@ class LocalEngine:
             max_cached_prompts=config.max_cached_prompts,
             slots_own_their_cells=config.kv_streams,
         )
+        self.drafting = Drafting(self.scheduler, self.backend)  # drafting for another model (the cloud's)
         self.chat_template = self.backend.metadata("tokenizer.chat_template")
         self._bos_text = self.backend.special_token_text("bos")
         self._eos_text = self.backend.special_token_text("eos")
@@ -177,46 +178,13 @@ class LocalEngine:
         self.scheduler.add_request(engine_request)
 
     def rewind(self, request_id: str, keep: int, append: list[int], hold_at: int | None = None) -> bool:
-        """A drafting request (added with `hold_at`) told what the verifier made of its draft: its output
-        becomes its first `keep` tokens and then `append` (the verifier's own tokens), and it is held again
-        once its output reaches `hold_at`. Its cells past the kept positions are dropped, its grammar
-        state and stop trackers follow the new output, and the next steps compute what was appended and
-        draft on from there. False when the request is not here (finished or aborted)."""
-        request = self.scheduler.requests.get(request_id)
-        if request is None:
-            return False
-        if not 0 <= keep <= request.num_output_tokens:
-            raise ValueError(f"keep must be within the {request.num_output_tokens} output tokens, got {keep}")
-        dropped = request.num_output_tokens - keep
-        slot, kept = self.scheduler.rewind(request_id, keep, list(append), hold_at)
-        if slot is not None:
-            self.backend.drop_positions(slot, kept)
-        if request.matcher is not None:
-            request.matcher.rollback(dropped)
-            for token_id in append:
-                if not request.matcher.consume_token(token_id):
-                    raise ValueError(f"token {token_id} breaks the request's grammar")
-        self._replay_stop_trackers(request)
-        return True
+        """A drafting request (added with `hold_at`) told what the verifier made of its draft
+        (local_runtime.drafting.Drafting.rewind)."""
+        return self.drafting.rewind(request_id, keep, append, hold_at)
 
     def hold_further(self, request_id: str, hold_at: int) -> bool:
-        """A drafting request's hold raised to `hold_at` (the verifier still agrees with its draft): it drafts on
-        without stopping. Never lowers it (tokens up to the old hold may be decoded already), so it is safe while
-        the request decodes. False when the request is not here."""
-        request = self.scheduler.requests.get(request_id)
-        if request is None or request.hold_at is None:
-            return False
-        request.hold_at = max(request.hold_at, hold_at)
-        return True
-
-    def _replay_stop_trackers(self, request: Request) -> None:
-        """Stop strings' text buffer and the loop tracker as if the output had always been what it is now."""
-        request.text_stream = TextStream(request.params.stop)
-        request.repetition = new_repetition_tracker(request.params)
-        for token_id in request.output_token_ids:
-            request.text_stream.push(self.backend.token_bytes(token_id))
-            if request.repetition is not None:
-                request.repetition.push(token_id)
+        """A drafting request's hold raised: the verifier still agrees (local_runtime.drafting)."""
+        return self.drafting.hold_further(request_id, hold_at)
 
     def abort_request(self, request_id: str) -> bool:
         """Free the request's slot and blocks now; False if it was not here."""
