@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # types only: the plain server (tandem cloud serve) never imp
     from sdk.embeddings.service import EmbeddingService
     from sdk.serving.client_limits import RequestRateLimiter
     from sdk.traffic.record import TrafficRecord
+    from router.privacy import PrivacyRules
+    from sdk.state.database import StateDatabase
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +78,9 @@ class ServerState:
     embeddings: EmbeddingService | None = None  # POST /v1/embeddings (tandem serve)
     budgets: BudgetManager | None = None  # of a server without a cascade (tandem cloud serve's hosted API)
     also_ready: Callable[[], bool] | None = None  # an embedded cloud engine's readiness (/health)
-    state_db: Any = None  # sdk.state.database.StateDatabase the replicas share (/health and /metrics report it)
+    state_db: StateDatabase | None = None  # what the replicas share (/health and /metrics report it)
     responses: ResponseStore | None = None  # stored responses of POST /v1/responses (None: storing off)
-    privacy_rules: Any = None  # router.privacy.PrivacyRules (the cascade's): a match keeps a response unstored
+    privacy_rules: PrivacyRules | None = None  # the cascade's: a match keeps a response unstored
 
     @property
     def bills_user(self) -> bool:
