@@ -27,6 +27,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sdk.serving.api_keys import key_fingerprint
+from sdk.state.tables.budgets import RESERVATIONS, SPEND
+from sdk.state.tables.responses import RESPONSES
+from sdk.state.tables.traffic import REQUESTS
 
 logger = logging.getLogger("tandem.owners")
 
@@ -85,8 +88,8 @@ def migrate_sqlite_file(path: str | Path, ids: dict[str, str]) -> dict[str, int]
     moved: dict[str, int] = {}
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        owned = [table for table in ("responses", "requests") if table in tables]
-        if not owned and "spend" not in tables:
+        owned = [table for table in (RESPONSES.sqlite, REQUESTS.sqlite) if table in tables]
+        if not owned and SPEND.sqlite not in tables:
             return {}
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -97,8 +100,8 @@ def migrate_sqlite_file(path: str | Path, ids: dict[str, str]) -> dict[str, int]
                     f"UPDATE {table} SET key_fingerprint = (SELECT new FROM owner_ids WHERE old = key_fingerprint) "
                     "WHERE key_fingerprint IN (SELECT old FROM owner_ids)"
                 ).rowcount
-            if "spend" in tables:
-                moved["spend"] = _move_spend(conn, "spend", "?", ids)
+            if SPEND.sqlite in tables:
+                moved[SPEND.sqlite] = _move_spend(conn, SPEND.sqlite, "?", ids)
             conn.execute("DROP TABLE owner_ids")
             conn.execute("COMMIT")
         except BaseException:
@@ -138,8 +141,8 @@ async def migrate_state_database(state, ids: dict[str, str]) -> dict[str, int]:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (RESPONSES_LOCK,))
             # coalesce: what tandem_responses_by_owner indexes.
             for table, owner in (
-                ("tandem_responses", "coalesce(t.key_fingerprint, '')"),
-                ("tandem_traffic.requests", "t.key_fingerprint"),
+                (RESPONSES.postgres, "coalesce(t.key_fingerprint, '')"),
+                (REQUESTS.postgres, "t.key_fingerprint"),
             ):
                 cursor = await conn.execute(
                     f"UPDATE {table} AS t SET key_fingerprint = m.new FROM ({pairs}) AS m WHERE {owner} = m.old",
@@ -150,11 +153,11 @@ async def migrate_state_database(state, ids: dict[str, str]) -> dict[str, int]:
                 reservations = 0
                 for old, new in ids.items():
                     cursor = await conn.execute(
-                        f"UPDATE tandem_reservations SET scope = {new_scope} WHERE {old_scope}", (new, old)
+                        f"UPDATE {RESERVATIONS.postgres} SET scope = {new_scope} WHERE {old_scope}", (new, old)
                     )
                     reservations += cursor.rowcount
-                moved["tandem_reservations"] = moved.get("tandem_reservations", 0) + reservations
-            moved["tandem_spend"] = await _move_state_spend(conn, ids)
+                moved[RESERVATIONS.postgres] = moved.get(RESERVATIONS.postgres, 0) + reservations
+            moved[SPEND.postgres] = await _move_state_spend(conn, ids)
 
     await state.run(move, timeout_s=MIGRATION_TIMEOUT_S)
     return {table: n for table, n in moved.items() if n}
@@ -163,10 +166,10 @@ async def migrate_state_database(state, ids: dict[str, str]) -> dict[str, int]:
 async def _move_state_spend(conn, ids: dict[str, str]) -> int:
     moved = 0
     for new_scope, old_scope in _scope_moves("%s"):
-        merge = _MERGE_SPEND.format(table="tandem_spend", new_scope=new_scope, old_scope=old_scope)
+        merge = _MERGE_SPEND.format(table=SPEND.postgres, new_scope=new_scope, old_scope=old_scope)
         for old, new in ids.items():
             await conn.execute(merge, (new, old))
-            cursor = await conn.execute(f"DELETE FROM tandem_spend WHERE {old_scope}", (old,))
+            cursor = await conn.execute(f"DELETE FROM {SPEND.postgres} WHERE {old_scope}", (old,))
             moved += cursor.rowcount
     return moved
 

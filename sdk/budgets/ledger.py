@@ -5,7 +5,9 @@ and in SQLite so a restart keeps it (one writer thread; nothing is dropped). Res
 memory only: a process that stops holds nothing.
 
 Replicas that share one budget use sdk.budgets.postgres_ledger instead, which answers the same
-calls from the state database.
+calls (`Ledger`, the protocol both satisfy and the budget manager is typed by) from the state database.
+Both keep the spend table declared in sdk.state.tables.budgets and read and write its rows by column name
+(`Spend.from_row`, `Spend.to_row`).
 
     scope "key:<fingerprint>" or "user:<fingerprint>:<user>"; period "day:2026-11-25" or "month:2026-11"
 """
@@ -17,20 +19,14 @@ import datetime
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from sdk.sqlite_writer import SQLiteWriter
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS spend (
-    scope TEXT NOT NULL, period TEXT NOT NULL,
-    usd REAL NOT NULL, cloud_tokens INTEGER NOT NULL, total_tokens INTEGER NOT NULL, requests INTEGER NOT NULL,
-    PRIMARY KEY (scope, period)
-)
-"""
-
+from sdk.state.declaration import SQLITE, named_rows
+from sdk.state.tables.budgets import SPEND
 
 Pair = tuple[str, str]  # (scope, period), e.g. ("key:3f2a9c1d0b7e5a41", "day:2026-11-25")
 
@@ -45,6 +41,23 @@ class Spend:
     @property
     def cloud_share(self) -> float:
         return self.cloud_tokens / self.total_tokens if self.total_tokens else 0.0
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Spend:
+        """From a spend row of either ledger, read by column name."""
+        return cls(row["usd"], row["cloud_tokens"], row["total_tokens"], row["requests"])
+
+    def to_row(self, pair: Pair) -> dict[str, Any]:
+        """The spend row of `pair` (scope, period) holding this, by column name."""
+        scope, period = pair
+        return {
+            "scope": scope,
+            "period": period,
+            "usd": self.usd,
+            "cloud_tokens": self.cloud_tokens,
+            "total_tokens": self.total_tokens,
+            "requests": self.requests,
+        }
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,61 @@ def user_scope(fingerprint: str | None, user: str) -> str:
     return f"user:{fingerprint or '-'}:{user}"
 
 
+@runtime_checkable
+class Ledger(Protocol):
+    """What every spend ledger answers, and all the budget manager (sdk.budgets.manager) asks of one:
+    SpendLedger here (one process's: memory, and SQLite behind it), PostgresSpendLedger (the state database
+    replicas share: sdk.budgets.postgres_ledger)."""
+
+    clock: Callable[[], float]  # wall-clock seconds: which day and month a spend falls in
+
+    async def spends(self, pairs: list[Pair]) -> dict[Pair, Spend]:
+        """What each (scope, period) has spent (nothing: an empty Spend)."""
+        ...
+
+    async def current(self, scope: str, period: str) -> Spend:
+        """What `scope` has spent in the current `period` ("day" or "month")."""
+        ...
+
+    async def reserve(self, checks: list[tuple[Pair, float]], usd: float) -> Reservation | Shortfall:
+        """Hold `usd` against each (pair, limit) unless spent + held + usd passes one of the limits."""
+        ...
+
+    def holds(self, reservation: Reservation | None) -> bool:
+        """Whether a stream may go on spending against `reservation`."""
+        ...
+
+    def settle(
+        self, reservation: Reservation | None, scopes: list[str], usd: float, cloud_tokens: int, total_tokens: int
+    ) -> None:
+        """A request has ended: release what it held and add what it cost (never blocks)."""
+        ...
+
+    def record(self, scopes: list[str], usd: float, cloud_tokens: int, total_tokens: int) -> None:
+        """Add one request that held nothing (never blocks)."""
+        ...
+
+    async def held(self, pair: Pair) -> float: ...
+
+    async def held_anywhere(self) -> float: ...
+
+    async def settled(self) -> None:
+        """Every settle made so far shows in what the decisions read."""
+        ...
+
+    @property
+    def pending_settles(self) -> int:
+        """Settles made here that have not landed yet (/metrics)."""
+        ...
+
+    @property
+    def num_batches_replayed(self) -> int:
+        """Settle batches sent again after they had landed, not applied twice (/metrics)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 class SpendLedger:
     def __init__(self, path: str | os.PathLike, clock: Callable[[], float] = time.time):
         self.path = Path(path)
@@ -91,11 +159,12 @@ class SpendLedger:
             self.path.parent.mkdir(parents=True, mode=0o700)
         conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=10.0)
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(SCHEMA)
+        for statement in SPEND.ddl(SQLITE, if_not_exists=True):
+            conn.execute(statement)
         current = set(periods(self.clock()).values())
-        for scope, period, usd, cloud, total, requests in conn.execute("SELECT * FROM spend"):
-            if period in current:  # earlier periods stay in the file, not in memory
-                self._spend[(scope, period)] = Spend(usd, cloud, total, requests)
+        for row in named_rows(conn.execute(f"SELECT {SPEND.select_list()} FROM {SPEND.sqlite}")):
+            if row["period"] in current:  # earlier periods stay in the file, not in memory
+                self._spend[(row["scope"], row["period"])] = Spend.from_row(row)
         self._writer.start(conn)
         return self
 
@@ -159,7 +228,7 @@ class SpendLedger:
                 spend.cloud_tokens += cloud_tokens
                 spend.total_tokens += total_tokens
                 spend.requests += 1
-                self._writer.put((scope, period, usd, cloud_tokens, total_tokens))
+                self._writer.put(Spend(usd, cloud_tokens, total_tokens, 1).to_row((scope, period)))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Everything recorded so far is in the file."""
@@ -175,13 +244,16 @@ class SpendLedger:
         await asyncio.to_thread(self.close)
 
 
-def _add_spend(conn: sqlite3.Connection, rows: list[tuple]) -> None:
-    """One transaction adding each (scope, period, usd, cloud_tokens, total_tokens) row as one request."""
+# A spend row added to what its (scope, period) holds.
+_ADD_SPEND = (
+    f"{SPEND.insert(SQLITE)} ON CONFLICT (scope, period) DO UPDATE SET "
+    "usd = usd + excluded.usd, cloud_tokens = cloud_tokens + excluded.cloud_tokens, "
+    "total_tokens = total_tokens + excluded.total_tokens, requests = requests + excluded.requests"
+)
+
+
+def _add_spend(conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
+    """One transaction adding each spend row (Spend.to_row: one request's) to its (scope, period)."""
     conn.execute("BEGIN IMMEDIATE")
-    conn.executemany(
-        "INSERT INTO spend VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT (scope, period) DO UPDATE SET "
-        "usd = usd + excluded.usd, cloud_tokens = cloud_tokens + excluded.cloud_tokens, "
-        "total_tokens = total_tokens + excluded.total_tokens, requests = requests + 1",
-        rows,
-    )
+    conn.executemany(_ADD_SPEND, rows)
     conn.execute("COMMIT")

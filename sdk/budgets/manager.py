@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sdk.budgets.config import BudgetConfig, BudgetConfigError, Limit, Limits, load_budgets
+from sdk.budgets.ledger import Ledger, Reservation, Shortfall, Spend, SpendLedger, key_scope, periods, user_scope
 from sdk.data_dir import data_path
-from sdk.budgets.ledger import Reservation, Shortfall, Spend, SpendLedger, key_scope, periods, user_scope
 from sdk.protocol.engine import QuotaExceededError
 
 if TYPE_CHECKING:
-    from sdk.budgets.postgres_ledger import PostgresSpendLedger
     from sdk.state.database import StateDatabase
 
 logger = logging.getLogger("tandem.budgets")
@@ -98,7 +97,7 @@ class BudgetManager:
     def __init__(
         self,
         budgets_path: str,
-        ledger: SpendLedger | PostgresSpendLedger,
+        ledger: Ledger,
         prices_are_zero: bool,
         clock: Callable[[], float] = time.monotonic,
         cloud_only: bool = False,

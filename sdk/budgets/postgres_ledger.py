@@ -1,5 +1,6 @@
 """The spend ledger and the budget reservations in the state database the replicas share
-(sdk.state): the calls of sdk.budgets.ledger.SpendLedger, answered for every replica at once.
+(sdk.state): the calls of sdk.budgets.ledger.Ledger, answered for every replica at once, on the tables
+declared in sdk.state.tables.budgets.
 
 A reservation is one call of `tandem_reserve` (sdk.state.schema): under locks on its (scope,
 period) pairs it reads what was spent and what live replicas hold, and holds this request's
@@ -29,6 +30,8 @@ from dataclasses import dataclass, field
 
 from sdk.budgets.ledger import Pair, Reservation, Shortfall, Spend, periods
 from sdk.state.database import StateDatabase
+from sdk.state.tables.budgets import RESERVATIONS, SPEND
+from sdk.state.tables.replicas import REPLICAS
 from sdk.state.writes import Coalesced
 
 
@@ -71,6 +74,16 @@ class SettleBatch:
         )
 
 
+# What (scope, period) pairs have spent: SPEND's rows, read by column name (Spend.from_row) as the SQLite ledger's.
+_SPENDS = (
+    f"SELECT {SPEND.select_list()} FROM {SPEND.postgres} "
+    "WHERE (scope, period) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+)
+# USD that live replicas hold (a condition on the reservations `r` may follow).
+_HELD = (
+    f"SELECT coalesce(sum(r.usd), 0) FROM {RESERVATIONS.postgres} r JOIN {REPLICAS.postgres} p ON p.id = r.replica "
+    "WHERE p.expires_at > now()"
+)
 SETTLE_BATCH = (
     "SELECT tandem_settle_batch(%s, %s, %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], "
     "%s::float8[], %s::bigint[], %s::bigint[], %s::bigint[])"
@@ -88,13 +101,9 @@ class PostgresSpendLedger:
         if not pairs:
             return {}
         rows = await self.db.call(
-            "SELECT scope, period, usd, cloud_tokens, total_tokens, requests FROM tandem_spend "
-            "WHERE (scope, period) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-            ([scope for scope, _ in pairs], [period for _, period in pairs]),
+            _SPENDS, ([scope for scope, _ in pairs], [period for _, period in pairs]), by_name=True
         )
-        found = {
-            (scope, period): Spend(usd, cloud, total, requests) for scope, period, usd, cloud, total, requests in rows
-        }
+        found = {(row["scope"], row["period"]): Spend.from_row(row) for row in rows}
         return {pair: found.get(pair, Spend()) for pair in pairs}
 
     async def current(self, scope: str, period: str) -> Spend:
@@ -108,8 +117,8 @@ class PostgresSpendLedger:
             return Reservation((), usd)
         if self.db.fenced or self.db.backed_up:
             raise self.db.unavailable()
-        ((reservation, failed, spent, held),) = await self.db.call(
-            "SELECT * FROM tandem_reserve(%s, %s, %s, %s, %s)",
+        (outcome,) = await self.db.call(
+            "SELECT reservation, failed, spent, held FROM tandem_reserve(%s, %s, %s, %s, %s)",
             (
                 self.db.replica_id,
                 [scope for (scope, _), _ in checks],
@@ -117,10 +126,11 @@ class PostgresSpendLedger:
                 [limit for _, limit in checks],
                 usd,
             ),
+            by_name=True,
         )
-        if reservation is None:
-            return Shortfall(failed - 1, spent, held)
-        return Reservation(tuple(pair for pair, _ in checks), usd, reservation)
+        if outcome["reservation"] is None:  # `failed` is the 1-based index of the limit it would break
+            return Shortfall(outcome["failed"] - 1, outcome["spent"], outcome["held"])
+        return Reservation(tuple(pair for pair, _ in checks), usd, outcome["reservation"])
 
     def holds(self, reservation: Reservation | None) -> bool:
         """Whether a stream may go on spending against `reservation`: False once this replica is fenced (its
@@ -149,19 +159,12 @@ class PostgresSpendLedger:
 
     async def held(self, pair: Pair) -> float:
         """USD that live replicas hold against `pair` (the tests look)."""
-        rows = await self.db.call(
-            "SELECT coalesce(sum(r.usd), 0) FROM tandem_reservations r JOIN tandem_replicas p ON p.id = r.replica "
-            "WHERE r.scope = %s AND r.period = %s AND p.expires_at > now()",
-            pair,
-        )
+        rows = await self.db.call(f"{_HELD} AND r.scope = %s AND r.period = %s", pair)
         return rows[0][0]
 
     async def held_anywhere(self) -> float:
         """USD live replicas hold over all pairs (0 when nothing is held)."""
-        rows = await self.db.call(
-            "SELECT coalesce(sum(r.usd), 0) FROM tandem_reservations r JOIN tandem_replicas p ON p.id = r.replica "
-            "WHERE p.expires_at > now()"
-        )
+        rows = await self.db.call(_HELD)
         return rows[0][0]
 
     async def settled(self, timeout_s: float = 30.0) -> None:

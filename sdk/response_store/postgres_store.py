@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from sdk.protocol.errors import StateUnavailableError
+from sdk.response_store.statements import IN_POSTGRES as SQL
 from sdk.response_store.stored import MaintenanceClock, StoredResponse, StoreSettings
 
 logger = logging.getLogger("tandem.responses")
@@ -20,6 +21,13 @@ logger = logging.getLogger("tandem.responses")
 # The advisory lock of the statements that touch many keys' rows at once (retention, owner migrations): one
 # at a time, so their row-by-row updates of the per-key counts never deadlock each other.
 RESPONSES_LOCK = 7_301_154_912
+
+# Schema v5's function: it stores the row (its columns by position, in the declared order the schema check holds)
+# and trims the key's oldest; the row goes in by column name.
+_KEEP = (
+    "SELECT tandem_keep_response(%(id)s, %(key_fingerprint)s, %(created_at)s, %(bytes)s::integer, %(conversation)s, "
+    "%(response)s, %(max_per_key)s::bigint, %(max_bytes)s::bigint)"
+)
 
 
 class PostgresResponseStore:
@@ -30,15 +38,13 @@ class PostgresResponseStore:
         self.maintenance = clock or MaintenanceClock()
 
     async def put(self, stored: StoredResponse) -> bool:
-        columns = stored.columns()
-        if columns[3] > self.settings.max_row_bytes:
+        row = stored.to_row()
+        if row["bytes"] > self.settings.max_row_bytes:
             return False
-        params = (*columns, self.settings.max_bytes_per_key, self.settings.max_bytes)
+        params = {**row, "max_per_key": self.settings.max_bytes_per_key, "max_bytes": self.settings.max_bytes}
 
         async def write() -> bool:
-            rows = await self.state.call(
-                "SELECT tandem_keep_response(%s, %s, %s, %s::integer, %s, %s, %s::bigint, %s::bigint)", params
-            )
+            rows = await self.state.call(_KEEP, params)
             return bool(rows[0][0])
 
         async def write_later() -> None:
@@ -59,19 +65,12 @@ class PostgresResponseStore:
         return kept
 
     async def get(self, response_id: str, key: str | None) -> StoredResponse | None:
-        rows = await self.state.call(
-            "SELECT id, key_fingerprint, created_at, conversation, response FROM tandem_responses "
-            "WHERE id = %s AND key_fingerprint IS NOT DISTINCT FROM %s AND created_at >= %s",
-            (response_id, key, self.settings.oldest_kept()),
-        )
-        return StoredResponse.of_row(rows[0]) if rows else None
+        rows = await self.state.call(SQL.get, (response_id, key, self.settings.oldest_kept()), by_name=True)
+        return StoredResponse.from_row(rows[0]) if rows else None
 
     async def delete(self, response_id: str, key: str | None) -> bool:
         async def delete(conn) -> bool:
-            cursor = await conn.execute(
-                "DELETE FROM tandem_responses WHERE id = %s AND key_fingerprint IS NOT DISTINCT FROM %s",
-                (response_id, key),
-            )
+            cursor = await conn.execute(SQL.delete, (response_id, key))
             return cursor.rowcount > 0
 
         return await self.state.run(delete)
@@ -83,8 +82,8 @@ class PostgresResponseStore:
         async def expire(conn) -> None:
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (RESPONSES_LOCK,))
-                await conn.execute("DELETE FROM tandem_responses WHERE created_at < %s", (self.settings.oldest_kept(),))
-                await conn.execute("DELETE FROM tandem_response_owners WHERE bytes <= 0")
+                await conn.execute(SQL.expire, (self.settings.oldest_kept(),))
+                await conn.execute(SQL.forget_empty_owners)
 
         try:
             await self.state.run(expire)
@@ -94,9 +93,7 @@ class PostgresResponseStore:
     async def stored_bytes(self, key: str | None = None, *, every_key: bool = True) -> int:
         """The bytes all rows hold; with `every_key=False`, the bytes of `key`'s rows."""
         if every_key:
-            rows = await self.state.call("SELECT coalesce(sum(bytes), 0) FROM tandem_response_owners")
+            rows = await self.state.call(SQL.total_bytes)
         else:
-            rows = await self.state.call(
-                "SELECT coalesce(max(bytes), 0) FROM tandem_response_owners WHERE owner = %s", (key or "",)
-            )
+            rows = await self.state.call(SQL.owner_bytes, (key or "",))
         return int(rows[0][0])

@@ -7,7 +7,8 @@ handler awaits it), so a `previous_response_id` sent right after finds it.
 The bytes each key holds are kept beside the rows (`response_owners`, by triggers, so every delete
 counts), so a put checks its key's share and the whole store's bound without adding up the table.
 A put runs in one write transaction (BEGIN IMMEDIATE): two processes sharing the file (one data
-directory) see each other's counts."""
+directory) see each other's counts. The tables are declared in sdk.state.tables.responses, the statements
+shared with the state database's store in sdk.response_store.statements."""
 
 from __future__ import annotations
 
@@ -18,40 +19,36 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from sdk.response_store.statements import IN_SQLITE as SQL
 from sdk.response_store.stored import MaintenanceClock, StoredResponse, StoreSettings
+from sdk.state.declaration import SQLITE, named_row
+from sdk.state.tables.responses import RESPONSE_OWNERS, RESPONSES
 
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS responses (
-        id TEXT PRIMARY KEY,
-        key_fingerprint TEXT,
-        created_at REAL NOT NULL,
-        bytes INTEGER NOT NULL,
-        conversation TEXT NOT NULL,
-        response TEXT NOT NULL
-    )""",
-    "CREATE INDEX IF NOT EXISTS responses_by_time ON responses (created_at)",
-    "CREATE INDEX IF NOT EXISTS responses_by_owner ON responses (key_fingerprint, created_at)",
-)
+_RESPONSES, _OWNERS_TABLE = RESPONSES.sqlite, RESPONSE_OWNERS.sqlite
+_PUT = f"{RESPONSES.insert(SQLITE)} ON CONFLICT (id) DO NOTHING"
 
 # The bytes each key's rows hold ('' for a server without keys), kept by the triggers below; made (and
 # counted once) in a file that has none: a new one, or one an earlier version wrote.
-_ADDED = """INSERT INTO response_owners VALUES (coalesce(NEW.key_fingerprint, ''), NEW.bytes)
+_ADDED = f"""INSERT INTO {_OWNERS_TABLE} (owner, bytes) VALUES (coalesce(NEW.key_fingerprint, ''), NEW.bytes)
         ON CONFLICT (owner) DO UPDATE SET bytes = bytes + excluded.bytes;"""
-_GONE = "UPDATE response_owners SET bytes = bytes - OLD.bytes WHERE owner = coalesce(OLD.key_fingerprint, '');"
+_GONE = f"UPDATE {_OWNERS_TABLE} SET bytes = bytes - OLD.bytes WHERE owner = coalesce(OLD.key_fingerprint, '');"
 _OWNERS = (
-    "CREATE TABLE response_owners (owner TEXT PRIMARY KEY, bytes INTEGER NOT NULL) WITHOUT ROWID",
-    "INSERT INTO response_owners SELECT coalesce(key_fingerprint, ''), sum(bytes) FROM responses GROUP BY 1",
-    f"CREATE TRIGGER responses_added AFTER INSERT ON responses BEGIN {_ADDED} END",
-    f"CREATE TRIGGER responses_gone AFTER DELETE ON responses BEGIN {_GONE} END",
-    f"CREATE TRIGGER responses_moved AFTER UPDATE OF key_fingerprint, bytes ON responses BEGIN {_GONE} {_ADDED} END",
+    *RESPONSE_OWNERS.ddl(SQLITE),
+    (
+        f"INSERT INTO {_OWNERS_TABLE} (owner, bytes) "
+        f"SELECT coalesce(key_fingerprint, ''), sum(bytes) FROM {_RESPONSES} GROUP BY 1"
+    ),
+    f"CREATE TRIGGER responses_added AFTER INSERT ON {_RESPONSES} BEGIN {_ADDED} END",
+    f"CREATE TRIGGER responses_gone AFTER DELETE ON {_RESPONSES} BEGIN {_GONE} END",
+    f"CREATE TRIGGER responses_moved AFTER UPDATE OF key_fingerprint, bytes ON {_RESPONSES} BEGIN {_GONE} {_ADDED} END",
 )
 
 # One key's newest rows (the one just put first) whose sizes add up to the room it has stay; its older ones go.
-_TRIM_OWN = """
-DELETE FROM responses WHERE id IN (
+_TRIM_OWN = f"""
+DELETE FROM {_RESPONSES} WHERE id IN (
     SELECT id FROM (
         SELECT id, sum(bytes) OVER (ORDER BY id = ? DESC, created_at DESC, id DESC) AS kept
-        FROM responses WHERE key_fingerprint IS ?
+        FROM {_RESPONSES} WHERE key_fingerprint IS ?
     ) WHERE kept > ?
 )
 """
@@ -72,10 +69,10 @@ class SQLiteResponseStore:
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute("PRAGMA synchronous = NORMAL")
             with _write(self._conn):
-                for statement in _SCHEMA:
+                for statement in RESPONSES.ddl(SQLITE, if_not_exists=True):
                     self._conn.execute(statement)
-                exists = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'response_owners'"
-                if self._conn.execute(exists).fetchone() is None:
+                exists = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+                if self._conn.execute(exists, (_OWNERS_TABLE,)).fetchone() is None:
                     for statement in _OWNERS:
                         self._conn.execute(statement)
         except BaseException:
@@ -96,8 +93,8 @@ class SQLiteResponseStore:
             self._conn.close()
 
     def _put(self, stored: StoredResponse) -> bool:
-        columns = stored.columns()
-        size, owner = columns[3], stored.key_fingerprint
+        row = stored.to_row()
+        size, owner = row["bytes"], stored.key_fingerprint
         if size > self.settings.max_row_bytes:
             return False
         with self._lock, _write(self._conn):
@@ -107,7 +104,7 @@ class SQLiteResponseStore:
             excess = total + size - self.settings.max_bytes  # what must go for it to fit the whole store
             if excess > own:  # this key's older rows free too little: nothing goes, and it is not kept
                 return False
-            self._conn.execute("INSERT INTO responses VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING", columns)
+            self._conn.execute(_PUT, row)
             room = min(self.settings.max_bytes_per_key, own + size - max(0, excess))
             if own + size > room:
                 self._conn.execute(_TRIM_OWN, (stored.id, owner, room))
@@ -115,30 +112,23 @@ class SQLiteResponseStore:
 
     def _bytes(self, owner: str | None) -> tuple[int, int]:
         """(the bytes this key's rows hold, the bytes all rows hold)."""
-        own = self._conn.execute("SELECT bytes FROM response_owners WHERE owner = ?", (owner or "",)).fetchone()
-        total = self._conn.execute("SELECT coalesce(sum(bytes), 0) FROM response_owners").fetchone()[0]
-        return (own[0] if own else 0), total
+        own = self._conn.execute(SQL.owner_bytes, (owner or "",)).fetchone()[0]
+        return own, self._conn.execute(SQL.total_bytes).fetchone()[0]
 
     def _get(self, response_id: str, key: str | None) -> StoredResponse | None:
         with self._lock:
-            row = self._conn.execute(
-                "SELECT id, key_fingerprint, created_at, conversation, response FROM responses "
-                "WHERE id = ? AND key_fingerprint IS ? AND created_at >= ?",
-                (response_id, key, self.settings.oldest_kept()),
-            ).fetchone()
-        return StoredResponse.of_row(row) if row else None
+            row = named_row(self._conn.execute(SQL.get, (response_id, key, self.settings.oldest_kept())))
+        return StoredResponse.from_row(row) if row else None
 
     def _delete(self, response_id: str, key: str | None) -> bool:
         with self._lock:
-            cursor = self._conn.execute(
-                "DELETE FROM responses WHERE id = ? AND key_fingerprint IS ?", (response_id, key)
-            )
+            cursor = self._conn.execute(SQL.delete, (response_id, key))
         return cursor.rowcount > 0
 
     def _expire(self) -> None:
         """Retention (under the lock, in the put's transaction)."""
-        self._conn.execute("DELETE FROM responses WHERE created_at < ?", (self.settings.oldest_kept(),))
-        self._conn.execute("DELETE FROM response_owners WHERE bytes <= 0")
+        self._conn.execute(SQL.expire, (self.settings.oldest_kept(),))
+        self._conn.execute(SQL.forget_empty_owners)
 
     async def stored_bytes(self, key: str | None = None, *, every_key: bool = True) -> int:
         """The bytes all rows hold; with `every_key=False`, the bytes of `key`'s rows."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 MAINTENANCE_EVERY_S = 60.0  # retention is applied at most this often (and every MAINTENANCE_EVERY_PUTS)
 MAINTENANCE_EVERY_PUTS = 200
@@ -55,22 +56,31 @@ class StoredResponse:
     conversation: list[dict[str, Any]]  # chat messages: the history, this input, the answer
     response: dict[str, Any]  # the response object as answered (GET returns it)
 
-    def columns(self) -> tuple:
-        """(id, key_fingerprint, created_at, bytes, conversation, response): a row of either store."""
+    def to_row(self) -> dict[str, Any]:
+        """Its row in either store, by column name (sdk.state.tables.responses.RESPONSES), its size counted."""
         conversation, response = _json(self.conversation), _json(self.response)
-        return (
-            self.id,
-            self.key_fingerprint,
-            self.created_at,
-            row_bytes(self.id, conversation, response),
-            conversation,
-            response,
-        )
+        return {
+            "id": self.id,
+            "key_fingerprint": self.key_fingerprint,
+            "created_at": self.created_at,
+            "bytes": row_bytes(self.id, conversation, response),
+            "conversation": conversation,
+            "response": response,
+        }
 
     @classmethod
-    def of_row(cls, row: tuple) -> StoredResponse:
-        """From (id, key_fingerprint, created_at, conversation, response)."""
-        return cls(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]))
+    def from_row(cls, row: Mapping[str, Any]) -> StoredResponse:
+        """From a row of either store read by column name (READ_COLUMNS at least)."""
+        return cls(
+            row["id"],
+            row["key_fingerprint"],
+            row["created_at"],
+            json.loads(row["conversation"]),
+            json.loads(row["response"]),
+        )
+
+
+READ_COLUMNS = ("id", "key_fingerprint", "created_at", "conversation", "response")  # what from_row reads
 
 
 def _json(value) -> str:
@@ -87,9 +97,10 @@ def size_of(conversation: list[dict[str, Any]], response: dict[str, Any]) -> int
     return row_bytes("", _json(conversation), _json(response))
 
 
+@runtime_checkable
 class ResponseStore(Protocol):
-    """The operations of a store. `key` is the caller's key id: another key's response is not found
-    (get: None; delete: False)."""
+    """What every store does (sdk.response_store.sqlite_store, postgres_store), and all the server asks of
+    one. `key` is the caller's key id: another key's response is not found (get: None; delete: False)."""
 
     where: str  # for log lines and messages
     settings: StoreSettings
@@ -102,6 +113,10 @@ class ResponseStore(Protocol):
     async def get(self, response_id: str, key: str | None) -> StoredResponse | None: ...
 
     async def delete(self, response_id: str, key: str | None) -> bool: ...
+
+    async def stored_bytes(self, key: str | None = None, *, every_key: bool = True) -> int:
+        """The bytes all rows hold; with `every_key=False`, the bytes of `key`'s rows."""
+        ...
 
     async def close(self) -> None: ...
 

@@ -7,7 +7,10 @@
 - InFlightLimiter: at most `max_in_flight` requests being served per client at once.
 
 `ClientLimits` bundles one process's limiters, so a key's budget is one budget whichever
-listener its requests come through. The clock is injectable so tests need no sleeps.
+listener its requests come through. What the gate asks of each limiter is a protocol (`RateLimit`,
+`InFlightLimit`, `FailedKeyBackoff`) that the limiters here and their state database subclasses
+(sdk.serving.shared_limits, on the tables of sdk.state.tables.limits) both satisfy. The clock is injectable so
+tests need no sleeps.
 Everything here is used from the one event loop both servers run on, so it takes no lock.
 The decisions are coroutines because the replicas that share these limits through the state
 database (sdk.serving.shared_limits) answer the same calls with a round trip; here they never wait.
@@ -18,13 +21,61 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 # Buckets of clients that went quiet are dropped once there are this many: keying by
 # client IP must not let a scan of addresses grow memory without bound.
 MAX_IDLE_BUCKETS = 10_000
 DEFAULT_AUTH_BACKOFF_AFTER = 10  # failed keys from one address before it must wait
 DEFAULT_AUTH_BACKOFF_MAX_S = 300.0  # the longest wait the doubling reaches
+
+
+@runtime_checkable
+class RateLimit(Protocol):
+    """A token bucket per client: RequestRateLimiter, SharedRateLimiter."""
+
+    per_minute: float  # what a refusal names
+    burst: float
+    refill_per_s: float
+
+    async def acquire(self, client: str) -> float:
+        """Take a token for `client`: 0.0 when allowed, else the seconds until one is available."""
+        ...
+
+
+@runtime_checkable
+class InFlightLimit(Protocol):
+    """Requests being served per client, `max_in_flight` at most each: InFlightLimiter, SharedInFlightLimiter."""
+
+    max_in_flight: int
+
+    async def try_acquire(self, client: str) -> bool: ...
+
+    def release(self, client: str) -> None:
+        """A request admitted by try_acquire has ended (never waits)."""
+        ...
+
+    def in_flight(self, client: str) -> int:
+        """This process's requests in flight for `client`."""
+        ...
+
+    @property
+    def total(self) -> int: ...
+
+
+@runtime_checkable
+class FailedKeyBackoff(Protocol):
+    """The wait an address serves after failed keys: AuthFailureBackoff, SharedAuthFailureBackoff."""
+
+    forget_after_s: float  # an address quiet this long starts afresh
+
+    async def wait_s(self, address: str) -> float:
+        """Seconds `address` must still wait before its next key is checked (0: check it now)."""
+        ...
+
+    async def failed(self, address: str) -> float:
+        """Record a failed key from `address`; the wait it now starts (0: none yet)."""
+        ...
 
 
 @dataclass
@@ -118,9 +169,9 @@ class InFlightLimiter:
 class ClientLimits:
     """One process's per-client budgets; None: that limit is off."""
 
-    rate: RequestRateLimiter | None = None
-    in_flight: InFlightLimiter | None = None
-    auth_backoff: AuthFailureBackoff | None = None  # applies where keys are configured
+    rate: RateLimit | None = None
+    in_flight: InFlightLimit | None = None
+    auth_backoff: FailedKeyBackoff | None = None  # applies where keys are configured
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     @classmethod

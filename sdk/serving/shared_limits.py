@@ -2,8 +2,10 @@
 replicas of a server share them (`state_db`): one token bucket per key across all replicas, one
 count of requests in flight, one failed-key backoff per client address.
 
-Each decision is one statement or function call (sdk.state.schema: `tandem_take_token`,
-`tandem_enter_slot`, `tandem_auth_failed`), atomic on its row; an admitted request asks all three of
+They satisfy the protocols of sdk.serving.client_limits (RateLimit, InFlightLimit, FailedKeyBackoff), on
+the tables declared in sdk.state.tables.limits. Each decision is one statement or function call
+(sdk.state.schema: `tandem_take_token`, `tandem_enter_slot`, `tandem_auth_failed`), atomic on its row;
+an admitted request asks all three of
 its limits in one call (`tandem_admit_slot`, SharedClientLimits.admit), so the gate costs one round
 trip, bounded by the database's deadline (`state_db_timeout_s`). Returning an in-flight slot is
 deferred to the database's writer (a response's end never waits on it), gathered with the others
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 from sdk.protocol.errors import StateUnavailableError
 from sdk.serving.client_limits import AuthFailureBackoff, ClientLimits, Decision, InFlightLimiter, RequestRateLimiter
 from sdk.state.database import StateDatabase
+from sdk.state.tables.limits import IN_FLIGHT_REQUESTS
+from sdk.state.tables.replicas import REPLICAS
 from sdk.state.writes import Coalesced
 
 
@@ -96,7 +100,7 @@ class SharedInFlightLimiter(InFlightLimiter):
         self._leaves.add(lambda batch: batch.append(slot))
 
     async def _send_leaves(self, slots: list[str]) -> None:
-        await self.db.call("DELETE FROM tandem_in_flight_requests WHERE slot = ANY(%s)", (slots,))
+        await self.db.call(f"DELETE FROM {IN_FLIGHT_REQUESTS.postgres} WHERE slot = ANY(%s)", (slots,))
 
     def in_flight(self, client: str) -> int:
         """This replica's requests in flight for `client` (both books)."""
@@ -109,7 +113,7 @@ class SharedInFlightLimiter(InFlightLimiter):
     async def in_flight_everywhere(self, client: str) -> int:
         """Requests in flight for `client` on every live replica (the tests look)."""
         rows = await self.db.call(
-            "SELECT count(*) FROM tandem_in_flight_requests f JOIN tandem_replicas p ON p.id = f.replica "
+            f"SELECT count(*) FROM {IN_FLIGHT_REQUESTS.postgres} f JOIN {REPLICAS.postgres} p ON p.id = f.replica "
             "WHERE f.client = %s AND p.expires_at > now()",
             (_digest(client),),
         )
@@ -168,8 +172,8 @@ class SharedClientLimits(ClientLimits):
             return await super().admit(address, client)
         slot = new_slot()
         try:
-            ((backoff_wait, rate_wait, entered),) = await self.db.call(
-                "SELECT * FROM tandem_admit_slot(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (decided,) = await self.db.call(
+                "SELECT backoff_wait, rate_wait, entered FROM tandem_admit_slot(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (
                     None if backoff is None else address,
                     None if backoff is None else backoff.forget_after_s,
@@ -181,12 +185,13 @@ class SharedClientLimits(ClientLimits):
                     None if in_flight is None else in_flight.max_in_flight,
                     slot,
                 ),
+                by_name=True,
             )
         except StateUnavailableError:
             return await self._own_books(backoff, address, client)
-        if entered:
+        if decided["entered"]:
             in_flight.count_shared(client, slot)
-        return Decision(backoff_wait, rate_wait, entered)
+        return Decision(decided["backoff_wait"], decided["rate_wait"], decided["entered"])
 
     async def _own_books(self, backoff, address: str | None, client: str) -> Decision:
         """The same decision from this replica's own counts (the database is away): the limiters' in-memory

@@ -19,6 +19,9 @@ default): the caller gets StateUnavailableError then, the database is marked awa
 once until the heartbeat sees it back, so no request waits twice), and the abandoned task ends its
 connection in the background (psycopg cancels the query; the pool drops the connection).
 
+The pool's connections take sdk.state.connection's options (keepalives, the server's own statement and lock
+timeouts a second past the deadline), as every other connection to the database does.
+
 **What callers see of a failure**: StateUnavailableError's plain message with a reference; the database's
 address and the driver's error only in this module's log lines (the URL's password redacted) and in
 /admin/status.
@@ -29,24 +32,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from sdk.protocol.errors import StateUnavailableError
-from sdk.state.lease import RENEW, SWEEP, Lease
+from sdk.state.connection import CONNECT_TIMEOUT_S, pool_options  # read at open (the tests shorten it here)
+from sdk.state.declaration import POSTGRES
+from sdk.state.lease import RELEASE, RENEW, SWEEP, Lease
 from sdk.state.redaction import check_url, reason as _reason, redacted
 from sdk.state.schema import LATEST, MIGRATION_LOCK, MIGRATIONS
+from sdk.state.tables.replicas import SCHEMA_VERSIONS
 from sdk.state.writes import DEFAULT_MAX_PENDING, DeferredWrites, Write
 
 logger = logging.getLogger("tandem.state")
 
 DEFAULT_LEASE_S = 30.0
 DEFAULT_TIMEOUT_S = 2.0  # a call's client-side deadline (admission waits at most this on the database)
-CONNECT_TIMEOUT_S = 5.0  # opening a connection (at start, and the traffic record's own connections)
 POOL_SIZE = 8
 PROBE_EVERY_S = 1.0  # while the database is away the heartbeat asks for it this often
 
@@ -108,7 +112,7 @@ class StateDatabase:
             max_size=self.pool_size,
             open=False,
             timeout=CONNECT_TIMEOUT_S,
-            kwargs=self._connection_options(),
+            kwargs=pool_options(self.timeout_s, CONNECT_TIMEOUT_S),
             name="tandem-state",
         )
         try:
@@ -129,28 +133,13 @@ class StateDatabase:
         logger.info("state shared through %s (replica %s, lease %gs)", self.where, self.replica_id, self.lease_s)
         return self
 
-    def _connection_options(self) -> dict[str, Any]:
-        """Autocommit, and the server's own limits as a second line behind the client's deadline: a statement
-        or lock wait past it is ended by the server (when the server still runs), and TCP keepalives find a
-        peer that went away without a word."""
-        server_ms = math.ceil(self.timeout_s * 1000) + 1000
-        return {
-            "autocommit": True,
-            "connect_timeout": int(CONNECT_TIMEOUT_S),
-            "keepalives": 1,
-            "keepalives_idle": 10,
-            "keepalives_interval": 5,
-            "keepalives_count": 3,
-            "options": f"-c statement_timeout={server_ms} -c lock_timeout={server_ms} "
-            f"-c idle_in_transaction_session_timeout={server_ms * 5}",
-        }
-
     async def _migrate(self) -> None:
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute("SET LOCAL statement_timeout = 0")  # the one unbounded statement: DDL at start
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-            await conn.execute("CREATE TABLE IF NOT EXISTS tandem_schema (version INTEGER NOT NULL)")
-            row = await (await conn.execute("SELECT max(version) FROM tandem_schema")).fetchone()
+            (versions,) = SCHEMA_VERSIONS.ddl(POSTGRES, if_not_exists=True)
+            await conn.execute(versions)
+            row = await (await conn.execute(f"SELECT max(version) FROM {SCHEMA_VERSIONS.postgres}")).fetchone()
             version = row[0] or 0
             if version > LATEST:
                 raise StateDatabaseError(
@@ -160,7 +149,7 @@ class StateDatabase:
             for number, sql in MIGRATIONS:
                 if number > version:
                     await conn.execute(sql)
-                    await conn.execute("INSERT INTO tandem_schema (version) VALUES (%s)", (number,))
+                    await conn.execute(f"INSERT INTO {SCHEMA_VERSIONS.postgres} (version) VALUES (%s)", (number,))
                     logger.info("state database migrated to schema version %d", number)
 
     async def close(self, timeout_s: float = 10.0) -> None:
@@ -174,12 +163,7 @@ class StateDatabase:
         except TimeoutError:
             logger.error("%d state database writes not made before shutdown", self.writes.pending)
         await self.writes.close()
-        for sql in (
-            "DELETE FROM tandem_reservations WHERE replica = %s",
-            "DELETE FROM tandem_in_flight WHERE replica = %s",
-            "DELETE FROM tandem_in_flight_requests WHERE replica = %s",
-            "DELETE FROM tandem_replicas WHERE id = %s",
-        ):
+        for sql in RELEASE:
             try:  # what it still holds goes with its row; else the lease ends it
                 await self._bounded(_statement(sql, (self.replica_id,)), self.timeout_s, probing=True)
             except StateUnavailableError:
@@ -264,10 +248,12 @@ class StateDatabase:
 
     # -- calls --------------------------------------------------------------------------------
 
-    async def call(self, sql: str, params: tuple = (), timeout_s: float | None = None) -> list[tuple]:
-        """One statement: its rows. StateUnavailableError when the database is away or has not answered
-        within `timeout_s` (default: this database's deadline)."""
-        return await self.run(_statement(sql, params), timeout_s)
+    async def call(
+        self, sql: str, params: tuple | Mapping[str, Any] = (), timeout_s: float | None = None, *, by_name: bool = False
+    ) -> list:
+        """One statement: its rows, as tuples or, `by_name`, as {column: value}. StateUnavailableError when the
+        database is away or has not answered within `timeout_s` (default: this database's deadline)."""
+        return await self.run(_statement(sql, params, by_name), timeout_s)
 
     async def run(self, fn: Callable[[Any], Awaitable[T]], timeout_s: float | None = None) -> T:
         """`fn(conn)` on a pooled connection, under the same deadline (open `conn.transaction()` inside it for
@@ -363,9 +349,15 @@ class StateDatabase:
         }
 
 
-def _statement(sql: str, params: tuple) -> Callable[[Any], Awaitable[list[tuple]]]:
-    async def run(conn) -> list[tuple]:
-        cursor = await conn.execute(sql, params)
+def _statement(sql: str, params, by_name: bool = False) -> Callable[[Any], Awaitable[list]]:
+    async def run(conn) -> list:
+        if by_name:
+            from psycopg.rows import dict_row
+
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(sql, params)
+        else:
+            cursor = await conn.execute(sql, params)
         return await cursor.fetchall() if cursor.description else []
 
     return run

@@ -17,6 +17,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from sdk.state.tables.budgets import RESERVATIONS, SETTLED
+from sdk.state.tables.limits import AUTH_FAILURES, IN_FLIGHT, IN_FLIGHT_REQUESTS, RATE_BUCKETS
+from sdk.state.tables.replicas import REPLICAS
+
 FENCE_SHARE = 0.75  # the part of the lease after the last renewal at which this replica fences itself
 SETTLED_KEEP = "1 day"  # how long a landed settle batch's id is kept to recognise a retry of it (schema v5)
 
@@ -51,19 +55,26 @@ class Lease:
         return None if self._renewed_at is None else self.clock() - self._renewed_at
 
 
+# What a replica holds, in the tables whose `replica` column names it: it counts only while that replica's
+# lease runs, goes with its row when it closes (RELEASE), and any heartbeat deletes it once the lease is out.
+HELD_BY_REPLICA = (RESERVATIONS, IN_FLIGHT, IN_FLIGHT_REQUESTS)
+
 # Push this replica's lease forward; delete what replicas whose lease ran out still hold, and what has aged out.
-EXPIRED = "SELECT id FROM tandem_replicas WHERE expires_at <= now()"
+EXPIRED = f"SELECT id FROM {REPLICAS.postgres} WHERE expires_at <= now()"
 RENEW = (
-    "INSERT INTO tandem_replicas (id, expires_at) VALUES (%s, now() + make_interval(secs => %s)) "
+    f"INSERT INTO {REPLICAS.postgres} (id, expires_at) VALUES (%s, now() + make_interval(secs => %s)) "
     "ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at"
 )
 SWEEP = (
-    f"DELETE FROM tandem_reservations WHERE replica IN ({EXPIRED})",
-    f"DELETE FROM tandem_in_flight WHERE replica IN ({EXPIRED})",
-    f"DELETE FROM tandem_in_flight_requests WHERE replica IN ({EXPIRED})",
-    "DELETE FROM tandem_replicas WHERE expires_at <= now()",
+    *(f"DELETE FROM {table.postgres} WHERE replica IN ({EXPIRED})" for table in HELD_BY_REPLICA),
+    f"DELETE FROM {REPLICAS.postgres} WHERE expires_at <= now()",
     # Buckets that have refilled and failures forgotten: a fresh row would be the same.
-    "DELETE FROM tandem_rate_buckets WHERE full_at < extract(epoch FROM now())",
-    "DELETE FROM tandem_auth_failures WHERE forget_at < extract(epoch FROM now())",
-    f"DELETE FROM tandem_settled WHERE landed_at < now() - interval '{SETTLED_KEEP}'",
+    f"DELETE FROM {RATE_BUCKETS.postgres} WHERE full_at < extract(epoch FROM now())",
+    f"DELETE FROM {AUTH_FAILURES.postgres} WHERE forget_at < extract(epoch FROM now())",
+    f"DELETE FROM {SETTLED.postgres} WHERE landed_at < now() - interval '{SETTLED_KEEP}'",
+)
+# What a replica that closes gives up (its parameter: the replica's id); else its lease's end does it.
+RELEASE = (
+    *(f"DELETE FROM {table.postgres} WHERE replica = %s" for table in HELD_BY_REPLICA),
+    f"DELETE FROM {REPLICAS.postgres} WHERE id = %s",
 )

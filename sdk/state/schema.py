@@ -5,6 +5,11 @@ apply each once; a database migrated by a newer tandem (a version above the last
 rather than written in a shape this code does not know. Append migrations; never edit one that
 has shipped.
 
+Each table here is declared once in sdk.state.tables (its columns, types, keys and indexes, shared with the
+SQLite stores' twin where there is one), and tests/state/test_declared_tables.py checks what these migrations
+make against the declarations. A new migration is written from the changed declaration (`Table.ddl(POSTGRES)`
+makes a new table; ALTERs follow it), so the check still holds after it.
+
 Leases: every replica has a row in tandem_replicas whose `expires_at` its heartbeat pushes forward.
 What a replica holds (budget reservations, requests in flight) counts only while its lease runs,
 and the heartbeat of any replica deletes what expired replicas still hold, so a replica that died

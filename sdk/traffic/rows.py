@@ -17,6 +17,7 @@ import numpy as np
 
 from router.prompt_router.prompt_shape import NUM_SHAPE_FEATURES, SHAPE_VERSION
 from router.prompt_router.training import LabelledRows
+from sdk.state.declaration import named_rows
 from sdk.traffic.store import from_blob
 from sdk.traffic.stores import connect
 
@@ -38,23 +39,22 @@ def load_traffic_rows(path: str | os.PathLike, embedder: str | None) -> TrafficR
     conn = connect(path, create=False)
     try:
         labels: dict[str, list[tuple]] = {}
-        for response_id, weak, strong, created_at in conn.execute(
-            "SELECT response_id, weak, strong, created_at FROM labels"
-        ):
-            labels.setdefault(response_id, []).append((weak, strong, created_at))
+        for label in named_rows(conn.execute("SELECT response_id, weak, strong, created_at FROM labels")):
+            labels.setdefault(label["response_id"], []).append((label["weak"], label["strong"], label["created_at"]))
         shapes, vectors, tiers, ids, times = [], [], [], [], []
         skipped = 0
         query = "SELECT id, shape, shape_version, embedding, embedder FROM requests ORDER BY created_at"
-        for response_id, shape, shape_version, embedding, made_by in conn.execute(query):
-            if shape is None or shape_version != SHAPE_VERSION:
+        for row in named_rows(conn.execute(query)):
+            if row["shape"] is None or row["shape_version"] != SHAPE_VERSION:
                 skipped += 1
                 continue
-            shapes.append(from_blob(shape))
-            vectors.append(from_blob(embedding) if embedding is not None and made_by == embedder else None)
-            said = labels.get(response_id, [])
+            shapes.append(from_blob(row["shape"]))
+            embedding = row["embedding"]
+            vectors.append(from_blob(embedding) if embedding is not None and row["embedder"] == embedder else None)
+            said = labels.get(row["id"], [])
             tiers.append([_mean([s[0] for s in said]), _mean([s[1] for s in said])])
             times.append(max((s[2] for s in said), default=np.nan))
-            ids.append(response_id)
+            ids.append(row["id"])
     finally:
         conn.close()
     width = next((len(v) for v in vectors if v is not None), 384)

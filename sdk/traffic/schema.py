@@ -5,6 +5,10 @@ One row per routed request (`requests`), the labels that arrive for it later (`l
 per response and source, so repeated feedback replaces itself), per-day counters of what is
 deliberately not stored (`counters`: privacy-flagged requests, dropped rows), and `meta`.
 Vectors are little-endian float32 BLOBs; text columns stay NULL unless `record_text` is on.
+
+The tables are declared once in sdk.state.tables.traffic, beside their PostgreSQL twins in the state
+database; these migrations have shipped and stay as written, and tests/state/test_declared_tables.py
+checks the file they make against the declarations. A new step is written from the changed declaration.
 """
 
 from __future__ import annotations

@@ -19,8 +19,10 @@ import logging
 import os
 from pathlib import Path
 
-from sdk.state.database import CONNECT_TIMEOUT_S
+from sdk.state.connection import connect
+from sdk.state.declaration import named_row
 from sdk.state.redaction import redacted
+from sdk.state.tables.traffic import ROUTERS
 
 logger = logging.getLogger("tandem.traffic")
 
@@ -37,9 +39,7 @@ class SharedRouters:
         self._lock_conn = None  # holds the retrain lock while this replica leads
 
     def _connect(self):
-        import psycopg
-
-        return psycopg.connect(self.url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S))
+        return connect(self.url)  # the state database's options (sdk.state.connection)
 
     def leads(self) -> bool:
         """Whether this replica runs the retrains (holds the lock, taking it if it is free)."""
@@ -62,7 +62,7 @@ class SharedRouters:
         onnx = Path(path).read_bytes()
         with self._connect() as conn:
             (router_id,) = conn.execute(
-                "INSERT INTO tandem_traffic.routers (name, replica, detail, onnx) VALUES (%s, %s, %s, %s) RETURNING id",
+                f"INSERT INTO {ROUTERS.postgres} (name, replica, detail, onnx) VALUES (%s, %s, %s, %s) RETURNING id",
                 (os.path.basename(path), self.replica, detail, onnx),
             ).fetchone()
         self.last_seen = max(self.last_seen, router_id)
@@ -71,11 +71,13 @@ class SharedRouters:
     def newest_unseen(self) -> tuple[int, str, bytes] | None:
         """(id, file name, ONNX bytes) of the newest stored router this replica has not seen, else None."""
         with self._connect() as conn:
-            row = conn.execute(
-                "SELECT id, name, onnx FROM tandem_traffic.routers WHERE id > %s ORDER BY id DESC LIMIT 1",
-                (self.last_seen,),
-            ).fetchone()
-        return None if row is None else (int(row[0]), str(row[1]), bytes(row[2]))
+            row = named_row(
+                conn.execute(
+                    f"SELECT id, name, onnx FROM {ROUTERS.postgres} WHERE id > %s ORDER BY id DESC LIMIT 1",
+                    (self.last_seen,),
+                )
+            )
+        return None if row is None else (int(row["id"]), str(row["name"]), bytes(row["onnx"]))
 
     def save(self, name: str, onnx: bytes, router_dir: str) -> str:
         """Write a stored router under `router_dir` (aside, then renamed: a reader sees it whole); its path."""

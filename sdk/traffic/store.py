@@ -2,10 +2,12 @@
 traffic`, and by training (`tandem router train --from-traffic`).
 
 A record is a SQLite file (`connect` here), or the state database the replicas share
-(sdk.traffic.postgres_store's connection, which runs these statements as written). One statement
-serves both where their SQL agrees (the upserts are the form both accept); the three places they
-differ ask which one they hold: taking the write lock, measuring the record's size, and giving
-freed space back.
+(sdk.traffic.postgres_store's connection, which runs these statements as written): either is a
+`RecordConnection`. Its tables are declared once (sdk.state.tables.traffic) and these statements name
+them as a file does (the state database's connection searches its `tandem_traffic` schema first). One
+statement serves both where their SQL agrees (the upserts are the form both accept); the three places
+they differ ask which one they hold: taking the write lock, measuring the record's size, and giving
+freed space back. Rows are read by column name (sdk.state.declaration.named_row).
 
 The file is created 0600 in a directory created 0700: it holds features derived from users'
 prompts. WAL journal, so readers (feedback lookups, training, the CLI) never block the writer.
@@ -20,13 +22,28 @@ import os
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from sdk.serving.api_keys import LOGGED_DIGITS
+from sdk.state.declaration import named_row
+from sdk.state.tables.traffic import REQUESTS
 from sdk.traffic.schema import migrate
 
 SIZE_SLACK = 0.9  # over the size bound, the oldest rows go until the file is below this share of it
+
+
+@runtime_checkable
+class RecordConnection(Protocol):
+    """What these operations need of a record's connection: sqlite3.Connection (a file's) and
+    sdk.traffic.postgres_store.TrafficConnection (the state database's) both are one. Statements take
+    sqlite3's `?` placeholders; the cursor answered is iterable, with fetchone, fetchall, rowcount and
+    description (sqlite3's or psycopg's)."""
+
+    def execute(self, sql: str, params: Any = ..., /) -> Any: ...
+
+    def close(self) -> None: ...
 
 
 def connect(path: str | os.PathLike, *, create: bool = True) -> sqlite3.Connection:
@@ -52,13 +69,13 @@ def connect(path: str | os.PathLike, *, create: bool = True) -> sqlite3.Connecti
     return conn
 
 
-def is_file(conn) -> bool:
+def is_file(conn: RecordConnection) -> bool:
     """Whether `conn` is a SQLite file's (else the state database's, sdk.traffic.postgres_store)."""
     return isinstance(conn, sqlite3.Connection)
 
 
 @contextlib.contextmanager
-def transaction(conn):
+def transaction(conn: RecordConnection):
     """One write transaction, committed when the block ends, rolled back if it raises (SQLite: BEGIN
     IMMEDIATE, the writer takes the file's lock up front)."""
     if not is_file(conn):
@@ -82,38 +99,10 @@ def from_blob(blob: bytes | None) -> np.ndarray | None:
     return None if blob is None else np.frombuffer(blob, dtype="<f4")
 
 
-REQUEST_COLUMNS = (
-    "id",
-    "created_at",
-    "key_fingerprint",
-    "model",
-    "tier",
-    "escalated",
-    "reason",
-    "decided_by",
-    "degraded_reason",
-    "confidence",
-    "decided_at_token",
-    "finish_reason",
-    "router_score",
-    "router",
-    "latency_ms",
-    "local_prompt_tokens",
-    "local_completion_tokens",
-    "cloud_prompt_tokens",
-    "cloud_completion_tokens",
-    "cost_usd",
-    "signals",
-    "shape",
-    "shape_version",
-    "embedding",
-    "embedder",
-    "prompt_text",
-    "answer_text",
-)
+REQUEST_COLUMNS = REQUESTS.column_names  # what a request's row may hold (sdk.state.tables.traffic)
 
 
-def insert_request(conn, row: dict) -> None:
+def insert_request(conn: RecordConnection, row: dict) -> None:
     """One request's row (a repeated id replaces its columns; its labels stay)."""
     unknown = set(row) - set(REQUEST_COLUMNS)
     if unknown:
@@ -129,7 +118,7 @@ def insert_request(conn, row: dict) -> None:
 
 
 def upsert_label(
-    conn,
+    conn: RecordConnection,
     response_id: str,
     source: str,
     weak: float | None,
@@ -152,7 +141,7 @@ def today() -> str:
     return datetime.datetime.now(datetime.timezone.utc).date().isoformat()
 
 
-def bump_counter(conn, name: str, amount: int = 1, day: str | None = None) -> None:
+def bump_counter(conn: RecordConnection, name: str, amount: int = 1, day: str | None = None) -> None:
     conn.execute(
         "INSERT INTO counters (day, name, value) VALUES (?, ?, ?) "
         "ON CONFLICT (day, name) DO UPDATE SET value = counters.value + excluded.value",
@@ -160,18 +149,18 @@ def bump_counter(conn, name: str, amount: int = 1, day: str | None = None) -> No
     )
 
 
-def counter_today(conn, name: str) -> int:
-    row = conn.execute("SELECT value FROM counters WHERE day = ? AND name = ?", (today(), name)).fetchone()
-    return int(row[0]) if row else 0
+def counter_today(conn: RecordConnection, name: str) -> int:
+    row = named_row(conn.execute("SELECT value FROM counters WHERE day = ? AND name = ?", (today(), name)))
+    return int(row["value"]) if row else 0
 
 
-def owner_of(conn, response_id: str) -> tuple[bool, str | None, str | None]:
+def owner_of(conn: RecordConnection, response_id: str) -> tuple[bool, str | None, str | None]:
     """(recorded, key fingerprint, tier that answered) of a response."""
-    row = conn.execute("SELECT key_fingerprint, tier FROM requests WHERE id = ?", (response_id,)).fetchone()
-    return (False, None, None) if row is None else (True, row[0], row[1])
+    row = named_row(conn.execute("SELECT key_fingerprint, tier FROM requests WHERE id = ?", (response_id,)))
+    return (False, None, None) if row is None else (True, row["key_fingerprint"], row["tier"])
 
 
-def delete_older_than(conn, cutoff: float) -> int:
+def delete_older_than(conn: RecordConnection, cutoff: float) -> int:
     """Rows created before `cutoff` (unix seconds) and their labels; counters of days before it."""
     deleted = conn.execute("DELETE FROM requests WHERE created_at < ?", (cutoff,)).rowcount
     cutoff_day = datetime.datetime.fromtimestamp(cutoff, datetime.timezone.utc).date().isoformat()
@@ -179,7 +168,7 @@ def delete_older_than(conn, cutoff: float) -> int:
     return deleted
 
 
-def record_bytes(conn) -> int:
+def record_bytes(conn: RecordConnection) -> int:
     """What the record takes: a file's pages in use times the page size (free pages not counted), or
     what the state database's rows take (TrafficConnection.record_bytes)."""
     if not is_file(conn):
@@ -188,7 +177,7 @@ def record_bytes(conn) -> int:
     return pages * conn.execute("PRAGMA page_size").fetchone()[0]
 
 
-def enforce_size(conn, max_bytes: int) -> int:
+def enforce_size(conn: RecordConnection, max_bytes: int) -> int:
     """Over `max_bytes`: delete the oldest rows (a tenth at a time) until under SIZE_SLACK of it,
     then hand the freed pages back to the file system. Returns the rows deleted."""
     deleted = 0
@@ -206,7 +195,7 @@ def enforce_size(conn, max_bytes: int) -> int:
 
 
 def purge(
-    conn,
+    conn: RecordConnection,
     *,
     older_than_s: float | None = None,
     key_fingerprint: str | None = None,
@@ -237,13 +226,13 @@ def purge(
     return deleted
 
 
-def _give_space_back(conn) -> None:
+def _give_space_back(conn: RecordConnection) -> None:
     """A file hands its freed pages to the file system; PostgreSQL reuses a table's space on its own."""
     if is_file(conn):
         conn.execute("PRAGMA incremental_vacuum")
 
 
-def stats(conn) -> dict:
+def stats(conn: RecordConnection) -> dict:
     """What the record holds, for `tandem traffic stats`."""
     one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
     by_tier = dict(conn.execute("SELECT tier, count(*) FROM requests GROUP BY tier").fetchall())

@@ -9,13 +9,14 @@ import os
 from urllib.parse import urlsplit
 
 from sdk.traffic import store
+from sdk.traffic.store import RecordConnection
 
 
 def is_database(target: str | os.PathLike) -> bool:
     return urlsplit(str(target)).scheme in ("postgresql", "postgres")
 
 
-def connect(target: str | os.PathLike, *, create: bool = True):
+def connect(target: str | os.PathLike, *, create: bool = True) -> RecordConnection:
     """A connection to the record at `target` (see the module docstring), its schema current."""
     if is_database(target):
         from sdk.traffic import postgres_store

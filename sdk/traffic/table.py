@@ -11,16 +11,11 @@ import os
 
 from router.eval_tables import RoutingExample
 from router.evaluation.inputs import LoadedTable
+from sdk.state.declaration import named_rows
+from sdk.state.tables.traffic import REQUESTS
 from sdk.traffic.stores import connect, described
 
-QUERY = """
-SELECT r.id, avg(l.weak), avg(l.strong), r.router_score, r.confidence, r.local_prompt_tokens, r.local_completion_tokens,
-       r.cloud_prompt_tokens, r.cloud_completion_tokens
-FROM requests r JOIN labels l ON l.response_id = r.id
-GROUP BY r.id HAVING count(l.weak) > 0 AND count(l.strong) > 0
-ORDER BY r.created_at
-"""
-COLUMNS = (
+COLUMNS = (  # a request's columns a routing example carries
     "router_score",
     "confidence",
     "local_prompt_tokens",
@@ -28,23 +23,29 @@ COLUMNS = (
     "cloud_prompt_tokens",
     "cloud_completion_tokens",
 )
+QUERY = f"""
+SELECT r.id, avg(l.weak) AS weak, avg(l.strong) AS strong, {REQUESTS.select_list(COLUMNS, prefix="r.")}
+FROM requests r JOIN labels l ON l.response_id = r.id
+GROUP BY r.id HAVING count(l.weak) > 0 AND count(l.strong) > 0
+ORDER BY r.created_at
+"""
 
 
 def traffic_table(path: str | os.PathLike) -> LoadedTable:
     conn = connect(path, create=False)
     try:
-        rows = conn.execute(QUERY).fetchall()
+        rows = list(named_rows(conn.execute(QUERY)))
     finally:
         conn.close()
     examples = [
         RoutingExample(
-            response_id,
-            weak >= 0.5,
-            strong >= 0.5,
+            row["id"],
+            row["weak"] >= 0.5,
+            row["strong"] >= 0.5,
             "traffic",
-            {name: value for name, value in zip(COLUMNS, rest) if value is not None},
+            {name: row[name] for name in COLUMNS if row[name] is not None},
         )
-        for response_id, weak, strong, *rest in rows
+        for row in rows
     ]
     if not examples:
         raise ValueError(

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from sdk.budgets.ledger import SpendLedger
+from sdk.budgets.ledger import Ledger, SpendLedger
 
 
 @pytest.fixture(params=["local", "postgres"])
 def open_ledger(request, tmp_path):
-    """A function (clock=time.time) -> a spend ledger; the SQLite ones are closed after the test."""
+    """A function (clock=time.time) -> a spend ledger (each answers the Ledger protocol the budget manager is typed
+    by); the SQLite ones are closed after the test."""
     if request.param == "local":
         opened = []
 
         def local(clock=None):
             opened.append(SpendLedger(tmp_path / "spend.sqlite3", **({"clock": clock} if clock else {})).start())
+            assert isinstance(opened[-1], Ledger)
             return opened[-1]
 
         yield local
@@ -25,7 +27,13 @@ def open_ledger(request, tmp_path):
     from sdk.budgets.postgres_ledger import PostgresSpendLedger
 
     db = request.getfixturevalue("state_db")
-    yield lambda clock=None: PostgresSpendLedger(db, **({"clock": clock} if clock else {}))
+
+    def postgres(clock=None):
+        ledger = PostgresSpendLedger(db, **({"clock": clock} if clock else {}))
+        assert isinstance(ledger, Ledger)
+        return ledger
+
+    yield postgres
 
 
 async def kept_spend(ledger, scope: str) -> float:

@@ -21,31 +21,39 @@ class FakeClock:
 
 
 class Books:
-    """The limiters of one kind of book: "local" (this process) or "postgres" (the state database)."""
+    """The limiters of one kind of book: "local" (this process) or "postgres" (the state database); each
+    answers the protocol the access gate asks it by (RateLimit, FailedKeyBackoff, InFlightLimit)."""
 
     def __init__(self, db=None):
         self.db = db
 
     def rate(self, per_minute, burst=None, clock=None):
         if self.db is None:
-            return RequestRateLimiter(per_minute=per_minute, burst=burst, clock=clock)
+            return _checked(
+                RequestRateLimiter(per_minute=per_minute, burst=burst, clock=clock), client_limits.RateLimit
+            )
         from sdk.serving.shared_limits import SharedRateLimiter
 
-        return SharedRateLimiter(self.db, per_minute, burst, clock)
+        return _checked(SharedRateLimiter(self.db, per_minute, burst, clock), client_limits.RateLimit)
 
     def backoff(self, **settings):
         if self.db is None:
-            return client_limits.AuthFailureBackoff(**settings)
+            return _checked(client_limits.AuthFailureBackoff(**settings), client_limits.FailedKeyBackoff)
         from sdk.serving.shared_limits import SharedAuthFailureBackoff
 
-        return SharedAuthFailureBackoff(self.db, **settings)
+        return _checked(SharedAuthFailureBackoff(self.db, **settings), client_limits.FailedKeyBackoff)
 
     def in_flight(self, max_in_flight):
         if self.db is None:
-            return InFlightLimiter(max_in_flight)
+            return _checked(InFlightLimiter(max_in_flight), client_limits.InFlightLimit)
         from sdk.serving.shared_limits import SharedInFlightLimiter
 
-        return SharedInFlightLimiter(self.db, max_in_flight)
+        return _checked(SharedInFlightLimiter(self.db, max_in_flight), client_limits.InFlightLimit)
+
+
+def _checked(limiter, protocol):
+    assert isinstance(limiter, protocol), f"{type(limiter).__name__} does not answer {protocol.__name__}"
+    return limiter
 
 
 @pytest.fixture(params=["local", "postgres"])

@@ -17,7 +17,7 @@ from sdk.openai_server.stored_responses import answer_message
 from sdk.protocol.openai_schema import ChatCompletionRequest
 from sdk.protocol.openai_schema.response_objects import FunctionCallItem, ResponseObject
 from sdk.protocol.openai_schema.responses_api import ResponseCreateRequest
-from sdk.response_store import StoredResponse, StoreSettings
+from sdk.response_store import ResponseStore, StoredResponse, StoreSettings
 from sdk.response_store.sqlite_store import SQLiteResponseStore
 from sdk.response_store.stored import MaintenanceClock
 from tests.sdk.test_openai_server import FakeEngine
@@ -45,8 +45,10 @@ def client_for(app, key: str = "unused") -> openai.AsyncOpenAI:
 
 
 @pytest.fixture
-def store(tmp_path):
-    return SQLiteResponseStore(tmp_path / "responses.sqlite3")
+def store(response_store):
+    """Each kind of store (tests/sdk/conftest.py): every test here runs on SQLite and on the state database."""
+    assert isinstance(response_store, ResponseStore)  # the protocol the server is written against
+    return response_store
 
 
 async def test_previous_response_id_continues_and_get_delete_reach_it(store):
@@ -178,21 +180,22 @@ async def check_bounds(store) -> None:
     assert await store.get("resp_29", "k1") is not None and await store.get("resp_0", "k1") is None
 
 
-async def test_the_sqlite_store_keeps_its_bounds(tmp_path):
-    store = SQLiteResponseStore(
-        tmp_path / "r.sqlite3", StoreSettings(retention_days=2, max_mb=0.5), MaintenanceClock(every_s=0)
-    )
+async def test_each_store_keeps_its_bounds(open_response_store):
+    store = open_response_store(StoreSettings(retention_days=2, max_mb=0.5), MaintenanceClock(every_s=0))
     await check_bounds(store)
-    await store.close()
-    assert (tmp_path / "r.sqlite3").stat().st_mode & 0o077 == 0  # conversations: readable by the owner only
+    if isinstance(store, SQLiteResponseStore):
+        assert store.path.stat().st_mode & 0o077 == 0  # conversations: readable by the owner only
 
 
-async def test_the_shared_store_keeps_its_bounds(state_db):
-    from sdk.response_store.postgres_store import PostgresResponseStore
-
-    await check_bounds(
-        PostgresResponseStore(state_db, StoreSettings(retention_days=2, max_mb=0.5), MaintenanceClock(every_s=0))
+async def test_a_response_comes_back_as_it_was_stored(store):
+    """Every field through each store's row mapping (by column name): text beyond ASCII, nested JSON, no key."""
+    now = time.time()
+    original = StoredResponse(
+        "resp_é", None, now, [{"role": "user", "content": "naïve ✓"}], {"id": "resp_é", "output": [{"n": [1, 2.5]}]}
     )
+    assert await store.put(original)
+    assert await store.get("resp_é", None) == original
+    assert await store.stored_bytes(None, every_key=False) == original.to_row()["bytes"]
 
 
 async def test_replicas_continue_each_others_conversations(state_db):

@@ -33,8 +33,9 @@ async def streamed_response(client, **body):
 
 
 @pytest.fixture
-def store(tmp_path):
-    return SQLiteResponseStore(tmp_path / "responses.sqlite3")
+def store(response_store):
+    """Each kind of store (tests/sdk/conftest.py): SQLite and the state database."""
+    return response_store
 
 
 # ------------------------------------------------------------------------------------- one privacy verdict
@@ -127,10 +128,10 @@ async def test_metadata_at_openai_bounds_is_stored_and_echoed(store):
     assert await store.stored_bytes() < 64 * 1024  # the largest metadata OpenAI takes: about 10 KB
 
 
-async def test_one_stored_response_is_bounded(tmp_path):
+async def test_one_stored_response_is_bounded(open_response_store):
     """Over responses_max_row_mb before the answer: a 400 naming `store` before anything runs (store: false
     is answered). An answer that takes the row over it: answered, whole or streamed, with store: false."""
-    store = SQLiteResponseStore(tmp_path / "r.sqlite3", StoreSettings(max_row_mb=16 * 1024 / MB))
+    store = open_response_store(StoreSettings(max_row_mb=16 * 1024 / MB))
     engine = FakeEngine(words=["w" * 5000] * 4)  # a 20 KB answer
     client = client_for(make_app(engine, response_store=store))
     with pytest.raises(openai.BadRequestError) as refused:
@@ -187,10 +188,10 @@ async def check_shares(store) -> None:
     assert await store.stored_bytes() <= store.settings.max_bytes
 
 
-async def test_a_keys_puts_never_delete_another_keys_response(tmp_path):
+async def test_a_keys_puts_never_delete_another_keys_response(open_response_store):
     """The issue's case: one key storing far past the bound. Each put keeps the store within it (not a
     minute or 200 puts later), and what goes is that key's oldest, never the other key's response."""
-    store = SQLiteResponseStore(tmp_path / "r.sqlite3", StoreSettings(retention_days=2, max_mb=0.5))
+    store = open_response_store(StoreSettings(retention_days=2, max_mb=0.5))
     now = time.time()
     await store.put(stored("resp_theirs", "b", now))
     for i in range(30):  # 900 KB from key a
@@ -205,19 +206,10 @@ def shares() -> StoreSettings:
     return StoreSettings(retention_days=2, max_mb=0.5, max_mb_per_key=0.2, max_row_mb=0.06)
 
 
-async def test_the_sqlite_store_gives_each_key_its_share(tmp_path):
-    store = SQLiteResponseStore(tmp_path / "r.sqlite3", shares())
-    await check_shares(store)
-    await store.close()
-    reopened = SQLiteResponseStore(tmp_path / "r.sqlite3", shares())  # the counts survive a restart
+async def test_each_store_gives_each_key_its_share(open_response_store):
+    await check_shares(open_response_store(shares()))
+    reopened = open_response_store(shares())  # the counts survive a restart (a file opened again)
     assert await reopened.stored_bytes() <= shares().max_bytes and await reopened.get("resp_b0", "b") is not None
-    await reopened.close()
-
-
-async def test_the_shared_store_gives_each_key_its_share(state_db):
-    from sdk.response_store.postgres_store import PostgresResponseStore
-
-    await check_shares(PostgresResponseStore(state_db, shares()))
 
 
 async def test_a_file_of_an_earlier_version_is_counted_when_opened(tmp_path):

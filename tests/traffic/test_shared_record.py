@@ -1,7 +1,8 @@
 """The traffic record in the state database (`state_db`, sdk.traffic.postgres_store): replicas
 write one record, feedback finds a response another replica answered, training and calibration
 read it as they read a file, `tandem traffic` works on it, a broken connection is reopened, and
-the shadow budget counts what every replica spent. A real PostgreSQL (tests/conftest.py)."""
+the shadow budget counts what every replica spent. A real PostgreSQL (tests/conftest.py). The record's
+operations themselves run on both backends in tests/traffic/test_record_backends.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 
 from sdk.cli.app import app
 from sdk.state.database import StateDatabase
-from sdk.traffic import postgres_store, store
+from sdk.traffic import postgres_store
 from sdk.traffic.config import TrafficSettings
 from sdk.traffic.learning import start_learning
 from sdk.traffic.record import FeedbackError
@@ -101,22 +102,6 @@ def test_training_calibration_and_the_cli_read_the_shared_record(record_url):
     purged = runner.invoke(app, ["traffic", "purge", "--path", record_url, "--key-fingerprint", "fp-a"])
     assert purged.exit_code == 0 and "deleted 6 request rows" in purged.output
     assert query(record_url, "SELECT count(*) FROM labels") == [(0,)]  # the labels went with their rows
-
-
-def test_retention_and_the_size_bound_delete_the_oldest_rows(record_url):
-    conn = postgres_store.connect(record_url)
-    try:
-        for i in range(200):
-            row = {"id": f"r{i}", "created_at": 1000.0 + i, "model": "auto", "tier": "local", "escalated": 0}
-            store.insert_request(conn, {**row, "reason": "confident", "embedding": bytes(1536)})
-        assert store.delete_older_than(conn, 1050.0) == 50
-        size = store.record_bytes(conn)
-        deleted = store.enforce_size(conn, size // 2)
-        assert 75 <= deleted < 150 and store.record_bytes(conn) <= size // 2 * store.SIZE_SLACK
-        oldest = conn.execute("SELECT min(created_at) FROM requests").fetchone()[0]
-        assert oldest == 1050.0 + deleted  # the oldest went first
-    finally:
-        conn.close()
 
 
 def test_a_broken_connection_is_reopened_and_only_its_batch_is_lost(record_url):
