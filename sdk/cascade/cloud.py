@@ -8,7 +8,6 @@ an invalid argument is the caller's error and propagates as the InvalidRequestEr
 from __future__ import annotations
 
 import asyncio
-import functools
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 
 from router.circuit_breaker import BreakerState, CircuitBreaker
 from router.failure_kinds import FailureKind, classify_failure
+from sdk.cascade.device_drafts import DraftedAnswer
 from sdk.protocol.cloud_backend import (
     CloudBackend,
     CloudError,
@@ -156,7 +156,7 @@ async def stream_from_cloud(
     continuation_token_ids: Sequence[int],
     timeouts: CloudTimeouts,
     retry_backoff_s: float = RETRY_BACKOFF_S,
-    drafted=None,
+    drafted: DraftedAnswer | None = None,
 ) -> AsyncIterator[CloudTokenEvent]:
     """The cloud's tokens as they come; call only after refusal_reason() returned None.
 
@@ -166,22 +166,23 @@ async def stream_from_cloud(
     A call the cloud could not even take (UNAVAILABLE before its first token: a dropped
     connection, a server restarting) is retried once after `retry_backoff_s`: nothing has
     reached the client, so it is idempotent. Timeouts are not retried (the wait would
-    double), nor is anything after the first token. `drafted` (DeviceDrafter.stream with its rounds): the
-    answer comes through it, the device drafting for the cloud (sdk.cascade.device_drafts)."""
+    double), nor is anything after the first token. `drafted`: the answer comes through it, the device
+    drafting for the cloud (sdk.cascade.device_drafts)."""
     reported = False
     try:
         for attempt in range(2):
             started = False
             try:
-                open_stream = client.generate if drafted is None else functools.partial(drafted, client)
-                stream = open_stream(
-                    prompt,
-                    params,
+                call = dict(
                     model=model,
                     request_id=request_id,
                     continuation_token_ids=continuation_token_ids,
                     timeout_s=timeouts.deadline_s,
                 )
+                if drafted is None:
+                    stream = client.generate(prompt, params, **call)
+                else:  # the device drafting for the cloud's answer (sdk.cascade.device_drafts)
+                    stream = drafted.stream(client, prompt, params, **call)
                 async for event in _paced(stream, timeouts):
                     started = True
                     # The cloud's own count wins when it gives one (an HTTP cloud may send fewer chunks than

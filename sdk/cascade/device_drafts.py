@@ -48,7 +48,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from sdk.protocol.cloud_backend import CloudTokenEvent
+from sdk.protocol.cloud_backend import CloudBackend, CloudTokenEvent
 from sdk.protocol.drafts import DRAFTS_PER_SECOND, MAX_DRAFT_TOKENS, MAX_SUPPORT_TOKENS
 from sdk.protocol.engine import GenerationRequest, SamplingParams
 
@@ -96,8 +96,9 @@ def draft_refusal(params: SamplingParams) -> str | None:
 
 def drafter_params(params: SamplingParams, room: int) -> SamplingParams:
     """The drafting request's sampling: the answer's own distribution (temperature, top-p, min-p and its
-    grammar) with at most DRAFT_SUPPORT_TOKENS candidates, never stopping on its own (the cloud decides where
-    the answer ends), `room` tokens."""
+    grammar) with at most DRAFT_SUPPORT_TOKENS candidates, `room` tokens, never stopping on its own (the cloud
+    decides where the answer ends) unless a grammar ends it: a structured answer ends where its JSON does, on
+    both tiers alike (ignore_eos is refused beside a grammar)."""
     top_k = DRAFT_SUPPORT_TOKENS if not params.top_k else min(params.top_k, DRAFT_SUPPORT_TOKENS)
     return SamplingParams(
         max_tokens=room,
@@ -106,10 +107,23 @@ def drafter_params(params: SamplingParams, room: int) -> SamplingParams:
         top_k=top_k,
         min_p=params.min_p,
         seed=params.seed,
-        ignore_eos=True,
+        ignore_eos=params.structured is None,
         repetition_stop=False,
         structured=params.structured,
     )
+
+
+def not_paying(rounds: DraftRounds, local) -> str | None:
+    """Why drafting for an answer should stop before its next round, if it should: too few of its tokens
+    accepted, or local answers waiting for a slot of the device (`local`: the drafting engine)."""
+    if rounds.verified_tokens >= JUDGED_AFTER_TOKENS and rounds.accepted_tokens < MIN_ACCEPTANCE * (
+        rounds.verified_tokens
+    ):
+        return "low_acceptance"
+    stats = local.stats()
+    if stats.num_waiting > stats.num_waiting_drafts:  # local answers waiting for a slot: they come first
+        return "device_busy"
+    return None
 
 
 class DraftLength:
@@ -165,6 +179,18 @@ class _Shared:
     offered_at: int = 0  # the cloud's token count when the last draft was offered
 
 
+@dataclass
+class DraftedAnswer:
+    """One cloud answer to be drafted for by `drafter`, what it did kept in `rounds` (the `tandem` extension)."""
+
+    drafter: DeviceDrafter
+    rounds: DraftRounds
+
+    def stream(self, client: CloudBackend, prompt, params: SamplingParams, **call) -> AsyncIterator[CloudTokenEvent]:
+        """The cloud's tokens through `client.generate_with_drafts`, the device drafting (DeviceDrafter.stream)."""
+        return self.drafter.stream(client, prompt, params, rounds=self.rounds, **call)
+
+
 class DeviceDrafter:
     """Cloud answers drafted by the local engine `local` (an AsyncLocalEngine), `k` tokens a round."""
 
@@ -176,7 +202,7 @@ class DeviceDrafter:
 
     async def stream(
         self,
-        client,
+        client: CloudBackend,
         prompt: Sequence[dict] | Sequence[int],
         params: SamplingParams,
         *,
@@ -200,9 +226,13 @@ class DeviceDrafter:
         shared = _Shared()
         length = DraftLength(self.k)
         room = (self.local.max_model_len or 0) - len(prompt_ids) - len(continuation) - 1
-        drafting = asyncio.create_task(
-            self._draft(call, shared, length, prompt_ids + continuation, len(continuation), params, room, rounds)
+        request = GenerationRequest(
+            f"draft-{uuid.uuid4().hex[:12]}",
+            prompt_ids + continuation,
+            drafter_params(params, max(room, 1)),
+            num_continuation_tokens=len(continuation),
         )
+        drafting = asyncio.create_task(_Drafting(self.local, call, shared, length, rounds, request, room).run())
         try:
             async for event in call:
                 if event.num_draft_tokens > rounds.verified_tokens:  # a draft was verified in this step
@@ -225,106 +255,140 @@ class DeviceDrafter:
                 await drafting
             call.cancel()
 
-    async def _draft(
-        self, call, shared: _Shared, length: DraftLength, prompt_ids, num_continuation, params, room, rounds
-    ):
-        """Rounds of drafting until the answer ends (or drafting stops: `rounds.stopped` says why)."""
 
-        def stop(reason: str) -> None:
-            rounds.stopped = reason
-            call.close_drafts()
+class _Drafting:
+    """One answer's drafting request on the device, in rounds until the answer ends or drafting stops
+    (`rounds.stopped` says why): decode up to the hold, offering each token; held, wait for the cloud's
+    tokens; rewind to them when they leave the draft, or draft further while they agree."""
 
-        if room < 2:
-            return stop("no_room_on_the_device")
-        request = GenerationRequest(
-            f"draft-{uuid.uuid4().hex[:12]}",
-            prompt_ids,
-            drafter_params(params, room),
-            num_continuation_tokens=num_continuation,
-        )
-        device: list[int] = []  # the drafter's output, mirrored
-        supports: list = []  # per device token: the distribution it was drawn from (None: greedy)
-        offered = (0, 0)  # (start, length) of the last draft sent
-        pace = _OfferPace()
-        rounds.draft_length = length.next()
-        hold = min(HOLD_CHUNK, rounds.draft_length, room - 1)
-        events = self.local.generate(request, hold_at=hold)
+    def __init__(self, local, call, shared: _Shared, length: DraftLength, rounds, request, room):
+        self.local = local
+        self.call, self.shared, self.length, self.rounds = call, shared, length, rounds
+        self.request, self.room = request, room
+        self.device: list[int] = []  # the drafter's output, mirrored
+        self.supports: list = []  # per device token: the distribution it was drawn from (None: greedy)
+        self.offered = (0, 0)  # (start, length) of the last draft sent
+        self.pace = _OfferPace()
+        self.hold = 0  # the drafter's output length it is held at
+
+    def reach(self) -> int:
+        """How far the drafter may run this round: a draft's length past the cloud's tokens, within the room."""
+        return min(len(self.shared.tokens) + self.rounds.draft_length, self.room - 1)
+
+    def next_hold(self, after: int) -> int:
+        """The hold one chunk past `after`, within reach: the one rule every hold is set by."""
+        return min(after + HOLD_CHUNK, self.reach())
+
+    def stop(self, reason: str) -> None:
+        self.rounds.stopped = reason
+        self.call.close_drafts()
+
+    async def run(self) -> None:
+        if self.room < 2:
+            return self.stop("no_room_on_the_device")
+        self.rounds.draft_length = self.length.next()
+        self.hold = self.next_hold(0)
+        events = self.local.generate(self.request, hold_at=self.hold)
         try:
-            while not shared.finished:
-                # 1. The drafter decodes up to its hold; every token it adds past the cloud's goes out at once
-                # as the draft from there (the cloud verifies, at its next step, the latest draft it holds).
-                while len(device) < hold and not shared.finished:
-                    event = await anext(events, None)
-                    if event is None:
-                        return stop("the drafter ended")
-                    device.append(event.token_id)
-                    supports.append(event.draft_support)
-                    rounds.drafted_tokens += 1
-                    offered = self._offer(call, device, supports, shared, rounds, offered, pace)
-                    # Raise the hold before the drafter reaches it while the cloud agrees: a drafter that stops at
-                    # every chunk would step alone, splitting the device's batch (each step costs the same for one
-                    # row as for several).
-                    reach = min(len(shared.tokens) + rounds.draft_length, room - 1)
-                    if hold - len(device) <= 1 and hold < reach and _ahead_and_agreeing(device, shared.tokens):
-                        hold = min(hold + HOLD_CHUNK, reach)
-                        self.local.hold_further(request.request_id, hold)
-                # 2. Held: wait for the cloud's tokens to go past or away from the draft, or draft further.
-                while not shared.finished:
-                    cloud = shared.tokens
-                    agreed = _common_prefix(device, cloud)
-                    if agreed < len(cloud):  # 3. rewind to what the two agree on plus the cloud's own tokens
-                        reason = self._not_paying(rounds)
-                        if reason is not None:
-                            return stop(reason)
-                        rounds.draft_length = length.next()
-                        hold = min(len(cloud) + HOLD_CHUNK, len(cloud) + rounds.draft_length, room - 1)
-                        if hold <= len(cloud):  # at `room` the drafter would end instead of holding
-                            return stop("no_room_on_the_device")
-                        self.local.rewind(request.request_id, agreed, cloud[agreed:], hold)
-                        device = list(cloud)
-                        supports = supports[:agreed] + [None] * (len(cloud) - agreed)
-                        break
-                    reach = min(len(cloud) + rounds.draft_length, room - 1)  # how far past the cloud to draft
-                    if len(device) < reach:  # the cloud still agrees: draft the next chunk
-                        hold = min(len(device) + HOLD_CHUNK, reach)
-                        self.local.hold_further(request.request_id, hold)
-                        break
-                    offered = self._offer(call, device, supports, shared, rounds, offered, pace)
-                    shared.changed.clear()
-                    with contextlib.suppress(asyncio.TimeoutError):  # a held-back draft goes out then
-                        await asyncio.wait_for(shared.changed.wait(), pace.wait_s())
+            while not self.shared.finished:
+                if not await self.decode_to_the_hold(events):
+                    return await self.drafted_to_the_end()
+                reason = await self.wait_for_the_cloud()
+                if reason is not None:
+                    return self.stop(reason)
         except Exception as exc:  # the device failing to draft never fails the answer: the cloud goes on alone
-            logger.warning("drafting for %s stopped: %s", request.request_id, exc)
-            stop(f"the device failed: {type(exc).__name__}")
+            logger.warning("drafting for %s stopped: %s", self.request.request_id, exc)
+            self.stop(f"the device failed: {type(exc).__name__}")
         finally:
             await events.aclose()  # the drafting request ends: its slot and blocks go back
 
-    @staticmethod
-    def _offer(call, device, supports, shared: _Shared, rounds: DraftRounds, offered: tuple[int, int], pace):
-        """Send the device's tokens past the cloud's as a draft, when they agree with the cloud's so far, are not
-        the draft last sent and the pace allows; the (start, length) last sent."""
-        cloud = shared.tokens
-        start = len(cloud)
-        if len(device) == start or not _ahead_and_agreeing(device, cloud) or (start, len(device) - start) == offered:
-            return offered
-        if not pace.may_send():
-            return offered
-        draft, support = device[start:], supports[start:]
-        call.offer(start, draft, None if None in support else support)
-        shared.offered_at = start
-        rounds.offers += 1
-        return (start, len(draft))
+    async def decode_to_the_hold(self, events) -> bool:
+        """The drafter decodes up to its hold; every token it adds past the cloud's goes out at once as the draft
+        from there (the cloud verifies, at its next step, the latest draft it holds). False: the drafter ended."""
+        while len(self.device) < self.hold and not self.shared.finished:
+            event = await anext(events, None)
+            if event is None:
+                return False
+            self.device.append(event.token_id)
+            self.supports.append(event.draft_support)
+            self.rounds.drafted_tokens += 1
+            self.offer()
+            self.raise_the_hold_ahead()
+        return True
 
-    def _not_paying(self, rounds: DraftRounds) -> str | None:
-        """Why drafting should stop before the next round, if it should."""
-        if rounds.verified_tokens >= JUDGED_AFTER_TOKENS and rounds.accepted_tokens < MIN_ACCEPTANCE * (
-            rounds.verified_tokens
-        ):
-            return "low_acceptance"
-        stats = self.local.stats()
-        if stats.num_waiting > stats.num_waiting_drafts:  # local answers waiting for a slot: they come first
-            return "device_busy"
+    async def drafted_to_the_end(self) -> None:
+        """The drafter ended (its grammar completed the JSON, or its room ran out): nothing more to draft. Its
+        last tokens still go out as the cloud catches up; drafting stops only if the cloud goes another way."""
+        while not self.shared.finished:
+            if _common_prefix(self.device, self.shared.tokens) < len(self.shared.tokens):
+                return self.stop("the drafter ended")
+            await self.offer_and_wait()
+
+    def raise_the_hold_ahead(self) -> None:
+        """Raise the hold before the drafter reaches it while the cloud agrees: a drafter that stops at every
+        chunk would step alone, splitting the device's batch (each step costs the same for one row as for
+        several)."""
+        reaching = self.hold - len(self.device) <= 1 and self.hold < self.reach()
+        if reaching and _ahead_and_agreeing(self.device, self.shared.tokens):
+            self.hold = self.next_hold(self.hold)
+            self.local.hold_further(self.request.request_id, self.hold)
+
+    async def wait_for_the_cloud(self) -> str | None:
+        """Held: wait until the cloud's tokens leave the draft (rewind to them) or it still agrees with room to
+        draft further (raise the hold). Why drafting should stop, or None to go on."""
+        while not self.shared.finished:
+            agreed = _common_prefix(self.device, self.shared.tokens)
+            if agreed < len(self.shared.tokens):
+                return self.rewind_to_the_cloud(agreed)
+            if len(self.device) < self.reach():  # the cloud still agrees: draft the next chunk
+                self.hold = self.next_hold(len(self.device))
+                self.local.hold_further(self.request.request_id, self.hold)
+                return None
+            await self.offer_and_wait()
         return None
+
+    async def offer_and_wait(self) -> None:
+        """Offer the draft (one held back by the pace goes now if it may), then wait for the cloud's next tokens,
+        or until a held-back draft may go."""
+        self.offer()
+        self.shared.changed.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.shared.changed.wait(), self.pace.wait_s())
+
+    def rewind_to_the_cloud(self, agreed: int) -> str | None:
+        """The drafter rewound to what the two agree on plus the cloud's own tokens, held a new round's draft
+        past them; why drafting should stop instead, if it should."""
+        reason = not_paying(self.rounds, self.local)
+        if reason is not None:
+            return reason
+        cloud = self.shared.tokens
+        self.rounds.draft_length = self.length.next()
+        self.hold = self.next_hold(len(cloud))
+        if self.hold <= len(cloud):  # at `room` the drafter would end instead of holding
+            return "no_room_on_the_device"
+        self.local.rewind(self.request.request_id, agreed, cloud[agreed:], self.hold)
+        self.device = list(cloud)
+        self.supports = self.supports[:agreed] + [None] * (len(cloud) - agreed)
+        return None
+
+    def offer(self) -> None:
+        """Send the device's tokens past the cloud's as a draft, when they agree with the cloud's so far, are not
+        the draft last sent and the pace allows."""
+        cloud, device = self.shared.tokens, self.device
+        start = len(cloud)
+        if (
+            len(device) == start
+            or not _ahead_and_agreeing(device, cloud)
+            or (start, len(device) - start) == self.offered
+        ):
+            return
+        if not self.pace.may_send():
+            return
+        draft, support = device[start:], self.supports[start:]
+        self.call.offer(start, draft, None if None in support else support)
+        self.shared.offered_at = start
+        self.rounds.offers += 1
+        self.offered = (start, len(draft))
 
 
 def _ahead_and_agreeing(device: Sequence[int], cloud: Sequence[int]) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -42,7 +41,7 @@ from sdk.cascade.cloud import (
     refusal_reason,
     stream_from_cloud,
 )
-from sdk.cascade.device_drafts import DraftRounds, draft_refusal
+from sdk.cascade.device_drafts import DraftedAnswer, DraftRounds, draft_refusal
 from sdk.cascade.local import LocalRun
 from sdk.cascade.traffic import after_request
 from sdk.cascade.types import CascadeEvent, RoutingInfo
@@ -325,7 +324,7 @@ class CascadeRequest:
         if drafter is None:
             return None
         refused = draft_refusal(params)
-        if refused is None and not hasattr(self.runner.cloud, "generate_with_drafts"):
+        if refused is None and not self.runner.cloud.verifies_drafts:
             refused = "cloud_not_tandem"
         if refused is None and await self.runner.vocabulary_verdict() is not True:
             refused = "cloud_vocabulary_differs"
@@ -333,7 +332,7 @@ class CascadeRequest:
             self.draft_refused = refused
             return None
         self.draft_rounds = DraftRounds()
-        return functools.partial(drafter.stream, rounds=self.draft_rounds)
+        return DraftedAnswer(drafter, self.draft_rounds)
 
     async def _take_over(
         self, plan: HandoffPlan | None, cloud_text: str, num_cloud_tokens: int

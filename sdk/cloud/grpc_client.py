@@ -102,6 +102,8 @@ class CloudClient(CloudBackend):
     timeout_s: the default deadline of each call (of a whole Generate stream), None for none.
     """
 
+    verifies_drafts = True  # GenerateWithDrafts (a server whose engine verifies none refuses it: FAILED_PRECONDITION)
+
     def __init__(
         self,
         target: str,

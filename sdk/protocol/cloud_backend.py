@@ -106,6 +106,31 @@ class CloudTokenEvent(TokenEvent):
     num_draft_tokens / num_accepted_tokens) arrive on the last event only."""
 
 
+class DraftingCall(Protocol):
+    """One cloud answer streamed while the caller drafts its next tokens (CloudBackend.generate_with_drafts;
+    tandem.v1's GenerateWithDrafts): iterate it for the cloud's tokens, and offer drafts meanwhile."""
+
+    def __aiter__(self) -> AsyncIterator[CloudTokenEvent]: ...
+
+    def offer(
+        self,
+        start: int,
+        token_ids: Sequence[int],
+        support: Sequence[tuple[Sequence[int], Sequence[float]]] | None = None,
+    ) -> None:
+        """A draft of the tokens after the first `start` streamed ones (never waits); `support`: per token, the
+        (token ids, probabilities) it was drawn from (None: one-hot)."""
+        ...
+
+    def close_drafts(self) -> None:
+        """No more drafts: the cloud decodes the rest on its own."""
+        ...
+
+    def cancel(self) -> None:
+        """End the call (the cloud aborts the request)."""
+        ...
+
+
 class CloudBackend(Protocol):
     """What the cascade, the servers and the bridge need from a cloud tier.
 
@@ -120,6 +145,9 @@ class CloudBackend(Protocol):
     # Continues a constrained answer (a grammar or JSON schema) after the local tokens, the constraint
     # advanced past them; False: a constrained answer is not handed off mid-way (the local one stands).
     continues_constrained: bool = True
+    # Streams an answer while the caller drafts for it (generate_with_drafts: tandem.v1's GenerateWithDrafts, the
+    # device drafting for the cloud); False: the cascade streams the cloud's answer alone (`draft_refused`).
+    verifies_drafts: bool = False
 
     @property
     def spreads_over_replicas(self) -> bool:
@@ -141,6 +169,19 @@ class CloudBackend(Protocol):
         """Stream the answer's tokens; the last event carries finish_reason and the usage counts.
         Closing the iterator early aborts the request on the server; failures raise CloudError."""
         ...
+
+    def generate_with_drafts(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        model: str = "",
+        request_id: str = "",
+        continuation_token_ids: Sequence[int] = (),
+        timeout_s: float | None = None,
+    ) -> DraftingCall:
+        """As `generate`, the caller drafting (backends whose `verifies_drafts` is True); else InvalidRequestError."""
+        raise InvalidRequestError(f"{type(self).__name__} streams no answer with drafts (verifies_drafts is False)")
 
     async def list_models(self, timeout_s: float | None = None) -> list[CloudModel]: ...
 

@@ -15,6 +15,7 @@ import json
 import random
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _CHOICE = re.compile(r"(?:^|[^A-Za-z])\(?([A-D])\)?(?:[.):]|\s*$)")
@@ -41,7 +42,20 @@ def final_answer(text: str) -> str:
     return re.sub(r"[\W_]+", " ", last).strip().lower()
 
 
-class ExactMatchJudge:
+class Judge(Protocol):
+    """What the shadow sampler needs of a judge (sdk.traffic.shadow)."""
+
+    name: str
+
+    async def judge(self, prompt: str, local_answer: str, cloud_answer: str) -> Judgment | None:
+        """How right each answer was; None when it cannot tell."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the judge holds (a connection); nothing by default."""
+
+
+class ExactMatchJudge(Judge):
     name = "exact_match"
 
     async def judge(self, prompt: str, local_answer: str, cloud_answer: str) -> Judgment | None:
@@ -65,7 +79,7 @@ Answer B:
 {second}"""
 
 
-class OpenAIJudge:
+class OpenAIJudge(Judge):
     """Grades with an OpenAI-compatible chat endpoint (httpx, temperature 0)."""
 
     def __init__(

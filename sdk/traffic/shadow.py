@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from sdk.protocol.cloud_backend import CloudBackend
 from sdk.protocol.engine import SamplingParams
+from sdk.traffic.judges import Judge
 
 logger = logging.getLogger("tandem.traffic")
 
@@ -93,7 +94,7 @@ class ShadowSampler:
         fraction: float,
         budget: DailyBudget,
         record,
-        judge,
+        judge: Judge,
         cloud_now: Callable[[], CloudBackend | None],
         cloud_model: str = "",
         max_in_flight: int = 4,
@@ -102,7 +103,7 @@ class ShadowSampler:
         self.fraction = fraction
         self.budget = budget
         self.record = record  # sdk.traffic.record.TrafficRecord
-        self.judge = judge  # sdk.traffic.judges
+        self.judge = judge
         # The cloud tier if it may take a call now (there, ready, its breaker closed), asked at each answer: a
         # shadow call never goes where the cascade would not send an escalation.
         self.cloud_now = cloud_now
@@ -197,6 +198,4 @@ class ShadowSampler:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        close = getattr(self.judge, "close", None)
-        if close is not None:
-            await close()
+        await self.judge.close()

@@ -1,5 +1,5 @@
 """How many tokens the device drafts a round, and when drafting for the cloud stops paying
-(sdk.cascade.device_drafts: DraftLength, DeviceDrafter._not_paying)."""
+(sdk.cascade.device_drafts: DraftLength, not_paying)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from types import SimpleNamespace
 from sdk.cascade.device_drafts import (
     JUDGED_AFTER_TOKENS,
     MAX_DRAFT_TOKENS,
-    DeviceDrafter,
     DraftLength,
     DraftRounds,
+    drafter_params,
+    not_paying,
 )
+from sdk.protocol.sampling_params import SamplingParams, StructuredOutput
 
 
 def test_the_draft_grows_while_taken_whole_and_shrinks_when_cut():
@@ -45,12 +47,22 @@ class Local:
 
 
 def test_drafting_stops_when_too_little_is_accepted_or_local_requests_wait():
-    drafter = DeviceDrafter(Local(waiting=0))
+    idle = Local(waiting=0)
     few = DraftRounds(verified_tokens=JUDGED_AFTER_TOKENS, accepted_tokens=2)
-    assert drafter._not_paying(few) == "low_acceptance"
+    assert not_paying(few, idle) == "low_acceptance"
     early = DraftRounds(verified_tokens=JUDGED_AFTER_TOKENS - 1, accepted_tokens=0)  # too soon to judge
-    assert drafter._not_paying(early) is None
-    assert drafter._not_paying(DraftRounds(verified_tokens=40, accepted_tokens=30)) is None
-    assert DeviceDrafter(Local(waiting=1))._not_paying(DraftRounds()) == "device_busy"
+    assert not_paying(early, idle) is None
+    assert not_paying(DraftRounds(verified_tokens=40, accepted_tokens=30), idle) is None
+    assert not_paying(DraftRounds(), Local(waiting=1)) == "device_busy"
     # Other answers' drafting requests waiting for a slot are not local answers: they do not stop this one.
-    assert DeviceDrafter(Local(waiting=2, waiting_drafts=2))._not_paying(DraftRounds()) is None
+    assert not_paying(DraftRounds(), Local(waiting=2, waiting_drafts=2)) is None
+
+
+def test_a_structured_drafter_keeps_its_grammar_and_ends():
+    """A structured answer's drafter masks its tokens with the answer's grammar and ends where the JSON does
+    (a grammar refuses ignore_eos); every other drafter runs on until the cloud ends the answer."""
+    schema = '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}'
+    structured = SamplingParams(max_tokens=40, structured=StructuredOutput(kind="json_schema", schema=schema))
+    drafting = drafter_params(structured, room=100)
+    assert drafting.structured == structured.structured and not drafting.ignore_eos
+    assert drafter_params(SamplingParams(max_tokens=40), room=100).ignore_eos
