@@ -7,7 +7,9 @@ much as with tandem's; here the two tandems are measured against each other dire
 after alternating (ABBA...) so a machine that drifts over the run favours neither.
 
 Each run starts `python -m sdk.cli serve --cloud none` with its tree as the working directory (so its
-`sdk` is the one imported), the same threads and model, and stops it before the next starts.
+`sdk` is the one imported), the same threads and model, and stops it before the next starts; with
+`--checkouts-tier cloud`, `python -m sdk.cli cloud serve` instead (the cloud engine on the same GGUF,
+its default dtype, eager, CLOUD_MAX_NUM_SEQS sequences).
 Reported: each tree's output tok/s and TTFT p50 per repetition, and the after/before ratios of their
 medians with the spread over repetitions (the lowest and highest after/before pairing of one round).
 """
@@ -18,6 +20,7 @@ import argparse
 import os
 import statistics
 import subprocess
+import sys
 
 import bench.serve_servers as serve_servers
 from bench.machine import machine_info
@@ -27,6 +30,7 @@ from bench.serve_report import console
 from bench.serve_run import benchmark, build_samples, workload_description
 
 CONCURRENCY = 8
+CLOUD_MAX_NUM_SEQS = 32
 REPEATS, QUICK_REPEATS = 3, 2
 HEADLINE_KEYS = ("ratio_output_tps_after_vs_before", "ratio_ttft_p50_after_vs_before")
 
@@ -42,6 +46,24 @@ def _ratio_and_spread(after: list[float], before: list[float]) -> tuple[float, l
     """median(after) / median(before), and the lowest and highest per-round ratio."""
     per_round = [a / b for a, b in zip(after, before)]
     return statistics.median(after) / statistics.median(before), [min(per_round), max(per_round)]
+
+
+def _server(tier: str, model_path: str | None, threads: int) -> serve_servers.ManagedServer:
+    if tier == "local":
+        return serve_servers.tandem_server(model_path, threads)
+    port = serve_servers.free_port()
+    command = [sys.executable, "-m", "sdk.cli", "cloud", "serve", "--port", str(port)]
+    command += ["--grpc-port", str(serve_servers.free_port()), "--threads", str(threads)]
+    command += ["--max-num-seqs", str(CLOUD_MAX_NUM_SEQS), "--compile", "off", "--log-level", "warning"]
+    command += ["--model", model_path] if model_path else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    return serve_servers.ManagedServer("tandem-cloud", command, port, "/health", "tandem cloud serve", env=env)
+
+
+def _first_model(base_url: str) -> str:
+    from bench.served_models import fetch_model_cards, own_chat_model_id
+
+    return own_chat_model_id(fetch_model_cards(base_url))
 
 
 def run_compare_checkouts(args: argparse.Namespace) -> dict:
@@ -66,13 +88,14 @@ def run_compare_checkouts(args: argparse.Namespace) -> dict:
             order = list(trees) if rep % 2 == 0 else list(reversed(trees))
             for name in order:
                 serve_servers.REPO_ROOT = trees[name]  # tandem_server starts `python -m sdk.cli` there
-                server = serve_servers.tandem_server(args.model_path, threads)
+                server = _server(args.checkouts_tier, args.model_path, threads)
                 console.print(f"starting {name} ({trees[name]}) rep {rep + 1}/{repeats}")
                 server.start()
                 try:
+                    served = model_name if args.checkouts_tier == "local" else _first_model(server.base_url)
                     config = ClientConfig(
                         server.base_url,
-                        model_name,
+                        served,
                         args.endpoint,
                         None,
                         args.temperature,
@@ -97,6 +120,7 @@ def run_compare_checkouts(args: argparse.Namespace) -> dict:
     return {
         "benchmark": "serve_checkouts",
         "smoke": args.smoke,
+        "tier": args.checkouts_tier,
         "command": args.command_line,
         "machine": machine_info(),
         "trees": {name: {"path": tree, "commit": _commit(tree)} for name, tree in trees.items()},
