@@ -10,10 +10,16 @@ prepare + execute for every running sequence (one new token each, KV slots alrea
 what the engine's decode-only step costs minus scheduling and sampling, which compile leaves alone.
 HTTP benches see no step time (bench.serve's /metrics has none), hence in-process.
 
+Verification steps the same way: each running sequence carries a draft of `verify_draft_tokens`
+tokens and the step computes its last token and the draft (1 + k rows a sequence, every row
+sampled), as when the engine verifies its own n-gram proposals or a device's drafts.
+
 Keys: compiled_step_ratio_c{N} (compiled / eager, median of repetitions, with min and max),
 compiled_step_ms_c{N}, eager_step_ms_c{N}, engine_start_s (this run's start, compile included:
 cold or warm, as `compile_cache` says), and max_logit_diff_c{N} / argmax_agreement_c{N} between the
-two modes on the same step (bf16 rounds differently when elementwise work is fused).
+two modes on the same step (bf16 rounds differently when elementwise work is fused); for
+verification steps the same keys named verify_step_ratio_c{N}, verify_compiled_ms_c{N},
+verify_eager_ms_c{N}, verify_max_logit_diff_c{N}, verify_argmax_agreement_c{N}.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ import time
 from bench.machine import report_header, write_report
 
 BATCHES = (1, 4, 8, 16, 32)
-HEADLINE = ("compiled_step_ratio_c32", "compiled_step_ratio_c1", "engine_start_s")
+VERIFY_BATCHES = (1, 8, 32)
+VERIFY_DRAFT_TOKENS = 4  # the device drafter's first draft (sdk.cascade.device_drafts.DEFAULT_DRAFT_TOKENS)
+HEADLINE = ("compiled_step_ratio_c32", "compiled_step_ratio_c1", "verify_step_ratio_c32", "engine_start_s")
 
 
-def _start_decoding(engine, count: int, prompt_len: int) -> list[str]:
+def _start_decoding(engine, count: int, prompt_len: int, draft_tokens: int = 0) -> list[str]:
     from sdk.protocol.engine import GenerationRequest, SamplingParams
 
     ids = [f"c{count}-{i}" for i in range(count)]
@@ -38,22 +46,90 @@ def _start_decoding(engine, count: int, prompt_len: int) -> list[str]:
     while any(engine.scheduler.requests[rid].num_output_tokens == 0 for rid in ids):
         engine.step()
     for rid in ids:
-        if engine.kv_manager.allocate_slots(engine.scheduler.requests[rid], 1) is None:
+        if engine.kv_manager.allocate_slots(engine.scheduler.requests[rid], 1 + draft_tokens) is None:
             raise RuntimeError("no KV room for the decode batch")
     return ids
 
 
-def _time_steps(runner, engine, ids: list[str], steps: int) -> float:
-    scheduled = dict.fromkeys(ids, 1)
-    requests, blocks = engine.scheduler.requests, engine.kv_manager.get_block_ids
+def _step(runner, engine, ids: list[str], draft_tokens: int):
+    """One step's prepare: every sequence's next token, and a draft of `draft_tokens` after it (its ids made up:
+    what a step costs does not depend on them)."""
+    drafts = {rid: [(5 * i + 11 * j) % 2000 + 100 for j in range(draft_tokens)] for i, rid in enumerate(ids)}
+    return runner.prepare(
+        {rid: 1 + draft_tokens for rid in ids},
+        engine.scheduler.requests,
+        engine.kv_manager.get_block_ids,
+        drafts if draft_tokens else None,
+    )
+
+
+def _time_steps(runner, engine, ids: list[str], steps: int, draft_tokens: int) -> float:
     started = time.perf_counter()
     for _ in range(steps):
-        runner.execute(runner.prepare(scheduled, requests, blocks))
+        runner.execute(_step(runner, engine, ids, draft_tokens))
     return (time.perf_counter() - started) / steps
 
 
+def _compare(runner, engine, ids: list[str], steps: int, repetitions: int, draft_tokens: int) -> dict:
+    """Compiled against eager on the same staged step: ratios of their times, and how far their logits differ."""
+    compiled = runner.compiled_decode
+    batch = _step(runner, engine, ids, draft_tokens)
+    if not batch.compiled_bucket:
+        raise RuntimeError(f"the step of {len(ids)} sequences with {draft_tokens}-token drafts did not compile")
+    compiled_logits = runner.execute(batch).clone()
+    runner.compiled_decode = None
+    eager_logits = runner.execute(_step(runner, engine, ids, draft_tokens))
+    ratios, compiled_ms, eager_ms = [], [], []
+    for _ in range(repetitions):
+        runner.compiled_decode = compiled
+        _time_steps(runner, engine, ids, 2, draft_tokens)  # back in this mode's caches
+        c = _time_steps(runner, engine, ids, steps, draft_tokens)
+        runner.compiled_decode = None
+        _time_steps(runner, engine, ids, 2, draft_tokens)
+        e = _time_steps(runner, engine, ids, steps, draft_tokens)
+        ratios.append(c / e)
+        compiled_ms.append(c * 1000)
+        eager_ms.append(e * 1000)
+    runner.compiled_decode = compiled
+    return {
+        "ratio": round(statistics.median(ratios), 3),
+        "ratio_spread": [round(min(ratios), 3), round(max(ratios), 3)],
+        "compiled_ms": round(statistics.median(compiled_ms), 2),
+        "eager_ms": round(statistics.median(eager_ms), 2),
+        "max_logit_diff": float((compiled_logits - eager_logits).abs().max()),
+        "argmax_agreement": float((compiled_logits.argmax(-1) == eager_logits.argmax(-1)).float().mean()),
+    }
+
+
+# The keys each comparison's figures are reported under: decode steps keep the names they had before
+# verification steps were measured.
+DECODE_KEYS = {
+    "ratio": "compiled_step_ratio_c{n}",
+    "ratio_spread": "compiled_step_ratio_c{n}_spread",
+    "compiled_ms": "compiled_step_ms_c{n}",
+    "eager_ms": "eager_step_ms_c{n}",
+    "max_logit_diff": "max_logit_diff_c{n}",
+    "argmax_agreement": "argmax_agreement_c{n}",
+}
+VERIFY_KEYS = {
+    "ratio": "verify_step_ratio_c{n}",
+    "ratio_spread": "verify_step_ratio_c{n}_spread",
+    "compiled_ms": "verify_compiled_ms_c{n}",
+    "eager_ms": "verify_eager_ms_c{n}",
+    "max_logit_diff": "verify_max_logit_diff_c{n}",
+    "argmax_agreement": "verify_argmax_agreement_c{n}",
+}
+
+
 def measure(
-    dtype: str, batches: tuple[int, ...], steps: int, repetitions: int, prompt_len: int, model: str | None = None
+    dtype: str,
+    batches: tuple[int, ...],
+    steps: int,
+    repetitions: int,
+    prompt_len: int,
+    model: str | None = None,
+    verify_batches: tuple[int, ...] = (),
+    draft_tokens: int = VERIFY_DRAFT_TOKENS,
 ) -> dict:
     """`model`: a GGUF or HF directory (None: the embedded default)."""
     from cloud_engine.compiled_decode import compile_cache_dir
@@ -61,45 +137,26 @@ def measure(
 
     cache_was_there = compile_cache_dir().exists()
     started = time.perf_counter()
-    llm = LLM(model, dtype=dtype, compile="on", max_num_seqs=max(batches), max_num_batched_tokens=512, kv_cache_gb=0.5)
+    max_seqs = max((*batches, *verify_batches))
+    llm = LLM(model, dtype=dtype, compile="on", max_num_seqs=max_seqs, max_num_batched_tokens=512, kv_cache_gb=0.5)
     out: dict = {
         "engine_start_s": round(time.perf_counter() - started, 2),
         "compile_cache": "warm" if cache_was_there else "cold",
         "dtype": str(llm.engine.dtype).removeprefix("torch."),
         "attention_backend": llm.engine.attention_backend,
     }
+    if verify_batches:
+        out["verify_draft_tokens"] = draft_tokens
     engine, runner = llm.engine, llm.engine.runner
-    compiled = runner.compiled_decode
-    for count in batches:
-        ids = _start_decoding(engine, count, prompt_len)
-        batch = runner.prepare(dict.fromkeys(ids, 1), engine.scheduler.requests, engine.kv_manager.get_block_ids)
-        compiled_logits = runner.execute(batch).clone()
-        runner.compiled_decode = None
-        eager_logits = runner.execute(
-            runner.prepare(dict.fromkeys(ids, 1), engine.scheduler.requests, engine.kv_manager.get_block_ids)
-        )
-        runner.compiled_decode = compiled
-        ratios, compiled_ms, eager_ms = [], [], []
-        for _ in range(repetitions):
-            runner.compiled_decode = compiled
-            _time_steps(runner, engine, ids, 2)  # back in this mode's caches
-            c = _time_steps(runner, engine, ids, steps)
-            runner.compiled_decode = None
-            _time_steps(runner, engine, ids, 2)
-            e = _time_steps(runner, engine, ids, steps)
-            ratios.append(c / e)
-            compiled_ms.append(c * 1000)
-            eager_ms.append(e * 1000)
-        runner.compiled_decode = compiled
-        out[f"compiled_step_ratio_c{count}"] = round(statistics.median(ratios), 3)
-        out[f"compiled_step_ratio_c{count}_spread"] = [round(min(ratios), 3), round(max(ratios), 3)]
-        out[f"compiled_step_ms_c{count}"] = round(statistics.median(compiled_ms), 2)
-        out[f"eager_step_ms_c{count}"] = round(statistics.median(eager_ms), 2)
-        out[f"max_logit_diff_c{count}"] = float((compiled_logits - eager_logits).abs().max())
-        out[f"argmax_agreement_c{count}"] = float(
-            (compiled_logits.argmax(-1) == eager_logits.argmax(-1)).float().mean()
-        )
-        engine.abort_all()
+    for kind, kind_batches, kind_draft, keys in (
+        ("decode", batches, 0, DECODE_KEYS),
+        ("verify", verify_batches, draft_tokens, VERIFY_KEYS),
+    ):
+        for count in kind_batches:
+            ids = _start_decoding(engine, count, prompt_len, kind_draft)
+            figures = _compare(runner, engine, ids, steps, repetitions, kind_draft)
+            out.update({keys[name].format(n=count): value for name, value in figures.items()})
+            engine.abort_all()
     return out
 
 
@@ -111,14 +168,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="auto (the engine's serving default), float32, bfloat16")
     args = parser.parse_args()
     if args.smoke:
-        batches, steps, repetitions = (1, 4), 2, 1
+        batches, verify_batches, steps, repetitions = (1, 4), (2,), 2, 1
     elif args.quick:
-        batches, steps, repetitions = BATCHES, 10, 3
+        batches, verify_batches, steps, repetitions = BATCHES, VERIFY_BATCHES, 10, 3
     else:
-        batches, steps, repetitions = BATCHES, 20, 5
+        batches, verify_batches, steps, repetitions = BATCHES, VERIFY_BATCHES, 20, 5
     report = report_header("compiled_step", smoke=args.smoke)
     report.update(steps_per_repetition=steps, repetitions=repetitions, prompt_tokens=100)
-    report.update(measure(args.dtype, batches, steps, repetitions, prompt_len=100))
+    report.update(measure(args.dtype, batches, steps, repetitions, prompt_len=100, verify_batches=verify_batches))
     write_report(args.json, report, tuple(k for k in HEADLINE if k in report))
 
 

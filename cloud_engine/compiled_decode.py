@@ -1,4 +1,5 @@
-"""Decode-only steps as one compiled graph ([cloud] compile), over static buckets and preallocated buffers.
+"""Decode and verification steps as one compiled graph ([cloud] compile), over static buckets and
+preallocated buffers.
 
 Why: an eager decode step issues thousands of small ops (about 4,000 at 32 sequences for the
 135M model), each paying Python and dispatch overhead, and runs the elementwise work between the
@@ -6,10 +7,14 @@ matmuls (norms, rotary, SwiGLU, residual adds) as separate passes over memory. t
 turns the step into one graph: inductor fuses that work into a few C++ loops (Triton on CUDA),
 and the matmuls and attention stay single opaque calls (cloud_engine.custom_ops).
 
-A step qualifies when every scheduled request adds exactly one token and none carries a draft.
-Its rows are padded up to a bucket (2, 4, then multiples of 8) and written into buffers
-allocated once, so the graph sees a handful of shapes and never a Python value that changes
-between steps (no host synchronization inside it). Mixed and prefill steps stay eager.
+A step qualifies when every token it computes is sampled: each request adds one token (decode),
+or its last token and a draft to verify (its own n-gram proposal, or a device's). Every such token
+is a row: its request's block table, its context up to and including itself, so the rows of one
+draft attend causally to each other with no mask (each row's K/V is written before any row reads),
+and a verification step is a decode step with more rows (cloud_engine.model_runner). Its rows are
+padded up to a bucket (2, 4, then multiples of 8) and written into buffers allocated once, so the
+graph sees a handful of shapes and never a Python value that changes between steps (no host
+synchronization inside it). Steps holding a prompt chunk stay eager.
 
 Pad rows decode token 0 at position 0 and write their K/V into the pad block, one block past
 the pool the block manager hands out; each attends to that one slot only. So a pad row never
@@ -42,12 +47,12 @@ SMALL_BUCKETS = (2, 4)
 BUCKET_STEP = 8  # above SMALL_BUCKETS: multiples of this many rows
 
 
-def decode_buckets(max_num_seqs: int) -> list[int]:
-    """Row counts decode steps are padded to, enough for `max_num_seqs`. Each is also its own
+def decode_buckets(max_rows: int) -> list[int]:
+    """Row counts compiled steps are padded to, enough for `max_rows`. Each is also its own
     packed-linear row bucket, so oneDNN's warmed-up primitives serve it without more padding."""
-    sizes = [*SMALL_BUCKETS, *range(BUCKET_STEP, max_num_seqs + BUCKET_STEP, BUCKET_STEP)]
+    sizes = [*SMALL_BUCKETS, *range(BUCKET_STEP, max_rows + BUCKET_STEP, BUCKET_STEP)]
     buckets = sorted({row_bucket(size) for size in sizes})
-    return [b for b in buckets if b < max_num_seqs] + [next(b for b in buckets if b >= max_num_seqs)]
+    return [b for b in buckets if b < max_rows] + [next(b for b in buckets if b >= max_rows)]
 
 
 def resolve_compile(mode: str, device: torch.device, packed_linears: bool, decode_kernel) -> tuple[bool, str]:
@@ -91,12 +96,13 @@ def compile_cache_dir() -> Path:
 
 
 class CompiledDecode:
-    """The buffers and the compiled forward (ids, positions, decode layout -> float32 logits) of decode steps."""
+    """The buffers and the compiled forward (ids, positions, decode layout -> float32 logits) of the steps
+    whose every token samples; `max_rows`: the most such tokens a step holds (CloudEngineConfig.max_sampled_rows)."""
 
     def __init__(
         self,
         model,
-        max_num_seqs: int,
+        max_rows: int,
         max_blocks_per_seq: int,
         pad_block: int,
         block_size: int,
@@ -107,7 +113,7 @@ class CompiledDecode:
         if (native_attention or packed_linears) and not load_cpu_ops():
             raise RuntimeError("compiled decode steps need the CPU kernels' ops, which could not be built here")
         self.model = model
-        self.buckets = decode_buckets(max_num_seqs)
+        self.buckets = decode_buckets(max_rows)
         self.max_rows = self.buckets[-1]
         self.native_attention = native_attention
         self.pad_block, self.pad_slot = pad_block, pad_block * block_size
@@ -135,7 +141,7 @@ class CompiledDecode:
         block_tables: np.ndarray,
         seq_lens: np.ndarray,
     ) -> int:
-        """Write one decode step (one row per sequence; block tables [rows, width]) into the buffers, pad
+        """Write one step (one row per sampled token; block tables [rows, width]) into the buffers, pad
         rows after it up to its bucket; returns the bucket. Rows past the previous step's become pad rows."""
         rows, bucket = len(token_ids), self.bucket(len(token_ids))
         for buffer, values in (

@@ -160,6 +160,12 @@ class CloudEngineConfig:
         check_sampling_config(self.sampling)
 
     @property
+    def max_sampled_rows(self) -> int:
+        """Tokens one step samples at most (the compiled step's rows): a request's last token and its longest
+        draft (its own proposal or an outside one), within the step's token budget."""
+        return min(self.max_num_batched_tokens, self.max_num_seqs * (1 + self.max_draft_tokens))
+
+    @property
     def max_logit_rows(self) -> int:
         """Rows the LM head sees in one step at most: one per request, plus its draft when speculating."""
         per_request = 1 + (self.speculative.num_speculative_tokens if self.speculative.enabled else 0)

@@ -114,7 +114,7 @@ class CloudEngine:
         if self.compiled:
             compiled_decode = CompiledDecode(
                 loaded.model,
-                config.max_num_seqs,
+                config.max_sampled_rows,
                 max_blocks_per_seq=-(-self.max_model_len // config.block_size),
                 pad_block=self.num_blocks,
                 block_size=config.block_size,

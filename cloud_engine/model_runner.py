@@ -1,8 +1,11 @@
 """Turns a SchedulerOutput into one forward pass: flattened tokens, positions and attention metadata.
 
-A decode-only step (each request adds one token and samples it, no drafts) goes to the compiled
-decode graph where [cloud] compile turned it on (cloud_engine.compiled_decode): the same arrays,
-written into its preallocated buffers instead of fresh tensors.
+A step whose every token samples goes to the compiled decode graph where [cloud] compile turned it
+on (cloud_engine.compiled_decode): a decode step (each request adds one token), or one verifying
+drafts (a request adds its last token and its draft, each of them sampled), or a mix of the two.
+Each of those tokens becomes a row of its own, with its request's block table and the context up to
+and including itself, so a draft's tokens attend causally without a mask of their own: the step
+writes every row's K/V before any row reads (tandem_cpu::write_and_attend, tandem::paged_decode_attention).
 
 Decode requests (one new token) go first, then prefill chunks, which is the order the
 attention layer expects (it batches the decode group in one call). Only the last token
@@ -32,7 +35,7 @@ class BatchInputs:
     logits_rows: torch.Tensor  # [num_logits] int64: batch rows whose logits are computed
     sampled_request_ids: list[str]  # requests that sample, in the order of their logits rows
     num_logits: list[int]  # rows per sampled request (1, or draft length + 1)
-    compiled_bucket: int = 0  # > 0: a compiled decode step staged in that many rows (live ones first)
+    compiled_bucket: int = 0  # > 0: a compiled step staged in that many rows (live ones first, each sampled)
 
 
 class ModelRunner:
@@ -81,25 +84,28 @@ class ModelRunner:
                 sampled_ids.append(rid)
                 num_logits.append(len(spec) + 1)
         block_tables = _padded_tables(tables)
+        num_tokens = query_start_loc[-1]
         compiled = self.compiled_decode
+        # Every token samples (decodes and whole verifications, no prompt chunk): the compiled graph's rows.
         if (
             compiled is not None
-            and num_decodes == len(order) == len(sampled_ids) <= compiled.max_rows
-            and not any(spec_token_ids.values())
+            and len(sampled_ids) == len(order)
+            and sum(num_logits) == num_tokens <= compiled.max_rows
         ):
+            positions = np.concatenate(position_chunks)
             bucket = compiled.stage(
-                np.fromiter((chunk[0] for chunk in token_chunks), dtype=np.int64, count=len(order)),
-                np.concatenate(position_chunks),
+                np.fromiter((t for chunk in token_chunks for t in chunk), dtype=np.int64, count=num_tokens),
+                positions,
                 np.concatenate(slot_chunks),
-                block_tables,
-                np.asarray(seq_lens, dtype=np.int64),
+                np.repeat(block_tables, np.diff(query_start_loc), axis=0),  # each row its request's table
+                positions + 1,  # each row's context: up to and including itself
             )
             input_ids, positions, slot_mapping, staged_tables, staged_lens = compiled.views(bucket)
             return BatchInputs(
                 input_ids=input_ids,
                 positions=positions,
                 attn_metadata=DecodeMetadata(slot_mapping, staged_tables, staged_lens, compiled.native_attention),
-                logits_rows=positions[:0],  # every live row samples: the first len(order) of the bucket
+                logits_rows=positions[:0],  # every live row samples: the first num_tokens of the bucket
                 sampled_request_ids=sampled_ids,
                 num_logits=num_logits,
                 compiled_bucket=bucket,
@@ -128,7 +134,7 @@ class ModelRunner:
     def execute(self, batch: BatchInputs) -> torch.Tensor:
         """Run the model; float32 logits [num_sampled, vocab] for the sampled rows (maybe zero rows)."""
         if batch.compiled_bucket:
-            return self.compiled_decode.forward(batch.compiled_bucket)[: len(batch.sampled_request_ids)]
+            return self.compiled_decode.forward(batch.compiled_bucket)[: sum(batch.num_logits)]  # a view: no copy
         hidden = self.model(batch.input_ids, batch.positions, batch.attn_metadata)
         if not batch.sampled_request_ids:
             return hidden.new_empty((0, 0), dtype=torch.float32)
