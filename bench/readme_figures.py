@@ -262,6 +262,53 @@ FIGURES = (
         2,
         ">= 1.0",
     ),
+    Figure(
+        "a fleet drafting, one cloud verifying: cloud output tokens per CPU second, drafted / alone, 16 devices",
+        "draft_fleet",
+        "cloud_tokens_per_cpu_s_ratio_c16",
+        2,
+        ">= 1.8",
+        "cloud_tokens_per_cpu_s_ratio_c16_spread",
+    ),
+    Figure(
+        "  the same, 32 devices",
+        "draft_fleet",
+        "cloud_tokens_per_cpu_s_ratio_c32",
+        2,
+        ">= 1.5",
+        "cloud_tokens_per_cpu_s_ratio_c32_spread",
+    ),
+    Figure(
+        "  time per output token p50, drafted / alone, 32 devices",
+        "draft_fleet",
+        "tpot_p50_ratio_c32",
+        2,
+        "<= 0.7",
+        "tpot_p50_ratio_c32_spread",
+    ),
+    Figure(
+        "  the same 32 devices drafting at a phone's speed: cloud output tokens per CPU second",
+        "draft_fleet",
+        "phone_cloud_tokens_per_cpu_s_ratio_c32",
+        2,
+        "",
+        "phone_cloud_tokens_per_cpu_s_ratio_c32_spread",
+    ),
+    Figure(
+        "  a smaller device model (agreement cut), 32 devices: cloud output tokens per CPU second",
+        "draft_fleet",
+        "smaller_cloud_tokens_per_cpu_s_ratio_c32",
+        2,
+        "",
+        "smaller_cloud_tokens_per_cpu_s_ratio_c32_spread",
+    ),
+    Figure(
+        "  greedy answers identical to the cloud's own (cloud in float32, 8 devices)",
+        "draft_fleet",
+        "greedy_identical_fraction",
+        2,
+        ">= 1.0",
+    ),
 )
 
 # A figure in a page's prose is a link to the JSON it came from, so a reader can open it and a

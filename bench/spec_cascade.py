@@ -120,12 +120,15 @@ def placement() -> tuple[list[str], set[int] | None, str]:
     )
 
 
-def cloud_server(dtype: str, prefix: list[str]) -> tuple[ManagedServer, int]:
-    """`tandem cloud serve` on the embedded model, one torch thread; (server, its gRPC port)."""
+def cloud_server(
+    dtype: str, prefix: list[str], max_num_seqs: int = 16, kv_cache_gb: float = 0.25, options: tuple[str, ...] = ()
+) -> tuple[ManagedServer, int]:
+    """`tandem cloud serve` on the embedded model, one torch thread, with `options` besides; (server, its gRPC
+    port)."""
     port, grpc_port = free_port(), free_port()
     command = prefix + [sys.executable, "-m", "sdk.cli", "cloud", "serve", "--port", str(port)]
-    command += ["--grpc-port", str(grpc_port), "--threads", "1", "--dtype", dtype, "--max-num-seqs", "16"]
-    command += ["--max-model-len", "1024", "--kv-cache-gb", "0.25", "--log-level", "warning"]
+    command += ["--grpc-port", str(grpc_port), "--threads", "1", "--dtype", dtype, "--max-num-seqs", str(max_num_seqs)]
+    command += ["--max-model-len", "1024", "--kv-cache-gb", str(kv_cache_gb), "--log-level", "warning", *options]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     server = ManagedServer(
         f"cloud-{dtype}", command, port, "/health", f"tandem cloud serve ({dtype}, 1 thread)", env=env

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 BENCHES: dict[str, list[str]] = {
     "chunked_prefill": [],
     "compiled_step": [],
+    "draft_fleet": [],
     "confidence_auroc": [],
     "embeddings": [],
     "engine_throughput": [],
