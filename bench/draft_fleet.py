@@ -9,14 +9,14 @@ the device's model would (bench.draft_fleet_replay: recorded on the real local e
 before any timing, then replayed at a device speed by the production DeviceDrafter), so the fleet costs
 this machine almost nothing and the cloud is what is measured.
 
-Setup: `tandem cloud serve` (the same 135M model in its serving dtype on this CPU (bf16 where the CPU has it natively, else float32), compiled, one torch thread) on core 0; the fleet
-(asyncio clients and their devices in this process) and bench.delay_proxy's RTT_MS round trip on the
-others. Both modes (alone: Generate; drafted: GenerateWithDrafts) go through the proxy and run on one
-server with the same settings, the server's draft caps at their defaults; the step token budget is
-raised to STEP_TOKEN_BUDGET for both (32 answers verifying 16-token drafts need 544 rows; the default is
-512). Prompts: the bench's chat prompts and MT-Bench first turns, greedy, at most MAX_TOKENS tokens (EOS
-ends an answer), every prompt once per run, c at a time; repetitions interleaved, the modes' order
-alternating.
+Setup: `tandem cloud serve` (the same 135M model in its serving dtype on this CPU (bf16 where the CPU has
+it natively, else float32), compiled, one torch thread) on core 0; the fleet (asyncio clients and their
+devices in this process) and bench.delay_proxy's RTT_MS round trip on the others. Both modes (alone:
+Generate; drafted: GenerateWithDrafts) go through the proxy and run on one server with the same settings,
+the server's draft caps at their defaults; the step token budget is raised to STEP_TOKEN_BUDGET for both
+(32 answers verifying 16-token drafts need 544 rows; the default is 512). Prompts: the bench's chat
+prompts and MT-Bench first turns, greedy, at most MAX_TOKENS tokens (EOS ends an answer), every prompt
+once per run, c at a time; repetitions interleaved, the modes' order alternating.
 
 Device speeds: `here` (the default) is the local engine's decode speed at one sequence on this machine
 (`device_ms_per_token`, measured before timing); `phone` is PHONE_MS_PER_TOKEN (100 tokens a second:
@@ -360,7 +360,8 @@ async def run_bench(size: str) -> dict:
     report["runs"] = per_run_detail(reps)
     report["setup"] = {
         "placement": where,
-        "cloud": f"SmolLM2-135M-Instruct, tandem cloud serve, {timed_dtype} (float32 for the identity pass), compile on, "
+        "cloud": f"SmolLM2-135M-Instruct, tandem cloud serve, {timed_dtype} (float32 for the identity pass), "
+        "compile on, "
         f"1 thread, max_num_seqs {max(CONCURRENCY)}, max_num_batched_tokens {STEP_TOKEN_BUDGET} in both modes",
         "device": "SmolLM2-135M-Instruct Q4_1 on tandem's local engine, recorded, then replayed per answer",
         "rtt_ms": RTT_MS,
