@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import time
 from collections import Counter
 
@@ -56,9 +55,9 @@ from bench.delay_proxy import DelayProxy
 from bench.draft_fleet_replay import Recording, ReplayDevice, device_ms_per_token, record_device_runs
 from bench.machine import report_header, write_report
 from bench.repetitions import median_and_spread
-from bench.spec_cascade import CHAT_PROMPTS, RETRIED, answer, cloud_server, placement
+from bench.spec_cascade import CHAT_PROMPTS, RETRIED, answer, cloud_server, draft_totals, median_tpot, placement
 from bench.spec_decode import open_conversations
-from sdk.cascade.device_drafts import DEFAULT_DRAFT_TOKENS, DeviceDrafter, DraftRounds
+from sdk.cascade.device_drafts import DEFAULT_DRAFT_TOKENS, DeviceDrafter
 from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.cloud_backend import CloudError
 from sdk.protocol.engine import SamplingParams
@@ -157,17 +156,6 @@ def _tokens_per_cpu_s(run: dict) -> float:
     return run["tokens"] / run["cloud_cpu_s"]
 
 
-def _median_tpot(run: dict) -> float:
-    return statistics.median(a["tpot_s"] for a in run["answers"] if a["tpot_s"] is not None)
-
-
-def _totals(run: dict) -> dict:
-    rounds: list[DraftRounds] = [a["rounds"] for a in run["answers"]]
-    names = ("accepted_tokens", "verified_tokens", "rounds", "offers", "drafted_tokens")
-    out = {name: sum(getattr(r, name) for r in rounds) for name in names}
-    return out | {"stopped": dict(Counter(r.stopped for r in rounds if r.stopped is not None))}
-
-
 def _left(run: dict, recordings: dict[tuple, Recording], prompts: list[list[int]]) -> list[bool]:
     return [a["tokens"] != recordings[tuple(p)].answer for a, p in zip(run["answers"], prompts)]
 
@@ -181,7 +169,7 @@ async def identity_pass(target: str, recordings, prompts, params, cloud_pid: int
     return {
         "identical_fraction": sum(same) / len(same),
         "num_prompts": len(same),
-        "acceptance_rate": _totals(drafted)["accepted_tokens"] / max(_totals(drafted)["verified_tokens"], 1),
+        "acceptance_rate": draft_totals(drafted)["accepted_tokens"] / max(draft_totals(drafted)["verified_tokens"], 1),
     }
 
 
@@ -214,12 +202,12 @@ async def timed_repetitions(proxy, recordings, prompts, params, cloud_pid, repet
 
 def _summary(runs: dict) -> str:
     alone = runs["alone"]
-    parts = [f"alone {_tokens_per_cpu_s(alone):.0f} tok/cpu-s, tpot {_median_tpot(alone) * 1000:.1f} ms"]
+    parts = [f"alone {_tokens_per_cpu_s(alone):.0f} tok/cpu-s, tpot {median_tpot(alone) * 1000:.1f} ms"]
     for name, run in runs.items():
         if name != "alone":
-            totals = _totals(run)
+            totals = draft_totals(run)
             parts.append(
-                f"{name} {_tokens_per_cpu_s(run):.0f} tok/cpu-s, tpot {_median_tpot(run) * 1000:.1f} ms, "
+                f"{name} {_tokens_per_cpu_s(run):.0f} tok/cpu-s, tpot {median_tpot(run) * 1000:.1f} ms, "
                 f"accepted {totals['accepted_tokens']}/{totals['verified_tokens']}"
             )
     return "; ".join(parts)
@@ -246,10 +234,10 @@ def figures(reps: list, identity: dict, recordings, prompts) -> dict:
                 f"{prefix}output_tps_ratio_c{c}",
                 [_ratio(d["tokens"] / d["wall_s"], a["tokens"] / a["wall_s"]) for d, a in pairs],
             )
-            put(f"{prefix}tpot_p50_ratio_c{c}", [_ratio(_median_tpot(d), _median_tpot(a)) for d, a in pairs])
-            totals = [_totals(d) for d, _ in pairs]
+            put(f"{prefix}tpot_p50_ratio_c{c}", [_ratio(median_tpot(d), median_tpot(a)) for d, a in pairs])
+            totals = [draft_totals(d) for d, _ in pairs]
             put(f"{prefix}acceptance_rate_c{c}", [t["accepted_tokens"] / max(t["verified_tokens"], 1) for t in totals])
-    at16 = [_totals(rep[16]["default"]) for rep in reps]
+    at16 = [draft_totals(rep[16]["default"]) for rep in reps]
     put("acceptance_rate", [t["accepted_tokens"] / max(t["verified_tokens"], 1) for t in at16])
     put("tokens_per_round", [(t["accepted_tokens"] + t["rounds"]) / max(t["rounds"], 1) for t in at16])
     recorded = {tuple(r.prompt_ids): r for r in recordings}
@@ -257,7 +245,7 @@ def figures(reps: list, identity: dict, recordings, prompts) -> dict:
     out["left_recording_fraction"] = sum(left) / len(left)
     drafted = [rep[c]["default"] for rep in reps for c in CONCURRENCY]
     out["fleet_cpu_s_per_token"] = sum(r["fleet_cpu_s"] for r in drafted) / sum(r["tokens"] for r in drafted)
-    out["stopped"] = dict(sum((Counter(_totals(r)["stopped"]) for r in drafted), Counter()))
+    out["stopped"] = dict(sum((Counter(draft_totals(r)["stopped"]) for r in drafted), Counter()))
     out["targets"] = {
         "cloud_tokens_per_cpu_s_ratio_c16 >= 1.8": out["cloud_tokens_per_cpu_s_ratio_c16_spread"][0] >= 1.8,
         "cloud_tokens_per_cpu_s_ratio_c32 >= 1.5": out["cloud_tokens_per_cpu_s_ratio_c32_spread"][0] >= 1.5,
@@ -276,9 +264,9 @@ def per_run_detail(reps: list) -> list:
                     "wall_s": round(run["wall_s"], 3),
                     "cloud_cpu_s": round(run["cloud_cpu_s"], 3),
                     "fleet_cpu_s": round(run["fleet_cpu_s"], 3),
-                    "tpot_ms_median": round(_median_tpot(run) * 1000, 2),
+                    "tpot_ms_median": round(median_tpot(run) * 1000, 2),
                 }
-                | ({} if name == "alone" else _totals(run))
+                | ({} if name == "alone" else draft_totals(run))
                 for name, run in runs.items()
             }
             for c, runs in rep.items()

@@ -66,7 +66,6 @@ from sdk.cloud.grpc_client import CloudClient
 from sdk.protocol.cloud_backend import CloudError
 from sdk.protocol.engine import SamplingParams
 
-
 CHAT_PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -174,11 +173,13 @@ async def run_set(mode, target, drafter, prompts, params, concurrency, cloud_pid
     return {"answers": answers, "cloud_cpu_s": cpu_s, "tokens": sum(len(a["tokens"]) for a in answers)}
 
 
-def _median_tpot(run: dict) -> float:
+def median_tpot(run: dict) -> float:
+    """The median answer's time per output token (answers of one token have none)."""
     return statistics.median(a["tpot_s"] for a in run["answers"] if a["tpot_s"] is not None)
 
 
-def _draft_totals(run: dict) -> dict:
+def draft_totals(run: dict) -> dict:
+    """What drafting did over a run's answers: DraftRounds' counts summed, and why drafting stopped."""
     rounds = [a["rounds"] for a in run["answers"]]
     names = ("accepted_tokens", "verified_tokens", "rounds", "offers", "drafted_tokens")
     totals = {name: sum(getattr(r, name) for r in rounds) for name in names}
@@ -217,9 +218,9 @@ async def timed_repetitions(proxy, drafter, prompts, cloud_pid, repetitions: int
 
 
 def summary(pair: dict) -> str:
-    totals = _draft_totals(pair["drafted"])
+    totals = draft_totals(pair["drafted"])
     return (
-        f"tpot {_median_tpot(pair['drafted']) * 1000:.1f} vs {_median_tpot(pair['alone']) * 1000:.1f} ms, "
+        f"tpot {median_tpot(pair['drafted']) * 1000:.1f} vs {median_tpot(pair['alone']) * 1000:.1f} ms, "
         f"cloud cpu/token {pair['drafted']['cloud_cpu_s'] / pair['drafted']['tokens'] * 1000:.1f} vs "
         f"{pair['alone']['cloud_cpu_s'] / pair['alone']['tokens'] * 1000:.1f} ms, "
         f"accepted {totals['accepted_tokens']}/{totals['verified_tokens']}"
@@ -238,7 +239,7 @@ async def sampled_check(target, drafter, sampled_prompts: list[list[int]], cloud
             runs[mode] = await run_set(
                 mode, target, drafter, [prompt_ids] * samples, params, SAMPLED_CONCURRENCY, cloud_pid
             )
-        totals.update({k: v for k, v in _draft_totals(runs["drafted"]).items() if k != "stopped"})
+        totals.update({k: v for k, v in draft_totals(runs["drafted"]).items() if k != "stopped"})
         for position in range(1, SAMPLED_POSITIONS + 1):
             counts = {m: Counter(a["tokens"][position] for a in runs[m]["answers"]) for m in runs}
             tests.append(_homogeneity(counts["alone"], counts["drafted"], chi2_contingency))
@@ -274,7 +275,7 @@ def figures(runs: dict, float32: dict, sampled: dict) -> dict:
         )
 
     def totals(pair):
-        return _draft_totals(pair["drafted"])
+        return draft_totals(pair["drafted"])
 
     def put(key, config, fn):
         out[key], out[f"{key}_spread"] = per_rep(config, fn)
@@ -301,7 +302,7 @@ def figures(runs: dict, float32: dict, sampled: dict) -> dict:
         put(
             f"tpot_ratio_vs_cloud_rtt{rtt}_c1",
             (rtt, 1),
-            lambda pair: _median_tpot(pair["drafted"]) / _median_tpot(pair["alone"]),
+            lambda pair: median_tpot(pair["drafted"]) / median_tpot(pair["alone"]),
         )
     out["sampled_chi2_p"] = sampled["p_min_bonferroni"]
     out["targets"] = {
@@ -321,11 +322,11 @@ def per_config_detail(runs: dict) -> dict:
         detail[f"rtt{rtt}_c{c}"] = [
             {
                 mode: {
-                    "tpot_ms_median": _median_tpot(pair[mode]) * 1000,
+                    "tpot_ms_median": median_tpot(pair[mode]) * 1000,
                     "cloud_cpu_ms_per_token": pair[mode]["cloud_cpu_s"] / pair[mode]["tokens"] * 1000,
                     "output_tokens": pair[mode]["tokens"],
                 }
-                | (_draft_totals(pair[mode]) if mode == "drafted" else {})
+                | (draft_totals(pair[mode]) if mode == "drafted" else {})
                 for mode in ("alone", "drafted")
             }
             for pair in pairs
