@@ -8,13 +8,17 @@ key_cache / value_cache [num_blocks, block_size, num_kv_heads, head_dim].
 Index tensors and masks depend only on the batch layout, so they are built once per
 step (`plan_paged_attention`) and cached on the AttentionMetadata for every layer.
 
+A sliding-window layer (`window` > 0: Gemma 3's local layers) lets each query see only the last
+`window` positions up to its own, as transformers does. The CPU decode kernel and the CPU prefill
+path read only those positions' blocks; the portable decode path gathers the whole table and masks.
+
 When the metadata carries a native decode kernel (cloud_engine/kernels, on CPU), the
 decode group reads the block caches in place instead of gathering them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +50,24 @@ class PagedAttentionPlan:
     decode_block_tables: torch.Tensor | None  # [num_decodes, num_decode_blocks] for a native kernel
     decode_seq_lens: torch.Tensor | None  # [num_decodes]
     prefills: list[PrefillChunk]
+    windowed_decode_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # by window, built on first use
+
+    def decode_mask_for(self, window: int) -> torch.Tensor | None:
+        """The portable decode mask of a layer with this sliding window (0: the whole context)."""
+        if not window or self.decode_mask is None:
+            return self.decode_mask
+        mask = self.windowed_decode_masks.get(window)
+        if mask is None:
+            mask = self.windowed_decode_masks[window] = _window_decode_mask(
+                self.decode_mask, self.decode_seq_lens, window
+            )
+        return mask
+
+
+def _window_decode_mask(mask: torch.Tensor, seq_lens: torch.Tensor, window: int) -> torch.Tensor:
+    """`mask` [seqs, 1, 1, keys] with the keys before each sequence's last `window` hidden too."""
+    key_positions = torch.arange(mask.shape[-1], device=mask.device)
+    return mask & (key_positions[None, :] >= seq_lens[:, None] - window)[:, None, None, :]
 
 
 def decode_plan(
@@ -122,8 +144,10 @@ def paged_attention(
     value_cache: torch.Tensor,
     metadata: AttentionMetadata,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """Write this step's K/V, then attend every query token to its sequence's context.
+    """Write this step's K/V, then attend every query token to its sequence's context (its last `window`
+    positions when window > 0).
 
     query [num_tokens, num_heads, head_dim]; key, value [num_tokens, num_kv_heads, head_dim];
     returns [num_tokens, num_heads, head_dim]. Query head h reads K/V head h // (num_heads // num_kv_heads).
@@ -140,6 +164,7 @@ def paged_attention(
             metadata.block_tables,
             metadata.seq_lens,
             scale,
+            window,
         )
     write_kv_cache(key, value, key_cache, value_cache, metadata.slot_mapping)
     plan = plan_paged_attention(metadata)
@@ -149,13 +174,13 @@ def paged_attention(
         if metadata.decode_kernel is not None:
             outputs.append(
                 metadata.decode_kernel(
-                    decode_query, key_cache, value_cache, plan.decode_block_tables, plan.decode_seq_lens, scale
+                    decode_query, key_cache, value_cache, plan.decode_block_tables, plan.decode_seq_lens, scale, window
                 )
             )
         else:
-            outputs.append(_decode_attention(decode_query, key_cache, value_cache, plan, scale))
+            outputs.append(_decode_attention(decode_query, key_cache, value_cache, plan, scale, window))
     for chunk in plan.prefills:
-        outputs.append(_prefill_attention(query, key, value, key_cache, value_cache, chunk, scale))
+        outputs.append(_prefill_attention(query, key, value, key_cache, value_cache, chunk, scale, window))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
 
 
@@ -166,15 +191,21 @@ def decode_attention_portable(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """The portable decode path from block tables and lengths alone (no plan): gathers as many
     blocks per sequence as the longest needs, so the tables may be wider than that."""
     plan = decode_plan(block_tables, seq_lens, int(seq_lens.max()), key_cache.shape[1], gather=True)
-    return _decode_attention(query, key_cache, value_cache, plan, scale)
+    return _decode_attention(query, key_cache, value_cache, plan, scale, window)
 
 
 def _decode_attention(
-    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, plan: PagedAttentionPlan, scale: float
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    plan: PagedAttentionPlan,
+    scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -185,7 +216,7 @@ def _decode_attention(
     # GQA without copying K/V: the query heads that share a K/V head become that head's query rows.
     grouped_query = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
-        grouped_query, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=plan.decode_mask, scale=scale
+        grouped_query, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=plan.decode_mask_for(window), scale=scale
     )
     return out.reshape(num_seqs, num_heads, head_dim)
 
@@ -198,17 +229,38 @@ def _prefill_attention(
     value_cache: torch.Tensor,
     chunk: PrefillChunk,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     start, end = chunk.query_start, chunk.query_end
+    query_offset = chunk.context_len - (end - start)  # position of the chunk's first query
     num_kv_heads, head_dim = key_cache.shape[-2:]
+    key_offset = 0  # position of keys[0]
     if chunk.block_ids is None:
         keys, values = key[start:end], value[start:end]
     else:
-        keys = key_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.context_len]
-        values = value_cache.index_select(0, chunk.block_ids).view(-1, num_kv_heads, head_dim)[: chunk.context_len]
+        block_ids = chunk.block_ids
+        if window and query.device.type == "cpu":
+            # Blocks wholly before the first query's window are not read (the tiled path takes an offset).
+            first_block = max(0, query_offset - window + 1) // key_cache.shape[1]
+            block_ids, key_offset = block_ids[first_block:], first_block * key_cache.shape[1]
+        visible = chunk.context_len - key_offset
+        keys = key_cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)[:visible]
+        values = value_cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)[:visible]
     if query.device.type == "cpu":
-        return causal_attention_tiled(query[start:end], keys, values, chunk.context_len - (end - start), scale)
-    return causal_attention_sdpa(query[start:end], keys, values, chunk.mask, scale)
+        return causal_attention_tiled(query[start:end], keys, values, query_offset, scale, window, key_offset)
+    mask = chunk.mask
+    if window:
+        mask = sliding_window_mask(query_offset, end - start, chunk.context_len, window, query.device)
+    return causal_attention_sdpa(query[start:end], keys, values, mask, scale)
+
+
+def sliding_window_mask(
+    query_offset: int, query_len: int, context_len: int, window: int, device: torch.device
+) -> torch.Tensor:
+    """bool [query_len, context_len]: query i (at query_offset + i) sees keys in its last `window` positions."""
+    query_positions = torch.arange(query_offset, query_offset + query_len, device=device)[:, None]
+    key_positions = torch.arange(context_len, device=device)[None, :]
+    return (key_positions <= query_positions) & (key_positions > query_positions - window)
 
 
 def causal_attention_sdpa(
@@ -233,13 +285,20 @@ CPU_TILE_ROWS = 64
 
 
 def causal_attention_tiled(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, query_offset: int, scale: float
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query_offset: int,
+    scale: float,
+    window: int = 0,
+    key_offset: int = 0,
 ) -> torch.Tensor:
     """Causal attention as tiled matmuls, for CPUs, where it measured 2-3x faster than SDPA.
 
-    query [q, heads, dim]; keys, values [context, kv_heads, dim]; query i sits at position
-    query_offset + i and sees keys 0..query_offset + i. Both matmuls run in float32 (BLAS);
-    returns [q, heads, dim] in the query's dtype. A tile reads only the keys its last row can see.
+    query [q, heads, dim]; keys, values [context, kv_heads, dim], keys[j] at position key_offset + j;
+    query i sits at position query_offset + i and sees keys up to its own position (and, when
+    window > 0, only its last `window` positions). Both matmuls run in float32 (BLAS); returns
+    [q, heads, dim] in the query's dtype. A tile reads only the keys its rows can see.
 
     Why not bf16 probabilities x values, as flash attention does: on CPU that bmm goes through
     oneDNN, which builds and caches one primitive with its scratch memory (~0.5 MB) per
@@ -257,14 +316,23 @@ def causal_attention_tiled(
     hidden = torch.ones(CPU_TILE_ROWS, CPU_TILE_ROWS, dtype=torch.bool, device=query.device).triu_(1)
     for start in range(0, query_len, CPU_TILE_ROWS):
         end = min(query_len, start + CPU_TILE_ROWS)
-        rows, visible = end - start, query_offset + end
+        rows, last = end - start, query_offset + end - key_offset  # keys [first, last) of the array are read
+        first = max(0, query_offset + start - window + 1 - key_offset) if window else 0
         # GQA without copying K/V: a K/V head's query heads become extra rows of its matmul.
         tile = query[start:end].float().view(rows, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
-        scores = torch.bmm(tile.reshape(num_kv_heads, group * rows, head_dim), keys_t[:, :, :visible])
-        scores = scores.view(num_kv_heads, group, rows, visible)
-        scores[..., visible - rows :].masked_fill_(hidden[:rows, :rows], float("-inf"))  # the diagonal block
+        scores = torch.bmm(tile.reshape(num_kv_heads, group * rows, head_dim), keys_t[:, :, first:last])
+        scores = scores.view(num_kv_heads, group, rows, last - first)
+        if window:
+            scores.masked_fill_(
+                ~sliding_window_mask(
+                    query_offset + start - key_offset - first, rows, last - first, window, query.device
+                ),
+                float("-inf"),
+            )
+        else:
+            scores[..., last - rows :].masked_fill_(hidden[:rows, :rows], float("-inf"))  # the diagonal block
         probs = torch.softmax(scores.mul_(scale), dim=-1)
-        tile_out = torch.bmm(probs.view(num_kv_heads, group * rows, visible), values_h[:, :visible])
+        tile_out = torch.bmm(probs.view(num_kv_heads, group * rows, last - first), values_h[:, first:last])
         out[start:end] = (
             tile_out.view(num_kv_heads, group, rows, head_dim).permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim)
         )

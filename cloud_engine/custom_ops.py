@@ -31,17 +31,32 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """The portable path's op (no CPU kernel: CUDA, or attention_backend torch): write one token's K/V
-    per sequence, then attend each query to its sequence's context. query [seqs, heads, dim]; key,
-    value [seqs, kv_heads, dim]; block_tables [seqs, width]; seq_lens [seqs]."""
+    per sequence, then attend each query to its sequence's context (its last `window` tokens when
+    window > 0). query [seqs, heads, dim]; key, value [seqs, kv_heads, dim]; block_tables [seqs, width];
+    seq_lens [seqs]."""
     write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
-    return decode_attention_portable(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    return decode_attention_portable(query, key_cache, value_cache, block_tables, seq_lens, scale, window)
 
 
 @paged_decode_attention.register_fake
-def _(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens, scale):
+def _(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens, scale, window=0):
     return torch.empty_like(query)
+
+
+@torch.library.custom_op("tandem::grouped_mm", mutates_args=())
+def grouped_mm(rows: torch.Tensor, weights: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
+    """A mixture of experts' grouped matmul (cloud_engine/model/moe.py): rows [n, k] sorted by expert, weights
+    [experts, k, m], group_ends [experts] int32; row i of expert e's run times weights[e]. Opaque to the compiled
+    step because torch's own shape check for `torch._grouped_mm` accepts bfloat16 only, and the op runs any dtype."""
+    return torch._grouped_mm(rows, weights, offs=group_ends)
+
+
+@grouped_mm.register_fake
+def _(rows, weights, group_ends):
+    return rows.new_empty((rows.shape[0], weights.shape[-1]))
 
 
 @functools.cache
@@ -55,7 +70,7 @@ def load_cpu_ops() -> bool:
         return False
 
     @torch.library.register_fake("tandem_cpu::write_and_attend")
-    def _(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens, scale):
+    def _(query, key, value, key_cache, value_cache, slot_mapping, block_tables, seq_lens, scale, window=0):
         return torch.empty_like(query)
 
     @torch.library.register_fake("tandem_cpu::packed_linear")

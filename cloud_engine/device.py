@@ -33,8 +33,9 @@ def resolve_max_model_len(config: CloudEngineConfig, mc, num_blocks: int) -> int
     DEFAULT_MAX_MODEL_LEN; ValueError/KVCacheBudgetError when the configuration cannot hold it."""
     pool_tokens = num_blocks * config.block_size
     max_model_len = config.max_model_len or min(mc.max_position_embeddings, pool_tokens, DEFAULT_MAX_MODEL_LEN)
-    if mc.sliding_window and max_model_len > mc.sliding_window:
-        # Attention here is always full; past the window the model would see more than it was trained to.
+    if mc.sliding_window and not mc.local_layers and max_model_len > mc.sliding_window:
+        # This family's window is not enforced (attention is full); past it the model would see more than it was
+        # trained to. Families whose local layers attend within the window (Gemma 3) take any length.
         if config.max_model_len:
             raise ValueError(f"max_model_len {max_model_len} exceeds the model's sliding window {mc.sliding_window}")
         max_model_len = mc.sliding_window

@@ -9,7 +9,9 @@
 // Layout (same as cloud_engine/attention.py): caches [num_blocks, block_size, num_kv_heads,
 // head_dim], query [num_seqs, num_heads, head_dim], block_tables [num_seqs, max_blocks] int64,
 // seq_lens [num_seqs] int64. Query head h reads K/V head h / (num_heads / num_kv_heads).
-// Math is float32 whatever the cache dtype (float32 or bfloat16).
+// Math is float32 whatever the cache dtype (float32 or bfloat16). A sliding-window layer
+// (window > 0, Gemma 3's local layers) attends to its last `window` tokens only, and the
+// blocks before them are never read.
 //
 // Vectors use GCC/Clang vector extensions (16 floats), which the compiler lowers to AVX-512,
 // AVX2 or NEON, so the file has no ISA-specific intrinsics.
@@ -95,22 +97,24 @@ struct Shape {
   int64_t token_stride, block_stride;  // cache elements between tokens / blocks
 };
 
-// One (sequence, K/V head) pair: its `group` query heads against `len` cached tokens.
+// One (sequence, K/V head) pair: its `group` query heads against cached tokens [first, len).
 // kChunks = head_dim / 16 when known at compile time (the common head sizes, so the row
 // loops unroll into registers), 0 for any other multiple of 16.
 template <typename T, int64_t kChunks>
-void attend(const float* query, const T* key_cache, const T* value_cache, const int64_t* table, int64_t len,
-            int64_t kv_head, const Shape& s, float scale, float* scores, float* out) {
+void attend(const float* query, const T* key_cache, const T* value_cache, const int64_t* table, int64_t first,
+            int64_t len, int64_t kv_head, const Shape& s, float scale, float* scores, float* out) {
   const int64_t group = s.num_heads / s.num_kv_heads, head_offset = kv_head * s.head_dim;
   const int64_t chunks = kChunks ? kChunks : s.head_dim / kLanes;
   f32x16 q[kMaxVectors], acc[kMaxVectors];
   for (int64_t i = 0; i < group * chunks; ++i) q[i] = load(query + i * kLanes) * scale;
   float max_score[kMaxVectors], inverse_sum[kMaxVectors];  // group <= kMaxVectors
   for (int64_t g = 0; g < group; ++g) max_score[g] = -INFINITY;
+  const int64_t visible = len - first;  // scores[g * visible + i] belongs to position first + i
 
-  for (int64_t start = 0; start < len; start += s.block_size) {
-    const T* block = key_cache + table[start / s.block_size] * s.block_stride + head_offset;
-    const int64_t n = std::min(s.block_size, len - start);
+  // Block by block from the one holding `first` (a window may start mid-block).
+  for (int64_t pos = first; pos < len;) {
+    const int64_t offset = pos % s.block_size, n = std::min(s.block_size - offset, len - pos);
+    const T* block = key_cache + table[pos / s.block_size] * s.block_stride + offset * s.token_stride + head_offset;
     for (int64_t t = 0; t < n; ++t) {
       f32x16 k[kMaxVectors];
       for (int64_t c = 0; c < chunks; ++c) k[c] = load(block + t * s.token_stride + c * kLanes);
@@ -118,25 +122,27 @@ void attend(const float* query, const T* key_cache, const T* value_cache, const 
         f32x16 dot = q[g * chunks] * k[0];
         for (int64_t c = 1; c < chunks; ++c) dot += q[g * chunks + c] * k[c];
         const float score = sum_lanes(dot);
-        scores[g * len + start + t] = score;
+        scores[g * visible + pos - first + t] = score;
         max_score[g] = std::max(max_score[g], score);
       }
     }
+    pos += n;
   }
-  for (int64_t g = 0; g < group; ++g) inverse_sum[g] = exp_and_sum(scores + g * len, len, max_score[g]);
+  for (int64_t g = 0; g < group; ++g) inverse_sum[g] = exp_and_sum(scores + g * visible, visible, max_score[g]);
 
   for (int64_t i = 0; i < group * chunks; ++i) acc[i] = f32x16{};
-  for (int64_t start = 0; start < len; start += s.block_size) {
-    const T* block = value_cache + table[start / s.block_size] * s.block_stride + head_offset;
-    const int64_t n = std::min(s.block_size, len - start);
+  for (int64_t pos = first; pos < len;) {
+    const int64_t offset = pos % s.block_size, n = std::min(s.block_size - offset, len - pos);
+    const T* block = value_cache + table[pos / s.block_size] * s.block_stride + offset * s.token_stride + head_offset;
     for (int64_t t = 0; t < n; ++t) {
       f32x16 v[kMaxVectors];
       for (int64_t c = 0; c < chunks; ++c) v[c] = load(block + t * s.token_stride + c * kLanes);
       for (int64_t g = 0; g < group; ++g) {
-        const float p = scores[g * len + start + t];
+        const float p = scores[g * visible + pos - first + t];
         for (int64_t c = 0; c < chunks; ++c) acc[g * chunks + c] += v[c] * p;
       }
     }
+    pos += n;
   }
   for (int64_t g = 0; g < group; ++g)
     for (int64_t c = 0; c < chunks; ++c) store(out + (g * chunks + c) * kLanes, acc[g * chunks + c] * inverse_sum[g]);
@@ -144,29 +150,32 @@ void attend(const float* query, const T* key_cache, const T* value_cache, const 
 
 template <typename T, int64_t kChunks>
 void decode_all(const float* query, const T* key_cache, const T* value_cache, const int64_t* tables,
-                const int64_t* seq_lens, int64_t num_seqs, const Shape& s, float scale, float* out) {
+                const int64_t* seq_lens, int64_t num_seqs, const Shape& s, float scale, int64_t window, float* out) {
   const int64_t group = s.num_heads / s.num_kv_heads;
   int64_t longest = 0;
   for (int64_t i = 0; i < num_seqs; ++i) longest = std::max(longest, seq_lens[i]);
+  if (window > 0) longest = std::min(longest, window);
   // One work item per (sequence, K/V head); torch's intra-op pool splits them over threads.
   at::parallel_for(0, num_seqs * s.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(group * longest);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / s.num_kv_heads, kv_head = item % s.num_kv_heads;
       const int64_t row = (seq * s.num_heads + kv_head * group) * s.head_dim;
-      attend<T, kChunks>(query + row, key_cache, value_cache, tables + seq * s.max_blocks, seq_lens[seq], kv_head, s, scale,
-             scores.data(), out + row);
+      const int64_t len = seq_lens[seq], first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      attend<T, kChunks>(query + row, key_cache, value_cache, tables + seq * s.max_blocks, first, len, kv_head, s,
+                         scale, scores.data(), out + row);
     }
   });
 }
 
 template <typename T>
 void dispatch_head_dim(const float* query, const T* key_cache, const T* value_cache, const int64_t* tables,
-                       const int64_t* seq_lens, int64_t num_seqs, const Shape& s, float scale, float* out) {
+                       const int64_t* seq_lens, int64_t num_seqs, const Shape& s, float scale, int64_t window,
+                       float* out) {
   switch (s.head_dim) {
-    case 64: return decode_all<T, 4>(query, key_cache, value_cache, tables, seq_lens, num_seqs, s, scale, out);
-    case 128: return decode_all<T, 8>(query, key_cache, value_cache, tables, seq_lens, num_seqs, s, scale, out);
-    default: return decode_all<T, 0>(query, key_cache, value_cache, tables, seq_lens, num_seqs, s, scale, out);
+    case 64: return decode_all<T, 4>(query, key_cache, value_cache, tables, seq_lens, num_seqs, s, scale, window, out);
+    case 128: return decode_all<T, 8>(query, key_cache, value_cache, tables, seq_lens, num_seqs, s, scale, window, out);
+    default: return decode_all<T, 0>(query, key_cache, value_cache, tables, seq_lens, num_seqs, s, scale, window, out);
   }
 }
 
@@ -174,7 +183,7 @@ void dispatch_head_dim(const float* query, const T* key_cache, const T* value_ca
 
 torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Tensor& key_cache,
                                      const torch::Tensor& value_cache, const torch::Tensor& block_tables,
-                                     const torch::Tensor& seq_lens, double scale) {
+                                     const torch::Tensor& seq_lens, double scale, int64_t window) {
   TORCH_CHECK(query.device().is_cpu() && key_cache.device().is_cpu(), "paged_decode_attention runs on CPU tensors");
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "query must be [seqs, heads, dim], caches [blocks, block_size, kv_heads, dim]");
   TORCH_CHECK(key_cache.sizes() == value_cache.sizes() && key_cache.scalar_type() == value_cache.scalar_type(),
@@ -190,6 +199,7 @@ torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Te
   TORCH_CHECK(s.num_heads % s.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK((s.num_heads / s.num_kv_heads) * (s.head_dim / kLanes) <= kMaxVectors, "too many query heads per K/V head for this kernel");
   TORCH_CHECK(block_tables.size(0) == num_seqs && seq_lens.size(0) == num_seqs, "one block table and length per sequence");
+  TORCH_CHECK(window >= 0, "window must be 0 (the whole context) or a positive number of tokens");
 
   const auto q = query.to(at::kFloat).contiguous();
   const auto tables = block_tables.contiguous();
@@ -206,11 +216,11 @@ torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Te
   auto out = torch::empty(q.sizes(), q.options());
   if (key_cache.scalar_type() == at::kFloat) {
     dispatch_head_dim(q.data_ptr<float>(), key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), table_data,
-                      len_data, num_seqs, s, static_cast<float>(scale), out.data_ptr<float>());
+                      len_data, num_seqs, s, static_cast<float>(scale), window, out.data_ptr<float>());
   } else {
     dispatch_head_dim(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(key_cache.data_ptr()),
                       reinterpret_cast<const uint16_t*>(value_cache.data_ptr()), table_data, len_data, num_seqs, s,
-                      static_cast<float>(scale), out.data_ptr<float>());
+                      static_cast<float>(scale), window, out.data_ptr<float>());
   }
   return out.to(query.scalar_type());
 }
@@ -222,11 +232,12 @@ torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Te
 // Write each row's K/V into its slot, then decode attention as above; mutates the caches.
 torch::Tensor write_and_attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
-                               const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale) {
+                               const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale,
+                               int64_t window) {
   const int64_t kv_heads = key_cache.size(2), head_dim = key_cache.size(3);
   key_cache.view({-1, kv_heads, head_dim}).index_copy_(0, slot_mapping, key);
   value_cache.view({-1, kv_heads, head_dim}).index_copy_(0, slot_mapping, value);
-  return paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale);
+  return paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale, window);
 }
 
 // x times a weight oneDNN packed (cloud_engine/model/packed_linear.py): the same mkldnn op eager steps call.
@@ -246,7 +257,7 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed_
 
 TORCH_LIBRARY(tandem_cpu, m) {
   m.def("write_and_attend(Tensor query, Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
-        "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, float scale) -> Tensor");
+        "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, float scale, int window=0) -> Tensor");
   m.def("packed_linear(Tensor x, Tensor packed_weight, Tensor? bias, int out_features) -> Tensor");
 }
 
@@ -258,5 +269,8 @@ TORCH_LIBRARY_IMPL(tandem_cpu, CompositeExplicitAutograd, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention over a paged KV cache (query [seqs, heads, dim]) -> [seqs, heads, dim]");
+        "decode attention over a paged KV cache (query [seqs, heads, dim]) -> [seqs, heads, dim]; window > 0 "
+        "attends to each sequence's last `window` tokens only",
+        pybind11::arg("query"), pybind11::arg("key_cache"), pybind11::arg("value_cache"), pybind11::arg("block_tables"),
+        pybind11::arg("seq_lens"), pybind11::arg("scale"), pybind11::arg("window") = 0);
 }

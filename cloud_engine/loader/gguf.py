@@ -43,11 +43,14 @@ class GGUFCheckpoint:
     rope_freq_factors: list[float] | None
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, float32 tensor) pairs, dequantized one at a time, rope rows restored to HF layout."""
+        """(HF name, float32 tensor) pairs, dequantized one at a time, rope rows restored to HF layout
+        and norms unshifted where the architecture's converter shifts them."""
         for tensor, hf_name in self._mapped_tensors():
             weight = _dequantize(tensor)
             if self.spec.gguf_rope_interleaved:
                 weight = self._restore_rope_layout(hf_name, weight)
+            if self.spec.gguf_norm_shift and hf_name.endswith("norm.weight"):
+                weight = weight - self.spec.gguf_norm_shift
             yield hf_name, weight
 
     def weight_plan(self) -> list[tuple[str, list[int]]]:

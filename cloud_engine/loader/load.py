@@ -83,7 +83,7 @@ def build_model(
         model = spec.model_class(config)
     model = model.to(dtype=dtype).to_empty(device=device)
     with torch.no_grad():
-        model.load_weights(weights)
+        model.load_weights((spec.hf_name(name), tensor) for name, tensor in weights)
     return model.requires_grad_(False).eval()
 
 

@@ -1,8 +1,9 @@
-"""The Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5) over the paged KV cache.
+"""The Llama family over the paged KV cache: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3, Phi-3/Phi-4-mini,
+and their mixture-of-experts kin (Qwen3-MoE, Mixtral).
 
-Differences between family members live in ModelConfig (QKV bias, tied embeddings,
-rope scaling), not in subclasses. Q/K/V and gate/up are fused into one matmul each;
-`load_weights` splits checkpoint tensors into them through STACKED_PARAMS.
+Differences between family members live in ModelConfig (QKV bias, tied embeddings, rope scaling,
+per-head q/k norms, partial rotary, experts), not in subclasses. Q/K/V and gate/up are fused into
+one matmul each; `load_weights` places checkpoint tensors into them (weight_placement).
 """
 
 from __future__ import annotations
@@ -16,23 +17,10 @@ from torch import nn
 from cloud_engine.attention import paged_attention
 from cloud_engine.attention_metadata import AttentionMetadata
 from cloud_engine.model.config import ModelConfig
+from cloud_engine.model.moe import SparseMoeBlock
 from cloud_engine.model.packed_linear import PackedLinear, can_pack, pack_linears, warm_up_packed_linears
 from cloud_engine.model.rotary import RotaryEmbedding, apply_rotary
-
-# Checkpoint module name -> (our fused module, shard index within it).
-STACKED_PARAMS: dict[str, tuple[str, int]] = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
-# Checkpoint tensors that carry nothing we need (old HF checkpoints saved rope tables).
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class WeightLoadError(ValueError):
-    """Checkpoint tensors do not match the model built from its config."""
+from cloud_engine.model.weight_placement import load_checkpoint_tensors
 
 
 class RMSNorm(nn.Module):
@@ -50,9 +38,10 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    """Fused QKV projection, RoPE, paged attention over this layer's cache, output projection."""
+    """Fused QKV projection, RoPE, paged attention over this layer's cache (its last `window` positions
+    when window > 0), output projection. `norm` is the per-head q/k norm's class where the config has one."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, window: int = 0, norm: type[nn.Module] = RMSNorm):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads,
@@ -62,52 +51,63 @@ class LlamaAttention(nn.Module):
         self.qkv_sizes = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
         self.qkv_proj = nn.Linear(config.hidden_size, sum(self.qkv_sizes), bias=config.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_output_bias)
-        self.scale = self.head_dim**-0.5
+        self.scale = (config.query_pre_attn_scalar or self.head_dim) ** -0.5
+        self.window = window
+        # Qwen3, Gemma 3: each head's q and k RMS-normed over the head before rope.
+        self.q_norm = norm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = norm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # set by bind_kv_caches
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata):
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         num_rotated = self.num_heads + self.num_kv_heads
+        qk = qkv[:, : num_rotated * self.head_dim].view(num_tokens, num_rotated, self.head_dim)
+        if self.q_norm is not None:
+            qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1)
         # Q and K heads are adjacent columns: rotate them in one call (half the elementwise ops).
-        qk = apply_rotary(qkv[:, : num_rotated * self.head_dim].view(num_tokens, num_rotated, self.head_dim), cos, sin)
+        qk = apply_rotary(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, num_rotated * self.head_dim :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.kv_cache is None:
             raise RuntimeError("no KV cache bound: call model.bind_kv_caches(...) before forward")
-        out = paged_attention(q, k, v, self.kv_cache[0], self.kv_cache[1], metadata, self.scale)
+        out = paged_attention(q, k, v, self.kv_cache[0], self.kv_cache[1], metadata, self.scale, self.window)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)) with gate and up fused."""
+    """A gated MLP, down(act(gate(x)) * up(x)) with gate and up fused: SwiGLU (silu), or GeGLU with
+    tanh-approximated GELU (Gemma)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.tanh_gelu = config.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate = F.gelu(gate, approximate="tanh") if self.tanh_gelu else F.silu(gate)
+        return self.down_proj(gate * up)
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks with residual connections."""
+    """Pre-norm attention and feed-forward blocks with residual connections; the feed-forward block is a
+    mixture of experts in the layers the config names."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, index: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = LlamaAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.mlp = SparseMoeBlock(config) if index in config.moe_layers else LlamaMLP(config)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata):
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, metadata)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-def _embedding_init(num_embeddings: int, dim: int) -> torch.Tensor:
+def embedding_init(num_embeddings: int, dim: int) -> torch.Tensor:
     """nn.Embedding's own init (normal_), except on the meta device (build_model): there normal_
     computes nothing yet imports torch._dynamo (~2 s of the cloud tier's start on 2 cores), which
     nothing else the engine does needs."""
@@ -121,25 +121,27 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(
-            config.vocab_size, config.hidden_size, _weight=_embedding_init(config.vocab_size, config.hidden_size)
+            config.vocab_size, config.hidden_size, _weight=embedding_init(config.vocab_size, config.hidden_size)
         )
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
     """forward(input_ids, positions, attn_metadata) -> final-normed hidden states; compute_logits -> float32."""
 
+    body_class: type[nn.Module] = LlamaModel  # embeddings, layers, final norm (a family may bring its own)
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        self.model = self.body_class(config)
         # Tied models have no lm_head module: the embedding matrix is read directly, so
         # the tie survives meta-device construction and device moves.
         self.lm_head = (
             None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
         self.packed_lm_head: PackedLinear | None = None  # set by pack_for_cpu
 
     def bind_kv_caches(self, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -196,54 +198,17 @@ class LlamaForCausalLM(nn.Module):
         return warm_up_packed_linears(body, max_tokens) + warm_up_packed_linears([self.packed_lm_head], max_logit_rows)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[rows, hidden_size] -> float32 [rows, vocab_size]."""
+        """[rows, hidden_size] -> float32 [rows, vocab_size] (soft-capped where the config says)."""
         if self.packed_lm_head is not None:
-            return self.packed_lm_head(hidden_states).float()
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden_states, weight).float()
+            logits = self.packed_lm_head(hidden_states).float()
+        else:
+            weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+            logits = F.linear(hidden_states, weight).float()
+        cap = self.config.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy (HF checkpoint name, tensor) pairs into the parameters; raise on unknown, misshaped or missing ones."""
-        params = dict(self.named_parameters())
-        shard_sizes = {
-            "qkv_proj": self.model.layers[0].self_attn.qkv_sizes if self.model.layers else [],
-            "gate_up_proj": [self.config.intermediate_size] * 2,
-        }
-        expected = {(name, shard) for name in params for shard in range(_num_shards(name, shard_sizes))}
-        loaded: set[tuple[str, int]] = set()
-        for name, tensor in weights:
-            if name.endswith(IGNORED_SUFFIXES) or (self.lm_head is None and name == "lm_head.weight"):
-                continue
-            parts = name.split(".")
-            fused = STACKED_PARAMS.get(parts[-2]) if len(parts) >= 2 else None
-            if fused is not None:
-                parts[-2], shard = fused
-                target_name = ".".join(parts)
-            else:
-                target_name, shard = name, 0
-            param = params.get(target_name)
-            if param is None:
-                raise WeightLoadError(
-                    f"checkpoint tensor {name!r} has no place in {type(self).__name__} "
-                    f"built from this config; is the architecture right?"
-                )
-            target = param.data
-            if fused is not None:
-                sizes = shard_sizes[parts[-2]]
-                target = target.narrow(0, sum(sizes[:shard]), sizes[shard])
-            if tuple(tensor.shape) != tuple(target.shape):
-                raise WeightLoadError(
-                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
-                    f"the config implies {tuple(target.shape)}"
-                )
-            target.copy_(tensor)
-            loaded.add((target_name, shard))
-        missing = sorted({name for name, _ in expected - loaded})
-        if missing:
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise WeightLoadError(f"the checkpoint lacks {shown}; it is incomplete or for another architecture")
-
-
-def _num_shards(param_name: str, shard_sizes: dict[str, list[int]]) -> int:
-    module = param_name.split(".")[-2] if "." in param_name else ""
-    return len(shard_sizes[module]) if module in shard_sizes else 1
+        qkv_sizes = self.model.layers[0].self_attn.qkv_sizes if self.model.layers else []
+        tied = self.lm_head is None
+        load_checkpoint_tensors(self, weights, qkv_sizes, skip=lambda name: tied and name == "lm_head.weight")

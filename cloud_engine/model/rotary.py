@@ -49,15 +49,16 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope_scaling: Mapping[str, Any]) -> t
 
 
 class RotaryEmbedding:
-    """cos/sin tables for arbitrary per-token positions; not an nn.Module (no weights, no state_dict)."""
+    """cos/sin tables for arbitrary per-token positions; not an nn.Module (no weights, no state_dict).
+    `rotary_dim` is the rotated share of a head (the head's width but for partial rotary)."""
 
-    def __init__(self, head_dim: int, theta: float, rope_scaling: Mapping[str, Any] | None = None):
-        self.head_dim = head_dim
-        self._inv_freq_cpu = rope_inverse_frequencies(head_dim, theta, rope_scaling)
+    def __init__(self, rotary_dim: int, theta: float, rope_scaling: Mapping[str, Any] | None = None):
+        self.rotary_dim = rotary_dim
+        self._inv_freq_cpu = rope_inverse_frequencies(rotary_dim, theta, rope_scaling)
         self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin), each [num_tokens, head_dim] in `dtype`, for int positions [num_tokens]."""
+        """(cos, sin), each [num_tokens, rotary_dim] in `dtype`, for int positions [num_tokens]."""
         inv_freq = self._inv_freq_by_device.get(positions.device)
         if inv_freq is None:
             inv_freq = self._inv_freq_by_device[positions.device] = self._inv_freq_cpu.to(positions.device)
@@ -68,7 +69,11 @@ class RotaryEmbedding:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [num_tokens, num_heads, head_dim] by per-token (cos, sin) [num_tokens, head_dim]."""
+    """Rotate x [num_tokens, num_heads, head_dim] by per-token (cos, sin) [num_tokens, rotary_dim]: the first
+    rotary_dim dimensions of each head turn, the rest pass through (partial rotary, as Phi-3 and HF do)."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        return torch.cat((apply_rotary(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]

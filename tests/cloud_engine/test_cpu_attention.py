@@ -13,7 +13,13 @@ import random
 import pytest
 import torch
 
-from cloud_engine.attention import CPU_TILE_ROWS, causal_attention_sdpa, causal_attention_tiled
+from cloud_engine.attention import (
+    CPU_TILE_ROWS,
+    causal_attention_sdpa,
+    causal_attention_tiled,
+    decode_attention_portable,
+    sliding_window_mask,
+)
 from cloud_engine.kernels import select_decode_kernel
 from tests.cloud_engine.heap_probe import heap_growth, needs_glibc
 from tests.cloud_engine.kernel_helpers import built_cpu_kernels
@@ -24,14 +30,17 @@ def kernels():
     return built_cpu_kernels()
 
 
-def dense_attention(query, keys, values, scale, query_offset=0):
-    """float64 causal reference: query [q, H, D], keys/values [ctx, Hkv, D]."""
+def dense_attention(query, keys, values, scale, query_offset=0, window=0):
+    """float64 causal reference: query [q, H, D], keys/values [ctx, Hkv, D]; with a window, each query
+    sees only its last `window` positions."""
     group = query.shape[1] // keys.shape[1]
     k = keys.double().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, ctx, D]
     v = values.double().repeat_interleave(group, dim=1).transpose(0, 1)
     scores = torch.einsum("qhd,hkd->hqk", query.double(), k) * scale
     positions = torch.arange(query.shape[0])[:, None] + query_offset
-    scores = scores.masked_fill(torch.arange(keys.shape[0])[None, :] > positions, float("-inf"))
+    key_positions = torch.arange(keys.shape[0])[None, :]
+    hidden = (key_positions > positions) | ((key_positions <= positions - window) if window else False)
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hqk,hkd->qhd", torch.softmax(scores, dim=-1), v)
 
 
@@ -189,3 +198,56 @@ def test_backend_selection():
         select_decode_kernel("cpu-kernel", cpu, torch.float32, 4, 2, 8)
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         select_decode_kernel("flash", cpu, torch.float32, 9, 3, 64)
+
+
+# Windows shorter than a block, spanning blocks, starting mid-block, and as long as or longer than a context.
+WINDOWS = [3, 16, 21, 100, 500]
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sliding_window_decode_matches_dense_reference(kernels, window, dtype):
+    """Gemma 3's local layers: the kernel and the portable path see each sequence's last `window` tokens only."""
+    lengths = [1, 5, 16, 17, 40, 100]
+    query, key_cache, value_cache, tables, lens = random_paged_batch(
+        len(lengths), lengths, 8, 2, 32, block_size=16, dtype=dtype, seed=window
+    )
+    scale = 32**-0.5
+    kernel_out = kernels.paged_decode_attention(query, key_cache, value_cache, tables, lens, scale, window)
+    portable_out = decode_attention_portable(query, key_cache, value_cache, tables, lens, scale, window)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for seq, length in enumerate(lengths):
+        keys, values = context_of(key_cache, tables[seq], length), context_of(value_cache, tables[seq], length)
+        expected = dense_attention(query[seq : seq + 1], keys, values, scale, length - 1, window)[0]
+        for out in (kernel_out, portable_out):
+            torch.testing.assert_close(out[seq].double(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_sliding_window_decode_reads_no_block_before_the_window(kernels):
+    """Blocks wholly before a sequence's window are not read: poisoned with NaN, the answer stays finite."""
+    query, key_cache, value_cache, tables, lens = random_paged_batch(1, [70], 4, 1, 16, 16, torch.float32, seed=3)
+    for block in tables[0, :3].tolist():  # positions 0..47; a window of 20 at length 70 starts at 50
+        key_cache[block] = float("nan")
+        value_cache[block] = float("nan")
+    assert kernels.paged_decode_attention(query, key_cache, value_cache, tables, lens, 0.25, 20).isfinite().all()
+    assert kernels.paged_decode_attention(query, key_cache, value_cache, tables, lens, 0.25).isnan().any()
+
+
+@pytest.mark.parametrize("query_len,query_offset", [(7, 0), (150, 0), (20, 35), (130, 77)])
+@pytest.mark.parametrize("window", [5, 64, 100])
+def test_sliding_window_prefill_matches_dense_reference(query_len, query_offset, window):
+    """The tiled CPU path and the SDPA path with a window, from the start of the context and after cached keys."""
+    gen = torch.Generator().manual_seed(query_len + window)
+    context = query_offset + query_len
+    query = torch.randn(query_len, 6, 32, generator=gen)
+    keys, values = torch.randn(context, 2, 32, generator=gen), torch.randn(context, 2, 32, generator=gen)
+    expected = dense_attention(query, keys, values, 32**-0.5, query_offset, window)
+    tiled = causal_attention_tiled(query, keys, values, query_offset, 32**-0.5, window)
+    mask = sliding_window_mask(query_offset, query_len, context, window, query.device)
+    sdpa = causal_attention_sdpa(query, keys, values, mask, 32**-0.5)
+    for out in (tiled, sdpa):
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    # The tiled path given only the keys from a block boundary on (what the paged path gathers) agrees.
+    first = max(0, query_offset - window + 1) // 16 * 16
+    offset_out = causal_attention_tiled(query, keys[first:], values[first:], query_offset, 32**-0.5, window, first)
+    torch.testing.assert_close(offset_out.double(), expected, atol=1e-5, rtol=1e-5)

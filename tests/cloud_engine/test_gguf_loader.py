@@ -16,7 +16,16 @@ import torch
 from cloud_engine.loader import build_model
 from cloud_engine.loader.gguf import read_gguf_checkpoint, unpermute_rope_rows
 from tests.cloud_engine.paged_helpers import PagedBatchBuilder, make_kv_caches
-from tests.cloud_engine.tiny_models import llama_config, qwen2_config, random_tokens
+from tests.cloud_engine.tiny_models import (
+    gemma3_config,
+    llama_config,
+    mixtral_config,
+    phi3_config,
+    qwen2_config,
+    qwen3_config,
+    qwen3_moe_config,
+    random_tokens,
+)
 
 LAYER_NAMES = {  # HF module path inside a layer -> llama.cpp tensor name inside blk.N
     "input_layernorm.weight": "attn_norm.weight",
@@ -31,6 +40,21 @@ LAYER_NAMES = {  # HF module path inside a layer -> llama.cpp tensor name inside
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",  # Qwen3
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # Phi-3: fused, and gate with up under ffn_up
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",  # experts: the router, then one stack per projection
+    "mlp.experts.gate_proj": "ffn_gate_exps.weight",
+    "mlp.experts.up_proj": "ffn_up_exps.weight",
+    "mlp.experts.down_proj": "ffn_down_exps.weight",
+}
+# Gemma 3's four norms a layer (its ffn_norm is the norm before the MLP); the converter adds 1 to every norm.
+GEMMA3_LAYER_NAMES = {
+    **LAYER_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -66,6 +90,19 @@ def llama3_rope_freq_factors(head_dim: int, theta: float, rope: dict) -> np.ndar
     return np.array(factors, dtype=np.float32)
 
 
+def converter_tensors(state_dict):
+    """(HF name, array) as the converter sees them: a stacked gate-and-up of experts split in two."""
+    for hf_name, tensor in state_dict.items():
+        array = tensor.float().numpy()
+        if hf_name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = np.split(array, 2, axis=1)
+            layer = hf_name.split(".")[2]
+            yield f"model.layers.{layer}.mlp.experts.gate_proj", gate
+            yield f"model.layers.{layer}.mlp.experts.up_proj", up
+        else:
+            yield hf_name, array
+
+
 def write_gguf(path, hf, arch: str) -> None:
     import gguf
 
@@ -77,26 +114,45 @@ def write_gguf(path, hf, arch: str) -> None:
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    rope = cfg.rope_parameters
+    if arch == "gemma3":  # one rope per layer type
+        writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+        rope = rope["full_attention"]
+    writer.add_rope_freq_base(rope["rope_theta"])
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    if rope.get("partial_rotary_factor", 1.0) < 1.0:  # as the converters write it: only where rope is partial
+        writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
+    if arch == "gemma3":
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in cfg.layer_types])
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    num_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", 0)
+    if num_experts:
+        writer.add_expert_count(num_experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(getattr(cfg, "moe_intermediate_size", cfg.intermediate_size))
+        writer.add_expert_weights_norm(getattr(cfg, "norm_topk_prob", True))
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
-    for hf_name, tensor in hf.state_dict().items():
-        array = tensor.float().numpy()
+    for hf_name, array in converter_tensors(hf.state_dict()):
         if hf_name.startswith("model.layers."):
             _, _, layer, rest = hf_name.split(".", 3)
-            name = f"blk.{layer}.{LAYER_NAMES[rest]}"
+            name = f"blk.{layer}.{(GEMMA3_LAYER_NAMES if arch == 'gemma3' else LAYER_NAMES)[rest]}"
         else:
             name = GLOBAL_NAMES[hf_name]
         if arch == "llama" and ".q_proj." in hf_name:
             array = converter_permute(array, cfg.num_attention_heads)
         elif arch == "llama" and ".k_proj." in hf_name:
             array = converter_permute(array, cfg.num_key_value_heads)
+        if arch == "gemma3" and hf_name.endswith("norm.weight"):
+            array = array + 1.0
         if name == "output.weight" and cfg.tie_word_embeddings:
             continue
         writer.add_tensor(name, np.ascontiguousarray(array))
-    rope = cfg.rope_parameters
     if rope.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_freq_factors(cfg.head_dim, rope["rope_theta"], rope))
     writer.write_header_to_file()
@@ -112,7 +168,20 @@ def test_unpermute_inverts_the_converter_permutation():
     assert torch.equal(unpermute_rope_rows(torch.from_numpy(converter_permute(bias, 3)), 3), torch.from_numpy(bias))
 
 
-@pytest.mark.parametrize("arch,make_config", [("llama", llama_config), ("qwen2", qwen2_config)])
+@pytest.mark.parametrize(
+    "arch,make_config",
+    [
+        ("llama", llama_config),
+        ("qwen2", qwen2_config),
+        ("qwen3", qwen3_config),
+        ("phi3", phi3_config),
+        ("qwen3moe", qwen3_moe_config),
+        ("llama", mixtral_config),  # llama.cpp writes Mixtral as a llama file with experts
+        # A Gemma 3 GGUF has no query scale: llama.cpp takes the head's width, as the small models have it.
+        ("gemma3", lambda: gemma3_config(query_pre_attn_scalar=32)),
+    ],
+    ids=["llama", "qwen2", "qwen3", "phi3", "qwen3moe", "mixtral", "gemma3"],
+)
 def test_tiny_gguf_matches_hf(tmp_path, arch, make_config):
     from transformers import AutoModelForCausalLM
 

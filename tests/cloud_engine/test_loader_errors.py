@@ -124,3 +124,63 @@ def test_config_reads_transformers_4_and_5_rope_layouts():
     assert plain.rope_scaling is None and plain.rope_theta == 1e6
     assert plain.attention_bias and not plain.attention_output_bias  # Qwen2: QKV bias only
     assert get_architecture("Qwen2ForCausalLM") is get_architecture("qwen2")
+
+
+def test_family_configs_that_cannot_run_are_refused_by_name():
+    phi3 = {"architectures": ["Phi3ForCausalLM"], **LLAMA_FIELDS}
+    with pytest.raises(ModelConfigError, match="rope_type 'longrope' is not supported"):
+        ModelConfig.from_hf_config({**phi3, "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 2}})
+    with pytest.raises(ModelConfigError, match="partial_rotary_factor 0.3 must leave an even number"):
+        ModelConfig.from_hf_config({**phi3, "partial_rotary_factor": 0.3})  # 0.3 of 4 dimensions
+    phi3_gguf = {"general.architecture": "phi3", "phi3.embedding_length": 16, "phi3.feed_forward_length": 32}
+    phi3_gguf |= {"phi3.block_count": 1, "phi3.attention.head_count": 4, "phi3.vocab_size": 32}
+    with pytest.raises(ModelConfigError, match="rope type 'longrope'.*not supported"):
+        ModelConfig.from_gguf(phi3_gguf, tensor_names=["token_embd.weight", "rope_factors_long.weight"])
+    gemma = {"architectures": ["Gemma3ForCausalLM"], **LLAMA_FIELDS, "sliding_window": 8}
+    with pytest.raises(ModelConfigError, match="attn_logit_softcapping"):
+        ModelConfig.from_hf_config({**gemma, "attn_logit_softcapping": 50.0})
+    with pytest.raises(
+        ModelConfigError, match="hidden_act 'gelu' is not supported; supported: silu, gelu_pytorch_tanh"
+    ):
+        ModelConfig.from_hf_config({**gemma, "hidden_activation": "gelu"})
+    moe = {"architectures": ["Qwen3MoeForCausalLM"], **LLAMA_FIELDS, "num_experts": 4, "moe_intermediate_size": 8}
+    with pytest.raises(ModelConfigError, match=r"num_experts_per_tok must be in 1..num_experts \(4\), got 5"):
+        ModelConfig.from_hf_config({**moe, "num_experts_per_tok": 5})
+
+
+def test_family_configs_read_in_the_hubs_layout():
+    """config.json as the models' repositories ship them (transformers 4 keys), not as transformers 5 writes."""
+    layers = dict(LLAMA_FIELDS, num_hidden_layers=12)
+    gemma = ModelConfig.from_hf_config(
+        {
+            "architectures": ["Gemma3ForCausalLM"],
+            **layers,
+            "sliding_window": 512,
+            "sliding_window_pattern": 6,
+            "rope_theta": 1e6,
+            "rope_local_base_freq": 1e4,
+            "query_pre_attn_scalar": 256,
+            "hidden_activation": "gelu_pytorch_tanh",
+        }
+    )
+    assert gemma.local_layers == (0, 1, 2, 3, 4, 6, 7, 8, 9, 10) and gemma.sliding_window == 512
+    assert (gemma.rope_theta, gemma.rope_local_theta, gemma.query_pre_attn_scalar) == (1e6, 1e4, 256)
+    assert gemma.qk_norm  # Gemma 3 always norms q and k
+    moe = ModelConfig.from_hf_config(
+        {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            **layers,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 8,
+            "decoder_sparse_step": 2,
+            "mlp_only_layers": [3],
+            "norm_topk_prob": True,
+        }
+    )
+    assert moe.moe_layers == (1, 5, 7, 9, 11) and moe.num_experts == 8 and moe.qk_norm
+    phi3 = ModelConfig.from_hf_config({"architectures": ["Phi3ForCausalLM"], **layers, "partial_rotary_factor": 0.5})
+    assert phi3.rotary_dim == 2 and phi3.head_dim == 4
+    # Other families' windows stay a cap on the context, not layers of their own.
+    mistral = ModelConfig.from_hf_config({"architectures": ["MistralForCausalLM"], **layers, "sliding_window": 64})
+    assert mistral.sliding_window == 64 and mistral.local_layers == ()

@@ -17,9 +17,14 @@ from tests.cloud_engine.kernel_helpers import built_cpu_kernels, cpu_kernels_or_
 from tests.cloud_engine.paged_helpers import PagedBatchBuilder, make_kv_caches
 from tests.cloud_engine.tiny_models import (
     VOCAB_SIZE,
+    gemma3_config,
     llama_config,
     mistral_config,
+    mixtral_config,
+    phi3_config,
     qwen2_config,
+    qwen3_config,
+    qwen3_moe_config,
     random_tokens,
     save_tiny_tokenizer,
 )
@@ -29,7 +34,19 @@ NUM_BLOCKS = 64
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=[llama_config, mistral_config, qwen2_config], ids=["llama3", "mistral", "qwen2"])
+FAMILIES = {
+    "llama3": llama_config,
+    "mistral": mistral_config,
+    "qwen2": qwen2_config,
+    "qwen3": qwen3_config,
+    "phi3": phi3_config,
+    "qwen3-moe": qwen3_moe_config,
+    "mixtral": mixtral_config,
+    "gemma3": gemma3_config,
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES.values()), ids=list(FAMILIES))
 def tiny_pair(request, tmp_path_factory):
     """(HF reference model, our LoadedModel) sharing random weights."""
     from transformers import AutoModelForCausalLM

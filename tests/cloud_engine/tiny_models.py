@@ -45,6 +45,70 @@ def qwen2_config():
     return Qwen2Config(**{**SMALL, "num_key_value_heads": 1}, rope_theta=1000.0, architectures=["Qwen2ForCausalLM"])
 
 
+def qwen3_config():
+    from transformers import Qwen3Config
+
+    # head_dim wider than hidden / heads, as in the real Qwen3 models.
+    return Qwen3Config(**SMALL, head_dim=32, rope_theta=1000000.0, architectures=["Qwen3ForCausalLM"])
+
+
+def phi3_config():
+    from transformers import Phi3Config
+
+    # Phi-4-mini rotates a share of each head; half here, so the passed-through half is tested too.
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    return Phi3Config(
+        **SMALL, rope_parameters=rope, pad_token_id=0, bos_token_id=1, eos_token_id=2, architectures=["Phi3ForCausalLM"]
+    )
+
+
+def qwen3_moe_config():
+    from transformers import Qwen3MoeConfig
+
+    # Layer 1 keeps a dense MLP (mlp_only_layers), the others route to 2 of 4 experts.
+    return Qwen3MoeConfig(
+        **SMALL,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        mlp_only_layers=[1],
+        norm_topk_prob=False,
+        architectures=["Qwen3MoeForCausalLM"],
+    )
+
+
+def mixtral_config():
+    from transformers import MixtralConfig
+
+    return MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2, architectures=["MixtralForCausalLM"])
+
+
+def gemma3_config(query_pre_attn_scalar: int = 24):
+    from transformers import Gemma3TextConfig
+
+    # A window of 6 positions (prompts here run to 30) in two local layers, then a global one; a query
+    # scale of its own; the local layers' rope base differs from the global. A logit cap of 20 bends these
+    # tiny models' logits (within about 2) by several times the reference tests' tolerance, so it is tested,
+    # and leaves float16's rounding room (at 2 it squeezed the logits under their float16 error).
+    rope = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    return Gemma3TextConfig(
+        **SMALL,
+        head_dim=32,
+        sliding_window=6,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters=rope,
+        query_pre_attn_scalar=query_pre_attn_scalar,
+        final_logit_softcapping=20.0,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        architectures=["Gemma3ForCausalLM"],
+    )
+
+
 def save_tiny_tokenizer(path) -> None:
     from transformers import PreTrainedTokenizerFast
 
