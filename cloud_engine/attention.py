@@ -37,6 +37,24 @@ class PrefillChunk:
     context_len: int  # cached + new tokens of the sequence after this step
     block_ids: torch.Tensor | None  # [num_context_blocks] blocks to gather; None when the chunk is its whole context
     mask: torch.Tensor | None  # bool [query_len, context_len] causal mask offset by the cached context
+    windowed_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # by window, built on first use
+
+    @property
+    def query_offset(self) -> int:
+        """Position of the chunk's first query token."""
+        return self.context_len - (self.query_end - self.query_start)
+
+    def mask_for(self, window: int, device: torch.device) -> torch.Tensor | None:
+        """The SDPA mask of a layer with this sliding window (0: the chunk's causal mask, None when plain
+        causal); built once per step for every layer of that window."""
+        if not window:
+            return self.mask
+        mask = self.windowed_masks.get(window)
+        if mask is None:
+            query_len = self.query_end - self.query_start
+            mask = sliding_window_mask(self.query_offset, query_len, self.context_len, window, device)
+            self.windowed_masks[window] = mask
+        return mask
 
 
 @dataclass
@@ -115,8 +133,7 @@ def plan_paged_attention(metadata: AttentionMetadata) -> PagedAttentionPlan:
             continue
         block_ids = block_tables[seq, : -(-context_len // block_size)]
         # Query i (0-based in the chunk) sits at position context_len - query_len + i.
-        query_positions = torch.arange(context_len - query_len, context_len, device=device)
-        mask = torch.arange(context_len, device=device)[None, :] <= query_positions[:, None]
+        mask = sliding_window_mask(context_len - query_len, query_len, context_len, 0, device)
         prefills.append(PrefillChunk(start, end, context_len, block_ids, mask))
     plan.prefills = prefills
     metadata.derived[_PLAN_KEY] = plan
@@ -231,8 +248,7 @@ def _prefill_attention(
     scale: float,
     window: int = 0,
 ) -> torch.Tensor:
-    start, end = chunk.query_start, chunk.query_end
-    query_offset = chunk.context_len - (end - start)  # position of the chunk's first query
+    start, end, query_offset = chunk.query_start, chunk.query_end, chunk.query_offset
     num_kv_heads, head_dim = key_cache.shape[-2:]
     key_offset = 0  # position of keys[0]
     if chunk.block_ids is None:
@@ -248,19 +264,18 @@ def _prefill_attention(
         values = value_cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)[:visible]
     if query.device.type == "cpu":
         return causal_attention_tiled(query[start:end], keys, values, query_offset, scale, window, key_offset)
-    mask = chunk.mask
-    if window:
-        mask = sliding_window_mask(query_offset, end - start, chunk.context_len, window, query.device)
-    return causal_attention_sdpa(query[start:end], keys, values, mask, scale)
+    return causal_attention_sdpa(query[start:end], keys, values, chunk.mask_for(window, query.device), scale)
 
 
 def sliding_window_mask(
     query_offset: int, query_len: int, context_len: int, window: int, device: torch.device
 ) -> torch.Tensor:
-    """bool [query_len, context_len]: query i (at query_offset + i) sees keys in its last `window` positions."""
+    """bool [query_len, context_len]: query i (at query_offset + i) sees the keys up to its own position, only
+    its last `window` of them when window > 0."""
     query_positions = torch.arange(query_offset, query_offset + query_len, device=device)[:, None]
     key_positions = torch.arange(context_len, device=device)[None, :]
-    return (key_positions <= query_positions) & (key_positions > query_positions - window)
+    causal = key_positions <= query_positions
+    return causal & (key_positions > query_positions - window) if window else causal
 
 
 def causal_attention_sdpa(

@@ -3,14 +3,13 @@ independent of batching, chunking and prefix caching."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
-import torch
 
 from cloud_engine.llm import LLM
 from sdk.engine_common.model_files import default_model_path
 from sdk.protocol.engine import SamplingParams
+from tests.cloud_engine.hf_reference import transformers_greedy
 from tests.local_runtime.conftest import QUESTIONS
 
 pytestmark = pytest.mark.slow
@@ -34,19 +33,7 @@ def prompts(llm):
 
 @pytest.fixture(scope="module")
 def hf_tokens(prompts):
-    from transformers import AutoModelForCausalLM
-
-    path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    )
-    model.generation_config.eos_token_id = None
-    outs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=NUM_TOKENS, do_sample=False, pad_token_id=0)
-            outs.append(out[0, len(prompt) :].tolist())
-    return outs
+    return transformers_greedy(default_model_path(), prompts, NUM_TOKENS)
 
 
 def test_greedy_matches_transformers_alone(llm, prompts, hf_tokens):

@@ -15,6 +15,7 @@ import torch
 
 from cloud_engine.attention import (
     CPU_TILE_ROWS,
+    PrefillChunk,
     causal_attention_sdpa,
     causal_attention_tiled,
     decode_attention_portable,
@@ -251,3 +252,16 @@ def test_sliding_window_prefill_matches_dense_reference(query_len, query_offset,
     first = max(0, query_offset - window + 1) // 16 * 16
     offset_out = causal_attention_tiled(query, keys[first:], values[first:], query_offset, 32**-0.5, window, first)
     torch.testing.assert_close(offset_out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_prefill_chunk_builds_each_windowed_mask_once():
+    """The SDPA path's masks: the plain one is the causal mask offset by the cached context, and a window's is
+    built on the first layer that asks and shared by the others."""
+    cpu = torch.device("cpu")
+    causal = sliding_window_mask(7, 5, 12, 0, cpu)
+    assert torch.equal(causal, torch.arange(12)[None, :] <= torch.arange(7, 12)[:, None])
+    chunk = PrefillChunk(0, 5, 12, torch.arange(3), causal)
+    assert chunk.query_offset == 7 and chunk.mask_for(0, cpu) is causal
+    windowed = chunk.mask_for(4, cpu)
+    assert torch.equal(windowed, sliding_window_mask(7, 5, 12, 4, cpu)) and chunk.mask_for(4, cpu) is windowed
+    assert windowed.sum(dim=1).tolist() == [4] * 5  # every query sees exactly its window

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cloud_engine.llm import LLM
 from cloud_engine.spec_decode import SpeculativeConfig
 from sdk.protocol.drafts import OutsideDraft
 from sdk.protocol.engine import GenerationRequest, SamplingParams
+from tests.cloud_engine.test_spec_decode_greedy import make_llm
 from tests.cloud_engine.tiny_models import (
     VOCAB_SIZE,
     gemma3_config,
@@ -81,21 +81,14 @@ def family(request, tmp_path_factory):
     return request.param, str(path), answers
 
 
-def make_llm(model_dir: str, **overrides) -> LLM:
-    config = dict(
-        dtype="float32",
-        block_size=4,
-        kv_cache_gb=0.002,
-        max_num_seqs=4,
-        max_num_batched_tokens=8,  # prompts run in chunks beside the other requests' decodes
-        max_model_len=96,
-    )
-    return LLM(model_dir, **{**config, **overrides})
+# test_spec_decode_greedy's tiny engine (block size 4, 4 sequences), with room for these prompts and a budget
+# of 8 tokens: prompts run in chunks beside the other requests' decodes.
+ENGINE = {"kv_cache_gb": 0.002, "max_num_batched_tokens": 8, "max_model_len": 96}
 
 
 def test_greedy_answers_and_logprobs_match_transformers(family):
     name, path, answers = family
-    llm = make_llm(path)
+    llm = make_llm(path, **ENGINE)
     outs = llm.generate(PROMPTS[:3], greedy())  # a batch of mixed lengths
     hits_before = llm.engine.kv_manager.num_prefix_cache_hits_total
     outs += llm.generate(PROMPTS[3:], greedy())
@@ -110,7 +103,7 @@ def test_greedy_answers_and_logprobs_match_transformers(family):
 def test_ngram_speculation_keeps_the_greedy_answers(family):
     name, path, answers = family
     spec = SpeculativeConfig(method="ngram", ngram_min=1, num_speculative_tokens=3, adaptive=False)
-    llm = make_llm(path, speculative=spec, max_num_batched_tokens=32)
+    llm = make_llm(path, spec, **{**ENGINE, "max_num_batched_tokens": 32})
     outs = llm.generate(PROMPTS, [SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)] * 4)
     assert [o.token_ids for o in outs] == [tokens for tokens, _ in answers], name
     assert llm.engine.speculator.stats.num_draft_tokens > 0, f"{name}: nothing was drafted"
@@ -120,7 +113,7 @@ def test_ngram_speculation_keeps_the_greedy_answers(family):
 def test_outside_drafts_are_verified(family):
     """A device's drafts: right ones are accepted (fewer steps), wrong ones change nothing."""
     name, path, answers = family
-    llm = make_llm(path, max_num_batched_tokens=32)
+    llm = make_llm(path, **{**ENGINE, "max_num_batched_tokens": 32})
     engine, prompt, reference = llm.engine, PROMPTS[2], answers[2][0]
     params = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
     for wrong in (False, True):

@@ -9,13 +9,12 @@ layers' rope base), which makes it an independent check of ours on a real conver
 
 from __future__ import annotations
 
-import os
 
 import pytest
-import torch
 
 from cloud_engine.llm import LLM
 from sdk.protocol.engine import SamplingParams
+from tests.cloud_engine.hf_reference import transformers_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -52,17 +51,7 @@ def prompts(llm):
 @pytest.fixture(scope="module")
 def reference(gemma_path, prompts):
     """transformers' greedy continuation of each prompt, from the same file in float32."""
-    from transformers import AutoModelForCausalLM
-
-    folder, name = os.path.split(gemma_path)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    outs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=NUM_TOKENS, do_sample=False, pad_token_id=0)
-            outs.append(out[0, len(prompt) :].tolist())
-    return outs
+    return transformers_greedy(gemma_path, prompts, NUM_TOKENS)
 
 
 def greedy() -> SamplingParams:
