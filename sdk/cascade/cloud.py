@@ -118,28 +118,34 @@ def refusal_reason(client: CloudBackend | None, breaker: CircuitBreaker, cloud_r
 
 
 async def capability_refusal(
-    runner, structured: StructuredOutput | None, continuing: bool, first_token_timeout_s: float
+    runner, structured: StructuredOutput | None, continuing: bool, first_token_timeout_s: float, prompt=None
 ) -> str | None:
     """Why this cloud cannot take this request whatever its health (a tool grammar it cannot enforce, a
-    continuation it cannot take), or None. Only a request that needs such a capability asks the server
-    what it is (an HTTP cloud: vLLM or not), and not while the breaker is open: a dead cloud must not
-    cost every request a wait. `runner`: the sdk.cascade.runner.CascadeRunner."""
+    continuation it cannot take, a raw prompt it cannot continue), or None. Only a request that needs such a
+    capability asks the server what it is (an HTTP cloud: vLLM or not), and not while the breaker is open: a
+    dead cloud must not cost every request a wait. `runner`: the sdk.cascade.runner.CascadeRunner; `prompt`:
+    the request's sdk.cascade.prompt prompt (None: chat)."""
     cloud = runner.cloud
     grammar = structured is not None and structured.kind == "lark"
+    raw = prompt is not None and prompt.is_raw
+    token_ids = raw and prompt.token_ids is not None
     if (
-        not (grammar or continuing)
+        not (grammar or continuing or raw)
         or cloud is None
         or not runner.cloud_ready()
         or runner.breaker.state is BreakerState.OPEN
     ):
         return None
-    with contextlib.suppress(CloudError):  # unreachable: the call itself fails, and the breaker counts it
-        await cloud.discover(timeout_s=min(DISCOVER_TIMEOUT_S, first_token_timeout_s))
+    if raw and not cloud.takes_raw_prompts:
+        return "cloud_no_raw_prompts"  # an OpenAI-compatible cloud would read the text as a chat turn
+    if grammar or continuing:
+        with contextlib.suppress(CloudError):  # unreachable: the call itself fails, and the breaker counts it
+            await cloud.discover(timeout_s=min(DISCOVER_TIMEOUT_S, first_token_timeout_s))
     if grammar and not cloud.takes_grammars:
         return "cloud_no_tools"  # a plain OpenAI-compatible cloud cannot take tandem's tool grammar
     if continuing and not (cloud.supports_continuation and (structured is None or cloud.continues_constrained)):
         return "cloud_cannot_continue"  # the local answer stands (a restart would repeat what streamed)
-    if continuing and await runner.vocabulary_verdict() is False:
+    if (continuing or token_ids) and await runner.vocabulary_verdict() is False:
         return "cloud_vocabulary_differs"  # the local token ids would mean other text there
     return None
 

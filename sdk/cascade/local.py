@@ -6,14 +6,14 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from sdk.protocol.engine import EngineProtocol, GenerationRequest, SamplingParams, TokenEvent
-from sdk.serving.prompt_tokens import chat_prompt_tokens
 
 
 class LocalRun:
     """Every local token of one request, across the first run and a resumed one."""
 
-    def __init__(self, engine: EngineProtocol, messages: list[dict], params: SamplingParams, request_id: str):
-        self.engine, self.messages, self.params, self.request_id = engine, messages, params, request_id
+    def __init__(self, engine: EngineProtocol, prompt, params: SamplingParams, request_id: str):
+        # `prompt`: an sdk.cascade.prompt prompt (chat messages or a raw prompt)
+        self.engine, self.prompt, self.params, self.request_id = engine, prompt, params, request_id
         self.prompt_token_ids: list[int] | None = None  # rendered on first use (private requests need it only here)
         self.events: list[TokenEvent] = []  # every local token generated, released or not
         self._stream: AsyncIterator[TokenEvent] | None = None
@@ -32,7 +32,7 @@ class LocalRun:
 
     async def _prompt(self) -> list[int]:
         if self.prompt_token_ids is None:
-            self.prompt_token_ids = await chat_prompt_tokens(self.engine, self.messages)
+            self.prompt_token_ids = await self.prompt.local_tokens(self.engine)
         return self.prompt_token_ids
 
     async def stream(self) -> AsyncIterator[TokenEvent]:
@@ -60,7 +60,7 @@ class LocalRun:
             yield event
 
     async def take_over(self, text: str, num_emitted: int) -> AsyncIterator[TokenEvent]:
-        """Finish an answer the cloud started and could not end: generate after the chat
+        """Finish an answer the cloud started and could not end: generate after the
         prompt plus `text` (what the client already has, re-tokenized by the local model)."""
         prompt_tail = list(self.engine.tokenize(text, add_special=False))
         async for event in self._generate_after(prompt_tail, num_emitted, "-takeover"):
@@ -69,7 +69,7 @@ class LocalRun:
     async def _generate_after(
         self, prompt_tail: list[int], num_emitted: int, id_suffix: str
     ) -> AsyncIterator[TokenEvent]:
-        """The chat prompt plus `prompt_tail`, continued within what is left of max_tokens."""
+        """The prompt plus `prompt_tail`, continued within what is left of max_tokens."""
         remaining = self.params.max_tokens - num_emitted
         if remaining < 1:
             return

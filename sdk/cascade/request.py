@@ -18,7 +18,6 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator
 
-from router.chat_text import iter_message_texts, message_as_dict, message_text_length
 from router.decision import HandoffMode, Reason, RoutingDecision, RoutingMode, Tier
 from router.hold_back import HandoffPlan, HoldBackBuffer
 from router.policy import (
@@ -43,10 +42,10 @@ from sdk.cascade.cloud import (
 )
 from sdk.cascade.device_drafts import DraftedAnswer, DraftRounds, draft_refusal
 from sdk.cascade.local import LocalRun
+from sdk.cascade.prompt import CascadePrompt, ChatPrompt
 from sdk.cascade.traffic import after_request
 from sdk.cascade.types import CascadeEvent, RoutingInfo
 from sdk.protocol.engine import ContextLengthError, SamplingParams, StateUnavailableError, TokenEvent
-from sdk.serving.prompt_tokens import chat_prompt_tokens
 from sdk.engine_common.repetition import ESCALATE_LOOP
 
 COMMITTED_LOCAL = "committed_local"  # an escalation came after restart-mode tokens were released
@@ -66,7 +65,7 @@ class CascadeRequest:
     def __init__(
         self,
         runner,
-        messages: list,
+        prompt: CascadePrompt | list,  # chat messages, or sdk.cascade.prompt's ChatPrompt / RawPrompt
         params: SamplingParams,
         mode: RoutingMode,
         threshold: float,
@@ -90,21 +89,21 @@ class CascadeRequest:
         # A streamed answer commits local after a hold window so its client sees tokens early; a
         # non-streamed one is held until decided (its client waits for the end either way).
         self.hold_window = self.config.stream_hold_window() if streamed else None
-        self.messages = [message_as_dict(message) for message in messages]
+        self.prompt = prompt if isinstance(prompt, CascadePrompt) else ChatPrompt(prompt)
         if verdict is None:
-            verdict = runner.privacy_rules.check_messages(self.messages, private=private)
+            verdict = self.prompt.verdict(runner.privacy_rules, private)
         elif private and not verdict.flagged_private:  # a caller's private flag is never dropped
             verdict = dataclasses.replace(verdict, private=True, flagged_private=True)
         self.verdict = verdict
         private = verdict.flagged_private  # one verdict: its flag is the request's
-        # With redaction allowed, matching rules no longer keep the request local; the flag still does.
-        may_redact = runner.redact_before_escalation and not self.verdict.flagged_private
-        self.cloud_messages, self.redactions = (
-            runner.privacy_rules.redact_messages(self.messages) if may_redact else (self.messages, [])
+        # With redaction allowed, matching rules no longer keep the request local; the flag still does. A
+        # prompt that cannot be redacted (token ids) stays local when a rule matches its text.
+        may_redact = runner.redact_before_escalation and not self.verdict.flagged_private and self.prompt.redactable
+        self.cloud_prompt, self.redactions = (
+            self.prompt.redacted(runner.privacy_rules) if may_redact else (self.prompt.unredacted(), [])
         )
         kept_local_rules = () if may_redact else self.verdict.rule_names
-        # The same texts the privacy rules read (string contents and "text" content parts).
-        prompt_text = "\n".join(text for _, _, text in iter_message_texts(self.messages))
+        prompt_text = self.prompt.text  # the same texts the privacy rules read
         self.context = RequestContext(prompt_text, mode, flagged_private=private, tool_choice=tool_choice)
         pre = [
             PrivateFirst(lambda _text: kept_local_rules),
@@ -132,7 +131,7 @@ class CascadeRequest:
         )
         self.threshold = threshold
         self.cost = runner.ledger.new_request()
-        self.local = LocalRun(runner.local, self.messages, params, request_id)
+        self.local = LocalRun(runner.local, self.prompt, params, request_id)
         self.degraded_reason: str | None = None
         self.refused_as_committed = False
         self.draft_rounds: DraftRounds | None = None  # draft_on_device: how the device drafted the cloud answer
@@ -164,7 +163,9 @@ class CascadeRequest:
         """sdk.cascade.budget_hold: the cloud call's largest cost held before it is made, or why not."""
 
         async def num_prompt_tokens() -> int:
-            return self.local.num_prompt_tokens or len(await chat_prompt_tokens(self.runner.local, self.cloud_messages))
+            return self.local.num_prompt_tokens or len(
+                await self.prompt.local_tokens(self.runner.local, self.cloud_prompt)
+            )
 
         cloud_only = self.mode is RoutingMode.CLOUD
         try:
@@ -238,7 +239,7 @@ class CascadeRequest:
         refusal_reason may take a half-open breaker's trial call."""
         runner = self.runner
         return await capability_refusal(
-            runner, self.params.structured, continuing, self.config.cloud_first_token_timeout_s
+            runner, self.params.structured, continuing, self.config.cloud_first_token_timeout_s, self.prompt
         ) or refusal_reason(runner.cloud, runner.breaker, runner.cloud_ready())
 
     def _release(self, buffer: HoldBackBuffer, event) -> list[CascadeEvent]:
@@ -267,11 +268,14 @@ class CascadeRequest:
             usage = CloudUsage()
             counted = False
             drafted = await self._drafting(params)
+            cloud_prompt = self.cloud_prompt
+            if drafted is not None and self.prompt.is_raw:  # the drafter reads token ids (the tiers share them)
+                cloud_prompt = await self.prompt.local_tokens(self.runner.local, cloud_prompt)
             try:
                 cloud_stream = stream_from_cloud(
                     self.runner.cloud,
                     self.runner.breaker,
-                    self.cloud_messages,
+                    cloud_prompt,
                     params,
                     usage,
                     model=self.config.cloud_model or "",
@@ -367,7 +371,7 @@ class CascadeRequest:
         decision = self.cascade.finish()
         escalated = decision.escalated and not self.refused_as_committed
         if decision.reason == Reason.PRIVATE:
-            self.runner.privacy_counters.record_kept_local(self.verdict.reasons, message_text_length(self.messages))
+            self.runner.privacy_counters.record_kept_local(self.verdict.reasons, self.prompt.text_length)
         info = RoutingInfo(
             tier=self.answered_by.value,
             escalated=escalated,

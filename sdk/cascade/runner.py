@@ -1,4 +1,4 @@
-"""The cascade runner: one chat request through the local tier, and the cloud tier when
+"""The cascade runner: one chat request (or one raw /v1/completions prompt) through the local tier, and the cloud tier when
 the router escalates, with privacy, hand-off, circuit breaker and cost accounting.
 
     runner = CascadeRunner(local_engine, CloudClient("host:port"), CascadeConfig())
@@ -25,6 +25,7 @@ from router.privacy_counters import PrivacyCounters
 from sdk.cascade.config import CascadeConfig
 from sdk.cascade.counts import RouteCounter
 from sdk.cascade.models import load_local_probe, load_prompt_scorer
+from sdk.cascade.prompt import ChatPrompt, RawPrompt
 from sdk.cascade.request import CascadeRequest
 from sdk.cascade.traffic import ShadowSampling, TrafficRecorder
 from sdk.cascade.types import CascadeEvent, CascadeResult, RoutingInfo, collect
@@ -134,7 +135,7 @@ class CascadeRunner:
 
     async def generate(
         self,
-        messages: Sequence,
+        messages: Sequence | RawPrompt,
         params: SamplingParams,
         model: str = "auto",
         private: bool = False,
@@ -145,7 +146,8 @@ class CascadeRunner:
         user: str | None = None,
         verdict: PrivacyVerdict | None = None,
     ) -> AsyncIterator[CascadeEvent]:
-        """Stream the answer (module docstring). Raises InvalidRequestError (400) for a bad
+        """Stream the answer (module docstring) to chat `messages`, or to a /v1/completions prompt given as
+        an sdk.cascade.prompt.RawPrompt (continued as it is, without a chat template). Raises InvalidRequestError (400) for a bad
         model name or a request the cloud calls invalid; cloud outages never raise.
         `streamed=False` (a caller that only wants the whole answer) holds every local token
         until the router has decided, instead of committing after CascadeConfig.hold_tokens.
@@ -159,7 +161,7 @@ class CascadeRunner:
             threshold = self.config.default_threshold
         request = CascadeRequest(
             self,
-            list(messages),
+            messages if isinstance(messages, RawPrompt) else ChatPrompt(messages),
             params,
             mode,
             threshold,

@@ -54,10 +54,11 @@ def after_request(request, final: CascadeEvent) -> None:
             and not routing.degraded
             and request.params.structured is None
             and final.finish_reason in ("stop", "length")
+            and not request.prompt.is_raw  # the shadow judge compares chat answers
         ):
             runner.shadow.consider(
                 request.request_id,
-                request.cloud_messages,
+                request.cloud_prompt,
                 request.params,
                 request.context.prompt_text,
                 answer,

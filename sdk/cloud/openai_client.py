@@ -81,6 +81,8 @@ class OpenAICloudClient(CloudBackend):
 
     # vLLM applies a constraint from the first token it generates: after a local prefix it would start over.
     continues_constrained = False
+    # generate() sends text as a chat turn; a /v1/completions request through the cascade is answered locally.
+    takes_raw_prompts = False
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float | None = None):
         self.base_url = base_url.rstrip("/")

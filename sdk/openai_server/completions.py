@@ -1,4 +1,8 @@
-"""POST /v1/completions: a raw prompt (text or token ids) continued, in the legacy OpenAI format."""
+"""POST /v1/completions: a raw prompt (text or token ids) continued, in the legacy OpenAI format.
+
+Model `local`, the local model's own name, or none: the local engine answers directly (every field, n > 1 and
+logprobs included). The routed models (`auto`, `auto:<threshold>`, `cloud`) go through the cascade
+(sdk.openai_server.routed_completions)."""
 
 from __future__ import annotations
 
@@ -9,12 +13,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.decision import RoutingMode
-from sdk.protocol.engine import InvalidRequestError, TokenEvent
+from sdk.protocol.engine import TokenEvent
 from sdk.serving.prompt_tokens import text_prompt_tokens
 from sdk.protocol.openai_schema import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.generation import ChoiceState, usage_of
 from sdk.openai_server.logprobs import completion_logprobs
+from sdk.openai_server.routed_completions import create_routed_completion
 from sdk.openai_server.serving import Job, ServerState, choice_requests, ignored_extension, new_id, parse_body, run_job
 from sdk.openai_server.streaming import EventStreamResponse, sse_events
 
@@ -24,7 +29,10 @@ async def create_completion(request: Request) -> Response:
     state: ServerState = request.app.state.tandem
     try:
         body = await parse_body(request, CompletionRequest)
-        model = _completion_model(state, body.model)
+        mode = state.routed_mode(body.model, default_auto=False)
+        if mode is not None and mode is not RoutingMode.LOCAL:
+            return await create_routed_completion(request, state, body, body.model)
+        model = body.model if mode is RoutingMode.LOCAL else state.resolve_model(body.model)
         prompt = body.single_prompt()
         # Text gets the model's BOS like any tokenizer call; token ids are the caller's exact prompt.
         prompt_token_ids = await text_prompt_tokens(state.engine, prompt) if isinstance(prompt, str) else prompt
@@ -108,19 +116,4 @@ def _chunks(body: CompletionRequest, job: Job, response_id: str, created: int, f
         render_event,
         render_usage=(lambda usage: chunk([], usage)) if body.include_usage else None,
         num_prompt_tokens=job.num_prompt_tokens,
-    )
-
-
-def _completion_model(state: ServerState, requested: str | None) -> str:
-    """Raw-prompt completions run on the local engine: "local" names it, the other routed
-    names are refused (the cascade routes chat conversations, which the cloud can render)."""
-    mode = state.routed_mode(requested, default_auto=False)
-    if mode is None:
-        return state.resolve_model(requested)
-    if mode is RoutingMode.LOCAL:
-        return requested
-    raise InvalidRequestError(
-        f"/v1/completions answers on the local model only; model {requested!r} is routed: "
-        "send chat messages to /v1/chat/completions, or use model 'local'",
-        "model",
     )

@@ -148,6 +148,9 @@ class CloudBackend(Protocol):
     # Streams an answer while the caller drafts for it (generate_with_drafts: tandem.v1's GenerateWithDrafts, the
     # device drafting for the cloud); False: the cascade streams the cloud's answer alone (`draft_refused`).
     verifies_drafts: bool = False
+    # Continues a raw prompt (text as it is, or token ids) without a chat template, as /v1/completions does;
+    # False: a /v1/completions request through the cascade is answered locally (`cloud_no_raw_prompts`).
+    takes_raw_prompts: bool = True
 
     @property
     def spreads_over_replicas(self) -> bool:

@@ -5,7 +5,10 @@ answers, so the cascade takes it only when both tiers' fingerprints are equal. T
 fingerprint hashes the vocabulary's token strings in id order: llama.cpp reads them from
 the GGUF (`tokenizer.ggml.tokens`), transformers from tokenizer.json, and a GGUF converted
 from a checkpoint carries the checkpoint's strings, so the same tokenizer gives the same
-fingerprint on either engine. Anything else (another model, a padded or re-ordered
+fingerprint on either engine. One spelling differs between the two readers: a SentencePiece
+vocabulary writes a space as "▁" (U+2581), and Gemma 3's GGUF stores its whitespace-run tokens
+(ids 138-167) with plain spaces, which transformers' GGUF reader turns into "▁". Both mean a space
+when decoded, so the fingerprint hashes every space as "▁". Anything else (another model, a padded or re-ordered
 vocabulary) differs, and an unknown fingerprint ("") never matches.
 """
 
@@ -15,12 +18,15 @@ import hashlib
 from collections.abc import Iterable
 
 
+SPACE_PIECE = "\u2581"  # SentencePiece's space
+
+
 def vocabulary_fingerprint(tokens: Iterable[str]) -> str:
-    """ "<size>:<sha256 prefix>" of the token strings, in id order."""
+    """ "<size>:<sha256 prefix>" of the token strings, in id order (a space spelt as SentencePiece spells it)."""
     digest = hashlib.sha256()
     size = 0
     for token in tokens:
-        digest.update(token.encode("utf-8", "surrogatepass"))
+        digest.update(token.replace(" ", SPACE_PIECE).encode("utf-8", "surrogatepass"))
         digest.update(b"\0")
         size += 1
     return f"{size}:{digest.hexdigest()[:32]}"

@@ -1,8 +1,7 @@
 """Gemma-3-270M (a base model: no chat template) as `tandem serve --model`: completions answer through the
 official openai client, and chat is refused with a message that names the missing template. The cloud
-engine's side of Gemma is tests/cloud_engine/test_real_gemma3.py. (Routing raw-prompt completions through the
-cascade, so that a base-model pair escalates and drafts, is not built: /v1/completions answers on the local
-model only.)"""
+engine's side of Gemma is tests/cloud_engine/test_real_gemma3.py; Gemma on both tiers, escalating and drafting
+raw-prompt completions through the cascade, is tests/sdk/test_gemma_pair.py."""
 
 from __future__ import annotations
 

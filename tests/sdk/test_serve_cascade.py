@@ -83,9 +83,23 @@ def test_routed_requests_refuse_what_they_cannot_honour(client):
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(**{"messages": QUESTION, "max_tokens": 4, **bad})
         assert caught.value.body["param"] in ("model", "n", "logprobs")
-    with pytest.raises(openai.BadRequestError, match="chat"):
-        client.completions.create(model="cloud", prompt="Paris is", max_tokens=4)
+    for bad in ({"n": 2}, {"logprobs": 0}, {"prompt": [10**9]}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(**{"model": "cloud", "prompt": "Paris is", "max_tokens": 4, **bad})
+        assert caught.value.body["param"] == next(iter(bad))
     assert client.completions.create(model="local", prompt="Paris is", max_tokens=4).model == "local"
+
+
+def test_routed_completions_escalate_and_keep_private_prompts_local(client):
+    """/v1/completions with a routed model goes through the cascade (sdk.openai_server.routed_completions)."""
+    prompt = "The capital of France is"
+    escalated = client.completions.create(model="auto:1", prompt=prompt, max_tokens=6, temperature=0)
+    assert (routing(escalated)["tier"], routing(escalated)["escalated"]) == ("cloud", True)
+    assert escalated.choices[0].text and escalated.usage.completion_tokens == 6
+    private = client.completions.create(model="auto:1", prompt=prompt, max_tokens=4, extra_body={"private": True})
+    assert (routing(private)["tier"], routing(private)["privacy_reasons"]) == ("local", ["private_flag"])
+    email = client.completions.create(model="cloud", prompt="Mail jane.doe@example.com:", max_tokens=4)
+    assert (routing(email)["tier"], routing(email)["privacy_reasons"]) == ("local", ["email"])
 
 
 def test_metrics_count_routes_tokens_and_the_breaker(server_url, client):

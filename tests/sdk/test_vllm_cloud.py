@@ -180,3 +180,19 @@ async def test_draft_on_device_with_a_vllm_cloud_answers_as_without_it(standin, 
     drafted = answers[True]
     assert drafted.token_ids == answers[False].token_ids and drafted.routing.tier == "cloud"
     assert drafted.routing.draft_refused == "cloud_not_tandem" and drafted.routing.drafts is None
+
+
+async def test_a_raw_prompt_for_an_http_cloud_is_answered_locally(standin, local_engine):  # noqa: F811
+    """An OpenAI-compatible cloud's generate() reads text as a chat turn: a /v1/completions prompt through the
+    cascade is not sent there (it would be answered as a question, not continued); the device answers, saying why."""
+    from sdk.cascade.prompt import RawPrompt
+
+    url, app = standin
+    runner = CascadeRunner(local_engine, OpenAICloudClient(f"{url}/v1"), CascadeConfig())
+    app.state.bodies.clear()
+    result = await runner.complete(RawPrompt.of(local_engine, "The capital of France is"), GREEDY, model="cloud")
+    await runner.cloud.close()
+    routing = result.routing
+    assert (routing.tier, routing.degraded, routing.degraded_reason) == ("local", True, "cloud_no_raw_prompts")
+    assert not [p for p, _ in app.state.bodies if p.startswith("/v1/")] and result.text
+    assert runner.breaker.state.value == "closed"

@@ -275,6 +275,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1)
+    private: bool | None = None  # extension (tandem): routed models answer on the device only
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt, as text or token ids; batched prompts are refused."""
