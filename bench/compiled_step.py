@@ -42,7 +42,9 @@ def _start_decoding(engine, count: int, prompt_len: int, draft_tokens: int = 0) 
     ids = [f"c{count}-{i}" for i in range(count)]
     for i, rid in enumerate(ids):
         prompt = [(7 * i + 13 * j) % 2000 + 100 for j in range(prompt_len + 3 * i)]
-        engine.add_request(GenerationRequest(rid, prompt, SamplingParams(max_tokens=1000, temperature=0.0)))
+        # ignore_eos: made-up ids may be answered with an end of text (Gemma-3-270M did), ending the request.
+        params = SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True)
+        engine.add_request(GenerationRequest(rid, prompt, params))
     while any(engine.scheduler.requests[rid].num_output_tokens == 0 for rid in ids):
         engine.step()
     for rid in ids:

