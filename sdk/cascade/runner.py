@@ -1,5 +1,5 @@
-"""The cascade runner: one chat request (or one raw /v1/completions prompt) through the local tier, and the cloud tier when
-the router escalates, with privacy, hand-off, circuit breaker and cost accounting.
+"""The cascade runner: one chat request (or one raw /v1/completions prompt) through the local tier, and the
+cloud tier when the router escalates, with privacy, hand-off, circuit breaker and cost accounting.
 
     runner = CascadeRunner(local_engine, CloudClient("host:port"), CascadeConfig())
     async for event in runner.generate(messages, SamplingParams(max_tokens=64), model="auto:0.4"):
@@ -147,8 +147,9 @@ class CascadeRunner:
         verdict: PrivacyVerdict | None = None,
     ) -> AsyncIterator[CascadeEvent]:
         """Stream the answer (module docstring) to chat `messages`, or to a /v1/completions prompt given as
-        an sdk.cascade.prompt.RawPrompt (continued as it is, without a chat template). Raises InvalidRequestError (400) for a bad
-        model name or a request the cloud calls invalid; cloud outages never raise.
+        an sdk.cascade.prompt.RawPrompt (continued as it is, without a chat template). Raises
+        InvalidRequestError (400) for a bad model name or a request the cloud calls invalid; cloud outages
+        never raise.
         `streamed=False` (a caller that only wants the whole answer) holds every local token
         until the router has decided, instead of committing after CascadeConfig.hold_tokens.
         `key_fingerprint`: whose request it is, for the traffic record (feedback must come from the same key)

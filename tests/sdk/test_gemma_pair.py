@@ -75,7 +75,7 @@ def test_both_tiers_fingerprint_gemmas_vocabulary_alike(engines):
 
 
 @pytest.mark.parametrize("as_token_ids", [False, True])
-async def test_auto_hands_the_device_tokens_over_and_the_cloud_continues_them(engines, serve, as_token_ids):  # noqa: F811
+async def test_auto_hands_the_device_tokens_over_and_the_cloud_continues(engines, serve, as_token_ids):  # noqa: F811
     local, cloud = engines
     k = 4
     prompt_ids = local.tokenize(PROMPT)  # with Gemma's BOS, as /v1/completions tokenizes text
