@@ -116,9 +116,9 @@ class PrivacyRules:
         """Names of the rules text matches (empty: nothing private), e.g. for PrivateFirst."""
         return tuple(sorted({match.rule for match in self.find(text)}))
 
-    def check(self, text: str) -> PrivacyVerdict:
-        """The verdict on one text."""
-        return _verdict(self.find(text), flagged_private=False)
+    def check(self, text: str, private: bool = False) -> PrivacyVerdict:
+        """The verdict on one text (a raw prompt); `private=True` (the request's flag) forces local."""
+        return _verdict(self.find(text), flagged_private=private)
 
     def check_messages(self, messages: Iterable, private: bool = False) -> PrivacyVerdict:
         """The verdict on a chat request; `private=True` (the request's flag) forces local."""

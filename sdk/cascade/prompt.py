@@ -88,8 +88,7 @@ class RawPrompt:
         return len(self.text)
 
     def verdict(self, rules: PrivacyRules, private: bool) -> PrivacyVerdict:
-        verdict = rules.check(self.text)
-        return verdict if not private else PrivacyVerdict(True, verdict.rule_names, verdict.matches, True)
+        return rules.check(self.text, private=private)
 
     def redacted(self, rules: PrivacyRules) -> tuple[str | list[int], list[Redaction]]:
         if self.token_ids is not None:  # not redactable: the request's verdict keeps a match local
