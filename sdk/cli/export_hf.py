@@ -70,7 +70,23 @@ def write_hf_checkpoint(gguf_path: str, out_dir: str, dtype: str = "bfloat16") -
     work = tempfile.mkdtemp(prefix=".tandem-export-", dir=parent)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype), **_dense())
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            folder,
+            gguf_file=name,
+            config=_gguf_config(folder, name),
+            dtype=getattr(torch, dtype),
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,  # reported, then refused below with the file's name
+            **_dense(),
+        )
+        # A tensor transformers could not place (missing, or of another shape) is left re-initialised: such an
+        # export would hold random weights, so it is refused, naming them.
+        unplaced = [*loading["missing_keys"], *(key for key, *_ in loading["mismatched_keys"])]
+        if unplaced:
+            raise ValueError(
+                f"transformers read {gguf_path} incompletely ({len(unplaced)} tensors missing or of another shape, "
+                f"e.g. {', '.join(sorted(unplaced)[:3])}); not exporting a model with random weights there"
+            )
         # The weights are plain tensors now: a quantization_config would make a server look for GGUF blocks.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -86,6 +102,22 @@ def write_hf_checkpoint(gguf_path: str, out_dir: str, dtype: str = "bfloat16") -
         shutil.rmtree(work, ignore_errors=True)
         raise
     return out_dir
+
+
+def _gguf_config(folder: str, name: str):
+    """transformers' config for the GGUF, with the head width the file states. Its GGUF reader does not map
+    `<arch>.attention.key_length`, so a family whose config has a head_dim of its own (Qwen3: 128 by default)
+    would get that default, and every q/k/v tensor of another width would be re-initialised."""
+    import gguf
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    fields = gguf.GGUFReader(os.path.join(folder, name)).fields
+    arch = fields["general.architecture"].contents()
+    key_length = fields.get(f"{arch}.attention.key_length")
+    if key_length is not None and getattr(config, "head_dim", None) not in (None, key_length.contents()):
+        config.head_dim = key_length.contents()
+    return config
 
 
 def _dense() -> dict:

@@ -18,10 +18,8 @@ from starlette.responses import Response
 
 from sdk.cascade.openai import RoutedChat, prepare_routed, routed_completion, routed_stream
 from sdk.openai_server.errors import from_exception
-from sdk.openai_server.generation import ClientDisconnected, cancel_on_disconnect
-from sdk.openai_server.serving import BUDGET_WARNING_HEADER, CLIENT_CLOSED_STATUS, ServerState, new_id
+from sdk.openai_server.serving import BUDGET_WARNING_HEADER, ServerState, await_for_client, new_id
 from sdk.openai_server.streaming import DONE, EventStreamResponse, sse
-from sdk.protocol.engine import EngineOverloadedError
 from sdk.protocol.openai_schema import ChatCompletionRequest
 
 
@@ -66,14 +64,8 @@ async def run_routed(
         answer = routed_stream(runner, chat, model=model, **args)
     else:
         answer = routed_completion(runner, chat, model=model, **args)
-    try:
-        return await cancel_on_disconnect(request, answer), headers
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED_STATUS)
-    except Exception as exc:
-        if isinstance(exc, EngineOverloadedError):
-            state.metrics.count_rejection("overloaded")
-        return from_exception(exc).response()
+    outcome = await await_for_client(request, state, answer)
+    return outcome if isinstance(outcome, Response) else (outcome, headers)
 
 
 async def budget_headers(runner, key: str | None, user: str | None) -> dict[str, str]:

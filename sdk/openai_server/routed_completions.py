@@ -22,11 +22,10 @@ from sdk.cascade.prompt import RawPrompt
 from sdk.cascade.responses import tandem_field, usage_of
 from sdk.cascade.types import CascadeEvent, collect
 from sdk.openai_server.errors import from_exception
-from sdk.openai_server.generation import ClientDisconnected, cancel_on_disconnect
 from sdk.openai_server.routed_chat import budget_headers
-from sdk.openai_server.serving import CLIENT_CLOSED_STATUS, ServerState, new_id
+from sdk.openai_server.serving import ServerState, await_for_client, new_id
 from sdk.openai_server.streaming import DONE, EventStreamResponse, sse
-from sdk.protocol.engine import EngineOverloadedError, InvalidRequestError
+from sdk.protocol.engine import InvalidRequestError
 from sdk.protocol.openai_schema import CompletionChoice, CompletionRequest, CompletionResponse
 
 
@@ -55,32 +54,26 @@ async def create_routed_completion(
         user=body.user,
     )
     extension = {"ignored_fields": body.ignored_fields} if body.ignored_fields else {}
-    try:
-        if not body.stream:
-            result = await cancel_on_disconnect(request, collect(events))
-            completion = CompletionResponse(
-                id=response_id,
-                created=created,
-                model=model,
-                choices=[
-                    CompletionChoice(
-                        index=0, text=result.text, finish_reason=result.finish_reason, stop_reason=result.stop_reason
-                    )
-                ],
-                usage=usage_of(result.routing, result.tiers),
-                tandem={**tandem_field(result.routing), **extension},
-            )
-            return Response(completion.model_dump_json(), media_type="application/json", headers=headers)
-        # The first event is pulled before the 200 goes out: a refusal is still an error status.
-        first = await cancel_on_disconnect(request, anext(events, None))
-    except ClientDisconnected:
-        await events.aclose()
-        return Response(status_code=CLIENT_CLOSED_STATUS)
-    except Exception as exc:
-        await events.aclose()
-        if isinstance(exc, EngineOverloadedError):
-            state.metrics.count_rejection("overloaded")
-        return from_exception(exc).response()
+    if not body.stream:
+        result = await await_for_client(request, state, collect(events), events)
+        if isinstance(result, Response):
+            return result
+        completion = CompletionResponse(
+            id=response_id,
+            created=created,
+            model=model,
+            choices=[
+                CompletionChoice(
+                    index=0, text=result.text, finish_reason=result.finish_reason, stop_reason=result.stop_reason
+                )
+            ],
+            usage=usage_of(result.routing, result.tiers),
+            tandem={**tandem_field(result.routing), **extension},
+        )
+        return Response(completion.model_dump_json(), media_type="application/json", headers=headers)
+    first = await await_for_client(request, state, anext(events, None), events)
+    if isinstance(first, Response):
+        return first
     chunks = _chunks(events, first, response_id, created, model, body.include_usage, extension)
     return EventStreamResponse(chunks, headers=headers)
 

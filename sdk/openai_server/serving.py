@@ -6,6 +6,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # types only: the plain server (tandem cloud serve) never imp
 logger = logging.getLogger(__name__)
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
+T = TypeVar("T")
 
 BUDGET_WARNING_HEADER = "x-tandem-budget-warning"  # a soft budget reached (sdk.budgets)
 
@@ -178,6 +180,27 @@ async def bill_to_caller(request: Request, state: ServerState, job: Job) -> dict
     return {BUDGET_WARNING_HEADER: warning} if warning else {}
 
 
+async def await_for_client(
+    request: Request, state: ServerState, work: Awaitable[T], events: AsyncGenerator | None = None
+) -> T | Response:
+    """`work` awaited while the client stays: its result, or the Response to send instead (499 when the
+    client left, OpenAI's error JSON for a failure, an overload also counted in /metrics). `events`, the
+    generator `work` pulls from, is closed on either, so the request leaves the engine (and its KV) at once.
+    Every front door pulls a stream's first event through this before the 200 goes out, so a request the
+    engine refuses (context length, overload) is still answered with its proper status."""
+    try:
+        return await cancel_on_disconnect(request, work)
+    except ClientDisconnected:
+        outcome = Response(status_code=CLIENT_CLOSED_STATUS)
+    except Exception as exc:
+        if isinstance(exc, EngineOverloadedError):
+            state.metrics.count_rejection("overloaded")
+        outcome = from_exception(exc).response()
+    if events is not None:
+        await events.aclose()
+    return outcome
+
+
 async def run_job(
     request: Request,
     state: ServerState,
@@ -193,23 +216,16 @@ async def run_job(
     caller, and a soft budget reached adds `x-tandem-budget-warning`."""
     headers = await bill_to_caller(request, state, job)
     choices = merge_choices(state.engine, job.generation_requests, state.metrics, job.arrival_time)
-    try:
-        if stream:
-            # Pull the first event before the 200 goes out, so a request the engine refuses
-            # (context length, overload) is still answered with its proper status.
-            first = await cancel_on_disconnect(request, anext(choices, None))
-            response = stream_body(first, choices)
-            response.headers.update(headers)
-            return response
-        states = await cancel_on_disconnect(
-            request, collect_choices(choices, len(job.generation_requests), keep_events)
-        )
-        return Response(complete_body(states).model_dump_json(), media_type="application/json", headers=headers)
-    except ClientDisconnected:
-        await choices.aclose()
-        return Response(status_code=CLIENT_CLOSED_STATUS)
-    except Exception as exc:
-        await choices.aclose()
-        if isinstance(exc, EngineOverloadedError):
-            state.metrics.count_rejection("overloaded")
-        return from_exception(exc).response()
+    if stream:
+        first = await await_for_client(request, state, anext(choices, None), choices)
+        if isinstance(first, Response):
+            return first
+        response = stream_body(first, choices)
+        response.headers.update(headers)
+        return response
+    states = await await_for_client(
+        request, state, collect_choices(choices, len(job.generation_requests), keep_events), choices
+    )
+    if isinstance(states, Response):
+        return states
+    return Response(complete_body(states).model_dump_json(), media_type="application/json", headers=headers)

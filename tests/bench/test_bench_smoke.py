@@ -37,6 +37,7 @@ BENCHES: dict[str, list[str]] = {
     "local_step_profile": [],
     "local_throughput": [],
     "loop_stop": [],
+    "moe_experts": [],
     "prefix_cache": [],
     "prompt_cache": [],
     "prompt_router": [],

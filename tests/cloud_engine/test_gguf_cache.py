@@ -10,7 +10,7 @@ import torch
 from cloud_engine.loader import gguf_cache
 from cloud_engine.loader.gguf import read_gguf_checkpoint
 from cloud_engine.loader.gguf_cache import load_cached_checkpoint, storing_weights
-from tests.cloud_engine.test_gguf_loader import write_gguf
+from tests.cloud_engine.gguf_writer import write_gguf
 from tests.cloud_engine.tiny_models import llama_config
 
 

@@ -38,7 +38,8 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory):
+def vllm_install():
+    """(vLLM's python, the embedded SmolLM2 exported as an HF directory), from scripts/setup-vllm.sh."""
     reason = vllm_cannot_run_here()
     if reason:
         pytest.skip(reason)
@@ -51,6 +52,12 @@ def vllm(tmp_path_factory):
     )
     assert setup.returncode == 0, f"scripts/setup-vllm.sh failed:\n{setup.stderr[-3000:]}"
     python, hf_dir = setup.stdout.strip().splitlines()[-2:]
+    return python, hf_dir
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_install, tmp_path_factory):
+    python, hf_dir = vllm_install
     server = vllm_server(python, hf_dir, NAME, threads=1, max_num_seqs=4)
     server.log_path = str(tmp_path_factory.mktemp("vllm") / "server.log")
     server.start(timeout_s=900)
@@ -232,3 +239,43 @@ def test_vllm_killed_mid_stream_falls_back_and_opens_the_breaker(vllm, cascade_u
         assert again["tier"] == "local" and again["degraded"]
     metrics = httpx.get(f"{cascade_url[0]}/metrics", timeout=30).text
     assert re.search(r'^tandem:cloud_circuit_state\{state="open"\} 1\.0$', metrics, re.M), metrics[-2000:]
+
+
+def test_vllm_serves_a_qwen3_gguf_exported_by_tandem(vllm_install, tmp_path):
+    """`tandem export-hf` on a Qwen3 GGUF (tiny random weights in SmolLM2's vocabulary: no real Qwen3 GGUF is on
+    the package index; tests/sdk/test_export_hf.py checks the export against the model) gives a directory vLLM
+    loads and answers from as transformers does on it: float32, greedy, the same token ids in."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sdk.cli.export_hf import write_hf_checkpoint
+    from sdk.engine_common.model_files import default_model_path
+    from tests.cloud_engine.gguf_writer import write_tiny_qwen3_gguf
+
+    python, _ = vllm_install
+    gguf_path = tmp_path / "tiny-qwen3.gguf"
+    write_tiny_qwen3_gguf(gguf_path, tokenizer_from=default_model_path())
+    hf_dir = write_hf_checkpoint(str(gguf_path), str(tmp_path / "tiny-qwen3-hf"), dtype="float32")
+    prompt = [504, 3575, 282, 4649, 314, 7042, 30, 284, 282, 11614]  # any ids: the weights are random
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    reference = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt) :].tolist()
+
+    server = vllm_server(python, hf_dir, "tiny-qwen3", threads=1, max_model_len=256, max_num_seqs=2, dtype="float32")
+    server.log_path = str(tmp_path / "vllm.log")
+    server.start(timeout_s=900)
+    try:
+        answer = httpx.post(
+            f"{server.base_url}/v1/completions",
+            timeout=120,
+            json={
+                "model": "tiny-qwen3",
+                "prompt": prompt,
+                "max_tokens": 8,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+        ).json()
+    finally:
+        server.stop()
+    assert answer["choices"][0]["token_ids"] == reference, answer
