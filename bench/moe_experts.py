@@ -144,11 +144,8 @@ def main() -> None:
     for tokens in TOKENS:
         calls = max(2, 2048 // tokens) if not args.smoke else 2  # about the same rows timed at every size
         report.update(measure(block, tokens, dtype, repeats, calls))
-        print(
-            f"T={tokens}: grouped {report[f'grouped_ms_t{tokens}']:.3f} ms, loop {report[f'loop_ms_t{tokens}']:.3f} ms, "
-            f"dense {report[f'dense_equivalent_ms_t{tokens}']:.3f} ms",
-            flush=True,
-        )
+        grouped, loop, dense = (report[f"{way}_ms_t{tokens}"] for way in ("grouped", "loop", "dense_equivalent"))
+        print(f"T={tokens}: grouped {grouped:.3f} ms, loop {loop:.3f} ms, dense {dense:.3f} ms", flush=True)
     write_report(args.json, report, HEADLINE)
 
 

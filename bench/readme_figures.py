@@ -104,6 +104,14 @@ FIGURES = (
         "compiled_step_ratio_c32_spread",
     ),
     Figure(
+        "cloud serve vs vLLM on Gemma-3-270M's weights, output tok/s at 32 clients (quick, median of 2)",
+        "serve_cloud_vs_vllm_gemma3_270m_quick",
+        "ratio_output_tps_vs_vllm_c32",
+        2,
+        ">= 1.0",
+        "ratio_output_tps_vs_vllm_c32_spread",
+    ),
+    Figure(
         "chunked prefill ITL p90, paced / unchunked (median of 3)",
         "chunked_prefill",
         "itl_p90_ratio",

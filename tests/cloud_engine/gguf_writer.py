@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from tests.cloud_engine.tiny_models import SMALL
+
 LAYER_NAMES = {  # HF module path inside a layer -> llama.cpp tensor name inside blk.N
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
@@ -170,14 +172,8 @@ def write_tiny_qwen3_gguf(path, tokenizer_from: str):
     vocab_size = len(gguf.GGUFReader(tokenizer_from).fields["tokenizer.ggml.tokens"].data)
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **{**SMALL, "vocab_size": vocab_size, "num_hidden_layers": 2},
         head_dim=64,  # wider than hidden / heads, as in the real Qwen3 models; a head size vLLM's CPU kernels take
-        max_position_embeddings=256,
         rope_theta=1000000.0,
         tie_word_embeddings=False,
         architectures=["Qwen3ForCausalLM"],
