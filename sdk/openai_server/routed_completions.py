@@ -54,10 +54,13 @@ async def create_routed_completion(
         user=body.user,
     )
     extension = {"ignored_fields": body.ignored_fields} if body.ignored_fields else {}
-    if not body.stream:
-        result = await await_for_client(request, state, collect(events), events)
-        if isinstance(result, Response):
-            return result
+
+    async def answer() -> Response:
+        if body.stream:
+            first = await anext(events, None)
+            chunks = _chunks(events, first, response_id, created, model, body.include_usage, extension)
+            return EventStreamResponse(chunks, headers=headers)
+        result = await collect(events)
         completion = CompletionResponse(
             id=response_id,
             created=created,
@@ -71,11 +74,8 @@ async def create_routed_completion(
             tandem={**tandem_field(result.routing), **extension},
         )
         return Response(completion.model_dump_json(), media_type="application/json", headers=headers)
-    first = await await_for_client(request, state, anext(events, None), events)
-    if isinstance(first, Response):
-        return first
-    chunks = _chunks(events, first, response_id, created, model, body.include_usage, extension)
-    return EventStreamResponse(chunks, headers=headers)
+
+    return await await_for_client(request, state, answer(), events)
 
 
 def _check_routable(body: CompletionRequest, model: str, local_model_name: str, shares_vocabulary: bool) -> None:

@@ -216,16 +216,13 @@ async def run_job(
     caller, and a soft budget reached adds `x-tandem-budget-warning`."""
     headers = await bill_to_caller(request, state, job)
     choices = merge_choices(state.engine, job.generation_requests, state.metrics, job.arrival_time)
-    if stream:
-        first = await await_for_client(request, state, anext(choices, None), choices)
-        if isinstance(first, Response):
-            return first
-        response = stream_body(first, choices)
-        response.headers.update(headers)
-        return response
-    states = await await_for_client(
-        request, state, collect_choices(choices, len(job.generation_requests), keep_events), choices
-    )
-    if isinstance(states, Response):
-        return states
-    return Response(complete_body(states).model_dump_json(), media_type="application/json", headers=headers)
+
+    async def answer() -> Response:
+        if stream:
+            response = stream_body(await anext(choices, None), choices)
+            response.headers.update(headers)
+            return response
+        states = await collect_choices(choices, len(job.generation_requests), keep_events)
+        return Response(complete_body(states).model_dump_json(), media_type="application/json", headers=headers)
+
+    return await await_for_client(request, state, answer(), choices)
