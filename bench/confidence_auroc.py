@@ -57,7 +57,7 @@ DEFAULT_SEED = 0
 SMOKE_N = 60  # enough answers that both classes reach the probe's fit, calibration and held-out rows
 
 
-def local_engine_config(n_threads: int | None = None):
+def local_engine_config(n_threads: int | None = None, kv_cache_type: str = "f16"):
     """A small engine over the embedded model: 32 sequences decoded together, the rest
     of a run queued (max_waiting) rather than refused."""
     from local_runtime.config import LocalEngineConfig
@@ -69,6 +69,7 @@ def local_engine_config(n_threads: int | None = None):
         max_model_len=256,
         max_waiting=100_000,
         n_threads=n_threads,
+        kv_cache_type=kv_cache_type,
     )
 
 
@@ -120,13 +121,15 @@ def collect_answers(n: int, seed: int, n_threads: int | None = None, prefill_wei
     return collect_answers_with(n, seed, n_threads, prefill_weights)[0]
 
 
-def collect_answers_with(n: int, seed: int, n_threads: int | None, prefill_weights: str) -> tuple[Answers, str]:
+def collect_answers_with(
+    n: int, seed: int, n_threads: int | None, prefill_weights: str, kv_cache_type: str = "f16"
+) -> tuple[Answers, str]:
     """collect_answers, and the weights prompts prefilled on ("own", "bf16" or "f16")."""
     import dataclasses
 
     from local_runtime.async_engine import AsyncLocalEngine
 
-    config = dataclasses.replace(local_engine_config(n_threads), prefill_weights=prefill_weights)
+    config = dataclasses.replace(local_engine_config(n_threads, kv_cache_type), prefill_weights=prefill_weights)
     engine = AsyncLocalEngine(config).start()
     try:
         engine.wait_ready(180)
@@ -145,20 +148,30 @@ def auroc_se(scores: np.ndarray, labels: np.ndarray) -> float:
 def compare_prefill(off: Answers, copy: Answers, seed: int, holdout_fraction: float = HOLDOUT_FRACTION) -> dict:
     """A probe fitted on own-weights answers, and the best single signal oriented on them, scored on the
     held-out questions of both runs (see the module docstring)."""
+    return compare_answers(off, copy, seed, ("off", "copy"), holdout_fraction)
+
+
+def compare_answers(
+    base: Answers, other: Answers, seed: int, names: tuple[str, str], holdout_fraction: float = HOLDOUT_FRACTION
+) -> dict:
+    """A probe fitted on `base`'s answers of the train split, and the best single signal oriented on them, scored
+    on the held-out questions of both runs: does what was fitted on one engine setting hold on another? Keys
+    `{score}_auroc_{other}_minus_{base}` with an SE (the two AUROCs' DeLong variances added: the runs' answers
+    differ, so they are not paired)."""
     from confidence.probe import ConfidenceProbe, ProbeConfig, model_fingerprint_for_gguf
     from confidence.probe_training import stratified_split
     from sdk.engine_common.model_files import resolve_model_path
 
-    train, heldout = stratified_split(off.labels, holdout_fraction, seed)
+    train, heldout = stratified_split(base.labels, holdout_fraction, seed)
     fingerprint = model_fingerprint_for_gguf(resolve_model_path(None))
     config = ProbeConfig(kind="logistic", calibration="platt", seed=seed)
-    probe = ConfidenceProbe(list(FEATURE_NAMES), fingerprint, config).fit(off.features[train], off.labels[train])
-    best = evaluate(off, seed, holdout_fraction)["best_signal"]
+    probe = ConfidenceProbe(list(FEATURE_NAMES), fingerprint, config).fit(base.features[train], base.labels[train])
+    best = evaluate(base, seed, holdout_fraction)["best_signal"]
     column = FEATURE_NAMES.index(best)
-    fill = float(np.nanmedian(off.features[train, column]))
-    sign = 1.0 if auroc(_impute(off.features[train, column], fill), off.labels[train]) >= 0.5 else -1.0
+    fill = float(np.nanmedian(base.features[train, column]))
+    sign = 1.0 if auroc(_impute(base.features[train, column], fill), base.labels[train]) >= 0.5 else -1.0
     sides = {}
-    for name, answers in (("off", off), ("copy", copy)):
+    for name, answers in zip(names, (base, other)):
         labels = answers.labels[heldout]
         scores = {
             "shipped_probe": np.asarray(probe.predict(answers.features[heldout]), dtype=np.float64),
@@ -172,16 +185,18 @@ def compare_prefill(off: Answers, copy: Answers, seed: int, holdout_fraction: fl
     out = {
         "best_signal": best,
         "sides": sides,
-        "answers_identical_share": float(np.mean([a == b for a, b in zip(off.texts, copy.texts)])),
-        "labels_differ": int((off.labels != copy.labels).sum()),
+        "answers_identical_share": float(np.mean([a == b for a, b in zip(base.texts, other.texts)])),
+        "labels_differ": int((base.labels != other.labels).sum()),
         "mean_logprob_mean_abs_diff": float(
-            np.nanmean(np.abs(off.features[:, mean_logprob] - copy.features[:, mean_logprob]))
+            np.nanmean(np.abs(base.features[:, mean_logprob] - other.features[:, mean_logprob]))
         ),
     }
+    base_name, other_name = names
     for score_name in ("shipped_probe", "best_signal"):
         key = f"{score_name}_heldout_auroc"
-        out[f"{score_name}_auroc_copy_minus_off"] = sides["copy"][key] - sides["off"][key]
-        out[f"{score_name}_auroc_copy_minus_off_se"] = math.hypot(sides["copy"][key + "_se"], sides["off"][key + "_se"])
+        name = f"{score_name}_auroc_{other_name}_minus_{base_name}"
+        out[name] = sides[other_name][key] - sides[base_name][key]
+        out[name + "_se"] = math.hypot(sides[other_name][key + "_se"], sides[base_name][key + "_se"])
     return out
 
 

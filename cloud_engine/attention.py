@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from cloud_engine.attention_metadata import AttentionMetadata, DecodeMetadata
+from cloud_engine.kv_quant import as_cache_rows, is_quantized, read_cache_rows
 
 _PLAN_KEY = "paged_attention_plan"
 
@@ -147,10 +148,11 @@ def write_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store key/value [num_tokens, num_kv_heads, head_dim] at flat slots block_id * block_size + offset."""
-    num_kv_heads, head_dim = key_cache.shape[-2:]
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+    """Store key/value [num_tokens, num_kv_heads, head_dim] at flat slots block_id * block_size + offset
+    (quantized first when the caches are int8: cloud_engine.kv_quant)."""
+    num_kv_heads, row_width = key_cache.shape[-2:]
+    key_cache.view(-1, num_kv_heads, row_width).index_copy_(0, slot_mapping, as_cache_rows(key, key_cache))
+    value_cache.view(-1, num_kv_heads, row_width).index_copy_(0, slot_mapping, as_cache_rows(value, value_cache))
 
 
 def paged_attention(
@@ -173,8 +175,8 @@ def paged_attention(
         op = torch.ops.tandem_cpu.write_and_attend if metadata.native else torch.ops.tandem.paged_decode_attention
         return op(
             query,
-            key,
-            value,
+            as_cache_rows(key, key_cache),  # quantized here for an int8 cache: the graph fuses it with rotary
+            as_cache_rows(value, value_cache),
             key_cache,
             value_cache,
             metadata.slot_mapping,
@@ -225,11 +227,16 @@ def _decode_attention(
     window: int = 0,
 ) -> torch.Tensor:
     num_seqs, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
+    _, block_size, num_kv_heads, row_width = key_cache.shape
     padded_len = plan.num_decode_blocks * block_size
     # [seqs, padded_len, kv_heads, dim] -> [seqs, kv_heads, padded_len, dim]
-    keys = key_cache.index_select(0, plan.decode_block_ids).view(num_seqs, padded_len, num_kv_heads, head_dim)
-    values = value_cache.index_select(0, plan.decode_block_ids).view(num_seqs, padded_len, num_kv_heads, head_dim)
+    keys, values = (
+        read_cache_rows(
+            cache.index_select(0, plan.decode_block_ids).view(num_seqs, padded_len, num_kv_heads, row_width),
+            query.dtype,
+        )
+        for cache in (key_cache, value_cache)
+    )
     # GQA without copying K/V: the query heads that share a K/V head become that head's query rows.
     grouped_query = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
@@ -249,10 +256,14 @@ def _prefill_attention(
     window: int = 0,
 ) -> torch.Tensor:
     start, end, query_offset = chunk.query_start, chunk.query_end, chunk.query_offset
-    num_kv_heads, head_dim = key_cache.shape[-2:]
+    num_kv_heads, row_width = key_cache.shape[-2:]
     key_offset = 0  # position of keys[0]
     if chunk.block_ids is None:
         keys, values = key[start:end], value[start:end]
+        if is_quantized(key_cache):
+            # As stored: a prompt then attends to the values its later chunks, a prefix-cache hit and a
+            # recompute after preemption read back, so all of them give the same tokens.
+            keys, values = (read_cache_rows(as_cache_rows(x, key_cache), query.dtype) for x in (keys, values))
     else:
         block_ids = chunk.block_ids
         if window and query.device.type == "cpu":
@@ -260,8 +271,10 @@ def _prefill_attention(
             first_block = max(0, query_offset - window + 1) // key_cache.shape[1]
             block_ids, key_offset = block_ids[first_block:], first_block * key_cache.shape[1]
         visible = chunk.context_len - key_offset
-        keys = key_cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)[:visible]
-        values = value_cache.index_select(0, block_ids).view(-1, num_kv_heads, head_dim)[:visible]
+        keys, values = (
+            read_cache_rows(cache.index_select(0, block_ids).view(-1, num_kv_heads, row_width)[:visible], query.dtype)
+            for cache in (key_cache, value_cache)
+        )
     if query.device.type == "cpu":
         return causal_attention_tiled(query[start:end], keys, values, query_offset, scale, window, key_offset)
     return causal_attention_sdpa(query[start:end], keys, values, chunk.mask_for(window, query.device), scale)

@@ -14,6 +14,9 @@ from sdk.engine_common.sampling_defaults import check_sampling_config
 ATTENTION_BACKENDS = ("auto", "torch", "cpu-kernel")  # cloud_engine.kernels.BACKENDS
 COMPILE_MODES = ("auto", "on", "off")  # cloud_engine.compiled_decode.resolve_compile
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# [cloud] kv_cache_dtype: auto (the engine's dtype), a named one (vLLM's names where they mean the same), or int8
+# (cloud_engine.kv_quant).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "int8")
 DEVICES = ("auto", "cpu", "cuda")
 POLICIES = ("fcfs", "priority")
 # A [cloud] key left unset takes the dataclass default below (tandem config show prints it).
@@ -43,6 +46,15 @@ class CloudEngineConfig:
         "Cloud engine KV cache budget in GB.",
         check=at_least(0, inclusive=False),
         unset="a fraction of free memory",
+    )
+    # auto: the engine's dtype. int8: 8-bit values with a float16 scale per token and K/V head (cloud_engine.kv_quant),
+    # 1.94x the tokens per byte of bfloat16 at head_dim 64; what it costs in answers: bench.kv_precision.
+    kv_cache_dtype: str = setting(
+        "auto",
+        "Cloud engine KV cache element type: auto (the engine's dtype) or int8 (8 bits and a scale per token and "
+        "head: ~1.9x the tokens per GB of bfloat16).",
+        check=one_of(*KV_CACHE_DTYPES),
+        **_ENGINE_DEFAULT,
     )
     kv_cache_memory_fraction: float | None = (
         None  # of free device memory after loading; None: 0.9 on CUDA, 0.05 of RAM on CPU
@@ -99,6 +111,16 @@ class CloudEngineConfig:
     def __post_init__(self) -> None:
         checks = [
             (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
+            (
+                self.kv_cache_dtype in KV_CACHE_DTYPES,
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+                + (
+                    " (tandem's 8-bit cache is int8 with a scale per token and head: the CPU kernels have no fp8 "
+                    "path, and vLLM's CPU build refuses an fp8 cache too)"
+                    if self.kv_cache_dtype.startswith("fp8")
+                    else ""
+                ),
+            ),
             (
                 self.device in DEVICES or self.device.startswith("cuda:"),
                 f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}",

@@ -22,6 +22,7 @@ from cloud_engine.host_threads import limit_host_threads_for_gpu
 from cloud_engine.kernels import select_decode_kernel
 from cloud_engine.device import resolve_device, resolve_dtype, resolve_max_model_len
 from cloud_engine.kv_cache import allocate_kv_caches, bytes_per_block, kv_budget_bytes, num_blocks_for_budget
+from cloud_engine.kv_quant import resolve_kv_cache_dtype
 from cloud_engine.loader import load_model
 from cloud_engine.loader.tokenizer import encode_prompt, tokenizer_vocabulary
 from cloud_engine.model_runner import ModelRunner
@@ -85,10 +86,12 @@ class CloudEngine:
         )
 
         mc = self.model_config
+        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         block_bytes = bytes_per_block(
-            mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype
+            mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.kv_dtype
         )
         self.num_blocks = num_blocks_for_budget(kv_budget_bytes(config, self.device), block_bytes)
+        self.kv_block_bytes = block_bytes  # for stats(): the pool's bytes and tokens per GiB
         self.max_model_len = resolve_max_model_len(config, mc, self.num_blocks)
         decode_kernel = select_decode_kernel(
             config.attention_backend,
@@ -106,7 +109,7 @@ class CloudEngine:
             config.block_size,
             mc.num_key_value_heads,
             mc.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         loaded.model.bind_kv_caches(caches)
@@ -153,7 +156,7 @@ class CloudEngine:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         logger.info(
-            "cloud engine: %s on %s (%s, %s attention, %d packed linears, decode steps %s: %s), %d KV blocks of %d",
+            "cloud engine: %s on %s (%s, %s attention, %d packed linears, decode steps %s: %s), %d KV blocks of %d in %s",
             self.model_name,
             self.device,
             self.dtype,
@@ -163,6 +166,7 @@ class CloudEngine:
             compile_reason,
             self.num_blocks,
             config.block_size,
+            self.kv_dtype,
         )
 
     @functools.cached_property
@@ -388,6 +392,9 @@ class CloudEngine:
             num_spec_draft_tokens_total=spec.num_draft_tokens,
             num_spec_accepted_tokens_total=spec.num_accepted_tokens,
             spec_accepted_tokens_per_position=tuple(spec.accepted_per_position),
+            kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
+            kv_cache_tokens_total=self.num_blocks * self.config.block_size,
+            kv_cache_bytes_total=self.num_blocks * self.kv_block_bytes,
         )
 
     def close(self) -> None:

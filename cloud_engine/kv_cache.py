@@ -12,6 +12,7 @@ import os
 import torch
 
 from cloud_engine.config import CloudEngineConfig
+from cloud_engine.kv_quant import cache_row_width
 
 GIB = 1024**3
 _DEFAULT_FRACTION = {"cuda": 0.9, "cpu": 0.05}
@@ -22,9 +23,9 @@ class KVCacheBudgetError(ValueError):
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Key + value bytes of one block across every layer."""
+    """Key + value bytes of one block across every layer in cache element type `dtype` (int8: scales included)."""
     element_size = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size
+    return 2 * num_layers * block_size * num_kv_heads * cache_row_width(head_dim, dtype) * element_size
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -62,12 +63,12 @@ def allocate_kv_caches(
     dtype: torch.dtype,
     device: torch.device,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Zeroed (key, value) caches per layer.
+    """Zeroed (key, value) caches per layer, in `dtype` (int8: quantized rows, cloud_engine.kv_quant).
 
     Zeroed, not empty: attention gathers whole blocks, and a never-written slot holding
     NaN bits would turn a masked-out score's zero weight into NaN.
     """
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    shape = (num_blocks, block_size, num_kv_heads, cache_row_width(head_dim, dtype))
     return [
         (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
         for _ in range(num_layers)

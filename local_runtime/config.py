@@ -12,6 +12,8 @@ from sdk.protocol.config_fields import at_least, one_of, setting
 from sdk.engine_common.sampling_defaults import check_sampling_config
 
 KV_LAYOUTS = ("auto", "streams", "unified")
+# llama.cpp's KV cell types (llama-server's -ctk / -ctv), as tandem offers them: both K and V take the one type.
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 # The context limit when the model's own is larger: long enough for chat, and one such request
 # still leaves most of an 8k-cell pool for others.
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -64,7 +66,23 @@ class LocalEngineConfig:
         check=at_least(0),
         **_ENGINE_DEFAULT,
     )
-    flash_attn: bool = True  # llama.cpp flash attention (also on CPU)
+    flash_attn: bool = setting(
+        True,
+        "llama.cpp's flash attention (also on CPU); a quantized kv_cache_type and batch_invariant need it.",
+        optional=True,
+        unset="on",
+    )
+    # Both K and V in one type, as llama-server's `-ctk T -ctv T`. q8_0 stores 34 bytes per 32 values
+    # (1.88x the cells of f16 in the same memory), q4_0 18 bytes (3.56x); what each costs in answers is
+    # measured by bench.kv_precision (docs/local-engine.md "KV cache precision"). llama.cpp reads a
+    # quantized V only inside its flash-attention kernel, so that combination is refused without it.
+    kv_cache_type: str = setting(
+        "f16",
+        "Type of the KV cells (K and V): f16, q8_0 (1.88x the tokens per byte) or q4_0 (3.56x); quantized types "
+        "need flash_attn.",
+        check=one_of(*KV_CACHE_TYPES),
+        **_ENGINE_DEFAULT,
+    )
     # llama.cpp's repacked CPU weight layouts where a tensor type has one (Q4_0, Q4_K, IQ4_NL, ...):
     # faster matmuls, but a row's result then depends on how many rows share the call, so they
     # need batch_invariant off (tests/local_runtime/test_extra_buffer_types.py).
@@ -188,6 +206,15 @@ class LocalEngineConfig:
                 "for them",
             ),
             (self.n_threads is None or self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}"),
+            (
+                self.kv_cache_type in KV_CACHE_TYPES,
+                f"kv_cache_type must be one of {', '.join(KV_CACHE_TYPES)}, got {self.kv_cache_type!r}",
+            ),
+            (
+                self.kv_cache_type == "f16" or self.flash_attn,
+                f"kv_cache_type {self.kv_cache_type!r} needs flash_attn (llama.cpp reads a quantized V cache only in "
+                "its flash-attention kernel); set flash_attn = true or kv_cache_type = 'f16'",
+            ),
             (
                 self.prefill_weights in PREFILL_WEIGHTS,
                 f"prefill_weights must be one of {', '.join(PREFILL_WEIGHTS)}, got {self.prefill_weights!r}",

@@ -66,6 +66,7 @@ class LocalEngine:
                 n_threads=config.threads,
                 n_gpu_layers=config.n_gpu_layers,
                 flash_attn=config.flash_attn,
+                kv_cache_type=config.kv_cache_type,
                 extra_buffer_types=config.extra_buffer_types,
                 batch_invariant=config.batch_invariant and config.n_gpu_layers == 0,
                 pad_single_decodes=config.strict_batch_invariance and config.n_gpu_layers == 0,
@@ -95,6 +96,7 @@ class LocalEngine:
         route = f"through the {choice.kind} copy of the weights" if choice.kind else "on the model's own weights"
         logger.info("local prompts prefill %s: %s", route, choice.reason)
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.kv_bytes_per_cell = self.backend.kv_bytes_per_cell  # in kv_cache_type, for stats() and /health
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -381,6 +383,9 @@ class LocalEngine:
             num_prefix_cache_hit_tokens_total=self.scheduler.num_prefix_cache_hit_tokens_total,
             num_prefix_cache_query_tokens_total=self.scheduler.num_prefix_cache_query_tokens_total,
             num_waiting_drafts=sum(1 for request in self.scheduler.waiting if request.hold_at is not None),
+            kv_cache_dtype=self.config.kv_cache_type,
+            kv_cache_tokens_total=self.config.pool_tokens,
+            kv_cache_bytes_total=self.config.pool_tokens * self.kv_bytes_per_cell,
         )
 
     def close(self) -> None:

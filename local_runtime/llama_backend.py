@@ -20,6 +20,12 @@ from local_runtime.llama_vocabulary import LlamaVocabulary
 _backend_lock = threading.Lock()
 _backend_initialised = False
 
+# KV cell types tandem offers (LocalEngineConfig.kv_cache_type): llama.cpp's ggml type ids (ggml.h), and the
+# bytes one block of values takes with the values it holds (ggml's type traits: f16 2 per value; q8_0 32 int8
+# and an f16 scale; q4_0 32 nibbles and an f16 scale).
+KV_CACHE_GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+_KV_TYPE_BLOCK_BYTES = {"f16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32)}
+
 
 def cpu_reports_amx() -> bool:
     """Whether /proc/cpuinfo lists AMX tiles (Sapphire Rapids and later; some VMs report it too)."""
@@ -45,6 +51,7 @@ class LlamaBackendConfig:
     n_threads: int
     n_gpu_layers: int = 0
     flash_attn: bool = True
+    kv_cache_type: str = "f16"  # K and V cells (KV_CACHE_GGML_TYPES); a quantized V needs flash_attn
     extra_buffer_types: bool = False  # llama.cpp's repacked (CPU_REPACK, AMX) weight layouts (its own default is on)
     batch_invariant: bool = False  # keep prefill ubatches on the per-row attention kernel (see below)
     pad_single_decodes: bool = False  # also keep lone decodes off the split-KV kernel (costs ~40%)
@@ -167,11 +174,18 @@ class LlamaBackend(LlamaVocabulary):
         ctx_params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
+        if config.kv_cache_type not in KV_CACHE_GGML_TYPES:
+            llama_cpp.llama_model_free(self.model)
+            raise ValueError(
+                f"kv_cache_type must be one of {', '.join(KV_CACHE_GGML_TYPES)}, got {config.kv_cache_type!r}"
+            )
+        ctx_params.type_k = ctx_params.type_v = KV_CACHE_GGML_TYPES[config.kv_cache_type]
         self.ctx = llama_cpp.llama_init_from_model(self.model, ctx_params)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
             raise LlamaLoadError(
-                f"llama.cpp could not create a context with n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max}"
+                f"llama.cpp could not create a context with n_ctx={config.n_ctx}, n_seq_max={config.n_seq_max}, "
+                f"kv_cache_type={config.kv_cache_type}, flash_attn={config.flash_attn}"
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         # Cells one sequence can hold: its stream, or the whole pool.
@@ -265,6 +279,25 @@ class LlamaBackend(LlamaVocabulary):
     @property
     def n_params(self) -> int:
         return int(self._lib.llama_model_n_params(self.model))
+
+    @property
+    def kv_bytes_per_cell(self) -> int:
+        """Bytes one KV cell (one token) takes over all layers in the context's kv_cache_type: the K and V
+        widths of each layer's KV heads, in whole blocks of the type. For a model with sliding-window layers
+        this counts every layer as full (llama.cpp sizes their separate cache by the window instead)."""
+        lib, model = self._lib, self.model
+        n_layer, n_head, n_head_kv = (
+            lib.llama_model_n_layer(model),
+            lib.llama_model_n_head(model),
+            lib.llama_model_n_head_kv(model),
+        )
+        arch = self.metadata("general.architecture") or ""
+        default_width = lib.llama_model_n_embd(model) // max(1, n_head)
+        key_width = int(self.metadata(f"{arch}.attention.key_length") or default_width)
+        value_width = int(self.metadata(f"{arch}.attention.value_length") or default_width)
+        block_bytes, block_values = _KV_TYPE_BLOCK_BYTES[self.config.kv_cache_type]
+        row_bytes = sum(-(-n_head_kv * width // block_values) * block_bytes for width in (key_width, value_width))
+        return n_layer * row_bytes
 
     @property
     def memory_is_one_kv_cache(self) -> bool:

@@ -43,6 +43,7 @@ class PrefillContext:
                 n_batch=config.n_batch,
                 n_threads=config.n_threads,
                 flash_attn=config.flash_attn,
+                kv_cache_type=config.kv_cache_type,  # llama.cpp loads a sequence's state only into cells of its type
             )
         )
         if self.backend.n_vocab != main.n_vocab:

@@ -9,7 +9,9 @@
 // Layout (same as cloud_engine/attention.py): caches [num_blocks, block_size, num_kv_heads,
 // head_dim], query [num_seqs, num_heads, head_dim], block_tables [num_seqs, max_blocks] int64,
 // seq_lens [num_seqs] int64. Query head h reads K/V head h / (num_heads / num_kv_heads).
-// Math is float32 whatever the cache dtype (float32 or bfloat16). A sliding-window layer
+// Math is float32 whatever the cache dtype: float32, bfloat16, or int8 rows of head_dim values and
+// a float16 scale (cloud_engine/kv_quant.py: caches [.., num_kv_heads, head_dim + 2]; a key's scale
+// multiplies its dot product, a value's its softmax weight). A sliding-window layer
 // (window > 0, Gemma 3's local layers) attends to its last `window` tokens only, and the
 // blocks before them are never read.
 //
@@ -31,6 +33,7 @@ typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
 
 constexpr int64_t kLanes = 16;
 constexpr int64_t kMaxVectors = 128;  // query heads per K/V head * head_dim / 16
@@ -50,7 +53,26 @@ inline f32x16 load(const uint16_t* p) {  // bfloat16 bits: the high half of a fl
   return v;
 }
 
+inline f32x16 load(const int8_t* p) {  // quantized values, before their row's scale
+  i8x16 b;
+  std::memcpy(&b, p, sizeof(b));
+  return __builtin_convertvector(b, f32x16);
+}
+
 inline void store(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// The factor a cache row's values are multiplied by: 1 for float caches, the float16 scale after the
+// head_dim values of an int8 row (kv_quant keeps scales in float16's normal range: no subnormal case).
+inline float row_scale(const float*, int64_t) { return 1.f; }
+inline float row_scale(const uint16_t*, int64_t) { return 1.f; }
+inline float row_scale(const int8_t* row, int64_t head_dim) {
+  uint16_t h;
+  std::memcpy(&h, row + head_dim, sizeof(h));
+  const uint32_t bits = ((((h >> 10) & 0x1fu) + 112u) << 23) | ((h & 0x3ffu) << 13);
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
 
 inline float sum_lanes(f32x16 v) {
   float s = 0.f;
@@ -94,6 +116,7 @@ float exp_and_sum(float* scores, int64_t len, float max_score) {
 
 struct Shape {
   int64_t num_heads, num_kv_heads, head_dim, block_size, max_blocks;
+  int64_t row_width;                   // cache elements of one (token, head) row: head_dim (+ 2 scale bytes for int8)
   int64_t token_stride, block_stride;  // cache elements between tokens / blocks
 };
 
@@ -103,7 +126,7 @@ struct Shape {
 template <typename T, int64_t kChunks>
 void attend(const float* query, const T* key_cache, const T* value_cache, const int64_t* table, int64_t first,
             int64_t len, int64_t kv_head, const Shape& s, float scale, float* scores, float* out) {
-  const int64_t group = s.num_heads / s.num_kv_heads, head_offset = kv_head * s.head_dim;
+  const int64_t group = s.num_heads / s.num_kv_heads, head_offset = kv_head * s.row_width;
   const int64_t chunks = kChunks ? kChunks : s.head_dim / kLanes;
   f32x16 q[kMaxVectors], acc[kMaxVectors];
   for (int64_t i = 0; i < group * chunks; ++i) q[i] = load(query + i * kLanes) * scale;
@@ -117,11 +140,13 @@ void attend(const float* query, const T* key_cache, const T* value_cache, const 
     const T* block = key_cache + table[pos / s.block_size] * s.block_stride + offset * s.token_stride + head_offset;
     for (int64_t t = 0; t < n; ++t) {
       f32x16 k[kMaxVectors];
-      for (int64_t c = 0; c < chunks; ++c) k[c] = load(block + t * s.token_stride + c * kLanes);
+      const T* row = block + t * s.token_stride;
+      for (int64_t c = 0; c < chunks; ++c) k[c] = load(row + c * kLanes);
+      const float k_scale = row_scale(row, s.head_dim);
       for (int64_t g = 0; g < group; ++g) {
         f32x16 dot = q[g * chunks] * k[0];
         for (int64_t c = 1; c < chunks; ++c) dot += q[g * chunks + c] * k[c];
-        const float score = sum_lanes(dot);
+        const float score = sum_lanes(dot) * k_scale;
         scores[g * visible + pos - first + t] = score;
         max_score[g] = std::max(max_score[g], score);
       }
@@ -136,9 +161,11 @@ void attend(const float* query, const T* key_cache, const T* value_cache, const 
     const T* block = value_cache + table[pos / s.block_size] * s.block_stride + offset * s.token_stride + head_offset;
     for (int64_t t = 0; t < n; ++t) {
       f32x16 v[kMaxVectors];
-      for (int64_t c = 0; c < chunks; ++c) v[c] = load(block + t * s.token_stride + c * kLanes);
+      const T* row = block + t * s.token_stride;
+      for (int64_t c = 0; c < chunks; ++c) v[c] = load(row + c * kLanes);
+      const float v_scale = row_scale(row, s.head_dim);
       for (int64_t g = 0; g < group; ++g) {
-        const float p = scores[g * visible + pos - first + t];
+        const float p = scores[g * visible + pos - first + t] * v_scale;
         for (int64_t c = 0; c < chunks; ++c) acc[g * chunks + c] += v[c] * p;
       }
     }
@@ -188,14 +215,22 @@ torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Te
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "query must be [seqs, heads, dim], caches [blocks, block_size, kv_heads, dim]");
   TORCH_CHECK(key_cache.sizes() == value_cache.sizes() && key_cache.scalar_type() == value_cache.scalar_type(),
               "key and value caches must match");
-  TORCH_CHECK(key_cache.scalar_type() == at::kFloat || key_cache.scalar_type() == at::kBFloat16,
-              "caches must be float32 or bfloat16");
+  const bool quantized = key_cache.scalar_type() == at::kChar;
+  TORCH_CHECK(key_cache.scalar_type() == at::kFloat || key_cache.scalar_type() == at::kBFloat16 || quantized,
+              "caches must be float32, bfloat16 or int8 rows with a float16 scale");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong, "tables and lengths must be int64");
-  const Shape s{query.size(1), key_cache.size(2), query.size(2), key_cache.size(1), block_tables.size(1),
-                key_cache.size(2) * key_cache.size(3), key_cache.size(1) * key_cache.size(2) * key_cache.size(3)};
+  const Shape s{query.size(1),
+                key_cache.size(2),
+                query.size(2),
+                key_cache.size(1),
+                block_tables.size(1),
+                key_cache.size(3),
+                key_cache.size(2) * key_cache.size(3),
+                key_cache.size(1) * key_cache.size(2) * key_cache.size(3)};
   const int64_t num_seqs = query.size(0);
-  TORCH_CHECK(key_cache.size(3) == s.head_dim && s.head_dim % kLanes == 0, "head_dim must match the cache and be a multiple of 16");
+  TORCH_CHECK(s.row_width == s.head_dim + (quantized ? 2 : 0) && s.head_dim % kLanes == 0,
+              "head_dim must match the cache (int8 rows: head_dim + 2) and be a multiple of 16");
   TORCH_CHECK(s.num_heads % s.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK((s.num_heads / s.num_kv_heads) * (s.head_dim / kLanes) <= kMaxVectors, "too many query heads per K/V head for this kernel");
   TORCH_CHECK(block_tables.size(0) == num_seqs && seq_lens.size(0) == num_seqs, "one block table and length per sequence");
@@ -217,6 +252,9 @@ torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Te
   if (key_cache.scalar_type() == at::kFloat) {
     dispatch_head_dim(q.data_ptr<float>(), key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), table_data,
                       len_data, num_seqs, s, static_cast<float>(scale), window, out.data_ptr<float>());
+  } else if (quantized) {
+    dispatch_head_dim(q.data_ptr<float>(), key_cache.data_ptr<int8_t>(), value_cache.data_ptr<int8_t>(), table_data,
+                      len_data, num_seqs, s, static_cast<float>(scale), window, out.data_ptr<float>());
   } else {
     dispatch_head_dim(q.data_ptr<float>(), reinterpret_cast<const uint16_t*>(key_cache.data_ptr()),
                       reinterpret_cast<const uint16_t*>(value_cache.data_ptr()), table_data, len_data, num_seqs, s,
@@ -229,14 +267,15 @@ torch::Tensor paged_decode_attention(const torch::Tensor& query, const torch::Te
 // Registered in C++ so a compiled graph calls them through the dispatcher alone: a Python custom
 // op costs ~15 us a call, and a 30-layer step makes 150 of them.
 
-// Write each row's K/V into its slot, then decode attention as above; mutates the caches.
+// Write each row's K/V into its slot, then decode attention as above; mutates the caches. K/V rows come in the
+// cache's form (an int8 cache's rows quantized by the caller: cloud_engine.attention.paged_attention).
 torch::Tensor write_and_attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
                                const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale,
                                int64_t window) {
-  const int64_t kv_heads = key_cache.size(2), head_dim = key_cache.size(3);
-  key_cache.view({-1, kv_heads, head_dim}).index_copy_(0, slot_mapping, key);
-  value_cache.view({-1, kv_heads, head_dim}).index_copy_(0, slot_mapping, value);
+  const int64_t kv_heads = key_cache.size(2), row_width = key_cache.size(3);
+  key_cache.view({-1, kv_heads, row_width}).index_copy_(0, slot_mapping, key);
+  value_cache.view({-1, kv_heads, row_width}).index_copy_(0, slot_mapping, value);
   return paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale, window);
 }
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from cloud_engine.attention import paged_attention
 from cloud_engine.attention_metadata import AttentionMetadata
+from cloud_engine.kv_quant import cache_row_width
 from cloud_engine.model.config import ModelConfig
 from cloud_engine.model.moe import SparseMoeBlock
 from cloud_engine.model.packed_linear import PackedLinear, can_pack, pack_linears, warm_up_packed_linears
@@ -145,22 +146,23 @@ class LlamaForCausalLM(nn.Module):
         self.packed_lm_head: PackedLinear | None = None  # set by pack_for_cpu
 
     def bind_kv_caches(self, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Give each layer its (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim]."""
+        """Give each layer its (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim] in the
+        model's dtype, or int8 [..., head_dim + 2] (quantized rows, cloud_engine.kv_quant)."""
         layers = self.model.layers
         if len(kv_caches) != len(layers):
             raise ValueError(f"got {len(kv_caches)} KV cache pairs for a model with {len(layers)} layers")
-        expected = (self.config.num_key_value_heads, self.config.head_dim)
         dtype = self.model.embed_tokens.weight.dtype
         for i, (layer, (key_cache, value_cache)) in enumerate(zip(layers, kv_caches)):
+            if key_cache.dtype not in (dtype, torch.int8) or value_cache.dtype != key_cache.dtype:
+                raise ValueError(
+                    f"layer {i}: KV caches are {key_cache.dtype}/{value_cache.dtype}, the model is {dtype}; "
+                    "allocate them both in the model's dtype or both in int8"
+                )
+            expected = (self.config.num_key_value_heads, cache_row_width(self.config.head_dim, key_cache.dtype))
             if key_cache.dim() != 4 or tuple(key_cache.shape[2:]) != expected or key_cache.shape != value_cache.shape:
                 raise ValueError(
                     f"layer {i}: KV caches must both be [num_blocks, block_size, {expected[0]}, {expected[1]}], "
                     f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
-                )
-            if key_cache.dtype != dtype or value_cache.dtype != dtype:
-                raise ValueError(
-                    f"layer {i}: KV caches are {key_cache.dtype}/{value_cache.dtype}, the model is {dtype}; "
-                    "allocate them in the model's dtype"
                 )
             layer.self_attn.kv_cache = (key_cache, value_cache)
 

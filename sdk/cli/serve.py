@@ -58,6 +58,8 @@ SERVE_SETTINGS = (
     "local.n_gpu_layers",
     "local.batch_invariant",
     "local.kv_layout",
+    "local.kv_cache_type",
+    "local.flash_attn",
     "local.prefill_weights",
     "local.extra_buffer_types",
     "local.repetition_stop",

@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse, Response
 from sdk.openai_server.drain import DRAINING_MESSAGE
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.serving import ServerState
-from sdk.protocol.engine import EngineNotReadyError
+from sdk.protocol.engine import EngineError, EngineNotReadyError
 
 
 async def health(request: Request) -> Response:
@@ -18,7 +18,7 @@ async def health(request: Request) -> Response:
         return from_exception(EngineNotReadyError(DRAINING_MESSAGE)).response()
     if not engine.is_ready or (cascade is None and also_ready is not None and not also_ready()):
         return from_exception(EngineNotReadyError("the model is still loading; retry shortly")).response()
-    shared = _state_db(state)
+    shared = _state_db(state) | _kv_cache(request, engine)
     if cascade is None:
         return JSONResponse({"status": "ok"} | shared)
     # The local tier answers every request, so it alone makes the service ready; the cloud's
@@ -41,6 +41,28 @@ def _state_db(state: ServerState) -> dict:
     if not db.available:
         return {"state_db": "unreachable"}
     return {"state_db": "fenced" if db.fenced else "ok"}
+
+
+def _kv_cache(request: Request, engine) -> dict:
+    """The serving engine's KV pool: element type, tokens, and tokens per GiB (what a KV precision buys). Only
+    where the server has no API keys: /health takes no key, and a hosted API's capacity is its operators' to
+    know (/metrics, behind the keys, has it as kv_cache_tokens and kv_cache_bytes)."""
+    gate = getattr(request.app.state, "access_gate", None)
+    if gate is not None and gate.api_keys:
+        return {}
+    try:
+        stats = engine.stats()
+    except EngineError:
+        return {}
+    if not stats.kv_cache_bytes_total:
+        return {}
+    return {
+        "kv_cache": {
+            "dtype": stats.kv_cache_dtype,
+            "tokens": stats.kv_cache_tokens_total,
+            "tokens_per_gib": round(stats.kv_tokens_per_gib),
+        }
+    }
 
 
 async def metrics(request: Request) -> Response:

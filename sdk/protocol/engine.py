@@ -168,10 +168,22 @@ class EngineStats:
     # and accepted. Beside the engine-wide spec counters above, which count the engine's own drafts too.
     caller_draft_tokens_by_key: dict[str, int] = field(default_factory=dict)
     caller_accepted_tokens_by_key: dict[str, int] = field(default_factory=dict)
+    # The KV pool: its element type as the engine's setting names it ("f16", "q8_0", "bfloat16", "int8"), the
+    # tokens it holds and the bytes they take, scales included. "" and zeros where an engine does not say.
+    kv_cache_dtype: str = ""
+    kv_cache_tokens_total: int = 0
+    kv_cache_bytes_total: int = 0
 
     @property
     def kv_usage(self) -> float:
         return self.num_kv_blocks_used / max(1, self.num_kv_blocks_total)
+
+    @property
+    def kv_tokens_per_gib(self) -> float:
+        """Tokens the pool's element type fits in a GiB (the capacity a KV precision buys); 0 when unknown."""
+        if not self.kv_cache_bytes_total:
+            return 0.0
+        return self.kv_cache_tokens_total * 2**30 / self.kv_cache_bytes_total
 
 
 class EngineProtocol(Protocol):

@@ -111,7 +111,7 @@ def test_decode_kernel_refuses_tables_outside_the_cache(kernels):
         kernels.paged_decode_attention(query, key_cache, value_cache, bad, lens, 0.25)
     with pytest.raises(RuntimeError, match="outside its block table"):
         kernels.paged_decode_attention(query, key_cache, value_cache, tables, torch.tensor([10, 33]), 0.25)
-    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or int8"):
         kernels.paged_decode_attention(query.half(), key_cache.half(), value_cache.half(), tables, lens, 0.25)
 
 

@@ -121,7 +121,9 @@ def prefill_context_is_empty(engine) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [STREAMS, UNIFIED], ids=["streams", "unified"])
+@pytest.mark.parametrize(
+    "layout", [STREAMS, UNIFIED, STREAMS | dict(kv_cache_type="q8_0")], ids=["streams", "unified", "streams-q8_0"]
+)
 @pytest.mark.parametrize("budget", [512, 48], ids=["whole", "chunked"])
 def test_cells_moved_from_the_prefill_context_answer_as_the_main_context_computes(layout, budget):
     reference = chunks_in_main(make_engine(**layout, max_num_batched_tokens=budget, prefill_weights="bf16"))

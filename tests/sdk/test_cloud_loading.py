@@ -37,7 +37,9 @@ async def test_cloud_loading_is_answered_locally_and_health_is_green(local_engin
         app = make_app(local_engine, cascade=runner, also_ready=lambda: loaded[0])
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
             health = await http.get("/health")
-            assert health.status_code == 200 and health.json() == {"status": "ok", "local": "ready", "cloud": "loading"}
+            body = health.json()
+            assert health.status_code == 200 and body.pop("kv_cache")["dtype"] == "f16"  # the device's pool
+            assert body == {"status": "ok", "local": "ready", "cloud": "loading"}
             loaded[0] = True
             assert (await http.get("/health")).json()["cloud"] == "closed"
     finally:

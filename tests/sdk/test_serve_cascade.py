@@ -28,7 +28,10 @@ def routing(response) -> dict:
 
 def test_models_and_health_name_both_tiers(server_url, client):
     assert [m.id for m in client.models.list().data] == ["auto", "local", "cloud", "all-MiniLM-L6-v2", MODEL]
-    assert httpx.get(f"{server_url}/health").json() == {"status": "ok", "local": "ready", "cloud": "closed"}
+    health = httpx.get(f"{server_url}/health").json()
+    # The device's KV pool: f16 cells of SmolLM2-135M, 30 layers x 2 x 3 heads x 64 values x 2 bytes a token.
+    assert health.pop("kv_cache") == {"dtype": "f16", "tokens": 4096, "tokens_per_gib": round(2**30 / 23040)}
+    assert health == {"status": "ok", "local": "ready", "cloud": "closed"}
 
 
 @pytest.mark.parametrize(
