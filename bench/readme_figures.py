@@ -317,6 +317,40 @@ FIGURES = (
         2,
         ">= 1.0",
     ),
+    Figure("device KV in q8_0: mean KL against f16 (nats)", "kv_precision", "local_q8_0_mean_kl_nats", 4, "<= 0.01"),
+    Figure("  tokens per GiB, q8_0 / f16", "kv_precision", "local_q8_0_tokens_per_gib_vs_f16", 2),
+    Figure(
+        "  confidence probe's held-out AUROC, q8_0 minus f16",
+        "kv_precision",
+        "local_shipped_probe_auroc_q8_0_minus_f16",
+        3,
+        ">= -SE",
+        se="local_shipped_probe_auroc_q8_0_minus_f16_se",
+    ),
+    Figure(
+        "  tandem serve vs llama-server, both with q8_0 KV: output tok/s at 8 clients (quick, median of 2)",
+        "serve_local_vs_llama_server_q8_0_quick",
+        "ratio_output_tps_vs_llama_server_c8",
+        2,
+        ">= 1.0",
+        "ratio_output_tps_vs_llama_server_c8_spread",
+    ),
+    Figure(
+        "  the same, TTFT p50",
+        "serve_local_vs_llama_server_q8_0_quick",
+        "ratio_ttft_p50_vs_llama_server_c8",
+        2,
+        "<= 1.0",
+        "ratio_ttft_p50_vs_llama_server_c8_spread",
+    ),
+    Figure("cloud KV in int8: mean KL against float32 (nats)", "kv_precision", "cloud_int8_mean_kl_nats", 4, "<= 0.01"),
+    Figure(
+        "  tokens per GiB, int8 (scales included) / bf16",
+        "kv_precision",
+        "cloud_int8_tokens_per_gib_vs_bf16",
+        2,
+        ">= 1.9",
+    ),
 )
 
 # A figure in a page's prose is a link to the JSON it came from, so a reader can open it and a

@@ -129,6 +129,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="compare mode: the GGUF the servers load (--compare-cloud: exported as an HF directory; default: "
         "the embedded SmolLM2)",
     )
+    p.add_argument(
+        "--kv-cache-type",
+        choices=("f16", "q8_0", "q4_0"),
+        default="f16",
+        help="--compare-local: the KV cells of tandem ([local] kv_cache_type) and llama-server (-ctk and -ctv); "
+        "llama_cpp.server runs with f16 only",
+    )
     p.add_argument("--threads", type=int, help="compare mode: llama.cpp threads of every server (default: all cores)")
     p.add_argument("--repeats", type=int, help="compare mode: repetitions (default 3; --quick 2)")
     args = p.parse_args(argv)

@@ -85,7 +85,10 @@ def build_llama_server() -> tuple[str, str]:
         return binary, f.read().strip()
 
 
-def servers_at(concurrency: int, binary: str, model_path: str, model_name: str, threads: int) -> list[ManagedServer]:
+def servers_at(
+    concurrency: int, binary: str, model_path: str, model_name: str, threads: int, kv_cache_type: str = "f16"
+) -> list[ManagedServer]:
+    shape = (model_name, NUM_SLOTS, CTX_PER_SLOT, STEP_TOKENS, STEP_TOKENS)
     servers = [
         tandem_server(
             model_path,
@@ -94,14 +97,12 @@ def servers_at(concurrency: int, binary: str, model_path: str, model_name: str, 
             max_model_len=CTX_PER_SLOT,
             kv_cache_tokens=NUM_SLOTS * CTX_PER_SLOT,
             max_num_batched_tokens=STEP_TOKENS,
-            extra_args=["--model-name", model_name],
+            extra_args=["--model-name", model_name, "--kv-cache-type", kv_cache_type],
         ),
-        llama_server(binary, model_path, threads, model_name, NUM_SLOTS, CTX_PER_SLOT, STEP_TOKENS, STEP_TOKENS),
-        llama_server(
-            binary, model_path, threads, model_name, NUM_SLOTS, CTX_PER_SLOT, STEP_TOKENS, STEP_TOKENS, repack=False
-        ),
+        llama_server(binary, model_path, threads, *shape, kv_cache_type=kv_cache_type),
+        llama_server(binary, model_path, threads, *shape, repack=False, kv_cache_type=kv_cache_type),
     ]
-    if concurrency == BASELINE_CONCURRENCY:
+    if concurrency == BASELINE_CONCURRENCY and kv_cache_type == "f16":  # its server takes no KV type by name
         servers.append(llama_cpp_server(model_path, threads, model_name, n_ctx=CTX_PER_SLOT))
     return servers
 
@@ -123,7 +124,7 @@ def run_compare(args: argparse.Namespace) -> dict:
     for rep in range(repeats):
         for concurrency in concurrencies:
             args.max_concurrency = concurrency
-            for server in servers_at(concurrency, binary, model_path, model_name, threads):
+            for server in servers_at(concurrency, binary, model_path, model_name, threads, args.kv_cache_type):
                 label = f"{server.name} c={concurrency} rep {rep + 1}/{repeats}"
                 console.print(f"starting {label}: {' '.join(server.command)}")
                 commands[server.name] = {"description": server.description, "command": " ".join(server.command)}
@@ -175,6 +176,7 @@ def run_compare(args: argparse.Namespace) -> dict:
             "step_tokens": STEP_TOKENS,
             "concurrencies": list(concurrencies),
             "repeats": repeats,
+            "kv_cache_type": args.kv_cache_type,
         },
         "workload": workload_description(args, tokenizer),
         "servers": commands,

@@ -217,6 +217,7 @@ def llama_server(
     n_ubatch: int,
     repack: bool = True,
     port: int | None = None,
+    kv_cache_type: str = "f16",
 ) -> ManagedServer:
     """llama.cpp's own C++ server (scripts/build-llama-server.sh): `num_slots` parallel slots with
     continuous batching, each with `ctx_per_slot` KV cells (its -c is the total, divided among the
@@ -251,6 +252,8 @@ def llama_server(
     ]
     if not repack:
         command.append("--no-repack")
+    if kv_cache_type != "f16":
+        command += ["-ctk", kv_cache_type, "-ctv", kv_cache_type]
     name = "llama_server" if repack else "llama_server_no_repack"
     return ManagedServer(
         name,
@@ -258,7 +261,8 @@ def llama_server(
         port,
         "/health",
         f"llama.cpp llama-server -np {num_slots} ({ctx_per_slot} KV cells a slot, -b {n_batch} "
-        f"-ub {n_ubatch}, flash attention{', --no-repack' if not repack else ''})",
+        f"-ub {n_ubatch}, flash attention{', --no-repack' if not repack else ''}"
+        f"{f', -ctk/-ctv {kv_cache_type}' if kv_cache_type != 'f16' else ''})",
         env=_clean_env(),
     )
 

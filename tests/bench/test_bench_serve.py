@@ -391,3 +391,10 @@ def test_compare_servers_are_configured_alike():
     assert int(flag(tandem, "--max-num-batched-tokens")) == int(flag(ls, "-b")) == STEP_TOKENS
     assert flag(tandem, "--threads") == flag(ls, "-t") == flag(ls, "-tb") == "2"
     assert "--no-repack" in servers["llama_server_no_repack"] and "--no-repack" not in ls
+    assert flag(tandem, "--kv-cache-type") == "f16" and "-ctk" not in ls
+
+    quantized = {s.name: s.command for s in servers_at(8, "/bin/llama-server", "/m.gguf", "m", 2, "q8_0")}
+    assert set(quantized) == {"tandem", "llama_server", "llama_server_no_repack"}  # llama_cpp.server: f16 only
+    assert flag(quantized["tandem"], "--kv-cache-type") == "q8_0"
+    for name in ("llama_server", "llama_server_no_repack"):
+        assert flag(quantized[name], "-ctk") == flag(quantized[name], "-ctv") == "q8_0"
