@@ -20,6 +20,13 @@ cold or warm, as `compile_cache` says), and max_logit_diff_c{N} / argmax_agreeme
 two modes on the same step (bf16 rounds differently when elementwise work is fused); for
 verification steps the same keys named verify_step_ratio_c{N}, verify_compiled_ms_c{N},
 verify_eager_ms_c{N}, verify_max_logit_diff_c{N}, verify_argmax_agreement_c{N}.
+
+The roofline (issue 70): decode_bytes_c{N} is what a decode step of N sequences must read at least, from the
+engine's own sizes: every linear weight once (the tied embedding as the LM head; norms left out: a few KB) and
+the KV rows of every sequence's context in the pool's element type, scales included. read_bandwidth_gb_s is this
+machine's streaming read measured in the same run (a sum over a 1 GiB buffer with the step's thread count, best
+of 5), and roofline_fraction_c{N} = decode_bytes / (compiled step time x bandwidth) (roofline_fraction_eager_c{N}
+for eager steps): 1.0 would be a step bound only by memory. --kv-cache-dtype int8 runs the engine on an 8-bit cache.
 """
 
 from __future__ import annotations
@@ -33,7 +40,54 @@ from bench.machine import report_header, write_report
 BATCHES = (1, 4, 8, 16, 32)
 VERIFY_BATCHES = (1, 8, 32)
 VERIFY_DRAFT_TOKENS = 4  # the device drafter's first draft (sdk.cascade.device_drafts.DEFAULT_DRAFT_TOKENS)
-HEADLINE = ("compiled_step_ratio_c32", "compiled_step_ratio_c1", "verify_step_ratio_c32", "engine_start_s")
+HEADLINE = (
+    "compiled_step_ratio_c32",
+    "compiled_step_ratio_c1",
+    "verify_step_ratio_c32",
+    "engine_start_s",
+    "roofline_fraction_c32",
+)
+BANDWIDTH_BUFFER_BYTES = 1 << 30  # well past any last-level cache
+
+
+def read_bandwidth_gb_s(repetitions: int = 5) -> float:
+    """Streaming read rate of this machine: a float32 sum over BANDWIDTH_BUFFER_BYTES with torch's threads, best
+    of `repetitions` (the first pass also faults the pages in, and is not counted)."""
+    import torch
+
+    buffer = torch.ones(BANDWIDTH_BUFFER_BYTES // 4, dtype=torch.float32)
+    buffer.sum()
+    best = float("inf")
+    for _ in range(repetitions):
+        started = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - started)
+    return BANDWIDTH_BUFFER_BYTES / best / 1e9
+
+
+def weight_bytes(engine) -> int:
+    """Bytes of every linear weight a decode step reads once, in the engine's dtype (packed or plain), and the
+    tied embedding, which is the LM head."""
+    from torch import nn
+
+    from cloud_engine.model.packed_linear import PackedLinear
+
+    model = engine.runner.model
+    elements = 0
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            elements += module.in_features * module.out_features
+        elif isinstance(module, nn.Linear):
+            elements += module.weight.numel()
+    if getattr(model, "lm_head", None) is None:
+        elements += model.model.embed_tokens.weight.numel()
+    return elements * engine.dtype.itemsize
+
+
+def kv_bytes(engine, ids: list[str]) -> int:
+    """Bytes of the KV rows the step's sequences attend over, in the pool's element type (scales included)."""
+    per_token = engine.kv_block_bytes // engine.config.block_size
+    return sum((engine.scheduler.requests[rid].num_computed_tokens + 1) * per_token for rid in ids)
 
 
 def _start_decoding(engine, count: int, prompt_len: int, draft_tokens: int = 0) -> list[str]:
@@ -132,20 +186,35 @@ def measure(
     model: str | None = None,
     verify_batches: tuple[int, ...] = (),
     draft_tokens: int = VERIFY_DRAFT_TOKENS,
+    kv_cache_dtype: str = "auto",
 ) -> dict:
     """`model`: a GGUF or HF directory (None: the embedded default)."""
+    import torch
+
     from cloud_engine.compiled_decode import compile_cache_dir
     from cloud_engine.llm import LLM
 
     cache_was_there = compile_cache_dir().exists()
     started = time.perf_counter()
     max_seqs = max((*batches, *verify_batches))
-    llm = LLM(model, dtype=dtype, compile="on", max_num_seqs=max_seqs, max_num_batched_tokens=512, kv_cache_gb=0.5)
+    llm = LLM(
+        model,
+        dtype=dtype,
+        compile="on",
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=512,
+        kv_cache_gb=0.5,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     out: dict = {
         "engine_start_s": round(time.perf_counter() - started, 2),
         "compile_cache": "warm" if cache_was_there else "cold",
         "dtype": str(llm.engine.dtype).removeprefix("torch."),
+        "kv_cache_dtype": str(llm.engine.kv_dtype).removeprefix("torch."),
         "attention_backend": llm.engine.attention_backend,
+        "threads": torch.get_num_threads(),
+        "read_bandwidth_gb_s": round(read_bandwidth_gb_s(), 2),
+        "weight_bytes": weight_bytes(llm.engine),
     }
     if verify_batches:
         out["verify_draft_tokens"] = draft_tokens
@@ -158,6 +227,14 @@ def measure(
             ids = _start_decoding(engine, count, prompt_len, kind_draft)
             figures = _compare(runner, engine, ids, steps, repetitions, kind_draft)
             out.update({keys[name].format(n=count): value for name, value in figures.items()})
+            if kind == "decode":
+                step_bytes = out["weight_bytes"] + kv_bytes(engine, ids)
+                bandwidth = out["read_bandwidth_gb_s"] * 1e9
+                out[f"decode_bytes_c{count}"] = step_bytes
+                out[f"roofline_fraction_c{count}"] = round(step_bytes / (figures["compiled_ms"] / 1e3 * bandwidth), 3)
+                out[f"roofline_fraction_eager_c{count}"] = round(
+                    step_bytes / (figures["eager_ms"] / 1e3 * bandwidth), 3
+                )
             engine.abort_all()
     return out
 
@@ -168,6 +245,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 repetitions of 10 steps (about 2 minutes here)")
     parser.add_argument("--smoke", action="store_true", help="only checks that the bench runs (tiny sizes)")
     parser.add_argument("--dtype", default="auto", help="auto (the engine's serving default), float32, bfloat16")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8"), help="the KV pool's element type")
     args = parser.parse_args()
     if args.smoke:
         batches, verify_batches, steps, repetitions = (1, 4), (2,), 2, 1
@@ -177,7 +255,17 @@ def main() -> None:
         batches, verify_batches, steps, repetitions = BATCHES, VERIFY_BATCHES, 20, 5
     report = report_header("compiled_step", smoke=args.smoke)
     report.update(steps_per_repetition=steps, repetitions=repetitions, prompt_tokens=100)
-    report.update(measure(args.dtype, batches, steps, repetitions, prompt_len=100, verify_batches=verify_batches))
+    report.update(
+        measure(
+            args.dtype,
+            batches,
+            steps,
+            repetitions,
+            prompt_len=100,
+            verify_batches=verify_batches,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
+    )
     write_report(args.json, report, tuple(k for k in HEADLINE if k in report))
 
 

@@ -257,13 +257,16 @@ def _prefill_attention(
 ) -> torch.Tensor:
     start, end, query_offset = chunk.query_start, chunk.query_end, chunk.query_offset
     num_kv_heads, row_width = key_cache.shape[-2:]
+    # int8 rows read back in float32 where the tiled path computes in float32 anyway (CPU): the exact product of
+    # value and scale, as the decode kernel uses, not that product rounded once more to bf16.
+    read_dtype = torch.float32 if query.device.type == "cpu" else query.dtype
     key_offset = 0  # position of keys[0]
     if chunk.block_ids is None:
         keys, values = key[start:end], value[start:end]
         if is_quantized(key_cache):
             # As stored: a prompt then attends to the values its later chunks, a prefix-cache hit and a
             # recompute after preemption read back, so all of them give the same tokens.
-            keys, values = (read_cache_rows(as_cache_rows(x, key_cache), query.dtype) for x in (keys, values))
+            keys, values = (read_cache_rows(as_cache_rows(x, key_cache), read_dtype) for x in (keys, values))
     else:
         block_ids = chunk.block_ids
         if window and query.device.type == "cpu":
@@ -272,7 +275,7 @@ def _prefill_attention(
             block_ids, key_offset = block_ids[first_block:], first_block * key_cache.shape[1]
         visible = chunk.context_len - key_offset
         keys, values = (
-            read_cache_rows(cache.index_select(0, block_ids).view(-1, num_kv_heads, row_width)[:visible], query.dtype)
+            read_cache_rows(cache.index_select(0, block_ids).view(-1, num_kv_heads, row_width)[:visible], read_dtype)
             for cache in (key_cache, value_cache)
         )
     if query.device.type == "cpu":

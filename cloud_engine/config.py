@@ -117,7 +117,7 @@ class CloudEngineConfig:
                 + (
                     " (tandem's 8-bit cache is int8 with a scale per token and head: the CPU kernels have no fp8 "
                     "path, and vLLM's CPU build refuses an fp8 cache too)"
-                    if self.kv_cache_dtype.startswith("fp8")
+                    if str(self.kv_cache_dtype).startswith("fp8")
                     else ""
                 ),
             ),

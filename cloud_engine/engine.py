@@ -57,6 +57,7 @@ class CloudEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)  # refused before the model loads
         if self.device.type == "cpu":
             keep_freed_memory_in_heap()
         limit_host_threads_for_gpu(self.device)
@@ -86,7 +87,6 @@ class CloudEngine:
         )
 
         mc = self.model_config
-        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         block_bytes = bytes_per_block(
             mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.kv_dtype
         )

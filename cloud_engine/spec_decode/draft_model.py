@@ -76,14 +76,15 @@ class DraftModelProposer:
         model.warm_up_packed(engine.config.max_num_batched_tokens, engine.config.max_logit_rows)
         self.device, self.block_size = engine.device, engine.config.block_size
         num_layers = len(model.model.layers)
-        # As many blocks as the target's pool: the draft holds at most the same tokens.
+        # As many blocks as the target's pool: the draft holds at most the same tokens. In the target's KV element
+        # type: the target's block count was sized by it (an int8 pool holds ~2-4x the blocks of the same bytes).
         caches = allocate_kv_caches(
             num_layers,
             engine.num_blocks,
             self.block_size,
             config.num_key_value_heads,
             config.head_dim,
-            engine.dtype,
+            engine.kv_dtype,
             engine.device,
         )
         model.bind_kv_caches(caches)

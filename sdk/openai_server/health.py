@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from sdk.openai_server.drain import DRAINING_MESSAGE
 from sdk.openai_server.errors import from_exception
 from sdk.openai_server.serving import ServerState
-from sdk.protocol.engine import EngineError, EngineNotReadyError
+from sdk.protocol.engine import EngineNotReadyError
+
+logger = logging.getLogger(__name__)
 
 
 async def health(request: Request) -> Response:
@@ -46,23 +50,31 @@ def _state_db(state: ServerState) -> dict:
 def _kv_cache(request: Request, engine) -> dict:
     """The serving engine's KV pool: element type, tokens, and tokens per GiB (what a KV precision buys). Only
     where the server has no API keys: /health takes no key, and a hosted API's capacity is its operators' to
-    know (/metrics, behind the keys, has it as kv_cache_tokens and kv_cache_bytes)."""
+    know (/metrics, behind the keys, has it as kv_cache_tokens and kv_cache_bytes).
+
+    Read from the engine's stats once and kept: the pool does not change after loading, and stats() runs beside
+    the engine's own thread, so a probe that caught it mid-step must not turn /health into a 500."""
     gate = getattr(request.app.state, "access_gate", None)
     if gate is not None and gate.api_keys:
         return {}
-    try:
-        stats = engine.stats()
-    except EngineError:
-        return {}
-    if not stats.kv_cache_bytes_total:
-        return {}
-    return {
-        "kv_cache": {
-            "dtype": stats.kv_cache_dtype,
-            "tokens": stats.kv_cache_tokens_total,
-            "tokens_per_gib": round(stats.kv_tokens_per_gib),
-        }
-    }
+    summary = getattr(request.app.state, "kv_cache_summary", None)
+    if summary is None:
+        try:
+            stats = engine.stats()
+        except Exception:  # noqa: BLE001 - a status line, never a reason to fail the probe; asked again next time
+            logger.debug("/health: the engine's stats were not readable this time", exc_info=True)
+            return {}
+        summary = {}
+        if stats.kv_cache_bytes_total:
+            summary = {
+                "kv_cache": {
+                    "dtype": stats.kv_cache_dtype,
+                    "tokens": stats.kv_cache_tokens_total,
+                    "tokens_per_gib": round(stats.kv_tokens_per_gib),
+                }
+            }
+        request.app.state.kv_cache_summary = summary
+    return summary
 
 
 async def metrics(request: Request) -> Response:

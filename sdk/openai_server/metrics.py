@@ -96,9 +96,12 @@ class EngineStatsCollector:
                 stats.num_kv_blocks_used,
             ),
             ("kv_blocks_total", "KV blocks in the pool.", stats.num_kv_blocks_total),
-            ("kv_cache_bytes", "Bytes of the KV pool, scales included.", stats.kv_cache_bytes_total),
-            ("kv_cache_tokens", "Tokens the KV pool holds.", stats.kv_cache_tokens_total),
         ]
+        if stats.kv_cache_bytes_total:  # engines that say what their pool takes
+            gauges += [
+                ("kv_cache_bytes", "Bytes of the KV pool, scales included.", stats.kv_cache_bytes_total),
+                ("kv_cache_tokens", "Tokens the KV pool holds.", stats.kv_cache_tokens_total),
+            ]
         for name, doc, value in gauges:
             yield GaugeMetricFamily(self.prefix + name, doc, value=value)
         counters = [

@@ -194,3 +194,18 @@ async def test_health_and_metrics_report_the_int8_pool(tiny_dir):
     assert health["kv_cache"]["dtype"] == "int8"
     assert health["kv_cache"]["tokens_per_gib"] == round(2**30 / 216)
     assert f"tandem:kv_cache_tokens {float(health['kv_cache']['tokens'])}" in metrics
+
+
+def test_a_draft_model_keeps_its_cache_in_int8_and_greedy_output_unchanged(tiny_dir):
+    """The draft's pool has the target's block count, which int8 sized: it is int8 too (in the model's dtype it
+    would take 3.6x the budget here), and speculation keeps the greedy tokens of the int8 engine without it."""
+    from cloud_engine.spec_decode import SpeculativeConfig
+
+    spec = SpeculativeConfig(method="draft", draft_model=tiny_dir, num_speculative_tokens=3)
+    llm = make_llm(tiny_dir, speculative=spec)
+    proposer = llm.engine.speculator.proposer
+    draft_cache = proposer.runner.model.model.layers[0].self_attn.kv_cache[0]
+    assert draft_cache.dtype == torch.int8 and draft_cache.shape[0] >= llm.engine.num_blocks
+    assert tokens(llm, PROMPTS) == tokens(make_llm(tiny_dir), PROMPTS)
+    assert llm.engine.speculator.stats.num_drafts > 0
+    assert llm.engine.kv_manager.num_used_blocks == 0 and proposer.num_used_blocks == 0
