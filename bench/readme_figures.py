@@ -343,6 +343,20 @@ FIGURES = (
         "<= 1.0",
         "ratio_ttft_p50_vs_llama_server_c8_spread",
     ),
+    Figure(
+        "cloud decode step, 32 sequences: bytes read / (step time x read rate), float32 (quick)",
+        "compiled_step_roofline_quick",
+        "roofline_fraction_c32",
+        2,
+        ">= 0.8",
+    ),
+    Figure(
+        "  the same with the KV cache in int8 (quick)",
+        "compiled_step_roofline_int8_quick",
+        "roofline_fraction_c32",
+        2,
+        ">= 0.8",
+    ),
     Figure("cloud KV in int8: mean KL against float32 (nats)", "kv_precision", "cloud_int8_mean_kl_nats", 4, "<= 0.01"),
     Figure(
         "  tokens per GiB, int8 (scales included) / bf16",

@@ -16,10 +16,15 @@
 // blocks before them are never read.
 //
 // Vectors use GCC/Clang vector extensions (16 floats), which the compiler lowers to AVX-512,
-// AVX2 or NEON, so the file has no ISA-specific intrinsics.
+// AVX2 or NEON. One exception: widening int8 to float32, which GCC scalarizes from the vector
+// extensions (16 byte extracts a load); there the x86 intrinsics are used where the build has them.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -54,9 +59,22 @@ inline f32x16 load(const uint16_t* p) {  // bfloat16 bits: the high half of a fl
 }
 
 inline f32x16 load(const int8_t* p) {  // quantized values, before their row's scale
+  f32x16 v;
+#if defined(__AVX512F__)
+  const __m512 wide = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  std::memcpy(&v, &wide, sizeof(v));
+#elif defined(__AVX2__)
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256 low = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  const __m256 high = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+  std::memcpy(&v, &low, sizeof(low));
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof(low), &high, sizeof(high));
+#else
   i8x16 b;
   std::memcpy(&b, p, sizeof(b));
-  return __builtin_convertvector(b, f32x16);
+  v = __builtin_convertvector(b, f32x16);
+#endif
+  return v;
 }
 
 inline void store(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
