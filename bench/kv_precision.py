@@ -6,9 +6,10 @@ Device tier: the embedded SmolLM2-135M-Instruct GGUF through local_runtime, each
 [local] kv_cache_type against f16 (llama.cpp's default), on the same machine in one run:
 
 * greedy agreement: the share of prompts whose first GREEDY_TOKENS greedy tokens (or the whole answer, when it
-  ends sooner) are identical to f16's, beside its floor: f16 against itself at another batch size (rounding alone). Prompts: GSM8K test questions (the bench prompts of bench.serve's gsm8k
-  workload) and MT-Bench first turns, as chat, all submitted at once to an engine of 16 sequences (the same
-  schedule for every type, so only the cells differ).
+  ends sooner) are identical to f16's, beside its floor: f16 against itself at another batch size (rounding
+  alone). Prompts: GSM8K test questions (the bench prompts of bench.serve's gsm8k workload) and MT-Bench first
+  turns, as chat, all submitted at once to an engine of 16 sequences (the same schedule for every type, so only
+  the cells differ).
 * mean KL: KL(f16 || type) of the next-token distribution, averaged over every position of a fixed text
   (GSM8K test solutions, in windows of WINDOW tokens), each window decoded in one pass (llama.cpp writes a
   window's K and V into the cells and attends over the cells, so the quantization applies within it too).

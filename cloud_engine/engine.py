@@ -156,7 +156,8 @@ class CloudEngine:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         logger.info(
-            "cloud engine: %s on %s (%s, %s attention, %d packed linears, decode steps %s: %s), %d KV blocks of %d in %s",
+            "cloud engine: %s on %s (%s, %s attention, %d packed linears, decode steps %s: %s), "
+            "%d KV blocks of %d in %s",
             self.model_name,
             self.device,
             self.dtype,

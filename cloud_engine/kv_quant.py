@@ -64,6 +64,10 @@ def read_cache_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return dequantize_rows(rows, dtype) if is_quantized(rows) else rows
 
 
+# The 16/32-bit element types [cloud] kv_cache_dtype may name (each only as the engine's own dtype).
+_NAMED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
 def resolve_kv_cache_dtype(setting: str, model_dtype: torch.dtype) -> torch.dtype:
     """The cache's element type for [cloud] kv_cache_dtype; a 16/32-bit type other than the model's is refused
     (the kernels read a cache in the model's dtype or in int8)."""
@@ -71,10 +75,11 @@ def resolve_kv_cache_dtype(setting: str, model_dtype: torch.dtype) -> torch.dtyp
         return model_dtype
     if setting == "int8":
         return torch.int8
-    named = getattr(torch, setting)
+    named = _NAMED_DTYPES[setting]
     if named != model_dtype:
+        engine_dtype = str(model_dtype).removeprefix("torch.")
         raise ValueError(
-            f"kv_cache_dtype {setting!r} with the engine's dtype {str(model_dtype).removeprefix('torch.')}: a 16/32-bit "
-            "cache must be the engine's dtype; use auto, or int8 for an 8-bit cache"
+            f"kv_cache_dtype {setting!r} with the engine's dtype {engine_dtype}: a 16/32-bit cache must be the "
+            "engine's dtype; use auto, or int8 for an 8-bit cache"
         )
     return named

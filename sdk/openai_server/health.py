@@ -54,10 +54,10 @@ def _kv_cache(request: Request, engine) -> dict:
 
     Read from the engine's stats once and kept: the pool does not change after loading, and stats() runs beside
     the engine's own thread, so a probe that caught it mid-step must not turn /health into a 500."""
-    gate = getattr(request.app.state, "access_gate", None)
-    if gate is not None and gate.api_keys:
+    if request.app.state.access_gate.api_keys:
         return {}
-    summary = getattr(request.app.state, "kv_cache_summary", None)
+    state: ServerState = request.app.state.tandem
+    summary = state.kv_cache_summary
     if summary is None:
         try:
             stats = engine.stats()
@@ -73,7 +73,7 @@ def _kv_cache(request: Request, engine) -> dict:
                     "tokens_per_gib": round(stats.kv_tokens_per_gib),
                 }
             }
-        request.app.state.kv_cache_summary = summary
+        state.kv_cache_summary = summary
     return summary
 
 

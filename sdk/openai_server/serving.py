@@ -83,6 +83,7 @@ class ServerState:
     state_db: StateDatabase | None = None  # what the replicas share (/health and /metrics report it)
     responses: ResponseStore | None = None  # stored responses of POST /v1/responses (None: storing off)
     privacy_rules: PrivacyRules | None = None  # the cascade's: a match keeps a response unstored
+    kv_cache_summary: dict | None = None  # /health's kv_cache entry, read from the engine's stats once
 
     @property
     def bills_user(self) -> bool:
