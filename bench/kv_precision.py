@@ -28,17 +28,14 @@ Targets (issue 70): 8-bit KV KL <= 0.01 nats; the AUROC with q8_0 within its SE 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 import numpy as np
 
 from bench.machine import report_header, write_report
+from bench.spec_decode import GSM8K, open_conversations, read_jsonl
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "routellm")
-GSM8K = os.path.join(DATA_DIR, "gsm8k_test.jsonl")
-MT_BENCH = os.path.join(DATA_DIR, "mt_bench_questions.jsonl")
 LOCAL_TYPES = ("q8_0", "q4_0")  # each against f16
 GREEDY_TOKENS = 64
 WINDOW = 512
@@ -50,22 +47,16 @@ SIZES = {
 }
 
 
-def _read_jsonl(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def chat_questions(num_gsm8k: int, num_mt_bench: int) -> list[str]:
-    """The first GSM8K test questions in file order, and MT-Bench first turns spread over its categories."""
-    gsm8k = [row["question"] for row in _read_jsonl(GSM8K)[:num_gsm8k]]
-    rows = _read_jsonl(MT_BENCH)
-    stride = max(1, len(rows) // max(1, num_mt_bench))
-    return gsm8k + [row["turns"][0] for row in rows[::stride][:num_mt_bench]]
+    """The first GSM8K test questions in file order, and MT-Bench first turns spread over its categories (the
+    turns bench.spec_decode, bench.draft_fleet and bench.spec_cascade use)."""
+    gsm8k = [row["question"] for row in read_jsonl(GSM8K)[:num_gsm8k]]
+    return gsm8k + [conversation[0]["content"] for conversation in open_conversations(num_mt_bench)]
 
 
 def fixed_text() -> str:
     """GSM8K test problems with their worked solutions, from the end of the file (the questions come from its start)."""
-    rows = _read_jsonl(GSM8K)[-200:]
+    rows = read_jsonl(GSM8K)[-200:]
     return "\n\n".join(f"Question: {row['question']}\nAnswer: {row['answer']}" for row in rows)
 
 
@@ -202,7 +193,7 @@ def local_tier(size: dict, seed: int) -> dict:
     }
 
 
-def cloud_engine(kv_cache_dtype: str, max_num_seqs: int = 16):
+def cloud_llm(kv_cache_dtype: str, max_num_seqs: int = 16):
     from cloud_engine.llm import LLM
 
     return LLM(
@@ -258,7 +249,7 @@ def cloud_tier(size: dict, windows: list[list[int]]) -> dict:
     started = time.perf_counter()
     runs = {}
     for setting in ("auto", "int8"):
-        llm = cloud_engine(setting)
+        llm = cloud_llm(setting)
         stats = llm.engine.stats()
         runs[setting] = {
             "log_probs": cloud_window_log_probs(llm, windows),  # first: it writes blocks no request holds yet
@@ -268,7 +259,7 @@ def cloud_tier(size: dict, windows: list[list[int]]) -> dict:
         }
         llm.engine.close()
     base, int8 = runs["auto"], runs["int8"]
-    small_batches = cloud_engine("auto", max_num_seqs=4)  # the floor, as on the device tier
+    small_batches = cloud_llm("auto", max_num_seqs=4)  # the floor, as on the device tier
     floor = agreement(base["answers"], cloud_greedy_answers(small_batches, prompts))
     small_batches.engine.close()
     figures = {

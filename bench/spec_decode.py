@@ -64,7 +64,7 @@ GROUNDED_TEMPLATES = {
 PASSAGE_TOKENS = (150, 260)
 
 
-def _read_jsonl(path: str) -> list[dict]:
+def read_jsonl(path: str) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -72,7 +72,7 @@ def _read_jsonl(path: str) -> list[dict]:
 def grounded_conversations(count: int, tokenize) -> list[list[dict]]:
     """GSM8K problem + solution passages of PASSAGE_TOKENS tokens, in file order, templates in turn."""
     conversations, names = [], list(GROUNDED_TEMPLATES)
-    for row in _read_jsonl(GSM8K):
+    for row in read_jsonl(GSM8K):
         solution = re.sub(r"<<[^>]*>>", "", row["answer"]).replace("#### ", "The answer is ")
         passage = row["question"].strip() + "\n" + solution.strip()
         if PASSAGE_TOKENS[0] <= len(tokenize(passage)) <= PASSAGE_TOKENS[1]:
@@ -85,7 +85,7 @@ def grounded_conversations(count: int, tokenize) -> list[list[dict]]:
 
 def open_conversations(count: int) -> list[list[dict]]:
     """MT-Bench first turns, spread over the categories (every 80/count-th question)."""
-    rows = _read_jsonl(MT_BENCH)
+    rows = read_jsonl(MT_BENCH)
     stride = max(1, len(rows) // count)
     return [[{"role": "user", "content": row["turns"][0]}] for row in rows[::stride][:count]]
 
