@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from local_runtime.llama_backend import KV_CACHE_GGML_TYPES
 from local_runtime.prefill_weights import PREFILL_WEIGHTS
 from sdk.protocol.config_fields import at_least, one_of, setting
 from sdk.engine_common.sampling_defaults import check_sampling_config
 
 KV_LAYOUTS = ("auto", "streams", "unified")
 # llama.cpp's KV cell types (llama-server's -ctk / -ctv), as tandem offers them: both K and V take the one type.
-KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+KV_CACHE_TYPES = tuple(KV_CACHE_GGML_TYPES)
 # The context limit when the model's own is larger: long enough for chat, and one such request
 # still leaves most of an 8k-cell pool for others.
 DEFAULT_MAX_MODEL_LEN = 4096

@@ -129,6 +129,10 @@ class LlamaBackend(LlamaVocabulary):
 
         self._lib = llama_cpp
         self.config = config
+        if config.kv_cache_type not in KV_CACHE_GGML_TYPES:  # before anything is loaded
+            raise ValueError(
+                f"kv_cache_type must be one of {', '.join(KV_CACHE_GGML_TYPES)}, got {config.kv_cache_type!r}"
+            )
         if not os.path.isfile(config.model_path):
             raise LlamaLoadError(f"model file not found: {config.model_path}")
         _init_backend_once(llama_cpp)
@@ -174,11 +178,6 @@ class LlamaBackend(LlamaVocabulary):
         ctx_params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
-        if config.kv_cache_type not in KV_CACHE_GGML_TYPES:
-            llama_cpp.llama_model_free(self.model)
-            raise ValueError(
-                f"kv_cache_type must be one of {', '.join(KV_CACHE_GGML_TYPES)}, got {config.kv_cache_type!r}"
-            )
         ctx_params.type_k = ctx_params.type_v = KV_CACHE_GGML_TYPES[config.kv_cache_type]
         self.ctx = llama_cpp.llama_init_from_model(self.model, ctx_params)
         if not self.ctx:
