@@ -26,7 +26,8 @@ engine's own sizes: every linear weight once (the tied embedding as the LM head;
 the KV rows of every sequence's context in the pool's element type, scales included. read_bandwidth_gb_s is this
 machine's streaming read measured in the same run (a sum over a 1 GiB buffer with the step's thread count, best
 of 5), and roofline_fraction_c{N} = decode_bytes / (compiled step time x bandwidth) (roofline_fraction_eager_c{N}
-for eager steps): 1.0 would be a step bound only by memory. --kv-cache-dtype int8 runs the engine on an 8-bit cache.
+for eager steps): 1.0 would be a step bound only by memory. --kv-cache-dtype int8 runs the engine on an 8-bit cache,
+--weight-dtype int8 on 8-bit linear weights (cloud_engine.model.int8_linear).
 """
 
 from __future__ import annotations
@@ -66,22 +67,25 @@ def read_bandwidth_gb_s(repetitions: int = 5) -> float:
 
 
 def weight_bytes(engine) -> int:
-    """Bytes of every linear weight a decode step reads once, in the engine's dtype (packed or plain), and the
-    tied embedding, which is the LM head."""
+    """Bytes of every linear weight a decode step reads once: in the engine's dtype (packed or plain), int8 layers'
+    values and scales, and the LM head (the tied embedding where no layer replaced it)."""
     from torch import nn
 
+    from cloud_engine.model.int8_linear import Int8Linear
     from cloud_engine.model.packed_linear import PackedLinear
 
     model = engine.runner.model
-    elements = 0
+    total = 0
     for module in model.modules():
-        if isinstance(module, PackedLinear):
-            elements += module.in_features * module.out_features
+        if isinstance(module, Int8Linear):
+            total += module.weight_bytes()
+        elif isinstance(module, PackedLinear):
+            total += module.in_features * module.out_features * engine.dtype.itemsize
         elif isinstance(module, nn.Linear):
-            elements += module.weight.numel()
-    if getattr(model, "lm_head", None) is None:
-        elements += model.model.embed_tokens.weight.numel()
-    return elements * engine.dtype.itemsize
+            total += module.weight.numel() * module.weight.element_size()
+    if getattr(model, "lm_head", None) is None and getattr(model, "head_linear", None) is None:
+        total += model.model.embed_tokens.weight.numel() * engine.dtype.itemsize
+    return total
 
 
 def kv_bytes(engine, ids: list[str]) -> int:
@@ -187,6 +191,7 @@ def measure(
     verify_batches: tuple[int, ...] = (),
     draft_tokens: int = VERIFY_DRAFT_TOKENS,
     kv_cache_dtype: str = "auto",
+    weight_dtype: str = "auto",
 ) -> dict:
     """`model`: a GGUF or HF directory (None: the embedded default)."""
     import torch
@@ -205,12 +210,14 @@ def measure(
         max_num_batched_tokens=512,
         kv_cache_gb=0.5,
         kv_cache_dtype=kv_cache_dtype,
+        weight_dtype=weight_dtype,
     )
     out: dict = {
         "engine_start_s": round(time.perf_counter() - started, 2),
         "compile_cache": "warm" if cache_was_there else "cold",
         "dtype": str(llm.engine.dtype).removeprefix("torch."),
         "kv_cache_dtype": str(llm.engine.kv_dtype).removeprefix("torch."),
+        "weight_dtype": "int8" if llm.engine.int8_weights else "auto",
         "attention_backend": llm.engine.attention_backend,
         "threads": torch.get_num_threads(),
         "read_bandwidth_gb_s": round(read_bandwidth_gb_s(), 2),
@@ -246,6 +253,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="only checks that the bench runs (tiny sizes)")
     parser.add_argument("--dtype", default="auto", help="auto (the engine's serving default), float32, bfloat16")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8"), help="the KV pool's element type")
+    parser.add_argument("--weight-dtype", default="auto", choices=("auto", "int8"), help="the linear weights' type")
     args = parser.parse_args()
     if args.smoke:
         batches, verify_batches, steps, repetitions = (1, 4), (2,), 2, 1
@@ -264,6 +272,7 @@ def main() -> None:
             prompt_len=100,
             verify_batches=verify_batches,
             kv_cache_dtype=args.kv_cache_dtype,
+            weight_dtype=args.weight_dtype,
         )
     )
     write_report(args.json, report, tuple(k for k in HEADLINE if k in report))

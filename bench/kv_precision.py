@@ -18,11 +18,13 @@ Device tier: the embedded SmolLM2-135M-Instruct GGUF through local_runtime, each
   answers and scored on q8_0's (bench.confidence_auroc.compare_answers), with its SE.
 
 Cloud tier: the same SmolLM2-135M-Instruct (from the same GGUF, dequantized) on the cloud engine in its `auto`
-dtype on this machine (recorded), [cloud] kv_cache_dtype int8 against `auto` (the engine's dtype): the same greedy
-agreement and mean KL (each window one prefill through the model, which attends to the rows as stored), and the
-tokens per GiB of a block pool with its scales.
+dtype on this machine (recorded), each 8-bit setting against `auto` (the engine's dtype for weights and KV):
+[cloud] kv_cache_dtype int8 (`int8`), weight_dtype int8 (`int8_weights`), and both (`int8_weights_kv`): the same
+greedy agreement and mean KL (each window one prefill through the model, which attends to the rows as stored), and
+the tokens per GiB of a block pool with its scales.
 
-Targets (issue 70): 8-bit KV KL <= 0.01 nats; the AUROC with q8_0 within its SE of f16.
+Targets (issue 70): 8-bit KV KL <= 0.01 nats, weights and KV in 8 bits <= 0.03; the AUROC with q8_0 within its SE
+of f16. `--tiers cloud` runs the cloud tier alone.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from bench.machine import report_header, write_report
 from bench.spec_decode import GSM8K, open_conversations, read_jsonl
 
 LOCAL_TYPES = ("q8_0", "q4_0")  # each against f16
+# The cloud tier's settings, each against auto: name -> (kv_cache_dtype, weight_dtype)
+CLOUD_SETTINGS = {"int8": ("int8", "auto"), "int8_weights": ("auto", "int8"), "int8_weights_kv": ("int8", "int8")}
 GREEDY_TOKENS = 64
 WINDOW = 512
 # per size: GSM8K questions, MT-Bench first turns, text windows for the KL, arithmetic questions per type
@@ -193,12 +197,13 @@ def local_tier(size: dict, seed: int) -> dict:
     }
 
 
-def cloud_llm(kv_cache_dtype: str, max_num_seqs: int = 16):
+def cloud_llm(kv_cache_dtype: str, weight_dtype: str = "auto", max_num_seqs: int = 16):
     from cloud_engine.llm import LLM
 
     return LLM(
         None,
         kv_cache_dtype=kv_cache_dtype,
+        weight_dtype=weight_dtype,
         kv_cache_gb=0.5,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=512,
@@ -248,8 +253,8 @@ def cloud_tier(size: dict, windows: list[list[int]]) -> dict:
     prompts = chat_questions(size["gsm8k"], size["mt_bench"])
     started = time.perf_counter()
     runs = {}
-    for setting in ("auto", "int8"):
-        llm = cloud_llm(setting)
+    for setting, (kv_cache_dtype, weight_dtype) in {"auto": ("auto", "auto"), **CLOUD_SETTINGS}.items():
+        llm = cloud_llm(kv_cache_dtype, weight_dtype)
         stats = llm.engine.stats()
         runs[setting] = {
             "log_probs": cloud_window_log_probs(llm, windows),  # first: it writes blocks no request holds yet
@@ -258,23 +263,26 @@ def cloud_tier(size: dict, windows: list[list[int]]) -> dict:
             "tokens_per_gib": stats.kv_tokens_per_gib,
         }
         llm.engine.close()
-    base, int8 = runs["auto"], runs["int8"]
+    base = runs["auto"]
     small_batches = cloud_llm("auto", max_num_seqs=4)  # the floor, as on the device tier
     floor = agreement(base["answers"], cloud_greedy_answers(small_batches, prompts))
     small_batches.engine.close()
-    figures = {
-        **agreement(base["answers"], int8["answers"]),
-        **kl_figures(base["log_probs"], int8["log_probs"]),
-        "tokens_per_gib": int8["tokens_per_gib"],
-        "tokens_per_gib_vs_baseline": int8["tokens_per_gib"] / base["tokens_per_gib"],
-        "tokens_per_gib_vs_bf16": int8["tokens_per_gib"] / bf16_tokens_per_gib(),
-    }
-    print("cloud int8", {k: round(v, 4) for k, v in figures.items()}, flush=True)
+    types = {}
+    for setting in CLOUD_SETTINGS:
+        run = runs[setting]
+        types[setting] = {
+            **agreement(base["answers"], run["answers"]),
+            **kl_figures(base["log_probs"], run["log_probs"]),
+            "tokens_per_gib": run["tokens_per_gib"],
+            "tokens_per_gib_vs_baseline": run["tokens_per_gib"] / base["tokens_per_gib"],
+            "tokens_per_gib_vs_bf16": run["tokens_per_gib"] / bf16_tokens_per_gib(),
+        }
+        print("cloud", setting, {k: round(v, 4) for k, v in types[setting].items()}, flush=True)
     return {
         "model": "embedded SmolLM2-135M-Instruct, cloud_engine (GGUF dequantized), eager steps",
         "baseline_dtype": base["dtype"],
         "greedy_agreement_floor": floor,
-        "types": {"int8": figures},
+        "types": types,
         "seconds": time.perf_counter() - started,
     }
 
@@ -295,28 +303,30 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer prompts, windows and questions")
     parser.add_argument("--smoke", action="store_true", help="only checks that the bench works: figures meaningless")
     parser.add_argument("--seed", type=int, default=0, help="arithmetic questions and their split")
+    parser.add_argument("--tiers", nargs="+", choices=("local", "cloud"), default=["local", "cloud"])
     args = parser.parse_args()
     size = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
-    local = local_tier(size, args.seed)
-    cloud = cloud_tier(size, text_windows(size["windows"]))
     report = {
         **report_header("kv_precision", smoke=args.smoke),
-        "baseline": "device: f16 cells (llama.cpp's default); cloud: the engine's dtype (auto); same model, same "
-        "prompts, same run",
-        "local": local,
-        "cloud": cloud,
+        "baseline": "device: f16 cells (llama.cpp's default); cloud: the engine's dtype (auto) for weights and KV; "
+        "same model, same prompts, same run",
     }
-    for key in ("greedy_agreement", "mean_kl_nats", "tokens_per_gib_vs_baseline", "tokens_per_gib_vs_bf16"):
-        report[f"cloud_int8_{key}"] = cloud["types"]["int8"][key]
-    report["cloud_greedy_agreement_floor"] = cloud["greedy_agreement_floor"]["greedy_agreement"]
-    report["local_greedy_agreement_floor"] = local["greedy_agreement_floor"]["greedy_agreement"]
-    for kind, figures in local["types"].items():
-        for key in ("greedy_agreement", "mean_kl_nats", "tokens_per_gib_vs_f16"):
-            report[f"local_{kind}_{key}"] = figures[key]
-    confidence = local["confidence"]
-    for key in ("best_signal_auroc_q8_0_minus_f16", "shipped_probe_auroc_q8_0_minus_f16"):
-        report[f"local_{key}"] = confidence[key]
-        report[f"local_{key}_se"] = confidence[key + "_se"]
+    if "local" in args.tiers:
+        local = report["local"] = local_tier(size, args.seed)
+        report["local_greedy_agreement_floor"] = local["greedy_agreement_floor"]["greedy_agreement"]
+        for kind, figures in local["types"].items():
+            for key in ("greedy_agreement", "mean_kl_nats", "tokens_per_gib_vs_f16"):
+                report[f"local_{kind}_{key}"] = figures[key]
+        confidence = local["confidence"]
+        for key in ("best_signal_auroc_q8_0_minus_f16", "shipped_probe_auroc_q8_0_minus_f16"):
+            report[f"local_{key}"] = confidence[key]
+            report[f"local_{key}_se"] = confidence[key + "_se"]
+    if "cloud" in args.tiers:
+        cloud = report["cloud"] = cloud_tier(size, text_windows(size["windows"]))
+        report["cloud_greedy_agreement_floor"] = cloud["greedy_agreement_floor"]["greedy_agreement"]
+        for setting, figures in cloud["types"].items():
+            for key in ("greedy_agreement", "mean_kl_nats", "tokens_per_gib_vs_baseline", "tokens_per_gib_vs_bf16"):
+                report[f"cloud_{setting}_{key}"] = figures[key]
     headline = tuple(key for key in report if key.startswith(("local_", "cloud_")))
     write_report(args.json, report, headline)
 

@@ -17,6 +17,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # [cloud] kv_cache_dtype: auto (the engine's dtype), a named one (vLLM's names where they mean the same), or int8
 # (cloud_engine.kv_quant).
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "int8")
+# [cloud] weight_dtype: auto (the engine's dtype) or int8 (weight-only, a scale per output channel:
+# cloud_engine.model.int8_linear).
+WEIGHT_DTYPES = ("auto", "int8")
 DEVICES = ("auto", "cpu", "cuda")
 POLICIES = ("fcfs", "priority")
 # A [cloud] key left unset takes the dataclass default below (tandem config show prints it).
@@ -54,6 +57,13 @@ class CloudEngineConfig:
         "Cloud engine KV cache element type: auto (the engine's dtype) or int8 (8 bits and a scale per token and "
         "head: ~1.9x the tokens per GB of bfloat16).",
         check=one_of(*KV_CACHE_DTYPES),
+        **_ENGINE_DEFAULT,
+    )
+    weight_dtype: str = setting(
+        "auto",
+        "Cloud engine linear weights: auto (the engine's dtype) or int8 (weight-only, a scale per output channel, "
+        "activations in the engine's dtype; CPU only).",
+        check=one_of(*WEIGHT_DTYPES),
         **_ENGINE_DEFAULT,
     )
     kv_cache_memory_fraction: float | None = (
@@ -120,6 +130,10 @@ class CloudEngineConfig:
                     if str(self.kv_cache_dtype).startswith("fp8")
                     else ""
                 ),
+            ),
+            (
+                self.weight_dtype in WEIGHT_DTYPES,
+                f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.weight_dtype!r}",
             ),
             (
                 self.device in DEVICES or self.device.startswith("cuda:"),

@@ -62,8 +62,8 @@ def _(rows, weights, group_ends):
 @functools.cache
 def load_cpu_ops() -> bool:
     """Load the CPU kernels' ops (tandem_cpu::write_and_attend, tandem_cpu::packed_linear, defined in
-    cloud_engine/kernels/paged_decode_cpu.cpp) and give them fake implementations; False when the
-    kernels cannot be built here."""
+    cloud_engine/kernels/paged_decode_cpu.cpp; tandem_cpu::int8_linear, in int8_linear_cpu.cpp) and give them
+    fake implementations; False when the kernels cannot be built here."""
     from cloud_engine.kernels import cpu_kernels
 
     if cpu_kernels() is None:
@@ -75,6 +75,10 @@ def load_cpu_ops() -> bool:
 
     @torch.library.register_fake("tandem_cpu::packed_linear")
     def _(x, packed_weight, bias, out_features):
+        return x.new_empty((x.shape[0], out_features))
+
+    @torch.library.register_fake("tandem_cpu::int8_linear")
+    def _(x, packed_weight, scales, bias, out_features):
         return x.new_empty((x.shape[0], out_features))
 
     return True

@@ -23,6 +23,7 @@ from cloud_engine.kernels import select_decode_kernel
 from cloud_engine.device import resolve_device, resolve_dtype, resolve_max_model_len
 from cloud_engine.kv_cache import allocate_kv_caches, bytes_per_block, kv_budget_bytes, num_blocks_for_budget
 from cloud_engine.kv_quant import resolve_kv_cache_dtype
+from cloud_engine.model.int8_linear import resolve_weight_dtype
 from cloud_engine.loader import load_model
 from cloud_engine.loader.tokenizer import encode_prompt, tokenizer_vocabulary
 from cloud_engine.model_runner import ModelRunner
@@ -58,6 +59,7 @@ class CloudEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)  # refused before the model loads
+        self.int8_weights = resolve_weight_dtype(config.weight_dtype, self.device, self.dtype)  # so is this
         if self.device.type == "cpu":
             keep_freed_memory_in_heap()
         limit_host_threads_for_gpu(self.device)
@@ -70,7 +72,11 @@ class CloudEngine:
         self.eos_token_ids = set(loaded.eos_token_ids)
         self._end_ids = sorted(self.eos_token_ids)  # masked until a request's min_tokens
         self.loaded = loaded
-        num_packed = loaded.model.pack_for_cpu()  # 0 where packing does not apply (not bf16 on CPU)
+        # Faster linears: int8 weights where asked for, else oneDNN-packed ones (0 where packing does not apply: not
+        # bf16 on CPU).
+        num_packed = 0 if self.int8_weights else loaded.model.pack_for_cpu()
+        if self.int8_weights:
+            logger.info("cloud engine: %d linear layers hold int8 weights", loaded.model.quantize_weights())
         loaded.model.warm_up_packed(config.max_num_batched_tokens, config.max_logit_rows)  # memory flat from here
         self.vocab_size = self.model_config.vocab_size
         self.max_draft_tokens = config.max_draft_tokens  # of one draft, verified in a step (an outside one: its door)

@@ -1,4 +1,4 @@
-"""Build and load the CPU attention kernel (paged_decode_cpu.cpp) on first use.
+"""Build and load the CPU kernels (paged_decode_cpu.cpp, int8_linear_cpu.cpp) on first use.
 
 The build targets this machine's CPU (-march=native), so the cache key includes the CPU's
 feature flags: a cache directory shared with another machine never hands it a binary with
@@ -19,7 +19,8 @@ from cloud_engine.cpu_features import fingerprint
 
 logger = logging.getLogger("tandem.cloud.kernels")
 
-SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
+KERNEL_DIR = Path(__file__).parent
+SOURCES = [KERNEL_DIR / "paged_decode_cpu.cpp", KERNEL_DIR / "int8_linear_cpu.cpp"]
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
 
 
@@ -52,8 +53,9 @@ def cpu_kernels():
     if cxx_compiler() is None:
         logger.warning("no C++ compiler found; cloud engine uses the portable attention path on CPU")
         return None
+    code = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(CFLAGS).encode() + fingerprint().encode() + torch.__version__.encode()
+        code + " ".join(CFLAGS).encode() + fingerprint().encode() + torch.__version__.encode()
     ).hexdigest()[:16]
     build_dir = kernel_cache_dir() / f"paged_decode_cpu_{key}"
     try:
@@ -61,7 +63,7 @@ def cpu_kernels():
         with _build_lock(build_dir):
             return cpp_extension.load(
                 name=f"tandem_paged_decode_cpu_{key}",
-                sources=[str(SOURCE)],
+                sources=[str(path) for path in SOURCES],
                 extra_cflags=CFLAGS,
                 build_directory=str(build_dir),
                 verbose=False,

@@ -19,6 +19,7 @@ from cloud_engine.attention_metadata import AttentionMetadata
 from cloud_engine.kv_quant import cache_row_width
 from cloud_engine.model.config import ModelConfig
 from cloud_engine.model.moe import SparseMoeBlock
+from cloud_engine.model.int8_linear import Int8Linear, quantize_linears
 from cloud_engine.model.packed_linear import PackedLinear, can_pack, pack_linears, warm_up_packed_linears
 from cloud_engine.model.rotary import RotaryEmbedding, apply_rotary
 from cloud_engine.model.weight_placement import load_checkpoint_tensors
@@ -143,7 +144,8 @@ class LlamaForCausalLM(nn.Module):
             None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
-        self.packed_lm_head: PackedLinear | None = None  # set by pack_for_cpu
+        # The LM head as a faster layer, when one replaces the plain matmul: set by pack_for_cpu or quantize_weights.
+        self.head_linear: PackedLinear | Int8Linear | None = None
 
     def bind_kv_caches(self, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Give each layer its (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim] in the
@@ -185,24 +187,39 @@ class LlamaForCausalLM(nn.Module):
         weight = self.model.embed_tokens.weight
         if not can_pack(weight.device, weight.dtype):
             return 0
-        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        self.packed_lm_head = PackedLinear(head, None)
-        if self.lm_head is not None:
-            self.lm_head = None  # the packed copy replaces it; tied models keep the embedding for lookups
+        self._replace_lm_head(PackedLinear)
         return pack_linears(self.model) + 1
+
+    def quantize_weights(self) -> int:
+        """Hold every linear weight (and the LM head) in int8 with a scale per output channel
+        ([cloud] weight_dtype = int8, cloud_engine.model.int8_linear); call after load_weights, instead of
+        pack_for_cpu. Returns the number of int8 layers. A mixture's router stays in the model's dtype: it makes
+        discrete choices from few, close logits. Its stacked experts stay too (no grouped int8 matmul here).
+
+        The LM head is included by measurement: it is the largest matmul of a decode step (SmolLM2-135M: 49152 x
+        576), and int8 took 0.13-0.66 of float32 F.linear's time at 1-100 rows on a 2-core AVX2 EPYC (its quality:
+        bench.kv_precision's weights rows). A tied model keeps its embedding for lookups beside the int8 copy."""
+        self._replace_lm_head(Int8Linear)
+        return quantize_linears(self.model, keep=lambda name: name.endswith("mlp.gate")) + 1
+
+    def _replace_lm_head(self, layer_class) -> None:
+        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self.head_linear = layer_class(head, None)
+        if self.lm_head is not None:
+            self.lm_head = None  # the copy replaces it; tied models keep the embedding for lookups
 
     def warm_up_packed(self, max_tokens: int, max_logit_rows: int) -> int:
         """Have oneDNN build the primitives of every row bucket now (see packed_linear): the layers
         see up to `max_tokens` rows a step, the LM head `max_logit_rows`. 0 when nothing is packed."""
-        if self.packed_lm_head is None:
+        if not isinstance(self.head_linear, PackedLinear):
             return 0
         body = [m for m in self.model.modules() if isinstance(m, PackedLinear)]
-        return warm_up_packed_linears(body, max_tokens) + warm_up_packed_linears([self.packed_lm_head], max_logit_rows)
+        return warm_up_packed_linears(body, max_tokens) + warm_up_packed_linears([self.head_linear], max_logit_rows)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[rows, hidden_size] -> float32 [rows, vocab_size] (soft-capped where the config says)."""
-        if self.packed_lm_head is not None:
-            logits = self.packed_lm_head(hidden_states).float()
+        if self.head_linear is not None:
+            logits = self.head_linear(hidden_states).float()
         else:
             weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
             logits = F.linear(hidden_states, weight).float()

@@ -72,7 +72,10 @@ class DraftModelProposer:
                     f"draft_num_layers {spec.draft_num_layers} > the draft's {config.num_hidden_layers} layers"
                 )
             model.model.layers = model.model.layers[: spec.draft_num_layers]
-        model.pack_for_cpu()
+        if engine.int8_weights:  # the target's weight type: [cloud] weight_dtype sizes both models
+            model.quantize_weights()
+        else:
+            model.pack_for_cpu()
         model.warm_up_packed(engine.config.max_num_batched_tokens, engine.config.max_logit_rows)
         self.device, self.block_size = engine.device, engine.config.block_size
         num_layers = len(model.model.layers)

@@ -36,6 +36,7 @@ CLOUD_SERVE_SETTINGS = (
     "cloud.dtype",
     "cloud.kv_cache_gb",
     "cloud.kv_cache_dtype",
+    "cloud.weight_dtype",
     "cloud.max_num_seqs",
     "cloud.max_num_batched_tokens",
     "cloud.max_model_len",
