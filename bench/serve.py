@@ -137,6 +137,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "llama_cpp.server runs with f16 only",
     )
     p.add_argument("--threads", type=int, help="compare mode: llama.cpp threads of every server (default: all cores)")
+    p.add_argument(
+        "--tandem-threads",
+        type=int,
+        nargs="+",
+        help="--compare-cloud: torch thread counts tandem runs at, each compiled and eager (default: all cores)",
+    )
+    p.add_argument(
+        "--cloud-weight-dtype",
+        choices=("auto", "int8"),
+        help="--compare-cloud: tandem's [cloud] weight_dtype (vLLM keeps bf16)",
+    )
+    p.add_argument(
+        "--cloud-kv-cache-dtype",
+        choices=("auto", "int8"),
+        help="--compare-cloud: tandem's [cloud] kv_cache_dtype (vLLM keeps its bf16 default)",
+    )
     p.add_argument("--repeats", type=int, help="compare mode: repetitions (default 3; --quick 2)")
     args = p.parse_args(argv)
     args.command_line = "python -m bench.serve " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -29,6 +29,11 @@ their median and spread (min, max); a target is met only when the whole spread m
 
 HTTP timings hold no step time, so after the servers stop, `compiled_step_ratio_c32` (compiled / eager
 decode step at 32 sequences, same weights) is timed in-process as bench.compiled_step does.
+
+Issue 70's options: `--cloud-weight-dtype int8` and `--cloud-kv-cache-dtype int8` run every tandem server on 8-bit
+weights and KV (vLLM keeps its bf16 default: the baseline); `--tandem-threads 1 2` runs tandem at each torch thread
+count (compiled and eager), and the keys of a count other than the largest carry its name (`tandem_t1_ratio_...`,
+`tandem_eager_t1_ratio_...`); the plain keys stay the compiled server's on every core.
 --quick: 2 repetitions; --smoke: 8 short requests at each concurrency, once, vLLM on one thread only
 (checks the bench works).
 """
@@ -39,6 +44,7 @@ import argparse
 import os
 import subprocess
 import sys
+import re
 from dataclasses import dataclass
 
 from bench.machine import machine_info
@@ -120,7 +126,27 @@ def weights_for(model_path: str | None, smollm2_hf_dir: str) -> Weights:
     return Weights(hf_dir, name, gguf, endpoint)
 
 
-def tandem_cloud_server(hf_dir: str, threads: int, compiled: bool, model_name: str = MODEL_NAME) -> ManagedServer:
+@dataclass(frozen=True)
+class TandemSettings:
+    """How the tandem servers run: torch thread counts, and [cloud] weight_dtype / kv_cache_dtype."""
+
+    threads: tuple[int, ...]
+    weight_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+
+    @property
+    def precision(self) -> str:
+        return f"weights {self.weight_dtype}, KV {self.kv_cache_dtype}"
+
+
+def tandem_cloud_server(
+    hf_dir: str,
+    threads: int,
+    compiled: bool,
+    model_name: str = MODEL_NAME,
+    weight_dtype: str = "auto",
+    kv_cache_dtype: str = "auto",
+) -> ManagedServer:
     port = free_port()
     command = [
         sys.executable,
@@ -148,6 +174,10 @@ def tandem_cloud_server(hf_dir: str, threads: int, compiled: bool, model_name: s
         str(KV_CACHE_GB),
         "--compile",
         "on" if compiled else "off",
+        "--weight-dtype",
+        weight_dtype,
+        "--kv-cache-dtype",
+        kv_cache_dtype,
         "--log-level",
         "warning",
     ]
@@ -158,16 +188,18 @@ def tandem_cloud_server(hf_dir: str, threads: int, compiled: bool, model_name: s
         command,
         port,
         "/health",
-        f"tandem cloud serve (cloud_engine, bf16, {mode} decode steps, {threads} torch threads)",
+        f"tandem cloud serve (cloud_engine, bf16, {mode} decode steps, {threads} torch threads, weights "
+        f"{weight_dtype}, KV {kv_cache_dtype})",
         env=env,
     )
 
 
-def servers(python: str, weights: Weights, cores: int, smoke: bool) -> list[ManagedServer]:
+def servers(python: str, weights: Weights, cores: int, smoke: bool, tandem: TandemSettings) -> list[ManagedServer]:
     hf_dir, model_name = weights.hf_dir, weights.model_name
     out = [
-        tandem_cloud_server(hf_dir, cores, compiled=True, model_name=model_name),
-        tandem_cloud_server(hf_dir, cores, compiled=False, model_name=model_name),
+        tandem_cloud_server(hf_dir, threads, compiled, model_name, tandem.weight_dtype, tandem.kv_cache_dtype)
+        for threads in sorted(tandem.threads, reverse=True)
+        for compiled in (True, False)
     ]
     for compiled in (False, True):
         for threads in [1] if smoke else sorted({1, cores}):
@@ -203,7 +235,10 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
     for concurrency in concurrencies:
         args.num_prompts = SMOKE_PROMPTS if args.smoke else NUM_PROMPTS[concurrency]
         samples[concurrency] = build_samples(args, tokenizer)
-    pool = servers(python, weights, cores, args.smoke)
+    tandem = TandemSettings(
+        tuple(args.tandem_threads or [cores]), args.cloud_weight_dtype or "auto", args.cloud_kv_cache_dtype or "auto"
+    )
+    pool = servers(python, weights, cores, args.smoke, tandem)
     runs: dict[int, dict[str, list[dict]]] = {c: {s.name: [] for s in pool} for c in concurrencies}
     answers: dict[str, str] = {}
     try:
@@ -240,7 +275,7 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
             server.stop()
     excluded = {name: answer for name, answer in answers.items() if not answered_right(answer)}
     ratios = headline_ratios(runs, excluded, weights.sanity_text)
-    steps = compiled_step_ratio(hf_dir, args)
+    steps = compiled_step_ratio(hf_dir, args, tandem)
     ratios.update({k: v for k, v in steps.items() if k.startswith("compiled_step_ratio")})
     return {
         "benchmark": "serve_cloud_vs_vllm",
@@ -248,6 +283,9 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
         "command": args.command_line,
         "machine": machine_info(),
         "dtype": "bfloat16",
+        "tandem_weight_dtype": tandem.weight_dtype,
+        "tandem_kv_cache_dtype": tandem.kv_cache_dtype,
+        "tandem_threads": list(tandem.threads),
         "model": weights.model_name,
         "gguf": os.path.basename(weights.gguf),
         "endpoint": weights.endpoint,
@@ -286,8 +324,10 @@ def run_compare_cloud(args: argparse.Namespace) -> dict:
             "OMP_NUM_THREADS to every core. 'vs_vllm' ratios are against the vLLM setting with the higher median "
             "output tok/s at that concurrency (vllm_best_at); 'vs_vllm_<setting>' against each",
             "the benchmark client runs on the same cores as the servers; a paused server takes no CPU",
-            "plain 'ratio_' keys: tandem_compiled (compile = on); 'tandem_eager_ratio_' keys: tandem_eager "
-            "(compile = off). A vLLM setting in vllm_excluded answered the sanity question wrong: no baseline",
+            "plain 'ratio_' keys: tandem_compiled (compile = on) on the most threads; 'tandem_eager_ratio_' keys: "
+            "tandem_eager (compile = off, what compile = auto gives); 'tandem_t{N}_' / 'tandem_eager_t{N}_' keys: "
+            "tandem on N torch threads. A vLLM setting in vllm_excluded answered the sanity question wrong: no "
+            "baseline",
             "compiled_step: bench.compiled_step's in-process timing on the same weights after the servers stopped",
         ],
     }
@@ -347,11 +387,26 @@ def headline_ratios(
         best = max(vllms, key=lambda name: _median([_figures(m)["output_tps"] for m in vllms[name]]))
         out["vllm_best_at"][f"c{concurrency}"] = best
         for tandem_name, tandem in tandems.items():
-            prefix = "tandem_eager_" if "eager" in tandem_name and len(tandems) > 1 else ""
+            prefix = _tandem_prefix(tandem_name, list(tandems))
             for name, reps in vllms.items():
                 for suffix in ["_" + name.removeprefix("vllm_")] + ([""] if name == best else []):
                     out.update(_pair_ratios(tandem, reps, f"{prefix}ratio_{{}}_vs_vllm{suffix}_c{concurrency}"))
     return out
+
+
+def _tandem_prefix(name: str, names: list[str]) -> str:
+    """The key prefix of tandem server `name` among `names`: none for the compiled one on the most threads,
+    `tandem_eager_` for eager steps, `t{N}_` after it for a server on fewer threads than the most."""
+    parsed = {n: re.fullmatch(r"tandem_(compiled|eager)_t(\d+)", n) for n in names}
+    if parsed[name] is None:  # a lone server of another name
+        return ""
+    threads = {int(match.group(2)) for match in parsed.values() if match}
+    modes = {match.group(1) for match in parsed.values() if match}
+    mode, count = parsed[name].group(1), int(parsed[name].group(2))
+    prefix = "tandem_eager_" if mode == "eager" and len(modes) > 1 else ""
+    if count != max(threads):
+        prefix = (prefix or "tandem_") + f"t{count}_"
+    return prefix
 
 
 def _pair_ratios(tandem: list[dict], vllm: list[dict], key_pattern: str) -> dict:
@@ -365,11 +420,21 @@ def _pair_ratios(tandem: list[dict], vllm: list[dict], key_pattern: str) -> dict
     return out
 
 
-def compiled_step_ratio(hf_dir: str, args: argparse.Namespace) -> dict:
-    """Compiled / eager decode step at STEP_BATCH sequences, in-process (bench.compiled_step)."""
+def compiled_step_ratio(hf_dir: str, args: argparse.Namespace, tandem: TandemSettings) -> dict:
+    """Compiled / eager decode step at STEP_BATCH sequences, in-process (bench.compiled_step), in the tandem servers'
+    precision."""
     from bench.compiled_step import measure
 
     steps, repetitions = (2, 1) if args.smoke else (10, 3) if args.quick else (20, 5)
-    out = measure("bfloat16", (STEP_BATCH,), steps, repetitions, prompt_len=100, model=hf_dir)
+    out = measure(
+        "bfloat16",
+        (STEP_BATCH,),
+        steps,
+        repetitions,
+        prompt_len=100,
+        model=hf_dir,
+        kv_cache_dtype=tandem.kv_cache_dtype,
+        weight_dtype=tandem.weight_dtype,
+    )
     out.update(steps_per_repetition=steps, repetitions=repetitions)
     return out

@@ -81,7 +81,7 @@ def resolve_compile(mode: str, device: torch.device, packed_linears: bool, decod
 
 def _own_code(method):
     """`method` bound to a copy of its code object. Dynamo keeps compiled graphs per code object,
-    at most 8 (recompile_limit): engines sharing one `_forward` would pile their graphs onto
+    at most 8 (recompile_limit): engines sharing one `step` would pile their graphs onto
     it until a process's ninth engine failed to compile, and an engine's graphs would outlive it.
     With its own code, each engine's graphs live and die with the engine."""
     function = method.__func__
@@ -124,9 +124,11 @@ class CompiledDecode:
         self.block_tables = torch.full((rows, max_blocks_per_seq), pad_block, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(rows, dtype=torch.int64, device=device)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
-        self._compiled = torch.compile(_own_code(self._forward), fullgraph=True, dynamic=False)
+        self._compiled = torch.compile(_own_code(self.step), fullgraph=True, dynamic=False)  # traced on first call
+        self._precompiled = None  # or a step loaded from disk (cloud_engine.precompiled_decode), called with self
 
-    def _forward(self, input_ids, positions, slot_mapping, block_tables, seq_lens) -> torch.Tensor:
+    def step(self, input_ids, positions, slot_mapping, block_tables, seq_lens) -> torch.Tensor:
+        """The graph: one step's rows -> float32 logits."""
         metadata = DecodeMetadata(slot_mapping, block_tables, seq_lens, self.native_attention)
         return self.model.compute_logits(self.model(input_ids, positions, metadata))
 
@@ -172,10 +174,25 @@ class CompiledDecode:
     def forward(self, bucket: int) -> torch.Tensor:
         """float32 logits [bucket, vocab] for the staged step (pad rows' included)."""
         args = self.views(bucket)
+        if self._precompiled is not None:
+            return self._precompiled(self, *args)
         if self.max_rows > 2:  # one graph for every bucket
             for arg in args:
                 torch._dynamo.mark_dynamic(arg, 0)  # no range: cached graphs are shared by engines of any size
         return self._compiled(*args)
+
+    def prepare_precompiled_call(self) -> tuple:
+        """The arguments a saved step is compiled for or checked against: (self, the smallest bucket's views), on pad
+        rows, after one eager step (it builds what the model makes on first use, such as rotary tables per device,
+        so a saved graph's guards see it there)."""
+        self._pad(0, self.max_rows)
+        args = self.views(self.buckets[0])
+        self.step(*args)
+        return (self, *args)
+
+    def use_precompiled(self, function) -> None:
+        """Run steps through `function` (a loaded ahead-of-time compiled `step`) instead of tracing."""
+        self._precompiled = function
 
     def warm_up(self) -> None:
         """Compile now, on pad rows only (they write the pad block alone), rather than at the first decode steps."""

@@ -16,6 +16,7 @@ import torch
 
 from cloud_engine.block_manager import KVCacheManager
 from cloud_engine.compiled_decode import CompiledDecode, resolve_compile
+from cloud_engine.precompiled_decode import artifact_path, load_precompiled, precompile
 from cloud_engine.config import CloudEngineConfig
 from cloud_engine.host_memory import keep_freed_memory_in_heap
 from cloud_engine.host_threads import limit_host_threads_for_gpu
@@ -109,9 +110,18 @@ class CloudEngine:
         )
         self.attention_backend = "cpu-kernel" if decode_kernel is not None else "torch"
         self.compiled, compile_reason = resolve_compile(config.compile, self.device, num_packed > 0, decode_kernel)
+        # auto on CPU may find the step compiled ahead of time (cloud_engine.precompiled_decode), or have it made
+        # (precompile): not for packed weights, which cannot be saved.
+        self._precompilable = (
+            config.compile == "auto" and not self.compiled and self.device.type == "cpu" and num_packed == 0
+        )
+        may_load = self._precompilable and artifact_path(self).exists()
+        if self._precompilable and not may_load:
+            compile_reason += "; no precompiled decode step for these settings (`tandem cloud precompile` makes one)"
         caches = allocate_kv_caches(
             mc.num_hidden_layers,
-            self.num_blocks + (1 if self.compiled else 0),  # compiled decode's pad rows write the extra block
+            # the compiled step's pad rows write the extra block
+            self.num_blocks + (1 if self.compiled or self._precompilable else 0),
             config.block_size,
             mc.num_key_value_heads,
             mc.head_dim,
@@ -119,21 +129,16 @@ class CloudEngine:
             self.device,
         )
         loaded.model.bind_kv_caches(caches)
-        compiled_decode = None
+        self._native_decode, self._num_packed = decode_kernel is not None, num_packed
+        compiled_decode = self._new_compiled_decode() if self.compiled or may_load else None
         if self.compiled:
-            compiled_decode = CompiledDecode(
-                loaded.model,
-                config.max_sampled_rows,
-                max_blocks_per_seq=-(-self.max_model_len // config.block_size),
-                pad_block=self.num_blocks,
-                block_size=config.block_size,
-                native_attention=decode_kernel is not None,
-                packed_linears=num_packed > 0,
-                device=self.device,
-            )
             started = time.perf_counter()
             compiled_decode.warm_up()
             compile_reason += f"; compiled in {time.perf_counter() - started:.1f} s"
+        elif may_load:
+            self.compiled, why = load_precompiled(self, compiled_decode)
+            compile_reason = why if self.compiled else f"{compile_reason}; {why}"
+            compiled_decode = compiled_decode if self.compiled else None
         self.runner = ModelRunner(loaded.model, config.block_size, self.device, decode_kernel, compiled_decode)
         self.kv_manager = KVCacheManager(
             self.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
@@ -175,6 +180,31 @@ class CloudEngine:
             config.block_size,
             self.kv_dtype,
         )
+
+    def _new_compiled_decode(self) -> CompiledDecode:
+        """The compiled step's buffers and graph over this engine's model and pool (its pad block: the last one)."""
+        return CompiledDecode(
+            self.loaded.model,
+            self.config.max_sampled_rows,
+            max_blocks_per_seq=-(-self.max_model_len // self.config.block_size),
+            pad_block=self.num_blocks,
+            block_size=self.config.block_size,
+            native_attention=self._native_decode,
+            packed_linears=self._num_packed > 0,
+            device=self.device,
+        )
+
+    def precompile(self) -> tuple[str, float]:
+        """Compile the decode step ahead of time and save it where later starts with compile = auto load it
+        (cloud_engine.precompiled_decode); returns (path, seconds). For an engine built with compile = auto."""
+        if not self._precompilable:
+            raise ValueError(
+                "precompiling needs compile = auto on CPU with plain or int8 weights (oneDNN-packed bf16 weights "
+                "cannot be saved: use compile = on there)"
+            )
+        compiled = self.runner.compiled_decode or self._new_compiled_decode()
+        path, seconds = precompile(self, compiled)
+        return str(path), seconds
 
     @functools.cached_property
     def vocabulary_fingerprint(self) -> str:

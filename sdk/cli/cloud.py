@@ -128,6 +128,40 @@ serve.__signature__ = command_signature(CLOUD_SERVE_SETTINGS, _OWN_OPTIONS)  # t
 cloud_app.command("serve")(serve)
 
 
+# `tandem cloud precompile` takes the engine's settings only: they alone shape the compiled step.
+PRECOMPILE_SETTINGS = tuple(name for name in CLOUD_SERVE_SETTINGS if name.startswith("cloud."))
+
+
+def precompile(**options) -> None:
+    """Compile the cloud engine's decode step ahead of time for these settings: `tandem cloud serve` with the same
+    ones and compile = auto then loads it at start instead of running eager steps."""
+    import dataclasses
+    import logging
+
+    from cloud_engine.engine import CloudEngine
+    from sdk.settings import SettingsError, load_settings
+    from sdk.settings.serve_config import CloudServeConfig
+
+    try:
+        flags = settings_given(options, PRECOMPILE_SETTINGS)
+        config = CloudServeConfig.from_settings(load_settings(options["config"], cli=flags))
+    except (ValueError, SettingsError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = CloudEngine(dataclasses.replace(config.engine, compile="auto"))
+    try:
+        path, seconds = engine.precompile()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    finally:
+        engine.close()
+    typer.echo(f"precompiled the decode step in {seconds:.1f} s: {path}")
+
+
+precompile.__signature__ = command_signature(PRECOMPILE_SETTINGS, _OWN_OPTIONS[:1])
+cloud_app.command("precompile")(precompile)
+
+
 def grpc_server_config(config: CloudServeConfig):
     """The gRPC listener's config: [cloud_server]'s host, grpc_port, keys, TLS and what it takes of drafts."""
     from sdk.protocol.drafts import DraftLimits

@@ -374,6 +374,25 @@ def test_cloud_compare_never_takes_a_wrong_answering_vllm_as_its_baseline():
         headline_ratios(runs, {name: "no" for name in runs[32] if name.startswith("vllm")})
 
 
+def test_cloud_compare_names_the_keys_of_tandem_on_fewer_threads():
+    from bench.serve_cloud_compare import headline_ratios
+
+    runs = {
+        32: {
+            "tandem_compiled_t2": [_metrics(100, 900)] * 2,
+            "tandem_eager_t2": [_metrics(90, 900)] * 2,
+            "tandem_compiled_t1": [_metrics(120, 900)] * 2,
+            "tandem_eager_t1": [_metrics(80, 900)] * 2,
+            "vllm_t1": [_metrics(100, 1000)] * 2,
+        }
+    }
+    ratios = headline_ratios(runs, {})
+    assert ratios["ratio_output_tps_vs_vllm_c32"] == pytest.approx(1.0)  # the compiled server on the most threads
+    assert ratios["tandem_eager_ratio_output_tps_vs_vllm_c32"] == pytest.approx(0.9)
+    assert ratios["tandem_t1_ratio_output_tps_vs_vllm_c32"] == pytest.approx(1.2)
+    assert ratios["tandem_eager_t1_ratio_output_tps_vs_vllm_c32"] == pytest.approx(0.8)
+
+
 def test_compare_servers_are_configured_alike():
     from bench.serve_compare import CTX_PER_SLOT, NUM_SLOTS, STEP_TOKENS, servers_at
 

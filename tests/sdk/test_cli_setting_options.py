@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sdk.cli.app import app
-from sdk.cli.cloud import CLOUD_SERVE_SETTINGS
+from sdk.cli.cloud import CLOUD_SERVE_SETTINGS, PRECOMPILE_SETTINGS, precompile
 from sdk.cli.cloud import serve as cloud_serve
 from sdk.cli.serve import ALSO_SETS, RENAMED, SERVE_SETTINGS, serve
 from sdk.cli.setting_options import flag_name, settings_given
@@ -17,7 +17,8 @@ from sdk.settings.fields import FIELDS
 
 
 @pytest.mark.parametrize(
-    "command, keys, renamed", [(serve, SERVE_SETTINGS, RENAMED), (cloud_serve, CLOUD_SERVE_SETTINGS, {})]
+    "command, keys, renamed",
+    [(serve, SERVE_SETTINGS, RENAMED), (cloud_serve, CLOUD_SERVE_SETTINGS, {}), (precompile, PRECOMPILE_SETTINGS, {})],
 )
 def test_every_setting_a_command_takes_is_an_option_with_its_env_variable(command, keys, renamed):
     parameters = inspect.signature(command).parameters
@@ -27,6 +28,13 @@ def test_every_setting_a_command_takes_is_an_option_with_its_env_variable(comman
         expected = f"--{flag}/--no-{flag}" if field.type is bool else f"--{flag}"
         assert option.param_decls == (expected,) and f"[env: {field.env}]" in option.help and field.help in option.help
     assert "--config" in parameters["config"].default.param_decls
+
+
+def test_cloud_precompile_takes_the_engine_settings_of_cloud_serve_and_refuses_a_bad_one():
+    assert PRECOMPILE_SETTINGS and set(PRECOMPILE_SETTINGS) <= set(CLOUD_SERVE_SETTINGS)
+    assert {"cloud.weight_dtype", "cloud.kv_cache_dtype", "cloud.max_num_seqs"} <= set(PRECOMPILE_SETTINGS)
+    result = CliRunner().invoke(app, ["cloud", "precompile", "--weight-dtype", "fp8"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "'--weight-dtype'" in result.output and "'fp8' is not one of" in result.output
 
 
 def test_cloud_serve_reads_its_engine_from_cloud_and_its_listeners_from_cloud_server():
