@@ -11,7 +11,8 @@ leaves it); later starts find the OS file cache warm. After the last start, READ
 five times; `readme_example_s` is the slowest. Keys and targets:
 `readme_example_s` (< 10), `health_ready_first_start_s`, `health_ready_second_start_s` (<= 3),
 `cloud_ready_second_start_s` (<= 15). `--starts N` (default 4; --quick 2); --smoke: two starts and
-one run of the example (it only checks the bench works).
+one run of the example (it only checks the bench works). Each start also records how the cloud engine said it runs its
+decode steps (`cloud_decode_steps`: compiled, as with a step `tandem cloud precompile` saved, or eager, and why).
 """
 
 from __future__ import annotations
@@ -73,7 +74,16 @@ def start_and_time(log_dir: Path, index: int, timeout_s: float = 300.0) -> tuple
                 if reply.json().get("cloud") != "loading":
                     timings["cloud_ready_s"] = time.monotonic() - started
         time.sleep(0.05)
+    log.flush()
+    timings["cloud_decode_steps"] = cloud_decode_steps((log_dir / f"serve-{index}.log").read_text(errors="replace"))
     return process, base_url, timings
+
+
+def cloud_decode_steps(log_text: str) -> str:
+    """How the cloud engine said it runs its decode steps (cloud_engine.engine's start line): `compiled: <why>` or
+    `eager: <why>`; `unknown` when the line is not in the log."""
+    found = re.search(r"decode steps (compiled|eager): (.*?)\), \d+ KV blocks", log_text)
+    return f"{found.group(1)}: {found.group(2)}" if found else "unknown"
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -149,6 +159,7 @@ def main() -> None:
         "health_ready_first_start_s": starts[0]["health_ready_s"],
         "health_ready_second_start_s": statistics.median(s["health_ready_s"] for s in later),
         "cloud_ready_second_start_s": statistics.median(s["cloud_ready_s"] for s in later),
+        "cloud_decode_steps_second_start": later[0]["cloud_decode_steps"],
         "second_start_spread_s": {
             key: [min(s[key] for s in later), max(s[key] for s in later)] for key in ("health_ready_s", "cloud_ready_s")
         },

@@ -357,6 +357,13 @@ FIGURES = (
         2,
         ">= 0.8",
     ),
+    Figure(
+        "  the same with weights and KV cache in int8 (quick)",
+        "compiled_step_int8_weights_kv_quick",
+        "roofline_fraction_c32",
+        2,
+        ">= 0.8",
+    ),
     Figure("cloud KV in int8: mean KL against float32 (nats)", "kv_precision", "cloud_int8_mean_kl_nats", 4, "<= 0.01"),
     Figure(
         "  tokens per GiB, int8 (scales included) / bf16",
@@ -364,6 +371,25 @@ FIGURES = (
         "cloud_int8_tokens_per_gib_vs_bf16",
         2,
         ">= 1.9",
+    ),
+    Figure(
+        "cloud weights and KV in int8: mean KL against float32 (nats)",
+        "kv_precision_cloud_weights",
+        "cloud_int8_weights_kv_mean_kl_nats",
+        4,
+        "<= 0.03",
+    ),
+    Figure(
+        "  a decode step's matmuls with int8 weights / float32 F.linear, 1 sequence",
+        "int8_linear",
+        "step_r1_tandem_int8_vs_dense",
+        2,
+    ),
+    Figure(
+        "  the same, 32 sequences",
+        "int8_linear",
+        "step_r32_tandem_int8_vs_dense",
+        2,
     ),
 )
 

@@ -65,7 +65,10 @@ def resolve_compile(mode: str, device: torch.device, packed_linears: bool, decod
     comes from the disk cache), past the cloud tier's 15 s ready-on-second-start target; in a
     background thread after ready it made the eager steps meanwhile 5-14 times slower (tracing holds
     the GIL that every eager op needs back). Long-running servers set compile = on. On CUDA they are
-    not measured (no device was lent). docs/cloud-engine.md, "Compiled decode steps"."""
+    not measured (no device was lent). docs/cloud-engine.md, "Compiled decode steps".
+
+    Where auto stays eager on CPU, the engine still looks for a step compiled ahead of time for its settings
+    (cloud_engine.precompiled_decode, `tandem cloud precompile`), which loads in seconds."""
     if mode in ("on", "off"):
         return mode == "on", f"compile = {mode}"
     if device.type != "cpu":

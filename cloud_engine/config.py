@@ -94,8 +94,9 @@ class CloudEngineConfig:
     attention_backend: str = "auto"  # decode attention: auto (CPU kernel where it builds), torch (portable), cpu-kernel
     compile: str = setting(
         "auto",
-        "Cloud engine: run decode-only steps as one compiled graph (torch.compile): auto (eager for now: compiling "
-        "costs more at start, or beside serving, than it saves on the CPUs measured; the reason is logged), on, off.",
+        "Cloud engine: run decode-only steps as one compiled graph (torch.compile): auto (the step `tandem cloud "
+        "precompile` saved for these settings where there is one, else eager: compiling at start costs more than it "
+        "saves on the CPUs measured; the reason is logged), on (compiled at every start), off.",
         check=one_of(*COMPILE_MODES),
     )
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # off unless asked for

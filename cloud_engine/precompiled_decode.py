@@ -36,8 +36,10 @@ ENGINE_SOURCES = Path(__file__).parent  # every .py and .cpp under it is in the 
 
 
 def artifact_key(engine) -> str:
-    """What the saved graph depends on, hashed: code, torch, CPU, model shapes, dtypes, and the sizes of the pool and
-    of the buffers CompiledDecode would make for `engine` (its guards check them again at load)."""
+    """What the saved graph depends on, hashed: code, torch, CPU, model shapes, dtypes, the pool's block shape and the
+    buffers CompiledDecode would make for `engine` (its guards check them again at load). Not the pool's number of
+    blocks: by default it is a share of the memory free at start, which differs from one start to the next, so the
+    graph takes it as a dynamic size."""
     code = hashlib.sha256()
     for path in sorted(ENGINE_SOURCES.rglob("*")):
         if path.suffix in (".py", ".cpp"):
@@ -52,7 +54,7 @@ def artifact_key(engine) -> str:
         str(engine.kv_dtype),
         f"int8 weights {engine.int8_weights}",
         f"native attention {engine.attention_backend == 'cpu-kernel'}",
-        f"pool {engine.num_blocks + 1} x {config.block_size} x {cache_row_width(mc.head_dim, engine.kv_dtype)}",
+        f"pool blocks of {config.block_size} x {cache_row_width(mc.head_dim, engine.kv_dtype)}",
         f"rows {decode_buckets(config.max_sampled_rows)}",
         f"tables {-(-engine.max_model_len // config.block_size)}",
         str(engine.device),
@@ -72,6 +74,9 @@ def precompile(engine, compiled: CompiledDecode) -> tuple[Path, float]:
         args = compiled.prepare_precompiled_call()
         for arg in args[1:]:
             torch._dynamo.mark_dynamic(arg, 0)  # one graph for every bucket
+        for layer in compiled.model.model.layers:
+            for cache in layer.self_attn.kv_cache:
+                torch._dynamo.mark_dynamic(cache, 0)  # and for every pool size
         function = torch.compile(CompiledDecode.step, fullgraph=True, dynamic=False).aot_compile((args, {}))
     path = artifact_path(engine)
     path.parent.mkdir(parents=True, exist_ok=True)

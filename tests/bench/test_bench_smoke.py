@@ -31,6 +31,7 @@ BENCHES: dict[str, list[str]] = {
     "embeddings": [],
     "engine_throughput": [],
     "first_contact": [],
+    "int8_linear": [],
     "kv_precision": [],
     "grammar_libraries": [],
     "local_kv_layout": [],

@@ -56,7 +56,11 @@ def test_auto_loads_the_precompiled_step_and_answers_as_eager_steps(tiny_dir, ca
     loaded = make_llm(tiny_dir, weight_dtype=weight_dtype)
     assert loaded.engine.compiled and loaded.engine.runner.compiled_decode._precompiled is not None
     assert tokens(loaded) == expected
-    # other sizes are another key: no file, so eager
+    # a pool of another size (by default a share of the memory free at start) takes the same step
+    other_pool = make_llm(tiny_dir, weight_dtype=weight_dtype, kv_cache_gb=0.003)
+    assert other_pool.engine.compiled and other_pool.engine.num_blocks != loaded.engine.num_blocks
+    assert tokens(other_pool) == expected
+    # other buffer sizes are another key: no file, so eager
     assert not make_llm(tiny_dir, weight_dtype=weight_dtype, max_model_len=64).engine.compiled
 
 
