@@ -2,14 +2,14 @@
 // (cloud_engine/model/int8_linear.py): weight-only 8-bit linears for a float32 cloud engine.
 //
 // Why a kernel: torch's own `_weight_int8pack_mm` is fast for bfloat16 activations only; with float32
-// ones it took 4-25x F.linear's time on a 2-core AVX2 EPYC (SmolLM2-135M's shapes, 1-32 rows), and
-// dequantizing the weight for every call took 1.5-15x. A decode step at a few rows is bound by reading
-// the weights, and int8 reads a quarter of float32's bytes.
+// ones it took 5.8-42x F.linear's time on a 2-core AVX2 EPYC (SmolLM2-135M's shapes, 1-256 rows), and
+// dequantizing the weight for every call 1.1-30x (bench.int8_linear). A decode step at a few rows is bound
+// by reading the weights, and int8 reads a quarter of float32's bytes.
 //
 // Layout: the weight is packed at load into tiles of 16 output channels, [tiles, K, 16] int8 (output
 // channels past N are zero rows with scale 0), so one 16-byte load is one k for 16 outputs. Per tile and
 // chunk of K, the chunk is widened to float once into a small panel (L1-resident), then every group of
-// 4 rows of x runs a broadcast-and-FMA loop over it: 4 vector accumulators of 16 outputs. The scale
+// kRows rows of x runs a broadcast-and-FMA loop over it (a single group widens as it goes). The scale
 // and bias are applied once per output at the end. Tiles are split over torch's intra-op threads.
 
 #include <torch/extension.h>

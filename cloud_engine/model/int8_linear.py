@@ -5,9 +5,12 @@ A decode step at a few sequences is bound by reading the weights (SmolLM2-135M: 
 bfloat16); int8 reads a quarter of float32's bytes and half of bfloat16's. Which kernel runs, by activation dtype:
 
 - bfloat16 / float16: torch's own `_weight_int8pack_mm` (what torchao's int8 weight-only reduces to on CPU, and what
-  inductor lowers). On a 2-core AVX2 EPYC with SmolLM2-135M's shapes it took 0.25-0.6x bfloat16 F.linear's time.
+  inductor lowers).
 - float32: tandem's kernel (cloud_engine/kernels/int8_linear_cpu.cpp), because `_weight_int8pack_mm` has no fast
-  float32 path (measured 4-25x F.linear's time there), and dequantizing the weight each call took 1.5-15x.
+  float32 path, and dequantizing the weight every call costs more than the float32 matmul it replaces.
+
+Each against the others and against F.linear, per shape and row count: bench.int8_linear (docs/cloud-engine.md,
+"Weights in 8 bits").
 
 The weights are quantized once at load: scale = max |w| of the row / 127, q = round(w / scale). The reference the tests
 hold these layers to is F.linear with the dequantized weight (q * scale).
