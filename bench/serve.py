@@ -146,12 +146,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--cloud-weight-dtype",
         choices=("auto", "int8"),
-        help="--compare-cloud: tandem's [cloud] weight_dtype (vLLM keeps bf16)",
+        help="--compare-cloud: tandem's [cloud] weight_dtype (vLLM keeps --cloud-dtype)",
     )
     p.add_argument(
         "--cloud-kv-cache-dtype",
         choices=("auto", "int8"),
-        help="--compare-cloud: tandem's [cloud] kv_cache_dtype (vLLM keeps its bf16 default)",
+        help="--compare-cloud: tandem's [cloud] kv_cache_dtype (vLLM keeps its default, --cloud-dtype)",
+    )
+    p.add_argument(
+        "--cloud-dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="--compare-cloud: both sides' --dtype (float32: the fair baseline where the CPU has no native bf16)",
     )
     p.add_argument("--repeats", type=int, help="compare mode: repetitions (default 3; --quick 2)")
     args = p.parse_args(argv)

@@ -254,14 +254,15 @@ def headline_ratios(runs: dict[int, dict[str, list[dict]]]) -> dict:
 
 
 def targets_met(ratios: dict, targets: dict | None = None) -> dict:
-    """Of headline_ratios' figures: met only when the whole spread meets the target (a bound inside it is not);
-    "not measured" where a server did not start (a missing row, not a lost run). `targets`: default TARGETS."""
+    """Of headline_ratios' figures: met only when the whole spread meets the target (a bound inside it is not; a
+    figure with no `_spread` is one measurement); "not measured" where a server did not start (a missing row, not a
+    lost run). `targets`: default TARGETS."""
     met = {}
     for key, (op, bound) in (TARGETS if targets is None else targets).items():
         if key not in ratios:
             met[key] = "not measured"
             continue
-        low, high = ratios[f"{key}_spread"]
+        low, high = ratios.get(f"{key}_spread", (ratios[key], ratios[key]))
         met[key] = low >= bound if op == ">=" else high <= bound
     return met
 
