@@ -372,9 +372,12 @@ class LocalEngine:
     # -- status ----------------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
+        # Called from the event loop while the engine thread steps: iterate snapshots taken in one C call (atomic
+        # under the GIL), never the live deque, which the step may change mid-iteration ("deque mutated").
+        waiting = tuple(self.scheduler.waiting)
         return EngineStats(
             num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
+            num_waiting=len(waiting),
             num_kv_blocks_total=self.block_manager.num_blocks,
             num_kv_blocks_used=self.block_manager.num_used_blocks - self.scheduler.num_cached_blocks,
             num_prompt_tokens_total=self.num_prompt_tokens_total,
@@ -382,7 +385,7 @@ class LocalEngine:
             num_preemptions_total=self.scheduler.num_preemptions_total,
             num_prefix_cache_hit_tokens_total=self.scheduler.num_prefix_cache_hit_tokens_total,
             num_prefix_cache_query_tokens_total=self.scheduler.num_prefix_cache_query_tokens_total,
-            num_waiting_drafts=sum(1 for request in self.scheduler.waiting if request.hold_at is not None),
+            num_waiting_drafts=sum(1 for request in waiting if request.hold_at is not None),
             kv_cache_dtype=self.config.kv_cache_type,
             kv_cache_tokens_total=self.config.pool_tokens,
             kv_cache_bytes_total=self.config.pool_tokens * self.kv_bytes_per_cell,

@@ -1,6 +1,10 @@
 """The real local engine under cancel, preemption and bad input: nothing leaks, nothing is lost."""
 
 import asyncio
+import sys
+import threading
+from collections import deque
+from types import SimpleNamespace
 
 import pytest
 
@@ -88,3 +92,29 @@ def test_async_cancel_frees_blocks_and_slot_at_once(chat_prompts):
             engine.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_stats_beside_a_stepping_thread_never_sees_the_queue_mutate(engine):
+    """/metrics and /health call stats() on the event loop while the engine thread steps. A step that adds to or
+    takes from the waiting queue during the read must not make it raise ("deque mutated during iteration")."""
+    live = engine.scheduler.waiting
+    engine.scheduler.waiting = waiting = deque(SimpleNamespace(hold_at=None) for _ in range(5000))
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            waiting.append(SimpleNamespace(hold_at=1))
+            waiting.popleft()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # hand the GIL over often, as a busy engine thread would
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        for _ in range(200):
+            assert engine.stats().num_waiting in (5000, 5001)
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+        engine.scheduler.waiting = live
