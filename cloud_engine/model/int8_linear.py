@@ -4,10 +4,13 @@ channel; activations stay in the engine's dtype.
 A decode step at a few sequences is bound by reading the weights (SmolLM2-135M: 540 MB a step in float32, 270 MB in
 bfloat16); int8 reads a quarter of float32's bytes and half of bfloat16's. Which kernel runs, by activation dtype:
 
-- bfloat16 / float16: torch's own `_weight_int8pack_mm` (what torchao's int8 weight-only reduces to on CPU, and what
-  inductor lowers).
 - float32: tandem's kernel (cloud_engine/kernels/int8_linear_cpu.cpp), because `_weight_int8pack_mm` has no fast
   float32 path, and dequantizing the weight every call costs more than the float32 matmul it replaces.
+- bfloat16 on a CPU with AVX512-BF16 (Zen 4, Sapphire Rapids and later): tandem's kernel too, its bf16 path (the
+  weights widened to bf16 pairs, vdpbf16ps), because there `_weight_int8pack_mm` took twice bf16 F.linear's time at
+  32 rows.
+- bfloat16 elsewhere, and float16: torch's own `_weight_int8pack_mm` (what torchao's int8 weight-only reduces to on
+  CPU, and what inductor lowers).
 
 Each against the others and against F.linear, per shape and row count: bench.int8_linear (docs/cloud-engine.md,
 "Weights in 8 bits").
@@ -63,6 +66,13 @@ def int8_weights_unsupported(device: torch.device, dtype: torch.dtype) -> str | 
     return None
 
 
+def tandem_kernel_takes_bf16() -> bool:
+    """Whether tandem's kernel has its bf16 path in this build (AVX512-BF16), so bf16 activations run it."""
+    from cloud_engine.custom_ops import load_cpu_ops
+
+    return load_cpu_ops() and torch.ops.tandem_cpu.int8_linear_native_bf16()
+
+
 def resolve_weight_dtype(weight_dtype: str, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether [cloud] weight_dtype asks for int8 weights; a ValueError naming the setting where they cannot run."""
     if weight_dtype == "auto":
@@ -84,14 +94,17 @@ class Int8Linear(nn.Module):
         self.dtype = weight.dtype
         quantized, scales = quantize_per_channel(weight)
         self.bias = None if bias is None else bias.detach()
-        if self.dtype == torch.float32:
+        self.tandem_kernel = self.dtype == torch.float32 or (
+            self.dtype == torch.bfloat16 and tandem_kernel_takes_bf16()
+        )
+        if self.tandem_kernel:
             self.weight, self.scales = pack_tiles(quantized, scales)  # tandem_cpu::int8_linear's layout
         else:
             self.weight, self.scales = quantized.contiguous(), scales.to(self.dtype)  # _weight_int8pack_mm's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.dtype == torch.float32:
+        if self.tandem_kernel:
             out = torch.ops.tandem_cpu.int8_linear(rows, self.weight, self.scales, self.bias, self.out_features)
         else:
             out = torch._weight_int8pack_mm(rows.to(self.dtype), self.weight, self.scales)
@@ -101,7 +114,7 @@ class Int8Linear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """[out, in] float32: q * scale, the weight this layer multiplies by (the tests' reference)."""
-        if self.dtype == torch.float32:
+        if self.tandem_kernel:
             tiles = self.weight.transpose(1, 2).reshape(-1, self.in_features)[: self.out_features]
             return tiles.float() * self.scales[: self.out_features, None]
         return self.weight.float() * self.scales.float()[:, None]

@@ -14,8 +14,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from cloud_engine.config import CloudEngineConfig
+from cloud_engine.cpu_features import cpu_flags
 from cloud_engine.llm import LLM
-from cloud_engine.model.int8_linear import Int8Linear, quantize_per_channel, resolve_weight_dtype
+from cloud_engine.model.int8_linear import (
+    Int8Linear,
+    quantize_per_channel,
+    resolve_weight_dtype,
+    tandem_kernel_takes_bf16,
+)
 from sdk.protocol.engine import SamplingParams
 from tests.cloud_engine.kernel_helpers import built_cpu_kernels
 from tests.cloud_engine.tiny_models import qwen2_config, qwen3_moe_config, random_tokens, save_tiny_tokenizer
@@ -56,15 +62,40 @@ def test_float32_kernel_equals_the_dequantized_weight(out_features, in_features,
     torch.testing.assert_close(layer(x), reference(layer, x), atol=1e-4, rtol=1e-5)
 
 
-def test_bfloat16_layers_use_torch_kernel_and_equal_the_dequantized_weight():
+def test_bfloat16_layers_run_the_kernel_this_build_has_and_equal_the_dequantized_weight():
     gen = torch.Generator().manual_seed(1)
     layer = Int8Linear(torch.randn(96, 64, generator=gen).bfloat16(), torch.randn(96, generator=gen).bfloat16())
-    assert layer.weight.shape == (96, 64) and layer.scales.dtype == torch.bfloat16
+    if tandem_kernel_takes_bf16():  # AVX512-BF16: tandem's tiles, float32 scales
+        assert layer.tandem_kernel and layer.weight.shape == (6, 64, 16) and layer.scales.dtype == torch.float32
+    else:  # torch's _weight_int8pack_mm layout
+        assert not layer.tandem_kernel and layer.weight.shape == (96, 64) and layer.scales.dtype == torch.bfloat16
     for rows in (1, 9):
         x = torch.randn(rows, 64, generator=gen).bfloat16()
         out = layer(x)
         assert out.dtype == torch.bfloat16
         torch.testing.assert_close(out.float(), reference(layer, x), atol=0.1, rtol=0.02)  # bf16's 8-bit mantissa
+
+
+@pytest.mark.parametrize("out_features,in_features", [(37, 24), (64, 64), (300, 601), (16, 1), (20, 513)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bfloat16_path_of_tandems_kernel_equals_the_dequantized_weight(out_features, in_features, bias):
+    """AVX512-BF16 builds: bf16 pairs and vdpbf16ps, odd K (a last k alone, a last chunk of one k) included; the sums
+    are float32's, so the result is the reference rounded to bf16, give or take its last bit."""
+    built_cpu_kernels()
+    if "avx512_bf16" not in cpu_flags():
+        pytest.skip("this CPU lacks AVX512-BF16: bf16 activations run torch's kernel (the test above)")
+    assert tandem_kernel_takes_bf16(), "the CPU has AVX512-BF16, the kernel built without its bf16 path"
+    gen = torch.Generator().manual_seed(out_features + in_features)
+    layer = Int8Linear(
+        torch.randn(out_features, in_features, generator=gen).bfloat16(),
+        torch.randn(out_features, generator=gen).bfloat16() if bias else None,
+    )
+    for rows in (1, 2, 3, 5, 8, 9, 13, 40):  # the float path's lone row, each short group, whole groups, a tail
+        x = torch.randn(rows, in_features, generator=gen).bfloat16()
+        out = layer(x)
+        assert out.dtype == torch.bfloat16 and out.shape == (rows, out_features)
+        expected = reference(layer, x).bfloat16().float()
+        torch.testing.assert_close(out.float(), expected, atol=1e-3, rtol=1 / 128)
 
 
 def test_settings_int8_weights_cannot_honour_are_refused_by_name():
