@@ -28,6 +28,16 @@ machine's streaming read measured in the same run (a sum over a 1 GiB buffer wit
 of 5), and roofline_fraction_c{N} = decode_bytes / (compiled step time x bandwidth) (roofline_fraction_eager_c{N}
 for eager steps): 1.0 would be a step bound only by memory. --kv-cache-dtype int8 runs the engine on an 8-bit cache,
 --weight-dtype int8 on 8-bit linear weights (cloud_engine.model.int8_linear).
+
+Why a step sits below that roofline (issue 70 asks for the profile): matmul_gflops is this machine's arithmetic
+rate measured in the same run (a square matmul of MATMUL_SIZE in the engine's dtype with the step's threads, best
+of 5); step_flops_c{N} is a decode step's floating-point work (2 per linear weight element per sequence, plus the
+attention's scores and weighted values over every context); arithmetic_fraction_c{N} = step_flops / (compiled step
+time x matmul_gflops), near 1.0 for a step bound by arithmetic rather than memory. step_profile_c{N}, at the
+largest batch, is torch.profiler's own time per compiled step of the ops the graph calls: linear_ms (matmuls,
+int8 and packed linears), attention_ms (write-and-attend), other_ms (the rest of the wall time: inductor's fused
+loops and the step's Python), the top ops, and the linears' own rate (linear_gflops) and weight read rate
+(linear_read_gb_s).
 """
 
 from __future__ import annotations
@@ -47,8 +57,11 @@ HEADLINE = (
     "verify_step_ratio_c32",
     "engine_start_s",
     "roofline_fraction_c32",
+    "arithmetic_fraction_c32",
 )
 BANDWIDTH_BUFFER_BYTES = 1 << 30  # well past any last-level cache
+MATMUL_SIZE = 1024  # the compute roof's square matmul: 2 GFLOP, large enough for a CPU's best rate
+TOP_OPS = 10  # ops listed by own time in a step's profile
 
 
 def read_bandwidth_gb_s(repetitions: int = 5) -> float:
@@ -64,6 +77,81 @@ def read_bandwidth_gb_s(repetitions: int = 5) -> float:
         buffer.sum()
         best = min(best, time.perf_counter() - started)
     return BANDWIDTH_BUFFER_BYTES / best / 1e9
+
+
+def matmul_gflops(dtype, size: int = MATMUL_SIZE, repetitions: int = 5) -> float:
+    """This machine's arithmetic rate: a square matmul of `size` in the engine's dtype with torch's threads, best of
+    `repetitions` (the compute roof beside the bandwidth's)."""
+    import torch
+
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repetitions):
+        started = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 / best / 1e9
+
+
+def weight_elements(engine) -> int:
+    """Multiply-adds a decode step does per row in its linears and LM head (their weights' element count)."""
+    from torch import nn
+
+    from cloud_engine.model.int8_linear import Int8Linear
+    from cloud_engine.model.packed_linear import PackedLinear
+
+    model = engine.runner.model
+    total = 0
+    for module in model.modules():
+        if isinstance(module, (Int8Linear, PackedLinear)):
+            total += module.in_features * module.out_features
+        elif isinstance(module, nn.Linear):
+            total += module.weight.numel()
+    if getattr(model, "lm_head", None) is None and getattr(model, "head_linear", None) is None:
+        total += model.model.embed_tokens.weight.numel()
+    return total
+
+
+def step_flops(engine, ids: list[str]) -> int:
+    """Floating-point operations of a decode step: 2 per weight element per sequence, and the attention's two
+    products (scores and the weighted sum of values) over each sequence's context in every layer."""
+    config = engine.model_config
+    per_token = 4 * config.num_attention_heads * config.head_dim * config.num_hidden_layers
+    contexts = sum(engine.scheduler.requests[rid].num_computed_tokens + 1 for rid in ids)
+    return 2 * len(ids) * weight_elements(engine) + per_token * contexts
+
+
+def _is_linear_op(name: str) -> bool:
+    return "linear" in name or name in ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm")
+
+
+def _is_attention_op(name: str) -> bool:
+    return "attend" in name or "attention" in name
+
+
+def profile_step(runner, engine, ids: list[str], steps: int) -> dict:
+    """Where the compiled step's time goes: torch.profiler over `steps` steps, each op's own time per step (ops the
+    graph calls: matmuls and tandem's kernels; inductor's fused elementwise loops are not ops, so they fall in
+    other_ms with the step's Python), summed into linear_ms (every matmul and int8/packed linear), attention_ms
+    (write-and-attend) and other_ms (the rest of the step's wall time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _time_steps(runner, engine, ids, 2, 0)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step_s = _time_steps(runner, engine, ids, steps, 0)
+    ops = {event.key: event.self_cpu_time_total / 1e3 / steps for event in prof.key_averages()}
+    linear = sum(ms for name, ms in ops.items() if _is_linear_op(name))
+    attention = sum(ms for name, ms in ops.items() if _is_attention_op(name))
+    step_ms = step_s * 1e3
+    top = sorted(ops.items(), key=lambda item: -item[1])[:TOP_OPS]
+    return {
+        "step_ms": round(step_ms, 2),
+        "linear_ms": round(linear, 2),
+        "attention_ms": round(attention, 2),
+        "other_ms": round(step_ms - linear - attention, 2),
+        "top_ops_ms": {name: round(ms, 3) for name, ms in top},
+    }
 
 
 def weight_bytes(engine) -> int:
@@ -221,6 +309,7 @@ def measure(
         "attention_backend": llm.engine.attention_backend,
         "threads": torch.get_num_threads(),
         "read_bandwidth_gb_s": round(read_bandwidth_gb_s(), 2),
+        "matmul_gflops": round(matmul_gflops(llm.engine.dtype), 1),
         "weight_bytes": weight_bytes(llm.engine),
     }
     if verify_batches:
@@ -242,6 +331,16 @@ def measure(
                 out[f"roofline_fraction_eager_c{count}"] = round(
                     step_bytes / (figures["eager_ms"] / 1e3 * bandwidth), 3
                 )
+                flops = step_flops(engine, ids)
+                out[f"step_flops_c{count}"] = flops
+                out[f"arithmetic_fraction_c{count}"] = round(
+                    flops / (figures["compiled_ms"] / 1e3 * out["matmul_gflops"] * 1e9), 3
+                )
+                if count == max(batches):
+                    out[f"step_profile_c{count}"] = profile = profile_step(runner, engine, ids, steps)
+                    linear_s = profile["linear_ms"] / 1e3
+                    profile["linear_gflops"] = round(2 * count * weight_elements(engine) / linear_s / 1e9, 1)
+                    profile["linear_read_gb_s"] = round(out["weight_bytes"] / linear_s / 1e9, 2)
             engine.abort_all()
     return out
 
