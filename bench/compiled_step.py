@@ -134,7 +134,8 @@ def profile_step(runner, engine, ids: list[str], steps: int) -> dict:
     """Where the compiled step's time goes: torch.profiler over `steps` steps, each op's own time per step (ops the
     graph calls: matmuls and tandem's kernels; inductor's fused elementwise loops are not ops, so they fall in
     other_ms with the step's Python), summed into linear_ms (every matmul and int8/packed linear), attention_ms
-    (write-and-attend) and other_ms (the rest of the step's wall time)."""
+    (write-and-attend) and other_ms (the rest of the step's wall time). Compiled steps only: an eager step calls the
+    decode kernel outside torch's dispatcher, where the profiler does not see it."""
     from torch.profiler import ProfilerActivity, profile
 
     _time_steps(runner, engine, ids, 2, 0)
@@ -189,7 +190,10 @@ def _start_decoding(engine, count: int, prompt_len: int, draft_tokens: int = 0) 
     for i, rid in enumerate(ids):
         prompt = [(7 * i + 13 * j) % 2000 + 100 for j in range(prompt_len + 3 * i)]
         # ignore_eos: made-up ids may be answered with an end of text (Gemma-3-270M did), ending the request.
-        params = SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True)
+        # As many tokens as the context allows, at most 1000: the steps timed only need the request not to finish.
+        params = SamplingParams(
+            max_tokens=min(1000, engine.max_model_len - len(prompt)), temperature=0.0, ignore_eos=True
+        )
         engine.add_request(GenerationRequest(rid, prompt, params))
     while any(engine.scheduler.requests[rid].num_output_tokens == 0 for rid in ids):
         engine.step()

@@ -50,8 +50,8 @@ def test_step_flops_count_the_linears_per_row_and_attention_per_context_token(ti
     engine.abort_all()
 
 
-def test_profile_splits_a_step_into_linears_attention_and_the_rest(tiny_dir):
-    engine = make_llm(tiny_dir).engine
+def test_profile_splits_a_compiled_step_into_linears_attention_and_the_rest(tiny_dir):
+    engine = make_llm(tiny_dir, compile="on").engine
     ids = _start_decoding(engine, 2, prompt_len=10)
     profile = profile_step(engine.runner, engine, ids, steps=3)
     engine.abort_all()
