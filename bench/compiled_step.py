@@ -33,7 +33,9 @@ Why a step sits below that roofline (issue 70 asks for the profile): matmul_gflo
 rate measured in the same run (a square matmul of MATMUL_SIZE in the engine's dtype with the step's threads, best
 of 5); step_flops_c{N} is a decode step's floating-point work (2 per linear weight element per sequence, plus the
 attention's scores and weighted values over every context); arithmetic_fraction_c{N} = step_flops / (compiled step
-time x matmul_gflops), near 1.0 for a step bound by arithmetic rather than memory. step_profile_c{N}, at the
+time x matmul_gflops), near 1.0 for a step bound by arithmetic rather than memory; roofline_fraction_ceiling_c{N} =
+(decode_bytes / bandwidth) / (step_flops / matmul_gflops), at most 1: the highest roofline fraction a step could
+reach on this machine, where its arithmetic takes longer than reading its bytes. step_profile_c{N}, at the
 largest batch, is torch.profiler's own time per compiled step of the ops the graph calls: linear_ms (matmuls,
 int8 and packed linears), attention_ms (write-and-attend), other_ms (the rest of the wall time: inductor's fused
 loops and the step's Python), the top ops, and the linears' own rate (linear_gflops) and weight read rate
@@ -58,6 +60,7 @@ HEADLINE = (
     "engine_start_s",
     "roofline_fraction_c32",
     "arithmetic_fraction_c32",
+    "roofline_fraction_ceiling_c32",
 )
 BANDWIDTH_BUFFER_BYTES = 1 << 30  # well past any last-level cache
 MATMUL_SIZE = 1024  # the compute roof's square matmul: 2 GFLOP, large enough for a CPU's best rate
@@ -340,6 +343,10 @@ def measure(
                 out[f"arithmetic_fraction_c{count}"] = round(
                     flops / (figures["compiled_ms"] / 1e3 * out["matmul_gflops"] * 1e9), 3
                 )
+                # The most roofline_fraction any kernel could reach here: a step cannot finish before its arithmetic
+                # at the machine's matmul rate, so it reads its bytes in that time at best.
+                memory_s, arithmetic_s = step_bytes / bandwidth, flops / (out["matmul_gflops"] * 1e9)
+                out[f"roofline_fraction_ceiling_c{count}"] = round(min(1.0, memory_s / arithmetic_s), 3)
                 if count == max(batches):
                     out[f"step_profile_c{count}"] = profile = profile_step(runner, engine, ids, steps)
                     linear_s = profile["linear_ms"] / 1e3
