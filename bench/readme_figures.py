@@ -364,6 +364,48 @@ FIGURES = (
         2,
         ">= 0.8",
     ),
+    Figure(
+        "  the same on a native-bf16 CPU (AVX512-BF16), bf16 engine, weights and KV in int8 (quick)",
+        "compiled_step_bf16_int8_weights_kv_quick",
+        "roofline_fraction_c32",
+        2,
+        ">= 0.8",
+    ),
+    Figure(
+        "    why: its flops / (step time x this machine's matmul rate, same run)",
+        "compiled_step_bf16_int8_weights_kv_quick",
+        "arithmetic_fraction_c32",
+        2,
+    ),
+    Figure(
+        "    the most any kernel could reach here (its arithmetic at that rate outlasts reading its bytes)",
+        "compiled_step_bf16_int8_weights_kv_quick",
+        "roofline_fraction_ceiling_c32",
+        2,
+    ),
+    Figure(
+        "cloud serve, weights and KV in int8, vs vLLM's fastest right-answering mode (bf16, native), TPOT p50 at 32 "
+        "clients (median of 5)",
+        "serve_cloud_vs_vllm_int8",
+        "ratio_tpot_p50_vs_vllm_c32",
+        2,
+        "<= 0.7",
+        "ratio_tpot_p50_vs_vllm_c32_spread",
+    ),
+    Figure(
+        "  the same, output tok/s",
+        "serve_cloud_vs_vllm_int8",
+        "ratio_output_tps_vs_vllm_c32",
+        2,
+        ">= 1.4",
+        "ratio_output_tps_vs_vllm_c32_spread",
+    ),
+    Figure(
+        "  the same, tandem on one torch thread (two is the default), output tok/s",
+        "serve_cloud_vs_vllm_int8",
+        "tandem_t1_ratio_output_tps_vs_vllm_c32",
+        2,
+    ),
     Figure("cloud KV in int8: mean KL against float32 (nats)", "kv_precision", "cloud_int8_mean_kl_nats", 4, "<= 0.01"),
     Figure(
         "  tokens per GiB, int8 (scales included) / bf16",
@@ -389,6 +431,12 @@ FIGURES = (
         "  the same, 32 sequences",
         "int8_linear",
         "step_r32_tandem_int8_vs_dense",
+        2,
+    ),
+    Figure(
+        "  bf16 activations on AVX512-BF16: int8 weights / bf16 F.linear, 32 sequences",
+        "int8_linear_avx512bf16",
+        "step_r32_tandem_int8_bf16_vs_dense_bf16",
         2,
     ),
 )
