@@ -31,7 +31,7 @@ HTTP timings hold no step time, so after the servers stop, `compiled_step_ratio_
 decode step at 32 sequences, same weights) is timed in-process as bench.compiled_step does.
 
 Issue 70's options: `--cloud-weight-dtype int8` and `--cloud-kv-cache-dtype int8` run every tandem server on 8-bit
-weights and KV (vLLM keeps its bf16 default: the baseline); `--tandem-threads 1 2` runs tandem at each torch thread
+weights and KV (vLLM keeps its default, the baseline); `--tandem-threads 1 2` runs tandem at each torch thread
 count (compiled and eager), and the keys of a count other than the largest carry its name (`tandem_t1_ratio_...`,
 `tandem_eager_t1_ratio_...`); the plain keys stay the compiled server's on every core. `--cloud-dtype float32` runs
 both sides in float32 (tandem's --dtype, vLLM's --dtype, and so vLLM's KV): the fair baseline on a CPU without native

@@ -417,3 +417,32 @@ def test_compare_servers_are_configured_alike():
     assert flag(quantized["tandem"], "--kv-cache-type") == "q8_0"
     for name in ("llama_server", "llama_server_no_repack"):
         assert flag(quantized[name], "-ctk") == flag(quantized[name], "-ctv") == "q8_0"
+
+
+def test_cloud_compare_runs_both_sides_in_the_dtype_asked():
+    from bench import serve
+    from bench.serve_cloud_compare import TandemSettings, Weights, servers
+
+    def flag(command: list[str], name: str) -> str:
+        return command[command.index(name) + 1]
+
+    weights = Weights("/hf", "m", "/m.gguf", "chat")
+    for dtype in ("bfloat16", "float32"):
+        pool = servers("/bin/python", weights, 2, True, TandemSettings((2,), "int8", "int8", dtype))
+        assert {flag(s.command, "--dtype") for s in pool} == {dtype}
+        tandem = [s for s in pool if s.name.startswith("tandem")]
+        assert tandem and all(flag(s.command, "--weight-dtype") == "int8" for s in tandem)
+    assert serve.parse_args(["--compare-cloud"]).cloud_dtype == "bfloat16"
+    assert serve.parse_args(["--compare-cloud", "--cloud-dtype", "float32"]).cloud_dtype == "float32"
+
+
+def test_a_figure_with_no_spread_meets_its_target_as_one_measurement():
+    from bench.serve_cloud_compare import EIGHT_BIT_TARGETS
+    from bench.serve_compare import targets_met
+
+    ratios = {"roofline_fraction_c32": 0.1, "ratio_output_tps_vs_vllm_c32": 1.38}
+    ratios["ratio_output_tps_vs_vllm_c32_spread"] = [1.31, 1.63]
+    met = targets_met(ratios, EIGHT_BIT_TARGETS)
+    assert met["roofline_fraction_c32"] is False and met["ratio_output_tps_vs_vllm_c32"] is False
+    assert met["ratio_tpot_p50_vs_vllm_c32"] == "not measured"
+    assert targets_met({"roofline_fraction_c32": 0.85}, EIGHT_BIT_TARGETS)["roofline_fraction_c32"] is True

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from cloud_engine.cpu_features import has_native_bf16
 from local_runtime.config import LocalEngineConfig
-from local_runtime.llama_backend import cpu_reports_amx
 from tests.local_runtime.conftest import QUESTIONS, greedy, make_engine, run_to_completion
 
 NUM_TOKENS = 16
@@ -65,12 +65,13 @@ def test_the_setting_reaches_the_engine_config():
 
 # -- the real engine -----------------------------------------------------------------------
 
-# On an Intel Xeon VM reporting AMX (2026-12-01), a prompt whose prefix ran on the BF16 copy alone and one whose
-# suffix ran on the model's own weights after a shared prefix answered differently at the sixth greedy token; on
-# the AVX2 and AVX-512 AMD machines the suite was measured on they agree (docs/local-engine.md, Prefill weights).
-BF16_ON_AMX = (
-    "this CPU lacks the BF16 prefill numerics this comparison was measured on: it reports AMX, where the copy's "
-    "and the model's own weights flip a near-tie greedy token (docs/local-engine.md)"
+# On an Intel Xeon VM reporting AMX (2026-12-01) and a Zen 4 EPYC with AVX512-BF16 (2026-12-07), a prompt whose
+# prefix ran on the BF16 copy alone and one whose suffix ran on the model's own weights after a shared prefix answered
+# differently at the sixth greedy token; on the AVX2 AMD machines the suite was measured on they agree
+# (docs/local-engine.md, Prefill weights).
+BF16_NATIVE = (
+    "this CPU lacks the BF16 prefill numerics this comparison was measured on: it has native BF16 dot products (AMX "
+    "or AVX512-BF16), where the copy's and the model's own weights flip a near-tie greedy token (docs/local-engine.md)"
 )
 
 
@@ -166,8 +167,8 @@ def test_a_running_requests_prefix_is_copied_into_another_stream_and_the_answer_
     streams_engine, prefix_ops
 ):
     engine = streams_engine
-    if engine.config.prefill_weights == "bf16" and cpu_reports_amx():
-        pytest.skip(BF16_ON_AMX)
+    if engine.config.prefill_weights == "bf16" and has_native_bf16():
+        pytest.skip(BF16_NATIVE)
     system = "You answer in one word. Be exact."
     holder = engine.apply_chat_template(
         [{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}]
