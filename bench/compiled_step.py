@@ -97,23 +97,33 @@ def matmul_gflops(dtype, size: int = MATMUL_SIZE, repetitions: int = 5) -> float
     return 2 * size**3 / best / 1e9
 
 
-def weight_elements(engine) -> int:
-    """Multiply-adds a decode step does per row in its linears and LM head (their weights' element count)."""
+def step_linears(engine) -> list[tuple[int, int]]:
+    """(elements, bytes) of every linear weight a decode step reads once: in the engine's dtype (packed or plain),
+    int8 layers' values and scales, and the LM head (the tied embedding where no layer replaced it)."""
     from torch import nn
 
     from cloud_engine.model.int8_linear import Int8Linear
     from cloud_engine.model.packed_linear import PackedLinear
 
     model = engine.runner.model
-    total = 0
+    out = []
     for module in model.modules():
-        if isinstance(module, (Int8Linear, PackedLinear)):
-            total += module.in_features * module.out_features
+        if isinstance(module, Int8Linear):
+            out.append((module.in_features * module.out_features, module.weight_bytes()))
+        elif isinstance(module, PackedLinear):
+            elements = module.in_features * module.out_features
+            out.append((elements, elements * engine.dtype.itemsize))
         elif isinstance(module, nn.Linear):
-            total += module.weight.numel()
+            out.append((module.weight.numel(), module.weight.numel() * module.weight.element_size()))
     if getattr(model, "lm_head", None) is None and getattr(model, "head_linear", None) is None:
-        total += model.model.embed_tokens.weight.numel()
-    return total
+        elements = model.model.embed_tokens.weight.numel()
+        out.append((elements, elements * engine.dtype.itemsize))
+    return out
+
+
+def weight_elements(engine) -> int:
+    """Multiply-adds a decode step does per row in its linears and LM head (their weights' element count)."""
+    return sum(elements for elements, _ in step_linears(engine))
 
 
 def step_flops(engine, ids: list[str]) -> int:
@@ -159,25 +169,8 @@ def profile_step(runner, engine, ids: list[str], steps: int) -> dict:
 
 
 def weight_bytes(engine) -> int:
-    """Bytes of every linear weight a decode step reads once: in the engine's dtype (packed or plain), int8 layers'
-    values and scales, and the LM head (the tied embedding where no layer replaced it)."""
-    from torch import nn
-
-    from cloud_engine.model.int8_linear import Int8Linear
-    from cloud_engine.model.packed_linear import PackedLinear
-
-    model = engine.runner.model
-    total = 0
-    for module in model.modules():
-        if isinstance(module, Int8Linear):
-            total += module.weight_bytes()
-        elif isinstance(module, PackedLinear):
-            total += module.in_features * module.out_features * engine.dtype.itemsize
-        elif isinstance(module, nn.Linear):
-            total += module.weight.numel() * module.weight.element_size()
-    if getattr(model, "lm_head", None) is None and getattr(model, "head_linear", None) is None:
-        total += model.model.embed_tokens.weight.numel() * engine.dtype.itemsize
-    return total
+    """Bytes of every linear weight a decode step reads once (step_linears)."""
+    return sum(size for _, size in step_linears(engine))
 
 
 def kv_bytes(engine, ids: list[str]) -> int:
